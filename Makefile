@@ -1,0 +1,36 @@
+# Thin wrapper around CMake. The two commands of the README:
+#   make run   installs what is missing, builds, starts kvserve on 127.0.0.1:8080 with the embedded model
+#   make test  installs what is missing, builds, runs every test (plain build, then ASan+UBSan build)
+BUILD      ?= build
+BUILD_SAN  ?= build-san
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+.PHONY: all deps build build-san run test test-fast test-san clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+build-san: deps
+	cmake -S . -B $(BUILD_SAN) -DKVSERVE_SANITIZE=address,undefined -DKVSERVE_CUDA=OFF $(CMAKE_ARGS)
+	cmake --build $(BUILD_SAN) -j $(JOBS)
+
+run: build
+	bash scripts/run-default.sh $(BUILD)/kvserve
+
+test-fast: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-san: build-san
+	ctest --test-dir $(BUILD_SAN) --output-on-failure -j $(JOBS) -LE nosan
+
+test: test-fast test-san
+
+clean:
+	rm -rf $(BUILD) $(BUILD_SAN)

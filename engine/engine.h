@@ -1,0 +1,242 @@
+/*
+ * engine.h: kvserve's inference engine (prefix eng_): GGUF models, tokenizers, chat templates, sampling and a
+ * multi-sequence forward pass over the paged KV cache (cache/kv_cache.h).
+ *
+ * Objects:
+ *   eng_model    weights (mmapped GGUF), hyper-parameters, vocabulary, chat template. Read-only once loaded:
+ *                any thread may call the const functions on it concurrently (tokenize, pieces, chat render).
+ *   eng_ctx      the compute state: worker threads, scratch buffers and the KV cache the context creates
+ *                (kvc_cache, reachable with eng_ctx_cache). Single-owner: one thread at a time (in the server,
+ *                the scheduler thread).
+ *   eng_sampler  per-sequence sampling state (penalty history, RNG). Single-owner.
+ *
+ * Errors: functions return 0 (ENG_OK) or a negative ENG_ERR_* code and write results through pointers.
+ * Functions that can fail for reasons a user must read (loading a file) also take an `err` buffer that
+ * receives a message naming the file and what is wrong.
+ */
+#ifndef KVSERVE_ENGINE_H
+#define KVSERVE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "cache/kv_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    ENG_OK = 0,
+    ENG_ERR_INVALID = -1,     /* an argument is out of range */
+    ENG_ERR_NOMEM = -2,       /* an allocation failed */
+    ENG_ERR_IO = -3,          /* a file could not be opened, read or written */
+    ENG_ERR_FORMAT = -4,      /* a file is truncated, corrupt or not what it claims (see err) */
+    ENG_ERR_UNSUPPORTED = -5, /* a valid file this engine cannot run (architecture, tensor type) */
+    ENG_ERR_NOT_FOUND = -6,   /* a key, tensor or token does not exist */
+    ENG_ERR_TYPE = -7,        /* a metadata value has another type than requested */
+    ENG_ERR_TOO_LARGE = -8,   /* an output buffer is too small (the needed size is still reported) */
+    ENG_ERR_KV_FULL = -9,     /* the KV pool cannot hold the batch (nothing was changed) */
+    ENG_ERR_KV = -10,         /* another KV cache error (the batch is invalid for the cache) */
+    ENG_ERR_DEVICE = -11,     /* a GPU call failed (see the log) */
+};
+
+/* Static text for an ENG_* code (never NULL). */
+const char *eng_strerror(int err);
+
+/* ---- models --------------------------------------------------------------------------------------------- */
+typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2 } eng_arch;
+
+typedef struct eng_hparams {
+    eng_arch arch;
+    char arch_name[32];     /* general.architecture */
+    char name[128];         /* general.name, or the file name */
+    int32_t n_vocab;
+    int32_t n_ctx_train;    /* <arch>.context_length */
+    int32_t n_embd;         /* <arch>.embedding_length */
+    int32_t n_layer;        /* <arch>.block_count */
+    int32_t n_head;         /* <arch>.attention.head_count */
+    int32_t n_head_kv;      /* <arch>.attention.head_count_kv (default n_head) */
+    int32_t head_dim;       /* <arch>.attention.key_length (default n_embd / n_head) */
+    int32_t n_ff;           /* <arch>.feed_forward_length */
+    int32_t n_rot;          /* <arch>.rope.dimension_count (default head_dim) */
+    float rope_freq_base;   /* <arch>.rope.freq_base (default 10000) */
+    float rope_freq_scale;  /* 1 / <arch>.rope.scale_linear (default 1) */
+    float rms_eps;          /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
+    bool tied_embeddings;   /* no output.weight: the output projection reuses token_embd.weight */
+    bool neox_rope;         /* rope on halves (qwen2/qwen3) instead of consecutive pairs (llama) */
+} eng_hparams;
+
+typedef struct eng_load_params {
+    bool use_mmap;          /* default true */
+    bool vocab_only;        /* load only metadata and the tokenizer (no tensors needed) */
+} eng_load_params;
+
+void eng_load_params_default(eng_load_params *p);
+
+typedef struct eng_model eng_model;
+
+/* Loads a GGUF model. On failure returns a negative code and writes a message naming the file and the
+ * problem ("unsupported architecture X", "tensor T: data past end of file", ...) into err. The caller frees
+ * *out with eng_model_free. */
+int eng_model_load(const char *path, const eng_load_params *params, eng_model **out, char *err, size_t err_len);
+void eng_model_free(eng_model *model);
+const eng_hparams *eng_model_hparams(const eng_model *model);
+/* Total bytes of weight data (for bandwidth figures). */
+size_t eng_model_weight_bytes(const eng_model *model);
+/* tokenizer.chat_template, or NULL when the model has none. Owned by the model. */
+const char *eng_model_chat_template(const eng_model *model);
+
+/* ---- tokens ------------------------------------------------------------------------------------------------ */
+int32_t eng_token_bos(const eng_model *model);   /* -1 when none */
+int32_t eng_token_eos(const eng_model *model);   /* -1 when none */
+/* Whether a token ends generation (EOS, EOT, <|im_end|>, <|eot_id|>, ... as the vocabulary marks them). */
+bool eng_token_is_eog(const eng_model *model, int32_t token);
+/* Whether the token is a control / user-defined special token (its text is not shown by default). */
+bool eng_token_is_special(const eng_model *model, int32_t token);
+
+/* Tokenizes text[0..len). add_special: add BOS/EOS as the model's metadata says. parse_special: text of
+ * control and user-defined tokens (e.g. "<|im_start|>") becomes those tokens. Writes up to cap ids to out
+ * and the full count to *n_out; ENG_ERR_TOO_LARGE when cap < *n_out (call again with a bigger buffer). */
+int eng_tokenize(const eng_model *model, const char *text, size_t len, bool add_special, bool parse_special,
+                 int32_t *out, int32_t cap, int32_t *n_out);
+
+/* The bytes a token stands for (SPM: '\u2581' read as a space, byte tokens as their byte; BPE: byte-level
+ * decoding). Special tokens give their text only when render_special. Writes up to cap bytes (no NUL) and the
+ * full length to *n_out; ENG_ERR_TOO_LARGE when cap is too small; ENG_ERR_INVALID for a bad id. */
+int eng_token_to_piece(const eng_model *model, int32_t token, bool render_special, char *buf, size_t cap,
+                       size_t *n_out);
+
+/* Streaming detokenizer: holds back a piece's trailing incomplete UTF-8 sequence until the next token
+ * completes it, so streamed text is always valid UTF-8. Zero-initialise (or eng_detok_reset) per stream. */
+typedef struct eng_detok {
+    uint8_t pending[8];
+    uint8_t n_pending;
+} eng_detok;
+void eng_detok_reset(eng_detok *d);
+/* Appends the complete text that token adds to buf (up to cap bytes) and its length to *n_out. */
+int eng_detok_push(const eng_model *model, eng_detok *d, int32_t token, bool render_special, char *buf,
+                   size_t cap, size_t *n_out);
+/* Emits what is held back at the end of a stream (invalid bytes as U+FFFD). */
+int eng_detok_flush(eng_detok *d, char *buf, size_t cap, size_t *n_out);
+
+/* ---- chat templates ------------------------------------------------------------------------------------------ */
+typedef enum {
+    ENG_CHAT_AUTO = 0, ENG_CHAT_CHATML, ENG_CHAT_LLAMA3, ENG_CHAT_LLAMA2, ENG_CHAT_MISTRAL, ENG_CHAT_PHI3,
+    ENG_CHAT_ZEPHYR, ENG_CHAT_GEMMA,
+} eng_chat_family;
+
+typedef struct eng_chat_msg {
+    const char *role;    /* "system", "user", "assistant" (others passed through where the family allows) */
+    const char *content; /* NUL-terminated UTF-8 */
+} eng_chat_msg;
+
+/* The family a template text is recognized as (ENG_CHAT_AUTO when unknown or NULL). */
+eng_chat_family eng_chat_detect(const char *template_text);
+/* Parses a family name ("chatml", "llama3", "llama2", "mistral", "phi3", "zephyr", "gemma"); AUTO if unknown. */
+eng_chat_family eng_chat_family_from_name(const char *name);
+const char *eng_chat_family_name(eng_chat_family f);
+
+/* Renders messages as the model's template would (family AUTO: detect from the model's template; unknown
+ * templates fall back to ChatML and *used_fallback is set). add_generation_prompt appends the assistant
+ * header. The text excludes BOS (tokenize with add_special to add it). *out is malloc'd; the caller frees it.
+ * Errors: ENG_ERR_INVALID (no messages, NULL role/content), ENG_ERR_NOMEM. */
+int eng_chat_render(const eng_model *model, const eng_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+                    eng_chat_family family, char **out, bool *used_fallback);
+
+/* ---- sampling ------------------------------------------------------------------------------------------------- */
+typedef struct eng_logit_bias { int32_t token; float bias; } eng_logit_bias;
+
+typedef struct eng_sampling_params {
+    float temperature;        /* <= 0: greedy (argmax) */
+    int32_t top_k;            /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    float repetition_penalty; /* 1: off (divides positive logits, multiplies negative, of seen tokens) */
+    int32_t penalty_last_n;   /* window of the history the penalties see; -1: all */
+    float presence_penalty;   /* 0: off (OpenAI meaning, over generated tokens) */
+    float frequency_penalty;  /* 0: off */
+    uint64_t seed;            /* RNG seed: same seed and inputs, same output */
+    const eng_logit_bias *logit_bias; size_t n_logit_bias; /* copied by eng_sampler_create */
+    int32_t n_top_logprobs;   /* top-N log-probabilities to report per step, 0..20 */
+} eng_sampling_params;
+
+void eng_sampling_params_default(eng_sampling_params *p); /* greedy-free defaults: temp 1, everything off */
+
+typedef struct eng_sample {
+    int32_t token;
+    float logprob;            /* log-softmax of the raw logits (before any sampling transform) at token */
+    int32_t n_top;
+    int32_t top_token[20];    /* the n_top best by raw logit, best first */
+    float top_logprob[20];
+} eng_sample;
+
+typedef struct eng_sampler eng_sampler;
+int eng_sampler_create(const eng_sampling_params *params, int32_t n_vocab, eng_sampler **out);
+void eng_sampler_free(eng_sampler *s);
+/* Adds a token to the penalty history (the sampler adds its own choices; call it for prompt tokens only
+ * when penalties should see them). */
+void eng_sampler_accept(eng_sampler *s, int32_t token);
+/* Chooses a token from logits[0..n_vocab) (the array may be modified) and fills *out. */
+int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out);
+
+/* ---- contexts and the forward pass -------------------------------------------------------------------------- */
+typedef enum { ENG_DEVICE_AUTO = 0, ENG_DEVICE_CPU = 1, ENG_DEVICE_CUDA = 2 } eng_device;
+
+typedef struct eng_ctx_params {
+    int32_t n_threads;        /* worker threads; <= 0: the number of cores */
+    int32_t n_ctx;            /* longest sequence; <= 0: the model's training context */
+    int32_t max_seqs;         /* sequence ids (cache slots) */
+    int32_t max_batch_tokens; /* largest batch eng_decode accepts */
+    int32_t kv_block_size;    /* tokens per KV block (default 16) */
+    int32_t kv_blocks;        /* pool size in blocks; 0: from kv_mem_bytes */
+    size_t kv_mem_bytes;      /* pool budget when kv_blocks == 0; 0: enough for max_seqs * n_ctx tokens,
+                                 capped at 1 GiB */
+    kvc_dtype kv_dtype;       /* default F16 */
+    bool prefix_caching;      /* default true */
+    eng_device device;        /* default AUTO */
+    float gpu_memory_fraction;/* CUDA: share of device memory for weights + KV (default 0.9) */
+} eng_ctx_params;
+
+void eng_ctx_params_default(eng_ctx_params *p);
+
+typedef struct eng_ctx eng_ctx;
+
+int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out, char *err, size_t err_len);
+void eng_ctx_free(eng_ctx *ctx);
+/* The context's KV cache (owned by the context): allocate sequence ids, attach prefixes, read stats. */
+kvc_cache *eng_ctx_cache(eng_ctx *ctx);
+eng_device eng_ctx_device(const eng_ctx *ctx);
+int32_t eng_ctx_n_threads(const eng_ctx *ctx);
+
+/* A ragged batch: entry i is token[i] at position pos[i] of sequence seq[i]. Entries of one sequence must be
+ * consecutive positions continuing it, in order; sequences may be mixed freely. want_logits[i] asks for the
+ * logits of entry i. The arrays are the caller's. */
+typedef struct eng_batch {
+    int32_t n;
+    const int32_t *token;
+    const int32_t *pos;
+    const int32_t *seq;
+    const bool *want_logits;
+} eng_batch;
+
+/* Runs the batch: reserves cache slots (kvc_start_forward), writes K/V, attends through the block tables,
+ * commits the cache (kvc_finish_forward) and computes logits for the rows that want them. On error the
+ * cache is unchanged. Errors: ENG_ERR_INVALID (bad tokens/sizes), ENG_ERR_KV_FULL, ENG_ERR_KV, ENG_ERR_NOMEM,
+ * ENG_ERR_DEVICE. */
+int eng_decode(eng_ctx *ctx, const eng_batch *batch);
+
+/* Logits [n_vocab] of batch entry i of the last eng_decode (i must have wanted logits), or NULL. Owned by the
+ * context, valid until the next eng_decode. */
+float *eng_get_logits(eng_ctx *ctx, int32_t i);
+
+/* Removes positions [begin, end) of seq (end INT32_MAX: to the end). From the middle, later positions move
+ * down and their keys are re-rotated (context shift). ENG_ERR_UNSUPPORTED when the cache cannot (the
+ * sequence shares blocks): remove the whole sequence instead. */
+int eng_seq_remove(eng_ctx *ctx, int32_t seq, int32_t begin, int32_t end);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSERVE_ENGINE_H */

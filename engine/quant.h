@@ -1,0 +1,72 @@
+/*
+ * quant.h: tensor formats and CPU kernels (internal to the engine module; prefix eng_).
+ *
+ * Formats use ggml's type ids and block layouts (facts from the GGUF spec), so GGUF tensors are used in
+ * place. Dequantization is exact: the float32 values equal llama.cpp's bit for bit.
+ *
+ * Kernels come in levels: a plain scalar version (the reference, always available), AVX2+FMA and AVX-512
+ * (F/BW/VL, with VNNI where present), chosen at run time from the CPU's features. Tests force each level
+ * and compare it with the scalar one. All kernels are pure functions of their arguments, safe to call from
+ * any thread.
+ */
+#ifndef KVSERVE_ENGINE_QUANT_H
+#define KVSERVE_ENGINE_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+/* ggml type ids, as stored in GGUF tensor infos. */
+typedef enum eng_qtype {
+    ENG_Q_F32 = 0, ENG_Q_F16 = 1, ENG_Q_Q4_0 = 2, ENG_Q_Q4_1 = 3, ENG_Q_Q5_0 = 6, ENG_Q_Q5_1 = 7,
+    ENG_Q_Q8_0 = 8, ENG_Q_Q8_1 = 9, ENG_Q_Q2_K = 10, ENG_Q_Q3_K = 11, ENG_Q_Q4_K = 12, ENG_Q_Q5_K = 13,
+    ENG_Q_Q6_K = 14, ENG_Q_Q8_K = 15, ENG_Q_BF16 = 30,
+    ENG_Q_COUNT = 31,
+} eng_qtype;
+
+typedef struct eng_qtype_info {
+    const char *name;     /* "f32", "q8_0", ... (NULL for ids this engine does not know) */
+    int32_t block_elems;  /* values per block (1 for f32/f16/bf16, 32, or 256 for k-quants) */
+    int32_t block_bytes;  /* bytes per block */
+    bool supported;       /* dequantize + dot available */
+    eng_qtype dot_type;   /* the format activations are quantized to for eng_gemm with this weight type */
+} eng_qtype_info;
+
+/* Info for a type id; returns NULL for an unknown id (>= ENG_Q_COUNT or a gap). */
+const eng_qtype_info *eng_qtype_get(uint32_t type);
+/* Bytes of n values of type (n must be a multiple of block_elems; returns 0 otherwise or for bad types). */
+size_t eng_qtype_row_bytes(uint32_t type, int64_t n);
+
+/* fp16 / bf16 conversions (round to nearest even; exact for the reverse direction). */
+float eng_fp16_to_f32(uint16_t h);
+uint16_t eng_f32_to_fp16(float f);
+float eng_bf16_to_f32(uint16_t h);
+uint16_t eng_f32_to_bf16(float f);
+
+/* Dequantizes n values (a multiple of the block size) of src in type to dst. Scalar, exact.
+ * Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
+int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Quantizes n values to type: supported for F32, F16, BF16, Q8_0, Q8_1?, Q8_K (activations), Q4_0 and
+ * the types mkmodel writes. Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
+int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* ---- kernel levels ------------------------------------------------------------------------------------- */
+typedef enum { ENG_SIMD_SCALAR = 0, ENG_SIMD_AVX2 = 1, ENG_SIMD_AVX512 = 2 } eng_simd_level;
+
+/* The best level this CPU supports (cpuid + OS support for the registers). */
+eng_simd_level eng_simd_detect(void);
+const char *eng_simd_name(eng_simd_level l);
+
+/* Dot product of one weight row (n values of wtype) with one activation row already quantized to
+ * eng_qtype_get(wtype)->dot_type. */
+float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row, const void *x_row);
+
+/* Matrix product on a row range: for every activation row r in [0, m) and weight row j in
+ * [j_begin, j_end): y[r * ldy + j] = dot(W row j, x row r). W is [n_out][k] in wtype (row j at
+ * W + j * row_bytes(wtype, k)); x is m rows of k values quantized to dot_type (row r at
+ * xq + r * row_bytes(dot_type, k)). Threads split [0, n_out) into ranges. */
+void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m,
+              float *y, int64_t ldy, int64_t j_begin, int64_t j_end);
+
+#endif /* KVSERVE_ENGINE_QUANT_H */

@@ -1,0 +1,12 @@
+/* commands.h: the kvserve subcommands (prefix kvs_). Each takes the arguments after the subcommand name
+ * (argv[0] is the subcommand name) and returns the process exit status. */
+#ifndef KVSERVE_TOOLS_COMMANDS_H
+#define KVSERVE_TOOLS_COMMANDS_H
+
+int kvs_cmd_serve(int argc, char **argv);
+int kvs_cmd_generate(int argc, char **argv);
+int kvs_cmd_tokenize(int argc, char **argv);
+int kvs_cmd_mkmodel(int argc, char **argv);
+int kvs_cmd_bench(int argc, char **argv);
+
+#endif
