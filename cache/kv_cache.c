@@ -574,6 +574,7 @@ int kvc_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t
             c->batch_seqs[c->n_batch_seqs++] = sid;
         }
         if ((int64_t)entries[i].pos != (int64_t)s->len + s->batch_n) { rc = KVC_ERR_POSITION; break; }
+        if (s->batch_n == 0 && !kvc_can_resume(c, sid, s->len)) { rc = KVC_ERR_POSITION; break; }
         if (entries[i].pos == INT32_MAX ||
             (c->p.max_seq_len > 0 && entries[i].pos >= c->p.max_seq_len)) { rc = KVC_ERR_TOO_LARGE; break; }
         s->batch_n++;
