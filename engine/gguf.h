@@ -32,7 +32,8 @@ typedef struct eng_gguf_kv {
         struct {
             uint32_t type;       /* element type (not ARRAY: nested arrays are rejected as unsupported) */
             uint64_t n;
-            const void *data;    /* n packed little-endian elements, for non-string types */
+            const void *data;    /* n packed little-endian elements, for non-string types; inside the
+                                    mapping at any byte offset, so possibly unaligned: memcpy them out */
             const eng_gguf_str *strs; /* n strings, for STRING arrays (allocated by the reader) */
         } arr;
     } v;
@@ -44,7 +45,9 @@ typedef struct eng_gguf_tensor {
     int64_t ne[4];               /* dims, GGUF order: ne[0] is the innermost (row length); unused dims = 1 */
     uint32_t type;               /* ggml type id (enum eng_qtype in quant.h) */
     uint64_t offset;             /* from the start of the data section */
-    const void *data;            /* the tensor's bytes inside the mapping */
+    const void *data;            /* the tensor's bytes inside the mapping: at a multiple of the alignment from
+                                    the file start (so aligned in memory for eng_gguf_open's mmap; for
+                                    open_memory only as aligned as the caller's buffer) */
     size_t nbytes;
 } eng_gguf_tensor;
 
