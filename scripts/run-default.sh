@@ -11,12 +11,18 @@ fi
 bin=$1
 shift
 case "$bin" in
-    */*) bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin") ;;  # absolute, before changing directory
+    */*)
+        if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+            echo "$0: $bin is not an executable (build first: make build)" >&2
+            exit 2
+        fi
+        bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin") ;;  # absolute, before changing directory
+    *)
+        if ! command -v "$bin" >/dev/null 2>&1; then
+            echo "$0: $bin is not an executable (build first: make build)" >&2
+            exit 2
+        fi ;;
 esac
-if [ ! -x "$bin" ] && ! command -v "$bin" >/dev/null 2>&1; then
-    echo "$0: $bin is not an executable (build first: make build)" >&2
-    exit 2
-fi
 
 cd "$(dirname "$0")/.."
 mkdir -p models
