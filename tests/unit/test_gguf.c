@@ -569,6 +569,39 @@ Test(gguf, zero_tensor_file_opens) {
     eng_gguf_writer_free(w);
 }
 
+/* Thousands of keys and tensors: every one is found by name, and absent names are not. */
+Test(gguf, many_names_are_all_found) {
+    eng_gguf_writer *w;
+    cr_assert_eq(eng_gguf_writer_create(&w), 0);
+    enum { N = 3000 };
+    char name[64];
+    const float one = 1.0f;
+    const int64_t ne[1] = {1};
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "k.%d", i * 7919 % 100003);
+        cr_assert_eq(eng_gguf_add_u32(w, name, (uint32_t)i), 0);
+        snprintf(name, sizeof name, "blk.%d.t", i);
+        cr_assert_eq(eng_gguf_add_tensor(w, name, 0, 1, ne, &one, 4), 0);
+    }
+    void *mem; size_t size;
+    cr_assert_eq(eng_gguf_write_memory(w, &mem, &size), 0);
+    eng_gguf *g; char err[256];
+    cr_assert_eq(eng_gguf_open_memory(mem, size, "many", &g, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < N; i++) {
+        uint32_t v;
+        snprintf(name, sizeof name, "k.%d", i * 7919 % 100003);
+        cr_assert_eq(eng_gguf_get_u32(g, name, &v), 0, "%s", name);
+        cr_assert_eq(v, (uint32_t)i);
+        snprintf(name, sizeof name, "blk.%d.t", i);
+        cr_assert_eq(eng_gguf_find_tensor(g, name), eng_gguf_tensor_at(g, i));
+        snprintf(name, sizeof name, "blk.%d.u", i);
+        cr_assert_null(eng_gguf_find_tensor(g, name));
+    }
+    eng_gguf_close(g);
+    free(mem);
+    eng_gguf_writer_free(w);
+}
+
 /* ---- corruption -------------------------------------------------------------------------------------------------- */
 /* A few-KB file whose last tensor ends exactly at the end of the file (no trailing padding), so that every
  * proper prefix is invalid. */
