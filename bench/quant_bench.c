@@ -11,6 +11,7 @@
  * Then a projection for bench-135m (30 layers: per layer [576->576] x2, [576->192] x2, [576->1536] x2,
  * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
  * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
+ * For types whose block does not divide 576 (k-quants), k is rounded up to the next multiple (768).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +88,12 @@ int main(int argc, char **argv) {
         printf("\n== level %s ==\n", eng_simd_name((eng_simd_level)l));
         printf("%-11s %5s %10s %10s %12s %12s\n", "matrix", "m", "ms/call", "GFLOP/s", "rows/s", "weight GB/s");
         for (int si = 0; si < 3; si++) {
-            const shape *s = &shapes[si];
+            shape sh = shapes[si];
+            const shape *s = &sh;
+            if (sh.k % ti->block_elems) { /* e.g. k-quants: 576 is not a multiple of 256 */
+                sh.k = (sh.k + ti->block_elems - 1) / ti->block_elems * ti->block_elems;
+                if (si == 0 || si == 2) printf("(k rounded up to %lld for this type)\n", (long long)sh.k);
+            }
             size_t rb = eng_qtype_row_bytes(type, s->k), mat = rb * (size_t)s->n;
             /* enough copies for >= 160 MB so m = 1 streams from memory */
             int copies = (int)((160u << 20) / mat) + 1;
