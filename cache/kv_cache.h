@@ -288,7 +288,8 @@ void kvc_get_stats(const kvc_cache *cache, kvc_stats *out);
 
 /* Checks every internal invariant (refcounts equal table references, used + cached + free == total, hash
  * index consistent, LRU list consistent). O(blocks + tokens). Returns KVC_OK or KVC_ERR_STATE; writes a
- * description of the first violation into msg (if msg_len > 0). For tests and debugging. */
+ * description of the first violation into msg (if msg != NULL and msg_len > 0). KVC_ERR_INVALID for a NULL
+ * cache, KVC_ERR_NOMEM when its scratch memory cannot be allocated. For tests and debugging. */
 int kvc_check(const kvc_cache *cache, char *msg, size_t msg_len);
 
 #ifdef __cplusplus

@@ -706,3 +706,43 @@ Test(kv_cache_edge, sliding_window) {
     check(c);
     kvc_free(c);
 }
+
+/* Every entry point tolerates a NULL cache (and NULL out-pointers where documented). */
+Test(kv_cache_edge, null_arguments) {
+    int32_t x = 0;
+    kvc_entry e = {0, 0, 0};
+    kvc_stats st;
+    memset(&st, 0x11, sizeof st);
+    kvc_layout l;
+    memset(&l, 0x22, sizeof l);
+    char msg[8];
+    cr_assert_eq(kvc_seq_alloc(NULL, &x), KVC_ERR_INVALID);
+    cr_assert_lt(kvc_seq_free(NULL, 0), 0);
+    cr_assert_not(kvc_seq_is_live(NULL, 0));
+    cr_assert_eq(kvc_seq_len(NULL, 0), 0);
+    cr_assert_eq(kvc_start_forward(NULL, &e, 1, &x), KVC_ERR_INVALID);
+    cr_assert_lt(kvc_finish_forward(NULL, true), 0);
+    cr_assert_lt(kvc_block_table(NULL, 0, NULL, NULL, NULL), 0);
+    cr_assert_eq(kvc_block_refcount(NULL, 0), KVC_ERR_INVALID);
+    cr_assert_lt(kvc_copy_prefix(NULL, 0, 1, 0), 0);
+    cr_assert_lt(kvc_attach_prefix(NULL, 0, &x, 1, &x), 0);
+    cr_assert_eq(kvc_prefix_match(NULL, &x, 1, &x), KVC_ERR_INVALID);
+    cr_assert_lt(kvc_remove(NULL, 0, 0, 1, NULL), 0);
+    cr_assert_not(kvc_can_resume(NULL, 0, 0));
+    cr_assert_lt(kvc_blocks_needed(NULL, 0, 1), 0);
+    cr_assert_eq(kvc_blocks_available(NULL), 0);
+    cr_assert_eq(kvc_check(NULL, msg, sizeof msg), KVC_ERR_INVALID);
+    kvc_get_stats(NULL, &st);
+    kvc_get_layout(NULL, &l);
+    kvc_params_default(NULL);
+    kvc_params p = small_params();
+    kvc_cache *c = make(&p);
+    kvc_get_stats(c, NULL);
+    kvc_get_layout(c, NULL);
+    int32_t a = alloc_seq(c);
+    cr_assert_eq(kvc_attach_prefix(c, a, &x, 1, NULL), KVC_ERR_INVALID);
+    cr_assert_eq(kvc_prefix_match(c, &x, 1, NULL), KVC_ERR_INVALID);
+    cr_assert_eq(kvc_check(c, NULL, 0), KVC_OK);
+    cr_assert_eq(kvc_check(c, msg, 0), KVC_OK);
+    kvc_free(c);
+}
