@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/gguf.h"
@@ -977,4 +978,89 @@ Test(tokenizer_shared, real_vocabs_differential_round_trip_streaming, .timeout =
         eng_gguf_close(g);
     }
     utf8ref_free(ref);
+}
+
+/* ---- the `kvserve tokenize` command ---------------------------------------------------------------------------- */
+
+/* Runs a shell command, returns its stdout (malloc'd) and exit status. */
+static char *run_cmd(const char *cmd, int *status) {
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "popen %s", cmd);
+    size_t cap = 4096, n = 0;
+    char *out = malloc(cap);
+    size_t r;
+    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 == cap) { cap *= 2; out = realloc(out, cap); cr_assert_not_null(out); }
+    }
+    out[n] = 0;
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+Test(tokenizer, cli_tokenize_matches_library) {
+    tmpdir d;
+    tmpdir_make(&d);
+    char vp[128], tp[128];
+    snprintf(vp, sizeof vp, "%s/spm.gguf", d.path);
+    snprintf(tp, sizeof tp, "%s/text.txt", d.path);
+    write_tiny_spm(vp, 11, -1);
+    eng_vocab *v = load_vocab(vp, NULL);
+    /* a file with a trailing newline, a special token's text and a partial UTF-8 sequence: its exact bytes count */
+    const char text[] = "abc de<|im_end|>ca\n\xe2\x96";
+    FILE *f = fopen(tp, "wb");
+    cr_assert_not_null(f);
+    fwrite(text, 1, sizeof text - 1, f);
+    fclose(f);
+    struct { const char *flags; bool add, parse; } cases[] = {
+        {"", true, true}, {"--no-special", false, true}, {"--no-parse-special", true, false},
+        {"--no-special --no-parse-special", false, false},
+    };
+    for (int c = 0; c < 4; c++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s tokenize -m %s -f %s %s --json", KVSERVE_BINARY, vp, tp, cases[c].flags);
+        int st;
+        char *out = run_cmd(cmd, &st);
+        cr_assert_eq(st, 0, "%s", cmd);
+        int32_t n;
+        int32_t *ids = tok(v, text, sizeof text - 1, cases[c].add, cases[c].parse, &n);
+        char want[4096];
+        size_t k = (size_t)snprintf(want, sizeof want, "{\"tokens\":[");
+        for (int32_t i = 0; i < n; i++) k += (size_t)snprintf(want + k, sizeof want - k, i ? ",%d" : "%d", ids[i]);
+        snprintf(want + k, sizeof want - k, "]}\n");
+        cr_assert_str_eq(out, want, "%s", cmd);
+        free(ids);
+        free(out);
+    }
+    /* text output: one line per token, "id 'piece'" */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s -p 'ab<|im_end|>' --no-special", KVSERVE_BINARY, vp);
+    int st;
+    char *out = run_cmd(cmd, &st);
+    cr_assert_eq(st, 0);
+    int32_t n;
+    int32_t *ids = tok(v, "ab<|im_end|>", 12, false, true, &n);
+    char want[4096];
+    size_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        char piece[64];
+        size_t pn;
+        cr_assert_eq(eng_vocab_token_to_piece(v, ids[i], true, piece, sizeof piece, &pn), ENG_OK);
+        k += (size_t)snprintf(want + k, sizeof want - k, "%d '%.*s'\n", ids[i], (int)pn, piece);
+    }
+    cr_assert_str_eq(out, want);
+    free(ids);
+    free(out);
+    /* usage errors */
+    snprintf(cmd, sizeof cmd, "%s tokenize -p x 2>/dev/null", KVSERVE_BINARY);
+    out = run_cmd(cmd, &st);
+    cr_assert_eq(st, 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s/missing.gguf -p x 2>/dev/null", KVSERVE_BINARY, d.path);
+    out = run_cmd(cmd, &st);
+    cr_assert_eq(st, 1);
+    free(out);
+    eng_vocab_free(v);
+    tmpdir_rm(&d);
 }
