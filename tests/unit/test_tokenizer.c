@@ -421,6 +421,12 @@ static void write_tiny_spm(const char *path, uint64_t seed, int add_space_prefix
             int x = k;
             for (int j = 0; j < len; j++) { const char *a = alpha[x % 6]; x /= 6; memcpy(buf + bl, a, strlen(a)); bl += strlen(a); }
             if (len == 3 && rng_below(&s, 3) == 0) continue;   /* leave holes so merges sometimes stop */
+            /* even seeds: no token has U+2581 after another character (the tokenizer then merges each run-of-
+             * U+2581-started piece on its own: both paths get compared with the naive tokenizer) */
+            bool inner = false;
+            for (size_t q = 1; q + 3 <= bl; q++)
+                if (memcmp(buf + q, "\xe2\x96\x81", 3) == 0 && (q < 3 || memcmp(buf + q - 3, "\xe2\x96\x81", 3) != 0)) inner = true;
+            if (inner && seed % 2 == 0) continue;
             types[t.n] = 1;
             scores[t.n] = -(float)rng_below(&s, 50) / 4.0f;   /* ties happen on purpose */
             sl_add(&t, buf, bl);
@@ -633,7 +639,7 @@ Test(tokenizer, spm_tiny_differential_round_trip_streaming, .timeout = 120) {
     tmpdir d;
     tmpdir_make(&d);
     utf8ref *ref = utf8ref_new();
-    for (uint64_t seed = 1; seed <= 3; seed++) {
+    for (uint64_t seed = 1; seed <= 4; seed++) {
         for (int asp = -1; asp <= 0; asp++) {
             char path[128];
             snprintf(path, sizeof path, "%s/spm%llu_%d.gguf", d.path, (unsigned long long)seed, asp);
