@@ -187,22 +187,19 @@ static int32_t merge_rank(const eng_vocab *v, int32_t left, int32_t right) {
 
 /* ---- loading ---------------------------------------------------------------------------------------------- */
 
+/* A special-token id key. Absent, "none" (-1 / 0xFFFFFFFF) or out of range: the default stays (llama.cpp warns
+ * and keeps its default for out-of-range ids too), except that "none" clears it. */
 static int get_int_key(const eng_gguf *g, const char *key, int32_t n_tokens, int32_t *out, char *err,
                        size_t err_len) {
     int64_t x;
     int rc = eng_gguf_get_i64(g, key, &x);
-    if (rc == ENG_ERR_NOT_FOUND) return ENG_OK;   /* keep the default */
+    if (rc == ENG_ERR_NOT_FOUND) return ENG_OK;
     if (rc != ENG_OK) {
         set_err(err, err_len, "%s: %s is not an integer", eng_gguf_name(g), key);
         return ENG_ERR_FORMAT;
     }
-    if (x == 0xFFFFFFFFLL || x == -1) { *out = -1; return ENG_OK; }   /* "none" */
-    if (x < 0 || x >= n_tokens) {
-        set_err(err, err_len, "%s: %s = %lld is out of range (vocabulary of %d)", eng_gguf_name(g), key,
-                (long long)x, (int)n_tokens);
-        return ENG_ERR_FORMAT;
-    }
-    *out = (int32_t)x;
+    if (x == 0xFFFFFFFFLL || x == -1) *out = -1;
+    else if (x >= 0 && x < n_tokens) *out = (int32_t)x;
     return ENG_OK;
 }
 

@@ -57,8 +57,10 @@ typedef struct eng_vocab eng_vocab;
 
 /* Builds a vocabulary from g's tokenizer.* keys. Needs tokenizer.ggml.model ("llama" or "gpt2") and
  * tokenizer.ggml.tokens; scores and token_type are optional (0 and NORMAL), merges are required for "gpt2".
- * Errors: ENG_ERR_FORMAT (missing/ill-typed keys, array lengths that disagree, a special-token id out of
- * range), ENG_ERR_UNSUPPORTED (another tokenizer model, an unknown pre-tokenizer, a regex PCRE2 rejects),
+ * Special-token ids (tokenizer.ggml.{bos,eos,unknown,eot,eom}_token_id) that are out of range are ignored (the
+ * default stays, as in llama.cpp); -1 / 0xFFFFFFFF means none.
+ * Errors: ENG_ERR_FORMAT (missing/ill-typed keys, array lengths that disagree, a malformed merge),
+ * ENG_ERR_UNSUPPORTED (another tokenizer model, an unknown pre-tokenizer, a regex PCRE2 rejects),
  * ENG_ERR_NOMEM, ENG_ERR_INVALID (NULL arguments). err gets "NAME: what is wrong". *out is freed with
  * eng_vocab_free. */
 int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len);
