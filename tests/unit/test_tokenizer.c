@@ -1134,3 +1134,52 @@ Test(tokenizer, concurrent_tokenize) {
     eng_vocab_free(v);
     tmpdir_rm(&d);
 }
+
+/* Phi-3: llama.cpp strips the whitespace after special tokens for models named phi-3/phi3 (RSTRIP, keyed on
+ * general.name) and SPM then gives the next text fragment its leading space. The expected ids are llama.cpp's
+ * output for this chat turn; a copy of the same vocabulary under another name keeps the whitespace. */
+Test(tokenizer_shared, phi3_special_token_whitespace) {
+    const char *sd = shared_dir();
+    if (!sd) cr_skip_test("shared material (../shared/models/vocab-only) not found: phi-3 test skipped");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/vocab-only/ggml-vocab-phi-3.gguf", sd);
+    eng_gguf *g;
+    eng_vocab *v = load_vocab(path, &g);
+    const char *turn = "<|user|>\nSYS\nHI<|end|>\n<|assistant|>\n";
+    const int32_t want[] = {1, 32010, 317, 21554, 13, 17628, 32007, 32001};
+    int32_t n;
+    int32_t *ids = tok(v, turn, strlen(turn), true, true, &n);
+    cr_assert_eq(n, 8);
+    cr_assert_arr_eq(ids, want, sizeof want);
+    size_t dn;
+    char *d = detok(v, ids, n, true, &dn);
+    cr_assert_str_eq(d, "<s><|user|> SYS\nHI<|end|><|assistant|>");
+    free(d);
+    free(ids);
+    eng_vocab_free(v);
+
+    /* the same tokenizer block under another general.name */
+    tmpdir td;
+    tmpdir_make(&td);
+    eng_gguf_writer *w;
+    cr_assert_eq(eng_gguf_writer_create(&w), ENG_OK);
+    cr_assert_eq(eng_gguf_add_str(w, "general.name", "other", 5), ENG_OK);
+    for (int64_t i = 0; i < eng_gguf_n_kv(g); i++) {
+        const eng_gguf_kv *kv = eng_gguf_kv_at(g, i);
+        if (kv->key.len > 10 && memcmp(kv->key.ptr, "tokenizer.", 10) == 0)
+            cr_assert_eq(eng_gguf_add_kv_from(w, kv), ENG_OK);
+    }
+    char cp[128], err[256];
+    snprintf(cp, sizeof cp, "%s/other.gguf", td.path);
+    cr_assert_eq(eng_gguf_write(w, cp, err, sizeof err), ENG_OK, "%s", err);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+    v = load_vocab(cp, NULL);
+    ids = tok(v, turn, strlen(turn), true, true, &n);
+    d = detok(v, ids, n, true, &dn);
+    cr_assert_str_eq(d, "<s><|user|> \nSYS\nHI<|end|> \n<|assistant|> \n");
+    free(d);
+    free(ids);
+    eng_vocab_free(v);
+    tmpdir_rm(&td);
+}
