@@ -1069,6 +1069,7 @@ int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool ad
                        int32_t *out, int32_t cap, int32_t *n_out) {
     if (!v || !n_out || (!text && len) || cap < 0 || (!out && cap > 0)) return ENG_ERR_INVALID;
     *n_out = 0;
+    if (len > ENG_TOK_MAX_TEXT) return ENG_ERR_INVALID;   /* offsets inside are 32-bit (escaped text is 3x) */
     ivec ids = {0};
     fragvec f = {0}, ftmp = {0};
     work w = {0};

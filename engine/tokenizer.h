@@ -91,11 +91,14 @@ bool eng_vocab_is_eog(const eng_vocab *v, int32_t id);      /* EOS, EOT, EOM, <|
 bool eng_vocab_is_control(const eng_vocab *v, int32_t id);  /* type CONTROL */
 bool eng_vocab_is_special(const eng_vocab *v, int32_t id);  /* type CONTROL or USER_DEFINED */
 
+/* Longest text eng_vocab_tokenize accepts (bytes). */
+#define ENG_TOK_MAX_TEXT ((size_t)1 << 30)
+
 /* Tokenizes text[0..len) (any bytes; invalid UTF-8 becomes byte tokens). add_special: BOS/EOS per the vocab.
  * parse_special: the text of control and unknown tokens is matched as those tokens (user-defined tokens are
  * always matched, as llama.cpp does). Writes up to cap ids to out (out may be NULL when cap is 0) and the full
  * count to *n_out. Errors: ENG_ERR_TOO_LARGE when cap < *n_out (out holds the first cap ids), ENG_ERR_NOMEM,
- * ENG_ERR_INVALID (NULL vocab/n_out, text NULL with len > 0, cap < 0). */
+ * ENG_ERR_INVALID (NULL vocab/n_out, text NULL with len > 0, cap < 0, len > ENG_TOK_MAX_TEXT). */
 int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
                        int32_t *out, int32_t cap, int32_t *n_out);
 

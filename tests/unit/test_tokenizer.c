@@ -813,6 +813,7 @@ Test(tokenizer, errors_and_buffers) {
     cr_assert_eq(out[0], eng_vocab_bos(v));
     cr_assert_eq(eng_vocab_tokenize(v, NULL, 3, true, true, out, 4, &n), ENG_ERR_INVALID);
     cr_assert_eq(eng_vocab_tokenize(v, txt, 3, true, true, out, -1, &n), ENG_ERR_INVALID);
+    cr_assert_eq(eng_vocab_tokenize(v, txt, ENG_TOK_MAX_TEXT + 1, true, true, out, 4, &n), ENG_ERR_INVALID);
     char buf[2];
     size_t pn;
     cr_assert_eq(eng_vocab_token_to_piece(v, -1, true, buf, 2, &pn), ENG_ERR_INVALID);
