@@ -50,17 +50,34 @@ static int read_file(const char *path, char **out, size_t *len) {
     return 0;
 }
 
-/* Prints a piece between single quotes, escaping quotes, backslashes and control bytes. */
+/* Length of the well-formed UTF-8 sequence at p[0..n) (2..4), or 0. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+    size_t len = p[0] >= 0xC2 && p[0] <= 0xDF ? 2 : p[0] >= 0xE0 && p[0] <= 0xEF ? 3 : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    unsigned char lo = p[0] == 0xE0 ? 0xA0 : p[0] == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = p[0] == 0xED ? 0x9F : p[0] == 0xF4 ? 0x8F : 0xBF;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t k = 2; k < len; k++)
+        if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+    return len;
+}
+
+/* Prints a piece between single quotes, escaping quotes, backslashes, control bytes and bytes that are not part
+ * of well-formed UTF-8 (a token may hold part of a character). */
 static void print_piece(const char *p, size_t n) {
     putchar('\'');
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)p[i];
+        size_t k;
         if (c == '\n') fputs("\\n", stdout);
         else if (c == '\t') fputs("\\t", stdout);
         else if (c == '\r') fputs("\\r", stdout);
         else if (c == '\'' || c == '\\') { putchar('\\'); putchar(c); }
         else if (c < 0x20 || c == 0x7F) printf("\\x%02x", c);
-        else putchar(c);
+        else if (c < 0x80) putchar(c);
+        else if ((k = utf8_seq((const unsigned char *)p + i, n - i)) > 0) { fwrite(p + i, 1, k, stdout); i += k; continue; }
+        else printf("\\x%02x", c);
+        i++;
     }
     putchar('\'');
 }
