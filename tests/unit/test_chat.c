@@ -184,10 +184,18 @@ Test(chat, render_llama2) {
     expect_render(NULL, conv, NCONV, true, ENG_CHAT_LLAMA2, want);
     expect_render(t_llama2, conv, NCONV, true, ENG_CHAT_AUTO, want);
     expect_render(t_llama2, conv, NCONV, false, ENG_CHAT_AUTO, want); /* no generation prompt in this format */
-    /* the official Llama-2-chat template: BOS inside history and stripped content */
+    /* the official Llama-2-chat template ("content.strip()"): stripped content */
     const eng_chat_msg sp[] = { M("system", " S "), M("user", " Hi "), M("assistant", " Hello! "), M("user", "Q ") };
     expect_render(t_llama2_official, sp, 4, true, ENG_CHAT_AUTO,
-                  "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]Hello!</s><s>[INST] Q [/INST]");
+                  "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]Hello!</s>[INST] Q [/INST]");
+    /* BOS inside history ("bos_token + '[INST]" without stripping): later turns open with the BOS text */
+    const char *t_bos = "{% for message in messages %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
+                        "message['content'] + ' [/INST]' }}{% elif message['role'] == 'system' %}{{ '<<SYS>>\\n' + "
+                        "message['content'] + '\\n<</SYS>>\\n\\n' }}{% else %}{{ message['content'] + eos_token }}"
+                        "{% endif %}{% endfor %}";
+    cr_assert_eq(eng_chat_detect(t_bos), ENG_CHAT_LLAMA2);
+    expect_render(t_bos, sp, 4, true, ENG_CHAT_AUTO,
+                  "[INST] <<SYS>>\n S \n<</SYS>>\n\n Hi  [/INST] Hello! </s><s>[INST] Q  [/INST]");
     /* a conversation ending with the assistant ends with its EOS */
     expect_render(NULL, conv + 1, 2, true, ENG_CHAT_LLAMA2, "[INST] Hi [/INST]Hello!</s>");
 }
