@@ -526,6 +526,10 @@ Test(forward, fork_copy_prefix) {
             if (!(db <= d)) d = db;
         }
         cr_expect_leq(d, 1e-3, "seed %llu: forked sequences differ from the reference by %g", (unsigned long long)seed, d);
+        /* a sequence that shares blocks cannot shift its context */
+        cr_expect_eq(eng_seq_remove(e.ctx, sb, 1, 3), ENG_ERR_UNSUPPORTED);
+        cr_expect_eq(kvc_seq_len(e.kv, sb), P + C);
+        cr_expect_eq(eng_seq_remove(e.ctx, 99, 0, 1), ENG_ERR_INVALID);
         close_engine(&e);
         free_rmodel(&m);
     }
