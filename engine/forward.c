@@ -289,18 +289,21 @@ static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
     *e = n * (ith + 1) / nth;
 }
 
+/* Whether matrix i of a group is the first with its dot type. */
+static bool first_of_type(const eng_matrix *const *ms, int i) {
+    for (int j = 0; j < i; j++)
+        if (ms[j]->dot_type == ms[i]->dot_type) return false;
+    return true;
+}
+
 /* The buffer index (0..MAX_GROUP-1) holding the input quantized for matrix i of a group: one per distinct
  * dot type, in order of first appearance. */
 static int group_slot(const eng_matrix *const *ms, int i) {
     int slot = 0;
     for (int j = 0; j < i; j++) {
-        bool first = true;
-        for (int k = 0; k < j; k++)
-            if (ms[k]->dot_type == ms[j]->dot_type) first = false;
-        if (first) {
-            if (ms[j]->dot_type == ms[i]->dot_type) return slot;
-            slot++;
-        }
+        if (!first_of_type(ms, j)) continue;
+        if (ms[j]->dot_type == ms[i]->dot_type) return slot;
+        slot++;
     }
     return slot;
 }
@@ -309,11 +312,8 @@ static int group_slot(const eng_matrix *const *ms, int i) {
 static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_ms, const float *src, int64_t ld,
                           int64_t rb, int64_t re) {
     for (int i = 0; i < n_ms; i++) {
+        if (!first_of_type(ms, i)) continue;
         int slot = group_slot(ms, i);
-        bool first = true;
-        for (int j = 0; j < i; j++)
-            if (ms[j]->dot_type == ms[i]->dot_type) first = false;
-        if (!first) continue;
         size_t rbytes = eng_qtype_row_bytes(ms[i]->dot_type, ms[i]->k);
         for (int64_t r = rb; r < re; r++)
             eng_quantize_row(ms[i]->dot_type, src + r * ld, (char *)bufs[slot] + (size_t)r * rbytes, ms[i]->k);
@@ -325,12 +325,6 @@ static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m
     int64_t jb, je;
     split(w->n_out, ith, nth, &jb, &je);
     if (je > jb) eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
-}
-
-static void gemm_group(eng_ctx *c, const eng_matrix *const *ms, float *const *ys, int n_ms, int64_t m, int ith,
-                       int nth) {
-    for (int i = 0; i < n_ms; i++)
-        gemm_part(c, ms[i], c->xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, ith, nth);
 }
 
 static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
@@ -606,7 +600,7 @@ static void forward_worker(void *arg, int ith, int nth) {
     }
     quantize_rows(c->xq, outm, 1, c->xn, E, lb, le);
     eng_pool_barrier(c->pool);
-    gemm_group(c, outm, &c->logits, 1, c->n_logits, ith, nth);
+    gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out, ith, nth);
 }
 
 static int map_kvc(int rc) {
