@@ -2,9 +2,18 @@
  * forward.c: the CPU engine context and the multi-sequence forward pass over the paged KV cache.
  *
  * One eng_decode runs as one parallel region on the context's thread pool. Every stage splits its work
- * across the threads (matrix products by output rows, per-row work by rows, RoPE and attention by (row,
- * head)) and ends in a barrier. Activations are quantized once per matrix input (per distinct dot type of
- * the matrices reading it). All scratch memory is allocated in eng_ctx_create for max_batch_tokens rows.
+ * across the threads and ends in a barrier; per layer:
+ *   1. residual add, RMSNorm, quantize the rows (split by rows; batches of <= SMALL_M rows: every thread
+ *      does all rows into its own buffers, no barrier),
+ *   2. Q/K/V products split by head units, then bias / q-k norm / RoPE / cache writes of the same heads,
+ *   3. attention split by (row, head), each head's output quantized in place for wo,
+ *   4. wo product (split by output rows), 5. as 1 with the FFN norm,
+ *   6. gate/up products split by columns (whole blocks of w_down's activation format), silu(gate) * up and
+ *      its quantization on the same columns, 7. w_down product.
+ * Activations are quantized once per matrix input (per distinct dot type of the matrices reading it). The
+ * output projection runs only for the rows that want logits. All scratch memory is allocated in
+ * eng_ctx_create for max_batch_tokens rows (the logits buffer grows when a batch wants more rows than
+ * max(max_seqs, 1) rows).
  */
 #include <math.h>
 #include <stdio.h>
