@@ -13,7 +13,7 @@
  * Activations are quantized once per matrix input (per distinct dot type of the matrices reading it). The
  * output projection runs only for the rows that want logits. All scratch memory is allocated in
  * eng_ctx_create for max_batch_tokens rows (the logits buffer grows when a batch wants more rows than
- * max(max_seqs, 1) rows).
+ * min(max_seqs, max_batch_tokens) rows).
  */
 #include <math.h>
 #include <stdio.h>
