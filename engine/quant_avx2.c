@@ -329,6 +329,35 @@ static TGT void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
         b[i].d = 1.f / iscale;
     }
 }
+/* ---- dequantization (the same float operations as the scalar code: one product per value) -------------- */
+static __attribute__((target("avx2"))) void deq_q8_0(const eng_blk_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
+        for (int k = 0; k < 4; k++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + 8 * k)));
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+static __attribute__((target("avx2"))) void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
+        __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d));
+    }
+}
+bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
+    switch (type) {
+    case ENG_Q_Q8_0: deq_q8_0(src, dst, n / 32); return true;
+    case ENG_Q_Q4_0: deq_q4_0(src, dst, n / 32); return true;
+    default: return false;
+    }
+}
+
 bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
     switch (type) {
     case ENG_Q_Q8_0: quant_q8_0(src, dst, n / 32); return true;
@@ -382,6 +411,10 @@ bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int
 }
 
 #else /* not x86 */
+bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
+    (void)type, (void)src, (void)dst, (void)n;
+    return false;
+}
 bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
     (void)type, (void)src, (void)dst, (void)n;
     return false;
