@@ -24,7 +24,7 @@
 
 #define TM 3 /* weight rows per tile */
 #define TN 2 /* activation rows per tile */
-#define PF_DIST 768
+#define PF_DIST 2048 /* bytes ahead to prefetch weights when m = 1 */
 
 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
 INL uint16_t ld16(const uint8_t *p) {
