@@ -553,3 +553,23 @@ extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, in
     if (e != cudaSuccess) return report("cud_kv_rerotate", e, __FILE__, __LINE__);
     return ENG_OK;
 }
+
+extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k,
+                                   float *out) {
+    if (!data || !out || rows < 1 || k < 1) return ENG_ERR_INVALID;
+    int be = cud_type_block_elems(type), bb = cud_type_block_bytes(type);
+    if (!be || k % be) return ENG_ERR_UNSUPPORTED;
+    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return ENG_ERR_INVALID;
+    if (cud_available(nullptr, 0) < 1) return ENG_ERR_UNSUPPORTED;
+    void *d = nullptr;
+    float *y = nullptr;
+    CK(cudaMalloc(&d, nbytes));
+    cudaError_t e = cudaMalloc((void **)&y, (size_t)rows * (size_t)k * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(d, data, nbytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cud_dequant_f32(type, d, rows, k, y, 0);
+    if (e == cudaSuccess) e = cudaMemcpy(out, y, (size_t)rows * (size_t)k * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (y) cudaFree(y);
+    if (e != cudaSuccess) return report("cud_dequantize_host", e, __FILE__, __LINE__);
+    return ENG_OK;
+}

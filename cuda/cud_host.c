@@ -139,6 +139,10 @@ int cud_backend_create(const cud_model_desc *model, const cud_params *params, cu
 }
 
 void cud_backend_free(cud_backend *be) { (void)be; }
+int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k, float *out) {
+    (void)type; (void)data; (void)nbytes; (void)rows; (void)k; (void)out;
+    return ENG_ERR_UNSUPPORTED;
+}
 const kvc_allocator *cud_kv_allocator(cud_backend *be) { (void)be; return NULL; }
 int cud_backend_set_kv(cud_backend *be, const kvc_layout *layout) { (void)be; (void)layout; return ENG_ERR_UNSUPPORTED; }
 int cud_forward(cud_backend *be, const cud_batch *batch, float *logits) {

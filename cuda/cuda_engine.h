@@ -132,6 +132,11 @@ typedef struct cud_graph_key {
  * (n_out != n: a prefill row in it, or beyond the limits). */
 bool cud_graph_bucket(const cud_batch *b, int32_t max_rows, int32_t max_stride, cud_graph_key *out);
 
+/* Dequantizes rows x k values of a host tensor in type on the GPU and copies the f32 result to out
+ * [rows][k] (for tests: the values must equal the CPU engine's bit for bit). ENG_ERR_UNSUPPORTED without
+ * a device or for a type the kernels lack. */
+int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k, float *out);
+
 /* ---- the device backend ----------------------------------------------------------------------------------- */
 typedef struct cud_backend cud_backend;
 
