@@ -63,6 +63,7 @@ typedef struct sched_req {
     srv_sched_usage usage;
     srv_sched_timings timings;
     bool had_error;
+    uint64_t preempt_step;      /* step_no of the last preemption */
     bool running;               /* in s->running (its unfinished choices are counted in seqs_reserved) */
     struct sched_event *end_ev; /* [n] CHOICE_END events, allocated at submit */
     struct sched_event *done_ev;/* the DONE event, allocated at submit */
@@ -136,6 +137,7 @@ struct srv_sched {
     /* counters owned by the thread, copied into stats */
     uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
     uint64_t c_finished[5];
+    uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------------------------- */
@@ -439,7 +441,7 @@ static bool emit_outputs(srv_sched *s, sched_req *r) {
  * the stats and wakes the loop. */
 static void refresh_stats_locked(srv_sched *s);
 
-static void post_events(srv_sched *s, int32_t admitted_new, int32_t dropped_new) {
+static void post_events(srv_sched *s, int32_t dropped_new) {
     uv_mutex_lock(&s->mu);
     bool any = s->out_head != NULL;
     for (sched_event *e = s->out_head; e; e = e->next) {
@@ -457,7 +459,7 @@ static void post_events(srv_sched *s, int32_t admitted_new, int32_t dropped_new)
         s->ev_tail = s->out_tail;
     }
     s->out_head = s->out_tail = NULL;
-    s->n_queued_new -= admitted_new + dropped_new;
+    s->n_queued_new -= dropped_new;
     refresh_stats_locked(s);
     uv_mutex_unlock(&s->mu);
     if (any && s->async) uv_async_send(s->async);
@@ -503,6 +505,7 @@ static void preempt(srv_sched *s, sched_req *r) {
     s->c_preempt++;
     r->timings.n_preempted++;
     r->protect = true;
+    r->preempt_step = s->step_no;
     s->seqs_reserved -= r->n_unfinished;
     vec_remove(&s->running, r);
     r->running = false;
@@ -622,6 +625,13 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
             if (c->idx > 0 && c->n_gen == 0) continue; /* gets choice 0's prompt by copy */
             if (prefix_wait(s, r, c)) continue;
             if (start_seq(s, r, c) != 0) continue;
+            if (blocks_avail(s, *reserved) < 0) {
+                /* attaching took cached blocks that this batch already counted on: not this step */
+                kvc_seq_free(s->cache, c->seq);
+                c->seq = -1;
+                c->n_cached = 0;
+                continue;
+            }
         }
         int32_t rem = known_len(r, c) - c->n_cached;
         if (rem <= 0) continue; /* cannot happen: a live choice always has its next input uncached */
@@ -655,9 +665,32 @@ static sched_choice *first_unfinished(sched_req *r) {
     return NULL;
 }
 
+/* Blocks the running requests still need to reach their known length plus one more token per choice: a new
+ * request is admitted only into what is left, so that admitted requests (in particular preempted ones that
+ * recompute) can finish their prompts without preempting each other. */
+static int64_t running_demand(srv_sched *s) {
+    int64_t total = 0, bs = s->block_size;
+    for (int32_t i = 0; i < s->running.n; i++) {
+        sched_req *r = s->running.v[i];
+        for (int32_t j = 0; j < r->n; j++) {
+            sched_choice *c = &r->ch[j];
+            if (c->finished) continue;
+            if (c->seq >= 0) {
+                int32_t n = kvc_blocks_needed(s->cache, c->seq, known_len(r, c) - c->n_cached + 1);
+                if (n > 0) total += n;
+            } else if (!(c->idx > 0 && c->n_gen == 0)) {
+                total += ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
+            } else {
+                total += 1 + (r->n_prompt % bs != 0); /* copied partial block + growth */
+            }
+        }
+    }
+    return total;
+}
+
 /* Tries to admit the head of the waiting queue. Returns 1 when admitted, 0 when it must wait (FCFS: nothing
  * behind it is admitted either), -1 when it was finished instead (does not fit, sampler failure). */
-static int admit_head(srv_sched *s, int32_t reserved, int32_t *admitted_new) {
+static int admit_head(srv_sched *s) {
     sched_req *r = s->waiting.v[0];
     if (s->seqs_reserved + r->n_unfinished > s->p.parallel) return 0;
     int64_t need = context_blocks(s, r);
@@ -667,10 +700,11 @@ static int admit_head(srv_sched *s, int32_t reserved, int32_t *admitted_new) {
         return -1;
     }
     sched_choice *c0 = first_unfinished(r);
-    const int32_t *toks = known_tokens(s, r, c0);
-    int32_t matched = 0;
-    if (toks) kvc_prefix_match(s->cache, toks, known_len(r, c0) - 1, &matched);
-    if (need - matched / s->block_size > blocks_avail(s, reserved)) return 0;
+    /* Matched blocks are not subtracted: when they are cached (not in use), attaching them removes them from
+     * the available count just as much as computing them would. The blocks this step already reserved are
+     * part of the running requests' demand. */
+    if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
+    if (need > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && prefix_wait(s, r, c0)) return 0;
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
@@ -694,7 +728,9 @@ static int admit_head(srv_sched *s, int32_t reserved, int32_t *admitted_new) {
     if (r->timings.t_start == 0) r->timings.t_start = uv_hrtime();
     if (!r->admitted_once) {
         r->admitted_once = true;
-        (*admitted_new)++;
+        uv_mutex_lock(&s->mu);
+        s->n_queued_new--;
+        uv_mutex_unlock(&s->mu);
         s->c_prompt_total += (uint64_t)r->n_prompt;
     }
     return 1;
@@ -824,7 +860,7 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
 
 /* Builds the batch. Returns 0 when built (possibly empty), 1 when the state changed (a preemption, a choice
  * that cannot grow) and the batch must be rebuilt. */
-static int build(srv_sched *s, int32_t *admitted_new, int32_t *dropped_new) {
+static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     int32_t reserved = 0, budget = s->p.batch_tokens;
     for (int32_t i = 0; i < s->running.n; i++) s->running.v[i]->in_step = false;
@@ -855,7 +891,7 @@ static int build(srv_sched *s, int32_t *admitted_new, int32_t *dropped_new) {
     /* 3. admissions, FCFS: stop at the first request that must wait */
     while (s->waiting.n > 0 && budget > 0) {
         sched_req *h = s->waiting.v[0];
-        int rc = admit_head(s, reserved, admitted_new);
+        int rc = admit_head(s);
         if (rc == 0) break;
         if (rc < 0) {
             bool never = !h->admitted_once;
@@ -868,10 +904,11 @@ static int build(srv_sched *s, int32_t *admitted_new, int32_t *dropped_new) {
 }
 
 static void step(srv_sched *s) {
-    int32_t admitted_new = 0, dropped_new = 0;
+    int32_t dropped_new = 0;
+    s->step_no++;
     handle_cancels(s, &dropped_new);
     for (;;) {
-        if (build(s, &admitted_new, &dropped_new) != 0) continue;
+        if (build(s, &dropped_new) != 0) continue;
         if (s->n_entries == 0) {
             if (s->running.n == 0) {
                 if (s->waiting.n > 0) {
@@ -939,7 +976,7 @@ static void step(srv_sched *s) {
         break;
     }
     for (int32_t i = s->running.n - 1; i >= 0; i--) emit_outputs(s, s->running.v[i]);
-    post_events(s, admitted_new, dropped_new);
+    post_events(s, dropped_new);
 }
 
 /* ---- threads --------------------------------------------------------------------------------------------------- */
@@ -1103,7 +1140,7 @@ void srv_sched_free(srv_sched *s) {
         for (int32_t j = 0; j < r->n; j++) finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
         emit_outputs(s, r);
     }
-    post_events(s, 0, 0);
+    post_events(s, 0);
     dispatch(s);
     uv_cond_destroy(&s->cv);
     uv_mutex_destroy(&s->mu);
