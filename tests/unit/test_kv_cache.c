@@ -26,6 +26,10 @@
 #define STREAM_LEN 4096
 #define VOCAB 40
 
+#ifndef KVCT_SUITE
+#define KVCT_SUITE kv_cache_random
+#endif
+
 typedef struct rseq {
     bool live;
     int32_t len;
@@ -87,7 +91,7 @@ static void rs_reserve(rseq *r, int32_t n) {
     r->cap = cap;
 }
 
-static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+static int32_t rceil(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 /* The next token a sequence produces at pos: mostly its stream, sometimes something else. */
 static int32_t next_token(tctx *t, const rseq *r, int32_t pos) {
@@ -164,7 +168,7 @@ static void verify(tctx *t) {
         int32_t nb, len;
         REQ(kvc_block_table(t->c, i, &tab, &nb, &len) == 0, "block_table");
         REQ(len == r->len && kvc_seq_len(t->c, i) == r->len, "seq %d len %d, reference %d", i, len, r->len);
-        REQ(nb == ceil_div(r->len, bs), "seq %d: %d blocks for %d tokens", i, nb, r->len);
+        REQ(nb == rceil(r->len, bs), "seq %d: %d blocks for %d tokens", i, nb, r->len);
         for (int32_t j = 0; j < nb; j++) {
             if (j < r->released) {
                 REQ(tab[j] == -1, "seq %d block %d should be released (window)", i, j);
@@ -225,7 +229,7 @@ static void ref_window(tctx *t, rseq *r) {
 static void ref_truncate(tctx *t, rseq *r, int32_t len) {
     int32_t bs = t->lay.block_size;
     r->len = len;
-    if (r->released > ceil_div(len, bs)) r->released = ceil_div(len, bs);
+    if (r->released > rceil(len, bs)) r->released = rceil(len, bs);
     if (len <= r->dirty_from) r->dirty_from = INT32_MAX;
 }
 
@@ -324,8 +328,8 @@ static void op_forward(tctx *t) {
             for (int j = 0; j < nid; j++) {
                 rseq *r = &t->s[ids[j]];
                 int32_t nb = kvc_blocks_needed(t->c, ids[j], cnt[j]);
-                int32_t fresh = ceil_div(r->len + cnt[j], bs) - ceil_div(r->len, bs);
-                bool rel_last = r->len % bs != 0 && r->released == ceil_div(r->len, bs);
+                int32_t fresh = rceil(r->len + cnt[j], bs) - rceil(r->len, bs);
+                bool rel_last = r->len % bs != 0 && r->released == rceil(r->len, bs);
                 if (r->len % bs == 0) REQ(nb == fresh, "blocks_needed %d, expected %d", nb, fresh);
                 else if (rel_last) REQ(nb == fresh + 1, "blocks_needed %d, expected %d", nb, fresh + 1);
                 else REQ(nb == fresh || nb == fresh + 1, "blocks_needed %d, expected %d or +1", nb, fresh);
@@ -426,8 +430,8 @@ static void op_copy_prefix(tctx *t) {
     rd->len = len;
     rd->stream = rs->stream;
     rd->dirty_from = rs->dirty_from < len ? rs->dirty_from : INT32_MAX;
-    rd->released = rs->released < ceil_div(len, bs) ? rs->released : ceil_div(len, bs);
-    const int32_t *ts, *td;
+    rd->released = rs->released < rceil(len, bs) ? rs->released : rceil(len, bs);
+    const int32_t *ts = NULL, *td = NULL;
     kvc_block_table(t->c, src, &ts, NULL, NULL);
     kvc_block_table(t->c, dst, &td, NULL, NULL);
     for (int32_t i = 0; i < len / bs; i++) REQ(ts[i] == td[i], "copy_prefix did not share full block %d", i);
@@ -581,7 +585,7 @@ static void op_probe(tctx *t) {
         if (id >= 0) {
             int32_t n = kvct_range(&t->rng, 3 * bs), nb = kvc_blocks_needed(t->c, id, n);
             rseq *r = &t->s[id];
-            int32_t fresh = ceil_div(r->len + n, bs) - ceil_div(r->len, bs);
+            int32_t fresh = rceil(r->len + n, bs) - rceil(r->len, bs);
             REQ(nb == fresh || (n > 0 && r->len % bs != 0 && nb == fresh + 1), "blocks_needed");
         }
         REQ(kvc_blocks_needed(t->c, -1, 1) < 0, "blocks_needed bad id");
@@ -701,7 +705,7 @@ static void run_set(const rcfg *cfgs, int n, const char *what) {
 }
 
 /* f32, exact compare: the bulk of the operations, over block sizes, pool sizes and options. */
-Test(kv_cache_random, f32) {
+Test(KVCT_SUITE, f32) {
     static const rcfg cfgs[] = {
         /* name    seed ops   dtype          hd  bs  nblk seqs batch maxlen win prefix */
         {"f32", 1, 12000, KVC_DTYPE_F32, 4, 4, 48, 8, 24, 0, 0, true},
@@ -715,23 +719,23 @@ Test(kv_cache_random, f32) {
         {"f32-window-noprefix", 9, 6000, KVC_DTYPE_F32, 4, 4, 24, 8, 16, 0, 7, false},
         {"f32-tight", 10, 6000, KVC_DTYPE_F32, 4, 4, 6, 4, 12, 0, 0, true},
     };
-    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "kv_cache_random::f32");
+    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "f32 set");
 }
 
 /* f16 with exactly representable values (the cache only moves bytes, so compares are exact). */
-Test(kv_cache_random, f16) {
+Test(KVCT_SUITE, f16) {
     static const rcfg cfgs[] = {
         {"f16", 11, 5000, KVC_DTYPE_F16, 8, 4, 32, 8, 24, 0, 0, true},
         {"f16", 12, 5000, KVC_DTYPE_F16, 8, 16, 8, 6, 40, 0, 0, true},
     };
-    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "kv_cache_random::f16");
+    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "f16 set");
 }
 
 /* q8_0 rows (34-byte blocks): the structure (row size, strides, moves) is right. */
-Test(kv_cache_random, q8_0) {
+Test(KVCT_SUITE, q8_0) {
     static const rcfg cfgs[] = {
         {"q8_0", 13, 2500, KVC_DTYPE_Q8_0, 32, 4, 24, 6, 16, 0, 0, true},
         {"q8_0", 14, 2500, KVC_DTYPE_Q8_0, 64, 4, 16, 6, 16, 0, 6, true},
     };
-    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "kv_cache_random::q8_0");
+    run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "q8_0 set");
 }

@@ -1,0 +1,836 @@
+/*
+ * quant.c: the type table, fp16/bf16 conversions, scalar (reference) dequantization, quantization, dot
+ * products and the level dispatcher. See quant.h for the contracts.
+ *
+ * Dequantization reproduces ggml's float operations in the same order (products of floats, e.g.
+ * (d * scale) * q, then - (dmin * m)), with no fused multiply-add, so the results are bit-identical to
+ * llama.cpp's.
+ *
+ * Dot products (scalar reference, which the SIMD levels must reproduce): the integer part of every block
+ * (sum of q_w * q_x, with the format's offsets and sub-block scales applied in integers) is exact; the
+ * block's float scale product is then applied and the blocks are summed in float.
+ */
+#include "engine/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/quant_impl.h"
+
+_Static_assert(sizeof(eng_blk_q4_0) == 18, "q4_0 block");
+_Static_assert(sizeof(eng_blk_q4_1) == 20, "q4_1 block");
+_Static_assert(sizeof(eng_blk_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(eng_blk_q5_1) == 24, "q5_1 block");
+_Static_assert(sizeof(eng_blk_q8_0) == 34, "q8_0 block");
+_Static_assert(sizeof(eng_blk_q8_1) == 36, "q8_1 block");
+_Static_assert(sizeof(eng_blk_q2_K) == 84, "q2_K block");
+_Static_assert(sizeof(eng_blk_q3_K) == 110, "q3_K block");
+_Static_assert(sizeof(eng_blk_q4_K) == 144, "q4_K block");
+_Static_assert(sizeof(eng_blk_q5_K) == 176, "q5_K block");
+_Static_assert(sizeof(eng_blk_q6_K) == 210, "q6_K block");
+_Static_assert(sizeof(eng_blk_q8_K) == 292, "q8_K block");
+
+/* ---- type table ------------------------------------------------------------------------------------------ */
+static const eng_qtype_info k_types[ENG_Q_COUNT] = {
+    [ENG_Q_F32] = {"f32", 1, 4, true, ENG_Q_F32},
+    [ENG_Q_F16] = {"f16", 1, 2, true, ENG_Q_F32},
+    [ENG_Q_Q4_0] = {"q4_0", 32, 18, true, ENG_Q_Q8_0},
+    [ENG_Q_Q4_1] = {"q4_1", 32, 20, true, ENG_Q_Q8_1},
+    [ENG_Q_Q5_0] = {"q5_0", 32, 22, true, ENG_Q_Q8_0},
+    [ENG_Q_Q5_1] = {"q5_1", 32, 24, true, ENG_Q_Q8_1},
+    [ENG_Q_Q8_0] = {"q8_0", 32, 34, true, ENG_Q_Q8_0},
+    /* Q8_1 is an activation format only: it can be quantized and dequantized, not used as weights. */
+    [ENG_Q_Q8_1] = {"q8_1", 32, 36, false, ENG_Q_Q8_1},
+    [ENG_Q_Q2_K] = {"q2_K", 256, 84, true, ENG_Q_Q8_K},
+    [ENG_Q_Q3_K] = {"q3_K", 256, 110, true, ENG_Q_Q8_K},
+    [ENG_Q_Q4_K] = {"q4_K", 256, 144, true, ENG_Q_Q8_K},
+    [ENG_Q_Q5_K] = {"q5_K", 256, 176, true, ENG_Q_Q8_K},
+    [ENG_Q_Q6_K] = {"q6_K", 256, 210, true, ENG_Q_Q8_K},
+    [ENG_Q_Q8_K] = {"q8_K", 256, 292, true, ENG_Q_Q8_K},
+    [ENG_Q_BF16] = {"bf16", 1, 2, true, ENG_Q_F32},
+};
+
+const eng_qtype_info *eng_qtype_get(uint32_t type) {
+    if (type >= ENG_Q_COUNT || k_types[type].name == NULL) return NULL;
+    return &k_types[type];
+}
+
+size_t eng_qtype_row_bytes(uint32_t type, int64_t n) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t || n < 0 || n % t->block_elems != 0) return 0;
+    return (size_t)(n / t->block_elems) * (size_t)t->block_bytes;
+}
+
+/* ---- fp16 / bf16 ----------------------------------------------------------------------------------------- */
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float eng_fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    if (exp == 0x1F) return f32_from_bits(sign | 0x7F800000u | (man << 13)); /* inf / nan (payload kept) */
+    if (exp == 0) {
+        if (man == 0) return f32_from_bits(sign);
+        /* subnormal: man * 2^-24, exact in float */
+        float v = (float)man * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t eng_f32_to_fp16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) { /* inf or nan */
+        if (a == 0x7F800000u) return sign | 0x7C00;
+        return (uint16_t)(sign | 0x7E00 | ((a >> 13) & 0x3FF)); /* quiet nan, top payload bits kept */
+    }
+    if (a >= 0x477FF000u) return sign | 0x7C00; /* rounds to >= 65520: overflow to inf */
+    if (a < 0x38800000u) {                      /* below the smallest normal half (2^-14) */
+        if (a < 0x33000000u) return sign;       /* < 2^-25: rounds to zero (2^-25 is a tie: even = 0) */
+        uint32_t e = a >> 23;                   /* 102..112 */
+        uint32_t m = (a & 0x7FFFFF) | 0x800000; /* 24-bit significand */
+        uint32_t shift = 126 - e;               /* value = m * 2^(e-150); half units 2^-24: m >> (126-e) */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent and round the 13 dropped bits to nearest even (a carry into the
+     * exponent is the right answer) */
+    uint32_t r = a + 0xFFF + ((a >> 13) & 1);
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+float eng_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+uint16_t eng_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float h2f(uint16_t h) { return eng_fp16_to_f32(h); }
+
+/* ---- dequantization --------------------------------------------------------------------------------------- */
+static void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((b[i].qs[j] & 0xF) - 8) * d;
+            y[j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+static void deq_q4_1(const eng_blk_q4_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d), m = h2f(b[i].m);
+        for (int j = 0; j < 16; j++) {
+            float lo = (float)(b[i].qs[j] & 0xF) * d;
+            float hi = (float)(b[i].qs[j] >> 4) * d;
+            y[j] = lo + m;
+            y[j + 16] = hi + m;
+        }
+    }
+}
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static void deq_q5_0(const eng_blk_q5_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d);
+        uint32_t qh = le32(b[i].qh);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+            int hi = (b[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            y[j] = (float)(lo - 16) * d;
+            y[j + 16] = (float)(hi - 16) * d;
+        }
+    }
+}
+static void deq_q5_1(const eng_blk_q5_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d), m = h2f(b[i].m);
+        uint32_t qh = le32(b[i].qh);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+            int hi = (b[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            float a = (float)lo * d, c = (float)hi * d;
+            y[j] = a + m;
+            y[j + 16] = c + m;
+        }
+    }
+}
+static void deq_q8_0(const eng_blk_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d);
+        for (int j = 0; j < 32; j++) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+static void deq_q8_1(const eng_blk_q8_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = h2f(b[i].d);
+        for (int j = 0; j < 32; j++) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+static void deq_q2_K(const eng_blk_q2_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        int is = 0;
+        for (int half = 0; half < 2; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2) {
+                for (int part = 0; part < 2; part++) {
+                    uint8_t sc = b[i].scales[is++];
+                    float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+                    for (int l = 0; l < 16; l++) {
+                        float t = dl * (float)((q[l + 16 * part] >> shift) & 3);
+                        *y++ = t - ml;
+                    }
+                }
+            }
+        }
+    }
+}
+static void deq_q3_K(const eng_blk_q3_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d);
+        int8_t sc[16];
+        eng_k3_scales(b[i].scales, sc);
+        const uint8_t *q = b[i].qs;
+        uint8_t m = 1;
+        int is = 0;
+        for (int half = 0; half < 2; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1)) {
+                for (int part = 0; part < 2; part++) {
+                    float dl = d * (float)sc[is++];
+                    for (int l = 0; l < 16; l++) {
+                        int ll = l + 16 * part;
+                        int v = ((q[ll] >> shift) & 3) - ((b[i].hmask[ll] & m) ? 0 : 4);
+                        *y++ = dl * (float)v;
+                    }
+                }
+            }
+        }
+    }
+}
+static void deq_q4_K(const eng_blk_q4_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            uint8_t s0, m0, s1, m1;
+            eng_k4_scale_min(j, b[i].scales, &s0, &m0);
+            eng_k4_scale_min(j + 1, b[i].scales, &s1, &m1);
+            float d0 = d * (float)s0, mm0 = dmin * (float)m0;
+            float d1 = d * (float)s1, mm1 = dmin * (float)m1;
+            for (int l = 0; l < 32; l++) {
+                float t = d0 * (float)(q[l] & 0xF);
+                *y++ = t - mm0;
+            }
+            for (int l = 0; l < 32; l++) {
+                float t = d1 * (float)(q[l] >> 4);
+                *y++ = t - mm1;
+            }
+        }
+    }
+}
+static void deq_q5_K(const eng_blk_q5_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < 8; j += 2, q += 32, u1 = (uint8_t)(u1 << 2), u2 = (uint8_t)(u2 << 2)) {
+            uint8_t s0, m0, s1, m1;
+            eng_k4_scale_min(j, b[i].scales, &s0, &m0);
+            eng_k4_scale_min(j + 1, b[i].scales, &s1, &m1);
+            float d0 = d * (float)s0, mm0 = dmin * (float)m0;
+            float d1 = d * (float)s1, mm1 = dmin * (float)m1;
+            for (int l = 0; l < 32; l++) {
+                float t = d0 * (float)((q[l] & 0xF) + ((b[i].qh[l] & u1) ? 16 : 0));
+                *y++ = t - mm0;
+            }
+            for (int l = 0; l < 32; l++) {
+                float t = d1 * (float)((q[l] >> 4) + ((b[i].qh[l] & u2) ? 16 : 0));
+                *y++ = t - mm1;
+            }
+        }
+    }
+}
+static void deq_q6_K(const eng_blk_q6_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d);
+        const uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        const int8_t *sc = b[i].scales;
+        for (int n = 0; n < 2; n++, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * (float)sc[is] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+        }
+    }
+}
+static void deq_q8_K(const eng_blk_q8_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 256)
+        for (int j = 0; j < 256; j++) y[j] = b[i].d * (float)b[i].qs[j];
+}
+
+int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t) return ENG_ERR_UNSUPPORTED;
+    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
+    int64_t nb = n / t->block_elems;
+    switch (type) {
+    case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
+    case ENG_Q_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = eng_fp16_to_f32(h[i]);
+        break;
+    }
+    case ENG_Q_BF16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = eng_bf16_to_f32(h[i]);
+        break;
+    }
+    case ENG_Q_Q4_0: deq_q4_0(src, dst, nb); break;
+    case ENG_Q_Q4_1: deq_q4_1(src, dst, nb); break;
+    case ENG_Q_Q5_0: deq_q5_0(src, dst, nb); break;
+    case ENG_Q_Q5_1: deq_q5_1(src, dst, nb); break;
+    case ENG_Q_Q8_0: deq_q8_0(src, dst, nb); break;
+    case ENG_Q_Q8_1: deq_q8_1(src, dst, nb); break;
+    case ENG_Q_Q2_K: deq_q2_K(src, dst, nb); break;
+    case ENG_Q_Q3_K: deq_q3_K(src, dst, nb); break;
+    case ENG_Q_Q4_K: deq_q4_K(src, dst, nb); break;
+    case ENG_Q_Q5_K: deq_q5_K(src, dst, nb); break;
+    case ENG_Q_Q6_K: deq_q6_K(src, dst, nb); break;
+    case ENG_Q_Q8_K: deq_q8_K(src, dst, nb); break;
+    default: return ENG_ERR_UNSUPPORTED;
+    }
+    return ENG_OK;
+}
+
+/* ---- quantization ----------------------------------------------------------------------------------------- */
+/* Round to nearest, ties to even, for |v| < 2^22 (the float magic-number trick, exact in that range). */
+static inline int nearest_int(float v) {
+    float t = v + 12582912.f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007FFFFF) - 0x00400000;
+}
+
+/* max |x| over n values and the signed value that has it (the first one on ties) */
+static inline float absmax_signed(const float *x, int n, float *amax_out) {
+    float amax = 0.f, mx = 0.f;
+    for (int j = 0; j < n; j++) {
+        float a = fabsf(x[j]);
+        if (a > amax) {
+            amax = a;
+            mx = x[j];
+        }
+    }
+    *amax_out = amax;
+    return mx;
+}
+
+static void quant_q4_0(const float *x, eng_blk_q4_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax;
+        float mx = absmax_signed(x, 32, &amax);
+        float d = mx / -8.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        b[i].d = eng_f32_to_fp16(d);
+        for (int j = 0; j < 16; j++) {
+            int a = (int)(int8_t)(x[j] * id + 8.5f), c = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            if (a > 15) a = 15;
+            if (c > 15) c = 15;
+            b[i].qs[j] = (uint8_t)(a | (c << 4));
+        }
+    }
+}
+static void minmax(const float *x, int n, float *mn, float *mx) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < n; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *mn = lo;
+    *mx = hi;
+}
+static void quant_q4_1(const float *x, eng_blk_q4_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float lo, hi;
+        minmax(x, 32, &lo, &hi);
+        float d = (hi - lo) / 15.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        b[i].d = eng_f32_to_fp16(d);
+        b[i].m = eng_f32_to_fp16(lo);
+        for (int j = 0; j < 16; j++) {
+            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            if (a > 15) a = 15;
+            if (c > 15) c = 15;
+            b[i].qs[j] = (uint8_t)(a | (c << 4));
+        }
+    }
+}
+static void put_le32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+static void quant_q5_0(const float *x, eng_blk_q5_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax;
+        float mx = absmax_signed(x, 32, &amax);
+        float d = mx / -16.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        b[i].d = eng_f32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int a = (int)(int8_t)(x[j] * id + 16.5f), c = (int)(int8_t)(x[j + 16] * id + 16.5f);
+            if (a > 31) a = 31;
+            if (c > 31) c = 31;
+            b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));
+            qh |= (uint32_t)((a >> 4) & 1) << j;
+            qh |= (uint32_t)((c >> 4) & 1) << (j + 16);
+        }
+        put_le32(b[i].qh, qh);
+    }
+}
+static void quant_q5_1(const float *x, eng_blk_q5_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float lo, hi;
+        minmax(x, 32, &lo, &hi);
+        float d = (hi - lo) / 31.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        b[i].d = eng_f32_to_fp16(d);
+        b[i].m = eng_f32_to_fp16(lo);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            if (a > 31) a = 31;
+            if (c > 31) c = 31;
+            b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));
+            qh |= (uint32_t)((a >> 4) & 1) << j;
+            qh |= (uint32_t)((c >> 4) & 1) << (j + 16);
+        }
+        put_le32(b[i].qh, qh);
+    }
+}
+/* Q8_0 / Q8_1: d = max|x| / 127, q = round(x / d) in [-127, 127]. Returns d (float, before fp16). */
+static float quant_32_q8(const float *x, int8_t *qs, int *sum) {
+    float amax;
+    (void)absmax_signed(x, 32, &amax);
+    float d = amax / 127.f;
+    float id = d != 0.f ? 1.f / d : 0.f;
+    int s = 0;
+    for (int j = 0; j < 32; j++) {
+        int v = nearest_int(x[j] * id);
+        if (v > 127) v = 127;
+        if (v < -127) v = -127;
+        qs[j] = (int8_t)v;
+        s += v;
+    }
+    *sum = s;
+    return d;
+}
+static void quant_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        int s;
+        b[i].d = eng_f32_to_fp16(quant_32_q8(x, b[i].qs, &s));
+    }
+}
+static void quant_q8_1(const float *x, eng_blk_q8_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        int s;
+        uint16_t dh = eng_f32_to_fp16(quant_32_q8(x, b[i].qs, &s));
+        b[i].d = dh;
+        /* s is the sum of the dequantized values with the stored (fp16) scale, so that the dot products'
+         * min terms use exactly what dequantization gives */
+        b[i].s = eng_f32_to_fp16(eng_fp16_to_f32(dh) * (float)s);
+    }
+}
+static void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        float amax;
+        float mx = absmax_signed(x, 256, &amax);
+        if (amax == 0.f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        float iscale = -127.f / mx;
+        for (int j = 0; j < 256; j++) {
+            int v = nearest_int(iscale * x[j]);
+            if (v > 127) v = 127;
+            if (v < -127) v = -127;
+            b[i].qs[j] = (int8_t)v;
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += b[i].qs[16 * g + j];
+            b[i].bsums[g] = (int16_t)s;
+        }
+        b[i].d = 1.f / iscale;
+    }
+}
+
+int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t) return ENG_ERR_UNSUPPORTED;
+    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
+    int64_t nb = n / t->block_elems;
+    switch (type) {
+    case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
+    case ENG_Q_F16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_fp16(src[i]);
+        break;
+    }
+    case ENG_Q_BF16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_bf16(src[i]);
+        break;
+    }
+    case ENG_Q_Q4_0: quant_q4_0(src, dst, nb); break;
+    case ENG_Q_Q4_1: quant_q4_1(src, dst, nb); break;
+    case ENG_Q_Q5_0: quant_q5_0(src, dst, nb); break;
+    case ENG_Q_Q5_1: quant_q5_1(src, dst, nb); break;
+    case ENG_Q_Q8_0: quant_q8_0(src, dst, nb); break;
+    case ENG_Q_Q8_1: quant_q8_1(src, dst, nb); break;
+    case ENG_Q_Q8_K: quant_q8_K(src, dst, nb); break;
+    default: return ENG_ERR_UNSUPPORTED;
+    }
+    return ENG_OK;
+}
+
+/* ---- scalar dot products ------------------------------------------------------------------------------------ */
+static float dot_f32(int64_t n, const float *w, const float *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+static float dot_f16(int64_t n, const uint16_t *w, const float *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < n; i++) s += eng_fp16_to_f32(w[i]) * x[i];
+    return s;
+}
+static float dot_bf16(int64_t n, const uint16_t *w, const float *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < n; i++) s += eng_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+static float dot_q4_0(int64_t nb, const eng_blk_q4_0 *w, const eng_blk_q8_0 *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((w[i].qs[j] & 0xF) - 8) * x[i].qs[j];
+            isum += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + 16];
+        }
+        s += (float)isum * (h2f(w[i].d) * h2f(x[i].d));
+    }
+    return s;
+}
+static float dot_q4_1(int64_t nb, const eng_blk_q4_1 *w, const eng_blk_q8_1 *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += (w[i].qs[j] & 0xF) * x[i].qs[j];
+            isum += (w[i].qs[j] >> 4) * x[i].qs[j + 16];
+        }
+        s += (float)isum * (h2f(w[i].d) * h2f(x[i].d)) + h2f(w[i].m) * h2f(x[i].s);
+    }
+    return s;
+}
+static float dot_q5_0(int64_t nb, const eng_blk_q5_0 *w, const eng_blk_q8_0 *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t qh = le32(w[i].qh);
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (w[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+            int hi = (w[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            isum += (lo - 16) * x[i].qs[j] + (hi - 16) * x[i].qs[j + 16];
+        }
+        s += (float)isum * (h2f(w[i].d) * h2f(x[i].d));
+    }
+    return s;
+}
+static float dot_q5_1(int64_t nb, const eng_blk_q5_1 *w, const eng_blk_q8_1 *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t qh = le32(w[i].qh);
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (w[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+            int hi = (w[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            isum += lo * x[i].qs[j] + hi * x[i].qs[j + 16];
+        }
+        s += (float)isum * (h2f(w[i].d) * h2f(x[i].d)) + h2f(w[i].m) * h2f(x[i].s);
+    }
+    return s;
+}
+static float dot_q8_0(int64_t nb, const eng_blk_q8_0 *w, const eng_blk_q8_0 *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0;
+        for (int j = 0; j < 32; j++) isum += w[i].qs[j] * x[i].qs[j];
+        s += (float)isum * (h2f(w[i].d) * h2f(x[i].d));
+    }
+    return s;
+}
+/* K-quants: per super-block an integer sum with the sub-block scales (sumi) and, for the formats with
+ * mins, an integer sum of mins times the activation's 16-element sums (summ); then
+ * s += (d_w * d_x) * sumi - (dmin_w * d_x) * summ. */
+static float dot_q2_K(int64_t nb, const eng_blk_q2_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0, summ = 0;
+        for (int g = 0; g < 16; g++) summ += (w[i].scales[g] >> 4) * x[i].bsums[g];
+        const uint8_t *q = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        int is = 0;
+        for (int half = 0; half < 2; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2) {
+                for (int part = 0; part < 2; part++) {
+                    int sub = 0;
+                    for (int l = 0; l < 16; l++) sub += ((q[l + 16 * part] >> shift) & 3) * qx[l];
+                    qx += 16;
+                    sumi += (w[i].scales[is++] & 0xF) * sub;
+                }
+            }
+        }
+        float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
+        s += dd * (float)sumi - dm * (float)summ;
+    }
+    return s;
+}
+static float dot_q3_K(int64_t nb, const eng_blk_q3_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t sc[16];
+        eng_k3_scales(w[i].scales, sc);
+        int sumi = 0;
+        const uint8_t *q = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        uint8_t m = 1;
+        int is = 0;
+        for (int half = 0; half < 2; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1)) {
+                for (int part = 0; part < 2; part++) {
+                    int sub = 0;
+                    for (int l = 0; l < 16; l++) {
+                        int ll = l + 16 * part;
+                        int v = ((q[ll] >> shift) & 3) - ((w[i].hmask[ll] & m) ? 0 : 4);
+                        sub += v * qx[l];
+                    }
+                    qx += 16;
+                    sumi += sc[is++] * sub;
+                }
+            }
+        }
+        s += (h2f(w[i].d) * x[i].d) * (float)sumi;
+    }
+    return s;
+}
+static float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0, summ = 0;
+        const uint8_t *q = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        for (int j = 0; j < 8; j += 2, q += 32, qx += 64) {
+            uint8_t s0, m0, s1, m1;
+            eng_k4_scale_min(j, w[i].scales, &s0, &m0);
+            eng_k4_scale_min(j + 1, w[i].scales, &s1, &m1);
+            int a = 0, c = 0;
+            for (int l = 0; l < 32; l++) {
+                a += (q[l] & 0xF) * qx[l];
+                c += (q[l] >> 4) * qx[l + 32];
+            }
+            sumi += s0 * a + s1 * c;
+            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
+                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
+        }
+        float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
+        s += dd * (float)sumi - dm * (float)summ;
+    }
+    return s;
+}
+static float dot_q5_K(int64_t nb, const eng_blk_q5_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0, summ = 0;
+        const uint8_t *q = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < 8; j += 2, q += 32, qx += 64, u1 = (uint8_t)(u1 << 2), u2 = (uint8_t)(u2 << 2)) {
+            uint8_t s0, m0, s1, m1;
+            eng_k4_scale_min(j, w[i].scales, &s0, &m0);
+            eng_k4_scale_min(j + 1, w[i].scales, &s1, &m1);
+            int a = 0, c = 0;
+            for (int l = 0; l < 32; l++) {
+                a += ((q[l] & 0xF) + ((w[i].qh[l] & u1) ? 16 : 0)) * qx[l];
+                c += ((q[l] >> 4) + ((w[i].qh[l] & u2) ? 16 : 0)) * qx[l + 32];
+            }
+            sumi += s0 * a + s1 * c;
+            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
+                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
+        }
+        float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
+        s += dd * (float)sumi - dm * (float)summ;
+    }
+    return s;
+}
+static float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        const uint8_t *ql = w[i].ql, *qh = w[i].qh;
+        const int8_t *sc = w[i].scales, *qx = x[i].qs;
+        for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, qx += 128) {
+            int sub[8] = {0};
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                sub[is + 0] += q1 * qx[l];
+                sub[is + 2] += q2 * qx[l + 32];
+                sub[is + 4] += q3 * qx[l + 64];
+                sub[is + 6] += q4 * qx[l + 96];
+            }
+            for (int g = 0; g < 8; g++) sumi += sc[g] * sub[g];
+        }
+        s += (h2f(w[i].d) * x[i].d) * (float)sumi;
+    }
+    return s;
+}
+static float dot_q8_K(int64_t nb, const eng_blk_q8_K *w, const eng_blk_q8_K *x) {
+    float s = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 256; j++) sumi += w[i].qs[j] * x[i].qs[j];
+        s += (w[i].d * x[i].d) * (float)sumi;
+    }
+    return s;
+}
+
+float eng_vec_dot_scalar(uint32_t wtype, int64_t n, const void *w, const void *x) {
+    switch (wtype) {
+    case ENG_Q_F32: return dot_f32(n, w, x);
+    case ENG_Q_F16: return dot_f16(n, w, x);
+    case ENG_Q_BF16: return dot_bf16(n, w, x);
+    case ENG_Q_Q4_0: return dot_q4_0(n / 32, w, x);
+    case ENG_Q_Q4_1: return dot_q4_1(n / 32, w, x);
+    case ENG_Q_Q5_0: return dot_q5_0(n / 32, w, x);
+    case ENG_Q_Q5_1: return dot_q5_1(n / 32, w, x);
+    case ENG_Q_Q8_0: return dot_q8_0(n / 32, w, x);
+    case ENG_Q_Q2_K: return dot_q2_K(n / 256, w, x);
+    case ENG_Q_Q3_K: return dot_q3_K(n / 256, w, x);
+    case ENG_Q_Q4_K: return dot_q4_K(n / 256, w, x);
+    case ENG_Q_Q5_K: return dot_q5_K(n / 256, w, x);
+    case ENG_Q_Q6_K: return dot_q6_K(n / 256, w, x);
+    case ENG_Q_Q8_K: return dot_q8_K(n / 256, w, x);
+    default: return NAN;
+    }
+}
+
+/* ---- levels and dispatch ------------------------------------------------------------------------------------ */
+static bool os_saves_avx512_state(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    uint32_t eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    if (!(ecx & (1u << 27))) return false; /* OSXSAVE: xgetbv usable */
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    /* XMM (bit 1), YMM (2), opmask (5), ZMM_Hi256 (6), Hi16_ZMM (7) */
+    return (lo & 0xE6) == 0xE6;
+#else
+    return false;
+#endif
+}
+static bool os_saves_avx_state(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    uint32_t eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    if (!(ecx & (1u << 27))) return false;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 0x6) == 0x6;
+#else
+    return false;
+#endif
+}
+
+eng_simd_level eng_simd_detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && os_saves_avx_state();
+    /* f16c has no __builtin_cpu_supports name in every compiler: read it from cpuid leaf 1 (ecx bit 29) */
+    uint32_t eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    bool f16c = (ecx >> 29) & 1;
+    if (!avx2 || !f16c) return ENG_SIMD_SCALAR;
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vnni") && os_saves_avx512_state();
+    return avx512 ? ENG_SIMD_AVX512 : ENG_SIMD_AVX2;
+#else
+    return ENG_SIMD_SCALAR;
+#endif
+}
+
+const char *eng_simd_name(eng_simd_level l) {
+    switch (l) {
+    case ENG_SIMD_SCALAR: return "scalar";
+    case ENG_SIMD_AVX2: return "avx2";
+    case ENG_SIMD_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row, const void *x_row) {
+    float r;
+    if (l >= ENG_SIMD_AVX512 && eng_vec_dot_avx512(wtype, n, w_row, x_row, &r)) return r;
+    if (l >= ENG_SIMD_AVX2 && eng_vec_dot_avx2(wtype, n, w_row, x_row, &r)) return r;
+    return eng_vec_dot_scalar(wtype, n, w_row, x_row);
+}
+
+void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y,
+              int64_t ldy, int64_t j_begin, int64_t j_end) {
+    if (m <= 0 || j_end <= j_begin) return;
+    if (l >= ENG_SIMD_AVX512 && eng_gemm_avx512(wtype, W, k, xq, m, y, ldy, j_begin, j_end)) return;
+    if (l >= ENG_SIMD_AVX2 && eng_gemm_avx2(wtype, W, k, xq, m, y, ldy, j_begin, j_end)) return;
+    const eng_qtype_info *t = eng_qtype_get(wtype);
+    if (!t || !t->supported) return;
+    size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(t->dot_type, k);
+    const uint8_t *Wp = W, *xp = xq;
+    for (int64_t j = j_begin; j < j_end; j++) {
+        const void *wr = Wp + (size_t)j * wb;
+        for (int64_t r = 0; r < m; r++) y[r * ldy + j] = eng_vec_dot(l, wtype, k, wr, xp + (size_t)r * xb);
+    }
+}
