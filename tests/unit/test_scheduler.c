@@ -347,7 +347,7 @@ static void on_event(const srv_sched_event *ev, void *user) {
             return;
         }
         if (r->cancel_called) r->deltas_after_cancel++;
-        memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
         r->text_len[ev->choice] += ev->text_len;
         for (int32_t i = 0; i < ev->n_samples; i++) r->toks[ev->choice][r->n_toks[ev->choice]++] = ev->samples[i].token;
         if (r->cancel_after_tokens > 0 && !r->cancel_called && r->n_toks[0] >= r->cancel_after_tokens) {
@@ -367,7 +367,7 @@ static void on_event(const srv_sched_event *ev, void *user) {
             r->order_errors++;
             return;
         }
-        memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
         r->text_len[ev->choice] += ev->text_len;
         r->ends[ev->choice]++;
         r->finish[ev->choice] = ev->finish;
