@@ -644,6 +644,16 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
     }
 }
 
+/* Ends the unfinished choices of a request that cannot fit the pool even alone: "length" for a choice that
+ * has generated (its context outgrew the pool), an error for one that has not (its prompt does not fit). */
+static void finish_no_room(srv_sched *s, sched_req *r) {
+    for (int32_t j = 0; j < r->n; j++) {
+        sched_choice *c = &r->ch[j];
+        if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+        else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
+    }
+}
+
 /* Blocks the request needs for its whole known context (+1 token), shared prompt blocks counted once. */
 static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
     int64_t bs = s->block_size, total = 0;
@@ -695,8 +705,7 @@ static int admit_head(srv_sched *s) {
     if (s->seqs_reserved + r->n_unfinished > s->p.parallel) return 0;
     int64_t need = context_blocks(s, r);
     if (need > s->blocks_total) {
-        for (int32_t i = 0; i < r->n; i++)
-            finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
+        finish_no_room(s, r);
         return -1;
     }
     sched_choice *c0 = first_unfinished(r);
@@ -929,11 +938,7 @@ static void step(srv_sched *s) {
             }
             /* a single running request that cannot progress: it does not fit the pool */
             sched_req *r = s->running.v[0];
-            for (int32_t j = 0; j < r->n; j++) {
-                sched_choice *c = &r->ch[j];
-                if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
-                else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
-            }
+            finish_no_room(s, r);
             emit_outputs(s, r);
             continue;
         }
@@ -947,11 +952,7 @@ static void step(srv_sched *s) {
                 continue;
             }
             sched_req *r = s->running.v[0];
-            for (int32_t j = 0; j < r->n; j++) {
-                sched_choice *c = &r->ch[j];
-                if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
-                else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
-            }
+            finish_no_room(s, r);
             emit_outputs(s, r);
             continue;
         }

@@ -382,9 +382,9 @@ static void on_event(const srv_sched_event *ev, void *user) {
         r->timings = ev->timings;
         r->done_seq = r->hz->done_counter++;
         r->t_done_ev = ev->t;
-        kvc_stats ks;
-        kvc_get_stats(r->hz->m.cache, &ks);
-        r->kv_used_at_done = ks.blocks_used;
+        srv_sched_stats st;
+        srv_sched_get_stats(r->hz->s, &st); /* refreshed together with posting this DONE */
+        r->kv_used_at_done = st.kv_blocks_used;
         r->hz->n_done++;
         break;
     }
@@ -811,6 +811,19 @@ Test(scheduler, prompt_does_not_fit) {
     cr_assert_str_eq(rb->error, "prompt does not fit in the KV cache");
     cr_assert_neq(rs->done_finish, SRV_SCHED_FINISH_ERROR);
     cr_assert_gt(rs->n_toks[0] + (rs->finish[0] == SRV_SCHED_FINISH_STOP), 0);
+    /* generation that outgrows the whole pool (16 tokens) ends with "length" once the pool is full: the
+     * cache holds 16 tokens, plus the one sampled last that no longer fits */
+    req_spec grow = small;
+    grow.n_prompt = 6;
+    grow.max_tokens = 1000;
+    grow.ignore_eos = true;
+    result *rg = calloc(1, sizeof *rg);
+    cr_assert_eq(submit(h, &grow, rg), SRV_SCHED_OK);
+    hz_run(h, 3);
+    assert_clean(rg);
+    cr_assert_eq(rg->done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(rg->n_toks[0], 16 + 1 - 6, "%d tokens", rg->n_toks[0]);
+    free(rg);
     hz_free(h);
     free(h);
     free(rb);
