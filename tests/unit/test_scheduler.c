@@ -56,6 +56,8 @@ typedef struct mock {
     bool gate_closed, in_gate;
     int close_at;           /* > 0: the gate closes by itself before that decode call (1-based) ... */
     bool released;          /* ... unless the test has released it already */
+    bool lockstep;          /* decode k+1 waits for the loop thread to dispatch step k's events */
+    int granted;
 } mock;
 
 static uint64_t mix64(uint64_t z) {
@@ -74,6 +76,13 @@ static int m_decode(void *p, const eng_batch *b) {
     uv_cond_broadcast(&m->gcv);
     while (m->gate_closed) uv_cond_wait(&m->gcv, &m->gmu);
     m->in_gate = false;
+    if (m->lockstep) {
+        /* wait until the loop thread has dispatched the events of the previous step (its check handle
+         * grants the next decode); a step without events never wakes the loop, so give up after 20 ms */
+        int calls = atomic_load(&m->decode_calls);
+        while (m->granted <= calls)
+            if (uv_cond_timedwait(&m->gcv, &m->gmu, 20 * 1000 * 1000) != 0) break;
+    }
     uv_mutex_unlock(&m->gmu);
     atomic_fetch_add(&m->decode_calls, 1);
     if (m->record_times && m->n_times < 100000) m->times[m->n_times++] = uv_hrtime();
@@ -299,6 +308,19 @@ static srv_engine_ops mock_ops(mock *m) {
     return o;
 }
 
+typedef struct req_spec {
+    int32_t prompt[512];
+    int32_t n_prompt;
+    int32_t n;
+    int32_t max_tokens;
+    float temp;
+    uint64_t seed;
+    const char *stop[2];
+    size_t n_stop;
+    bool ignore_eos;
+    int32_t top;
+} req_spec;
+
 /* ---- collecting results ----------------------------------------------------------------------------------- */
 #define MAXC 4
 typedef struct result {
@@ -316,7 +338,7 @@ typedef struct result {
     srv_sched_timings timings;
     int order_errors;          /* events out of the documented order */
     int deltas_after_cancel;
-    bool cancel_called;
+    bool cancel_called, cancel_tried;
     int done_seq;              /* position in the global DONE order */
     /* hooks */
     struct harness *hz;
@@ -332,7 +354,14 @@ typedef struct harness {
     srv_sched *s;
     int n_done;
     int done_counter;
+    /* chained submissions: every DONE submits chain[chain_next] (from inside the callback) */
+    const struct req_spec *chain;
+    struct result *chain_res;
+    int chain_next, chain_n;
+    const int *chain_cancel; /* cancel_after_tokens per chained request */
 } harness;
+
+static int submit(harness *h, const struct req_spec *q, struct result *r);
 
 static void on_event(const srv_sched_event *ev, void *user) {
     result *r = user;
@@ -350,10 +379,13 @@ static void on_event(const srv_sched_event *ev, void *user) {
         if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
         r->text_len[ev->choice] += ev->text_len;
         for (int32_t i = 0; i < ev->n_samples; i++) r->toks[ev->choice][r->n_toks[ev->choice]++] = ev->samples[i].token;
-        if (r->cancel_after_tokens > 0 && !r->cancel_called && r->n_toks[0] >= r->cancel_after_tokens) {
-            r->cancel_called = true;
+        if (r->cancel_after_tokens > 0 && !r->cancel_tried && r->n_toks[0] >= r->cancel_after_tokens) {
+            r->cancel_tried = true;
             r->t_cancel = uv_hrtime();
-            cr_assert_eq(srv_sched_cancel(r->hz->s, r->id), SRV_SCHED_OK);
+            int crc = srv_sched_cancel(r->hz->s, r->id);
+            /* NOT_FOUND: the request already ended (its DONE is queued behind this event) */
+            cr_assert(crc == SRV_SCHED_OK || crc == SRV_SCHED_ERR_NOT_FOUND);
+            r->cancel_called = crc == SRV_SCHED_OK;
             mock *m = &r->hz->m;
             uv_mutex_lock(&m->gmu);
             m->gate_closed = false;
@@ -386,6 +418,12 @@ static void on_event(const srv_sched_event *ev, void *user) {
         srv_sched_get_stats(r->hz->s, &st); /* refreshed together with posting this DONE */
         r->kv_used_at_done = st.kv_blocks_used;
         r->hz->n_done++;
+        if (r->hz->chain && r->hz->chain_next < r->hz->chain_n) {
+            harness *hz = r->hz;
+            int k = hz->chain_next++;
+            cr_assert_eq(submit(hz, &hz->chain[k], &hz->chain_res[k]), SRV_SCHED_OK);
+            hz->chain_res[k].cancel_after_tokens = hz->chain_cancel[k];
+        }
         break;
     }
 }
@@ -396,6 +434,14 @@ static void hz_init(harness *h, int32_t block_size, int32_t n_blocks, const srv_
     mock_init(&h->m, block_size, n_blocks, sp->parallel, sp->batch_tokens);
     srv_engine_ops ops = mock_ops(&h->m);
     cr_assert_eq(srv_sched_create(sp, &ops, &h->loop, &h->s), SRV_SCHED_OK);
+}
+
+static void on_check(uv_check_t *c) {
+    mock *m = c->data;
+    uv_mutex_lock(&m->gmu);
+    m->granted = atomic_load(&m->decode_calls) + 1;
+    uv_cond_broadcast(&m->gcv);
+    uv_mutex_unlock(&m->gmu);
 }
 
 static void hz_run(harness *h, int n_done) {
@@ -412,20 +458,8 @@ static void hz_free(harness *h) {
     mock_free(&h->m);
 }
 
-typedef struct req_spec {
-    int32_t prompt[512];
-    int32_t n_prompt;
-    int32_t n;
-    int32_t max_tokens;
-    float temp;
-    uint64_t seed;
-    const char *stop[2];
-    size_t n_stop;
-    bool ignore_eos;
-    int32_t top;
-} req_spec;
 
-static int submit(harness *h, const req_spec *q, result *r) {
+static int submit(harness *h, const struct req_spec *q, struct result *r) {
     memset(r, 0, sizeof *r);
     r->n = q->n;
     r->hz = h;
@@ -1075,4 +1109,95 @@ Test(scheduler, errors_and_free_with_requests) {
     free(r);
     srv_sched_free(NULL);
     cr_assert_str_eq(srv_sched_finish_name(SRV_SCHED_FINISH_LENGTH), "length");
+}
+
+/* Randomized mix: shared prefixes, n up to 3, stop strings, ignore_eos, greedy and sampled, a pool small
+ * enough to preempt, random cancellations, half of the requests submitted from inside DONE callbacks.
+ * Uncancelled requests must equal their run alone; cancelled ones must have emitted a prefix of it. */
+Test(scheduler, randomized_mix_with_cancels) {
+    uint64_t preempts = 0, hits = 0;
+    int cancelled = 0;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        harness *h = malloc(sizeof *h);
+        srv_sched_params p = params(24, 8);
+        hz_init(h, 4, 48, &p);
+        enum { NR = 24, FIRST = 12 };
+        req_spec *q = calloc(NR, sizeof *q);
+        result *res = calloc(NR, sizeof *res);
+        int cancel_at[NR];
+        uint64_t rng = seed * 1000;
+        req_spec bases[3];
+        for (int b = 0; b < 3; b++) rand_prompt(&rng, &bases[b], 12 + 9 * b);
+        for (int i = 0; i < NR; i++) {
+            const req_spec *b = &bases[mix64(rng++) % 3];
+            memcpy(q[i].prompt, b->prompt, (size_t)b->n_prompt * sizeof(int32_t));
+            int32_t extra = 1 + (int32_t)(mix64(rng++) % 10);
+            for (int32_t k = 0; k < extra; k++) q[i].prompt[b->n_prompt + k] = 1 + (int32_t)(mix64(rng++) % 15);
+            q[i].n_prompt = b->n_prompt + extra;
+            q[i].n = 1 + (int32_t)(mix64(rng++) % 3);
+            q[i].max_tokens = 5 + (int32_t)(mix64(rng++) % 26);
+            q[i].temp = mix64(rng++) % 4 == 0 ? 0.0f : 1.0f;
+            q[i].seed = seed * 7919 + (uint64_t)i;
+            q[i].ignore_eos = mix64(rng++) % 2;
+            q[i].top = (int32_t)(mix64(rng++) % 3);
+            if (mix64(rng++) % 3 == 0) {
+                q[i].stop[0] = "st";
+                q[i].stop[1] = "a";
+                q[i].n_stop = 2;
+            }
+            cancel_at[i] = mix64(rng++) % 4 == 0 ? 1 + (int)(mix64(rng++) % 6) : 0;
+        }
+        h->chain = q;
+        h->chain_res = res;
+        h->chain_next = FIRST;
+        h->chain_n = NR;
+        h->chain_cancel = cancel_at;
+        uv_check_t check;
+        uv_check_init(&h->loop, &check);
+        check.data = &h->m;
+        uv_check_start(&check, on_check);
+        h->m.lockstep = true;
+        for (int i = 0; i < FIRST; i++) {
+            cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+            res[i].cancel_after_tokens = cancel_at[i];
+        }
+        hz_run(h, NR);
+        uv_close((uv_handle_t *)&check, NULL);
+        srv_sched_stats st;
+        srv_sched_get_stats(h->s, &st);
+        cr_assert_eq(st.preemptions_repeated, 0, "seed %llu", (unsigned long long)seed);
+        cr_assert_eq(st.kv_blocks_used, 0);
+        cr_assert_eq(st.requests_running + st.requests_waiting, 0);
+        preempts += st.preemptions;
+        hits += st.prefix_hit_tokens;
+        for (int i = 0; i < NR; i++) {
+            assert_clean(&res[i]);
+            result alone;
+            run_alone(&q[i], &alone);
+            char what[64];
+            snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
+            cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "%s: %s", what, res[i].error);
+            if (!res[i].cancel_called) {
+                assert_same(&res[i], &alone, what);
+                continue;
+            }
+            cancelled++;
+            cr_assert_eq(res[i].deltas_after_cancel, 0, "%s", what);
+            for (int32_t c = 0; c < q[i].n; c++) {
+                cr_assert_leq(res[i].n_toks[c], alone.n_toks[c], "%s", what);
+                cr_assert(memcmp(res[i].toks[c], alone.toks[c], (size_t)res[i].n_toks[c] * sizeof(int32_t)) == 0,
+                          "%s: choice %d", what, c);
+                cr_assert(res[i].text_len[c] <= alone.text_len[c] &&
+                          memcmp(res[i].text[c], alone.text[c], res[i].text_len[c]) == 0, "%s: choice %d", what, c);
+            }
+        }
+        hz_free(h);
+        free(h);
+        free(q);
+        free(res);
+    }
+    /* the mix exercised what it is meant to */
+    cr_assert_gt(preempts, 0);
+    cr_assert_gt(hits, 0);
+    cr_assert_gt(cancelled, 0);
 }
