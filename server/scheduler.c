@@ -698,6 +698,25 @@ static int64_t running_demand(srv_sched *s) {
     return total;
 }
 
+/* Full blocks of c's attachable prefix that a running sequence already holds (so they are in use and would be
+ * shared by attaching): the longest such common prefix, in blocks. */
+static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choice *c) {
+    int32_t n = known_len(r, c) - 1, best = 0;
+    if (n < s->block_size) return 0;
+    for (int32_t i = 0; i < s->running.n; i++) {
+        const sched_req *p = s->running.v[i];
+        for (int32_t j = 0; j < p->n; j++) {
+            const sched_choice *d = &p->ch[j];
+            if (d->finished || d->seq < 0) continue;
+            int32_t lim = n < d->n_cached ? n : d->n_cached, l = 0;
+            if (lim / s->block_size <= best) continue;
+            while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
+            if (l / s->block_size > best) best = l / s->block_size;
+        }
+    }
+    return best;
+}
+
 /* Tries to admit the head of the waiting queue. Returns 1 when admitted, 0 when it must wait (FCFS: nothing
  * behind it is admitted either), -1 when it was finished instead (does not fit, sampler failure). */
 static int admit_head(srv_sched *s) {
@@ -709,11 +728,11 @@ static int admit_head(srv_sched *s) {
         return -1;
     }
     sched_choice *c0 = first_unfinished(r);
-    /* Matched blocks are not subtracted: when they are cached (not in use), attaching them removes them from
-     * the available count just as much as computing them would. The blocks this step already reserved are
-     * part of the running requests' demand. */
+    /* Prefix blocks that a running sequence holds are shared, not allocated: they are credited. Blocks that
+     * are merely cached are not: attaching them takes them out of the available count just as computing
+     * them would. The blocks this step already reserved are part of the running requests' demand. */
     if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
-    if (need > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
+    if (need - shared_in_use(s, r, c0) > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && prefix_wait(s, r, c0)) return 0;
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
