@@ -1,0 +1,620 @@
+/*
+ * forward.c: the CPU engine context and the multi-sequence forward pass over the paged KV cache.
+ *
+ * One eng_decode runs as one parallel region on the context's thread pool. Every stage splits its work
+ * across the threads (matrix products by output rows, per-row work by rows, RoPE and attention by (row,
+ * head)) and ends in a barrier. Activations are quantized once per matrix input (per distinct dot type of
+ * the matrices reading it). All scratch memory is allocated in eng_ctx_create for max_batch_tokens rows.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model.h"
+#include "engine/ops.h"
+#include "engine/quant.h"
+#include "engine/threadpool.h"
+
+enum { MAX_GROUP = 3 };
+
+struct eng_ctx {
+    eng_model *model;
+    const eng_hparams *hp;
+    int32_t n_threads, n_ctx, max_seqs, max_batch;
+    kvc_cache *cache;
+    kvc_layout lay;
+    eng_pool *pool;
+    eng_simd_level simd;  /* gemm kernel level */
+    bool ops_simd;        /* AVX2 f32/f16 kernels for attention */
+    float *inv_freq;      /* [n_rot/2]: theta_i = pos * inv_freq[i] */
+
+    /* per-batch bookkeeping, [max_batch] each */
+    kvc_entry *entries;
+    int32_t *slots;             /* cache slot of each row */
+    const int32_t **row_blocks; /* block table of each row's sequence */
+    float *rope_cs;             /* [max_batch][n_rot]: (cos, sin) pairs of each row's position */
+    int32_t *logit_idx;         /* [max_batch]: row -> logits row, or -1 */
+    int32_t *logit_src;         /* [max_batch]: logits row -> batch row */
+
+    /* activations */
+    float *x;    /* [max_batch][n_embd] residual stream */
+    float *xn;   /* [max_batch][n_embd] normed input of a matrix group */
+    float *q;    /* [max_batch][n_head * head_dim] */
+    float *k;    /* [max_batch][n_head_kv * head_dim] */
+    float *v;    /* [max_batch][n_head_kv * head_dim] */
+    float *att;  /* [max_batch][n_head * head_dim] attention output */
+    float *tmp;  /* [max_batch][n_embd] output of wo / w_down */
+    float *gate; /* [max_batch][n_ff] */
+    float *up;   /* [max_batch][n_ff] */
+    void *xq[MAX_GROUP]; /* [max_batch][xq_row_cap] quantized activations, one buffer per distinct dot type */
+    size_t xq_row_cap;
+    float *th_scores;    /* [n_threads][n_ctx] attention scores */
+    float *th_row;       /* [n_threads][head_dim] a dequantized cache row (q8_0) */
+
+    float *logits;       /* [logits_cap][n_vocab] */
+    int32_t logits_cap;
+
+    /* the batch being run */
+    const eng_batch *batch;
+    int32_t m;
+    int32_t n_logits;    /* rows with logits in the last successful decode */
+    int32_t last_n;      /* rows of the last successful decode (0 after a failure) */
+};
+
+void eng_ctx_params_default(eng_ctx_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->n_threads = 0;
+    p->n_ctx = 0;
+    p->max_seqs = 1;
+    p->max_batch_tokens = 512;
+    p->kv_block_size = 16;
+    p->kv_blocks = 0;
+    p->kv_mem_bytes = 0;
+    p->kv_dtype = KVC_DTYPE_F16;
+    p->prefix_caching = true;
+    p->device = ENG_DEVICE_AUTO;
+    p->gpu_memory_fraction = 0.9f;
+}
+
+static int cfail(char *err, size_t err_len, int code, const char *msg) {
+    if (err && err_len) snprintf(err, err_len, "%s", msg);
+    return code;
+}
+
+static void *zalloc(size_t n, size_t size) {
+    if (n == 0) n = 1;
+    return calloc(n, size);
+}
+
+void eng_ctx_free(eng_ctx *c) {
+    if (!c) return;
+    eng_pool_free(c->pool);
+    kvc_free(c->cache);
+    free(c->inv_freq);
+    free(c->entries);
+    free(c->slots);
+    free(c->row_blocks);
+    free(c->rope_cs);
+    free(c->logit_idx);
+    free(c->logit_src);
+    free(c->x);
+    free(c->xn);
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->att);
+    free(c->tmp);
+    free(c->gate);
+    free(c->up);
+    for (int i = 0; i < MAX_GROUP; i++) free(c->xq[i]);
+    free(c->th_scores);
+    free(c->th_row);
+    free(c->logits);
+    free(c);
+}
+
+/* Largest quantized row of any matrix input, and a check that every dot type can be produced. */
+static int check_matrix(const eng_matrix *w, size_t *cap) {
+    size_t rb = eng_qtype_row_bytes(w->dot_type, w->k);
+    if (rb == 0) return ENG_ERR_UNSUPPORTED;
+    if (rb > *cap) *cap = rb;
+    return 0;
+}
+
+int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = '\0';
+    if (!model || !out) return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument");
+    *out = NULL;
+    if (model->vocab_only)
+        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the model was loaded vocab_only");
+    eng_ctx_params p;
+    if (params) p = *params;
+    else eng_ctx_params_default(&p);
+    if (p.device == ENG_DEVICE_CUDA)
+        return cfail(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: this context is CPU only");
+    const eng_hparams *hp = &model->hp;
+    int cores = eng_cpu_count();
+    if (p.n_threads <= 0 || p.n_threads > cores) p.n_threads = cores;
+    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
+    if (p.max_seqs < 1 || p.max_batch_tokens < 1 || p.kv_block_size < 0 || p.kv_blocks < 0)
+        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_seqs and max_batch_tokens must be >= 1");
+    if (p.kv_block_size == 0) p.kv_block_size = 16;
+
+    eng_ctx *c = calloc(1, sizeof *c);
+    if (!c) return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+    c->model = model;
+    c->hp = hp;
+    c->n_threads = p.n_threads;
+    c->n_ctx = p.n_ctx;
+    c->max_seqs = p.max_seqs;
+    c->max_batch = p.max_batch_tokens;
+    c->simd = eng_simd_detect();
+    c->ops_simd = eng_ops_simd_available();
+    int rc = 0;
+
+    /* KV pool size */
+    size_t row_bytes = kvc_row_bytes(p.kv_dtype, hp->head_dim);
+    if (row_bytes == 0) {
+        eng_ctx_free(c);
+        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the KV dtype does not fit the head size");
+    }
+    size_t block_bytes = (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)p.kv_block_size * row_bytes;
+    int64_t n_blocks = p.kv_blocks;
+    if (n_blocks == 0) {
+        size_t mem = p.kv_mem_bytes;
+        if (mem == 0) {
+            int64_t want = (int64_t)p.max_seqs * ((p.n_ctx + p.kv_block_size - 1) / p.kv_block_size);
+            size_t cap = (size_t)1 << 30;
+            mem = (size_t)want * block_bytes < cap ? (size_t)want * block_bytes : cap;
+        }
+        n_blocks = (int64_t)(mem / block_bytes);
+        if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    }
+    if (n_blocks < 1) {
+        eng_ctx_free(c);
+        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the KV budget is below one block");
+    }
+    kvc_params kp;
+    kvc_params_default(&kp);
+    kp.n_layer = hp->n_layer;
+    kp.n_kv_head = hp->n_head_kv;
+    kp.head_dim = hp->head_dim;
+    kp.block_size = p.kv_block_size;
+    kp.n_blocks = (int32_t)n_blocks;
+    kp.max_seqs = p.max_seqs;
+    kp.max_batch_tokens = p.max_batch_tokens;
+    kp.max_seq_len = p.n_ctx;
+    kp.dtype = p.kv_dtype;
+    kp.prefix_caching = p.prefix_caching;
+    rc = kvc_create(&kp, &c->cache);
+    if (rc != 0) {
+        eng_ctx_free(c);
+        if (err && err_len) snprintf(err, err_len, "eng_ctx_create: KV cache: %s", kvc_strerror(rc));
+        return rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;
+    }
+    kvc_get_layout(c->cache, &c->lay);
+
+    /* rotation frequencies */
+    int32_t half = hp->n_rot / 2;
+    c->inv_freq = zalloc((size_t)half, sizeof *c->inv_freq);
+    if (!c->inv_freq) goto nomem;
+    for (int32_t i = 0; i < half; i++) {
+        double f = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        if (model->rope_freqs) f /= model->rope_freqs[i];
+        c->inv_freq[i] = (float)f;
+    }
+
+    /* scratch */
+    size_t MB = (size_t)p.max_batch_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t cap = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const eng_layer *ly = &model->layers[l];
+        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            if (check_matrix(ms[i], &cap) != 0) goto unsupported;
+    }
+    if (check_matrix(&model->output, &cap) != 0) goto unsupported;
+    c->xq_row_cap = (cap + 63) / 64 * 64;
+    c->entries = zalloc(MB, sizeof *c->entries);
+    c->slots = zalloc(MB, sizeof *c->slots);
+    c->row_blocks = zalloc(MB, sizeof *c->row_blocks);
+    c->rope_cs = zalloc(MB * (size_t)hp->n_rot, sizeof(float));
+    c->logit_idx = zalloc(MB, sizeof *c->logit_idx);
+    c->logit_src = zalloc(MB, sizeof *c->logit_src);
+    c->x = zalloc(MB * E, sizeof(float));
+    c->xn = zalloc(MB * E, sizeof(float));
+    c->q = zalloc(MB * QD, sizeof(float));
+    c->k = zalloc(MB * KD, sizeof(float));
+    c->v = zalloc(MB * KD, sizeof(float));
+    c->att = zalloc(MB * QD, sizeof(float));
+    c->tmp = zalloc(MB * E, sizeof(float));
+    c->gate = zalloc(MB * F, sizeof(float));
+    c->up = zalloc(MB * F, sizeof(float));
+    for (int i = 0; i < MAX_GROUP; i++) {
+        c->xq[i] = zalloc(MB, c->xq_row_cap);
+        if (!c->xq[i]) goto nomem;
+    }
+    c->th_scores = zalloc((size_t)p.n_threads * (size_t)p.n_ctx, sizeof(float));
+    c->th_row = zalloc((size_t)p.n_threads * (size_t)hp->head_dim, sizeof(float));
+    c->logits_cap = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
+    c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
+    if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||
+        !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->gate || !c->up || !c->th_scores ||
+        !c->th_row || !c->logits)
+        goto nomem;
+    rc = eng_pool_create(p.n_threads, &c->pool);
+    if (rc != 0) goto nomem;
+    *out = c;
+    return 0;
+nomem:
+    eng_ctx_free(c);
+    return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+unsupported:
+    eng_ctx_free(c);
+    return cfail(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: a matrix's activation format is unsupported");
+}
+
+kvc_cache *eng_ctx_cache(eng_ctx *c) { return c ? c->cache : NULL; }
+eng_device eng_ctx_device(const eng_ctx *c) { (void)c; return ENG_DEVICE_CPU; }
+int32_t eng_ctx_n_threads(const eng_ctx *c) { return c ? c->n_threads : 0; }
+
+/* ---- the parallel forward ------------------------------------------------------------------------------ */
+static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
+    *b = n * ith / nth;
+    *e = n * (ith + 1) / nth;
+}
+
+/* The buffer index (0..MAX_GROUP-1) holding the input quantized for matrix i of a group: one per distinct
+ * dot type, in order of first appearance. */
+static int group_slot(const eng_matrix *const *ms, int i) {
+    int slot = 0;
+    for (int j = 0; j < i; j++) {
+        bool first = true;
+        for (int k = 0; k < j; k++)
+            if (ms[k]->dot_type == ms[j]->dot_type) first = false;
+        if (first) {
+            if (ms[j]->dot_type == ms[i]->dot_type) return slot;
+            slot++;
+        }
+    }
+    return slot;
+}
+
+/* Quantizes rows [rb, re) of src (row stride ld floats) for every distinct dot type of the group. */
+static void quantize_rows(eng_ctx *c, const eng_matrix *const *ms, int n_ms, const float *src, int64_t ld,
+                          int64_t rb, int64_t re) {
+    for (int i = 0; i < n_ms; i++) {
+        int slot = group_slot(ms, i);
+        bool first = true;
+        for (int j = 0; j < i; j++)
+            if (ms[j]->dot_type == ms[i]->dot_type) first = false;
+        if (!first) continue;
+        size_t rbytes = eng_qtype_row_bytes(ms[i]->dot_type, ms[i]->k);
+        for (int64_t r = rb; r < re; r++)
+            eng_quantize_row(ms[i]->dot_type, src + r * ld, (char *)c->xq[slot] + (size_t)r * rbytes, ms[i]->k);
+    }
+}
+
+static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy, int ith,
+                      int nth) {
+    int64_t jb, je;
+    split(w->n_out, ith, nth, &jb, &je);
+    if (je > jb) eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
+}
+
+static void gemm_group(eng_ctx *c, const eng_matrix *const *ms, float *const *ys, int n_ms, int64_t m, int ith,
+                       int nth) {
+    for (int i = 0; i < n_ms; i++)
+        gemm_part(c, ms[i], c->xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, ith, nth);
+}
+
+static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
+    switch (lay->dtype) {
+    case KVC_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case KVC_DTYPE_F16:
+        for (int32_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = eng_f32_to_fp16(src[i]);
+        break;
+    case KVC_DTYPE_Q8_0: eng_quantize_row(ENG_Q_Q8_0, src, dst, n); break;
+    }
+}
+
+static void load_row(const kvc_layout *lay, float *dst, const void *src, int32_t n) {
+    switch (lay->dtype) {
+    case KVC_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case KVC_DTYPE_F16:
+        for (int32_t i = 0; i < n; i++) dst[i] = eng_fp16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case KVC_DTYPE_Q8_0: eng_dequantize_row(ENG_Q_Q8_0, src, dst, n); break;
+    }
+}
+
+/* q . k for a cache row in the cache's dtype. */
+static inline float dot_row(eng_ctx *c, const float *q, const void *row, float *scratch) {
+    int32_t hd = c->hp->head_dim;
+    switch (c->lay.dtype) {
+    case KVC_DTYPE_F16: return eng_dot_f16(c->ops_simd, q, row, hd);
+    case KVC_DTYPE_F32: return eng_dot_f32(c->ops_simd, q, row, hd);
+    default:
+        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
+        return eng_dot_f32(c->ops_simd, q, scratch, hd);
+    }
+}
+
+static inline void axpy_row(eng_ctx *c, float *y, float s, const void *row, float *scratch) {
+    int32_t hd = c->hp->head_dim;
+    switch (c->lay.dtype) {
+    case KVC_DTYPE_F16: eng_axpy_f16(c->ops_simd, y, s, row, hd); break;
+    case KVC_DTYPE_F32: eng_axpy_f32(c->ops_simd, y, s, row, hd); break;
+    default:
+        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
+        eng_axpy_f32(c->ops_simd, y, s, scratch, hd);
+        break;
+    }
+}
+
+/* Attention of batch row r, query head h, in layer l: softmax(q K^T / sqrt(hd)) V over positions 0..pos[r]
+ * of the row's sequence, read block by block through its block table. */
+static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
+    const eng_hparams *hp = c->hp;
+    const kvc_layout *lay = &c->lay;
+    int32_t hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv), bs = lay->block_size;
+    int32_t qd = hp->n_head * hd;
+    const float *q = c->q + (size_t)r * qd + (size_t)h * hd;
+    float *o = c->att + (size_t)r * qd + (size_t)h * hd;
+    float *scores = c->th_scores + (size_t)ith * c->n_ctx;
+    float *scratch = c->th_row + (size_t)ith * hd;
+    const int32_t *blocks = c->row_blocks[r];
+    int32_t len = c->batch->pos[r] + 1;
+    float scale = 1.0f / sqrtf((float)hd);
+    const char *kbase = (const char *)lay->base + (size_t)(2 * l) * lay->layer_bytes + (size_t)kvh * lay->head_stride;
+    const char *vbase = kbase + lay->layer_bytes;
+
+    float mx = -INFINITY;
+    for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
+        const char *kb = kbase + (size_t)blocks[bi] * lay->block_stride;
+        int32_t nt = len - t0 < bs ? len - t0 : bs;
+        for (int32_t o2 = 0; o2 < nt; o2++) {
+            float s = dot_row(c, q, kb + (size_t)o2 * lay->row_bytes, scratch) * scale;
+            scores[t0 + o2] = s;
+            if (s > mx) mx = s;
+        }
+    }
+    float sum = 0.0f;
+    for (int32_t t = 0; t < len; t++) {
+        float e = expf(scores[t] - mx);
+        scores[t] = e;
+        sum += e;
+    }
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
+        const char *vb = vbase + (size_t)blocks[bi] * lay->block_stride;
+        int32_t nt = len - t0 < bs ? len - t0 : bs;
+        for (int32_t o2 = 0; o2 < nt; o2++) axpy_row(c, o, scores[t0 + o2], vb + (size_t)o2 * lay->row_bytes, scratch);
+    }
+    float inv = 1.0f / sum;
+    for (int32_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+/* Bias, per-head norm and RoPE of Q head h of row r (h < n_head), or of K/V head h - n_head, which is then
+ * written into the cache. */
+static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int32_t h) {
+    const eng_hparams *hp = c->hp;
+    int32_t hd = hp->head_dim;
+    const float *cs = c->rope_cs + (size_t)r * hp->n_rot;
+    if (h < hp->n_head) {
+        float *q = c->q + (size_t)r * hp->n_head * hd + (size_t)h * hd;
+        if (ly->bq)
+            for (int32_t i = 0; i < hd; i++) q[i] += ly->bq[(size_t)h * hd + i];
+        if (ly->q_norm) eng_rmsnorm(q, q, ly->q_norm, hd, hp->rms_eps);
+        eng_rope(q, hp->n_rot, cs, hp->neox_rope);
+        return;
+    }
+    h -= hp->n_head;
+    size_t off = (size_t)r * hp->n_head_kv * hd + (size_t)h * hd;
+    float *k = c->k + off, *v = c->v + off;
+    if (ly->bk)
+        for (int32_t i = 0; i < hd; i++) k[i] += ly->bk[(size_t)h * hd + i];
+    if (ly->bv)
+        for (int32_t i = 0; i < hd; i++) v[i] += ly->bv[(size_t)h * hd + i];
+    if (ly->k_norm) eng_rmsnorm(k, k, ly->k_norm, hd, hp->rms_eps);
+    eng_rope(k, hp->n_rot, cs, hp->neox_rope);
+    store_row(&c->lay, kvc_row_ptr(&c->lay, l, 0, c->slots[r], h), k, hd);
+    store_row(&c->lay, kvc_row_ptr(&c->lay, l, 1, c->slots[r], h), v, hd);
+}
+
+static void rope_angles(const eng_ctx *c, float *cs, double pos) {
+    for (int32_t i = 0; i < c->hp->n_rot / 2; i++) {
+        double th = pos * (double)c->inv_freq[i];
+        cs[2 * i] = (float)cos(th);
+        cs[2 * i + 1] = (float)sin(th);
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void forward_worker(void *arg, int ith, int nth) {
+    eng_ctx *c = arg;
+    const eng_model *mdl = c->model;
+    const eng_hparams *hp = c->hp;
+    const eng_batch *b = c->batch;
+    const int64_t m = c->m, E = hp->n_embd, F = hp->n_ff;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
+    int64_t rb, re;
+    split(m, ith, nth, &rb, &re);
+
+    /* embeddings and rotation angles */
+    for (int64_t r = rb; r < re; r++) {
+        const char *row = (const char *)mdl->tok_embd.data + (size_t)b->token[r] * mdl->tok_embd.row_bytes;
+        eng_dequantize_row(mdl->tok_embd.type, row, c->x + r * E, E);
+        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r]);
+    }
+    eng_pool_barrier(c->pool);
+
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const eng_layer *ly = &mdl->layers[l];
+        const eng_matrix *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
+        float *qkv_out[3] = {c->q, c->k, c->v};
+        const eng_matrix *gu[2] = {&ly->w_gate, &ly->w_up};
+        float *gu_out[2] = {c->gate, c->up};
+        const eng_matrix *wo[1] = {&ly->wo}, *wd[1] = {&ly->w_down};
+
+        /* residual of the previous layer's FFN, attention norm, quantize */
+        for (int64_t r = rb; r < re; r++) {
+            float *x = c->x + r * E;
+            if (l > 0)
+                for (int64_t i = 0; i < E; i++) x[i] += c->tmp[r * E + i];
+            eng_rmsnorm(c->xn + r * E, x, ly->attn_norm, E, hp->rms_eps);
+        }
+        quantize_rows(c, qkv, 3, c->xn, E, rb, re);
+        eng_pool_barrier(c->pool);
+
+        gemm_group(c, qkv, qkv_out, 3, m, ith, nth);
+        eng_pool_barrier(c->pool);
+
+        /* biases, q/k norms, RoPE, cache writes */
+        int64_t heads = hp->n_head + hp->n_head_kv, tb, te;
+        split(m * heads, ith, nth, &tb, &te);
+        for (int64_t t = tb; t < te; t++) qkv_post(c, ly, l, (int32_t)(t / heads), (int32_t)(t % heads));
+        eng_pool_barrier(c->pool);
+
+        split(m * hp->n_head, ith, nth, &tb, &te);
+        for (int64_t t = tb; t < te; t++) attend(c, l, (int32_t)(t / hp->n_head), (int32_t)(t % hp->n_head), ith);
+        eng_pool_barrier(c->pool);
+
+        quantize_rows(c, wo, 1, c->att, QD, rb, re);
+        eng_pool_barrier(c->pool);
+        gemm_group(c, wo, &c->tmp, 1, m, ith, nth);
+        eng_pool_barrier(c->pool);
+
+        for (int64_t r = rb; r < re; r++) {
+            float *x = c->x + r * E;
+            for (int64_t i = 0; i < E; i++) x[i] += c->tmp[r * E + i];
+            eng_rmsnorm(c->xn + r * E, x, ly->ffn_norm, E, hp->rms_eps);
+        }
+        quantize_rows(c, gu, 2, c->xn, E, rb, re);
+        eng_pool_barrier(c->pool);
+        gemm_group(c, gu, gu_out, 2, m, ith, nth);
+        eng_pool_barrier(c->pool);
+
+        for (int64_t r = rb; r < re; r++) {
+            float *g = c->gate + r * F;
+            const float *u = c->up + r * F;
+            for (int64_t i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+        }
+        quantize_rows(c, wd, 1, c->gate, F, rb, re);
+        eng_pool_barrier(c->pool);
+        gemm_group(c, wd, &c->tmp, 1, m, ith, nth);
+        eng_pool_barrier(c->pool);
+    }
+
+    /* final residual, norm and output projection for the rows that want logits */
+    if (c->n_logits == 0) return;
+    const eng_matrix *outm[1] = {&mdl->output};
+    int64_t lb, le;
+    split(c->n_logits, ith, nth, &lb, &le);
+    for (int64_t i = lb; i < le; i++) {
+        int64_t r = c->logit_src[i];
+        float *x = c->x + r * E;
+        for (int64_t j = 0; j < E; j++) x[j] += c->tmp[r * E + j];
+        eng_rmsnorm(c->xn + i * E, x, mdl->output_norm, E, hp->rms_eps);
+    }
+    quantize_rows(c, outm, 1, c->xn, E, lb, le);
+    eng_pool_barrier(c->pool);
+    gemm_group(c, outm, &c->logits, 1, c->n_logits, ith, nth);
+}
+
+static int map_kvc(int rc) {
+    switch (rc) {
+    case KVC_OK: return ENG_OK;
+    case KVC_ERR_FULL: return ENG_ERR_KV_FULL;
+    case KVC_ERR_NOMEM: return ENG_ERR_NOMEM;
+    case KVC_ERR_INVALID: return ENG_ERR_INVALID;
+    default: return ENG_ERR_KV;
+    }
+}
+
+int eng_decode(eng_ctx *c, const eng_batch *b) {
+    if (!c || !b) return ENG_ERR_INVALID;
+    c->last_n = 0;
+    c->n_logits = 0;
+    if (b->n < 1 || b->n > c->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
+    int32_t n_logits = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (b->token[i] < 0 || b->token[i] >= c->hp->n_vocab) return ENG_ERR_INVALID;
+        if (b->pos[i] < 0) return ENG_ERR_INVALID;
+        c->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
+        if (b->want_logits && b->want_logits[i]) {
+            c->logit_idx[i] = n_logits;
+            c->logit_src[n_logits++] = i;
+        } else {
+            c->logit_idx[i] = -1;
+        }
+    }
+    if (n_logits > c->logits_cap) {
+        /* Grows once to the largest number of logit rows seen (not per call). */
+        float *nl = realloc(c->logits, (size_t)n_logits * (size_t)c->hp->n_vocab * sizeof(float));
+        if (!nl) return ENG_ERR_NOMEM;
+        c->logits = nl;
+        c->logits_cap = n_logits;
+    }
+    int rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots);
+    if (rc != 0) return map_kvc(rc);
+    for (int32_t i = 0; i < b->n; i++) {
+        int32_t nb, len;
+        rc = kvc_block_table(c->cache, b->seq[i], &c->row_blocks[i], &nb, &len);
+        if (rc != 0 || b->pos[i] >= len || b->pos[i] >= c->n_ctx) {
+            kvc_finish_forward(c->cache, false);
+            return rc != 0 ? map_kvc(rc) : ENG_ERR_KV;
+        }
+    }
+    c->batch = b;
+    c->m = b->n;
+    c->n_logits = n_logits;
+    eng_pool_run(c->pool, forward_worker, c);
+    c->batch = NULL;
+    rc = kvc_finish_forward(c->cache, true);
+    if (rc != 0) {
+        c->n_logits = 0;
+        return map_kvc(rc);
+    }
+    c->last_n = b->n;
+    return 0;
+}
+
+float *eng_get_logits(eng_ctx *c, int32_t i) {
+    if (!c || i < 0 || i >= c->last_n || c->logit_idx[i] < 0) return NULL;
+    return c->logits + (size_t)c->logit_idx[i] * (size_t)c->hp->n_vocab;
+}
+
+int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
+    if (!c) return ENG_ERR_INVALID;
+    kvc_shift sh = {0};
+    int rc = kvc_remove(c->cache, seq, begin, end, &sh);
+    if (rc == KVC_ERR_NOT_SUPPORTED) return ENG_ERR_UNSUPPORTED;
+    if (rc == KVC_ERR_BAD_SEQ) return ENG_ERR_INVALID;
+    if (rc != 0) return map_kvc(rc);
+    if (sh.n <= 0 || sh.delta == 0) return 0;
+    /* Context shift: keys are rotated by pos * theta, so moving a key by delta positions is one more
+     * rotation by delta * theta. */
+    const eng_hparams *hp = c->hp;
+    const int32_t *blocks;
+    int32_t nb, len;
+    if (kvc_block_table(c->cache, seq, &blocks, &nb, &len) != 0) return ENG_ERR_KV;
+    float *cs = c->rope_cs, *row = c->th_row; /* scratch outside a decode */
+    rope_angles(c, cs, (double)sh.delta);
+    int32_t bs = c->lay.block_size;
+    for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len; p++) {
+        int32_t slot = blocks[p / bs] * bs + p % bs;
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+                void *ptr = kvc_row_ptr(&c->lay, l, 0, slot, h);
+                load_row(&c->lay, row, ptr, hp->head_dim);
+                eng_rope(row, hp->n_rot, cs, hp->neox_rope);
+                store_row(&c->lay, ptr, row, hp->head_dim);
+            }
+    }
+    return 0;
+}

@@ -1,0 +1,69 @@
+/*
+ * model.h: the loaded model (internal to the engine module). Defines struct eng_model, which engine.h keeps
+ * opaque, so that the forward pass (forward.c) and the tokenizer (tokenizer.c, through eng_model_vocab) can
+ * read it. A model is read-only after eng_model_load returns: any thread may read it concurrently.
+ *
+ * Matrices stay in their GGUF format (in the mapping, not copied); small vectors (norm weights, biases,
+ * rope frequency factors) are dequantized to f32 at load time into memory the model owns.
+ * GGUF dims are innermost first: a matrix "[k -> n]" has ne[0] = k (input length, the row length) and
+ * ne[1] = n (output rows).
+ */
+#ifndef KVSERVE_ENGINE_MODEL_H
+#define KVSERVE_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/gguf.h"
+
+struct eng_vocab;
+
+/* One weight matrix: n_out rows of k values in `type`, row j at data + j * row_bytes. */
+typedef struct eng_matrix {
+    const void *data;   /* [n_out][k] in type, inside the GGUF mapping */
+    uint32_t type;      /* enum eng_qtype; supported by quant.h */
+    uint32_t dot_type;  /* the type activations are quantized to for eng_gemm with this matrix */
+    int64_t k;          /* input length (ne[0]) */
+    int64_t n_out;      /* output rows (ne[1]) */
+    size_t row_bytes;   /* bytes of one row */
+} eng_matrix;
+
+typedef struct eng_layer {
+    float *attn_norm;   /* [n_embd] f32 (owned) */
+    eng_matrix wq;      /* [n_embd -> n_head * head_dim] */
+    eng_matrix wk;      /* [n_embd -> n_head_kv * head_dim] */
+    eng_matrix wv;      /* [n_embd -> n_head_kv * head_dim] */
+    eng_matrix wo;      /* [n_head * head_dim -> n_embd] */
+    float *bq;          /* [n_head * head_dim] f32 or NULL (qwen2 biases; owned) */
+    float *bk;          /* [n_head_kv * head_dim] f32 or NULL */
+    float *bv;          /* [n_head_kv * head_dim] f32 or NULL */
+    float *q_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of Q; owned) */
+    float *k_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of K) */
+    float *ffn_norm;    /* [n_embd] f32 (owned) */
+    eng_matrix w_gate;  /* [n_embd -> n_ff] */
+    eng_matrix w_up;    /* [n_embd -> n_ff] */
+    eng_matrix w_down;  /* [n_ff -> n_embd] */
+} eng_layer;
+
+struct eng_model {
+    eng_hparams hp;
+    char *path;                 /* the file loaded (owned) */
+    eng_gguf *gguf;             /* the open file; tensors point into it */
+    void *file_buf;             /* the file read into memory when use_mmap is false (owned), else NULL */
+    struct eng_vocab *vocab;    /* the tokenizer (owned; eng_vocab_load) */
+    char *chat_template;        /* tokenizer.chat_template, NUL-terminated (owned), or NULL */
+    bool vocab_only;            /* loaded without tensors: no forward pass possible */
+
+    eng_matrix tok_embd;        /* [n_embd -> n_vocab]: row t is token t's embedding */
+    eng_matrix output;          /* [n_embd -> n_vocab]: == tok_embd when tied */
+    float *output_norm;         /* [n_embd] f32 (owned) */
+    float *rope_freqs;          /* [n_rot / 2] frequency factors (theta_i divided by rope_freqs[i]), or NULL */
+    eng_layer *layers;          /* [n_layer] (owned) */
+    size_t weight_bytes;        /* bytes of every tensor the model uses */
+};
+
+/* The model's tokenizer (owned by the model). Declared for the tokenizer in engine/tokenizer.h too. */
+const struct eng_vocab *eng_model_vocab(const eng_model *m);
+
+#endif /* KVSERVE_ENGINE_MODEL_H */

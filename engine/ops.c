@@ -1,0 +1,149 @@
+/* ops.c: f32 kernels of the forward pass, scalar and AVX2+FMA+F16C. */
+#include "engine/ops.h"
+
+#include <math.h>
+
+#include "engine/quant.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+bool eng_ops_simd_available(void) {
+#ifdef HAVE_X86
+    /* AVX2 + FMA (and the OS saving YMM state) as quant.h detects them, plus F16C (CPUID.1:ECX bit 29). */
+    unsigned a, b, c, d;
+    if (eng_simd_detect() < ENG_SIMD_AVX2 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c >> 29) & 1u;
+#else
+    return false;
+#endif
+}
+
+void eng_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void eng_rope(float *x, int32_t n_rot, const float *cs, bool neox) {
+    int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- scalar ---- */
+static float dot_f32_scalar(const float *a, const float *b, int32_t n) {
+    float s = 0.0f;
+    for (int32_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static float dot_f16_scalar(const float *a, const uint16_t *b, int32_t n) {
+    float s = 0.0f;
+    for (int32_t i = 0; i < n; i++) s += a[i] * eng_fp16_to_f32(b[i]);
+    return s;
+}
+static void axpy_f32_scalar(float *y, float s, const float *x, int32_t n) {
+    for (int32_t i = 0; i < n; i++) y[i] += s * x[i];
+}
+static void axpy_f16_scalar(float *y, float s, const uint16_t *x, int32_t n) {
+    for (int32_t i = 0; i < n; i++) y[i] += s * eng_fp16_to_f32(x[i]);
+}
+
+#ifdef HAVE_X86
+#define TGT __attribute__((target("avx2,fma,f16c")))
+TGT static float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+TGT static float dot_f32_avx2(const float *a, const float *b, int32_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+TGT static float dot_f16_avx2(const float *a, const uint16_t *b, int32_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))),
+                               acc0);
+    float s = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * eng_fp16_to_f32(b[i]);
+    return s;
+}
+TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
+    __m256 vs = _mm256_set1_ps(s);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += s * x[i];
+}
+TGT static void axpy_f16_avx2(float *y, float s, const uint16_t *x, int32_t n) {
+    __m256 vs = _mm256_set1_ps(s);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, xv, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) y[i] += s * eng_fp16_to_f32(x[i]);
+}
+#endif
+
+float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n) {
+#ifdef HAVE_X86
+    if (simd) return dot_f32_avx2(a, b, n);
+#endif
+    (void)simd;
+    return dot_f32_scalar(a, b, n);
+}
+float eng_dot_f16(bool simd, const float *a, const uint16_t *b, int32_t n) {
+#ifdef HAVE_X86
+    if (simd) return dot_f16_avx2(a, b, n);
+#endif
+    (void)simd;
+    return dot_f16_scalar(a, b, n);
+}
+void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n) {
+#ifdef HAVE_X86
+    if (simd) {
+        axpy_f32_avx2(y, s, x, n);
+        return;
+    }
+#endif
+    (void)simd;
+    axpy_f32_scalar(y, s, x, n);
+}
+void eng_axpy_f16(bool simd, float *y, float s, const uint16_t *x, int32_t n) {
+#ifdef HAVE_X86
+    if (simd) {
+        axpy_f16_avx2(y, s, x, n);
+        return;
+    }
+#endif
+    (void)simd;
+    axpy_f16_scalar(y, s, x, n);
+}

@@ -1,0 +1,31 @@
+/*
+ * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, SiLU and the
+ * attention dot/axpy kernels over KV-cache rows (f32 or f16). Each vector kernel has a scalar version and an
+ * AVX2+FMA+F16C version; `simd` selects (eng_ops_simd_available says whether the CPU has it). Pure functions,
+ * safe from any thread.
+ */
+#ifndef KVSERVE_ENGINE_OPS_H
+#define KVSERVE_ENGINE_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Whether this CPU runs the AVX2+FMA+F16C kernels. */
+bool eng_ops_simd_available(void);
+
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n (y may equal x). */
+void eng_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps);
+
+/* Rotates the first n_rot values of one head vector x[head_dim] by the angles whose cos/sin are given
+ * (cs[2i] = cos theta_i, cs[2i+1] = sin theta_i, i < n_rot/2). neox: pairs (i, i + n_rot/2), else (2i, 2i+1). */
+void eng_rope(float *x, int32_t n_rot, const float *cs, bool neox);
+
+/* sum_i a[i] * b[i] over n f32 values. */
+float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n);
+/* sum_i a[i] * half(b[i]) */
+float eng_dot_f16(bool simd, const float *a, const uint16_t *b, int32_t n);
+/* y[i] += s * x[i] */
+void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n);
+void eng_axpy_f16(bool simd, float *y, float s, const uint16_t *x, int32_t n);
+
+#endif

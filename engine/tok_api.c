@@ -1,0 +1,45 @@
+/*
+ * tok_api.c: engine.h's token functions over the model's vocabulary (eng_model_vocab, from the model module).
+ * Kept apart from tokenizer.c so that code using only eng_vocab_* does not need the model module linked.
+ */
+#include "engine/tokenizer.h"
+
+int32_t eng_token_bos(const eng_model *model) {
+    return model ? eng_vocab_bos(eng_model_vocab(model)) : -1;
+}
+
+int32_t eng_token_eos(const eng_model *model) {
+    return model ? eng_vocab_eos(eng_model_vocab(model)) : -1;
+}
+
+bool eng_token_is_eog(const eng_model *model, int32_t token) {
+    return model && eng_vocab_is_eog(eng_model_vocab(model), token);
+}
+
+bool eng_token_is_special(const eng_model *model, int32_t token) {
+    return model && eng_vocab_is_special(eng_model_vocab(model), token);
+}
+
+int eng_tokenize(const eng_model *model, const char *text, size_t len, bool add_special, bool parse_special,
+                 int32_t *out, int32_t cap, int32_t *n_out) {
+    if (!model) return ENG_ERR_INVALID;
+    const eng_vocab *v = eng_model_vocab(model);
+    if (!v) return ENG_ERR_INVALID;
+    return eng_vocab_tokenize(v, text, len, add_special, parse_special, out, cap, n_out);
+}
+
+int eng_token_to_piece(const eng_model *model, int32_t token, bool render_special, char *buf, size_t cap,
+                       size_t *n_out) {
+    if (!model) return ENG_ERR_INVALID;
+    const eng_vocab *v = eng_model_vocab(model);
+    if (!v) return ENG_ERR_INVALID;
+    return eng_vocab_token_to_piece(v, token, render_special, buf, cap, n_out);
+}
+
+int eng_detok_push(const eng_model *model, eng_detok *d, int32_t token, bool render_special, char *buf,
+                   size_t cap, size_t *n_out) {
+    if (!model) return ENG_ERR_INVALID;
+    const eng_vocab *v = eng_model_vocab(model);
+    if (!v) return ENG_ERR_INVALID;
+    return eng_vocab_detok_push(v, d, token, render_special, buf, cap, n_out);
+}
