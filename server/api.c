@@ -727,7 +727,7 @@ static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n
         srv_api_set_error(e, 503, "server_error", NULL, NULL, "the server is shutting down");
         return 503;
     default:
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request: %s", srv_sched_strerror(r));
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request (scheduler error %d)", r);
         return 500;
     }
 }

@@ -21,7 +21,7 @@
 #include <uv.h>
 
 /* ---- connecting and sending ------------------------------------------------------------------------------- */
-static int tc_connect(int port) {
+static __attribute__((unused)) int tc_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
     struct sockaddr_in a;
@@ -37,7 +37,7 @@ static int tc_connect(int port) {
     return fd;
 }
 
-static int tc_send(int fd, const void *p, size_t n) {
+static __attribute__((unused)) int tc_send(int fd, const void *p, size_t n) {
     const char *s = p;
     while (n) {
         ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
@@ -46,7 +46,7 @@ static int tc_send(int fd, const void *p, size_t n) {
     }
     return 0;
 }
-static int tc_sends(int fd, const char *s) { return tc_send(fd, s, strlen(s)); }
+static __attribute__((unused)) int tc_sends(int fd, const char *s) { return tc_send(fd, s, strlen(s)); }
 
 /* ---- responses -------------------------------------------------------------------------------------------- */
 typedef struct tc_resp {
@@ -66,7 +66,7 @@ typedef struct tc_conn {
     bool eof;
 } tc_conn;
 
-static int tc_on_body(llhttp_t *p, const char *at, size_t n) {
+static __attribute__((unused)) int tc_on_body(llhttp_t *p, const char *at, size_t n) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     if (r->body_len + n + 1 > r->body_cap) {
         size_t cap = r->body_cap ? r->body_cap : 1024;
@@ -79,7 +79,7 @@ static int tc_on_body(llhttp_t *p, const char *at, size_t n) {
     r->body[r->body_len] = 0;
     return 0;
 }
-static int tc_on_hfield(llhttp_t *p, const char *at, size_t n) {
+static __attribute__((unused)) int tc_on_hfield(llhttp_t *p, const char *at, size_t n) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     for (size_t i = 0; i < n && r->headers_len + 2 < sizeof r->headers; i++) {
         char c = at[i];
@@ -88,29 +88,29 @@ static int tc_on_hfield(llhttp_t *p, const char *at, size_t n) {
     r->headers[r->headers_len] = 0;
     return 0;
 }
-static int tc_on_hfield_done(llhttp_t *p) {
+static __attribute__((unused)) int tc_on_hfield_done(llhttp_t *p) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     if (r->headers_len + 3 < sizeof r->headers) { memcpy(r->headers + r->headers_len, ": ", 3); r->headers_len += 2; }
     return 0;
 }
-static int tc_on_hvalue(llhttp_t *p, const char *at, size_t n) {
+static __attribute__((unused)) int tc_on_hvalue(llhttp_t *p, const char *at, size_t n) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     for (size_t i = 0; i < n && r->headers_len + 2 < sizeof r->headers; i++) r->headers[r->headers_len++] = at[i];
     r->headers[r->headers_len] = 0;
     return 0;
 }
-static int tc_on_hvalue_done(llhttp_t *p) {
+static __attribute__((unused)) int tc_on_hvalue_done(llhttp_t *p) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     if (r->headers_len + 2 < sizeof r->headers) { r->headers[r->headers_len++] = '\n'; r->headers[r->headers_len] = 0; }
     return 0;
 }
-static int tc_on_headers_done(llhttp_t *p) {
+static __attribute__((unused)) int tc_on_headers_done(llhttp_t *p) {
     tc_resp *r = ((tc_conn *)p->data)->cur;
     r->status = p->status_code;
     if (r->status == 100) return 0;
     return 0;
 }
-static int tc_on_done(llhttp_t *p) {
+static __attribute__((unused)) int tc_on_done(llhttp_t *p) {
     tc_conn *c = p->data;
     if (p->status_code == 100) { /* interim: keep reading */
         c->cur->headers_len = 0;
@@ -121,7 +121,7 @@ static int tc_on_done(llhttp_t *p) {
     return HPE_PAUSED;
 }
 
-static void tc_init(tc_conn *c, int fd) {
+static __attribute__((unused)) void tc_init(tc_conn *c, int fd) {
     memset(c, 0, sizeof *c);
     c->fd = fd;
     llhttp_settings_init(&c->settings);
@@ -136,10 +136,10 @@ static void tc_init(tc_conn *c, int fd) {
     c->parser.data = c;
 }
 
-static void tc_resp_free(tc_resp *r) { free(r->body); memset(r, 0, sizeof *r); }
+static __attribute__((unused)) void tc_resp_free(tc_resp *r) { free(r->body); memset(r, 0, sizeof *r); }
 
 /* Reads one response. Returns 0 when complete, -1 on EOF/timeout/parse error before completion. */
-static int tc_read(tc_conn *c, tc_resp *r) {
+static __attribute__((unused)) int tc_read(tc_conn *c, tc_resp *r) {
     memset(r, 0, sizeof *r);
     c->cur = r;
     for (;;) {
@@ -167,7 +167,7 @@ static int tc_read(tc_conn *c, tc_resp *r) {
 }
 
 /* Whether the response has header name (lower case) containing value (substring match). */
-static bool tc_has_header(const tc_resp *r, const char *name, const char *value) {
+static __attribute__((unused)) bool tc_has_header(const tc_resp *r, const char *name, const char *value) {
     char key[128];
     snprintf(key, sizeof key, "%s: ", name);
     const char *p = r->headers;
@@ -185,7 +185,7 @@ static bool tc_has_header(const tc_resp *r, const char *name, const char *value)
 }
 
 /* Whether the peer closed the connection (within timeout_ms): reads and discards. */
-static bool tc_wait_closed(int fd, int timeout_ms) {
+static __attribute__((unused)) bool tc_wait_closed(int fd, int timeout_ms) {
     char b[4096];
     for (int waited = 0; waited <= timeout_ms; waited += 10) {
         struct pollfd pfd = {fd, POLLIN, 0};
@@ -200,7 +200,7 @@ static bool tc_wait_closed(int fd, int timeout_ms) {
 }
 
 /* One request on a new connection: send raw, read one response. Returns the status (or -1). */
-static int tc_roundtrip(int port, const char *raw, tc_resp *out) {
+static __attribute__((unused)) int tc_roundtrip(int port, const char *raw, tc_resp *out) {
     int fd = tc_connect(port);
     if (fd < 0) return -1;
     tc_conn *c = malloc(sizeof *c);
@@ -222,7 +222,7 @@ typedef struct tc_loop {
     void *ud;
 } tc_loop;
 
-static void tc_loop_stop_cb(uv_async_t *a) {
+static __attribute__((unused)) void tc_loop_stop_cb(uv_async_t *a) {
     tc_loop *l = a->data;
     if (l->on_stop) l->on_stop(&l->loop, l->ud);
     uv_close((uv_handle_t *)&l->stop, NULL);
@@ -235,7 +235,7 @@ static void *tc_loop_main(void *p) {
 }
 
 /* Call tc_loop_init, create your handles on l->loop, then tc_loop_start. */
-static int tc_loop_init(tc_loop *l, tc_loop_fn on_stop, void *ud) {
+static __attribute__((unused)) int tc_loop_init(tc_loop *l, tc_loop_fn on_stop, void *ud) {
     memset(l, 0, sizeof *l);
     if (uv_loop_init(&l->loop) != 0) return -1;
     l->on_stop = on_stop;
@@ -243,8 +243,8 @@ static int tc_loop_init(tc_loop *l, tc_loop_fn on_stop, void *ud) {
     l->stop.data = l;
     return uv_async_init(&l->loop, &l->stop, tc_loop_stop_cb);
 }
-static int tc_loop_start(tc_loop *l) { return pthread_create(&l->thread, NULL, tc_loop_main, l); }
-static void tc_loop_stop(tc_loop *l) {
+static __attribute__((unused)) int tc_loop_start(tc_loop *l) { return pthread_create(&l->thread, NULL, tc_loop_main, l); }
+static __attribute__((unused)) void tc_loop_stop(tc_loop *l) {
     uv_async_send(&l->stop);
     pthread_join(l->thread, NULL);
     uv_run(&l->loop, UV_RUN_DEFAULT);
