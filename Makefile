@@ -6,12 +6,13 @@ BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build build-san run test test-fast test-san clean
+.PHONY: all deps build build-san run test test-fast test-san test-docker clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+	@test -d tests/e2e/node_modules/openai || npm ci --prefix tests/e2e --no-audit --no-fund
 
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
@@ -31,6 +32,10 @@ test-san: build-san
 	ctest --test-dir $(BUILD_SAN) --output-on-failure -j $(JOBS) -LE nosan
 
 test: test-fast test-san
+
+# Builds the image with podman and smoke-tests the container (a few minutes; not part of `make test`).
+test-docker: deps
+	bash tests/docker/run.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN)

@@ -171,16 +171,27 @@ typedef struct kvc_entry {
  * batch writes into it (copy-on-write). All or nothing: on any error nothing changes.
  * Errors: KVC_ERR_INVALID (n < 1, NULL pointers), KVC_ERR_TOO_LARGE (n > max_batch_tokens, or a sequence
  * would pass max_seq_len), KVC_ERR_BAD_SEQ, KVC_ERR_POSITION (positions of a sequence must continue it
- * without gaps, starting at its length), KVC_ERR_FULL (the pool cannot hold the batch), KVC_ERR_STATE (a
- * forward is already pending), KVC_ERR_NOMEM.
+ * without gaps, starting at its length; also when the sequence cannot resume at its length, i.e.
+ * !kvc_can_resume(seq, len), which happens only with a sliding window after a tail removal into released
+ * blocks), KVC_ERR_FULL (the pool cannot hold the batch), KVC_ERR_STATE (a forward is already pending),
+ * KVC_ERR_NOMEM (host memory, or allocator->copy failed during copy-on-write: then tables are unchanged but
+ * cached blocks evicted for the batch stay evicted). Errors are checked entry by entry in batch order; the
+ * first failing entry decides the code, then KVC_ERR_FULL is checked for the whole batch.
  * While the forward is pending, kvc_block_table() already includes the batch's blocks and reports the
- * sequence length including the batch, so attention can read them. */
+ * sequence length including the batch, so attention can read them (kvc_seq_len() stays the committed
+ * length). The original of a copy-on-write keeps one reference until kvc_finish_forward (so a rollback can
+ * restore it); kvc_block_refcount() counts it. */
 int kvc_start_forward(kvc_cache *cache, const kvc_entry *entries, int32_t n, int32_t *slots_out);
 
 /* Ends the pending forward. ok = true: the batch's tokens are committed and every block they filled is
- * published to the prefix cache. ok = false: the batch is rolled back (sequence lengths and tables as
- * before kvc_start_forward; blocks it allocated are freed; copy-on-write copies are undone).
- * KVC_ERR_STATE when no forward is pending. */
+ * published to the prefix cache. A block is published only after its parent (the previous block of the
+ * sequence) and never when its contents came from a context shift. If an identical block (same tokens, same
+ * parent) is already cached or in use, the sequence switches to that block and releases its own copy
+ * (deduplication): block ids in tables may change here, which is why kvc_block_table() pointers and ids
+ * are valid only until the next mutating call. With a sliding window, blocks wholly before
+ * len - sliding_window are then released. ok = false: the batch is rolled back (sequence lengths and
+ * tables as before kvc_start_forward; blocks it allocated are freed; copy-on-write copies are undone;
+ * blocks evicted to make room stay evicted). KVC_ERR_STATE when no forward is pending. */
 int kvc_finish_forward(kvc_cache *cache, bool ok);
 
 /* ---- block tables ---------------------------------------------------------------------------------------------- */
@@ -204,11 +215,19 @@ int kvc_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
  * tokens[0..n): only whole blocks, found by their chained hashes. Writes the number of tokens attached
  * (a multiple of block_size, <= n) to *n_cached. An engine must still compute at least the last prompt
  * token to get its logits, so callers pass n = prompt length - 1. Counts queries and hits for the stats.
- * Errors: KVC_ERR_BAD_SEQ, KVC_ERR_INVALID (seq not empty, n < 0, NULL with n > 0), KVC_ERR_STATE. */
+ * Attaches at most max_seq_len tokens. With a sliding window, attached blocks wholly before the window are
+ * released right away (they stay cached).
+ * Errors: KVC_ERR_BAD_SEQ, KVC_ERR_INVALID (seq not empty, n < 0, NULL with n > 0), KVC_ERR_STATE,
+ * KVC_ERR_NOMEM. */
 int kvc_attach_prefix(kvc_cache *cache, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_cached);
 
 /* Counts, without attaching or touching the LRU order or the stats, how many leading tokens of tokens[0..n)
- * are held by hashed blocks (cached or in use): a multiple of block_size. */
+ * are held by hashed blocks (cached or in use): a multiple of block_size. Errors: KVC_ERR_INVALID (NULL
+ * cache or n_matched, n < 0, NULL tokens with n > 0).
+ *
+ * Prefix identity (both calls): a block matches when its block_size token ids and its parent block are the
+ * ones looked for; the 64-bit chained hash only finds candidates, so a hash collision never yields a wrong
+ * match. */
 int kvc_prefix_match(const kvc_cache *cache, const int32_t *tokens, int32_t n, int32_t *n_matched);
 
 /* ---- removal and resumption ------------------------------------------------------------------------------------ */
@@ -220,21 +239,30 @@ typedef struct kvc_shift {
 
 /* Removes positions [begin, end) of seq; end == INT32_MAX (or any end >= length) means to the end.
  * Tail removal (end >= length) always works and frees blocks no longer needed (shared blocks just lose a
- * reference). Removal from the middle moves later tokens down by end - begin (context shift); it is
- * supported only when seq shares no blocks with another sequence, and then *shift (if not NULL) says
- * which positions moved, so the engine can re-rotate RoPE for them; moved-into blocks lose their prefix
- * hashes. Otherwise it returns KVC_ERR_NOT_SUPPORTED and changes nothing: the caller removes the whole
- * sequence and recomputes. begin >= length is a no-op. shift->n == 0 when nothing moved.
+ * reference; a shared or cached block that becomes the partial last block is copied on the next write).
+ * Removal from the middle moves later tokens down by end - begin (context shift): all layers, K and V,
+ * all heads, through allocator->copy. It is supported when every block from the one holding `begin` to
+ * the end of seq is held by seq alone (blocks wholly before begin, which do not change, may be shared, e.g.
+ * a cached system prompt) and none of them was released by a sliding window; then *shift (if not NULL)
+ * says which positions moved, so the engine can re-rotate RoPE for them; blocks from the one holding
+ * begin on lose their prefix hashes, and the sequence publishes no block at or after begin again until it
+ * is truncated back to begin or below. Otherwise it returns KVC_ERR_NOT_SUPPORTED and changes nothing: the
+ * caller removes the whole sequence and recomputes. begin >= length or begin == end is a no-op.
+ * shift->n == 0 when nothing moved (shift->pos = begin, shift->delta = 0).
  * Errors: KVC_ERR_BAD_SEQ, KVC_ERR_INVALID (begin < 0 or end < begin), KVC_ERR_NOT_SUPPORTED,
- * KVC_ERR_STATE, KVC_ERR_NOMEM. */
+ * KVC_ERR_STATE, KVC_ERR_NOMEM (allocator->copy failed while moving: the sequence is then left truncated
+ * to begin, the only state that is still consistent). */
 int kvc_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift);
 
-/* Whether seq can continue at position pos with what is cached: pos <= length, and with a sliding window
- * every position in [pos - sliding_window, pos) is still held. False for a bad id or pos < 0. */
+/* Whether seq can continue at position pos with what is cached: pos <= length (committed), and with a
+ * sliding window every position in [pos - sliding_window, pos) is still held. False for a bad id or
+ * pos < 0. To continue at pos < length, kvc_remove(seq, pos, INT32_MAX) first. */
 bool kvc_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos);
 
 /* Blocks that a new batch of n_tokens tokens appended to seq would need from the pool (new blocks plus
- * copy-on-write copies), for admission decisions. Returns < 0 on a bad id. */
+ * copy-on-write copies), for admission decisions. 0 for n_tokens == 0. Returns KVC_ERR_BAD_SEQ on a bad
+ * id, KVC_ERR_INVALID for n_tokens < 0. The needs of several sequences add up (kvc_start_forward
+ * compares the sum with kvc_blocks_available()). */
 int32_t kvc_blocks_needed(const kvc_cache *cache, int32_t seq, int32_t n_tokens);
 
 /* Blocks that can be had right now: free plus cached (evictable). */
@@ -248,7 +276,7 @@ typedef struct kvc_stats {
     size_t bytes_total;        /* storage bytes */
     size_t bytes_per_block;    /* all layers, K and V */
     double usage;              /* blocks_used / blocks_total */
-    int64_t tokens_live;       /* sum of live sequence lengths */
+    int64_t tokens_live;       /* sum of live sequence lengths (committed tokens) */
     uint64_t prefix_query_tokens; /* tokens offered to kvc_attach_prefix, total */
     uint64_t prefix_hit_tokens;   /* tokens it attached, total */
     uint64_t evictions;           /* cached blocks evicted */
@@ -260,7 +288,8 @@ void kvc_get_stats(const kvc_cache *cache, kvc_stats *out);
 
 /* Checks every internal invariant (refcounts equal table references, used + cached + free == total, hash
  * index consistent, LRU list consistent). O(blocks + tokens). Returns KVC_OK or KVC_ERR_STATE; writes a
- * description of the first violation into msg (if msg_len > 0). For tests and debugging. */
+ * description of the first violation into msg (if msg != NULL and msg_len > 0). KVC_ERR_INVALID for a NULL
+ * cache, KVC_ERR_NOMEM when its scratch memory cannot be allocated. For tests and debugging. */
 int kvc_check(const kvc_cache *cache, char *msg, size_t msg_len);
 
 #ifdef __cplusplus

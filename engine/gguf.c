@@ -22,8 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #define GGUF_DEFAULT_ALIGNMENT 32u
 #define GGUF_N_VALUE_TYPES 13u
@@ -37,9 +40,9 @@ typedef struct gguf_tsize { uint16_t block_elems; uint16_t block_bytes; const ch
 static const gguf_tsize k_tsizes[] = {
     [0] = {1, 4, "f32"},        [1] = {1, 2, "f16"},        [2] = {32, 18, "q4_0"},
     [3] = {32, 20, "q4_1"},     [6] = {32, 22, "q5_0"},     [7] = {32, 24, "q5_1"},
-    [8] = {32, 34, "q8_0"},     [9] = {32, 36, "q8_1"},     [10] = {256, 84, "q2_k"},
-    [11] = {256, 110, "q3_k"},  [12] = {256, 144, "q4_k"},  [13] = {256, 176, "q5_k"},
-    [14] = {256, 210, "q6_k"},  [15] = {256, 292, "q8_k"},  [16] = {256, 66, "iq2_xxs"},
+    [8] = {32, 34, "q8_0"},     [9] = {32, 36, "q8_1"},     [10] = {256, 84, "q2_K"},
+    [11] = {256, 110, "q3_K"},  [12] = {256, 144, "q4_K"},  [13] = {256, 176, "q5_K"},
+    [14] = {256, 210, "q6_K"},  [15] = {256, 292, "q8_K"},  [16] = {256, 66, "iq2_xxs"},
     [17] = {256, 74, "iq2_xs"}, [18] = {256, 98, "iq3_xxs"}, [19] = {256, 50, "iq1_s"},
     [20] = {32, 18, "iq4_nl"},  [21] = {256, 110, "iq3_s"}, [22] = {256, 82, "iq2_s"},
     [23] = {256, 136, "iq4_xs"}, [24] = {1, 1, "i8"},       [25] = {1, 2, "i16"},
@@ -79,24 +82,29 @@ static bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 static bool str_eq(eng_gguf_str s, const char *c, size_t n) { return s.len == n && memcmp(s.ptr, c, n) == 0; }
 
 /* ---- name index: open addressing over the eng_gguf_str at offset 0 of each record ----------------------- */
+/* The hash is seeded per file with random bits, so a hostile file cannot make all its names collide and turn
+ * opening into quadratic work. */
 typedef struct gguf_index {
     int64_t *slots;  /* record index + 1; 0 = empty */
     size_t mask;
+    uint64_t seed;
 } gguf_index;
 
-static uint64_t hash_bytes(const char *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
-    for (size_t i = 0; i < n; i++) { h ^= (uint8_t)p[i]; h *= 1099511628211ull; }
-    return h;
-}
-
-static int index_init(gguf_index *ix, int64_t n) {
+static int index_init(gguf_index *ix, int64_t n, uint64_t seed) {
     size_t cap = 8;
     while (cap < (size_t)n * 2) cap <<= 1;
     ix->slots = calloc(cap, sizeof *ix->slots);
     if (!ix->slots) return ENG_ERR_NOMEM;
     ix->mask = cap - 1;
+    ix->seed = seed;
     return 0;
+}
+
+static uint64_t random_seed(const void *salt) {
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (uint64_t)(uintptr_t)salt * 0x9e3779b97f4a7c15ull;  /* ASLR bits: still not predictable offline */
+    return seed;
 }
 
 static const eng_gguf_str *rec_key(const void *base, size_t stride, int64_t i) {
@@ -107,7 +115,7 @@ static const eng_gguf_str *rec_key(const void *base, size_t stride, int64_t i) {
 static int64_t index_lookup(const gguf_index *ix, const void *base, size_t stride, const char *key, size_t len,
                             int64_t insert) {
     if (!ix->slots) return -1;
-    size_t h = (size_t)hash_bytes(key, len) & ix->mask;
+    size_t h = (size_t)XXH3_64bits_withSeed(key, len, ix->seed) & ix->mask;
     for (;;) {
         int64_t s = ix->slots[h];
         if (s == 0) {
@@ -369,7 +377,8 @@ static int parse(eng_gguf *g, char *err, size_t err_len) {
     g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors) return FAIL(R, ENG_ERR_NOMEM, "out of memory for %llu kvs and %llu tensors",
                                            (unsigned long long)n_kv, (unsigned long long)n_tensors);
-    if (index_init(&g->kv_index, (int64_t)n_kv) || index_init(&g->tensor_index, (int64_t)n_tensors))
+    uint64_t seed = random_seed(g);
+    if (index_init(&g->kv_index, (int64_t)n_kv, seed) || index_init(&g->tensor_index, (int64_t)n_tensors, seed))
         return FAIL(R, ENG_ERR_NOMEM, "out of memory for the name index");
 
     for (uint64_t i = 0; i < n_kv; i++) {

@@ -32,7 +32,8 @@ typedef struct eng_gguf_kv {
         struct {
             uint32_t type;       /* element type (not ARRAY: nested arrays are rejected as unsupported) */
             uint64_t n;
-            const void *data;    /* n packed little-endian elements, for non-string types */
+            const void *data;    /* n packed little-endian elements, for non-string types; inside the
+                                    mapping at any byte offset, so possibly unaligned: memcpy them out */
             const eng_gguf_str *strs; /* n strings, for STRING arrays (allocated by the reader) */
         } arr;
     } v;
@@ -44,13 +45,21 @@ typedef struct eng_gguf_tensor {
     int64_t ne[4];               /* dims, GGUF order: ne[0] is the innermost (row length); unused dims = 1 */
     uint32_t type;               /* ggml type id (enum eng_qtype in quant.h) */
     uint64_t offset;             /* from the start of the data section */
-    const void *data;            /* the tensor's bytes inside the mapping */
+    const void *data;            /* the tensor's bytes inside the mapping: at a multiple of the alignment from
+                                    the file start (so aligned in memory for eng_gguf_open's mmap; for
+                                    open_memory only as aligned as the caller's buffer) */
     size_t nbytes;
 } eng_gguf_tensor;
 
 typedef struct eng_gguf eng_gguf;
 
-/* Opens and validates a file (mmap, read-only). err receives "PATH: what is wrong" on failure. */
+/* Opens and validates a file (mmap, read-only). err receives "PATH: what is wrong (at byte N)" on failure.
+ * Errors: ENG_ERR_IO (cannot open/stat/map, not a regular file), ENG_ERR_FORMAT (not GGUF, version other than
+ * 2 or 3, truncated, a count/length/offset/size that does not fit the file, duplicate keys or tensor names,
+ * value types out of range, bad general.alignment (must be a uint32 power of two; default 32), n_dims not in
+ * 1..4, a dim < 1, misaligned or out-of-file tensor data), ENG_ERR_UNSUPPORTED (a tensor type id GGUF does
+ * not define, nested arrays), ENG_ERR_NOMEM, ENG_ERR_INVALID (NULL arguments). Files with zero tensors
+ * (vocab-only) are valid. The mapping must not be truncated by someone else while open (SIGBUS). */
 int eng_gguf_open(const char *path, eng_gguf **out, char *err, size_t err_len);
 /* Same over a caller's buffer (kept, not copied: it must outlive the eng_gguf). name labels messages. */
 int eng_gguf_open_memory(const void *data, size_t size, const char *name, eng_gguf **out, char *err,

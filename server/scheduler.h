@@ -86,7 +86,9 @@ const char *srv_sched_strerror(int err);
  * Everything the scheduler needs from the engine, so that tests can run it over a mock. Every function is
  * called only from the scheduler thread (the cache() result is used only there, and by
  * srv_sched_get_stats through kvc_get_stats, which the cache allows from any thread). `ctx` is passed
- * through. Samplers are opaque void * (the real implementation passes eng_sampler *). */
+ * through. Samplers are opaque void * (the real implementation passes eng_sampler *). srv_sched_create
+ * calls token_is_eog for every token id once (to know which tokens ignore_eos bans), and srv_sched_free
+ * calls sampler_free / cache functions on the loop thread after the scheduler thread has ended. */
 typedef struct srv_engine_ops {
     void *ctx;
     int32_t n_vocab;
@@ -110,9 +112,11 @@ typedef struct srv_engine_ops {
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
- * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. model and ctx must
- * outlive the scheduler. Returns SRV_SCHED_OK or SRV_SCHED_ERR_INVALID (NULL arguments). */
+ * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. out->ctx is a small
+ * allocation: release it with srv_engine_ops_release after srv_sched_free. model and ctx must outlive the
+ * scheduler. Returns SRV_SCHED_OK, SRV_SCHED_ERR_INVALID (NULL arguments) or SRV_SCHED_ERR_NOMEM. */
 int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ctx);
+void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
 
 /* ---- parameters ------------------------------------------------------------------------------------------- */
 typedef struct srv_sched_params {
@@ -171,11 +175,14 @@ typedef struct srv_sched_event {
                                  terminated; NULL when text_len == 0 */
     size_t text_len;
     const eng_sample *samples;/* DELTA: the tokens sampled for this choice since its last event, with logprob
-                                 and the top-N (sampling.n_top_logprobs); CHOICE_END: none */
+                                 and the top-N (sampling.n_top_logprobs); an EOG token that ended the choice
+                                 is not included (it has no text) but counts in usage.completion_tokens;
+                                 CHOICE_END: none */
     int32_t n_samples;
     uint64_t t;               /* uv_hrtime() when the step that produced this event ended (ITL source) */
     srv_sched_finish finish;  /* CHOICE_END: the reason; DONE: the request's overall reason (ERROR if any
-                                 choice failed, else CANCELLED if cancelled, else the last choice's) */
+                                 choice failed, else CANCELLED if any was cancelled, else LENGTH if any
+                                 reached its length, else STOP) */
     const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
     srv_sched_usage usage;    /* DONE */
     srv_sched_timings timings;/* DONE */
@@ -234,6 +241,8 @@ typedef struct srv_sched_stats {
     uint64_t prompt_tokens_computed;  /* tokens put through decode as prompt (incl. recompute after preempt) */
     uint64_t generation_tokens_total; /* tokens sampled */
     uint64_t preemptions;
+    uint64_t preemptions_repeated;    /* preemptions of a request that had not progressed since its last one
+                                         (only when nothing else could be preempted; 0 in a healthy run) */
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */

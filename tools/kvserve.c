@@ -22,6 +22,7 @@ static int cmd_version(int argc, char **argv) {
 
 static const kvs_command commands[] = {
     /* KVS_COMMANDS: one line per subcommand, alphabetical */
+    {"mkmodel", kvs_cmd_mkmodel, "write a deterministic random-weight GGUF model"},
     {"version", cmd_version, "print the version"},
 };
 

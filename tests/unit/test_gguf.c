@@ -5,7 +5,9 @@
  * - every truncation point and thousands of random byte flips of a small file: a clean error or a consistent
  *   result, never a crash (the ASan build checks out-of-bounds reads: each case gets an exact-size copy);
  * - hand-made hostile files, each expecting its error code and a message naming the file;
- * - with ../shared: every model opens, stories260K's documented facts, and a rewrite of it is byte-identical.
+ * - with ../shared: every model opens, stories260K's documented facts, and a rewrite of it is byte-identical;
+ * - `kvserve mkmodel` (the built binary): shapes, metadata, the built-in vocabulary's structure, weight
+ *   statistics, byte-identical reruns, q8_0/f16 output equal to quantizing the f32 output, option errors.
  */
 #include <criterion/criterion.h>
 
@@ -14,11 +16,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine/gguf.h"
+#include "engine/quant.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------------------ */
 typedef struct rng { uint64_t s; } rng;
@@ -564,6 +569,39 @@ Test(gguf, zero_tensor_file_opens) {
     eng_gguf_writer_free(w);
 }
 
+/* Thousands of keys and tensors: every one is found by name, and absent names are not. */
+Test(gguf, many_names_are_all_found) {
+    eng_gguf_writer *w;
+    cr_assert_eq(eng_gguf_writer_create(&w), 0);
+    enum { N = 3000 };
+    char name[64];
+    const float one = 1.0f;
+    const int64_t ne[1] = {1};
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "k.%d", i * 7919 % 100003);
+        cr_assert_eq(eng_gguf_add_u32(w, name, (uint32_t)i), 0);
+        snprintf(name, sizeof name, "blk.%d.t", i);
+        cr_assert_eq(eng_gguf_add_tensor(w, name, 0, 1, ne, &one, 4), 0);
+    }
+    void *mem; size_t size;
+    cr_assert_eq(eng_gguf_write_memory(w, &mem, &size), 0);
+    eng_gguf *g; char err[256];
+    cr_assert_eq(eng_gguf_open_memory(mem, size, "many", &g, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < N; i++) {
+        uint32_t v;
+        snprintf(name, sizeof name, "k.%d", i * 7919 % 100003);
+        cr_assert_eq(eng_gguf_get_u32(g, name, &v), 0, "%s", name);
+        cr_assert_eq(v, (uint32_t)i);
+        snprintf(name, sizeof name, "blk.%d.t", i);
+        cr_assert_eq(eng_gguf_find_tensor(g, name), eng_gguf_tensor_at(g, i));
+        snprintf(name, sizeof name, "blk.%d.u", i);
+        cr_assert_null(eng_gguf_find_tensor(g, name));
+    }
+    eng_gguf_close(g);
+    free(mem);
+    eng_gguf_writer_free(w);
+}
+
 /* ---- corruption -------------------------------------------------------------------------------------------------- */
 /* A few-KB file whose last tensor ends exactly at the end of the file (no trailing padding), so that every
  * proper prefix is invalid. */
@@ -1043,4 +1081,422 @@ Test(gguf, shared_rewrite_reads_back_identically) {
         free(mem);
         eng_gguf_writer_free(w);
     }
+}
+
+/* ---- the block-size table against quant.h ------------------------------------------------------------------- */
+Test(gguf, block_sizes_agree_with_quant_module) {
+    int n_known = 0;
+    for (uint32_t t = 0; t < 64; t++) {
+        const eng_qtype_info *qi = eng_qtype_get(t);
+        if (!qi || !qi->name) continue;
+        n_known++;
+        const int64_t ne[1] = {qi->block_elems};
+        cr_assert_not_null(eng_gguf_type_name(t), "type %u (%s) unknown to gguf", t, qi->name);
+        cr_assert_str_eq(eng_gguf_type_name(t), qi->name);
+        cr_assert_eq(eng_gguf_tensor_bytes(t, 1, ne), (size_t)qi->block_bytes, "type %s", qi->name);
+        const int64_t ne3[3] = {qi->block_elems * 3, 5, 2};
+        cr_assert_eq(eng_gguf_tensor_bytes(t, 3, ne3), eng_qtype_row_bytes(t, qi->block_elems * 3) * 10);
+    }
+    cr_assert_geq(n_known, 15);
+}
+
+/* ---- kvserve mkmodel ------------------------------------------------------------------------------------------ */
+/* Runs the kvserve binary with args (NULL-terminated), output to dir/log; returns the exit status. The log
+ * must hold no sanitizer report (the ASan build's binary is sanitized too). */
+static int run_kvserve(const char *dir, const char *const *args) {
+    char log[512];
+    snprintf(log, sizeof log, "%s/log", dir);
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = KVSERVE_BINARY;
+    for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    size_t n_log;
+    char *text = read_file(log, &n_log);
+    text = realloc(text, n_log + 1);
+    text[n_log] = 0;
+    cr_assert(!strstr(text, "Sanitizer") && !strstr(text, "runtime error"), "kvserve %s: %s", args[0], text);
+    free(text);
+    unlink(log);
+    cr_assert(WIFEXITED(st), "kvserve did not exit normally");
+    return WEXITSTATUS(st);
+}
+
+static eng_gguf *mk(const char *dir, const char *fname, const char *const *extra) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/%s", dir, fname);
+    const char *args[32] = {"mkmodel", "-o", out};
+    int n = 3;
+    for (int i = 0; extra[i]; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    cr_assert_eq(run_kvserve(dir, args), 0, "mkmodel %s failed", fname);
+    eng_gguf *g;
+    char err[512];
+    cr_assert_eq(eng_gguf_open(out, &g, err, sizeof err), 0, "%s", err);
+    return g;
+}
+
+static void rm_in(const char *dir, const char *fname) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, fname);
+    unlink(p);
+}
+
+static uint32_t u32_of(const eng_gguf *g, const char *key) {
+    uint32_t v = 0;
+    cr_assert_eq(eng_gguf_get_u32(g, key, &v), 0, "%s", key);
+    return v;
+}
+
+static void expect_tensor(const eng_gguf *g, const char *name, uint32_t type, int64_t ne0, int64_t ne1) {
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
+    cr_assert_not_null(t, "missing tensor %s", name);
+    cr_assert_eq(t->type, type, "%s type %u", name, t->type);
+    cr_assert_eq(t->ne[0], ne0, "%s ne0 %lld", name, (long long)t->ne[0]);
+    cr_assert_eq(t->ne[1], ne1, "%s ne1 %lld", name, (long long)t->ne[1]);
+    cr_assert_eq(t->n_dims, ne1 > 1 ? 2u : 1u, "%s", name);
+}
+
+static float *tensor_f32(const eng_gguf_tensor *t) {
+    int64_t n = t->ne[0] * t->ne[1];
+    float *v = malloc((size_t)n * sizeof *v);
+    size_t rb = eng_qtype_row_bytes(t->type, t->ne[0]);
+    for (int64_t r = 0; r < t->ne[1]; r++)
+        cr_assert_eq(eng_dequantize_row(t->type, (const uint8_t *)t->data + r * rb, v + r * t->ne[0], t->ne[0]), 0);
+    return v;
+}
+
+static void moments(const eng_gguf_tensor *t, double *mean, double *std) {
+    float *v = tensor_f32(t);
+    int64_t n = t->ne[0] * t->ne[1];
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) { s += v[i]; s2 += (double)v[i] * v[i]; }
+    *mean = s / (double)n;
+    *std = sqrt(s2 / (double)n - *mean * *mean);
+    free(v);
+}
+
+Test(mkmodel, tiny_shapes_metadata_vocab_and_statistics) {
+    char *dir = make_tmpdir();
+    eng_gguf *g = mk(dir, "tiny.gguf", (const char *[]){"--preset", "tiny", NULL});
+    eng_gguf_str s;
+    cr_assert_eq(eng_gguf_get_str(g, "general.architecture", &s), 0);
+    cr_assert(str_is(s, "llama"));
+    cr_assert_eq(u32_of(g, "llama.embedding_length"), 64);
+    cr_assert_eq(u32_of(g, "llama.block_count"), 2);
+    cr_assert_eq(u32_of(g, "llama.attention.head_count"), 4);
+    cr_assert_eq(u32_of(g, "llama.attention.head_count_kv"), 2);
+    cr_assert_eq(u32_of(g, "llama.feed_forward_length"), 128);
+    cr_assert_eq(u32_of(g, "llama.context_length"), 512);
+    cr_assert_eq(u32_of(g, "llama.rope.dimension_count"), 16);
+    cr_assert_eq(u32_of(g, "general.file_type"), 0);
+    cr_assert_null(eng_gguf_find(g, "llama.attention.key_length"));
+    float f;
+    cr_assert_eq(eng_gguf_get_f32(g, "llama.rope.freq_base", &f), 0); cr_assert_eq(f, 10000.0f);
+    cr_assert_eq(eng_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &f), 0); cr_assert_eq(f, 1e-5f);
+
+    /* Built-in vocabulary. */
+    cr_assert_eq(eng_gguf_get_str(g, "tokenizer.ggml.model", &s), 0); cr_assert(str_is(s, "llama"));
+    uint32_t et; uint64_t n_vocab; const eng_gguf_str *toks; const void *data;
+    cr_assert_eq(eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_vocab, NULL, &toks), 0);
+    cr_assert_eq(et, ENG_GGUF_STRING);
+    cr_assert_gt(n_vocab, 261 + 300);
+    cr_assert_eq(u32_of(g, "llama.vocab_size"), n_vocab);
+    cr_assert(str_is(toks[0], "<unk>") && str_is(toks[1], "<s>") && str_is(toks[2], "</s>"));
+    cr_assert(str_is(toks[3], "<|im_start|>") && str_is(toks[4], "<|im_end|>"));
+    cr_assert_eq(u32_of(g, "tokenizer.ggml.bos_token_id"), 1);
+    cr_assert_eq(u32_of(g, "tokenizer.ggml.eos_token_id"), 2);
+    cr_assert_eq(u32_of(g, "tokenizer.ggml.eot_token_id"), 4);
+    cr_assert_eq(u32_of(g, "tokenizer.ggml.unknown_token_id"), 0);
+    bool b;
+    cr_assert_eq(eng_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b), 0); cr_assert(b);
+    cr_assert_eq(eng_gguf_get_str(g, "tokenizer.chat_template", &s), 0);
+    cr_assert(str_is(s, "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                        "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+                        "{{ '<|im_start|>assistant\\n' }}{% endif %}"));
+    cr_assert_eq(eng_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, NULL, &data, NULL), 0);
+    cr_assert_eq(et, ENG_GGUF_INT32);
+    /* Array data is packed into the file and may be unaligned: copy it out. */
+    int32_t *types = malloc(n_vocab * 4);
+    memcpy(types, data, n_vocab * 4);
+    cr_assert_eq(types[0], 2);
+    for (int i = 1; i < 5; i++) cr_assert_eq(types[i], 3);
+    for (int i = 0; i < 256; i++) {
+        char want[8];
+        snprintf(want, sizeof want, "<0x%02X>", i);
+        cr_assert(str_is(toks[5 + i], want), "byte token %d", i);
+        cr_assert_eq(types[5 + i], 6);
+    }
+    cr_assert_eq(eng_gguf_get_arr(g, "tokenizer.ggml.scores", &et, NULL, &data, NULL), 0);
+    cr_assert_eq(et, ENG_GGUF_FLOAT32);
+    float *scores = malloc(n_vocab * 4);
+    memcpy(scores, data, n_vocab * 4);
+    /* Pieces: unique, normal, scores non-increasing, and every multi-character piece is a "\u2581" word prefix
+     * whose one-shorter prefix is also a piece (so SPM merging can build it). */
+    int n_words = 0;
+    for (uint64_t i = 261; i < n_vocab; i++) {
+        cr_assert_eq(types[i], 1);
+        if (i > 261) cr_assert_leq(scores[i], scores[i - 1], "score order at %llu", (unsigned long long)i);
+        for (uint64_t j = 261; j < i; j++)
+            cr_assert(!(toks[j].len == toks[i].len && !memcmp(toks[j].ptr, toks[i].ptr, toks[i].len)),
+                      "duplicate piece %llu", (unsigned long long)i);
+        if (toks[i].len <= 1 || (toks[i].len == 3 && !memcmp(toks[i].ptr, "\xe2\x96\x81", 3))) continue;
+        cr_assert(toks[i].len > 3 && !memcmp(toks[i].ptr, "\xe2\x96\x81", 3), "piece %llu is not a word",
+                  (unsigned long long)i);
+        eng_gguf_str prefix = {toks[i].ptr, toks[i].len - 1};
+        bool found = false;
+        for (uint64_t j = 261; j < n_vocab && !found; j++)
+            found = toks[j].len == prefix.len && !memcmp(toks[j].ptr, prefix.ptr, prefix.len);
+        cr_assert(found, "prefix of piece %llu missing", (unsigned long long)i);
+        if (toks[i].len >= 6) n_words++;
+    }
+    cr_assert_gt(n_words, 200);
+    free(types);
+    free(scores);
+
+    /* Tensors: names, shapes, types. Tiny is f32 with a separate output.weight. */
+    cr_assert_eq(eng_gguf_n_tensors(g), 1 + 2 * 9 + 2);
+    expect_tensor(g, "token_embd.weight", 0, 64, (int64_t)n_vocab);
+    expect_tensor(g, "output.weight", 0, 64, (int64_t)n_vocab);
+    expect_tensor(g, "output_norm.weight", 0, 64, 1);
+    for (int l = 0; l < 2; l++) {
+        char nm[64];
+#define T(sfx, a, b) do { snprintf(nm, sizeof nm, "blk.%d." sfx, l); expect_tensor(g, nm, 0, a, b); } while (0)
+        T("attn_norm.weight", 64, 1); T("attn_q.weight", 64, 64); T("attn_k.weight", 64, 32);
+        T("attn_v.weight", 64, 32); T("attn_output.weight", 64, 64); T("ffn_norm.weight", 64, 1);
+        T("ffn_gate.weight", 64, 128); T("ffn_up.weight", 64, 128); T("ffn_down.weight", 128, 64);
+#undef T
+        snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l);
+        cr_assert_null(eng_gguf_find_tensor(g, nm));
+    }
+    /* Weight statistics: matrices ~N(0, 0.05), embeddings ~N(0, 0.5), norms near 1. */
+    double mean, sd;
+    moments(eng_gguf_find_tensor(g, "blk.0.ffn_up.weight"), &mean, &sd);
+    cr_assert(fabs(mean) < 0.003 && fabs(sd - 0.05) < 0.0025, "ffn_up mean %g std %g", mean, sd);
+    moments(eng_gguf_find_tensor(g, "token_embd.weight"), &mean, &sd);
+    cr_assert(fabs(mean) < 0.01 && fabs(sd - 0.5) < 0.02, "token_embd mean %g std %g", mean, sd);
+    moments(eng_gguf_find_tensor(g, "blk.1.attn_norm.weight"), &mean, &sd);
+    cr_assert(fabs(mean - 1.0) < 0.02 && sd > 0.001 && sd < 0.05, "attn_norm mean %g std %g", mean, sd);
+    /* Different tensors get different streams. */
+    const eng_gguf_tensor *a = eng_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+    const eng_gguf_tensor *u = eng_gguf_find_tensor(g, "blk.0.ffn_up.weight");
+    cr_assert(memcmp(a->data, u->data, a->nbytes) != 0);
+    eng_gguf_close(g);
+    rm_in(dir, "tiny.gguf");
+    rmdir(dir);
+    free(dir);
+}
+
+Test(mkmodel, reruns_are_byte_identical_and_seeds_differ) {
+    char *dir = make_tmpdir();
+    const char *cases[][12] = {
+        {"--preset", "tiny", NULL},
+        {"--preset", "default", "--layers", "1", NULL},
+        {"--preset", "tiny", "--arch", "qwen2", "--type", "f16", "--tied", NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        eng_gguf_close(mk(dir, "a.gguf", cases[c]));
+        eng_gguf_close(mk(dir, "b.gguf", cases[c]));
+        char pa[512], pb[512];
+        snprintf(pa, sizeof pa, "%s/a.gguf", dir);
+        snprintf(pb, sizeof pb, "%s/b.gguf", dir);
+        size_t na, nb;
+        void *A = read_file(pa, &na), *B = read_file(pb, &nb);
+        cr_assert_eq(na, nb, "case %zu", c);
+        cr_assert(memcmp(A, B, na) == 0, "case %zu: two runs differ", c);
+        free(B);
+        /* Another seed: same layout and size, other weights. */
+        const char *with_seed[16];
+        int n = 0;
+        for (; cases[c][n]; n++) with_seed[n] = cases[c][n];
+        with_seed[n++] = "--seed";
+        with_seed[n++] = "7";
+        with_seed[n] = NULL;
+        eng_gguf_close(mk(dir, "b.gguf", with_seed));
+        B = read_file(pb, &nb);
+        cr_assert_eq(na, nb);
+        cr_assert(memcmp(A, B, na) != 0, "case %zu: --seed changes nothing", c);
+        free(A);
+        free(B);
+    }
+    rm_in(dir, "a.gguf");
+    rm_in(dir, "b.gguf");
+    rmdir(dir);
+    free(dir);
+}
+
+/* With the same seed, the q8_0 and f16 files hold exactly the quantization of the f32 file's weights. */
+Test(mkmodel, quantized_types_equal_quantizing_the_f32_weights) {
+    char *dir = make_tmpdir();
+    eng_gguf *g32 = mk(dir, "f32.gguf", (const char *[]){"--preset", "tiny", "--type", "f32", NULL});
+    eng_gguf *g8 = mk(dir, "q8.gguf", (const char *[]){"--preset", "tiny", "--type", "q8_0", NULL});
+    eng_gguf *g16 = mk(dir, "f16.gguf", (const char *[]){"--preset", "tiny", "--type", "f16", NULL});
+    cr_assert_eq(eng_gguf_n_tensors(g8), eng_gguf_n_tensors(g32));
+    cr_assert_eq(u32_of(g8, "general.file_type"), 7);
+    cr_assert_eq(u32_of(g16, "general.file_type"), 1);
+    int n_quant = 0;
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g32); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g32, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        const eng_gguf_tensor *q8 = eng_gguf_find_tensor(g8, name), *h = eng_gguf_find_tensor(g16, name);
+        cr_assert(q8 && h, "%s", name);
+        bool is_norm = t->n_dims == 1;
+        cr_assert_eq(q8->type, is_norm ? ENG_Q_F32 : ENG_Q_Q8_0, "%s", name);
+        cr_assert_eq(h->type, is_norm ? ENG_Q_F32 : ENG_Q_F16, "%s", name);
+        int64_t ne0 = t->ne[0], rows = t->ne[1];
+        size_t rb8 = eng_qtype_row_bytes(q8->type, ne0), rb16 = eng_qtype_row_bytes(h->type, ne0);
+        uint8_t *want8 = malloc(rb8), *want16 = malloc(rb16);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *src = (const float *)t->data + r * ne0;
+            cr_assert_eq(eng_quantize_row(q8->type, src, want8, ne0), 0);
+            cr_assert(memcmp(want8, (const uint8_t *)q8->data + r * rb8, rb8) == 0, "%s row %lld", name, (long long)r);
+            cr_assert_eq(eng_quantize_row(h->type, src, want16, ne0), 0);
+            cr_assert(memcmp(want16, (const uint8_t *)h->data + r * rb16, rb16) == 0, "%s row %lld", name, (long long)r);
+        }
+        free(want8);
+        free(want16);
+        n_quant += !is_norm;
+    }
+    cr_assert_eq(n_quant, 2 + 2 * 7);
+    eng_gguf_close(g32);
+    eng_gguf_close(g8);
+    eng_gguf_close(g16);
+    rm_in(dir, "f32.gguf");
+    rm_in(dir, "q8.gguf");
+    rm_in(dir, "f16.gguf");
+    rmdir(dir);
+    free(dir);
+}
+
+Test(mkmodel, presets_qwen2_biases_head_dim_and_tying) {
+    char *dir = make_tmpdir();
+    /* default preset: tied q8_0; qwen2 with an explicit head dim gets biases and key/value lengths. */
+    eng_gguf *g = mk(dir, "d.gguf", (const char *[]){"--preset", "default", "--layers", "1", NULL});
+    cr_assert_eq(u32_of(g, "llama.embedding_length"), 256);
+    cr_assert_eq(u32_of(g, "llama.attention.head_count"), 8);
+    cr_assert_eq(u32_of(g, "llama.attention.head_count_kv"), 4);
+    cr_assert_eq(u32_of(g, "llama.feed_forward_length"), 768);
+    cr_assert_eq(u32_of(g, "llama.context_length"), 2048);
+    cr_assert_null(eng_gguf_find_tensor(g, "output.weight"));
+    expect_tensor(g, "token_embd.weight", ENG_Q_Q8_0, 256, (int64_t)u32_of(g, "llama.vocab_size"));
+    expect_tensor(g, "blk.0.attn_k.weight", ENG_Q_Q8_0, 256, 128);
+    expect_tensor(g, "blk.0.ffn_down.weight", ENG_Q_Q8_0, 768, 256);
+    eng_gguf_close(g);
+    rm_in(dir, "d.gguf");
+
+    g = mk(dir, "q.gguf", (const char *[]){"--preset", "tiny", "--arch", "qwen2", "--head-dim", "32", "--heads",
+                                           "4", "--kv-heads", "1", "--rope-base", "1000000", "--ctx", "777", NULL});
+    eng_gguf_str s;
+    cr_assert_eq(eng_gguf_get_str(g, "general.architecture", &s), 0); cr_assert(str_is(s, "qwen2"));
+    cr_assert_eq(u32_of(g, "qwen2.attention.key_length"), 32);
+    cr_assert_eq(u32_of(g, "qwen2.attention.value_length"), 32);
+    cr_assert_eq(u32_of(g, "qwen2.rope.dimension_count"), 32);
+    cr_assert_eq(u32_of(g, "qwen2.context_length"), 777);
+    float f;
+    cr_assert_eq(eng_gguf_get_f32(g, "qwen2.attention.layer_norm_rms_epsilon", &f), 0); cr_assert_eq(f, 1e-6f);
+    cr_assert_eq(eng_gguf_get_f32(g, "qwen2.rope.freq_base", &f), 0); cr_assert_eq(f, 1e6f);
+    expect_tensor(g, "blk.1.attn_q.weight", 0, 64, 128);
+    expect_tensor(g, "blk.1.attn_k.weight", 0, 64, 32);
+    expect_tensor(g, "blk.1.attn_output.weight", 0, 128, 64);
+    expect_tensor(g, "blk.1.attn_q.bias", 0, 128, 1);
+    expect_tensor(g, "blk.1.attn_k.bias", 0, 32, 1);
+    expect_tensor(g, "blk.1.attn_v.bias", 0, 32, 1);
+    eng_gguf_close(g);
+    rm_in(dir, "q.gguf");
+    rmdir(dir);
+    free(dir);
+}
+
+Test(mkmodel, bad_options_fail_without_writing) {
+    char *dir = make_tmpdir();
+    char out[512];
+    snprintf(out, sizeof out, "%s/bad.gguf", dir);
+    const char *bad[][10] = {
+        {"mkmodel", NULL},                                              /* no -o */
+        {"mkmodel", "-o", out, "--type", "q4_0", NULL},
+        {"mkmodel", "-o", out, "--preset", "huge", NULL},
+        {"mkmodel", "-o", out, "--heads", "3", "--kv-heads", "2", "--head-dim", "8", NULL},
+        {"mkmodel", "-o", out, "--embd", "48", "--heads", "4", NULL},   /* q8_0 needs multiples of 32 */
+        {"mkmodel", "-o", out, "--embd", "100", "--heads", "3", NULL},  /* 100 / 3 */
+        {"mkmodel", "-o", out, "--layers", "0", NULL},
+        {"mkmodel", "-o", out, "--bogus", "1", NULL},
+        {"mkmodel", "-o", out, "--arch", "gpt2", NULL},
+        {"mkmodel", "-o", out, "--seed", "-1", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(run_kvserve(dir, bad[i]), 2, "case %zu should be a usage error", i);
+        cr_assert(!file_exists(out), "case %zu wrote a file", i);
+    }
+    const char *missing_vocab[] = {"mkmodel", "-o", out, "--preset", "tiny", "--vocab-from", "/nonexistent.gguf", NULL};
+    cr_assert_eq(run_kvserve(dir, missing_vocab), 1);
+    cr_assert(!file_exists(out));
+    const char *help[] = {"mkmodel", "--help", NULL};
+    cr_assert_eq(run_kvserve(dir, help), 0);
+    rmdir(dir);
+    free(dir);
+}
+
+Test(mkmodel, vocab_from_copies_every_tokenizer_key) {
+    const char *srcs[] = {"stories260K.gguf", "vocab-only/ggml-vocab-qwen2.gguf"};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared_dir());
+    if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
+    char *dir = make_tmpdir();
+    for (size_t k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/models/%s", shared_dir(), srcs[k]);
+        eng_gguf *src, *g;
+        char err[512];
+        cr_assert_eq(eng_gguf_open(path, &src, err, sizeof err), 0, "%s", err);
+        g = mk(dir, "v.gguf", (const char *[]){"--preset", "tiny", "--layers", "1", "--vocab-from", path, NULL});
+        int n_tok_keys = 0;
+        for (int64_t i = 0; i < eng_gguf_n_kv(src); i++) {
+            const eng_gguf_kv *a = eng_gguf_kv_at(src, i);
+            if (a->key.len < 10 || memcmp(a->key.ptr, "tokenizer.", 10)) continue;
+            n_tok_keys++;
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)a->key.len, a->key.ptr);
+            const eng_gguf_kv *b = eng_gguf_find(g, key);
+            cr_assert_not_null(b, "%s missing", key);
+            cr_assert_eq(a->type, b->type, "%s", key);
+            if (a->type == ENG_GGUF_STRING) {
+                cr_assert(a->v.str.len == b->v.str.len && !memcmp(a->v.str.ptr, b->v.str.ptr, a->v.str.len));
+            } else if (a->type == ENG_GGUF_ARRAY) {
+                cr_assert_eq(a->v.arr.type, b->v.arr.type);
+                cr_assert_eq(a->v.arr.n, b->v.arr.n);
+                if (a->v.arr.type == ENG_GGUF_STRING) {
+                    for (uint64_t j = 0; j < a->v.arr.n; j++)
+                        cr_assert(a->v.arr.strs[j].len == b->v.arr.strs[j].len &&
+                                  !memcmp(a->v.arr.strs[j].ptr, b->v.arr.strs[j].ptr, a->v.arr.strs[j].len),
+                                  "%s[%llu]", key, (unsigned long long)j);
+                } else {
+                    cr_assert(!memcmp(a->v.arr.data, b->v.arr.data, a->v.arr.n * elem_size(a->v.arr.type)));
+                }
+            } else {
+                cr_assert(!memcmp(&a->v, &b->v, sizeof a->v), "%s", key);
+            }
+        }
+        cr_assert_geq(n_tok_keys, 5);
+        uint64_t n_vocab;
+        cr_assert_eq(eng_gguf_get_arr(src, "tokenizer.ggml.tokens", NULL, &n_vocab, NULL, NULL), 0);
+        cr_assert_eq(u32_of(g, "llama.vocab_size"), n_vocab);
+        expect_tensor(g, "token_embd.weight", 0, 64, (int64_t)n_vocab);
+        eng_gguf_close(g);
+        eng_gguf_close(src);
+    }
+    rm_in(dir, "v.gguf");
+    rmdir(dir);
+    free(dir);
 }

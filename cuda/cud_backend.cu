@@ -1,0 +1,575 @@
+// cud_backend.cu: the CUDA backend (device memory, cuBLAS, the forward pass, CUDA graphs).
+// See cuda/cuda_engine.h for the contract.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cud_kernels.cuh"
+#include "cuda/cuda_engine.h"
+#include "engine/engine.h"
+
+namespace {
+
+int report(const char *call, cudaError_t e, const char *file, int line) {
+    fprintf(stderr, "kvserve: CUDA call %s failed: %s (%s) at %s:%d\n", call, cudaGetErrorString(e),
+            cudaGetErrorName(e), file, line);
+    return e == cudaErrorMemoryAllocation ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+}
+
+int report_blas(const char *call, cublasStatus_t s, const char *file, int line) {
+    fprintf(stderr, "kvserve: cuBLAS call %s failed: %s (%d) at %s:%d\n", call, cublasGetStatusString(s), (int)s,
+            file, line);
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+}
+
+#define CK(call)                                                                                                 \
+    do {                                                                                                         \
+        cudaError_t e_ = (call);                                                                                 \
+        if (e_ != cudaSuccess) return report(#call, e_, __FILE__, __LINE__);                                    \
+    } while (0)
+
+#define CKB(call)                                                                                                \
+    do {                                                                                                         \
+        cublasStatus_t s_ = (call);                                                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return report_blas(#call, s_, __FILE__, __LINE__);                     \
+    } while (0)
+
+struct dev_tensor {
+    void *d = nullptr;   // device bytes in the GGUF type
+    uint32_t type = 0;
+    int64_t ne0 = 0, ne1 = 0;
+    bool owned = false;
+};
+
+struct dev_layer {
+    dev_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, ffn_norm, w_gate, w_up, w_down;
+};
+
+struct graph_entry {
+    cud_graph_key key;
+    cudaGraphExec_t exec;
+};
+
+constexpr int MAX_GRAPHS = 32;
+constexpr int MATVEC_MAX_ROWS = 8; // batches up to this many rows use the quantized matvec kernels
+
+} // namespace
+
+struct cud_backend {
+    int device = 0;
+    int n_sm = 1;
+    cudaStream_t st = nullptr;
+    cublasHandle_t blas = nullptr;
+    cud_params p{};
+    // model scalars
+    int32_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, hd = 0, n_ff = 0;
+    float rms_eps = 1e-5f;
+    cud_rope_params rope{};
+    dev_tensor tok_embd, output_norm, output, rope_freqs;
+    dev_layer *layers = nullptr;
+    size_t weight_bytes = 0;
+    // activations, [max_batch_tokens][...]
+    float *x = nullptr;      // [T][n_embd] residual stream
+    float *xn = nullptr;     // [T][n_embd] normed
+    float *tmp = nullptr;    // [T][n_embd] projection outputs
+    float *q = nullptr;      // [T][n_head*hd]
+    float *k = nullptr;      // [T][n_kv*hd]
+    float *v = nullptr;      // [T][n_kv*hd]
+    float *att = nullptr;    // [T][n_head*hd]
+    float *g = nullptr;      // [T][n_ff]
+    float *u = nullptr;      // [T][n_ff]
+    float *xo = nullptr;     // [T][n_embd] gathered output rows
+    float *logits = nullptr; // [T][n_vocab]
+    __half *w16 = nullptr;   // [largest matrix] dequantized weights for cuBLAS
+    __half *x16 = nullptr;   // [T][max(n_embd, n_ff, n_head*hd)] activations for cuBLAS
+    void *blas_ws = nullptr; // cuBLAS workspace (fixed, so cuBLAS calls can be captured into graphs)
+    float *part_acc = nullptr, *part_ml = nullptr;
+    size_t part_cap = 0;     // floats in part_acc
+    // batch metadata on the device
+    int32_t *d_token = nullptr, *d_pos = nullptr, *d_seq = nullptr, *d_slot = nullptr, *d_out = nullptr;
+    int32_t *d_tables = nullptr;
+    size_t tables_cap = 0;
+    cud_tables host_tables{};
+    int32_t *h_meta = nullptr; // pinned staging [5][T]
+    // KV
+    kvc_allocator alloc{};
+    cud_kv_view kv{};
+    bool kv_set = false;
+    // graphs
+    graph_entry graphs[MAX_GRAPHS];
+    int n_graphs = 0;
+};
+
+namespace {
+
+void *kv_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        fprintf(stderr, "kvserve: cudaMalloc of %zu bytes for the KV pool failed\n", bytes);
+        return nullptr;
+    }
+    return p;
+}
+
+int kv_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    cud_backend *be = (cud_backend *)ctx;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, be->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
+    return e == cudaSuccess ? 0 : -1;
+}
+
+void kv_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) cudaFree(p);
+}
+
+int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required, const char *what, char *err,
+           size_t err_len) {
+    if (!t->data) {
+        if (required) {
+            snprintf(err, err_len, "tensor %s missing", what);
+            return ENG_ERR_INVALID;
+        }
+        return ENG_OK;
+    }
+    if (cud_type_block_elems(t->type) == 0) {
+        snprintf(err, err_len, "tensor %s: type %u has no CUDA kernels", what, t->type);
+        return ENG_ERR_UNSUPPORTED;
+    }
+    cudaError_t e = cudaMalloc(&out->d, t->nbytes);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        snprintf(err, err_len, "out of device memory uploading %s (%zu bytes; %zu of %zu bytes free, %zu uploaded)",
+                 what, t->nbytes, fr, tot, be->weight_bytes);
+        return ENG_ERR_NOMEM;
+    }
+    CK(cudaMemcpy(out->d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+    out->type = t->type;
+    out->ne0 = t->ne0;
+    out->ne1 = t->ne1;
+    out->owned = true;
+    be->weight_bytes += t->nbytes;
+    return ENG_OK;
+}
+
+template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, const char *what) {
+    if (n == 0) n = 1;
+    cudaError_t e = cudaMalloc((void **)p, n * sizeof(T));
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        snprintf(err, err_len, "out of device memory for %s (%zu bytes; %zu of %zu bytes free)", what,
+                 n * sizeof(T), fr, tot);
+        return ENG_ERR_NOMEM;
+    }
+    return ENG_OK;
+}
+
+// y[m][n_out] = x[m][k] * W^T
+int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y) {
+    const int64_t k = w.ne0, n_out = w.ne1;
+    if (m <= MATVEC_MAX_ROWS) {
+        CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
+        return ENG_OK;
+    }
+    const __half *wh;
+    if (w.type == CUD_F16) {
+        wh = (const __half *)w.d;
+    } else {
+        CK(cud_dequant_f16(w.type, w.d, n_out, k, be->w16, be->st));
+        wh = be->w16;
+    }
+    CK(cud_f32_to_f16(x, be->x16, (int64_t)m * k, be->st));
+    const float alpha = 1.f, beta = 0.f;
+    // Column-major view: Y^T [n_out x m] = W [k x n_out]^T * X^T [k x m]
+    CKB(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, wh, CUDA_R_16F, (int)k,
+                     be->x16, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT));
+    return ENG_OK;
+}
+
+// Everything after the metadata upload: runs on be->st, capturable into a graph.
+int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo) {
+    const int32_t qw = be->n_head * be->hd, kw = be->n_head_kv * be->hd;
+    CK(cud_get_rows(be->tok_embd.type, be->tok_embd.d, be->n_embd, be->d_token, rows, be->x, be->st));
+    for (int32_t l = 0; l < be->n_layer; l++) {
+        const dev_layer &L = be->layers[l];
+        CK(cud_rmsnorm(be->x, (const float *)L.attn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
+        int rc;
+        if ((rc = matmul(be, L.wq, be->xn, rows, be->q))) return rc;
+        if ((rc = matmul(be, L.wk, be->xn, rows, be->k))) return rc;
+        if ((rc = matmul(be, L.wv, be->xn, rows, be->v))) return rc;
+        if (L.bq.d) CK(cud_add_bias(be->q, (const float *)L.bq.d, rows, qw, be->st));
+        if (L.bk.d) CK(cud_add_bias(be->k, (const float *)L.bk.d, rows, kw, be->st));
+        if (L.bv.d) CK(cud_add_bias(be->v, (const float *)L.bv.d, rows, kw, be->st));
+        if (L.q_norm.d) CK(cud_head_rmsnorm(be->q, (const float *)L.q_norm.d, rows, be->n_head, be->hd, be->rms_eps, be->st));
+        if (L.k_norm.d) CK(cud_head_rmsnorm(be->k, (const float *)L.k_norm.d, rows, be->n_head_kv, be->hd, be->rms_eps, be->st));
+        CK(cud_rope(be->q, be->d_pos, rows, be->n_head, &be->rope, be->st));
+        CK(cud_rope(be->k, be->d_pos, rows, be->n_head_kv, &be->rope, be->st));
+        CK(cud_kv_store(&be->kv, l, be->k, be->v, be->d_slot, rows, be->st));
+        cud_attn_args a{};
+        a.q = be->q;
+        a.out = be->att;
+        a.pos = be->d_pos;
+        a.seq_index = be->d_seq;
+        a.tables = be->d_tables;
+        a.stride = stride;
+        a.rows = rows;
+        a.n_head = be->n_head;
+        a.n_kv_head = be->n_head_kv;
+        a.hd = be->hd;
+        a.partition_tokens = geo.partition_tokens;
+        a.partitions = geo.max_partitions;
+        a.part_acc = be->part_acc;
+        a.part_ml = be->part_ml;
+        a.scale = 1.0f / sqrtf((float)be->hd);
+        CK(cud_paged_attention(&be->kv, l, &a, be->st));
+        if ((rc = matmul(be, L.wo, be->att, rows, be->tmp))) return rc;
+        CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
+        CK(cud_rmsnorm(be->x, (const float *)L.ffn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
+        if ((rc = matmul(be, L.w_gate, be->xn, rows, be->g))) return rc;
+        if ((rc = matmul(be, L.w_up, be->xn, rows, be->u))) return rc;
+        CK(cud_swiglu(be->g, be->u, (int64_t)rows * be->n_ff, be->st));
+        if ((rc = matmul(be, L.w_down, be->g, rows, be->tmp))) return rc;
+        CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
+    }
+    CK(cud_gather_rows(be->x, be->n_embd, be->d_out, n_out, be->xo, be->st));
+    CK(cud_rmsnorm(be->xo, (const float *)be->output_norm.d, be->xo, n_out, be->n_embd, be->rms_eps, be->st));
+    return matmul(be, be->output, be->xo, n_out, be->logits);
+}
+
+int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &geo) {
+    size_t need = (size_t)rows * be->n_head * geo.max_partitions * be->hd;
+    if (geo.max_partitions <= 1 || need <= be->part_cap) return ENG_OK;
+    if (be->part_acc) CK(cudaFree(be->part_acc));
+    if (be->part_ml) CK(cudaFree(be->part_ml));
+    be->part_acc = be->part_ml = nullptr;
+    be->part_cap = 0;
+    CK(cudaMalloc((void **)&be->part_acc, need * sizeof(float)));
+    CK(cudaMalloc((void **)&be->part_ml, (size_t)rows * be->n_head * geo.max_partitions * 2 * sizeof(float)));
+    be->part_cap = need;
+    return ENG_OK;
+}
+
+} // namespace
+
+extern "C" int32_t cud_available(char *name, size_t name_len) {
+    if (name && name_len) name[0] = '\0';
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return 0;
+    }
+    cudaDeviceProp prop;
+    if (name && name_len && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+        strncpy(name, prop.name, name_len - 1);
+        name[name_len - 1] = '\0';
+    }
+    return n;
+}
+
+extern "C" void cud_backend_free(cud_backend *be) {
+    if (!be) return;
+    cudaSetDevice(be->device);
+    for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
+    auto fr = [](void *p) { if (p) cudaFree(p); };
+    auto frt = [&](dev_tensor &t) { if (t.owned) fr(t.d); };
+    frt(be->tok_embd);
+    frt(be->output_norm);
+    frt(be->output);
+    frt(be->rope_freqs);
+    if (be->layers) {
+        for (int32_t l = 0; l < be->n_layer; l++) {
+            dev_layer &L = be->layers[l];
+            for (dev_tensor *t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm,
+                                  &L.k_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
+                frt(*t);
+        }
+        free(be->layers);
+    }
+    for (void *p : {(void *)be->x, (void *)be->xn, (void *)be->tmp, (void *)be->q, (void *)be->k, (void *)be->v,
+                    (void *)be->att, (void *)be->g, (void *)be->u, (void *)be->xo, (void *)be->logits,
+                    (void *)be->w16, (void *)be->x16, be->blas_ws, (void *)be->part_acc, (void *)be->part_ml,
+                    (void *)be->d_token, (void *)be->d_pos, (void *)be->d_seq, (void *)be->d_slot,
+                    (void *)be->d_out, (void *)be->d_tables})
+        fr(p);
+    if (be->h_meta) cudaFreeHost(be->h_meta);
+    cud_tables_free(&be->host_tables);
+    if (be->blas) cublasDestroy(be->blas);
+    if (be->st) cudaStreamDestroy(be->st);
+    delete be;
+}
+
+static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be, size_t *kv_budget, char *err,
+                  size_t err_len) {
+    be->device = p->device;
+    be->p = *p;
+    CK(cudaSetDevice(p->device));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, p->device));
+    be->n_sm = prop.multiProcessorCount;
+    CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
+    CKB(cublasCreate(&be->blas));
+    CKB(cublasSetStream(be->blas, be->st));
+    const size_t ws_bytes = 32u << 20;
+    CK(cudaMalloc(&be->blas_ws, ws_bytes));
+    CKB(cublasSetWorkspace(be->blas, be->blas_ws, ws_bytes));
+    be->n_vocab = m->n_vocab;
+    be->n_embd = m->n_embd;
+    be->n_layer = m->n_layer;
+    be->n_head = m->n_head;
+    be->n_head_kv = m->n_head_kv;
+    be->hd = m->head_dim;
+    be->n_ff = m->n_ff;
+    be->rms_eps = m->rms_eps;
+    int rc;
+    if ((rc = upload(be, &m->tok_embd, &be->tok_embd, true, "token_embd.weight", err, err_len))) return rc;
+    if ((rc = upload(be, &m->output_norm, &be->output_norm, true, "output_norm.weight", err, err_len))) return rc;
+    if (m->output.data == m->tok_embd.data) {
+        be->output = be->tok_embd;
+        be->output.owned = false;
+        be->output.ne0 = m->n_embd;
+        be->output.ne1 = m->n_vocab;
+    } else if ((rc = upload(be, &m->output, &be->output, true, "output.weight", err, err_len))) {
+        return rc;
+    }
+    if ((rc = upload(be, &m->rope_freqs, &be->rope_freqs, false, "rope_freqs.weight", err, err_len))) return rc;
+    be->rope.n_rot = m->n_rot;
+    be->rope.head_dim = m->head_dim;
+    be->rope.freq_base = m->rope_freq_base;
+    be->rope.freq_scale = m->rope_freq_scale;
+    be->rope.freq_factors = (const float *)be->rope_freqs.d;
+    be->rope.neox = m->neox_rope;
+    be->layers = (dev_layer *)calloc((size_t)m->n_layer, sizeof(dev_layer));
+    if (!be->layers) return ENG_ERR_NOMEM;
+    for (int32_t l = 0; l < m->n_layer; l++) new (&be->layers[l]) dev_layer();
+    int64_t largest = (int64_t)m->n_vocab * m->n_embd;
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const cud_layer_desc &d = m->layers[l];
+        dev_layer &L = be->layers[l];
+        struct { const cud_tensor *src; dev_tensor *dst; bool req; const char *name; } list[] = {
+            {&d.attn_norm, &L.attn_norm, true, "attn_norm"}, {&d.wq, &L.wq, true, "attn_q"},
+            {&d.wk, &L.wk, true, "attn_k"}, {&d.wv, &L.wv, true, "attn_v"}, {&d.wo, &L.wo, true, "attn_output"},
+            {&d.bq, &L.bq, false, "attn_q.bias"}, {&d.bk, &L.bk, false, "attn_k.bias"},
+            {&d.bv, &L.bv, false, "attn_v.bias"}, {&d.q_norm, &L.q_norm, false, "attn_q_norm"},
+            {&d.k_norm, &L.k_norm, false, "attn_k_norm"}, {&d.ffn_norm, &L.ffn_norm, true, "ffn_norm"},
+            {&d.w_gate, &L.w_gate, true, "ffn_gate"}, {&d.w_up, &L.w_up, true, "ffn_up"},
+            {&d.w_down, &L.w_down, true, "ffn_down"},
+        };
+        for (auto &e : list) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s", l, e.name);
+            if ((rc = upload(be, e.src, e.dst, e.req, name, err, err_len))) return rc;
+            if (e.src->data && e.src->ne1 > 1 && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
+        }
+    }
+    const size_t T = (size_t)p->max_batch_tokens;
+    const size_t qw = (size_t)m->n_head * m->head_dim, kw = (size_t)m->n_head_kv * m->head_dim;
+    size_t widest = (size_t)m->n_embd;
+    if ((size_t)m->n_ff > widest) widest = (size_t)m->n_ff;
+    if (qw > widest) widest = qw;
+    if ((rc = dalloc(&be->x, T * m->n_embd, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->xn, T * m->n_embd, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->tmp, T * m->n_embd, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->xo, T * m->n_embd, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->q, T * qw, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->att, T * qw, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->k, T * kw, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->v, T * kw, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->g, T * m->n_ff, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
+    if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
+    if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
+    if ((rc = dalloc(&be->w16, (size_t)largest, err, err_len, "f16 weight scratch"))) return rc;
+    for (int32_t **d : {&be->d_token, &be->d_pos, &be->d_seq, &be->d_slot, &be->d_out})
+        if ((rc = dalloc(d, T, err, err_len, "batch metadata"))) return rc;
+    CK(cudaMallocHost((void **)&be->h_meta, 5 * T * sizeof(int32_t)));
+    be->alloc.alloc = kv_alloc;
+    be->alloc.copy = kv_copy;
+    be->alloc.free = kv_free;
+    be->alloc.ctx = be;
+    size_t fr = 0, tot = 0;
+    CK(cudaMemGetInfo(&fr, &tot));
+    double reserve = (1.0 - (double)p->memory_fraction) * (double)tot;
+    *kv_budget = (double)fr > reserve ? (size_t)((double)fr - reserve) : 0;
+    return ENG_OK;
+}
+
+extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,
+                                  size_t *kv_budget_bytes, char *err, size_t err_len) {
+    char dummy[8];
+    if (!err || !err_len) { err = dummy; err_len = sizeof dummy; }
+    err[0] = '\0';
+    if (!model || !params || !out || !kv_budget_bytes || !model->layers || params->max_batch_tokens < 1 ||
+        params->memory_fraction <= 0.f || params->memory_fraction > 1.f || params->block_size < 1 ||
+        (params->kv_dtype != KVC_DTYPE_F16 && params->kv_dtype != KVC_DTYPE_F32)) {
+        snprintf(err, err_len, "invalid CUDA backend parameters (the GPU KV cache supports f16 and f32)");
+        return ENG_ERR_INVALID;
+    }
+    if (model->head_dim > 256 || model->n_head % model->n_head_kv != 0) {
+        snprintf(err, err_len, "head_dim %d / heads %d:%d not supported by the CUDA attention kernel",
+                 model->head_dim, model->n_head, model->n_head_kv);
+        return ENG_ERR_UNSUPPORTED;
+    }
+    *out = nullptr;
+    cud_backend *be = new (std::nothrow) cud_backend();
+    if (!be) return ENG_ERR_NOMEM;
+    int rc = create(model, params, be, kv_budget_bytes, err, err_len);
+    if (rc) {
+        if (!err[0]) snprintf(err, err_len, "CUDA backend setup failed (error %d; the CUDA error is on stderr)", rc);
+        cud_backend_free(be);
+        return rc;
+    }
+    *out = be;
+    return ENG_OK;
+}
+
+extern "C" const kvc_allocator *cud_kv_allocator(cud_backend *be) { return be ? &be->alloc : nullptr; }
+
+extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
+    if (!be || !l || !l->base || (l->dtype != KVC_DTYPE_F16 && l->dtype != KVC_DTYPE_F32) ||
+        l->n_kv_head != be->n_head_kv || l->head_dim != be->hd || l->n_layer != be->n_layer)
+        return ENG_ERR_INVALID;
+    be->kv.base = l->base;
+    be->kv.layer_bytes = l->layer_bytes;
+    be->kv.block_stride = l->block_stride;
+    be->kv.head_stride = l->head_stride;
+    be->kv.row_bytes = l->row_bytes;
+    be->kv.block_size = l->block_size;
+    be->kv.n_kv_head = l->n_kv_head;
+    be->kv.head_dim = l->head_dim;
+    be->kv.f16 = l->dtype == KVC_DTYPE_F16;
+    be->kv_set = true;
+    return ENG_OK;
+}
+
+extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
+    if (!be || !b || !logits || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 1 ||
+        b->n_out > b->n || !b->token || !b->pos || !b->slot || !b->out_rows)
+        return ENG_ERR_INVALID;
+    CK(cudaSetDevice(be->device));
+    int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
+    if (rc) return rc;
+    for (int32_t i = 0; i < b->n; i++)
+        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return ENG_ERR_INVALID;
+
+    cud_graph_key key{};
+    bool graph = be->p.use_graphs && cud_graph_bucket(b, be->p.max_batch_tokens, 1 << 20, &key);
+    const int32_t rows = graph ? key.n_rows : b->n;
+    const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
+    const int32_t n_out = graph ? rows : b->n_out;
+    if (rows > be->p.max_batch_tokens) return ENG_ERR_INVALID;
+
+    // Stage the metadata (padding rows: token 0, position 0 of sequence 0, no cache write, logits unused).
+    int32_t *h = be->h_meta;
+    const size_t T = (size_t)be->p.max_batch_tokens;
+    for (int32_t i = 0; i < rows; i++) {
+        bool real = i < b->n;
+        h[0 * T + i] = real ? b->token[i] : 0;
+        h[1 * T + i] = real ? b->pos[i] : 0;
+        h[2 * T + i] = real ? b->seq_index[i] : 0;
+        h[3 * T + i] = real ? b->slot[i] : -1;
+        h[4 * T + i] = i < b->n_out ? b->out_rows[i] : (real ? i : 0);
+    }
+    size_t tables_need = (size_t)be->host_tables.n_seqs * (size_t)stride;
+    if (tables_need > be->tables_cap) {
+        if (be->d_tables) CK(cudaFree(be->d_tables));
+        be->d_tables = nullptr;
+        be->tables_cap = 0;
+        size_t cap = tables_need * 2;
+        CK(cudaMalloc((void **)&be->d_tables, cap * sizeof(int32_t)));
+        be->tables_cap = cap;
+        // Graphs captured against the old table buffer are stale.
+        for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
+        be->n_graphs = 0;
+    }
+    if (stride == be->host_tables.stride) {
+        CK(cudaMemcpyAsync(be->d_tables, be->host_tables.tables, tables_need * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, be->st));
+    } else {
+        CK(cudaMemcpy2DAsync(be->d_tables, (size_t)stride * sizeof(int32_t), be->host_tables.tables,
+                             (size_t)be->host_tables.stride * sizeof(int32_t),
+                             (size_t)be->host_tables.stride * sizeof(int32_t), (size_t)be->host_tables.n_seqs,
+                             cudaMemcpyHostToDevice, be->st));
+    }
+    int32_t *dst[5] = {be->d_token, be->d_pos, be->d_seq, be->d_slot, be->d_out};
+    for (int f = 0; f < 5; f++)
+        CK(cudaMemcpyAsync(dst[f], h + f * T, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
+
+    int32_t max_ctx = 1;
+    for (int32_t i = 0; i < b->n; i++)
+        if (b->pos[i] + 1 > max_ctx) max_ctx = b->pos[i] + 1;
+    if (graph) max_ctx = stride * be->kv.block_size; // geometry fixed per captured bucket
+    cud_attn_geometry geo;
+    if ((rc = cud_attn_plan(rows, be->n_head, be->hd, be->kv.block_size, max_ctx, be->n_sm, &geo))) return rc;
+    if ((rc = ensure_partitions(be, rows, geo))) return rc;
+
+    if (!graph) {
+        if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+    } else {
+        cudaGraphExec_t exec = nullptr;
+        for (int i = 0; i < be->n_graphs; i++)
+            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride)
+                exec = be->graphs[i].exec;
+        if (!exec) {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal));
+            rc = run_layers(be, rows, n_out, stride, geo);
+            cudaError_t ce = cudaStreamEndCapture(be->st, &g);
+            if (rc) return rc;
+            if (ce != cudaSuccess) return report("cudaStreamEndCapture", ce, __FILE__, __LINE__);
+            CK(cudaGraphInstantiate(&exec, g, 0));
+            cudaGraphDestroy(g);
+            if (be->n_graphs == MAX_GRAPHS) {
+                cudaGraphExecDestroy(be->graphs[0].exec);
+                memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
+                be->n_graphs--;
+            }
+            be->graphs[be->n_graphs++] = graph_entry{key, exec};
+        }
+        CK(cudaGraphLaunch(exec, be->st));
+    }
+    CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                       be->st));
+    CK(cudaStreamSynchronize(be->st));
+    return ENG_OK;
+}
+
+extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, int32_t delta) {
+    if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return ENG_ERR_INVALID;
+    if (n == 0 || delta == 0) return ENG_OK;
+    int32_t *d = nullptr;
+    CK(cudaMalloc((void **)&d, (size_t)n * sizeof(int32_t)));
+    cudaError_t e = cudaMemcpyAsync(d, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st);
+    if (e == cudaSuccess) e = cud_kv_rerotate(&be->kv, be->n_layer, d, n, delta, &be->rope, be->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
+    cudaFree(d);
+    if (e != cudaSuccess) return report("cud_kv_rerotate", e, __FILE__, __LINE__);
+    return ENG_OK;
+}
+
+extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k,
+                                   float *out) {
+    if (!data || !out || rows < 1 || k < 1) return ENG_ERR_INVALID;
+    int be = cud_type_block_elems(type), bb = cud_type_block_bytes(type);
+    if (!be || k % be) return ENG_ERR_UNSUPPORTED;
+    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return ENG_ERR_INVALID;
+    if (cud_available(nullptr, 0) < 1) return ENG_ERR_UNSUPPORTED;
+    void *d = nullptr;
+    float *y = nullptr;
+    CK(cudaMalloc(&d, nbytes));
+    cudaError_t e = cudaMalloc((void **)&y, (size_t)rows * (size_t)k * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(d, data, nbytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cud_dequant_f32(type, d, rows, k, y, 0);
+    if (e == cudaSuccess) e = cudaMemcpy(out, y, (size_t)rows * (size_t)k * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (y) cudaFree(y);
+    if (e != cudaSuccess) return report("cud_dequantize_host", e, __FILE__, __LINE__);
+    return ENG_OK;
+}

@@ -1,0 +1,585 @@
+// cud_kernels.cu: kernels of the CUDA backend. See cud_kernels.cuh.
+#include "cuda/cud_kernels.cuh"
+
+#include <cfloat>
+
+namespace {
+
+constexpr int WARP = 32;
+
+__device__ __forceinline__ float h2f(const uint8_t *p) {
+    uint16_t h = (uint16_t)p[0] | ((uint16_t)p[1] << 8);
+    return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Element e of one block of type T. Rounded operations keep the CPU engine's order and rounding.
+template <uint32_t T> __device__ __forceinline__ float deq(const uint8_t *b, int e);
+
+template <> __device__ __forceinline__ float deq<CUD_F32>(const uint8_t *b, int) {
+    float v;
+    memcpy(&v, b, 4);
+    return v;
+}
+template <> __device__ __forceinline__ float deq<CUD_F16>(const uint8_t *b, int) { return h2f(b); }
+template <> __device__ __forceinline__ float deq<CUD_BF16>(const uint8_t *b, int) {
+    uint32_t u = ((uint32_t)b[0] | ((uint32_t)b[1] << 8)) << 16;
+    return __uint_as_float(u);
+}
+template <> __device__ __forceinline__ float deq<CUD_Q8_0>(const uint8_t *b, int e) {
+    return __fmul_rn((float)(int8_t)b[2 + e], h2f(b));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q4_0>(const uint8_t *b, int e) {
+    int q = e < 16 ? (b[2 + e] & 0xF) : (b[2 + e - 16] >> 4);
+    return __fmul_rn((float)(q - 8), h2f(b));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q4_1>(const uint8_t *b, int e) {
+    int q = e < 16 ? (b[4 + e] & 0xF) : (b[4 + e - 16] >> 4);
+    return __fadd_rn(__fmul_rn((float)q, h2f(b)), h2f(b + 2));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q5_0>(const uint8_t *b, int e) {
+    uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    const uint8_t *qs = b + 6;
+    int x;
+    if (e < 16) x = ((qs[e] & 0xF) | (((qh >> e) << 4) & 0x10)) - 16;
+    else x = ((qs[e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10)) - 16;
+    return __fmul_rn((float)x, h2f(b));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q5_1>(const uint8_t *b, int e) {
+    uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
+    const uint8_t *qs = b + 8;
+    int x;
+    if (e < 16) x = (qs[e] & 0xF) | (((qh >> e) << 4) & 0x10);
+    else x = (qs[e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10);
+    return __fadd_rn(__fmul_rn((float)x, h2f(b)), h2f(b + 2));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q4_K>(const uint8_t *b, int e) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    int c = e / 64, w = e % 64, l = w % 32, is = 2 * c + (w >= 32);
+    int sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    uint8_t q = qs[32 * c + l];
+    int nib = w < 32 ? (q & 0xF) : (q >> 4);
+    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)nib), __fmul_rn(dmin, (float)m));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q5_K>(const uint8_t *b, int e) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    int c = e / 64, w = e % 64, l = w % 32, hi = w >= 32, is = 2 * c + hi;
+    int sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    uint8_t q = qs[32 * c + l];
+    int v = (hi ? (q >> 4) : (q & 0xF)) + (((qh[l] >> (2 * c + hi)) & 1) ? 16 : 0);
+    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)v), __fmul_rn(dmin, (float)m));
+}
+template <> __device__ __forceinline__ float deq<CUD_Q6_K>(const uint8_t *b, int e) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = h2f(b + 208);
+    int n = e / 128, r = e % 128, quarter = r / 32, l = r % 32, is = l / 16;
+    ql += 64 * n;
+    qh += 32 * n;
+    sc += 8 * n;
+    int q;
+    switch (quarter) {
+    case 0: q = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4); break;
+    case 1: q = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4); break;
+    case 2: q = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4); break;
+    default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
+    }
+    return __fmul_rn(__fmul_rn(d, (float)sc[is + 2 * quarter]), (float)(q - 32));
+}
+
+template <uint32_t T> struct blk;
+template <> struct blk<CUD_F32> { static constexpr int E = 1, B = 4; };
+template <> struct blk<CUD_F16> { static constexpr int E = 1, B = 2; };
+template <> struct blk<CUD_BF16> { static constexpr int E = 1, B = 2; };
+template <> struct blk<CUD_Q8_0> { static constexpr int E = 32, B = 34; };
+template <> struct blk<CUD_Q4_0> { static constexpr int E = 32, B = 18; };
+template <> struct blk<CUD_Q4_1> { static constexpr int E = 32, B = 20; };
+template <> struct blk<CUD_Q5_0> { static constexpr int E = 32, B = 22; };
+template <> struct blk<CUD_Q5_1> { static constexpr int E = 32, B = 24; };
+template <> struct blk<CUD_Q4_K> { static constexpr int E = 256, B = 144; };
+template <> struct blk<CUD_Q5_K> { static constexpr int E = 256, B = 176; };
+template <> struct blk<CUD_Q6_K> { static constexpr int E = 256, B = 210; };
+
+template <uint32_t T> __device__ __forceinline__ float deq_at(const uint8_t *row, int64_t i) {
+    return deq<T>(row + (i / blk<T>::E) * blk<T>::B, (int)(i % blk<T>::E));
+}
+
+template <uint32_t T, typename O>
+__global__ void k_dequant(const uint8_t *w, int64_t rows, int64_t k, O *y) {
+    int64_t row = blockIdx.y;
+    if (row >= rows) return;
+    const uint8_t *r = w + row * (k / blk<T>::E) * blk<T>::B;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = deq_at<T>(r, i);
+        if constexpr (sizeof(O) == 2) y[row * k + i] = __float2half_rn(v);
+        else y[row * k + i] = v;
+    }
+}
+
+template <uint32_t T>
+__global__ void k_get_rows(const uint8_t *table, int64_t k, const int32_t *ids, float *y) {
+    int r = blockIdx.y;
+    const uint8_t *row = table + (int64_t)ids[r] * (k / blk<T>::E) * blk<T>::B;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x)
+        y[(int64_t)r * k + i] = deq_at<T>(row, i);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+constexpr int MV_MAX_M = 8;
+
+// One warp per output row; each lane takes whole blocks, so a block's scales are read once per lane.
+template <uint32_t T>
+__global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int m, float *y) {
+    int64_t j = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (j >= n_out) return;
+    const int64_t nb = k / blk<T>::E;
+    const uint8_t *row = w + j * nb * blk<T>::B;
+    float acc[MV_MAX_M];
+#pragma unroll
+    for (int r = 0; r < MV_MAX_M; r++) acc[r] = 0.f;
+    if constexpr (blk<T>::E == 1) {
+        for (int64_t i = lane; i < k; i += WARP) {
+            float wv = deq<T>(row + i * blk<T>::B, 0);
+#pragma unroll
+            for (int r = 0; r < MV_MAX_M; r++)
+                if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+        }
+    } else {
+        for (int64_t b = lane; b < nb; b += WARP) {
+            const uint8_t *bp = row + b * blk<T>::B;
+            for (int e = 0; e < blk<T>::E; e++) {
+                float wv = deq<T>(bp, e);
+                int64_t i = b * blk<T>::E + e;
+#pragma unroll
+                for (int r = 0; r < MV_MAX_M; r++)
+                    if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MV_MAX_M; r++) {
+        if (r >= m) break;
+        float s = warp_sum(acc[r]);
+        if (lane == 0) y[(int64_t)r * n_out + j] = s;
+    }
+}
+
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    __shared__ float red[32];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    s = warp_sum(s);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = s;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float t = threadIdx.x < blockDim.x / WARP ? red[threadIdx.x] : 0.f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) red[0] = t;
+    }
+    __syncthreads();
+    float inv = rsqrtf(red[0] / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+// One warp per (row, head).
+__global__ void k_head_rmsnorm(float *x, const float *w, int total, int hd, float eps) {
+    int idx = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (idx >= total) return;
+    float *v = x + (int64_t)idx * hd;
+    float s = 0.f;
+    for (int i = lane; i < hd; i += WARP) s += v[i] * v[i];
+    s = warp_sum(s);
+    float inv = rsqrtf(s / (float)hd + eps);
+    for (int i = lane; i < hd; i += WARP) v[i] = v[i] * inv * w[i];
+}
+
+__global__ void k_add_bias(float *x, const float *b, int64_t total, int n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += b[i % n];
+}
+__global__ void k_add(float *x, const float *y, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+__global__ void k_swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i];
+        g[i] = a / (1.f + expf(-a)) * u[i];
+    }
+}
+__global__ void k_f32_to_f16(const float *x, __half *y, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2half_rn(x[i]);
+}
+
+__device__ __forceinline__ void rope_pair(float *a, float *b, float angle) {
+    float c, s;
+    sincosf(angle, &s, &c);
+    float x0 = *a, x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x0 * s + x1 * c;
+}
+
+__device__ __forceinline__ float rope_theta(int i, const cud_rope_params &rp) {
+    float t = rp.freq_scale * powf(rp.freq_base, -2.f * (float)i / (float)rp.n_rot);
+    if (rp.freq_factors) t /= rp.freq_factors[i];
+    return t;
+}
+
+// grid: (rows * n_heads), threads: n_rot / 2 pairs
+__global__ void k_rope(float *x, const int32_t *pos, int n_heads, cud_rope_params rp) {
+    int rh = blockIdx.x;
+    int r = rh / n_heads;
+    float *v = x + (int64_t)rh * rp.head_dim;
+    for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
+        float angle = (float)pos[r] * rope_theta(i, rp);
+        if (rp.neox) rope_pair(&v[i], &v[i + rp.n_rot / 2], angle);
+        else rope_pair(&v[2 * i], &v[2 * i + 1], angle);
+    }
+}
+
+__device__ __forceinline__ char *kv_row(const cud_kv_view &kv, int layer, int which, int32_t slot, int head) {
+    int32_t block = slot / kv.block_size, off = slot % kv.block_size;
+    return (char *)kv.base + (size_t)(2 * layer + which) * kv.layer_bytes + (size_t)block * kv.block_stride +
+           (size_t)head * kv.head_stride + (size_t)off * kv.row_bytes;
+}
+
+__device__ __forceinline__ float kv_load(const char *row, int d, bool f16) {
+    if (f16) return __half2float(((const __half *)row)[d]);
+    return ((const float *)row)[d];
+}
+
+// grid: rows, threads: any; writes every kv head's K and V row.
+__global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const float *v, const int32_t *slot) {
+    int r = blockIdx.x;
+    int32_t s = slot[r];
+    if (s < 0) return;
+    int width = kv.n_kv_head * kv.head_dim;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        int h = i / kv.head_dim, d = i % kv.head_dim;
+        char *kr = kv_row(kv, layer, 0, s, h), *vr = kv_row(kv, layer, 1, s, h);
+        float kval = k[(int64_t)r * width + i], vval = v[(int64_t)r * width + i];
+        if (kv.f16) {
+            ((__half *)kr)[d] = __float2half_rn(kval);
+            ((__half *)vr)[d] = __float2half_rn(vval);
+        } else {
+            ((float *)kr)[d] = kval;
+            ((float *)vr)[d] = vval;
+        }
+    }
+}
+
+// grid: (n slots, n_layer * n_kv_head), threads: n_rot / 2
+__global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, int32_t delta, cud_rope_params rp) {
+    int32_t s = slots[blockIdx.x];
+    int layer = blockIdx.y / kv.n_kv_head, h = blockIdx.y % kv.n_kv_head;
+    char *row = kv_row(kv, layer, 0, s, h);
+    for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
+        int a = rp.neox ? i : 2 * i, b = rp.neox ? i + rp.n_rot / 2 : 2 * i + 1;
+        float x0 = kv_load(row, a, kv.f16), x1 = kv_load(row, b, kv.f16);
+        rope_pair(&x0, &x1, (float)delta * rope_theta(i, rp));
+        if (kv.f16) {
+            ((__half *)row)[a] = __float2half_rn(x0);
+            ((__half *)row)[b] = __float2half_rn(x1);
+        } else {
+            ((float *)row)[a] = x0;
+            ((float *)row)[b] = x1;
+        }
+    }
+}
+
+constexpr int ATT_WARPS = 4;
+constexpr int ATT_MAX_PER_LANE = 8; // head_dim <= 256
+
+// grid: (n_head, rows, partitions), block: ATT_WARPS warps. Each warp walks tokens of the partition with an
+// online softmax; warps are merged at the end; partitions are merged by k_attn_reduce.
+__global__ void k_paged_attention(cud_kv_view kv, int layer, cud_attn_args a) {
+    const int h = blockIdx.x, r = blockIdx.y, part = blockIdx.z;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int hd = a.hd, per_lane = (hd + WARP - 1) / WARP;
+    const int kvh = h / (a.n_head / a.n_kv_head);
+    const int32_t seq = a.seq_index[r];
+    const int32_t n_ctx = a.pos[r] + 1;
+    const int32_t t0 = part * a.partition_tokens;
+    const int32_t t1 = min(n_ctx, t0 + a.partition_tokens);
+    const int32_t *table = a.tables + (int64_t)seq * a.stride;
+    const float *q = a.q + ((int64_t)r * a.n_head + h) * hd;
+
+    float qv[ATT_MAX_PER_LANE], acc[ATT_MAX_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+        int d = lane + i * WARP;
+        qv[i] = (i < per_lane && d < hd) ? q[d] * a.scale : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = -FLT_MAX, l = 0.f;
+    for (int32_t t = t0 + warp; t < t1; t += ATT_WARPS) {
+        int32_t block = table[t / kv.block_size];
+        int32_t slot = block * kv.block_size + t % kv.block_size;
+        const char *krow = kv_row(kv, layer, 0, slot, kvh);
+        const char *vrow = kv_row(kv, layer, 1, slot, kvh);
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+            int d = lane + i * WARP;
+            if (i < per_lane && d < hd) s += qv[i] * kv_load(krow, d, kv.f16);
+        }
+        s = warp_sum(s);
+        float m_new = fmaxf(m, s);
+        float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+            int d = lane + i * WARP;
+            if (i < per_lane && d < hd) acc[i] = acc[i] * corr + p * kv_load(vrow, d, kv.f16);
+        }
+        m = m_new;
+    }
+    // Merge the warps: shared (m, l) per warp and acc per warp.
+    extern __shared__ float sh[]; // [ATT_WARPS][2] + [ATT_WARPS][hd]
+    float *sml = sh, *sacc = sh + 2 * ATT_WARPS;
+    if (lane == 0) {
+        sml[2 * warp] = m;
+        sml[2 * warp + 1] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+        int d = lane + i * WARP;
+        if (i < per_lane && d < hd) sacc[warp * hd + d] = acc[i];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float M = -FLT_MAX;
+    for (int w = 0; w < ATT_WARPS; w++)
+        if (sml[2 * w + 1] > 0.f) M = fmaxf(M, sml[2 * w]);
+    float L = 0.f;
+    float wsc[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        wsc[w] = sml[2 * w + 1] > 0.f ? expf(sml[2 * w] - M) : 0.f;
+        L += sml[2 * w + 1] * wsc[w];
+    }
+    for (int i = 0; i < per_lane; i++) {
+        int d = lane + i * WARP;
+        if (d >= hd) break;
+        float o = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) o += sacc[w * hd + d] * wsc[w];
+        if (a.partitions == 1) {
+            a.out[((int64_t)r * a.n_head + h) * hd + d] = L > 0.f ? o / L : 0.f;
+        } else {
+            a.part_acc[(((int64_t)r * a.n_head + h) * a.partitions + part) * hd + d] = o;
+        }
+    }
+    if (a.partitions > 1 && lane == 0) {
+        float *ml = a.part_ml + (((int64_t)r * a.n_head + h) * a.partitions + part) * 2;
+        ml[0] = M;
+        ml[1] = L;
+    }
+}
+
+// grid: (n_head, rows), threads: hd (<= 256)
+__global__ void k_attn_reduce(cud_attn_args a) {
+    const int h = blockIdx.x, r = blockIdx.y, d = threadIdx.x;
+    if (d >= a.hd) return;
+    const int64_t base = ((int64_t)r * a.n_head + h) * a.partitions;
+    const int n_ctx = a.pos[r] + 1;
+    const int used = (n_ctx + a.partition_tokens - 1) / a.partition_tokens;
+    float M = -FLT_MAX;
+    for (int p = 0; p < used; p++)
+        if (a.part_ml[(base + p) * 2 + 1] > 0.f) M = fmaxf(M, a.part_ml[(base + p) * 2]);
+    float L = 0.f, o = 0.f;
+    for (int p = 0; p < used; p++) {
+        float lp = a.part_ml[(base + p) * 2 + 1];
+        if (lp <= 0.f) continue;
+        float w = expf(a.part_ml[(base + p) * 2] - M);
+        L += lp * w;
+        o += a.part_acc[(base + p) * a.hd + d] * w;
+    }
+    a.out[((int64_t)r * a.n_head + h) * a.hd + d] = L > 0.f ? o / L : 0.f;
+}
+
+// grid: n_out rows; y[i][:] = x[rows[i]][:]
+__global__ void k_gather_rows(const float *x, int64_t n, const int32_t *rows, float *y) {
+    const float *src = x + (int64_t)rows[blockIdx.x] * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[(int64_t)blockIdx.x * n + i] = src[i];
+}
+
+int grid_for(int64_t n, int threads) {
+    int64_t g = (n + threads - 1) / threads;
+    return (int)(g < 65535 ? (g < 1 ? 1 : g) : 65535);
+}
+
+} // namespace
+
+int cud_type_block_elems(uint32_t type) {
+    switch (type) {
+    case CUD_F32: case CUD_F16: case CUD_BF16: return 1;
+    case CUD_Q8_0: case CUD_Q4_0: case CUD_Q4_1: case CUD_Q5_0: case CUD_Q5_1: return 32;
+    case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+int cud_type_block_bytes(uint32_t type) {
+    switch (type) {
+    case CUD_F32: return 4;
+    case CUD_F16: case CUD_BF16: return 2;
+    case CUD_Q8_0: return 34;
+    case CUD_Q4_0: return 18;
+    case CUD_Q4_1: return 20;
+    case CUD_Q5_0: return 22;
+    case CUD_Q5_1: return 24;
+    case CUD_Q4_K: return 144;
+    case CUD_Q5_K: return 176;
+    case CUD_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+// Calls F.template operator()<T>() for the runtime type id; returns cudaErrorInvalidValue for unknown types.
+template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
+    switch (type) {
+    case CUD_F32: f.template operator()<CUD_F32>(); break;
+    case CUD_F16: f.template operator()<CUD_F16>(); break;
+    case CUD_BF16: f.template operator()<CUD_BF16>(); break;
+    case CUD_Q8_0: f.template operator()<CUD_Q8_0>(); break;
+    case CUD_Q4_0: f.template operator()<CUD_Q4_0>(); break;
+    case CUD_Q4_1: f.template operator()<CUD_Q4_1>(); break;
+    case CUD_Q5_0: f.template operator()<CUD_Q5_0>(); break;
+    case CUD_Q5_1: f.template operator()<CUD_Q5_1>(); break;
+    case CUD_Q4_K: f.template operator()<CUD_Q4_K>(); break;
+    case CUD_Q5_K: f.template operator()<CUD_Q5_K>(); break;
+    case CUD_Q6_K: f.template operator()<CUD_Q6_K>(); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t cud_dequant_f32(uint32_t type, const void *w, int64_t rows, int64_t k, float *y, cudaStream_t st) {
+    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    return dispatch(type, [&]<uint32_t T>() {
+        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        k_dequant<T, float><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
+    });
+}
+
+cudaError_t cud_dequant_f16(uint32_t type, const void *w, int64_t rows, int64_t k, __half *y, cudaStream_t st) {
+    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    return dispatch(type, [&]<uint32_t T>() {
+        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        k_dequant<T, __half><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
+    });
+}
+
+cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int32_t *ids, int32_t n, float *y,
+                         cudaStream_t st) {
+    if (n < 1) return cudaSuccess;
+    return dispatch(type, [&]<uint32_t T>() {
+        dim3 grid(grid_for(k, 256), (unsigned)n);
+        k_get_rows<T><<<grid, 256, 0, st>>>((const uint8_t *)table, k, ids, y);
+    });
+}
+
+cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, const float *x, int32_t m,
+                       float *y, cudaStream_t st) {
+    if (m < 1 || m > MV_MAX_M) return cudaErrorInvalidValue;
+    return dispatch(type, [&]<uint32_t T>() {
+        const int warps = 8;
+        k_matvec<T><<<(unsigned)((n_out + warps - 1) / warps), warps * WARP, 0, st>>>(
+            (const uint8_t *)w, n_out, k, x, m, y);
+    });
+}
+
+cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
+                        cudaStream_t st) {
+    k_rmsnorm<<<rows, 256, 0, st>>>(x, w, y, n, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_head_rmsnorm(float *x, const float *w, int32_t rows, int32_t n_heads, int32_t hd, float eps,
+                             cudaStream_t st) {
+    int total = rows * n_heads, warps = 8;
+    k_head_rmsnorm<<<(total + warps - 1) / warps, warps * WARP, 0, st>>>(x, w, total, hd, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_add_bias(float *x, const float *b, int32_t rows, int32_t n, cudaStream_t st) {
+    int64_t total = (int64_t)rows * n;
+    k_add_bias<<<grid_for(total, 256), 256, 0, st>>>(x, b, total, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_add(float *x, const float *y, int64_t n, cudaStream_t st) {
+    k_add<<<grid_for(n, 256), 256, 0, st>>>(x, y, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_swiglu(float *g, const float *u, int64_t n, cudaStream_t st) {
+    k_swiglu<<<grid_for(n, 256), 256, 0, st>>>(g, u, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_f32_to_f16(const float *x, __half *y, int64_t n, cudaStream_t st) {
+    k_f32_to_f16<<<grid_for(n, 256), 256, 0, st>>>(x, y, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_rope(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
+                     cudaStream_t st) {
+    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
+    k_rope<<<rows * n_heads, threads, 0, st>>>(x, pos, n_heads, *rp);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_kv_store(const cud_kv_view *kv, int32_t layer, const float *k, const float *v,
+                         const int32_t *slot, int32_t rows, cudaStream_t st) {
+    k_kv_store<<<rows, 128, 0, st>>>(*kv, layer, k, v, slot);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_kv_rerotate(const cud_kv_view *kv, int32_t n_layer, const int32_t *slots, int32_t n,
+                            int32_t delta, const cud_rope_params *rp, cudaStream_t st) {
+    if (n < 1) return cudaSuccess;
+    dim3 grid((unsigned)n, (unsigned)(n_layer * kv->n_kv_head));
+    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
+    k_kv_rerotate<<<grid, threads, 0, st>>>(*kv, slots, delta, *rp);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_paged_attention(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st) {
+    if (a->hd > ATT_MAX_PER_LANE * WARP || a->n_head % a->n_kv_head != 0) return cudaErrorInvalidValue;
+    dim3 grid((unsigned)a->n_head, (unsigned)a->rows, (unsigned)a->partitions);
+    size_t shmem = (size_t)(2 * ATT_WARPS + ATT_WARPS * a->hd) * sizeof(float);
+    k_paged_attention<<<grid, ATT_WARPS * WARP, shmem, st>>>(*kv, layer, *a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || a->partitions == 1) return e;
+    k_attn_reduce<<<dim3((unsigned)a->n_head, (unsigned)a->rows), (unsigned)a->hd, 0, st>>>(*a);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_gather_rows(const float *x, int64_t n, const int32_t *rows, int32_t n_rows, float *y,
+                            cudaStream_t st) {
+    if (n_rows < 1) return cudaSuccess;
+    k_gather_rows<<<n_rows, 256, 0, st>>>(x, n, rows, y);
+    return cudaGetLastError();
+}

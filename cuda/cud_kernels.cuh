@@ -1,0 +1,92 @@
+// cud_kernels.cuh: the CUDA backend's kernels and their launchers (internal to the cuda module).
+// Formats follow ggml's block layouts; dequantization uses explicitly rounded operations (__fmul_rn,
+// __fadd_rn, __fsub_rn) in the same order as the CPU engine, so values are bit-identical to it.
+#ifndef KVSERVE_CUD_KERNELS_CUH
+#define KVSERVE_CUD_KERNELS_CUH
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+
+// ggml type ids (engine/quant.h).
+enum : uint32_t {
+    CUD_F32 = 0, CUD_F16 = 1, CUD_Q4_0 = 2, CUD_Q4_1 = 3, CUD_Q5_0 = 6, CUD_Q5_1 = 7, CUD_Q8_0 = 8,
+    CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,
+};
+
+// Values per block and bytes per block of a type; 0 for types the kernels lack.
+int cud_type_block_elems(uint32_t type);
+int cud_type_block_bytes(uint32_t type);
+
+// y[r][j] for rows [0, rows) of a [rows][k] matrix in type -> f32 or f16 output.
+cudaError_t cud_dequant_f32(uint32_t type, const void *w, int64_t rows, int64_t k, float *y, cudaStream_t st);
+cudaError_t cud_dequant_f16(uint32_t type, const void *w, int64_t rows, int64_t k, __half *y, cudaStream_t st);
+
+// Embedding rows: y[i][:] = dequant(table row ids[i]), table [n_vocab][k] in type.
+cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int32_t *ids, int32_t n, float *y,
+                         cudaStream_t st);
+
+// y[r][j] = sum_i W[j][i] * x[r][i] for r < m (small m: one warp per output row, weights read once).
+cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, const float *x, int32_t m,
+                       float *y, cudaStream_t st);
+
+// Elementwise and normalization.
+cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
+                        cudaStream_t st);
+// Per-head RMSNorm over head_dim (qwen3 q/k norms): x [rows][n_heads][hd] in place.
+cudaError_t cud_head_rmsnorm(float *x, const float *w, int32_t rows, int32_t n_heads, int32_t hd, float eps,
+                             cudaStream_t st);
+cudaError_t cud_add_bias(float *x, const float *b, int32_t rows, int32_t n, cudaStream_t st);
+cudaError_t cud_add(float *x, const float *y, int64_t n, cudaStream_t st);
+// g[i] = silu(g[i]) * u[i]
+cudaError_t cud_swiglu(float *g, const float *u, int64_t n, cudaStream_t st);
+// y[i][:] = x[rows[i]][:] for i < n_rows; rows of n floats.
+cudaError_t cud_gather_rows(const float *x, int64_t n, const int32_t *rows, int32_t n_rows, float *y,
+                            cudaStream_t st);
+cudaError_t cud_f32_to_f16(const float *x, __half *y, int64_t n, cudaStream_t st);
+
+typedef struct cud_rope_params {
+    int32_t n_rot, head_dim;
+    float freq_base, freq_scale;
+    const float *freq_factors; // [n_rot/2] or nullptr
+    bool neox;
+} cud_rope_params;
+
+// Rotates x [rows][n_heads][head_dim] in place for positions pos[rows].
+cudaError_t cud_rope(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
+                     cudaStream_t st);
+
+typedef struct cud_kv_view {
+    void *base;            // storage base (kvc_layout.base)
+    size_t layer_bytes, block_stride, head_stride, row_bytes;
+    int32_t block_size, n_kv_head, head_dim;
+    bool f16;              // else f32
+} cud_kv_view;
+
+// Writes k, v [rows][n_kv*hd] of layer into the cache at slot[rows] (slot < 0: skipped, padding rows).
+cudaError_t cud_kv_store(const cud_kv_view *kv, int32_t layer, const float *k, const float *v,
+                         const int32_t *slot, int32_t rows, cudaStream_t st);
+
+// Re-rotates the cached keys at slots[n] by delta positions, in every layer.
+cudaError_t cud_kv_rerotate(const cud_kv_view *kv, int32_t n_layer, const int32_t *slots, int32_t n,
+                            int32_t delta, const cud_rope_params *rp, cudaStream_t st);
+
+typedef struct cud_attn_args {
+    const float *q;            // [rows][n_head][hd]
+    float *out;                // [rows][n_head][hd]
+    const int32_t *pos;        // [rows]  a row attends to positions 0..pos of its sequence
+    const int32_t *seq_index;  // [rows]
+    const int32_t *tables;     // [n_seqs][stride]
+    int32_t stride;
+    int32_t rows, n_head, n_kv_head, hd;
+    int32_t partition_tokens, partitions; // split over the context (see cud_attn_plan)
+    float *part_acc;           // [rows][n_head][partitions][hd]   (partitions > 1)
+    float *part_ml;            // [rows][n_head][partitions][2]    running max, sum
+    float scale;
+} cud_attn_args;
+
+// Paged attention over the block tables, one layer; rows may be decode tokens or prefill chunks of many
+// sequences (causality from pos: the chunk's earlier rows are already in the cache).
+cudaError_t cud_paged_attention(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st);
+
+#endif
