@@ -1022,6 +1022,19 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *be) {
     else { memset(&api->be, 0, sizeof api->be); api->has_backend = false; }
 }
 
+int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab) {
+    if (!api) return SRV_API_ERR_INVALID;
+    if (model_id) {
+        char *id = strdup(model_id);
+        if (!id) return SRV_API_ERR_NOMEM;
+        free(api->model_id);
+        api->model_id = id;
+    }
+    api->n_ctx = n_ctx;
+    api->limits.n_vocab = n_vocab;
+    return SRV_API_OK;
+}
+
 int32_t srv_api_in_flight(const srv_api *api) { return api ? api->n_calls : 0; }
 
 void srv_api_cancel_all(srv_api *api) {

@@ -125,6 +125,9 @@ typedef struct srv_api srv_api;
 int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **out);
 void srv_api_free(srv_api *api);
 void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
+/* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
+ * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
+int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
 /* The srv_http handler (ud = the srv_api). */
 void srv_api_handle(void *ud, srv_http_req *req);
 /* Requests still generating. */

@@ -23,6 +23,7 @@ static int cmd_version(int argc, char **argv) {
 static const kvs_command commands[] = {
     /* KVS_COMMANDS: one line per subcommand, alphabetical */
     {"mkmodel", kvs_cmd_mkmodel, "write a deterministic random-weight GGUF model"},
+    {"serve", kvs_cmd_serve, "run the HTTP server (default)"},
     {"version", cmd_version, "print the version"},
 };
 
