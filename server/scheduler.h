@@ -1,0 +1,267 @@
+/*
+ * scheduler.h: kvserve's continuous-batching scheduler (prefix srv_sched_).
+ *
+ * Threads
+ *   A dedicated scheduler thread owns the engine (through srv_engine_ops: eng_ctx and its kvc_cache). The
+ *   libuv loop thread (the thread that runs the uv_loop_t given to srv_sched_create) submits and cancels
+ *   requests. Results travel back through a mutex-protected event queue and a uv_async_t that the scheduler
+ *   creates on that loop; the loop thread drains the queue and calls each request's callback ON THE LOOP
+ *   THREAD. srv_sched_submit, srv_sched_cancel and srv_sched_free must be called on the loop thread;
+ *   srv_sched_get_stats may be called from any thread.
+ *
+ * Steps
+ *   Each step builds one ragged eng_batch: first the next decode token of every running choice, then chunks
+ *   of prompts (new requests, and preempted ones that recompute), in FCFS order, until the step's token
+ *   budget (batch_tokens) is spent. A long prompt is split across steps (chunked prefill). Logits are asked
+ *   only for decode tokens and for the last prompt token. At most `parallel` sequences (choices) are
+ *   admitted at once.
+ *
+ * Prefix sharing
+ *   - Automatic prefix caching: a new request attaches the cached full blocks of its prompt
+ *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens.
+ *   - n > 1: the prompt is prefilled once in choice 0's sequence, then copied (kvc_copy_prefix) into n - 1
+ *     more sequences; every choice samples independently from the same last-prompt-token logits with its own
+ *     sampler (choice i uses seed + i).
+ *   - A waiting request whose prompt shares at least one full block with a request that is still
+ *     prefilling waits until those blocks are committed and then attaches them, instead of prefilling them
+ *     a second time.
+ *
+ * Admission
+ *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its
+ *   whole known context (+1 token per choice) fits the blocks that are available (free + cached) minus what
+ *   the running requests still need to reach their known length (+1 token per choice); prefix blocks that a
+ *   running sequence holds are credited. FCFS: when the head must wait, nobody behind it is admitted.
+ *
+ * KV pool exhaustion
+ *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the latest-arrived running
+ *   request is preempted: its sequences are freed and it goes back to the waiting queue at its FCFS place
+ *   (ahead of every later arrival); later it recomputes prompt + already generated tokens (prefix caching
+ *   usually makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees
+ *   no difference. A preempted request is not chosen again before it has generated at least one new token
+ *   (no thrash); only when every running request is in that state is the latest one preempted anyway
+ *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
+ *   system always progresses. A request whose prompt cannot fit even alone finishes with
+ *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
+ *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
+ *
+ * Events and lifetimes
+ *   For every accepted request the callback receives, on the loop thread, in this order:
+ *     - per choice, zero or more SRV_SCHED_EV_DELTA events (new text and the sampled tokens),
+ *     - per choice, exactly one SRV_SCHED_EV_CHOICE_END (its finish reason; may carry the last text),
+ *     - exactly one SRV_SCHED_EV_DONE (usage and timings). Nothing follows DONE: the request's memory
+ *       is released after the callback returns, so the caller may free `user` inside the DONE callback.
+ *   Events of different choices may interleave; events of one choice are in order.
+ *   Event pointers (text, samples, error) are valid only during the callback.
+ *
+ * Cancellation
+ *   srv_sched_cancel takes effect within one step: the request's sequences are freed (its blocks return to
+ *   the pool or the prefix cache) and no more DELTA events are delivered after srv_sched_cancel returns.
+ *   Choices that had not finished get a CHOICE_END with SRV_SCHED_FINISH_CANCELLED, then DONE follows.
+ *   (So the caller can always release its per-request state in DONE.)
+ *
+ * Errors: functions return 0 (SRV_SCHED_OK) or a negative SRV_SCHED_ERR_* code.
+ */
+#ifndef KVSERVE_SERVER_SCHEDULER_H
+#define KVSERVE_SERVER_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include <uv.h>
+
+#include "cache/kv_cache.h"
+#include "engine/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    SRV_SCHED_OK = 0,
+    SRV_SCHED_ERR_INVALID = -1,    /* an argument is out of range (empty prompt, n < 1, NULL callback ...) */
+    SRV_SCHED_ERR_NOMEM = -2,      /* an allocation failed */
+    SRV_SCHED_ERR_QUEUE_FULL = -3, /* the waiting queue holds max_queue requests: answer 503 + Retry-After */
+    SRV_SCHED_ERR_NOT_FOUND = -4,  /* no live request has that id (already done, or never existed) */
+    SRV_SCHED_ERR_STOPPED = -5,    /* the scheduler is shutting down */
+    SRV_SCHED_ERR_THREAD = -6,     /* a thread, mutex or uv handle could not be created */
+    SRV_SCHED_ERR_TOO_LONG = -7,   /* prompt longer than n_ctx (the API layer answers 400) */
+};
+
+/* Static text for an SRV_SCHED_* code (never NULL). */
+const char *srv_sched_strerror(int err);
+
+/* ---- the engine, abstracted ------------------------------------------------------------------------------
+ * Everything the scheduler needs from the engine, so that tests can run it over a mock. Every function is
+ * called only from the scheduler thread (the cache() result is used only there, and by
+ * srv_sched_get_stats through kvc_get_stats, which the cache allows from any thread). `ctx` is passed
+ * through. Samplers are opaque void * (the real implementation passes eng_sampler *). srv_sched_create
+ * calls token_is_eog for every token id once (to know which tokens ignore_eos bans), and srv_sched_free
+ * calls sampler_free / cache functions on the loop thread after the scheduler thread has ended. */
+typedef struct srv_engine_ops {
+    void *ctx;
+    int32_t n_vocab;
+    /* The KV cache the engine's forward pass uses. */
+    kvc_cache *(*cache)(void *ctx);
+    /* Runs one ragged batch; returns ENG_OK, ENG_ERR_KV_FULL (nothing changed: the scheduler preempts and
+     * retries) or another ENG_ERR_* (the scheduler fails every request in the batch with that error). */
+    int (*decode)(void *ctx, const eng_batch *batch);
+    /* Logits [n_vocab] of batch entry i of the last decode (i wanted logits); the scheduler may modify them. */
+    float *(*get_logits)(void *ctx, int32_t i);
+    /* Whether token ends generation. */
+    bool (*token_is_eog)(void *ctx, int32_t token);
+    /* Streaming detokenization (eng_detok_push / eng_detok_flush semantics: complete UTF-8 only). They
+     * return ENG_ERR_TOO_LARGE with the needed size in *n_out when cap is too small. */
+    int (*detok_push)(void *ctx, eng_detok *d, int32_t token, char *buf, size_t cap, size_t *n_out);
+    int (*detok_flush)(void *ctx, eng_detok *d, char *buf, size_t cap, size_t *n_out);
+    /* Samplers (eng_sampler_create / _free / _sample semantics). */
+    int (*sampler_create)(void *ctx, const eng_sampling_params *params, void **out);
+    void (*sampler_free)(void *ctx, void *sampler);
+    int (*sampler_sample)(void *ctx, void *sampler, float *logits, eng_sample *out);
+} srv_engine_ops;
+
+/* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
+ * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. out->ctx is a small
+ * allocation: release it with srv_engine_ops_release after srv_sched_free. model and ctx must outlive the
+ * scheduler. Returns SRV_SCHED_OK, SRV_SCHED_ERR_INVALID (NULL arguments) or SRV_SCHED_ERR_NOMEM. */
+int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ctx);
+void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
+
+/* ---- parameters ------------------------------------------------------------------------------------------- */
+typedef struct srv_sched_params {
+    int32_t batch_tokens; /* token budget of one step (decode tokens + prompt chunks), default 512; must not
+                             exceed the engine's max_batch_tokens */
+    int32_t parallel;     /* most sequences (choices) running at once, default 64; must not exceed the
+                             cache's max_seqs (the engine context's max_seqs) */
+    int32_t max_queue;    /* most waiting (not yet admitted) requests, default 256; submit beyond it
+                             returns SRV_SCHED_ERR_QUEUE_FULL */
+    int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
+                             "length". 0: unlimited (the cache's own max_seq_len still applies) */
+} srv_sched_params;
+
+void srv_sched_params_default(srv_sched_params *p);
+
+/* ---- requests --------------------------------------------------------------------------------------------- */
+typedef enum {
+    SRV_SCHED_FINISH_NONE = 0,   /* not finished (DELTA events) */
+    SRV_SCHED_FINISH_STOP,       /* an end-of-generation token or a stop string */
+    SRV_SCHED_FINISH_LENGTH,     /* max_tokens or n_ctx reached */
+    SRV_SCHED_FINISH_CANCELLED,  /* srv_sched_cancel or srv_sched_free */
+    SRV_SCHED_FINISH_ERROR,      /* see the event's error message */
+} srv_sched_finish;
+
+/* "stop", "length", "cancelled", "error" ("" for NONE). */
+const char *srv_sched_finish_name(srv_sched_finish f);
+
+typedef enum {
+    SRV_SCHED_EV_DELTA = 1,      /* a choice produced tokens (text may be empty: held back) */
+    SRV_SCHED_EV_CHOICE_END = 2, /* a choice finished (text: the last text, may be empty) */
+    SRV_SCHED_EV_DONE = 3,       /* the whole request finished: usage + timings; the last event */
+} srv_sched_event_type;
+
+typedef struct srv_sched_usage {
+    int32_t prompt_tokens;     /* the prompt's length */
+    int32_t completion_tokens; /* tokens sampled over all choices (an EOG token that ended a choice counts) */
+    int32_t cached_tokens;     /* prompt tokens attached from the prefix cache instead of computed, at the
+                                  request's first admission (blocks committed by a concurrent request with
+                                  the same prefix count too); a multiple of the block size, < prompt_tokens */
+} srv_sched_usage;
+
+/* Timestamps are uv_hrtime() nanoseconds (monotonic); 0 when the moment never happened. */
+typedef struct srv_sched_timings {
+    uint64_t t_submit;        /* srv_sched_submit */
+    uint64_t t_start;         /* first admitted into a step (queue time = t_start - t_submit) */
+    uint64_t t_first_token;   /* first token sampled (TTFT = t_first_token - t_submit) */
+    uint64_t t_end;           /* the last choice finished (e2e = t_end - t_submit) */
+    int32_t n_prompt_computed;/* prompt (and recomputed) tokens this request put through decode */
+    int32_t n_preempted;      /* times this request was preempted */
+} srv_sched_timings;
+
+typedef struct srv_sched_event {
+    srv_sched_event_type type;
+    uint64_t id;              /* the request id submit returned */
+    int32_t choice;           /* 0 .. n-1 (DELTA, CHOICE_END); -1 for DONE */
+    const char *text;         /* new UTF-8 text (DELTA, CHOICE_END), stop strings already cut; not NUL-
+                                 terminated; NULL when text_len == 0 */
+    size_t text_len;
+    const eng_sample *samples;/* DELTA: the tokens sampled for this choice since its last event, with logprob
+                                 and the top-N (sampling.n_top_logprobs); an EOG token that ended the choice
+                                 is not included (it has no text) but counts in usage.completion_tokens;
+                                 CHOICE_END: none */
+    int32_t n_samples;
+    uint64_t t;               /* uv_hrtime() when the step that produced this event ended (ITL source) */
+    srv_sched_finish finish;  /* CHOICE_END: the reason; DONE: the request's overall reason (ERROR if any
+                                 choice failed, else CANCELLED if any was cancelled, else LENGTH if any
+                                 reached its length, else STOP) */
+    const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
+    srv_sched_usage usage;    /* DONE */
+    srv_sched_timings timings;/* DONE */
+} srv_sched_event;
+
+/* Called on the loop thread. Must not call srv_sched_free; may call srv_sched_submit / srv_sched_cancel. */
+typedef void (*srv_sched_event_cb)(const srv_sched_event *ev, void *user);
+
+typedef struct srv_sched_request {
+    const int32_t *prompt;    /* prompt token ids (copied), n_prompt >= 1 */
+    int32_t n_prompt;
+    int32_t n;                /* choices, 1 .. parallel */
+    int32_t max_tokens;       /* per choice; <= 0: until n_ctx / the cache's max_seq_len */
+    eng_sampling_params sampling; /* copied (logit_bias deep-copied); choice i uses seed + i */
+    const char *const *stop;  /* stop strings (copied; empty strings ignored) */
+    size_t n_stop;
+    bool ignore_eos;          /* EOG tokens are banned (logit -inf) and never end the choice */
+    srv_sched_event_cb cb;    /* required */
+    void *user;               /* passed to cb */
+} srv_sched_request;
+
+/* ---- the scheduler ---------------------------------------------------------------------------------------- */
+typedef struct srv_sched srv_sched;
+
+/* Creates the scheduler: copies *ops, creates a uv_async_t on loop (so call it on the loop thread) and
+ * starts the scheduler thread. The engine must not be used by anyone else until srv_sched_free.
+ * Errors: SRV_SCHED_ERR_INVALID (NULL or out-of-range params/ops), SRV_SCHED_ERR_NOMEM, SRV_SCHED_ERR_THREAD. */
+int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, uv_loop_t *loop,
+                     srv_sched **out);
+
+/* Stops the thread, finishes every outstanding request as CANCELLED (their CHOICE_END and DONE callbacks run
+ * inside this call), frees the scheduler and uv_close()s its async handle (whose memory is released in the
+ * close callback: run the loop once more before uv_loop_close). NULL is a no-op. Loop thread only. */
+void srv_sched_free(srv_sched *s);
+
+/* Queues a request (everything is copied; req may be freed on return) and writes its id (> 0) to *id.
+ * Errors: SRV_SCHED_ERR_INVALID, SRV_SCHED_ERR_TOO_LONG (n_prompt >= n_ctx), SRV_SCHED_ERR_QUEUE_FULL,
+ * SRV_SCHED_ERR_NOMEM, SRV_SCHED_ERR_STOPPED. On error no callback is ever made. Loop thread only. */
+int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id);
+
+/* Cancels a request (client disconnect, abort): see "Cancellation" above. SRV_SCHED_ERR_NOT_FOUND when the
+ * request already ended (its DONE was delivered or is queued) or never existed. Loop thread only. */
+int srv_sched_cancel(srv_sched *s, uint64_t id);
+
+/* Raw numbers for logs and /metrics; any thread (a consistent snapshot taken under a mutex, refreshed at
+ * every step and every submit). Histograms are fed by the caller from the DONE/DELTA events' timings. */
+typedef struct srv_sched_stats {
+    int32_t requests_running;     /* admitted requests (prefilling or decoding) */
+    int32_t requests_waiting;     /* queued, not admitted (including preempted ones) */
+    int32_t seqs_running;         /* sequences in use by running choices */
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
+    double kv_usage;              /* used / total */
+    uint64_t prefix_query_tokens; /* kvc stats: tokens offered to the prefix cache */
+    uint64_t prefix_hit_tokens;   /* kvc stats: tokens found there */
+    uint64_t prompt_tokens_total;     /* prompt tokens of finished and running requests (usage) */
+    uint64_t prompt_tokens_computed;  /* tokens put through decode as prompt (incl. recompute after preempt) */
+    uint64_t generation_tokens_total; /* tokens sampled */
+    uint64_t preemptions;
+    uint64_t preemptions_repeated;    /* preemptions of a request that had not progressed since its last one
+                                         (only when nothing else could be preempted; 0 in a healthy run) */
+    uint64_t steps;                   /* decode calls */
+    uint64_t batch_tokens_total;      /* sum of the batch sizes */
+    uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */
+    uint64_t requests_rejected;       /* submit refused with QUEUE_FULL */
+} srv_sched_stats;
+
+void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSERVE_SERVER_SCHEDULER_H */
