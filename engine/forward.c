@@ -356,30 +356,6 @@ static void load_row(const kvc_layout *lay, float *dst, const void *src, int32_t
     }
 }
 
-/* q . k for a cache row in the cache's dtype. */
-static inline float dot_row(eng_ctx *c, const float *q, const void *row, float *scratch) {
-    int32_t hd = c->hp->head_dim;
-    switch (c->lay.dtype) {
-    case KVC_DTYPE_F16: return eng_dot_f16(c->ops_simd, q, row, hd);
-    case KVC_DTYPE_F32: return eng_dot_f32(c->ops_simd, q, row, hd);
-    default:
-        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
-        return eng_dot_f32(c->ops_simd, q, scratch, hd);
-    }
-}
-
-static inline void axpy_row(eng_ctx *c, float *y, float s, const void *row, float *scratch) {
-    int32_t hd = c->hp->head_dim;
-    switch (c->lay.dtype) {
-    case KVC_DTYPE_F16: eng_axpy_f16(c->ops_simd, y, s, row, hd); break;
-    case KVC_DTYPE_F32: eng_axpy_f32(c->ops_simd, y, s, row, hd); break;
-    default:
-        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
-        eng_axpy_f32(c->ops_simd, y, s, scratch, hd);
-        break;
-    }
-}
-
 /* Attention of batch row r, query head h, in layer l: softmax(q K^T / sqrt(hd)) V over positions 0..pos[r]
  * of the row's sequence, read block by block through its block table. */
 static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
@@ -401,11 +377,16 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
         const char *kb = kbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        for (int32_t o2 = 0; o2 < nt; o2++) {
-            float s = dot_row(c, q, kb + (size_t)o2 * lay->row_bytes, scratch) * scale;
-            scores[t0 + o2] = s;
-            if (s > mx) mx = s;
-        }
+        float *st = scores + t0;
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_scores_f16(c->ops_simd, q, (const uint16_t *)kb, nt, hd, scale, st);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_scores_f32(c->ops_simd, q, (const float *)kb, nt, hd, scale, st);
+        else
+            for (int32_t o2 = 0; o2 < nt; o2++) { /* Q8_0 rows: dequantized one at a time */
+                eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)o2 * lay->row_bytes, scratch, hd);
+                st[o2] = eng_dot_f32(c->ops_simd, q, scratch, hd) * scale;
+            }
+        for (int32_t o2 = 0; o2 < nt; o2++)
+            if (st[o2] > mx) mx = st[o2];
     }
     float sum = 0.0f;
     for (int32_t t = 0; t < len; t++) {
@@ -417,7 +398,13 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
         const char *vb = vbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        for (int32_t o2 = 0; o2 < nt; o2++) axpy_row(c, o, scores[t0 + o2], vb + (size_t)o2 * lay->row_bytes, scratch);
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_accum_f16(c->ops_simd, o, scores + t0, (const uint16_t *)vb, nt, hd);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_accum_f32(c->ops_simd, o, scores + t0, (const float *)vb, nt, hd);
+        else
+            for (int32_t o2 = 0; o2 < nt; o2++) {
+                eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)o2 * lay->row_bytes, scratch, hd);
+                eng_axpy_f32(c->ops_simd, o, scores[t0 + o2], scratch, hd);
+            }
     }
     float inv = 1.0f / sum;
     for (int32_t i = 0; i < hd; i++) o[i] *= inv;
