@@ -929,3 +929,126 @@ Test(api, metrics_endpoint) {
     tc_resp_free(&r);
     fake_stop(f);
 }
+
+/* ---- 3. the real daemon over a tiny generated model ------------------------------------------------------------ */
+#include <signal.h>
+#include <sys/wait.h>
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = calloc(1, 1 << 20);
+    size_t n = fread(b, 1, (1 << 20) - 1, f);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static pid_t g_server_pid; /* killed by the fini hook if an assertion ends the test early */
+static void kill_server(void) {
+    if (g_server_pid > 0) { kill(g_server_pid, SIGKILL); waitpid(g_server_pid, NULL, 0); }
+    g_server_pid = 0;
+}
+
+Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
+    char dir[] = "/tmp/kvs_serve_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char model[256], logp[256], cmd[1024];
+    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
+    snprintf(logp, sizeof logp, "%s/server.log", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' --preset tiny >/dev/null 2>&1", KVSERVE_BINARY, model);
+    if (access(KVSERVE_BINARY, X_OK) != 0 || system(cmd) != 0) cr_skip_test("kvserve binary or mkmodel unavailable");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        FILE *lf = freopen(logp, "w", stderr);
+        FILE *of = freopen("/dev/null", "w", stdout);
+        (void)lf; (void)of;
+        execl(KVSERVE_BINARY, KVSERVE_BINARY, "serve", "--model", model, "--port", "0", "--threads", "1",
+              "--log-format", "json", "--parallel", "4", (char *)NULL);
+        _exit(127);
+    }
+    g_server_pid = pid;
+    int port = 0;
+    for (int i = 0; i < 1000 && !port; i++) {
+        char *log = slurp(logp);
+        const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
+        if (p) port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(log);
+        if (!port) usleep(10000);
+    }
+    cr_assert_gt(port, 0, "the server did not report its port");
+    fake shim; /* post()/get() only need the port */
+    memset(&shim, 0, sizeof shim);
+    shim.port = port;
+    tc_resp r;
+    int st = 0;
+    for (int i = 0; i < 1000 && st != 200; i++) {
+        st = get(&shim, "/health", NULL, &r);
+        cr_assert(st == 200 || st == 503, "health answered %d", st);
+        tc_resp_free(&r);
+        if (st != 200) usleep(10000);
+    }
+    cr_assert_eq(st, 200);
+    cr_assert_eq(post(&shim, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":5,\"ignore_eos\":true,\"n\":2,\"logprobs\":1}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    cr_assert_eq(jnum(u, "completion_tokens"), 10);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 2);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 1), "logprobs");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")), 5);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    /* same seed, same text */
+    char *texts[2];
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(post(&shim, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":6,\"temperature\":0.9,\"seed\":5}", NULL, &r), 200);
+        o = json_of(&r);
+        texts[k] = strdup(jstr(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message"), "content"));
+        cJSON_Delete(o);
+        tc_resp_free(&r);
+    }
+    cr_assert_str_eq(texts[0], texts[1]);
+    free(texts[0]); free(texts[1]);
+    cr_assert_eq(post(&shim, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL, &r), 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    cr_assert(strstr(ev[n - 2], "\"usage\""));
+    tc_resp_free(&r);
+    char big[2048];
+    snprintf(big, sizeof big, "{\"prompt\":\"%0900d\",\"max_tokens\":1}", 0); /* longer than the 512 context */
+    cr_assert_eq(post(&shim, "/v1/completions", big, NULL, &r), 400);
+    cr_assert(strstr(r.body, "context_length_exceeded"));
+    tc_resp_free(&r);
+    cr_assert_eq(post(&shim, "/tokenize", "{\"content\":\"hello world\"}", NULL, &r), 200);
+    o = json_of(&r);
+    cJSON *toks = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_gt(cJSON_GetArraySize(toks), 0);
+    char *detok = malloc(4096);
+    int dl = snprintf(detok, 4096, "{\"tokens\":[");
+    for (cJSON *t = toks->child; t; t = t->next) dl += snprintf(detok + dl, 4096 - (size_t)dl, "%s%d", t == toks->child ? "" : ",", (int)t->valuedouble);
+    snprintf(detok + dl, 4096 - (size_t)dl, "]}");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(&shim, "/detokenize", detok, NULL, &r), 200);
+    free(detok);
+    o = json_of(&r);
+    cr_assert(strstr(jstr(o, "content"), "hello world"), "detokenized: '%s'", jstr(o, "content"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(&shim, "/metrics", NULL, &r), 200);
+    cr_assert(strstr(r.body, "kvserve:generation_tokens_total"));
+    tc_resp_free(&r);
+    kill(pid, SIGTERM);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    g_server_pid = 0;
+    char *log = slurp(logp);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d; log:\n%s", status, log);
+    cr_assert(!strstr(log, "Sanitizer"), "sanitizer report in the server log:\n%s", log);
+    cr_assert(strstr(log, "\"path\":\"/v1/completions\""), "no request log line:\n%s", log);
+    free(log);
+    unlink(model);
+    unlink(logp);
+    rmdir(dir);
+}
