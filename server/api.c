@@ -373,6 +373,8 @@ static void on_abort(void *ud, srv_http_req *req) {
     api_call *c = ud;
     c->req = NULL;
     if (c->api->metrics) c->api->metrics->requests_finished_abort++;
+    /* 499: the client closed the connection before the answer was complete (nginx's convention) */
+    log_request(c->api, c->method, c->path, 499, &c->usage, -1, ms_since(c->t_arrival));
     cancel_subs(c);
 }
 
@@ -418,7 +420,7 @@ static void sse_send(api_call *c, cJSON *obj, const char *literal) {
         srv_http_req *req = c->req;
         c->req = NULL;
         if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-        log_request(c->api, c->method, c->path, 200, &c->usage, -1, ms_since(c->t_arrival));
+        log_request(c->api, c->method, c->path, 499, &c->usage, -1, ms_since(c->t_arrival));
         srv_http_abort(req);
         cancel_subs(c);
     }

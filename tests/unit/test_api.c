@@ -241,6 +241,7 @@ struct fake {
     bool last_ignore_eos;
     char last_stop0[32];
     freq *live[64];   /* requests not yet done (loop thread only) */
+    uv_async_t cancel_all; /* runs srv_api_cancel_all on the loop thread */
 };
 
 static void freq_closed(uv_handle_t *h) { free(h->data); }
@@ -432,6 +433,12 @@ static void fake_on_stop(uv_loop_t *loop, void *ud) {
     (void)loop;
     fake *f = ud;
     srv_http_close(f->h);
+    uv_close((uv_handle_t *)&f->cancel_all, NULL);
+}
+
+static void on_cancel_all(uv_async_t *a) {
+    fake *f = a->data;
+    srv_api_cancel_all(f->api);
 }
 
 typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; } fake_opts;
@@ -449,6 +456,8 @@ static fake *fake_start(const fake_opts *o) {
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = SRV_LOG_NONE;
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
+    f->cancel_all.data = f;
+    cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat};
         srv_api_set_backend(f->api, &be);
@@ -902,6 +911,42 @@ Test(api, disconnect_cancels_generation) {
     for (int i = 0; i < 300 && atomic_load(&f->n_cancel) == 0; i++) usleep(10000);
     cr_assert_eq(atomic_load(&f->n_cancel), 1);
     fake_stop(f); /* waits for the cancelled request's DONE */
+}
+
+/* Shutdown after the grace period: srv_api_cancel_all answers 503 to a waiting non-streaming request and
+ * ends a stream with an error event and [DONE]. */
+Test(api, cancel_all_on_shutdown) {
+    fake *f = fake_start(NULL);
+    const char *b1 = "{\"prompt\":\"SLOW\"}", *b2 = "{\"prompt\":\"SLOW\",\"stream\":true}";
+    char req[512];
+    int fa = tc_connect(f->port), fb = tc_connect(f->port);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b1), b1);
+    cr_assert_eq(tc_sends(fa, req), 0);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b2), b2);
+    cr_assert_eq(tc_sends(fb, req), 0);
+    for (int i = 0; i < 500 && atomic_load(&f->n_submit) < 2; i++) usleep(5000);
+    cr_assert_eq(atomic_load(&f->n_submit), 2);
+    uv_async_send(&f->cancel_all);
+    tc_conn *ca = malloc(sizeof *ca), *cb = malloc(sizeof *cb);
+    tc_init(ca, fa);
+    tc_init(cb, fb);
+    tc_resp r;
+    cr_assert_eq(tc_read(ca, &r), 0);
+    cr_assert_eq(r.status, 503);
+    cr_assert(strstr(r.body, "shutting down"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_read(cb, &r), 0);
+    cr_assert_eq(r.status, 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    cr_assert(strstr(ev[n - 2], "\"error\"") && strstr(ev[n - 2], "shutting down"), "%s", ev[n - 2]);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_cancel), 2);
+    close(fa);
+    close(fb);
+    free(ca);
+    free(cb);
+    fake_stop(f);
 }
 
 /* ---- metrics over HTTP: valid exposition text ------------------------------------------------------------- */
