@@ -51,6 +51,7 @@ typedef struct sched_req {
     eng_sampling_params sp;
     eng_logit_bias *bias;
     bool ignore_eos;
+    bool penalize_prompt;
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */
@@ -745,6 +746,8 @@ static int admit_head(srv_sched *s) {
                 finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_ERROR, "cannot create a sampler");
             return -1;
         }
+        if (r->penalize_prompt && s->ops.sampler_accept)
+            for (int32_t k = 0; k < r->n_prompt; k++) s->ops.sampler_accept(s->ops.ctx, c->sampler, r->prompt[k]);
     }
     vec_remove(&s->waiting, r);
     if (vec_insert_sorted(&s->running, r) != 0) {
@@ -1196,6 +1199,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     }
     r->sp.logit_bias = r->bias;
     r->ignore_eos = req->ignore_eos;
+    r->penalize_prompt = req->penalize_prompt;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

@@ -39,6 +39,7 @@ typedef struct mock {
     float eog_logit;        /* added to the EOG logit */
     atomic_int decode_calls;
     atomic_llong tokens_total;
+    atomic_int accepted;    /* sampler_accept calls */
     bool corrupt;           /* a position read back wrong */
     char check_msg[256];    /* first kvc_check failure */
     int other_errors;       /* kvc errors other than FULL */
@@ -206,6 +207,12 @@ static int m_screate(void *p, const eng_sampling_params *sp, void **out) {
     return ENG_OK;
 }
 
+static void m_accept(void *p, void *s, int32_t token) {
+    (void)s;
+    (void)token;
+    atomic_fetch_add(&((mock *)p)->accepted, 1);
+}
+
 static void m_sfree(void *p, void *s) {
     (void)p;
     free(s);
@@ -303,7 +310,7 @@ static srv_engine_ops mock_ops(mock *m) {
     srv_engine_ops o = {
         .ctx = m, .n_vocab = NV, .cache = m_cache, .decode = m_decode, .get_logits = m_logits,
         .token_is_eog = m_eog, .detok_push = m_push, .detok_flush = m_flush, .sampler_create = m_screate,
-        .sampler_free = m_sfree, .sampler_sample = m_sample,
+        .sampler_free = m_sfree, .sampler_sample = m_sample, .sampler_accept = m_accept,
     };
     return o;
 }
@@ -318,6 +325,7 @@ typedef struct req_spec {
     const char *stop[2];
     size_t n_stop;
     bool ignore_eos;
+    bool penalize_prompt;
     int32_t top;
 } req_spec;
 
@@ -478,6 +486,7 @@ static int submit(harness *h, const struct req_spec *q, struct result *r) {
     rq.stop = q->stop;
     rq.n_stop = q->n_stop;
     rq.ignore_eos = q->ignore_eos;
+    rq.penalize_prompt = q->penalize_prompt;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -675,6 +684,17 @@ Test(scheduler, n_choices_share_one_prefill) {
             differ = true;
     }
     cr_assert(differ, "all choices identical: seeds not applied per choice");
+    cr_assert_eq(atomic_load(&h->m.accepted), 0, "prompt shown to the penalties without penalize_prompt");
+    /* penalize_prompt: every choice's sampler sees the prompt once */
+    req_spec pp = q;
+    pp.penalize_prompt = true;
+    pp.max_tokens = 2;
+    result *rp = calloc(1, sizeof *rp);
+    cr_assert_eq(submit(h, &pp, rp), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(rp);
+    cr_assert_eq(atomic_load(&h->m.accepted), 4 * 43);
+    free(rp);
     hz_free(h);
     free(h);
     free(r);
