@@ -48,6 +48,7 @@ typedef struct mock {
     bool log_batches;
     int inject_full_every;  /* > 0: every k-th call with >= 2 sequences returns ENG_ERR_KV_FULL */
     int injected;
+    int fail_at;            /* > 0: that decode call (1-based) fails with ENG_ERR_DEVICE */
     /* gate: when set, decode blocks until opened (for queue tests) */
     bool record_times;      /* record uv_hrtime() at the start of every decode */
     uint64_t times[100000];
@@ -96,6 +97,7 @@ static int m_decode(void *p, const eng_batch *b) {
     }
     if (m->inject_full_every > 0 && distinct >= 2 && ++m->injected % m->inject_full_every == 0)
         return ENG_ERR_KV_FULL;
+    if (m->fail_at > 0 && atomic_load(&m->decode_calls) == m->fail_at) return ENG_ERR_DEVICE;
     int rc = kvc_start_forward(m->cache, m->entries, b->n, m->slots);
     if (rc == KVC_ERR_FULL) return ENG_ERR_KV_FULL;
     if (rc != KVC_OK) {
@@ -1226,4 +1228,35 @@ Test(scheduler, randomized_mix_with_cancels) {
     cr_assert_gt(preempts, 0);
     cr_assert_gt(hits, 0);
     cr_assert_gt(cancelled, 0);
+}
+
+/* An engine failure ends the requests of that batch with an error; the scheduler keeps serving. */
+Test(scheduler, engine_error_fails_batch) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 4);
+    hz_init(h, 8, 256, &p);
+    h->m.fail_at = 3;
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 77;
+    rand_prompt(&rng, &q, 12);
+    q.n = 1;
+    q.max_tokens = 10;
+    q.ignore_eos = true;
+    result *r = calloc(2, sizeof *r);
+    cr_assert_eq(submit(h, &q, &r[0]), SRV_SCHED_OK);
+    hz_run(h, 1);
+    assert_clean(&r[0]);
+    cr_assert_eq(r[0].done_finish, SRV_SCHED_FINISH_ERROR);
+    cr_assert_str_eq(r[0].error, "engine: device error");
+    cr_assert_eq(r[0].n_toks[0], 2, "tokens from the two decodes before the failure");
+    cr_assert_eq(submit(h, &q, &r[1]), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(&r[1]);
+    cr_assert_eq(r[1].done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(r[1].n_toks[0], 10);
+    cr_assert(memcmp(r[1].toks[0], r[0].toks[0], 2 * sizeof(int32_t)) == 0);
+    hz_free(h);
+    free(h);
+    free(r);
 }
