@@ -58,7 +58,6 @@ typedef struct sched_req {
     bool cancel_handled;        /* scheduler thread */
     bool admitted_once;
     bool protect;               /* preempted, no token since: not a preemption victim */
-    bool in_step;               /* has entries in the batch being built */
     int32_t n_unfinished;
     sched_choice *ch;
     srv_sched_usage usage;
@@ -547,7 +546,6 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
         s->b_seq[i] = c->seq;
         s->b_logits[i] = logits && k == n - 1;
     }
-    r->in_step = true;
 }
 
 static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
@@ -894,7 +892,6 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
 static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     int32_t reserved = 0, budget = s->p.batch_tokens;
-    for (int32_t i = 0; i < s->running.n; i++) s->running.v[i]->in_step = false;
     /* 1. decode tokens of running choices, FCFS */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
