@@ -20,7 +20,7 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-enum { SPIN_ITERS = 20000 };
+enum { SPIN_ITERS = 4000 };
 
 struct eng_pool {
     int n;

@@ -46,6 +46,8 @@ struct eng_vocab {
 
     int32_t bos, eos, eot, eom, unk;
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    bool spm_split;         /* SPM: no token has U+2581 after another character, so merging never crosses the
+                               start of a run of U+2581 and each such piece can be merged on its own (exact) */
     uint8_t *eog;           /* [n_tokens] 0/1 */
 
     int32_t *specials;      /* control/user-defined/unknown ids with non-empty text, longest text first */
@@ -185,22 +187,19 @@ static int32_t merge_rank(const eng_vocab *v, int32_t left, int32_t right) {
 
 /* ---- loading ---------------------------------------------------------------------------------------------- */
 
+/* A special-token id key. Absent, "none" (-1 / 0xFFFFFFFF) or out of range: the default stays (llama.cpp warns
+ * and keeps its default for out-of-range ids too), except that "none" clears it. */
 static int get_int_key(const eng_gguf *g, const char *key, int32_t n_tokens, int32_t *out, char *err,
                        size_t err_len) {
     int64_t x;
     int rc = eng_gguf_get_i64(g, key, &x);
-    if (rc == ENG_ERR_NOT_FOUND) return ENG_OK;   /* keep the default */
+    if (rc == ENG_ERR_NOT_FOUND) return ENG_OK;
     if (rc != ENG_OK) {
         set_err(err, err_len, "%s: %s is not an integer", eng_gguf_name(g), key);
         return ENG_ERR_FORMAT;
     }
-    if (x == 0xFFFFFFFFLL || x == -1) { *out = -1; return ENG_OK; }   /* "none" */
-    if (x < 0 || x >= n_tokens) {
-        set_err(err, err_len, "%s: %s = %lld is out of range (vocabulary of %d)", eng_gguf_name(g), key,
-                (long long)x, (int)n_tokens);
-        return ENG_ERR_FORMAT;
-    }
-    *out = (int32_t)x;
+    if (x == 0xFFFFFFFFLL || x == -1) *out = -1;
+    else if (x >= 0 && x < n_tokens) *out = (int32_t)x;
     return ENG_OK;
 }
 
@@ -547,6 +546,19 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
         if ((rc = compile_regexes(v, err, err_len, name))) goto fail;
     }
 
+    if (type == ENG_VOCAB_SPM) {
+        v->spm_split = true;
+        for (int32_t i = 0; i < v->n_tokens && v->spm_split; i++) {
+            const char *p = v->text + v->tok[i].off;
+            uint32_t l = v->tok[i].len;
+            for (uint32_t k = 1; k + 3 <= l; k++)
+                if (memcmp(p + k, "\xe2\x96\x81", 3) == 0 && (k < 3 || memcmp(p + k - 3, "\xe2\x96\x81", 3) != 0)) {
+                    v->spm_split = false;
+                    break;
+                }
+        }
+    }
+
     /* byte tokens (SPM byte fallback) */
     for (int b = 0; b < 256; b++) {
         char hex[8];
@@ -783,8 +795,8 @@ static int spm_emit_bytes(const eng_vocab *v, const char *p, size_t n, ivec *out
     return ENG_OK;
 }
 
-/* SPM over an already escaped text. */
-static int spm_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out) {
+/* SPM merging of one piece of escaped text. */
+static int spm_segment(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out) {
     if (len == 0) return ENG_OK;
     if (work_syms(w, len)) return ENG_ERR_NOMEM;
     size_t off = 0;
@@ -826,6 +838,27 @@ static int spm_tokenize(const eng_vocab *v, work *w, const char *text, size_t le
         }
     }
     return ENG_OK;
+}
+
+/* SPM over an already escaped text: split before each run of U+2581 when the vocabulary allows it (keeps the
+ * merge queue small; the result is the same, see spm_split), else all at once. */
+static int spm_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out) {
+    if (!v->spm_split) return spm_segment(v, w, text, len, out);
+    size_t start = 0, off = 0;
+    bool prev_sp = false;
+    while (off < len) {
+        size_t n = utf8_len_lead((uint8_t)text[off]);
+        if (n > len - off) n = len - off;
+        bool sp = n == 3 && memcmp(text + off, "\xe2\x96\x81", 3) == 0;
+        if (sp && !prev_sp && off > start) {
+            int rc = spm_segment(v, w, text + start, off - start, out);
+            if (rc) return rc;
+            start = off;
+        }
+        prev_sp = sp;
+        off += n;
+    }
+    return spm_segment(v, w, text + start, len - start, out);
 }
 
 /* ---- BPE ---------------------------------------------------------------------------------------------------- */
@@ -969,7 +1002,7 @@ done:
 typedef struct frag { size_t off, len; int32_t tok; /* -1: raw text */ } frag;
 typedef struct fragvec { frag *a; size_t n, cap; } fragvec;
 
-static int frag_insert(fragvec *f, size_t at, frag x) {
+static int frag_push(fragvec *f, frag x) {
     if (f->n == f->cap) {
         size_t nc = f->cap ? f->cap * 2 : 16;
         frag *na = realloc(f->a, nc * sizeof *na);
@@ -977,9 +1010,7 @@ static int frag_insert(fragvec *f, size_t at, frag x) {
         f->a = na;
         f->cap = nc;
     }
-    memmove(&f->a[at + 1], &f->a[at], (f->n - at) * sizeof *f->a);
-    f->a[at] = x;
-    f->n++;
+    f->a[f->n++] = x;
     return ENG_OK;
 }
 
@@ -987,39 +1018,49 @@ static bool is_space_c(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
-/* Splits raw fragments at occurrences of special tokens, longest token first (llama.cpp's order). With
- * parse_special false only user-defined tokens are split out. */
-static int partition(const eng_vocab *v, const char *text, fragvec *f, bool parse_special) {
+/* Splits raw fragments at occurrences of special tokens, longest token first (llama.cpp's order: each token
+ * in turn splits every raw fragment left to right). With parse_special false only user-defined tokens are split
+ * out. Each pass rebuilds the fragment list into *tmp, so a pass is linear in the text and fragments. */
+static int partition(const eng_vocab *v, const char *text, fragvec *f, fragvec *tmp, bool parse_special) {
     for (int32_t si = 0; si < v->n_specials; si++) {
         int32_t id = v->specials[si];
         const tok_entry *t = &v->tok[id];
         if (!parse_special && t->type != ENG_TOKTYPE_USER_DEFINED) continue;
         const char *pat = v->text + t->off;
+        bool any = false;
+        for (size_t i = 0; i < f->n && !any; i++)
+            any = f->a[i].tok < 0 && f->a[i].len >= t->len && memmem(text + f->a[i].off, f->a[i].len, pat, t->len);
+        if (!any) continue;
+        tmp->n = 0;
         for (size_t i = 0; i < f->n; i++) {
-            if (f->a[i].tok >= 0) continue;
-            size_t off = f->a[i].off, len = f->a[i].len;
-            const char *hit = len >= t->len ? memmem(text + off, len, pat, t->len) : NULL;
-            if (!hit) continue;
-            size_t p = (size_t)(hit - text);
-            /* left remainder [off, p), token, right remainder [p + t->len, off + len) */
-            size_t ll = p - off;
-            size_t ro = p + t->len, rl = off + len - ro;
-            if (t->attr & TOKATTR_LSTRIP)
-                while (ll > 0 && is_space_c(text[off + ll - 1])) ll--;
-            if (t->attr & TOKATTR_RSTRIP)
-                while (rl > 0 && is_space_c(text[ro])) { ro++; rl--; }
-            /* replace fragment i by [left] token [right]; continue scanning in the right part */
-            size_t at = i;
-            if (ll > 0) {
-                f->a[at] = (frag){off, ll, -1};
-                at++;
-                if (frag_insert(f, at, (frag){p, t->len, id})) return ENG_ERR_NOMEM;
-            } else {
-                f->a[at] = (frag){p, t->len, id};
+            frag fr = f->a[i];
+            if (fr.tok >= 0) {
+                if (frag_push(tmp, fr)) return ENG_ERR_NOMEM;
+                continue;
             }
-            if (rl > 0 && frag_insert(f, at + 1, (frag){ro, rl, -1})) return ENG_ERR_NOMEM;
-            i = at;   /* the loop's i++ moves to the right remainder */
+            size_t off = fr.off, len = fr.len;
+            for (;;) {
+                const char *hit = len >= t->len ? memmem(text + off, len, pat, t->len) : NULL;
+                if (!hit) {
+                    if (len > 0 && frag_push(tmp, (frag){off, len, -1})) return ENG_ERR_NOMEM;
+                    break;
+                }
+                size_t p = (size_t)(hit - text);
+                size_t ll = p - off;                       /* left remainder [off, off + ll) */
+                size_t ro = p + t->len, rl = off + len - ro; /* right remainder [ro, ro + rl) */
+                if (t->attr & TOKATTR_LSTRIP)
+                    while (ll > 0 && is_space_c(text[off + ll - 1])) ll--;
+                if (t->attr & TOKATTR_RSTRIP)
+                    while (rl > 0 && is_space_c(text[ro])) { ro++; rl--; }
+                if (ll > 0 && frag_push(tmp, (frag){off, ll, -1})) return ENG_ERR_NOMEM;
+                if (frag_push(tmp, (frag){p, t->len, id})) return ENG_ERR_NOMEM;
+                off = ro;
+                len = rl;
+            }
         }
+        fragvec sw = *f;
+        *f = *tmp;
+        *tmp = sw;
     }
     return ENG_OK;
 }
@@ -1028,15 +1069,16 @@ int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool ad
                        int32_t *out, int32_t cap, int32_t *n_out) {
     if (!v || !n_out || (!text && len) || cap < 0 || (!out && cap > 0)) return ENG_ERR_INVALID;
     *n_out = 0;
+    if (len > ENG_TOK_MAX_TEXT) return ENG_ERR_INVALID;   /* offsets inside are 32-bit (escaped text is 3x) */
     ivec ids = {0};
-    fragvec f = {0};
+    fragvec f = {0}, ftmp = {0};
     work w = {0};
     bbuf esc = {0};
     int rc = ENG_ERR_NOMEM;
 
     if (len > 0) {
-        if (frag_insert(&f, 0, (frag){0, len, -1})) goto done;
-        if ((rc = partition(v, text, &f, parse_special))) goto done;
+        if (frag_push(&f, (frag){0, len, -1})) goto done;
+        if ((rc = partition(v, text, &f, &ftmp, parse_special))) goto done;
     }
     if (add_special && v->add_bos && ivec_push(&ids, v->bos)) { rc = ENG_ERR_NOMEM; goto done; }
     bool prev_special = true;   /* SPM: a text fragment at the start or after a special token gets the space */
@@ -1071,6 +1113,7 @@ int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool ad
 done:
     free(ids.a);
     free(f.a);
+    free(ftmp.a);
     free(w.s);
     free(w.h.a);
     free(w.buf.p);

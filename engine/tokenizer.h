@@ -57,8 +57,10 @@ typedef struct eng_vocab eng_vocab;
 
 /* Builds a vocabulary from g's tokenizer.* keys. Needs tokenizer.ggml.model ("llama" or "gpt2") and
  * tokenizer.ggml.tokens; scores and token_type are optional (0 and NORMAL), merges are required for "gpt2".
- * Errors: ENG_ERR_FORMAT (missing/ill-typed keys, array lengths that disagree, a special-token id out of
- * range), ENG_ERR_UNSUPPORTED (another tokenizer model, an unknown pre-tokenizer, a regex PCRE2 rejects),
+ * Special-token ids (tokenizer.ggml.{bos,eos,unknown,eot,eom}_token_id) that are out of range are ignored (the
+ * default stays, as in llama.cpp); -1 / 0xFFFFFFFF means none.
+ * Errors: ENG_ERR_FORMAT (missing/ill-typed keys, array lengths that disagree, a malformed merge),
+ * ENG_ERR_UNSUPPORTED (another tokenizer model, an unknown pre-tokenizer, a regex PCRE2 rejects),
  * ENG_ERR_NOMEM, ENG_ERR_INVALID (NULL arguments). err gets "NAME: what is wrong". *out is freed with
  * eng_vocab_free. */
 int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len);
@@ -89,11 +91,14 @@ bool eng_vocab_is_eog(const eng_vocab *v, int32_t id);      /* EOS, EOT, EOM, <|
 bool eng_vocab_is_control(const eng_vocab *v, int32_t id);  /* type CONTROL */
 bool eng_vocab_is_special(const eng_vocab *v, int32_t id);  /* type CONTROL or USER_DEFINED */
 
+/* Longest text eng_vocab_tokenize accepts (bytes). */
+#define ENG_TOK_MAX_TEXT ((size_t)1 << 30)
+
 /* Tokenizes text[0..len) (any bytes; invalid UTF-8 becomes byte tokens). add_special: BOS/EOS per the vocab.
  * parse_special: the text of control and unknown tokens is matched as those tokens (user-defined tokens are
  * always matched, as llama.cpp does). Writes up to cap ids to out (out may be NULL when cap is 0) and the full
  * count to *n_out. Errors: ENG_ERR_TOO_LARGE when cap < *n_out (out holds the first cap ids), ENG_ERR_NOMEM,
- * ENG_ERR_INVALID (NULL vocab/n_out, text NULL with len > 0, cap < 0). */
+ * ENG_ERR_INVALID (NULL vocab/n_out, text NULL with len > 0, cap < 0, len > ENG_TOK_MAX_TEXT). */
 int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
                        int32_t *out, int32_t cap, int32_t *n_out);
 

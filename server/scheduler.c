@@ -51,13 +51,13 @@ typedef struct sched_req {
     eng_sampling_params sp;
     eng_logit_bias *bias;
     bool ignore_eos;
+    bool penalize_prompt;
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */
     bool cancel_handled;        /* scheduler thread */
     bool admitted_once;
     bool protect;               /* preempted, no token since: not a preemption victim */
-    bool in_step;               /* has entries in the batch being built */
     int32_t n_unfinished;
     sched_choice *ch;
     srv_sched_usage usage;
@@ -546,7 +546,6 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
         s->b_seq[i] = c->seq;
         s->b_logits[i] = logits && k == n - 1;
     }
-    r->in_step = true;
 }
 
 static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
@@ -644,6 +643,16 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
     }
 }
 
+/* Ends the unfinished choices of a request that cannot fit the pool even alone: "length" for a choice that
+ * has generated (its context outgrew the pool), an error for one that has not (its prompt does not fit). */
+static void finish_no_room(srv_sched *s, sched_req *r) {
+    for (int32_t j = 0; j < r->n; j++) {
+        sched_choice *c = &r->ch[j];
+        if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+        else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
+    }
+}
+
 /* Blocks the request needs for its whole known context (+1 token), shared prompt blocks counted once. */
 static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
     int64_t bs = s->block_size, total = 0;
@@ -688,6 +697,25 @@ static int64_t running_demand(srv_sched *s) {
     return total;
 }
 
+/* Full blocks of c's attachable prefix that a running sequence already holds (so they are in use and would be
+ * shared by attaching): the longest such common prefix, in blocks. */
+static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choice *c) {
+    int32_t n = known_len(r, c) - 1, best = 0;
+    if (n < s->block_size) return 0;
+    for (int32_t i = 0; i < s->running.n; i++) {
+        const sched_req *p = s->running.v[i];
+        for (int32_t j = 0; j < p->n; j++) {
+            const sched_choice *d = &p->ch[j];
+            if (d->finished || d->seq < 0) continue;
+            int32_t lim = n < d->n_cached ? n : d->n_cached, l = 0;
+            if (lim / s->block_size <= best) continue;
+            while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
+            if (l / s->block_size > best) best = l / s->block_size;
+        }
+    }
+    return best;
+}
+
 /* Tries to admit the head of the waiting queue. Returns 1 when admitted, 0 when it must wait (FCFS: nothing
  * behind it is admitted either), -1 when it was finished instead (does not fit, sampler failure). */
 static int admit_head(srv_sched *s) {
@@ -695,16 +723,15 @@ static int admit_head(srv_sched *s) {
     if (s->seqs_reserved + r->n_unfinished > s->p.parallel) return 0;
     int64_t need = context_blocks(s, r);
     if (need > s->blocks_total) {
-        for (int32_t i = 0; i < r->n; i++)
-            finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
+        finish_no_room(s, r);
         return -1;
     }
     sched_choice *c0 = first_unfinished(r);
-    /* Matched blocks are not subtracted: when they are cached (not in use), attaching them removes them from
-     * the available count just as much as computing them would. The blocks this step already reserved are
-     * part of the running requests' demand. */
+    /* Prefix blocks that a running sequence holds are shared, not allocated: they are credited. Blocks that
+     * are merely cached are not: attaching them takes them out of the available count just as computing
+     * them would. The blocks this step already reserved are part of the running requests' demand. */
     if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
-    if (need > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
+    if (need - shared_in_use(s, r, c0) > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && prefix_wait(s, r, c0)) return 0;
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
@@ -717,6 +744,8 @@ static int admit_head(srv_sched *s) {
                 finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_ERROR, "cannot create a sampler");
             return -1;
         }
+        if (r->penalize_prompt && s->ops.sampler_accept)
+            for (int32_t k = 0; k < r->n_prompt; k++) s->ops.sampler_accept(s->ops.ctx, c->sampler, r->prompt[k]);
     }
     vec_remove(&s->waiting, r);
     if (vec_insert_sorted(&s->running, r) != 0) {
@@ -863,7 +892,6 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
 static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     int32_t reserved = 0, budget = s->p.batch_tokens;
-    for (int32_t i = 0; i < s->running.n; i++) s->running.v[i]->in_step = false;
     /* 1. decode tokens of running choices, FCFS */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
@@ -929,11 +957,7 @@ static void step(srv_sched *s) {
             }
             /* a single running request that cannot progress: it does not fit the pool */
             sched_req *r = s->running.v[0];
-            for (int32_t j = 0; j < r->n; j++) {
-                sched_choice *c = &r->ch[j];
-                if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
-                else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
-            }
+            finish_no_room(s, r);
             emit_outputs(s, r);
             continue;
         }
@@ -947,11 +971,7 @@ static void step(srv_sched *s) {
                 continue;
             }
             sched_req *r = s->running.v[0];
-            for (int32_t j = 0; j < r->n; j++) {
-                sched_choice *c = &r->ch[j];
-                if (c->n_gen > 0) finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
-                else finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
-            }
+            finish_no_room(s, r);
             emit_outputs(s, r);
             continue;
         }
@@ -1176,6 +1196,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     }
     r->sp.logit_bias = r->bias;
     r->ignore_eos = req->ignore_eos;
+    r->penalize_prompt = req->penalize_prompt;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

@@ -26,14 +26,23 @@
  *     prefilling waits until those blocks are committed and then attaches them, instead of prefilling them
  *     a second time.
  *
+ * Admission
+ *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its
+ *   whole known context (+1 token per choice) fits the blocks that are available (free + cached) minus what
+ *   the running requests still need to reach their known length (+1 token per choice); prefix blocks that a
+ *   running sequence holds are credited. FCFS: when the head must wait, nobody behind it is admitted.
+ *
  * KV pool exhaustion
- *   When the pool cannot hold a step (admission check, or ENG_ERR_KV_FULL from decode), the most recently
- *   started running request is preempted: its sequences are freed and it goes back to the FRONT of the
- *   waiting queue; later it recomputes prompt + already generated tokens (prefix caching usually makes this
- *   cheap), keeping its samplers, detokenizers and stop-string state, so the client sees no difference.
- *   A preempted request is not preempted again before it has generated at least one new token (no thrash).
- *   A request that cannot fit even alone finishes with SRV_SCHED_FINISH_ERROR "prompt does not fit in the
- *   KV cache". Preemptions are counted in the stats.
+ *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the latest-arrived running
+ *   request is preempted: its sequences are freed and it goes back to the waiting queue at its FCFS place
+ *   (ahead of every later arrival); later it recomputes prompt + already generated tokens (prefix caching
+ *   usually makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees
+ *   no difference. A preempted request is not chosen again before it has generated at least one new token
+ *   (no thrash); only when every running request is in that state is the latest one preempted anyway
+ *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
+ *   system always progresses. A request whose prompt cannot fit even alone finishes with
+ *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
+ *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -109,6 +118,8 @@ typedef struct srv_engine_ops {
     int (*sampler_create)(void *ctx, const eng_sampling_params *params, void **out);
     void (*sampler_free)(void *ctx, void *sampler);
     int (*sampler_sample)(void *ctx, void *sampler, float *logits, eng_sample *out);
+    /* Optional (may be NULL): eng_sampler_accept, used to show prompt tokens to the penalties. */
+    void (*sampler_accept)(void *ctx, void *sampler, int32_t token);
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
@@ -122,8 +133,8 @@ void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
 typedef struct srv_sched_params {
     int32_t batch_tokens; /* token budget of one step (decode tokens + prompt chunks), default 512; must not
                              exceed the engine's max_batch_tokens */
-    int32_t parallel;     /* most sequences (choices) running at once, default 64; also bounded by the
-                             cache's sequence ids */
+    int32_t parallel;     /* most sequences (choices) running at once, default 64; must not exceed the
+                             cache's max_seqs (the engine context's max_seqs) */
     int32_t max_queue;    /* most waiting (not yet admitted) requests, default 256; submit beyond it
                              returns SRV_SCHED_ERR_QUEUE_FULL */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
@@ -153,8 +164,9 @@ typedef enum {
 typedef struct srv_sched_usage {
     int32_t prompt_tokens;     /* the prompt's length */
     int32_t completion_tokens; /* tokens sampled over all choices (an EOG token that ended a choice counts) */
-    int32_t cached_tokens;     /* prompt tokens attached from the prefix cache instead of computed (first
-                                  admission; shared-with-a-concurrent-request attachments count too) */
+    int32_t cached_tokens;     /* prompt tokens attached from the prefix cache instead of computed, at the
+                                  request's first admission (blocks committed by a concurrent request with
+                                  the same prefix count too); a multiple of the block size, < prompt_tokens */
 } srv_sched_usage;
 
 /* Timestamps are uv_hrtime() nanoseconds (monotonic); 0 when the moment never happened. */
@@ -200,6 +212,9 @@ typedef struct srv_sched_request {
     const char *const *stop;  /* stop strings (copied; empty strings ignored) */
     size_t n_stop;
     bool ignore_eos;          /* EOG tokens are banned (logit -inf) and never end the choice */
+    bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
+                                 llama.cpp's server does); false: only generated tokens (needs
+                                 ops.sampler_accept, ignored without it) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

@@ -39,6 +39,7 @@ typedef struct mock {
     float eog_logit;        /* added to the EOG logit */
     atomic_int decode_calls;
     atomic_llong tokens_total;
+    atomic_int accepted;    /* sampler_accept calls */
     bool corrupt;           /* a position read back wrong */
     char check_msg[256];    /* first kvc_check failure */
     int other_errors;       /* kvc errors other than FULL */
@@ -47,6 +48,7 @@ typedef struct mock {
     bool log_batches;
     int inject_full_every;  /* > 0: every k-th call with >= 2 sequences returns ENG_ERR_KV_FULL */
     int injected;
+    int fail_at;            /* > 0: that decode call (1-based) fails with ENG_ERR_DEVICE */
     /* gate: when set, decode blocks until opened (for queue tests) */
     bool record_times;      /* record uv_hrtime() at the start of every decode */
     uint64_t times[100000];
@@ -56,6 +58,8 @@ typedef struct mock {
     bool gate_closed, in_gate;
     int close_at;           /* > 0: the gate closes by itself before that decode call (1-based) ... */
     bool released;          /* ... unless the test has released it already */
+    bool lockstep;          /* decode k+1 waits for the loop thread to dispatch step k's events */
+    int granted;
 } mock;
 
 static uint64_t mix64(uint64_t z) {
@@ -74,6 +78,13 @@ static int m_decode(void *p, const eng_batch *b) {
     uv_cond_broadcast(&m->gcv);
     while (m->gate_closed) uv_cond_wait(&m->gcv, &m->gmu);
     m->in_gate = false;
+    if (m->lockstep) {
+        /* wait until the loop thread has dispatched the events of the previous step (its check handle
+         * grants the next decode); a step without events never wakes the loop, so give up after 20 ms */
+        int calls = atomic_load(&m->decode_calls);
+        while (m->granted <= calls)
+            if (uv_cond_timedwait(&m->gcv, &m->gmu, 20 * 1000 * 1000) != 0) break;
+    }
     uv_mutex_unlock(&m->gmu);
     atomic_fetch_add(&m->decode_calls, 1);
     if (m->record_times && m->n_times < 100000) m->times[m->n_times++] = uv_hrtime();
@@ -86,6 +97,7 @@ static int m_decode(void *p, const eng_batch *b) {
     }
     if (m->inject_full_every > 0 && distinct >= 2 && ++m->injected % m->inject_full_every == 0)
         return ENG_ERR_KV_FULL;
+    if (m->fail_at > 0 && atomic_load(&m->decode_calls) == m->fail_at) return ENG_ERR_DEVICE;
     int rc = kvc_start_forward(m->cache, m->entries, b->n, m->slots);
     if (rc == KVC_ERR_FULL) return ENG_ERR_KV_FULL;
     if (rc != KVC_OK) {
@@ -197,6 +209,12 @@ static int m_screate(void *p, const eng_sampling_params *sp, void **out) {
     return ENG_OK;
 }
 
+static void m_accept(void *p, void *s, int32_t token) {
+    (void)s;
+    (void)token;
+    atomic_fetch_add(&((mock *)p)->accepted, 1);
+}
+
 static void m_sfree(void *p, void *s) {
     (void)p;
     free(s);
@@ -294,10 +312,24 @@ static srv_engine_ops mock_ops(mock *m) {
     srv_engine_ops o = {
         .ctx = m, .n_vocab = NV, .cache = m_cache, .decode = m_decode, .get_logits = m_logits,
         .token_is_eog = m_eog, .detok_push = m_push, .detok_flush = m_flush, .sampler_create = m_screate,
-        .sampler_free = m_sfree, .sampler_sample = m_sample,
+        .sampler_free = m_sfree, .sampler_sample = m_sample, .sampler_accept = m_accept,
     };
     return o;
 }
+
+typedef struct req_spec {
+    int32_t prompt[512];
+    int32_t n_prompt;
+    int32_t n;
+    int32_t max_tokens;
+    float temp;
+    uint64_t seed;
+    const char *stop[2];
+    size_t n_stop;
+    bool ignore_eos;
+    bool penalize_prompt;
+    int32_t top;
+} req_spec;
 
 /* ---- collecting results ----------------------------------------------------------------------------------- */
 #define MAXC 4
@@ -316,7 +348,7 @@ typedef struct result {
     srv_sched_timings timings;
     int order_errors;          /* events out of the documented order */
     int deltas_after_cancel;
-    bool cancel_called;
+    bool cancel_called, cancel_tried;
     int done_seq;              /* position in the global DONE order */
     /* hooks */
     struct harness *hz;
@@ -332,7 +364,14 @@ typedef struct harness {
     srv_sched *s;
     int n_done;
     int done_counter;
+    /* chained submissions: every DONE submits chain[chain_next] (from inside the callback) */
+    const struct req_spec *chain;
+    struct result *chain_res;
+    int chain_next, chain_n;
+    const int *chain_cancel; /* cancel_after_tokens per chained request */
 } harness;
+
+static int submit(harness *h, const struct req_spec *q, struct result *r);
 
 static void on_event(const srv_sched_event *ev, void *user) {
     result *r = user;
@@ -347,13 +386,16 @@ static void on_event(const srv_sched_event *ev, void *user) {
             return;
         }
         if (r->cancel_called) r->deltas_after_cancel++;
-        memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
         r->text_len[ev->choice] += ev->text_len;
         for (int32_t i = 0; i < ev->n_samples; i++) r->toks[ev->choice][r->n_toks[ev->choice]++] = ev->samples[i].token;
-        if (r->cancel_after_tokens > 0 && !r->cancel_called && r->n_toks[0] >= r->cancel_after_tokens) {
-            r->cancel_called = true;
+        if (r->cancel_after_tokens > 0 && !r->cancel_tried && r->n_toks[0] >= r->cancel_after_tokens) {
+            r->cancel_tried = true;
             r->t_cancel = uv_hrtime();
-            cr_assert_eq(srv_sched_cancel(r->hz->s, r->id), SRV_SCHED_OK);
+            int crc = srv_sched_cancel(r->hz->s, r->id);
+            /* NOT_FOUND: the request already ended (its DONE is queued behind this event) */
+            cr_assert(crc == SRV_SCHED_OK || crc == SRV_SCHED_ERR_NOT_FOUND);
+            r->cancel_called = crc == SRV_SCHED_OK;
             mock *m = &r->hz->m;
             uv_mutex_lock(&m->gmu);
             m->gate_closed = false;
@@ -367,7 +409,7 @@ static void on_event(const srv_sched_event *ev, void *user) {
             r->order_errors++;
             return;
         }
-        memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
         r->text_len[ev->choice] += ev->text_len;
         r->ends[ev->choice]++;
         r->finish[ev->choice] = ev->finish;
@@ -382,10 +424,16 @@ static void on_event(const srv_sched_event *ev, void *user) {
         r->timings = ev->timings;
         r->done_seq = r->hz->done_counter++;
         r->t_done_ev = ev->t;
-        kvc_stats ks;
-        kvc_get_stats(r->hz->m.cache, &ks);
-        r->kv_used_at_done = ks.blocks_used;
+        srv_sched_stats st;
+        srv_sched_get_stats(r->hz->s, &st); /* refreshed together with posting this DONE */
+        r->kv_used_at_done = st.kv_blocks_used;
         r->hz->n_done++;
+        if (r->hz->chain && r->hz->chain_next < r->hz->chain_n) {
+            harness *hz = r->hz;
+            int k = hz->chain_next++;
+            cr_assert_eq(submit(hz, &hz->chain[k], &hz->chain_res[k]), SRV_SCHED_OK);
+            hz->chain_res[k].cancel_after_tokens = hz->chain_cancel[k];
+        }
         break;
     }
 }
@@ -396,6 +444,14 @@ static void hz_init(harness *h, int32_t block_size, int32_t n_blocks, const srv_
     mock_init(&h->m, block_size, n_blocks, sp->parallel, sp->batch_tokens);
     srv_engine_ops ops = mock_ops(&h->m);
     cr_assert_eq(srv_sched_create(sp, &ops, &h->loop, &h->s), SRV_SCHED_OK);
+}
+
+static void on_check(uv_check_t *c) {
+    mock *m = c->data;
+    uv_mutex_lock(&m->gmu);
+    m->granted = atomic_load(&m->decode_calls) + 1;
+    uv_cond_broadcast(&m->gcv);
+    uv_mutex_unlock(&m->gmu);
 }
 
 static void hz_run(harness *h, int n_done) {
@@ -412,20 +468,8 @@ static void hz_free(harness *h) {
     mock_free(&h->m);
 }
 
-typedef struct req_spec {
-    int32_t prompt[512];
-    int32_t n_prompt;
-    int32_t n;
-    int32_t max_tokens;
-    float temp;
-    uint64_t seed;
-    const char *stop[2];
-    size_t n_stop;
-    bool ignore_eos;
-    int32_t top;
-} req_spec;
 
-static int submit(harness *h, const req_spec *q, result *r) {
+static int submit(harness *h, const struct req_spec *q, struct result *r) {
     memset(r, 0, sizeof *r);
     r->n = q->n;
     r->hz = h;
@@ -444,6 +488,7 @@ static int submit(harness *h, const req_spec *q, result *r) {
     rq.stop = q->stop;
     rq.n_stop = q->n_stop;
     rq.ignore_eos = q->ignore_eos;
+    rq.penalize_prompt = q->penalize_prompt;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -641,6 +686,17 @@ Test(scheduler, n_choices_share_one_prefill) {
             differ = true;
     }
     cr_assert(differ, "all choices identical: seeds not applied per choice");
+    cr_assert_eq(atomic_load(&h->m.accepted), 0, "prompt shown to the penalties without penalize_prompt");
+    /* penalize_prompt: every choice's sampler sees the prompt once */
+    req_spec pp = q;
+    pp.penalize_prompt = true;
+    pp.max_tokens = 2;
+    result *rp = calloc(1, sizeof *rp);
+    cr_assert_eq(submit(h, &pp, rp), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(rp);
+    cr_assert_eq(atomic_load(&h->m.accepted), 4 * 43);
+    free(rp);
     hz_free(h);
     free(h);
     free(r);
@@ -736,7 +792,7 @@ Test(scheduler, concurrent_same_prefix_prefilled_once) {
 /* A tiny pool forces preemptions: every request still completes with exactly the output it has alone,
  * nothing is preempted twice without progress, and the cache stays consistent (kvc_check after every
  * forward, positions read back through the block tables). */
-static void preemption_round(uint64_t seed, int inject) {
+static void preemption_round(uint64_t seed, int inject, uint64_t *preemptions) {
     harness *h = malloc(sizeof *h);
     srv_sched_params p = params(32, 8);
     hz_init(h, 4, 28, &p);
@@ -771,8 +827,8 @@ static void preemption_round(uint64_t seed, int inject) {
         snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
         assert_same(&res[i], &alone, what);
     }
-    cr_assert_gt(st.preemptions, 0, "seed %llu: the pool never filled up", (unsigned long long)seed);
     cr_assert_eq(st.preemptions_repeated, 0, "seed %llu: thrash", (unsigned long long)seed);
+    *preemptions += st.preemptions;
     cr_assert_eq(st.kv_blocks_used, 0);
     hz_free(h);
     free(h);
@@ -780,12 +836,18 @@ static void preemption_round(uint64_t seed, int inject) {
     free(res);
 }
 
+/* How many preemptions a round sees depends on how the burst of submissions interleaves with the first
+ * steps, so the check that the pool really filled up is over all rounds. */
 Test(scheduler, preemption_tiny_pool_matches_alone) {
-    for (uint64_t seed = 1; seed <= 12; seed++) preemption_round(seed, 0);
+    uint64_t pre = 0;
+    for (uint64_t seed = 1; seed <= 12; seed++) preemption_round(seed, 0, &pre);
+    cr_assert_gt(pre, 0, "the pool never filled up");
 }
 
 Test(scheduler, engine_kv_full_is_retried) {
-    for (uint64_t seed = 20; seed <= 23; seed++) preemption_round(seed, 3);
+    uint64_t pre = 0;
+    for (uint64_t seed = 20; seed <= 23; seed++) preemption_round(seed, 3, &pre);
+    cr_assert_gt(pre, 0);
 }
 
 /* A prompt larger than the whole pool ends with an error; the next request is served normally. */
@@ -811,6 +873,19 @@ Test(scheduler, prompt_does_not_fit) {
     cr_assert_str_eq(rb->error, "prompt does not fit in the KV cache");
     cr_assert_neq(rs->done_finish, SRV_SCHED_FINISH_ERROR);
     cr_assert_gt(rs->n_toks[0] + (rs->finish[0] == SRV_SCHED_FINISH_STOP), 0);
+    /* generation that outgrows the whole pool (16 tokens) ends with "length" once the pool is full: the
+     * cache holds 16 tokens, plus the one sampled last that no longer fits */
+    req_spec grow = small;
+    grow.n_prompt = 6;
+    grow.max_tokens = 1000;
+    grow.ignore_eos = true;
+    result *rg = calloc(1, sizeof *rg);
+    cr_assert_eq(submit(h, &grow, rg), SRV_SCHED_OK);
+    hz_run(h, 3);
+    assert_clean(rg);
+    cr_assert_eq(rg->done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(rg->n_toks[0], 16 + 1 - 6, "%d tokens", rg->n_toks[0]);
+    free(rg);
     hz_free(h);
     free(h);
     free(rb);
@@ -1062,4 +1137,126 @@ Test(scheduler, errors_and_free_with_requests) {
     free(r);
     srv_sched_free(NULL);
     cr_assert_str_eq(srv_sched_finish_name(SRV_SCHED_FINISH_LENGTH), "length");
+}
+
+/* Randomized mix: shared prefixes, n up to 3, stop strings, ignore_eos, greedy and sampled, a pool small
+ * enough to preempt, random cancellations, half of the requests submitted from inside DONE callbacks.
+ * Uncancelled requests must equal their run alone; cancelled ones must have emitted a prefix of it. */
+Test(scheduler, randomized_mix_with_cancels) {
+    uint64_t preempts = 0, hits = 0;
+    int cancelled = 0;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        harness *h = malloc(sizeof *h);
+        srv_sched_params p = params(24, 8);
+        hz_init(h, 4, 48, &p);
+        enum { NR = 24, FIRST = 12 };
+        req_spec *q = calloc(NR, sizeof *q);
+        result *res = calloc(NR, sizeof *res);
+        int cancel_at[NR];
+        uint64_t rng = seed * 1000;
+        req_spec bases[3];
+        for (int b = 0; b < 3; b++) rand_prompt(&rng, &bases[b], 12 + 9 * b);
+        for (int i = 0; i < NR; i++) {
+            const req_spec *b = &bases[mix64(rng++) % 3];
+            memcpy(q[i].prompt, b->prompt, (size_t)b->n_prompt * sizeof(int32_t));
+            int32_t extra = 1 + (int32_t)(mix64(rng++) % 10);
+            for (int32_t k = 0; k < extra; k++) q[i].prompt[b->n_prompt + k] = 1 + (int32_t)(mix64(rng++) % 15);
+            q[i].n_prompt = b->n_prompt + extra;
+            q[i].n = 1 + (int32_t)(mix64(rng++) % 3);
+            q[i].max_tokens = 5 + (int32_t)(mix64(rng++) % 26);
+            q[i].temp = mix64(rng++) % 4 == 0 ? 0.0f : 1.0f;
+            q[i].seed = seed * 7919 + (uint64_t)i;
+            q[i].ignore_eos = mix64(rng++) % 2;
+            q[i].top = (int32_t)(mix64(rng++) % 3);
+            if (mix64(rng++) % 3 == 0) {
+                q[i].stop[0] = "st";
+                q[i].stop[1] = "a";
+                q[i].n_stop = 2;
+            }
+            cancel_at[i] = mix64(rng++) % 4 == 0 ? 1 + (int)(mix64(rng++) % 6) : 0;
+        }
+        h->chain = q;
+        h->chain_res = res;
+        h->chain_next = FIRST;
+        h->chain_n = NR;
+        h->chain_cancel = cancel_at;
+        uv_check_t check;
+        uv_check_init(&h->loop, &check);
+        check.data = &h->m;
+        uv_check_start(&check, on_check);
+        h->m.lockstep = true;
+        for (int i = 0; i < FIRST; i++) {
+            cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+            res[i].cancel_after_tokens = cancel_at[i];
+        }
+        hz_run(h, NR);
+        uv_close((uv_handle_t *)&check, NULL);
+        srv_sched_stats st;
+        srv_sched_get_stats(h->s, &st);
+        cr_assert_eq(st.preemptions_repeated, 0, "seed %llu", (unsigned long long)seed);
+        cr_assert_eq(st.kv_blocks_used, 0);
+        cr_assert_eq(st.requests_running + st.requests_waiting, 0);
+        preempts += st.preemptions;
+        hits += st.prefix_hit_tokens;
+        for (int i = 0; i < NR; i++) {
+            assert_clean(&res[i]);
+            result alone;
+            run_alone(&q[i], &alone);
+            char what[64];
+            snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
+            cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "%s: %s", what, res[i].error);
+            if (!res[i].cancel_called) {
+                assert_same(&res[i], &alone, what);
+                continue;
+            }
+            cancelled++;
+            cr_assert_eq(res[i].deltas_after_cancel, 0, "%s", what);
+            for (int32_t c = 0; c < q[i].n; c++) {
+                cr_assert_leq(res[i].n_toks[c], alone.n_toks[c], "%s", what);
+                cr_assert(memcmp(res[i].toks[c], alone.toks[c], (size_t)res[i].n_toks[c] * sizeof(int32_t)) == 0,
+                          "%s: choice %d", what, c);
+                cr_assert(res[i].text_len[c] <= alone.text_len[c] &&
+                          memcmp(res[i].text[c], alone.text[c], res[i].text_len[c]) == 0, "%s: choice %d", what, c);
+            }
+        }
+        hz_free(h);
+        free(h);
+        free(q);
+        free(res);
+    }
+    /* the mix exercised what it is meant to */
+    cr_assert_gt(preempts, 0);
+    cr_assert_gt(hits, 0);
+    cr_assert_gt(cancelled, 0);
+}
+
+/* An engine failure ends the requests of that batch with an error; the scheduler keeps serving. */
+Test(scheduler, engine_error_fails_batch) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 4);
+    hz_init(h, 8, 256, &p);
+    h->m.fail_at = 3;
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 77;
+    rand_prompt(&rng, &q, 12);
+    q.n = 1;
+    q.max_tokens = 10;
+    q.ignore_eos = true;
+    result *r = calloc(2, sizeof *r);
+    cr_assert_eq(submit(h, &q, &r[0]), SRV_SCHED_OK);
+    hz_run(h, 1);
+    assert_clean(&r[0]);
+    cr_assert_eq(r[0].done_finish, SRV_SCHED_FINISH_ERROR);
+    cr_assert_str_eq(r[0].error, "engine: device error");
+    cr_assert_eq(r[0].n_toks[0], 2, "tokens from the two decodes before the failure");
+    cr_assert_eq(submit(h, &q, &r[1]), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(&r[1]);
+    cr_assert_eq(r[1].done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(r[1].n_toks[0], 10);
+    cr_assert(memcmp(r[1].toks[0], r[0].toks[0], 2 * sizeof(int32_t)) == 0);
+    hz_free(h);
+    free(h);
+    free(r);
 }

@@ -1,0 +1,362 @@
+/*
+ * test_reference.c: the engine against llama.cpp's greedy completions in ../shared/reference/, by the rule of
+ * ../shared/reference/README.md (accepted divergence only below a margin, mean/max logprob deltas, share of
+ * steps compared, EOS at the reference's EOS step), run both one prompt at a time and as one multi-sequence
+ * batch, which must agree (batch invariance). Also stories260K's 60-token greedy sequence from BOS.
+ * Skips with a message when the shared directory is absent.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/engine.h"
+#include "engine/model.h"
+
+#define MAX_CASES 16
+#define MAX_STEPS 64
+#define MAX_PROMPT 1024
+
+static const char *shared_dir(void) {
+    const char *d = getenv("KVSERVE_SHARED");
+    if (d && *d) return d;
+    return KVSERVE_SHARED_DIR;
+}
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf) buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+typedef struct ref_step { int32_t token; double logprob, margin; } ref_step;
+typedef struct ref_case {
+    const char *prompt;
+    int32_t prompt_tokens[MAX_PROMPT];
+    int32_t n_prompt;
+    ref_step steps[MAX_STEPS];
+    int32_t n_steps;
+} ref_case;
+
+/* What one engine run produced for a case. */
+typedef struct run_case {
+    int32_t tokens[MAX_STEPS];
+    double logprob[MAX_STEPS];    /* of the chosen token */
+    double ref_lp[MAX_STEPS];     /* of the reference token at that step */
+    double margin[MAX_STEPS];     /* engine's top-1 minus top-2 logprob */
+    int32_t n;
+} run_case;
+
+static int parse_ref(cJSON *root, ref_case *cases) {
+    cJSON *arr = cJSON_GetObjectItem(root, "cases");
+    cr_assert(cJSON_IsArray(arr));
+    int n = 0;
+    cJSON *c;
+    cJSON_ArrayForEach(c, arr) {
+        cr_assert(n < MAX_CASES);
+        ref_case *rc = &cases[n++];
+        rc->prompt = cJSON_GetObjectItem(c, "prompt")->valuestring;
+        rc->n_prompt = 0;
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(c, "prompt_tokens")) {
+            cr_assert(rc->n_prompt < MAX_PROMPT);
+            rc->prompt_tokens[rc->n_prompt++] = (int32_t)t->valuedouble;
+        }
+        rc->n_steps = 0;
+        cJSON *s;
+        cJSON_ArrayForEach(s, cJSON_GetObjectItem(c, "steps")) {
+            cr_assert(rc->n_steps < MAX_STEPS);
+            ref_step *st = &rc->steps[rc->n_steps++];
+            st->token = (int32_t)cJSON_GetObjectItem(s, "token")->valuedouble;
+            st->logprob = cJSON_GetObjectItem(s, "logprob")->valuedouble;
+            cJSON *top = cJSON_GetObjectItem(s, "top");
+            st->margin = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 0), 1)->valuedouble -
+                         cJSON_GetArrayItem(cJSON_GetArrayItem(top, 1), 1)->valuedouble;
+        }
+    }
+    return n;
+}
+
+/* Log-softmax facts of one logits row: argmax, margin, and the logprob of `tok`. */
+static void logits_info(const float *lg, int32_t n_vocab, int32_t tok, int32_t *best, double *margin, double *lp_tok,
+                        double *lp_best) {
+    int32_t b1 = 0, b2 = -1;
+    for (int32_t i = 1; i < n_vocab; i++) {
+        if (lg[i] > lg[b1]) {
+            b2 = b1;
+            b1 = i;
+        } else if (b2 < 0 || lg[i] > lg[b2]) {
+            b2 = i;
+        }
+    }
+    double mx = lg[b1], sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)lg[i] - mx);
+    double lse = mx + log(sum);
+    *best = b1;
+    *margin = (double)lg[b1] - (double)lg[b2];
+    *lp_tok = (double)lg[tok] - lse;
+    *lp_best = (double)lg[b1] - lse;
+}
+
+/* Records step `i` of case rc from logits; returns the token to feed next. */
+static int32_t record(run_case *out, const ref_case *rc, int i, const float *lg, int32_t n_vocab) {
+    int32_t best;
+    double margin, lp_ref, lp_best;
+    int32_t ref_tok = i < rc->n_steps ? rc->steps[i].token : 0;
+    logits_info(lg, n_vocab, ref_tok, &best, &margin, &lp_ref, &lp_best);
+    out->tokens[i] = best;
+    out->logprob[i] = lp_best;
+    out->ref_lp[i] = lp_ref;
+    out->margin[i] = margin;
+    out->n = i + 1;
+    return best;
+}
+
+/* Runs every case alone (batched == false) or all together as one multi-sequence batch. Each case decodes as
+ * many greedy steps as its reference has. */
+static void run_cases(eng_ctx *ctx, const ref_case *cases, int n_cases, int32_t n_vocab, bool batched,
+                      run_case *out) {
+    kvc_cache *kv = eng_ctx_cache(ctx);
+    static int32_t tok[MAX_CASES * MAX_PROMPT], pos[MAX_CASES * MAX_PROMPT], seq[MAX_CASES * MAX_PROMPT];
+    static bool want[MAX_CASES * MAX_PROMPT];
+    int32_t seqs[MAX_CASES], next[MAX_CASES], row[MAX_CASES];
+    int groups = batched ? 1 : n_cases;
+    for (int g = 0; g < groups; g++) {
+        int c0 = batched ? 0 : g, c1 = batched ? n_cases : g + 1;
+        int32_t n = 0;
+        for (int c = c0; c < c1; c++) {
+            cr_assert_eq(kvc_seq_alloc(kv, &seqs[c]), 0);
+            for (int32_t p = 0; p < cases[c].n_prompt; p++) {
+                tok[n] = cases[c].prompt_tokens[p];
+                pos[n] = p;
+                seq[n] = seqs[c];
+                want[n] = p == cases[c].n_prompt - 1;
+                if (want[n]) row[c] = n;
+                n++;
+            }
+        }
+        eng_batch b = {n, tok, pos, seq, want};
+        cr_assert_eq(eng_decode(ctx, &b), 0);
+        for (int c = c0; c < c1; c++) {
+            out[c].n = 0;
+            next[c] = record(&out[c], &cases[c], 0, eng_get_logits(ctx, row[c]), n_vocab);
+        }
+        for (int step = 1;; step++) {
+            n = 0;
+            for (int c = c0; c < c1; c++) {
+                if (step >= cases[c].n_steps) continue;
+                tok[n] = next[c];
+                pos[n] = cases[c].n_prompt + step - 1;
+                seq[n] = seqs[c];
+                want[n] = true;
+                row[c] = n++;
+            }
+            if (n == 0) break;
+            eng_batch d = {n, tok, pos, seq, want};
+            cr_assert_eq(eng_decode(ctx, &d), 0, "decode step %d", step);
+            for (int c = c0; c < c1; c++)
+                if (step < cases[c].n_steps)
+                    next[c] = record(&out[c], &cases[c], step, eng_get_logits(ctx, row[c]), n_vocab);
+        }
+        for (int c = c0; c < c1; c++) cr_assert_eq(kvc_seq_free(kv, seqs[c]), 0);
+    }
+}
+
+typedef struct cmp_stats { int compared, total; double sum_delta, max_delta; bool ok; } cmp_stats;
+
+/* The README's rule for one run over all cases. */
+static cmp_stats compare_ref(const char *name, const char *label, const ref_case *cases, int n_cases,
+                             const run_case *runs, bool quantized, int32_t eos) {
+    double thr_margin = quantized ? 0.5 : 0.1, max_mean = quantized ? 0.05 : 0.01, max_step = quantized ? 0.5 : 0.05;
+    double min_frac = quantized ? 0.40 : 0.90;
+    cmp_stats s = {0, 0, 0.0, 0.0, true};
+    for (int c = 0; c < n_cases; c++) {
+        s.total += cases[c].n_steps;
+        for (int i = 0; i < cases[c].n_steps && i < runs[c].n; i++) {
+            const ref_step *st = &cases[c].steps[i];
+            double d = fabs(runs[c].ref_lp[i] - st->logprob);
+            s.compared++;
+            s.sum_delta += d;
+            if (d > s.max_delta) s.max_delta = d;
+            if (d > max_step) {
+                cr_log_error("%s %s: case %d step %d: delta %.4f > %.3f", name, label, c, i, d, max_step);
+                s.ok = false;
+            }
+            if (runs[c].tokens[i] != st->token) {
+                if (st->token == eos) {
+                    cr_log_error("%s %s: case %d step %d: reference ends in EOS, engine chose %d", name, label, c, i,
+                                 runs[c].tokens[i]);
+                    s.ok = false;
+                } else if (st->margin >= thr_margin) {
+                    cr_log_error("%s %s: case %d step %d: token %d != reference %d (margin %.4f)", name, label, c, i,
+                                 runs[c].tokens[i], st->token, st->margin);
+                    s.ok = false;
+                }
+                break; /* diverged (legitimately or not): stop comparing this case */
+            }
+        }
+    }
+    double mean = s.compared ? s.sum_delta / s.compared : 0.0;
+    if (mean > max_mean) {
+        cr_log_error("%s %s: mean delta %.4f > %.3f", name, label, mean, max_mean);
+        s.ok = false;
+    }
+    if (s.compared < min_frac * s.total) {
+        cr_log_error("%s %s: compared %d of %d steps (< %.0f%%)", name, label, s.compared, s.total, 100 * min_frac);
+        s.ok = false;
+    }
+    return s;
+}
+
+static bool model_is_quantized(const eng_model *m) {
+    const eng_layer *ly = &m->layers[0];
+    const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down, &m->output};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        if (ms[i]->type != 0 && ms[i]->type != 1 && ms[i]->type != 30) return true;
+    return false;
+}
+
+static void check_model(const char *base) {
+    char mpath[1024], rpath[1024];
+    const char *dir = shared_dir();
+    snprintf(rpath, sizeof rpath, "%s/reference/%s.json", dir, base);
+    snprintf(mpath, sizeof mpath, "%s/models/%s%s.gguf", dir, strncmp(base, "syn-", 4) ? "" : "synthetic/", base);
+    if (!file_exists(mpath) || !file_exists(rpath))
+        cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED to ../shared", mpath);
+    char *json = read_file(rpath);
+    cr_assert_not_null(json);
+    cJSON *root = cJSON_Parse(json);
+    cr_assert_not_null(root);
+    static ref_case cases[MAX_CASES];
+    int n_cases = parse_ref(root, cases);
+
+    eng_model *m = NULL;
+    char err[512];
+    cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    bool quantized = model_is_quantized(m);
+
+    /* tokenization must reproduce prompt_tokens (the engine runs on the reference ids either way) */
+    for (int c = 0; c < n_cases; c++) {
+        int32_t ids[MAX_PROMPT], n = 0;
+        int rc = eng_tokenize(m, cases[c].prompt, strlen(cases[c].prompt), true, true, ids, MAX_PROMPT, &n);
+        cr_expect_eq(rc, 0);
+        bool same = rc == 0 && n == cases[c].n_prompt;
+        for (int32_t i = 0; same && i < n; i++) same = ids[i] == cases[c].prompt_tokens[i];
+        cr_expect(same, "%s: case %d: tokenization differs from prompt_tokens", base, c);
+    }
+
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_ctx = 512;
+    cp.max_seqs = MAX_CASES;
+    cp.max_batch_tokens = 1024;
+    cp.kv_dtype = KVC_DTYPE_F32;
+    cp.prefix_caching = false;
+    eng_ctx *ctx = NULL;
+    cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
+
+    static run_case seq_runs[MAX_CASES], batch_runs[MAX_CASES];
+    run_cases(ctx, cases, n_cases, hp->n_vocab, false, seq_runs);
+    run_cases(ctx, cases, n_cases, hp->n_vocab, true, batch_runs);
+
+    int32_t eos = eng_token_eos(m);
+    cmp_stats s1 = compare_ref(base, "one at a time", cases, n_cases, seq_runs, quantized, eos);
+    cmp_stats s2 = compare_ref(base, "batched", cases, n_cases, batch_runs, quantized, eos);
+    cr_log_info("%s (%s): %s; mean delta %.5f, max delta %.5f, steps compared %d/%d (batched: %s, mean %.5f, "
+                "max %.5f, %d/%d)", base, quantized ? "quantized rule" : "float rule", s1.ok ? "pass" : "FAIL",
+                s1.compared ? s1.sum_delta / s1.compared : 0.0, s1.max_delta, s1.compared, s1.total,
+                s2.ok ? "pass" : "FAIL", s2.compared ? s2.sum_delta / s2.compared : 0.0, s2.max_delta, s2.compared,
+                s2.total);
+    cr_expect(s1.ok, "%s: reference comparison failed (one prompt at a time)", base);
+    cr_expect(s2.ok, "%s: reference comparison failed (batched)", base);
+
+    /* batch invariance */
+    double max_lp_diff = 0.0;
+    for (int c = 0; c < n_cases; c++) {
+        for (int i = 0; i < seq_runs[c].n && i < batch_runs[c].n; i++) {
+            double d = fabs(seq_runs[c].logprob[i] - batch_runs[c].logprob[i]);
+            if (seq_runs[c].tokens[i] != batch_runs[c].tokens[i]) {
+                cr_expect(seq_runs[c].margin[i] < 1e-3, "%s: case %d step %d: batched token %d != %d (margin %g)",
+                          base, c, i, batch_runs[c].tokens[i], seq_runs[c].tokens[i], seq_runs[c].margin[i]);
+                break;
+            }
+            if (d > max_lp_diff) max_lp_diff = d;
+            cr_expect_leq(d, 1e-3, "%s: case %d step %d: batched logprob differs by %g", base, c, i, d);
+        }
+    }
+    cr_log_info("%s: batch invariance: max logprob difference %.2e", base, max_lp_diff);
+    eng_ctx_free(ctx);
+    eng_model_free(m);
+    cJSON_Delete(root);
+    free(json);
+}
+
+TestSuite(reference, .timeout = 120);
+
+Test(reference, stories260K) { check_model("stories260K"); }
+Test(reference, syn_llama_f16) { check_model("syn-llama-f16"); }
+Test(reference, syn_llama_q8_0) { check_model("syn-llama-q8_0"); }
+Test(reference, syn_llama_q4_0) { check_model("syn-llama-q4_0"); }
+Test(reference, syn_llama_q4_k_m) { check_model("syn-llama-q4_k_m"); }
+Test(reference, syn_llama_q6_k) { check_model("syn-llama-q6_k"); }
+Test(reference, syn_qwen2_q8_0) { check_model("syn-qwen2-q8_0"); }
+
+/* models/README.md: greedy from BOS with no prompt gives these 60 ids (independent float64 reference). */
+Test(reference, stories260K_from_bos) {
+    static const int32_t want[60] = {
+        403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+        410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352,
+        266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415};
+    char mpath[1024], err[512];
+    snprintf(mpath, sizeof mpath, "%s/models/stories260K.gguf", shared_dir());
+    if (!file_exists(mpath)) cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED", mpath);
+    eng_model *m = NULL;
+    cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_ctx = 128;
+    cp.kv_dtype = KVC_DTYPE_F32;
+    eng_ctx *ctx = NULL;
+    cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
+    int32_t seq;
+    cr_assert_eq(kvc_seq_alloc(eng_ctx_cache(ctx), &seq), 0);
+    int32_t tok = eng_token_bos(m);
+    cr_assert_eq(tok, 1);
+    bool wl = true;
+    int matched = 0;
+    for (int32_t pos = 0; pos < 60; pos++) {
+        eng_batch b = {1, &tok, &pos, &seq, &wl};
+        cr_assert_eq(eng_decode(ctx, &b), 0);
+        const float *lg = eng_get_logits(ctx, 0);
+        int32_t best = 0;
+        for (int32_t i = 1; i < eng_model_hparams(m)->n_vocab; i++)
+            if (lg[i] > lg[best]) best = i;
+        if (best != want[pos]) break;
+        matched++;
+        tok = best;
+    }
+    cr_log_info("stories260K from BOS: %d of 60 greedy tokens match", matched);
+    cr_expect_eq(matched, 60, "diverged at generated token %d", matched);
+    eng_ctx_free(ctx);
+    eng_model_free(m);
+}
