@@ -873,6 +873,9 @@ static void route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
         sr.stop = (const char *const *)g->stop;
         sr.n_stop = (size_t)g->n_stop;
         sr.ignore_eos = g->ignore_eos;
+        /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
+         * penalties alone look only at generated tokens */
+        sr.penalize_prompt = g->repetition_penalty != 1.0f;
         sr.cb = on_sched_event;
         sr.user = &c->subs[i];
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
