@@ -786,6 +786,15 @@ Test(api, errors_and_routes) {
     cr_assert_gt(jnum(m, "created"), 1.6e9);
     cJSON_Delete(o);
     tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/fake-model", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "id"), "fake-model");
+    cr_assert_str_eq(jstr(o, "object"), "model");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/other", NULL, &r), 404);
+    cr_assert(strstr(r.body, "model_not_found"));
+    tc_resp_free(&r);
     cr_assert_eq(get(f, "/health", NULL, &r), 200);
     cr_assert(strstr(r.body, "\"ok\""));
     tc_resp_free(&r);
