@@ -5,6 +5,8 @@
 
 #include <cjson/cJSON.h>
 
+#include <signal.h>
+
 #include "server/api.h"
 #include "srv_test_client.h"
 
@@ -444,6 +446,7 @@ static void on_cancel_all(uv_async_t *a) {
 typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
+    signal(SIGPIPE, SIG_IGN); /* as srv_main does */
     fake *f = calloc(1, sizeof *f);
     cr_assert_eq(tc_loop_init(&f->L, fake_on_stop, f), 0);
     srv_metrics_init(&f->metrics);
