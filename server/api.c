@@ -434,6 +434,7 @@ static void sse_send(api_call *c, cJSON *obj, const char *literal) {
     free(s);
     int r = srv_http_stream_write(c->req, msg, pl + 8);
     free(msg);
+    if (r != 0 && !c->req) return; /* the write found the connection gone: on_abort already cleaned up */
     if (r != 0) { /* the client does not read (or is gone): stop generating for it */
         srv_http_req *req = c->req;
         c->req = NULL;
