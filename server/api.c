@@ -218,17 +218,35 @@ static void route_health(srv_api *api, srv_http_req *req) {
     cJSON_Delete(o);
 }
 
-static void route_models(srv_api *api, srv_http_req *req) {
-    cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
-    if (!o || !data || !m) { cJSON_Delete(o); cJSON_Delete(data); cJSON_Delete(m); reply_json(api, req, 500, NULL, NULL, -1); return; }
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON_AddItemToObject(o, "data", data);
-    cJSON_AddItemToArray(data, m);
+static cJSON *model_json(const srv_api *api) {
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
     cJSON_AddStringToObject(m, "id", api->model_id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)api->created);
     cJSON_AddStringToObject(m, "owned_by", "kvserve");
     if (api->n_ctx > 0) cJSON_AddNumberToObject(m, "max_model_len", api->n_ctx);
+    return m;
+}
+
+/* GET /v1/models/{id} */
+static void route_model(srv_api *api, srv_http_req *req, const char *id) {
+    if (strcmp(id, api->model_id)) {
+        reply_err(api, req, 404, NULL, "model", "model_not_found", NULL, "The model '%s' does not exist; this "
+                  "server serves '%s'", id, api->model_id);
+        return;
+    }
+    cJSON *m = model_json(api);
+    reply_json(api, req, 200, m, NULL, -1);
+    cJSON_Delete(m);
+}
+
+static void route_models(srv_api *api, srv_http_req *req) {
+    cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = model_json(api);
+    if (!o || !data || !m) { cJSON_Delete(o); cJSON_Delete(data); cJSON_Delete(m); reply_json(api, req, 500, NULL, NULL, -1); return; }
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToObject(o, "data", data);
+    cJSON_AddItemToArray(data, m);
     reply_json(api, req, 200, o, NULL, -1);
     cJSON_Delete(o);
 }
@@ -373,6 +391,8 @@ static void on_abort(void *ud, srv_http_req *req) {
     api_call *c = ud;
     c->req = NULL;
     if (c->api->metrics) c->api->metrics->requests_finished_abort++;
+    /* 499: the client closed the connection before the answer was complete (nginx's convention) */
+    log_request(c->api, c->method, c->path, 499, &c->usage, -1, ms_since(c->t_arrival));
     cancel_subs(c);
 }
 
@@ -414,11 +434,12 @@ static void sse_send(api_call *c, cJSON *obj, const char *literal) {
     free(s);
     int r = srv_http_stream_write(c->req, msg, pl + 8);
     free(msg);
+    if (r != 0 && !c->req) return; /* the write found the connection gone: on_abort already cleaned up */
     if (r != 0) { /* the client does not read (or is gone): stop generating for it */
         srv_http_req *req = c->req;
         c->req = NULL;
         if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-        log_request(c->api, c->method, c->path, 200, &c->usage, -1, ms_since(c->t_arrival));
+        log_request(c->api, c->method, c->path, 499, &c->usage, -1, ms_since(c->t_arrival));
         srv_http_abort(req);
         cancel_subs(c);
     }
@@ -871,6 +892,9 @@ static void route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
         sr.stop = (const char *const *)g->stop;
         sr.n_stop = (size_t)g->n_stop;
         sr.ignore_eos = g->ignore_eos;
+        /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
+         * penalties alone look only at generated tokens */
+        sr.penalize_prompt = g->repetition_penalty != 1.0f;
         sr.cb = on_sched_event;
         sr.user = &c->subs[i];
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
@@ -954,6 +978,18 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     while (plen > 1 && req->path[plen - 1] == '/') req->path[--plen] = 0; /* "/v1/models/" == "/v1/models" */
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
         if (!strcmp(req->path, ROUTES[i].path)) { rt = &ROUTES[i]; break; }
+    if (!rt && !strncmp(req->path, "/v1/models/", 11) && req->path[11]) {
+        if (req->method != HTTP_GET) {
+            reply_err(api, req, 405, NULL, NULL, "method_not_allowed", "Allow: GET\r\n", "%s %s is not allowed; use GET",
+                      req->method_name, req->path);
+        } else if (!auth_ok(api, req)) {
+            reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
+                      "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'");
+        } else {
+            route_model(api, req, req->path + 11);
+        }
+        return;
+    }
     if (!rt) {
         reply_err(api, req, 404, NULL, NULL, "not_found", NULL, "no route for %s %s", req->method_name, req->path);
         return;

@@ -42,7 +42,7 @@ static const key_def KEYS[] = {
     B(prefix_caching, "reuse cached KV blocks of common prompt prefixes"),
     S(device, "auto|cpu|cuda", "compute device"),
     N(gpu_memory_fraction, 0.01, 1.0, "CUDA: share of GPU memory for weights and KV"),
-    I(max_queue, 0, 1000000, "waiting requests before new ones get 503"),
+    I(max_queue, 1, 1000000, "waiting requests before new ones get 503"),
     I(max_n, 1, 4096, "largest n (choices) a request may ask"),
     I(max_stop, 0, 1024, "most stop strings per request"),
     S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),

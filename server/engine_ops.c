@@ -30,13 +30,17 @@ static void re_sampler_free(void *p, void *s) {
     (void)p;
     eng_sampler_free(s);
 }
+static void re_accept(void *p, void *s, int32_t token) {
+    (void)p;
+    eng_sampler_accept(s, token);
+}
 static int re_sample(void *p, void *s, float *logits, eng_sample *out) {
     (void)p;
     return eng_sampler_sample(s, logits, out);
 }
 
-/* The wrapper state lives in a small table keyed by nothing: srv_engine_ops_init stores it in out->ctx,
- * allocated here and released by srv_engine_ops_release. */
+/* The wrapper state (model + context) is allocated here, stored in out->ctx and released by
+ * srv_engine_ops_release. */
 int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ctx) {
     if (!out || !model || !ctx) return SRV_SCHED_ERR_INVALID;
     real_engine *re = malloc(sizeof *re);
@@ -54,6 +58,7 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
     out->sampler_create = re_sampler_create;
     out->sampler_free = re_sampler_free;
     out->sampler_sample = re_sample;
+    out->sampler_accept = re_accept;
     return SRV_SCHED_OK;
 }
 

@@ -51,13 +51,13 @@ typedef struct sched_req {
     eng_sampling_params sp;
     eng_logit_bias *bias;
     bool ignore_eos;
+    bool penalize_prompt;
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */
     bool cancel_handled;        /* scheduler thread */
     bool admitted_once;
     bool protect;               /* preempted, no token since: not a preemption victim */
-    bool in_step;               /* has entries in the batch being built */
     int32_t n_unfinished;
     sched_choice *ch;
     srv_sched_usage usage;
@@ -546,7 +546,6 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
         s->b_seq[i] = c->seq;
         s->b_logits[i] = logits && k == n - 1;
     }
-    r->in_step = true;
 }
 
 static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
@@ -745,6 +744,8 @@ static int admit_head(srv_sched *s) {
                 finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_ERROR, "cannot create a sampler");
             return -1;
         }
+        if (r->penalize_prompt && s->ops.sampler_accept)
+            for (int32_t k = 0; k < r->n_prompt; k++) s->ops.sampler_accept(s->ops.ctx, c->sampler, r->prompt[k]);
     }
     vec_remove(&s->waiting, r);
     if (vec_insert_sorted(&s->running, r) != 0) {
@@ -891,7 +892,6 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
 static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     int32_t reserved = 0, budget = s->p.batch_tokens;
-    for (int32_t i = 0; i < s->running.n; i++) s->running.v[i]->in_step = false;
     /* 1. decode tokens of running choices, FCFS */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
@@ -1196,6 +1196,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     }
     r->sp.logit_bias = r->bias;
     r->ignore_eos = req->ignore_eos;
+    r->penalize_prompt = req->penalize_prompt;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

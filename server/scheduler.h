@@ -118,6 +118,8 @@ typedef struct srv_engine_ops {
     int (*sampler_create)(void *ctx, const eng_sampling_params *params, void **out);
     void (*sampler_free)(void *ctx, void *sampler);
     int (*sampler_sample)(void *ctx, void *sampler, float *logits, eng_sample *out);
+    /* Optional (may be NULL): eng_sampler_accept, used to show prompt tokens to the penalties. */
+    void (*sampler_accept)(void *ctx, void *sampler, int32_t token);
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
@@ -210,6 +212,9 @@ typedef struct srv_sched_request {
     const char *const *stop;  /* stop strings (copied; empty strings ignored) */
     size_t n_stop;
     bool ignore_eos;          /* EOG tokens are banned (logit -inf) and never end the choice */
+    bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
+                                 llama.cpp's server does); false: only generated tokens (needs
+                                 ops.sampler_accept, ignored without it) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

@@ -155,7 +155,8 @@ static __attribute__((unused)) int tc_read(tc_conn *c, tc_resp *r) {
             if (e != HPE_OK) return -1;
         }
         if (c->eof) {
-            if (llhttp_finish(&c->parser) == HPE_OK && r->complete) return 0;
+            llhttp_finish(&c->parser); /* completes a body delimited by the end of the connection */
+            if (r->complete) return 0;
             return -1;
         }
         ssize_t n = recv(c->fd, c->buf, sizeof c->buf, 0);

@@ -5,6 +5,8 @@
 
 #include <cjson/cJSON.h>
 
+#include <signal.h>
+
 #include "server/api.h"
 #include "srv_test_client.h"
 
@@ -241,6 +243,7 @@ struct fake {
     bool last_ignore_eos;
     char last_stop0[32];
     freq *live[64];   /* requests not yet done (loop thread only) */
+    uv_async_t cancel_all; /* runs srv_api_cancel_all on the loop thread */
 };
 
 static void freq_closed(uv_handle_t *h) { free(h->data); }
@@ -432,11 +435,18 @@ static void fake_on_stop(uv_loop_t *loop, void *ud) {
     (void)loop;
     fake *f = ud;
     srv_http_close(f->h);
+    uv_close((uv_handle_t *)&f->cancel_all, NULL);
+}
+
+static void on_cancel_all(uv_async_t *a) {
+    fake *f = a->data;
+    srv_api_cancel_all(f->api);
 }
 
 typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
+    signal(SIGPIPE, SIG_IGN); /* as srv_main does */
     fake *f = calloc(1, sizeof *f);
     cr_assert_eq(tc_loop_init(&f->L, fake_on_stop, f), 0);
     srv_metrics_init(&f->metrics);
@@ -449,6 +459,8 @@ static fake *fake_start(const fake_opts *o) {
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = SRV_LOG_NONE;
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
+    f->cancel_all.data = f;
+    cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat};
         srv_api_set_backend(f->api, &be);
@@ -777,6 +789,15 @@ Test(api, errors_and_routes) {
     cr_assert_gt(jnum(m, "created"), 1.6e9);
     cJSON_Delete(o);
     tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/fake-model", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "id"), "fake-model");
+    cr_assert_str_eq(jstr(o, "object"), "model");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/other", NULL, &r), 404);
+    cr_assert(strstr(r.body, "model_not_found"));
+    tc_resp_free(&r);
     cr_assert_eq(get(f, "/health", NULL, &r), 200);
     cr_assert(strstr(r.body, "\"ok\""));
     tc_resp_free(&r);
@@ -904,6 +925,42 @@ Test(api, disconnect_cancels_generation) {
     fake_stop(f); /* waits for the cancelled request's DONE */
 }
 
+/* Shutdown after the grace period: srv_api_cancel_all answers 503 to a waiting non-streaming request and
+ * ends a stream with an error event and [DONE]. */
+Test(api, cancel_all_on_shutdown) {
+    fake *f = fake_start(NULL);
+    const char *b1 = "{\"prompt\":\"SLOW\"}", *b2 = "{\"prompt\":\"SLOW\",\"stream\":true}";
+    char req[512];
+    int fa = tc_connect(f->port), fb = tc_connect(f->port);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b1), b1);
+    cr_assert_eq(tc_sends(fa, req), 0);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b2), b2);
+    cr_assert_eq(tc_sends(fb, req), 0);
+    for (int i = 0; i < 500 && atomic_load(&f->n_submit) < 2; i++) usleep(5000);
+    cr_assert_eq(atomic_load(&f->n_submit), 2);
+    uv_async_send(&f->cancel_all);
+    tc_conn *ca = malloc(sizeof *ca), *cb = malloc(sizeof *cb);
+    tc_init(ca, fa);
+    tc_init(cb, fb);
+    tc_resp r;
+    cr_assert_eq(tc_read(ca, &r), 0);
+    cr_assert_eq(r.status, 503);
+    cr_assert(strstr(r.body, "shutting down"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_read(cb, &r), 0);
+    cr_assert_eq(r.status, 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    cr_assert(strstr(ev[n - 2], "\"error\"") && strstr(ev[n - 2], "shutting down"), "%s", ev[n - 2]);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_cancel), 2);
+    close(fa);
+    close(fb);
+    free(ca);
+    free(cb);
+    fake_stop(f);
+}
+
 /* ---- metrics over HTTP: valid exposition text ------------------------------------------------------------- */
 Test(api, metrics_endpoint) {
     fake *f = fake_start(NULL);
@@ -928,4 +985,127 @@ Test(api, metrics_endpoint) {
         cr_assert(strstr(r.body, want[i]), "missing '%s' in:\n%s", want[i], r.body);
     tc_resp_free(&r);
     fake_stop(f);
+}
+
+/* ---- 3. the real daemon over a tiny generated model ------------------------------------------------------------ */
+#include <signal.h>
+#include <sys/wait.h>
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = calloc(1, 1 << 20);
+    size_t n = fread(b, 1, (1 << 20) - 1, f);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static pid_t g_server_pid; /* killed by the fini hook if an assertion ends the test early */
+static void kill_server(void) {
+    if (g_server_pid > 0) { kill(g_server_pid, SIGKILL); waitpid(g_server_pid, NULL, 0); }
+    g_server_pid = 0;
+}
+
+Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
+    char dir[] = "/tmp/kvs_serve_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char model[256], logp[256], cmd[1024];
+    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
+    snprintf(logp, sizeof logp, "%s/server.log", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' --preset tiny >/dev/null 2>&1", KVSERVE_BINARY, model);
+    if (access(KVSERVE_BINARY, X_OK) != 0 || system(cmd) != 0) cr_skip_test("kvserve binary or mkmodel unavailable");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        FILE *lf = freopen(logp, "w", stderr);
+        FILE *of = freopen("/dev/null", "w", stdout);
+        (void)lf; (void)of;
+        execl(KVSERVE_BINARY, KVSERVE_BINARY, "serve", "--model", model, "--port", "0", "--threads", "1",
+              "--log-format", "json", "--parallel", "4", (char *)NULL);
+        _exit(127);
+    }
+    g_server_pid = pid;
+    int port = 0;
+    for (int i = 0; i < 1000 && !port; i++) {
+        char *log = slurp(logp);
+        const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
+        if (p) port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(log);
+        if (!port) usleep(10000);
+    }
+    cr_assert_gt(port, 0, "the server did not report its port");
+    fake shim; /* post()/get() only need the port */
+    memset(&shim, 0, sizeof shim);
+    shim.port = port;
+    tc_resp r;
+    int st = 0;
+    for (int i = 0; i < 1000 && st != 200; i++) {
+        st = get(&shim, "/health", NULL, &r);
+        cr_assert(st == 200 || st == 503, "health answered %d", st);
+        tc_resp_free(&r);
+        if (st != 200) usleep(10000);
+    }
+    cr_assert_eq(st, 200);
+    cr_assert_eq(post(&shim, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":5,\"ignore_eos\":true,\"n\":2,\"logprobs\":1}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    cr_assert_eq(jnum(u, "completion_tokens"), 10);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 2);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 1), "logprobs");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")), 5);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    /* same seed, same text */
+    char *texts[2];
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(post(&shim, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":6,\"temperature\":0.9,\"seed\":5}", NULL, &r), 200);
+        o = json_of(&r);
+        texts[k] = strdup(jstr(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message"), "content"));
+        cJSON_Delete(o);
+        tc_resp_free(&r);
+    }
+    cr_assert_str_eq(texts[0], texts[1]);
+    free(texts[0]); free(texts[1]);
+    cr_assert_eq(post(&shim, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL, &r), 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    cr_assert(strstr(ev[n - 2], "\"usage\""));
+    tc_resp_free(&r);
+    char big[2048];
+    snprintf(big, sizeof big, "{\"prompt\":\"%0900d\",\"max_tokens\":1}", 0); /* longer than the 512 context */
+    cr_assert_eq(post(&shim, "/v1/completions", big, NULL, &r), 400);
+    cr_assert(strstr(r.body, "context_length_exceeded"));
+    tc_resp_free(&r);
+    cr_assert_eq(post(&shim, "/tokenize", "{\"content\":\"hello world\"}", NULL, &r), 200);
+    o = json_of(&r);
+    cJSON *toks = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_gt(cJSON_GetArraySize(toks), 0);
+    char *detok = malloc(4096);
+    int dl = snprintf(detok, 4096, "{\"tokens\":[");
+    for (cJSON *t = toks->child; t; t = t->next) dl += snprintf(detok + dl, 4096 - (size_t)dl, "%s%d", t == toks->child ? "" : ",", (int)t->valuedouble);
+    snprintf(detok + dl, 4096 - (size_t)dl, "]}");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(&shim, "/detokenize", detok, NULL, &r), 200);
+    free(detok);
+    o = json_of(&r);
+    cr_assert(strstr(jstr(o, "content"), "hello world"), "detokenized: '%s'", jstr(o, "content"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(&shim, "/metrics", NULL, &r), 200);
+    cr_assert(strstr(r.body, "kvserve:generation_tokens_total"));
+    tc_resp_free(&r);
+    kill(pid, SIGTERM);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    g_server_pid = 0;
+    char *log = slurp(logp);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d; log:\n%s", status, log);
+    cr_assert(!strstr(log, "Sanitizer"), "sanitizer report in the server log:\n%s", log);
+    cr_assert(strstr(log, "\"path\":\"/v1/completions\""), "no request log line:\n%s", log);
+    free(log);
+    unlink(model);
+    unlink(logp);
+    rmdir(dir);
 }

@@ -3,6 +3,8 @@
  * streaming back-pressure and client disconnects. */
 #include <criterion/criterion.h>
 
+#include <signal.h>
+
 #include "server/http.h"
 #include "srv_test_client.h"
 
@@ -114,6 +116,7 @@ static void on_stop(uv_loop_t *loop, void *ud) {
 }
 
 static hsrv *start(const srv_http_limits *lim) {
+    signal(SIGPIPE, SIG_IGN); /* as srv_main does: a write to a vanished client must not kill the process */
     hsrv *s = calloc(1, sizeof *s);
     cr_assert_eq(tc_loop_init(&s->L, on_stop, s), 0);
     cr_assert_eq(srv_http_create(&s->L.loop, lim, handler, s, &s->h), 0);
@@ -459,4 +462,44 @@ Test(http, stop_accepting_refuses_new_connections) {
     int port = s->port;
     stop(s);
     cr_assert_lt(tc_connect(port), 0);
+}
+
+Test(http, http10_closes_and_streams_without_chunking) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.0\r\n\r\n", &r), 200);
+    cr_assert(tc_has_header(&r, "connection", "close"));
+    cr_assert_str_eq(r.body, "GET /echo? - 0:");
+    tc_resp_free(&r);
+    /* a stream to an HTTP/1.0 client: raw bytes, delimited by the end of the connection */
+    cr_assert_eq(tc_roundtrip(s->port, "GET /stream?3 HTTP/1.0\r\n\r\n", &r), 200);
+    cr_assert(!tc_has_header(&r, "transfer-encoding", NULL));
+    cr_assert_eq(r.body_len, 3u * 16384u);
+    tc_resp_free(&r);
+    /* HTTP/1.0 with keep-alive stays open */
+    int fd = tc_connect(s->port);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(tc_sends(fd, "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"), 0);
+        cr_assert_eq(tc_read(c, &r), 0);
+        cr_assert_eq(r.status, 200);
+        tc_resp_free(&r);
+    }
+    close(fd);
+    free(c);
+    stop(s);
+}
+
+/* Request smuggling guard: Content-Length together with chunked encoding is refused. */
+Test(http, conflicting_framing_400) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                       "0\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&s->n_requests), 0);
+    stop(s);
 }

@@ -39,6 +39,7 @@ typedef struct mock {
     float eog_logit;        /* added to the EOG logit */
     atomic_int decode_calls;
     atomic_llong tokens_total;
+    atomic_int accepted;    /* sampler_accept calls */
     bool corrupt;           /* a position read back wrong */
     char check_msg[256];    /* first kvc_check failure */
     int other_errors;       /* kvc errors other than FULL */
@@ -47,6 +48,7 @@ typedef struct mock {
     bool log_batches;
     int inject_full_every;  /* > 0: every k-th call with >= 2 sequences returns ENG_ERR_KV_FULL */
     int injected;
+    int fail_at;            /* > 0: that decode call (1-based) fails with ENG_ERR_DEVICE */
     /* gate: when set, decode blocks until opened (for queue tests) */
     bool record_times;      /* record uv_hrtime() at the start of every decode */
     uint64_t times[100000];
@@ -95,6 +97,7 @@ static int m_decode(void *p, const eng_batch *b) {
     }
     if (m->inject_full_every > 0 && distinct >= 2 && ++m->injected % m->inject_full_every == 0)
         return ENG_ERR_KV_FULL;
+    if (m->fail_at > 0 && atomic_load(&m->decode_calls) == m->fail_at) return ENG_ERR_DEVICE;
     int rc = kvc_start_forward(m->cache, m->entries, b->n, m->slots);
     if (rc == KVC_ERR_FULL) return ENG_ERR_KV_FULL;
     if (rc != KVC_OK) {
@@ -206,6 +209,12 @@ static int m_screate(void *p, const eng_sampling_params *sp, void **out) {
     return ENG_OK;
 }
 
+static void m_accept(void *p, void *s, int32_t token) {
+    (void)s;
+    (void)token;
+    atomic_fetch_add(&((mock *)p)->accepted, 1);
+}
+
 static void m_sfree(void *p, void *s) {
     (void)p;
     free(s);
@@ -303,7 +312,7 @@ static srv_engine_ops mock_ops(mock *m) {
     srv_engine_ops o = {
         .ctx = m, .n_vocab = NV, .cache = m_cache, .decode = m_decode, .get_logits = m_logits,
         .token_is_eog = m_eog, .detok_push = m_push, .detok_flush = m_flush, .sampler_create = m_screate,
-        .sampler_free = m_sfree, .sampler_sample = m_sample,
+        .sampler_free = m_sfree, .sampler_sample = m_sample, .sampler_accept = m_accept,
     };
     return o;
 }
@@ -318,6 +327,7 @@ typedef struct req_spec {
     const char *stop[2];
     size_t n_stop;
     bool ignore_eos;
+    bool penalize_prompt;
     int32_t top;
 } req_spec;
 
@@ -478,6 +488,7 @@ static int submit(harness *h, const struct req_spec *q, struct result *r) {
     rq.stop = q->stop;
     rq.n_stop = q->n_stop;
     rq.ignore_eos = q->ignore_eos;
+    rq.penalize_prompt = q->penalize_prompt;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -675,6 +686,17 @@ Test(scheduler, n_choices_share_one_prefill) {
             differ = true;
     }
     cr_assert(differ, "all choices identical: seeds not applied per choice");
+    cr_assert_eq(atomic_load(&h->m.accepted), 0, "prompt shown to the penalties without penalize_prompt");
+    /* penalize_prompt: every choice's sampler sees the prompt once */
+    req_spec pp = q;
+    pp.penalize_prompt = true;
+    pp.max_tokens = 2;
+    result *rp = calloc(1, sizeof *rp);
+    cr_assert_eq(submit(h, &pp, rp), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(rp);
+    cr_assert_eq(atomic_load(&h->m.accepted), 4 * 43);
+    free(rp);
     hz_free(h);
     free(h);
     free(r);
@@ -1206,4 +1228,35 @@ Test(scheduler, randomized_mix_with_cancels) {
     cr_assert_gt(preempts, 0);
     cr_assert_gt(hits, 0);
     cr_assert_gt(cancelled, 0);
+}
+
+/* An engine failure ends the requests of that batch with an error; the scheduler keeps serving. */
+Test(scheduler, engine_error_fails_batch) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 4);
+    hz_init(h, 8, 256, &p);
+    h->m.fail_at = 3;
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 77;
+    rand_prompt(&rng, &q, 12);
+    q.n = 1;
+    q.max_tokens = 10;
+    q.ignore_eos = true;
+    result *r = calloc(2, sizeof *r);
+    cr_assert_eq(submit(h, &q, &r[0]), SRV_SCHED_OK);
+    hz_run(h, 1);
+    assert_clean(&r[0]);
+    cr_assert_eq(r[0].done_finish, SRV_SCHED_FINISH_ERROR);
+    cr_assert_str_eq(r[0].error, "engine: device error");
+    cr_assert_eq(r[0].n_toks[0], 2, "tokens from the two decodes before the failure");
+    cr_assert_eq(submit(h, &q, &r[1]), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(&r[1]);
+    cr_assert_eq(r[1].done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(r[1].n_toks[0], 10);
+    cr_assert(memcmp(r[1].toks[0], r[0].toks[0], 2 * sizeof(int32_t)) == 0);
+    hz_free(h);
+    free(h);
+    free(r);
 }
