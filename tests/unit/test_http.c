@@ -20,7 +20,7 @@ typedef struct delayed {
     srv_http_req *req;
     hsrv *s;
     bool aborted;
-    int kind;        /* 0: /slow, 1: /stream (chunk writer) */
+    int kind;        /* 0: /slow, 1: /stream (chunk writer), 2: /hang (never answers) */
     int chunks_left;
     size_t chunk;
 } delayed;
@@ -32,6 +32,8 @@ static void delayed_abort(void *ud, srv_http_req *req) {
     delayed *d = ud;
     d->aborted = true;
     atomic_fetch_add(&d->s->n_aborts, 1);
+    /* /hang has no timer running: the abort is the last use of d, so release it here. */
+    if (d->kind == 2) uv_close((uv_handle_t *)&d->t, delayed_closed);
 }
 
 static void delayed_fire(uv_timer_t *t) {
@@ -100,11 +102,10 @@ static void handler(void *ud, srv_http_req *req) {
         delayed *d = calloc(1, sizeof *d);
         d->s = s;
         d->req = req;
-        d->aborted = true; /* never answers: the timer only frees d */
+        d->kind = 2; /* never answers: d lives until the connection goes away (delayed_abort frees it) */
         uv_timer_init(&s->L.loop, &d->t);
         d->t.data = d;
         srv_http_set_abort(req, delayed_abort, d);
-        uv_timer_start(&d->t, delayed_fire, 10, 0);
     } else {
         srv_http_respond(req, 404, "text/plain", NULL, "nf", 2);
     }
