@@ -1,8 +1,168 @@
+/*
+ * quant_avx512.c: AVX-512 (F/BW/VL/DQ + VNNI) kernels. Compiled for any x86-64 target: every function that
+ * uses the instructions carries __attribute__((target(...))) and is only called when eng_simd_detect()
+ * reported ENG_SIMD_AVX512.
+ *
+ * The 32-element formats whose weights are "unsigned code - offset" times d (Q8_0: int8 = (int8 ^ 0x80) -
+ * 128; Q4_0: nibble - 8; Q5_0: 5-bit code - 16) share one tiled kernel: the weight block is turned into 32
+ * unsigned bytes u once per tile step, and for every activation row x (int8) vpdpbusd accumulates
+ * sum(u * x) onto -offset * sum(x) (precomputed per activation block), which is exactly the block's integer
+ * dot sum(q_w * q_x). That integer is converted to float and multiplied by d_w * d_x (fused multiply-add
+ * into 8 float lanes per output). A tile is TM weight rows x TN activation rows, so each weight block is
+ * loaded once per TN activation rows and each activation block once per TM weight rows.
+ *
+ * Other weight types return false here, and the dispatcher uses the AVX2 kernels.
+ */
 #include "engine/quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+#define TM 4 /* weight rows per tile */
+#define TN 3 /* activation rows per tile */
+#define PF_DIST 768 /* bytes ahead to prefetch weights when streaming them once (m = 1) */
+
+INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Weight block -> 32 unsigned codes; q_w = code - offset. */
+INL __m256i w_codes(uint32_t type, const uint8_t *blk) {
+    switch (type) {
+    case ENG_Q_Q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+    case ENG_Q_Q4_0: {
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    }
+    default: { /* Q5_0: d, qh[4], qs[16] */
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 6));
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m256i hb = _mm256_and_si256(_mm256_movm_epi8((__mmask32)qh), _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(v, hb);
+    }
+    }
+}
+INL int w_offset(uint32_t type) { return type == ENG_Q_Q8_0 ? 128 : type == ENG_Q_Q4_0 ? 8 : 16; }
+INL size_t w_bsz(uint32_t type) { return type == ENG_Q_Q8_0 ? 34 : type == ENG_Q_Q4_0 ? 18 : 22; }
+
+INL float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[c * ldy + r] = dot(W row r, x row c) for r < RM, c < RN, over nb blocks. */
+INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_t wb, const uint8_t *X, size_t xb,
+              int64_t nb, float *y, int64_t ldy) {
+    __m256 acc[TM][TN];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) acc[r][c] = _mm256_setzero_ps();
+    const size_t bs = w_bsz(type);
+    const __m256i offv = _mm256_set1_epi8((char)w_offset(type));
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xv[TN], ncorr[TN];
+        __m256 dx[TN];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const uint8_t *xp = X + (size_t)c * xb + (size_t)b * 34;
+            xv[c] = _mm256_loadu_si256((const __m256i *)(xp + 2));
+            ncorr[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, xv[c]));
+            uint16_t dh;
+            memcpy(&dh, xp, 2);
+            dx[c] = _mm256_set1_ps(h2f(dh));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            const uint8_t *wp = W + (size_t)r * wb + (size_t)b * bs;
+            if (RN == 1) _mm_prefetch((const char *)wp + PF_DIST, _MM_HINT_T0);
+            __m256i u = w_codes(type, wp);
+            uint16_t dh;
+            memcpy(&dh, wp, 2);
+            __m256 dw = _mm256_set1_ps(h2f(dh));
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                __m256i p = _mm256_dpbusd_epi32(ncorr[c], u, xv[c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx[c]), acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc[r][c]);
+}
+
+#define TILE_FN(T, NAME, RM, RN)                                                                            \
+    static TGT void NAME##_##RM##_##RN(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, \
+                                       float *y, int64_t ldy) {                                             \
+        tile(T, RM, RN, W, wb, X, xb, nb, y, ldy);                                                          \
+    }
+#define TILE_SET(T, NAME)                                                                                   \
+    TILE_FN(T, NAME, 1, 1) TILE_FN(T, NAME, 1, 2) TILE_FN(T, NAME, 1, 3) TILE_FN(T, NAME, 2, 1)             \
+    TILE_FN(T, NAME, 2, 2) TILE_FN(T, NAME, 2, 3) TILE_FN(T, NAME, 3, 1) TILE_FN(T, NAME, 3, 2)             \
+    TILE_FN(T, NAME, 3, 3) TILE_FN(T, NAME, 4, 1) TILE_FN(T, NAME, 4, 2) TILE_FN(T, NAME, 4, 3)             \
+    static const tile_fn NAME##_tab[TM][TN] = {                                                             \
+        {NAME##_1_1, NAME##_1_2, NAME##_1_3}, {NAME##_2_1, NAME##_2_2, NAME##_2_3},                         \
+        {NAME##_3_1, NAME##_3_2, NAME##_3_3}, {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
+
+typedef void (*tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
+                        int64_t ldy);
+TILE_SET(ENG_Q_Q8_0, t_q8_0)
+TILE_SET(ENG_Q_Q4_0, t_q4_0)
+TILE_SET(ENG_Q_Q5_0, t_q5_0)
+
+static const tile_fn (*tiles_for(uint32_t type))[TN] {
+    switch (type) {
+    case ENG_Q_Q8_0: return t_q8_0_tab;
+    case ENG_Q_Q4_0: return t_q4_0_tab;
+    case ENG_Q_Q5_0: return t_q5_0_tab;
+    default: return NULL;
+    }
+}
+
 bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    (void)wtype; (void)n; (void)w_row; (void)x_row; (void)out; return false;
+    const tile_fn(*tab)[TN] = tiles_for(wtype);
+    if (!tab) return false;
+    tab[0][0](w_row, 0, x_row, 0, n / 32, out, 1);
+    return true;
+}
+
+bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
+                     int64_t j_begin, int64_t j_end) {
+    const tile_fn(*tab)[TN] = tiles_for(wtype);
+    if (!tab) return false;
+    const size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(ENG_Q_Q8_0, k);
+    const int64_t nb = k / 32;
+    const uint8_t *Wp = W, *Xp = xq;
+    for (int64_t j = j_begin; j < j_end; j += TM) {
+        int rm = (int)(j_end - j < TM ? j_end - j : TM);
+        for (int64_t c = 0; c < m; c += TN) {
+            int rn = (int)(m - c < TN ? m - c : TN);
+            tab[rm - 1][rn - 1](Wp + (size_t)j * wb, wb, Xp + (size_t)c * xb, xb, nb, y + c * ldy + j, ldy);
+        }
+    }
+    return true;
+}
+
+#else /* not x86 */
+bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
+    (void)wtype, (void)n, (void)w_row, (void)x_row, (void)out;
+    return false;
 }
 bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                   int64_t j_begin, int64_t j_end) {
-    (void)wtype; (void)W; (void)k; (void)xq; (void)m; (void)y; (void)ldy; (void)j_begin; (void)j_end; return false;
+                     int64_t j_begin, int64_t j_end) {
+    (void)wtype, (void)W, (void)k, (void)xq, (void)m, (void)y, (void)ldy, (void)j_begin, (void)j_end;
+    return false;
 }
+#endif

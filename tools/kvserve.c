@@ -22,6 +22,8 @@ static int cmd_version(int argc, char **argv) {
 
 static const kvs_command commands[] = {
     /* KVS_COMMANDS: one line per subcommand, alphabetical */
+    {"bench", kvs_cmd_bench, "measure prefill and multi-sequence decode speed on the CPU"},
+    {"generate", kvs_cmd_generate, "generate completions for one prompt or a batch of prompts"},
     {"mkmodel", kvs_cmd_mkmodel, "write a deterministic random-weight GGUF model"},
     {"tokenize", kvs_cmd_tokenize, "tokenize text with a model's vocabulary"},
     {"version", cmd_version, "print the version"},

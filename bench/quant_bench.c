@@ -1,0 +1,157 @@
+/*
+ * quant_bench.c: micro-benchmark of eng_gemm (not a test: no assertions, timing only).
+ *
+ *   kvquant-bench [type] [seconds-per-case]     type: q8_0 (default), q4_0, q4_k, q6_k, f16, ...
+ *
+ * For each kernel level this CPU has, on matrices shaped like bench-135m's ([576 -> 1536] ffn up,
+ * [1536 -> 576] ffn down, [576 -> 50257] vocabulary), one thread:
+ *   m = 1:  GB/s of weights streamed (the weights are cycled through ~160 MB of copies so they come from
+ *           memory, not cache, as in decoding a model larger than the caches);
+ *   m = 1, 4, 16, 32, 128: GFLOP/s (2*m*k*n per call) and activation rows per second for that matrix.
+ * Then a projection for bench-135m (30 layers: per layer [576->576] x2, [576->192] x2, [576->1536] x2,
+ * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
+ * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/quant.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_state = 88172645463325252ULL;
+static float frand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+}
+
+typedef struct {
+    const char *name;
+    int64_t k, n;
+} shape;
+
+static uint32_t parse_type(const char *s) {
+    for (uint32_t t = 0; t < ENG_Q_COUNT; t++) {
+        const eng_qtype_info *i = eng_qtype_get(t);
+        if (i && strcmp(i->name, s) == 0) return t;
+    }
+    return ENG_Q_COUNT;
+}
+
+/* quantized random weights: n_rows rows of k values */
+static uint8_t *make_weights(uint32_t type, int64_t k, int64_t n_rows, float *tmp) {
+    size_t rb = eng_qtype_row_bytes(type, k);
+    uint8_t *w = malloc(rb * (size_t)n_rows);
+    if (!w) return NULL;
+    /* one random row pattern per 64 rows is enough for timing: quantize a few rows, copy around */
+    for (int64_t j = 0; j < n_rows; j++) {
+        if (j < 64) {
+            for (int64_t i = 0; i < k; i++) tmp[i] = frand() * 0.05f;
+            if (eng_quantize_row(type, tmp, w + (size_t)j * rb, k) != 0) {
+                /* types without a quantizer: random bytes with a small f16 scale in the first 2 bytes */
+                for (size_t b = 0; b < rb; b++) w[(size_t)j * rb + b] = (uint8_t)(frand() * 127.f);
+            }
+        } else {
+            memcpy(w + (size_t)j * rb, w + (size_t)(j % 64) * rb, rb);
+        }
+    }
+    return w;
+}
+
+int main(int argc, char **argv) {
+    uint32_t type = argc > 1 ? parse_type(argv[1]) : ENG_Q_Q8_0;
+    double secs = argc > 2 ? atof(argv[2]) : 0.25;
+    const eng_qtype_info *ti = eng_qtype_get(type);
+    if (!ti || !ti->supported) {
+        fprintf(stderr, "unknown or unsupported type\n");
+        return 2;
+    }
+    const eng_qtype_info *di = eng_qtype_get(ti->dot_type);
+    eng_simd_level top = eng_simd_detect();
+    printf("kvquant-bench: weights %s, activations %s, best level %s, one thread\n", ti->name, di->name,
+           eng_simd_name(top));
+    const shape shapes[] = {{"576->1536", 576, 1536}, {"1536->576", 1536, 576}, {"576->50257", 576, 50257}};
+    const int ms[] = {1, 4, 16, 32, 128};
+    float *tmp = malloc(sizeof(float) * 4096 * 128);
+    if (!tmp) return 1;
+    double gflops[3][3][5] = {{{0}}}; /* level, shape, m */
+    for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) {
+        printf("\n== level %s ==\n", eng_simd_name((eng_simd_level)l));
+        printf("%-11s %5s %10s %10s %12s %12s\n", "matrix", "m", "ms/call", "GFLOP/s", "rows/s", "weight GB/s");
+        for (int si = 0; si < 3; si++) {
+            const shape *s = &shapes[si];
+            size_t rb = eng_qtype_row_bytes(type, s->k), mat = rb * (size_t)s->n;
+            /* enough copies for >= 160 MB so m = 1 streams from memory */
+            int copies = (int)((160u << 20) / mat) + 1;
+            uint8_t *w = make_weights(type, s->k, s->n * copies, tmp);
+            size_t xb = eng_qtype_row_bytes(ti->dot_type, s->k);
+            uint8_t *x = malloc(xb * 128);
+            float *y = malloc(sizeof(float) * (size_t)s->n * 128);
+            if (!w || !x || !y) return 1;
+            for (int64_t i = 0; i < s->k * 128; i++) tmp[i] = frand();
+            for (int r = 0; r < 128; r++) eng_quantize_row(ti->dot_type, tmp + r * s->k, x + r * xb, s->k);
+            for (int mi = 0; mi < 5; mi++) {
+                int m = ms[mi];
+                if (l == ENG_SIMD_SCALAR && m > 4) continue; /* too slow to be interesting */
+                int use_copies = m == 1 ? copies : 1;
+                int calls = 0;
+                double t0 = now_s(), t;
+                do {
+                    const uint8_t *wm = w + (size_t)(calls % use_copies) * mat;
+                    eng_gemm((eng_simd_level)l, type, wm, s->k, x, m, y, s->n, 0, s->n);
+                    calls++;
+                    t = now_s() - t0;
+                } while (t < secs || calls < 2);
+                double per = t / calls;
+                double gf = 2.0 * m * s->k * s->n / per * 1e-9;
+                gflops[l][si][mi] = gf;
+                printf("%-11s %5d %10.3f %10.1f %12.0f", s->name, m, per * 1e3, gf, m / per);
+                if (m == 1) printf(" %12.2f", mat / per * 1e-9);
+                printf("\n");
+            }
+            free(w);
+            free(x);
+            free(y);
+        }
+        /* projection for bench-135m */
+        double layer_small = 2.0 * 576 * 576 * 2 + 2.0 * 576 * 192 * 2; /* flops per row, q/o and k/v */
+        double layer_up = 2.0 * 576 * 1536 * 2, layer_down = 2.0 * 1536 * 576, outp = 2.0 * 576 * 50257;
+        double dec = 30 * ((layer_small + layer_up) / (gflops[l][0][0] * 1e9) + layer_down / (gflops[l][1][0] * 1e9)) +
+                     outp / (gflops[l][2][0] * 1e9);
+        printf("projection bench-135m, 1 thread: decode %.1f tok/s", 1.0 / dec);
+        if (l != ENG_SIMD_SCALAR) {
+            double pre = 30 * ((layer_small + layer_up) / (gflops[l][0][4] * 1e9) +
+                               layer_down / (gflops[l][1][4] * 1e9)) +
+                         outp / 128 / (gflops[l][2][0] * 1e9);
+            printf(", prefill (m=128, matrices only) %.0f tok/s", 1.0 / pre);
+        }
+        printf("\n");
+    }
+    /* activation quantization cost */
+    {
+        int64_t k = 1536, rows = 128;
+        size_t xb = eng_qtype_row_bytes(ti->dot_type, k);
+        uint8_t *x = malloc(xb * (size_t)rows);
+        if (!x) return 1;
+        for (int64_t i = 0; i < k * rows; i++) tmp[i] = frand();
+        int calls = 0;
+        double t0 = now_s(), t;
+        do {
+            for (int64_t r = 0; r < rows; r++) eng_quantize_row(ti->dot_type, tmp + r * k, x + r * xb, k);
+            calls++;
+            t = now_s() - t0;
+        } while (t < secs);
+        printf("\nquantize activations to %s: %.1f M values/s\n", di->name, (double)k * rows * calls / t * 1e-6);
+        free(x);
+    }
+    free(tmp);
+    return 0;
+}

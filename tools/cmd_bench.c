@@ -1,0 +1,243 @@
+/*
+ * cmd_bench.c: `kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--json]`
+ *
+ * Measures the CPU engine: prefill speed for a P-token prompt (one batch), then for each B the aggregate
+ * decode speed of B sequences decoding together (one token each per batch) for N tokens each. Every
+ * measurement follows a warm-up run of the same shape. Token ids are fixed pseudo-random values (the speed
+ * does not depend on them). Output: a table, or with --json one object
+ *   {"model":..., "threads":..., "prefill_tokens":P, "prefill_tok_s":..., "decode":[{"sequences":B,"tok_s":...}]}
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "tools/commands.h"
+
+enum { MAX_B = 64, WARMUP_STEPS = 4 };
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--json]\n"
+               "  -m, --model FILE   GGUF model\n"
+               "  -p N               prompt length for the prefill measurement (default 128)\n"
+               "  -n N               tokens each sequence decodes (default 64)\n"
+               "  -b LIST            numbers of sequences decoding together (default 1,4,16,32; each <= %d)\n"
+               "  --threads N        worker threads (default: the number of cores)\n"
+               "  --json             one JSON object instead of a table\n", MAX_B);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static int parse_list(const char *s, int *out, int cap, int *n) {
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 1 || v > MAX_B || *n >= cap) return -1;
+        out[(*n)++] = (int)v;
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        p = end;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+/* Prefills a p-token prompt into a fresh sequence; returns seconds, or < 0 on error. */
+static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int32_t p, int32_t n_vocab) {
+    kvc_cache *kv = eng_ctx_cache(ctx);
+    int32_t s;
+    if (kvc_seq_alloc(kv, &s) != 0) return -1;
+    for (int32_t i = 0; i < p; i++) {
+        tok[i] = (int32_t)((i * 2654435761u + 17u) % (uint32_t)n_vocab);
+        pos[i] = i;
+        seq[i] = s;
+        want[i] = i == p - 1;
+    }
+    eng_batch b = {p, tok, pos, seq, want};
+    double t0 = now_s();
+    int rc = eng_decode(ctx, &b);
+    double t = now_s() - t0;
+    kvc_seq_free(kv, s);
+    if (rc != 0) {
+        fprintf(stderr, "kvserve bench: prefill failed: %s\n", eng_strerror(rc));
+        return -1;
+    }
+    return t;
+}
+
+/* B sequences each decode `steps` tokens together (after a 1-token start); returns seconds of the steps. */
+static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int b, int32_t steps,
+                         int32_t n_vocab) {
+    kvc_cache *kv = eng_ctx_cache(ctx);
+    int32_t ids[MAX_B];
+    double t = -1;
+    int n_alloc = 0;
+    for (; n_alloc < b; n_alloc++)
+        if (kvc_seq_alloc(kv, &ids[n_alloc]) != 0) goto out;
+    for (int32_t step = 0; step <= steps; step++) {
+        for (int i = 0; i < b; i++) {
+            tok[i] = (int32_t)(((uint32_t)(step * 31 + i) * 2654435761u) % (uint32_t)n_vocab);
+            pos[i] = step;
+            seq[i] = ids[i];
+            want[i] = true;
+        }
+        eng_batch bt = {b, tok, pos, seq, want};
+        double t0 = now_s();
+        int rc = eng_decode(ctx, &bt);
+        if (rc != 0) {
+            fprintf(stderr, "kvserve bench: decode failed: %s\n", eng_strerror(rc));
+            t = -1;
+            goto out;
+        }
+        if (step == 0) t = 0; /* the first token starts the sequences: not timed */
+        else t += now_s() - t0;
+    }
+out:
+    for (int i = 0; i < n_alloc; i++) kvc_seq_free(kv, ids[i]);
+    return t;
+}
+
+int kvs_cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL;
+    long p = 128, n = 64, threads = 0;
+    int bl[16] = {1, 4, 16, 32}, nb = 4;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+            continue;
+        } else if (!v) ok = false;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "-p")) ok = parse_int(v, 1, 8192, &p);
+        else if (!strcmp(a, "-n")) ok = parse_int(v, 1, 8192, &n);
+        else if (!strcmp(a, "-b")) ok = parse_list(v, bl, 16, &nb) == 0;
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = parse_int(v, 1, 1024, &threads);
+        else {
+            fprintf(stderr, "kvserve bench: unknown option '%s'\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvserve bench: bad or missing value for %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!model_path) {
+        bench_usage(stderr);
+        return 2;
+    }
+    int max_b = 1;
+    for (int i = 0; i < nb; i++)
+        if (bl[i] > max_b) max_b = bl[i];
+
+    char err[512];
+    eng_model *model = NULL;
+    eng_ctx *ctx = NULL;
+    int status = 1;
+    int32_t *tok = NULL, *pos = NULL, *seq = NULL;
+    bool *want = NULL;
+    double dec[16] = {0};
+    if (eng_model_load(model_path, NULL, &model, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve bench: %s\n", err);
+        return 1;
+    }
+    const eng_hparams *hp = eng_model_hparams(model);
+    int32_t n_ctx = (int32_t)(p > n + WARMUP_STEPS + 1 ? p : n + WARMUP_STEPS + 1);
+    if (n_ctx > hp->n_ctx_train) {
+        fprintf(stderr, "kvserve bench: -p/-n exceed the model context %d\n", hp->n_ctx_train);
+        goto done;
+    }
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_threads = (int32_t)threads;
+    cp.n_ctx = n_ctx;
+    cp.max_seqs = max_b;
+    cp.max_batch_tokens = (int32_t)(p > max_b ? p : max_b);
+    cp.prefix_caching = false;
+    if (eng_ctx_create(model, &cp, &ctx, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve bench: %s\n", err);
+        goto done;
+    }
+    size_t mb = (size_t)cp.max_batch_tokens;
+    tok = malloc(mb * sizeof *tok);
+    pos = malloc(mb * sizeof *pos);
+    seq = malloc(mb * sizeof *seq);
+    want = malloc(mb * sizeof *want);
+    if (!tok || !pos || !seq || !want) goto done;
+
+    if (run_prefill(ctx, tok, pos, seq, want, (int32_t)p, hp->n_vocab) < 0) goto done; /* warm-up */
+    double tp = run_prefill(ctx, tok, pos, seq, want, (int32_t)p, hp->n_vocab);
+    if (tp < 0) goto done;
+    double prefill_tok_s = (double)p / tp;
+    for (int i = 0; i < nb; i++) {
+        if (run_decode(ctx, tok, pos, seq, want, bl[i], WARMUP_STEPS, hp->n_vocab) < 0) goto done; /* warm-up */
+        double t = run_decode(ctx, tok, pos, seq, want, bl[i], (int32_t)n, hp->n_vocab);
+        if (t < 0) goto done;
+        dec[i] = (double)bl[i] * (double)n / t;
+    }
+
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", hp->name);
+        cJSON_AddNumberToObject(o, "threads", eng_ctx_n_threads(ctx));
+        cJSON_AddNumberToObject(o, "prefill_tokens", (double)p);
+        cJSON_AddNumberToObject(o, "prefill_tok_s", prefill_tok_s);
+        cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
+        cJSON *arr = cJSON_AddArrayToObject(o, "decode");
+        for (int i = 0; i < nb; i++) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddNumberToObject(d, "sequences", bl[i]);
+            cJSON_AddNumberToObject(d, "tok_s", dec[i]);
+            cJSON_AddItemToArray(arr, d);
+        }
+        char *s = cJSON_PrintUnformatted(o);
+        if (s) printf("%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("model: %s (%s, %.1f MB of weights), %d thread(s)\n", hp->name, hp->arch_name,
+               (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx));
+        printf("%-28s %12s\n", "test", "tok/s");
+        char label[64];
+        snprintf(label, sizeof label, "prefill %ld tokens", p);
+        printf("%-28s %12.1f\n", label, prefill_tok_s);
+        for (int i = 0; i < nb; i++) {
+            snprintf(label, sizeof label, "decode %ld x %d sequence%s", n, bl[i], bl[i] > 1 ? "s" : "");
+            printf("%-28s %12.1f\n", label, dec[i]);
+        }
+    }
+    status = 0;
+done:
+    free(tok);
+    free(pos);
+    free(seq);
+    free(want);
+    eng_ctx_free(ctx);
+    eng_model_free(model);
+    return status;
+}
