@@ -117,24 +117,28 @@ template <uint32_t T> __device__ __forceinline__ float deq_at(const uint8_t *row
     return deq<T>(row + (i / blk<T>::E) * blk<T>::B, (int)(i % blk<T>::E));
 }
 
+// grid.y strides over the rows (a grid's y dimension is limited to 65535; vocabularies are larger).
 template <uint32_t T, typename O>
 __global__ void k_dequant(const uint8_t *w, int64_t rows, int64_t k, O *y) {
-    int64_t row = blockIdx.y;
-    if (row >= rows) return;
-    const uint8_t *r = w + row * (k / blk<T>::E) * blk<T>::B;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = deq_at<T>(r, i);
-        if constexpr (sizeof(O) == 2) y[row * k + i] = __float2half_rn(v);
-        else y[row * k + i] = v;
+    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+        const uint8_t *r = w + row * (k / blk<T>::E) * blk<T>::B;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k;
+             i += (int64_t)gridDim.x * blockDim.x) {
+            float v = deq_at<T>(r, i);
+            if constexpr (sizeof(O) == 2) y[row * k + i] = __float2half_rn(v);
+            else y[row * k + i] = v;
+        }
     }
 }
 
 template <uint32_t T>
-__global__ void k_get_rows(const uint8_t *table, int64_t k, const int32_t *ids, float *y) {
-    int r = blockIdx.y;
-    const uint8_t *row = table + (int64_t)ids[r] * (k / blk<T>::E) * blk<T>::B;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x)
-        y[(int64_t)r * k + i] = deq_at<T>(row, i);
+__global__ void k_get_rows(const uint8_t *table, int64_t k, const int32_t *ids, int32_t n, float *y) {
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+        const uint8_t *row = table + (int64_t)ids[r] * (k / blk<T>::E) * blk<T>::B;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k;
+             i += (int64_t)gridDim.x * blockDim.x)
+            y[r * k + i] = deq_at<T>(row, i);
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -182,23 +186,34 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
     }
 }
 
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The CPU engine's scale: (float)(1 / sqrt(ss / n + eps)) with ss the sum of squares in double.
+__device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+
+// One block per row (x and y may alias).
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
-    __shared__ float red[32];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
-    s = warp_sum(s);
+    __shared__ double red[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)xr[i] * (double)xr[i];
+    s = warp_sum_d(s);
     if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = s;
     __syncthreads();
     if (threadIdx.x < WARP) {
-        float t = threadIdx.x < blockDim.x / WARP ? red[threadIdx.x] : 0.f;
-        t = warp_sum(t);
+        double t = threadIdx.x < blockDim.x / WARP ? red[threadIdx.x] : 0.0;
+        t = warp_sum_d(t);
         if (threadIdx.x == 0) red[0] = t;
     }
     __syncthreads();
-    float inv = rsqrtf(red[0] / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    const float scale = rms_scale(red[0], n, eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
 // One warp per (row, head).
@@ -207,11 +222,11 @@ __global__ void k_head_rmsnorm(float *x, const float *w, int total, int hd, floa
     int lane = threadIdx.x % WARP;
     if (idx >= total) return;
     float *v = x + (int64_t)idx * hd;
-    float s = 0.f;
-    for (int i = lane; i < hd; i += WARP) s += v[i] * v[i];
-    s = warp_sum(s);
-    float inv = rsqrtf(s / (float)hd + eps);
-    for (int i = lane; i < hd; i += WARP) v[i] = v[i] * inv * w[i];
+    double s = 0.0;
+    for (int i = lane; i < hd; i += WARP) s += (double)v[i] * (double)v[i];
+    s = warp_sum_d(s);
+    const float scale = rms_scale(s, hd, eps);
+    for (int i = lane; i < hd; i += WARP) v[i] = __fmul_rn(__fmul_rn(v[i], scale), w[i]);
 }
 
 __global__ void k_add_bias(float *x, const float *b, int64_t total, int n) {
@@ -233,29 +248,32 @@ __global__ void k_f32_to_f16(const float *x, __half *y, int64_t n) {
         y[i] = __float2half_rn(x[i]);
 }
 
-__device__ __forceinline__ void rope_pair(float *a, float *b, float angle) {
-    float c, s;
-    sincosf(angle, &s, &c);
+// x0' = x0 c - x1 s, x1' = x0 s + x1 c, each product and sum rounded (no FMA contraction), as on the CPU.
+__device__ __forceinline__ void rope_pair(float *a, float *b, float c, float s) {
     float x0 = *a, x1 = *b;
-    *a = x0 * c - x1 * s;
-    *b = x0 * s + x1 * c;
+    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-__device__ __forceinline__ float rope_theta(int i, const cud_rope_params &rp) {
-    float t = rp.freq_scale * powf(rp.freq_base, -2.f * (float)i / (float)rp.n_rot);
-    if (rp.freq_factors) t /= rp.freq_factors[i];
-    return t;
+// grid: rows, threads: pairs
+__global__ void k_rope_cs(const int32_t *pos, const float *inv_freq, int half, float *cs) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double th = (double)pos[r] * (double)inv_freq[i], sn, cn;
+        sincos(th, &sn, &cn);
+        cs[((int64_t)r * half + i) * 2] = (float)cn;
+        cs[((int64_t)r * half + i) * 2 + 1] = (float)sn;
+    }
 }
 
 // grid: (rows * n_heads), threads: n_rot / 2 pairs
-__global__ void k_rope(float *x, const int32_t *pos, int n_heads, cud_rope_params rp) {
-    int rh = blockIdx.x;
-    int r = rh / n_heads;
+__global__ void k_rope(float *x, const float *cs, int n_heads, cud_rope_params rp) {
+    const int rh = blockIdx.x, r = rh / n_heads, half = rp.n_rot / 2;
     float *v = x + (int64_t)rh * rp.head_dim;
-    for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
-        float angle = (float)pos[r] * rope_theta(i, rp);
-        if (rp.neox) rope_pair(&v[i], &v[i + rp.n_rot / 2], angle);
-        else rope_pair(&v[2 * i], &v[2 * i + 1], angle);
+    const float *c = cs + (int64_t)r * rp.n_rot;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        if (rp.neox) rope_pair(&v[i], &v[i + half], c[2 * i], c[2 * i + 1]);
+        else rope_pair(&v[2 * i], &v[2 * i + 1], c[2 * i], c[2 * i + 1]);
     }
 }
 
@@ -291,14 +309,14 @@ __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const floa
 }
 
 // grid: (n slots, n_layer * n_kv_head), threads: n_rot / 2
-__global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, int32_t delta, cud_rope_params rp) {
+__global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, const float *cs, cud_rope_params rp) {
     int32_t s = slots[blockIdx.x];
     int layer = blockIdx.y / kv.n_kv_head, h = blockIdx.y % kv.n_kv_head;
     char *row = kv_row(kv, layer, 0, s, h);
     for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
         int a = rp.neox ? i : 2 * i, b = rp.neox ? i + rp.n_rot / 2 : 2 * i + 1;
         float x0 = kv_load(row, a, kv.f16), x1 = kv_load(row, b, kv.f16);
-        rope_pair(&x0, &x1, (float)delta * rope_theta(i, rp));
+        rope_pair(&x0, &x1, cs[2 * i], cs[2 * i + 1]);
         if (kv.f16) {
             ((__half *)row)[a] = __float2half_rn(x0);
             ((__half *)row)[b] = __float2half_rn(x1);
@@ -475,18 +493,20 @@ template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     return cudaGetLastError();
 }
 
+static unsigned grid_rows(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
+
 cudaError_t cud_dequant_f32(uint32_t type, const void *w, int64_t rows, int64_t k, float *y, cudaStream_t st) {
-    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    if (rows < 1 || k < 1) return cudaErrorInvalidValue;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        dim3 grid(grid_for(k, 256), grid_rows(rows));
         k_dequant<T, float><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
     });
 }
 
 cudaError_t cud_dequant_f16(uint32_t type, const void *w, int64_t rows, int64_t k, __half *y, cudaStream_t st) {
-    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    if (rows < 1 || k < 1) return cudaErrorInvalidValue;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        dim3 grid(grid_for(k, 256), grid_rows(rows));
         k_dequant<T, __half><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
     });
 }
@@ -495,8 +515,8 @@ cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int3
                          cudaStream_t st) {
     if (n < 1) return cudaSuccess;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)n);
-        k_get_rows<T><<<grid, 256, 0, st>>>((const uint8_t *)table, k, ids, y);
+        dim3 grid(grid_for(k, 256), grid_rows(n));
+        k_get_rows<T><<<grid, 256, 0, st>>>((const uint8_t *)table, k, ids, n, y);
     });
 }
 
@@ -512,6 +532,7 @@ cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, c
 
 cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
                         cudaStream_t st) {
+    if (rows < 1) return cudaSuccess;
     k_rmsnorm<<<rows, 256, 0, st>>>(x, w, y, n, eps);
     return cudaGetLastError();
 }
@@ -544,10 +565,19 @@ cudaError_t cud_f32_to_f16(const float *x, __half *y, int64_t n, cudaStream_t st
     return cudaGetLastError();
 }
 
-cudaError_t cud_rope(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
+static int pair_threads(int32_t n_rot) { return n_rot / 2 < 128 ? (n_rot / 2 < 1 ? 1 : n_rot / 2) : 128; }
+
+cudaError_t cud_rope_cs(const int32_t *pos, const float *inv_freq, int32_t rows, int32_t n_rot, float *cs,
+                        cudaStream_t st) {
+    if (rows < 1 || n_rot < 2) return cudaSuccess;
+    k_rope_cs<<<rows, pair_threads(n_rot), 0, st>>>(pos, inv_freq, n_rot / 2, cs);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_rope(float *x, const float *cs, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
                      cudaStream_t st) {
-    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
-    k_rope<<<rows * n_heads, threads, 0, st>>>(x, pos, n_heads, *rp);
+    if (rows < 1 || rp->n_rot < 2) return cudaSuccess;
+    k_rope<<<rows * n_heads, pair_threads(rp->n_rot), 0, st>>>(x, cs, n_heads, *rp);
     return cudaGetLastError();
 }
 
@@ -558,11 +588,11 @@ cudaError_t cud_kv_store(const cud_kv_view *kv, int32_t layer, const float *k, c
 }
 
 cudaError_t cud_kv_rerotate(const cud_kv_view *kv, int32_t n_layer, const int32_t *slots, int32_t n,
-                            int32_t delta, const cud_rope_params *rp, cudaStream_t st) {
-    if (n < 1) return cudaSuccess;
+                            const float *cs, const cud_rope_params *rp, cudaStream_t st) {
+    if (n < 1 || rp->n_rot < 2) return cudaSuccess;
+    if (n_layer * kv->n_kv_head > 65535) return cudaErrorInvalidValue;
     dim3 grid((unsigned)n, (unsigned)(n_layer * kv->n_kv_head));
-    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
-    k_kv_rerotate<<<grid, threads, 0, st>>>(*kv, slots, delta, *rp);
+    k_kv_rerotate<<<grid, pair_threads(rp->n_rot), 0, st>>>(*kv, slots, cs, *rp);
     return cudaGetLastError();
 }
 
