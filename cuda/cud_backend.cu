@@ -178,11 +178,20 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
     return ENG_OK;
 }
 
-// y[m][n_out] = x[m][k] * W^T
+// y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
+// More rows: cuBLAS, in f32 for f32 weights, else on the weights dequantized to f16 and f16 activations with
+// f32 accumulation.
 int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y) {
     const int64_t k = w.ne0, n_out = w.ne1;
     if (m <= MATVEC_MAX_ROWS) {
         CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
+        return ENG_OK;
+    }
+    const float alpha = 1.f, beta = 0.f;
+    if (w.type == CUD_F32) {
+        // f32 weights stay f32 (full precision, like the CPU engine's f32 dot products)
+        CKB(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, (const float *)w.d,
+                        (int)k, x, (int)k, &beta, y, (int)n_out));
         return ENG_OK;
     }
     const __half *wh;
@@ -193,7 +202,6 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
         wh = be->w16;
     }
     CK(cud_f32_to_f16(x, be->x16, (int64_t)m * k, be->st));
-    const float alpha = 1.f, beta = 0.f;
     // Column-major view: Y^T [n_out x m] = W [k x n_out]^T * X^T [k x m]
     CKB(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, wh, CUDA_R_16F, (int)k,
                      be->x16, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
@@ -385,7 +393,9 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     be->layers = (dev_layer *)calloc((size_t)m->n_layer, sizeof(dev_layer));
     if (!be->layers) return ENG_ERR_NOMEM;
     for (int32_t l = 0; l < m->n_layer; l++) new (&be->layers[l]) dev_layer();
-    int64_t largest = (int64_t)m->n_vocab * m->n_embd;
+    // The f16 scratch holds the largest matrix that cuBLAS reads dequantized (not f16 or f32 already).
+    auto needs_f16 = [](const cud_tensor &t) { return t.data && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32; };
+    int64_t largest = needs_f16(m->output) ? (int64_t)m->n_vocab * m->n_embd : 1;
     for (int32_t l = 0; l < m->n_layer; l++) {
         const cud_layer_desc &d = m->layers[l];
         dev_layer &L = be->layers[l];
@@ -402,7 +412,7 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
             char name[64];
             snprintf(name, sizeof name, "blk.%d.%s", l, e.name);
             if ((rc = upload(be, e.src, e.dst, e.req, name, err, err_len))) return rc;
-            if (e.src->data && e.src->ne1 > 1 && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
+            if (needs_f16(*e.src) && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
         }
     }
     const size_t T = (size_t)p->max_batch_tokens;

@@ -62,6 +62,28 @@ template <> __device__ __forceinline__ float deq<CUD_Q5_1>(const uint8_t *b, int
     else x = (qs[e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10);
     return __fadd_rn(__fmul_rn((float)x, h2f(b)), h2f(b + 2));
 }
+// Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin. Element e: half e/128; within it,
+// 2-bit field r/32 (shift 2 * (r/32)) of byte qs[32 * half + r % 32], sub-block scale 8 * half + r / 16.
+template <> __device__ __forceinline__ float deq<CUD_Q2_K>(const uint8_t *b, int e) {
+    const uint8_t *scales = b, *qs = b + 16;
+    const float d = h2f(b + 80), dmin = h2f(b + 82);
+    int half = e / 128, r = e % 128, si = r / 32;
+    uint8_t sc = scales[half * 8 + r / 16];
+    int v = (qs[32 * half + r % 32] >> (2 * si)) & 3;
+    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)(sc & 0xF)), (float)v), __fmul_rn(dmin, (float)(sc >> 4)));
+}
+// Q3_K: hmask[32], qs[64], scales[12] (16 packed 6-bit scales, offset 32), d. The high-mask bit of element e
+// is bit (4 * half + r / 32) of hmask[r % 32]; a clear bit subtracts 4.
+template <> __device__ __forceinline__ float deq<CUD_Q3_K>(const uint8_t *b, int e) {
+    const uint8_t *hmask = b, *qs = b + 32, *packed = b + 96;
+    const float d = h2f(b + 108);
+    int half = e / 128, r = e % 128, si = r / 32, ll = r % 32, j = half * 8 + r / 16;
+    int lo = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+    int hi = (packed[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    int sc = (lo | (hi << 4)) - 32;
+    int v = ((qs[32 * half + ll] >> (2 * si)) & 3) - ((hmask[ll] >> (4 * half + si)) & 1 ? 0 : 4);
+    return __fmul_rn(__fmul_rn(d, (float)sc), (float)v);
+}
 template <> __device__ __forceinline__ float deq<CUD_Q4_K>(const uint8_t *b, int e) {
     const float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *scales = b + 4, *qs = b + 16;
@@ -109,6 +131,8 @@ template <> struct blk<CUD_Q4_0> { static constexpr int E = 32, B = 18; };
 template <> struct blk<CUD_Q4_1> { static constexpr int E = 32, B = 20; };
 template <> struct blk<CUD_Q5_0> { static constexpr int E = 32, B = 22; };
 template <> struct blk<CUD_Q5_1> { static constexpr int E = 32, B = 24; };
+template <> struct blk<CUD_Q2_K> { static constexpr int E = 256, B = 84; };
+template <> struct blk<CUD_Q3_K> { static constexpr int E = 256, B = 110; };
 template <> struct blk<CUD_Q4_K> { static constexpr int E = 256, B = 144; };
 template <> struct blk<CUD_Q5_K> { static constexpr int E = 256, B = 176; };
 template <> struct blk<CUD_Q6_K> { static constexpr int E = 256, B = 210; };
@@ -453,7 +477,7 @@ int cud_type_block_elems(uint32_t type) {
     switch (type) {
     case CUD_F32: case CUD_F16: case CUD_BF16: return 1;
     case CUD_Q8_0: case CUD_Q4_0: case CUD_Q4_1: case CUD_Q5_0: case CUD_Q5_1: return 32;
-    case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
+    case CUD_Q2_K: case CUD_Q3_K: case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
     default: return 0;
     }
 }
@@ -467,6 +491,8 @@ int cud_type_block_bytes(uint32_t type) {
     case CUD_Q4_1: return 20;
     case CUD_Q5_0: return 22;
     case CUD_Q5_1: return 24;
+    case CUD_Q2_K: return 84;
+    case CUD_Q3_K: return 110;
     case CUD_Q4_K: return 144;
     case CUD_Q5_K: return 176;
     case CUD_Q6_K: return 210;
@@ -485,6 +511,8 @@ template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     case CUD_Q4_1: f.template operator()<CUD_Q4_1>(); break;
     case CUD_Q5_0: f.template operator()<CUD_Q5_0>(); break;
     case CUD_Q5_1: f.template operator()<CUD_Q5_1>(); break;
+    case CUD_Q2_K: f.template operator()<CUD_Q2_K>(); break;
+    case CUD_Q3_K: f.template operator()<CUD_Q3_K>(); break;
     case CUD_Q4_K: f.template operator()<CUD_Q4_K>(); break;
     case CUD_Q5_K: f.template operator()<CUD_Q5_K>(); break;
     case CUD_Q6_K: f.template operator()<CUD_Q6_K>(); break;

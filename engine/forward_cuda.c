@@ -175,6 +175,11 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
     free(layers);
     if (rc != 0) {
         eng_cuda_free(g);
+        if (rc == ENG_ERR_UNSUPPORTED && p->device == ENG_DEVICE_AUTO) {
+            /* a model the kernels cannot run (tensor type, head size): AUTO runs it on the CPU */
+            fprintf(stderr, "kvserve: the CUDA backend cannot run this model (%s); using the CPU\n", berr);
+            return ENG_OK;
+        }
         if (err && err_len) snprintf(err, err_len, "eng_ctx_create: CUDA backend (%s): %s", name, berr);
         return rc;
     }
