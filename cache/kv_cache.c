@@ -846,10 +846,9 @@ bool kvc_can_resume(const kvc_cache *c, int32_t seq, int32_t pos) {
     if (pos > s->len) return false;
     int32_t w = c->p.sliding_window;
     if (w <= 0 || pos == 0) return true;
-    int32_t lo = pos > w ? pos - w : 0, bs = c->lay.block_size;
-    for (int32_t i = lo / bs; i <= (pos - 1) / bs; i++)
-        if (s->table[i] < 0) return false;
-    return true;
+    /* Released entries form a leading run of the table, so the first block of the window decides. */
+    int32_t lo = pos > w ? pos - w : 0;
+    return s->table[lo / c->lay.block_size] >= 0;
 }
 
 int32_t kvc_blocks_needed(const kvc_cache *c, int32_t seq, int32_t n_tokens) {

@@ -11,8 +11,10 @@
  *            the BOS, which the rendered text excludes.)
  *   llama2   "[INST] " opens a turn; system "<<SYS>>\n{c}\n<</SYS>>\n\n"; user "{c} [/INST]"; assistant
  *            "{c}{eos}" and closes the turn (the next message opens "[INST] " again). No generation prompt
- *            (the text already ends in "[/INST]"). Variants from the template text: "bos_token + '[INST]"
- *            opens later turns with "{bos}[INST] "; "content.strip()" trims every content.
+ *            (the text already ends in "[/INST]"). Variants from the template text: "content.strip()" trims
+ *            every content; otherwise "bos_token + '[INST]" opens later turns with "{bos}[INST] ". (The
+ *            official Llama-2-chat template itself, run as Jinja, also puts spaces around assistant replies;
+ *            like llama.cpp's built-in template, this renders its stripped variant.)
  *   mistral  llama2 without a system role: a system message becomes "{c}\n" inside the turn.
  *   phi3     "<|{r}|>\n{c}<|end|>\n"; gen "<|assistant|>\n". Variant: the original Phi-3-mini template
  *            (no "system" and no "add_generation_prompt" in its text) renders user "<|user|>\n{c}<|end|>\n
@@ -182,8 +184,9 @@ static int read_variant(const char *t, eng_chat_family f, const char *eos_text, 
         return find_default_system(t, &v->default_system);
     case ENG_CHAT_LLAMA2:
     case ENG_CHAT_MISTRAL:
-        v->llama2_bos_in_history = has(t, "bos_token + '[INST]");
+        /* as llama.cpp picks them: stripping wins over BOS inside history (they are not combined) */
         v->llama2_strip = has(t, "content.strip()");
+        v->llama2_bos_in_history = !v->llama2_strip && has(t, "bos_token + '[INST]");
         return ENG_OK;
     case ENG_CHAT_PHI3:
         v->phi3_no_system = !has(t, "system");

@@ -49,6 +49,8 @@ struct eng_ctx {
     float *gate; /* [max_batch][n_ff] */
     float *up;   /* [max_batch][n_ff] */
     void *xq[MAX_GROUP]; /* [max_batch][xq_row_cap] quantized activations, one buffer per distinct dot type */
+    void *xq_att;        /* [max_batch][xq_row_cap] the attention output quantized for wo */
+    void *xq_ffn;        /* [max_batch][xq_row_cap] silu(gate) * up quantized for w_down */
     size_t xq_row_cap;
     float *th_scores;    /* [n_threads][n_ctx] attention scores */
     float *th_row;       /* [n_threads][head_dim] a dequantized cache row (q8_0) */
@@ -113,6 +115,8 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->gate);
     free(c->up);
     for (int i = 0; i < MAX_GROUP; i++) free(c->xq[i]);
+    free(c->xq_att);
+    free(c->xq_ffn);
     free(c->th_scores);
     free(c->th_row);
     free(c->logits);
@@ -247,6 +251,9 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         c->xq[i] = zalloc(MB, c->xq_row_cap);
         if (!c->xq[i]) goto nomem;
     }
+    c->xq_att = zalloc(MB, c->xq_row_cap);
+    c->xq_ffn = zalloc(MB, c->xq_row_cap);
+    if (!c->xq_att || !c->xq_ffn) goto nomem;
     c->th_scores = zalloc((size_t)p.n_threads * (size_t)p.n_ctx, sizeof(float));
     c->th_row = zalloc((size_t)p.n_threads * (size_t)hp->head_dim, sizeof(float));
     c->logits_cap = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
@@ -408,31 +415,64 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t i = 0; i < hd; i++) o[i] *= inv;
 }
 
-/* Bias, per-head norm and RoPE of Q head h of row r (h < n_head), or of K/V head h - n_head, which is then
- * written into the cache. */
-static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int32_t h) {
+/* Post-processing of head unit u of row r, u in [0, n_head + 2 n_head_kv): u < n_head: Q head u (bias, q norm,
+ * RoPE); then K head u - n_head (bias, k norm, RoPE, written to the cache); then V head u - n_head - n_head_kv
+ * (bias, written to the cache). */
+static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int32_t u) {
     const eng_hparams *hp = c->hp;
-    int32_t hd = hp->head_dim;
+    int32_t hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const float *cs = c->rope_cs + (size_t)r * hp->n_rot;
-    if (h < hp->n_head) {
-        float *q = c->q + (size_t)r * hp->n_head * hd + (size_t)h * hd;
+    if (u < H) {
+        float *q = c->q + (size_t)r * H * hd + (size_t)u * hd;
         if (ly->bq)
-            for (int32_t i = 0; i < hd; i++) q[i] += ly->bq[(size_t)h * hd + i];
+            for (int32_t i = 0; i < hd; i++) q[i] += ly->bq[(size_t)u * hd + i];
         if (ly->q_norm) eng_rmsnorm(q, q, ly->q_norm, hd, hp->rms_eps);
         eng_rope(q, hp->n_rot, cs, hp->neox_rope);
-        return;
+    } else if (u < H + HKV) {
+        int32_t h = u - H;
+        float *k = c->k + (size_t)r * HKV * hd + (size_t)h * hd;
+        if (ly->bk)
+            for (int32_t i = 0; i < hd; i++) k[i] += ly->bk[(size_t)h * hd + i];
+        if (ly->k_norm) eng_rmsnorm(k, k, ly->k_norm, hd, hp->rms_eps);
+        eng_rope(k, hp->n_rot, cs, hp->neox_rope);
+        store_row(&c->lay, kvc_row_ptr(&c->lay, l, 0, c->slots[r], h), k, hd);
+    } else {
+        int32_t h = u - H - HKV;
+        float *v = c->v + (size_t)r * HKV * hd + (size_t)h * hd;
+        if (ly->bv)
+            for (int32_t i = 0; i < hd; i++) v[i] += ly->bv[(size_t)h * hd + i];
+        store_row(&c->lay, kvc_row_ptr(&c->lay, l, 1, c->slots[r], h), v, hd);
     }
-    h -= hp->n_head;
-    size_t off = (size_t)r * hp->n_head_kv * hd + (size_t)h * hd;
-    float *k = c->k + off, *v = c->v + off;
-    if (ly->bk)
-        for (int32_t i = 0; i < hd; i++) k[i] += ly->bk[(size_t)h * hd + i];
-    if (ly->bv)
-        for (int32_t i = 0; i < hd; i++) v[i] += ly->bv[(size_t)h * hd + i];
-    if (ly->k_norm) eng_rmsnorm(k, k, ly->k_norm, hd, hp->rms_eps);
-    eng_rope(k, hp->n_rot, cs, hp->neox_rope);
-    store_row(&c->lay, kvc_row_ptr(&c->lay, l, 0, c->slots[r], h), k, hd);
-    store_row(&c->lay, kvc_row_ptr(&c->lay, l, 1, c->slots[r], h), v, hd);
+}
+
+/* The Q, K and V products of this thread, split by head units (n_head + 2 n_head_kv units of head_dim output
+ * rows, Q heads first, then K, then V), followed by the post-processing of the same units, so that no barrier
+ * is needed between the products and RoPE. */
+static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, int64_t m, int ith, int nth) {
+    const eng_hparams *hp = c->hp;
+    const int64_t hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
+    const eng_matrix *ms[3] = {&ly->wq, &ly->wk, &ly->wv};
+    float *ys[3] = {c->q, c->k, c->v};
+    const int64_t first[3] = {0, H, H + HKV}, count[3] = {H, HKV, HKV};
+    int64_t ub, ue;
+    split(H + 2 * HKV, ith, nth, &ub, &ue);
+    for (int i = 0; i < 3; i++) {
+        int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
+        int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
+        if (hi > lo)
+            eng_gemm(c->simd, ms[i]->type, ms[i]->data, ms[i]->k, c->xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out,
+                     lo * hd, hi * hd);
+    }
+    for (int64_t u = ub; u < ue; u++)
+        for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
+}
+
+/* Quantizes n values of src to type at value offset j0 (a multiple of the type's block size) of row r of a
+ * quantized buffer whose rows hold k values. */
+static void quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n) {
+    const eng_qtype_info *qi = eng_qtype_get(type);
+    char *row = (char *)buf + (size_t)r * eng_qtype_row_bytes(type, k);
+    eng_quantize_row(type, src, row + (size_t)(j0 / qi->block_elems) * (size_t)qi->block_bytes, n);
 }
 
 static void rope_angles(const eng_ctx *c, float *cs, double pos) {
@@ -463,13 +503,12 @@ static void forward_worker(void *arg, int ith, int nth) {
     }
     eng_pool_barrier(c->pool);
 
+    const int64_t hd = hp->head_dim;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const eng_layer *ly = &mdl->layers[l];
         const eng_matrix *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
-        float *qkv_out[3] = {c->q, c->k, c->v};
         const eng_matrix *gu[2] = {&ly->w_gate, &ly->w_up};
-        float *gu_out[2] = {c->gate, c->up};
-        const eng_matrix *wo[1] = {&ly->wo}, *wd[1] = {&ly->w_down};
+        const eng_qtype_info *wo_in = eng_qtype_get(ly->wo.dot_type), *down_in = eng_qtype_get(ly->w_down.dot_type);
 
         /* residual of the previous layer's FFN, attention norm, quantize */
         for (int64_t r = rb; r < re; r++) {
@@ -481,22 +520,27 @@ static void forward_worker(void *arg, int ith, int nth) {
         quantize_rows(c, qkv, 3, c->xn, E, rb, re);
         eng_pool_barrier(c->pool);
 
-        gemm_group(c, qkv, qkv_out, 3, m, ith, nth);
+        /* Q, K, V products; biases, q/k norms, RoPE and cache writes of the same heads */
+        qkv_part(c, ly, l, m, ith, nth);
         eng_pool_barrier(c->pool);
 
-        /* biases, q/k norms, RoPE, cache writes */
-        int64_t heads = hp->n_head + hp->n_head_kv, tb, te;
-        split(m * heads, ith, nth, &tb, &te);
-        for (int64_t t = tb; t < te; t++) qkv_post(c, ly, l, (int32_t)(t / heads), (int32_t)(t % heads));
-        eng_pool_barrier(c->pool);
-
+        /* attention by (row, head); each head's output is quantized for wo at once when a head is a whole
+         * number of the activation format's blocks */
+        bool fuse_wo = hd % wo_in->block_elems == 0;
+        int64_t tb, te;
         split(m * hp->n_head, ith, nth, &tb, &te);
-        for (int64_t t = tb; t < te; t++) attend(c, l, (int32_t)(t / hp->n_head), (int32_t)(t % hp->n_head), ith);
+        for (int64_t t = tb; t < te; t++) {
+            int32_t r = (int32_t)(t / hp->n_head), h = (int32_t)(t % hp->n_head);
+            attend(c, l, r, h, ith);
+            if (fuse_wo)
+                quantize_part(ly->wo.dot_type, QD, c->att + r * QD + h * hd, c->xq_att, r, h * hd, hd);
+        }
         eng_pool_barrier(c->pool);
-
-        quantize_rows(c, wo, 1, c->att, QD, rb, re);
-        eng_pool_barrier(c->pool);
-        gemm_group(c, wo, &c->tmp, 1, m, ith, nth);
+        if (!fuse_wo) {
+            for (int64_t r = rb; r < re; r++) quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
+            eng_pool_barrier(c->pool);
+        }
+        gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, ith, nth);
         eng_pool_barrier(c->pool);
 
         for (int64_t r = rb; r < re; r++) {
@@ -506,17 +550,25 @@ static void forward_worker(void *arg, int ith, int nth) {
         }
         quantize_rows(c, gu, 2, c->xn, E, rb, re);
         eng_pool_barrier(c->pool);
-        gemm_group(c, gu, gu_out, 2, m, ith, nth);
-        eng_pool_barrier(c->pool);
 
-        for (int64_t r = rb; r < re; r++) {
-            float *g = c->gate + r * F;
-            const float *u = c->up + r * F;
-            for (int64_t i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+        /* gate and up over this thread's columns (whole blocks of w_down's activation format), then
+         * silu(gate) * up and its quantization for w_down on the same columns */
+        int64_t be = down_in->block_elems, jb, je;
+        split(F / be, ith, nth, &jb, &je);
+        jb *= be;
+        je *= be;
+        if (je > jb) {
+            eng_gemm(c->simd, ly->w_gate.type, ly->w_gate.data, E, c->xq[group_slot(gu, 0)], m, c->gate, F, jb, je);
+            eng_gemm(c->simd, ly->w_up.type, ly->w_up.data, E, c->xq[group_slot(gu, 1)], m, c->up, F, jb, je);
+            for (int64_t r = 0; r < m; r++) {
+                float *g = c->gate + r * F;
+                const float *u = c->up + r * F;
+                for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
+                quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
+            }
         }
-        quantize_rows(c, wd, 1, c->gate, F, rb, re);
         eng_pool_barrier(c->pool);
-        gemm_group(c, wd, &c->tmp, 1, m, ith, nth);
+        gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, ith, nth);
         eng_pool_barrier(c->pool);
     }
 

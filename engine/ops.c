@@ -6,14 +6,17 @@
 #include "engine/quant.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
 
 bool eng_ops_simd_available(void) {
 #ifdef HAVE_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    /* AVX2 + FMA (and the OS saving YMM state) as quant.h detects them, plus F16C (CPUID.1:ECX bit 29). */
+    unsigned a, b, c, d;
+    if (eng_simd_detect() < ENG_SIMD_AVX2 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c >> 29) & 1u;
 #else
     return false;
 #endif

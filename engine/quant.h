@@ -47,19 +47,34 @@ uint16_t eng_f32_to_bf16(float f);
  * Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
-/* Quantizes n values to type: supported for F32, F16, BF16, Q8_0, Q8_1?, Q8_K (activations), Q4_0 and
- * the types mkmodel writes. Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
+/* Quantizes n values to type: supported for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K
+ * (ggml's reference rounding rules; Q8_0/Q8_1/Q8_K codes are always in [-127, 127], and Q8_K's bsums are
+ * the sums of its 16-element groups, which the k-quant dot kernels rely on). K-quant weight types (Q2_K..Q6_K)
+ * have no quantizer: ENG_ERR_UNSUPPORTED. Inputs must be finite. Returns 0 or ENG_ERR_UNSUPPORTED /
+ * ENG_ERR_INVALID. */
 int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* ---- kernel levels ------------------------------------------------------------------------------------- */
 typedef enum { ENG_SIMD_SCALAR = 0, ENG_SIMD_AVX2 = 1, ENG_SIMD_AVX512 = 2 } eng_simd_level;
 
-/* The best level this CPU supports (cpuid + OS support for the registers). */
+/* eng_quantize_row at a given kernel level (l must not exceed eng_simd_detect()). Every level writes the same
+ * bytes as the scalar one for finite inputs (Q8_0 and Q8_K have AVX2 versions; other types use scalar).
+ * eng_quantize_row itself uses the best level the CPU has. (Added by the quant module.) */
+int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n);
+
+/* The best level this CPU supports (cpuid + OS support for the registers, via xgetbv). Executes cpuid:
+ * call once and keep the result. */
 eng_simd_level eng_simd_detect(void);
 const char *eng_simd_name(eng_simd_level l);
 
 /* Dot product of one weight row (n values of wtype) with one activation row already quantized to
- * eng_qtype_get(wtype)->dot_type. */
+ * eng_qtype_get(wtype)->dot_type, which is: F32 for F32/F16/BF16 weights; Q8_0 for Q4_0, Q5_0, Q8_0;
+ * Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K and Q8_K. Activation rows must come from eng_quantize_row (the
+ * AVX2 kernels assume int8 codes in [-127, 127] and consistent Q8_K bsums).
+ * Levels: l must not exceed eng_simd_detect() (a higher level executes unsupported instructions); a type
+ * with no kernel at level l runs the next lower level's. The integer part of every block is exact at every
+ * level; levels differ from scalar only in the order of float accumulation across blocks (tests allow
+ * 1e-5 * sum |w_i * x_i|). ENG_SIMD_AVX512 requires AVX-512 F/BW/VL/DQ and VNNI. */
 float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row, const void *x_row);
 
 /* Matrix product on a row range: for every activation row r in [0, m) and weight row j in

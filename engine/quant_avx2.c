@@ -239,6 +239,77 @@ static TGT float dot_f32(int64_t n, const void *w, const float *x) { return dot_
 static TGT float dot_f16(int64_t n, const void *w, const float *x) { return dot_float(ENG_Q_F16, n, w, x); }
 static TGT float dot_bf16(int64_t n, const void *w, const float *x) { return dot_float(ENG_Q_BF16, n, w, x); }
 
+/* ---- activation quantization (bit-identical to the scalar quantizers) ------------------------------------ */
+INL float hmax256(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+/* 32 floats times id, rounded to nearest even (the default MXCSR mode, like the scalar nearest_int), clamped to
+ * [-127, 127], stored as 32 int8 in element order; returns the int32 vectors in v[4] */
+INL void round_store32(const float *x, __m256 id, int8_t *out, __m256i v[4]) {
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    for (int k = 0; k < 4; k++) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id));
+        v[k] = _mm256_max_epi32(_mm256_min_epi32(q, hi), lo);
+    }
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
+}
+static TGT void quant_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+        for (int k = 1; k < 4; k++) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax256(a);
+        float d = amax / 127.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        __m256i v[4];
+        round_store32(x, _mm256_set1_ps(id), b[i].qs, v);
+        b[i].d = eng_f32_to_fp16(d);
+    }
+}
+static TGT void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        __m256 a = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax256(a);
+        if (amax == 0.f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        /* the signed value of the first element with the largest magnitude */
+        __m256 am = _mm256_set1_ps(amax);
+        float mx = 0.f;
+        for (int k = 0; k < 32; k++) {
+            int msk = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)), am, _CMP_EQ_OQ));
+            if (msk) {
+                mx = x[8 * k + __builtin_ctz((unsigned)msk)];
+                break;
+            }
+        }
+        float iscale = -127.f / mx;
+        __m256 is = _mm256_set1_ps(iscale);
+        for (int c = 0; c < 8; c++) {
+            __m256i v[4];
+            round_store32(x + 32 * c, is, b[i].qs + 32 * c, v);
+            b[i].bsums[2 * c] = (int16_t)hsum_epi32(_mm256_add_epi32(v[0], v[1]));
+            b[i].bsums[2 * c + 1] = (int16_t)hsum_epi32(_mm256_add_epi32(v[2], v[3]));
+        }
+        b[i].d = 1.f / iscale;
+    }
+}
+bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
+    switch (type) {
+    case ENG_Q_Q8_0: quant_q8_0(src, dst, n / 32); return true;
+    case ENG_Q_Q8_K: quant_q8_K(src, dst, n / 256); return true;
+    default: return false;
+    }
+}
+
 bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
     const tile_fn(*tab)[TN] = tiles_for(wtype);
     if (tab) {
@@ -284,6 +355,10 @@ bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int
 }
 
 #else /* not x86 */
+bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
+    (void)type, (void)src, (void)dst, (void)n;
+    return false;
+}
 bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
     (void)wtype, (void)n, (void)w_row, (void)x_row, (void)out;
     return false;

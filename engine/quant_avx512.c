@@ -8,7 +8,7 @@
  * unsigned bytes u once per tile step, and for every activation row x (int8) vpdpbusd accumulates
  * sum(u * x) onto -offset * sum(x) (precomputed per activation block), which is exactly the block's integer
  * dot sum(q_w * q_x). That integer is converted to float and multiplied by d_w * d_x (fused multiply-add
- * into 8 float lanes per output). A tile is TM weight rows x TN activation rows, so each weight block is
+ * into 8 float lanes per output). Two blocks go through one zmm register per step. A tile is TM weight rows x TN activation rows, so each weight block is
  * loaded once per TN activation rows and each activation block once per TM weight rows.
  *
  * Other weight types return false here, and the dispatcher uses the AVX2 kernels.
@@ -59,17 +59,66 @@ INL float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* y[c * ldy + r] = dot(W row r, x row c) for r < RM, c < RN, over nb blocks. */
+/* Two consecutive blocks' codes in one zmm (block b in the low half). */
+INL __m512i w_codes2(uint32_t type, const uint8_t *blk) {
+    const size_t bs = w_bsz(type);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(w_codes(type, blk)), w_codes(type, blk + bs), 1);
+}
+/* [f(d0) x 8, f(d1) x 8] from the fp16 scales at p and p + stride */
+INL __m512 scales2(const uint8_t *p, size_t stride) {
+    uint16_t d0, d1;
+    memcpy(&d0, p, 2);
+    memcpy(&d1, p + stride, 2);
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | ((uint32_t)d1 << 16))));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(f));
+}
+
+/* y[c * ldy + r] = dot(W row r, x row c) for r < RM, c < RN, over nb blocks: two blocks per step in zmm
+ * registers (16 int32 lanes: 8 per block), an odd last block in ymm. */
 INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_t wb, const uint8_t *X, size_t xb,
               int64_t nb, float *y, int64_t ldy) {
-    __m256 acc[TM][TN];
+    __m512 acc[TM][TN];
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < RN; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < RN; c++) acc[r][c] = _mm512_setzero_ps();
     const size_t bs = w_bsz(type);
-    const __m256i offv = _mm256_set1_epi8((char)w_offset(type));
-    for (int64_t b = 0; b < nb; b++) {
+    const __m512i offv = _mm512_set1_epi8((char)w_offset(type));
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i xv[TN], ncorr[TN];
+        __m512 dx[TN];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const uint8_t *xp = X + (size_t)c * xb + (size_t)b * 34;
+            xv[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xp + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(xp + 36)), 1);
+            ncorr[c] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, xv[c]));
+            dx[c] = scales2(xp, 34);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            const uint8_t *wp = W + (size_t)r * wb + (size_t)b * bs;
+            if (RN == 1) _mm_prefetch((const char *)wp + PF_DIST, _MM_HINT_T0);
+            __m512i u = w_codes2(type, wp);
+            __m512 dw = scales2(wp, bs);
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                __m512i p = _mm512_dpbusd_epi32(ncorr[c], u, xv[c]);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[c]), acc[r][c]);
+            }
+        }
+    }
+    __m256 acc8[TM][TN];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++)
+            acc8[r][c] = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c]), _mm512_extractf32x8_ps(acc[r][c], 1));
+    if (b < nb) { /* odd last block */
+        const __m256i offv8 = _mm256_set1_epi8((char)w_offset(type));
         __m256i xv[TN], ncorr[TN];
         __m256 dx[TN];
 #pragma GCC unroll 4
@@ -77,7 +126,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
             const uint8_t *xp = X + (size_t)c * xb + (size_t)b * 34;
             xv[c] = _mm256_loadu_si256((const __m256i *)(xp + 2));
             ncorr[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, xv[c]));
+                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv8, xv[c]));
             uint16_t dh;
             memcpy(&dh, xp, 2);
             dx[c] = _mm256_set1_ps(h2f(dh));
@@ -85,7 +134,6 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
 #pragma GCC unroll 4
         for (int r = 0; r < RM; r++) {
             const uint8_t *wp = W + (size_t)r * wb + (size_t)b * bs;
-            if (RN == 1) _mm_prefetch((const char *)wp + PF_DIST, _MM_HINT_T0);
             __m256i u = w_codes(type, wp);
             uint16_t dh;
             memcpy(&dh, wp, 2);
@@ -93,14 +141,14 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
                 __m256i p = _mm256_dpbusd_epi32(ncorr[c], u, xv[c]);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx[c]), acc[r][c]);
+                acc8[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx[c]), acc8[r][c]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc[r][c]);
+        for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc8[r][c]);
 }
 
 #define TILE_FN(T, NAME, RM, RN)                                                                            \

@@ -3,8 +3,9 @@
  *
  * One step of eng_sampler_sample, in order:
  *   1. log-probabilities of the RAW logits (before any transform, logit bias included): the log-sum-exp over
- *      the whole vocabulary with max subtraction (expf per logit, summed in double), and the n_top_logprobs best tokens by raw logit
- *      (a bounded insertion list, O(n_vocab * N) worst case, N <= 20). eng_sample.logprob / top_* report these.
+ *      the whole vocabulary with max subtraction (exponentials summed in double), and the n_top_logprobs best
+ *      tokens by raw logit (a bounded insertion list; ties: the lower id first). eng_sample.logprob and
+ *      top_* report these.
  *   2. logit bias: added to the logits (a bias of -INFINITY, or any bias that makes a logit -inf, bans the
  *      token; a bias of -100 makes it practically impossible, as in the OpenAI API).
  *   3. penalties over the tokens in the history window (the last penalty_last_n accepted tokens; -1: all of
@@ -18,16 +19,28 @@
  *      renormalized kept set with the sampler's RNG. Temperature is applied BEFORE the filters (the
  *      HF transformers / vLLM order; llama.cpp's default chain applies it after them).
  *   5. the chosen token is appended to the penalty history.
- * Logits that are NaN count as -inf. When every logit is -inf after the transforms, sampling fails with
- * ENG_ERR_INVALID.
+ * Logits that are NaN count as -inf (a bias that turns a logit into NaN, -inf + inf, bans it). When every
+ * logit is -inf after the transforms, sampling fails with ENG_ERR_INVALID. A +inf logit takes all the mass.
  *
- * Work memory is allocated once in eng_sampler_create (a copy buffer and an index buffer of n_vocab each,
- * and the penalty bookkeeping when a penalty is on); a call allocates nothing. top-k and top-p use
- * quickselect partitions (O(n_vocab) expected) and sort only the selected prefix.
+ * Cost: no allocation per call (work buffers of n_vocab floats and ids, and the penalty bookkeeping when a
+ * penalty is on, are allocated in eng_sampler_create). The vocabulary-wide loops (max, first index of a
+ * value, exponentials with their sum) are sampler_kernels.c's, AVX2 when the CPU has it. Greedy is O(n_vocab)
+ * (a copy, the max, the first index of it, plus the raw log-sum-exp). top-k <= 256 uses a bounded heap
+ * (one comparison for most tokens), larger k a quickselect; top-p finds, with a histogram of the probability
+ * mass by binary exponent, the bucket where the cumulative mass reaches top_p and then runs a mass-guided
+ * quickselect over the tokens of that bucket and above: O(n_vocab) expected, nothing is sorted.
+ * Probabilities use eng_smp_exp (relative error < 3.6e-7), exactly 1 for the most likely token.
+ *
+ * Parameters (eng_sampler_create returns ENG_ERR_INVALID otherwise): n_vocab > 0; temperature, top_p not NaN;
+ * min_p <= 1 (top_p <= 0 keeps only the most likely token); repetition_penalty finite and > 0; presence and
+ * frequency penalties finite; penalty_last_n >= -1; n_top_logprobs 0..20; every logit_bias token in
+ * [0, n_vocab) with a non-NaN bias. ENG_ERR_NOMEM when an allocation fails. eng_sampler_accept ignores ids
+ * outside [0, n_vocab).
  *
  * RNG: xoshiro256** seeded through splitmix64 from params->seed; same seed and same logits give the same tokens.
  */
 #include "engine/engine.h"
+#include "engine/sampler_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -74,7 +87,8 @@ struct eng_sampler {
     size_t n_bias;
     eng_rng rng;
 
-    float *work;               /* [n_vocab] transformed logits */
+    eng_smp_kernels k;         /* vocabulary-wide loops (scalar or AVX2, chosen at create) */
+    float *work;               /* [n_vocab] transformed logits, then probabilities */
     int32_t *idx;              /* [n_vocab] candidate ids */
 
     /* penalty bookkeeping (NULL when no penalty is on) */
@@ -162,6 +176,7 @@ int eng_sampler_create(const eng_sampling_params *params, int32_t n_vocab, eng_s
         }
     }
     rng_seed(&s->rng, p->seed);
+    eng_smp_kernels_best(&s->k);
     *out = s;
     return ENG_OK;
 nomem:
@@ -237,86 +252,34 @@ static void select_top(const float *l, int32_t *idx, int32_t lo, int32_t hi, int
     }
 }
 
-/* Sorts idx[0..n) best first by `better`: insertion sort for short runs, heap sort otherwise. */
-static void sort_desc(const float *l, int32_t *idx, int32_t n) {
-    if (n <= 32) {
-        for (int32_t i = 1; i < n; i++) {
-            int32_t v = idx[i], j = i;
-            while (j > 0 && better(l, v, idx[j - 1])) { idx[j] = idx[j - 1]; j--; }
-            idx[j] = v;
-        }
-        return;
-    }
-    /* heap sort: deterministic, in place, O(n log n), no allocation (qsort has no context argument in C11) */
-    /* build a heap whose root is the WORST element, then pop to the end: yields best-first order */
-    for (int32_t start = n / 2 - 1; start >= 0; start--) {
-        int32_t root = start;
-        for (;;) {
-            int32_t child = 2 * root + 1;
-            if (child >= n) break;
-            if (child + 1 < n && better(l, idx[child], idx[child + 1])) child++;
-            if (better(l, idx[root], idx[child])) {
-                int32_t t = idx[root]; idx[root] = idx[child]; idx[child] = t;
-                root = child;
-            } else break;
-        }
-    }
-    for (int32_t end = n - 1; end > 0; end--) {
-        int32_t t = idx[0]; idx[0] = idx[end]; idx[end] = t;
-        int32_t root = 0;
-        for (;;) {
-            int32_t child = 2 * root + 1;
-            if (child >= end) break;
-            if (child + 1 < end && better(l, idx[child], idx[child + 1])) child++;
-            if (better(l, idx[root], idx[child])) {
-                int32_t t2 = idx[root]; idx[root] = idx[child]; idx[child] = t2;
-                root = child;
-            } else break;
-        }
-    }
-}
-
 static inline float clean(float x) { return isnan(x) ? -INFINITY : x; }
 
-/* Raw log-probabilities: log-sum-exp (double) and the top n by raw logit, best first. */
-static void raw_logprobs(const float *logits, int32_t n_vocab, int32_t n_top, double *lse_out, eng_sample *out) {
-    double m = -INFINITY;
-    for (int32_t i = 0; i < n_vocab; i++) {
-        float v = clean(logits[i]);
-        if (v > m) m = v;
-    }
-    double sum = 0.0;
-    if (isfinite(m)) {
-        for (int32_t i = 0; i < n_vocab; i++) {
-            float v = clean(logits[i]);
-            if (v != -INFINITY) sum += (double)expf((float)((double)v - m));
-        }
-        *lse_out = m + log(sum);
-    } else {
-        *lse_out = m; /* every logit is -inf (or +inf: then the lse is +inf) */
-    }
+/* Raw log-probabilities: the log-sum-exp (max subtraction, double sum) and the n_top best by raw logit, best
+ * first (an insertion list: one comparison for most tokens). */
+static void raw_logprobs(const eng_smp_kernels *k, const float *logits, int32_t n_vocab, int32_t n_top,
+                         double *lse_out, eng_sample *out) {
+    float m = k->max(logits, n_vocab);
+    if (isfinite(m)) *lse_out = (double)m + log(k->expsum(logits, n_vocab, m, 1.0f, NULL));
+    else *lse_out = m; /* every logit is -inf or NaN (-inf), or one is +inf (+inf) */
 
-    int32_t k = 0;
+    int32_t cnt = 0;
     if (n_top > n_vocab) n_top = n_vocab;
+    float worst = -INFINITY; /* value of the last kept entry when the list is full */
     for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        if (cnt == n_top && !(logits[i] > worst)) continue; /* ties keep the lower id, which came first */
         float v = clean(logits[i]);
-        if (k == n_top) {
-            int32_t w = out->top_token[k - 1];
-            float wv = clean(logits[w]);
-            if (!(v > wv)) continue; /* ties keep the lower id, which came first */
-            k--;
-        }
-        int32_t j = k;
-        while (j > 0) {
-            float pv = clean(logits[out->top_token[j - 1]]);
-            if (v > pv) { out->top_token[j] = out->top_token[j - 1]; j--; }
-            else break;
+        if (cnt == n_top) cnt--;
+        int32_t j = cnt;
+        while (j > 0 && v > clean(logits[out->top_token[j - 1]])) {
+            out->top_token[j] = out->top_token[j - 1];
+            j--;
         }
         out->top_token[j] = i;
-        k++;
+        cnt++;
+        worst = clean(logits[out->top_token[cnt - 1]]);
     }
-    out->n_top = k;
-    for (int32_t j = 0; j < k; j++) {
+    out->n_top = cnt;
+    for (int32_t j = 0; j < cnt; j++) {
         double v = clean(logits[out->top_token[j]]);
         out->top_logprob[j] = (float)(v - *lse_out);
     }
@@ -336,107 +299,204 @@ static void apply_penalties(eng_sampler *s, float *l) {
     }
 }
 
+/* The k best valid (> -inf, not NaN) tokens of l by `better`, into idx[0..) in heap order; returns how many
+ * (k, or fewer when fewer are valid). A bounded heap whose root is the worst kept: most tokens cost one
+ * comparison. */
+static int32_t heap_top(const float *l, int32_t n, int32_t k, int32_t *idx) {
+    int32_t cnt = 0;
+    float root_v = -INFINITY; /* l of the heap's root (the worst kept) */
+    for (int32_t i = 0; i < n; i++) {
+        if (!(l[i] > -INFINITY)) continue;
+        int32_t pos;
+        if (cnt < k) { /* sift up */
+            pos = cnt++;
+            while (pos > 0) {
+                int32_t parent = (pos - 1) / 2;
+                if (!better(l, idx[parent], i)) break;
+                idx[pos] = idx[parent];
+                pos = parent;
+            }
+            idx[pos] = i;
+            root_v = l[idx[0]];
+            continue;
+        }
+        if (!(l[i] >= root_v) || !better(l, i, idx[0])) continue; /* most tokens stop at the first test */
+        pos = 0; /* replace the root, sift down */
+        for (;;) {
+            int32_t c = 2 * pos + 1;
+            if (c >= cnt) break;
+            if (c + 1 < cnt && better(l, idx[c], idx[c + 1])) c++;
+            if (!better(l, i, idx[c])) break;
+            idx[pos] = idx[c];
+            pos = c;
+        }
+        idx[pos] = i;
+        root_v = l[idx[0]];
+    }
+    return cnt;
+}
+
+/* top-p over candidates idx[0..nc) with probabilities p[] (unnormalized, total `sum`): moves the smallest
+ * best-first set whose mass reaches target to the front of idx (in no particular order) and returns its size.
+ * A quickselect that partitions by rank and descends on mass: O(nc) expected, no sort. */
+static int32_t top_p_select(const float *p, int32_t *idx, int32_t nc, double target) {
+    if (!(target > 0.0)) { /* top_p <= 0: only the most likely token */
+        select_top(p, idx, 0, nc, 1);
+        return 1;
+    }
+    int32_t lo = 0, hi = nc;
+    double acc = 0.0; /* mass of idx[0..lo), all in the set */
+    while (hi - lo > 1) {
+        /* median of three pivot, moved to hi - 1 */
+        int32_t mid = lo + (hi - lo) / 2;
+        int32_t a = idx[lo], b = idx[mid], c = idx[hi - 1];
+        int32_t pv_pos;
+        if (better(p, a, b)) pv_pos = better(p, b, c) ? mid : (better(p, a, c) ? hi - 1 : lo);
+        else pv_pos = better(p, a, c) ? lo : (better(p, b, c) ? hi - 1 : mid);
+        int32_t piv = idx[pv_pos];
+        idx[pv_pos] = idx[hi - 1];
+        idx[hi - 1] = piv;
+        /* Lomuto: [lo, w) better than the pivot */
+        int32_t w = lo;
+        double mass = 0.0;
+        for (int32_t i = lo; i < hi - 1; i++) {
+            if (better(p, idx[i], piv)) {
+                int32_t t = idx[i]; idx[i] = idx[w]; idx[w] = t;
+                mass += p[idx[w]];
+                w++;
+            }
+        }
+        idx[hi - 1] = idx[w];
+        idx[w] = piv;
+        if (acc + mass >= target) {
+            hi = w;                       /* the cut lies among the better ones */
+            if (hi == lo) return lo;      /* unreachable with target > acc; kept as a guard */
+        } else if (acc + mass + p[piv] >= target) {
+            return w + 1;                 /* the pivot completes the mass */
+        } else {
+            acc += mass + p[piv];
+            lo = w + 1;
+        }
+    }
+    return hi; /* one candidate left (or none): it is needed, or everything is */
+}
+
 int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
     if (!s || !logits || !out) return ENG_ERR_INVALID;
     const int32_t n = s->n_vocab;
     memset(out, 0, sizeof(*out));
 
     double lse;
-    raw_logprobs(logits, n, s->p.n_top_logprobs, &lse, out);
+    raw_logprobs(&s->k, logits, n, s->p.n_top_logprobs, &lse, out);
 
+    /* transformed logits; NaN stays NaN and every comparison below treats it as -inf */
     float *l = s->work;
-    for (int32_t i = 0; i < n; i++) l[i] = clean(logits[i]);
-    for (size_t i = 0; i < s->n_bias; i++) {
-        float v = l[s->bias[i].token] + s->bias[i].bias;
-        l[s->bias[i].token] = isnan(v) ? -INFINITY : v; /* -inf + +inf: banned */
-    }
+    memcpy(l, logits, (size_t)n * sizeof(float));
+    for (size_t i = 0; i < s->n_bias; i++) l[s->bias[i].token] += s->bias[i].bias; /* -inf + inf: NaN, banned */
     if (s->penalties) apply_penalties(s, l);
 
     int32_t chosen = -1;
-    if (!(s->p.temperature > 0.0f)) {
-        float best = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            if (l[i] > best) { best = l[i]; chosen = i; }
-        }
-        if (chosen < 0) return ENG_ERR_INVALID;
-    } else {
-        const double inv_t = 1.0 / (double)s->p.temperature;
-        int32_t *idx = s->idx;
-        int32_t nc = 0;
-        float m = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            if (l[i] == -INFINITY) continue;
-            if (l[i] > m) m = l[i];
-            idx[nc++] = i;
-        }
-        if (nc == 0) return ENG_ERR_INVALID;
-        if (m == INFINITY) { /* a +inf logit takes all the mass: the lowest such id */
-            for (int32_t i = 0; i < nc; i++) {
-                if (l[idx[i]] == INFINITY) { chosen = idx[i]; break; }
-            }
-            goto done;
-        }
-        /* top-k on the untempered logits (tempering is monotonic, so the set is the same, and this keeps
-         * top_k = 1 identical to greedy even where tempering would round two logits to one value) */
-        if (s->p.top_k > 0 && s->p.top_k < nc) {
-            select_top(l, idx, 0, nc, s->p.top_k);
-            nc = s->p.top_k;
-        }
-        /* unnormalized probabilities exp((l - max) / T) in (0, 1], the best token at exactly 1; l[] holds
-         * them from here on. exp is monotonic, so `better` ranks the candidates the same way (ties broken by
-         * id, also where distinct logits underflow to the same probability). */
-        double sum = 0.0;
+    const float m = s->k.max(l, n);
+    if (!(m > -INFINITY)) return ENG_ERR_INVALID; /* everything banned */
+    if (!(s->p.temperature > 0.0f) || m == INFINITY) {
+        /* greedy; or a +inf logit, which takes all the mass: the lowest id holding the maximum */
+        chosen = s->k.first_eq(l, n, m);
+        goto done;
+    }
+
+    const float inv_t = 1.0f / s->p.temperature;
+    int32_t *idx = s->idx;
+    int32_t nc = -1; /* candidates in idx[0..nc); -1: all tokens, probabilities in l[] */
+    double sum = 0.0;
+    if (s->p.top_k > 0 && s->p.top_k <= 256) {
+        /* top-k on the untempered logits (tempering is monotonic: same set, and top_k = 1 stays greedy
+         * even where tempering would round two logits to one value) */
+        nc = heap_top(l, n, s->p.top_k, idx);
         for (int32_t i = 0; i < nc; i++) {
-            float pv = expf((float)(((double)l[idx[i]] - (double)m) * inv_t));
-            l[idx[i]] = pv;
-            sum += pv;
+            float e = eng_smp_exp((l[idx[i]] - m) * inv_t);
+            l[idx[i]] = e;
+            sum += e;
         }
-        if (s->p.top_p < 1.0f) {
-            /* the smallest best-first prefix whose mass reaches top_p: select and sort growing chunks
-             * (64, 128, ...) of the best candidates instead of sorting them all */
-            double target = (double)s->p.top_p * sum;
-            int32_t lo = 0, chunk = nc < 64 ? nc : 64;
+    } else {
+        /* unnormalized probabilities e^((l - max) / T) in [0, 1] for the whole vocabulary, the best at 1 */
+        sum = s->k.expsum(l, n, m, inv_t, l);
+        if (s->p.top_k <= 0 && s->p.top_p < 1.0f) {
+            /* top-p only: a histogram of the mass by binary exponent of the probability finds the exponent
+             * bucket where the best-first cumulative mass reaches top_p; the set lies among the tokens of that
+             * bucket and above (they outrank all others), usually a small fraction of the vocabulary */
+            double bucket[256] = { 0 };
+            for (int32_t i = 0; i < n; i++) {
+                uint32_t bits;
+                memcpy(&bits, &l[i], sizeof(bits));
+                bucket[bits >> 23] += l[i]; /* l[i] in [0, 1]: the sign bit is clear */
+            }
+            const double target = (double)s->p.top_p * sum;
+            uint32_t cut = 1; /* default: every nonzero probability */
             double acc = 0.0;
-            int32_t keep = nc;
-            for (;;) {
-                select_top(l, idx, lo, nc, chunk - lo);
-                sort_desc(l, idx + lo, chunk - lo);
-                bool reached = false;
-                for (int32_t i = lo; i < chunk; i++) {
-                    acc += l[idx[i]];
-                    if (acc >= target) { keep = i + 1; reached = true; break; }
-                }
-                if (reached || chunk == nc) break;
-                lo = chunk;
-                chunk = (nc - chunk) > chunk ? 2 * chunk : nc;
+            for (uint32_t e = 255; e >= 1; e--) {
+                acc += bucket[e];
+                if (acc >= target) { cut = e; break; }
             }
-            nc = keep;
+            const uint32_t min_bits = cut << 23;
+            nc = 0;
+            for (int32_t i = 0; i < n; i++) {
+                uint32_t bits;
+                memcpy(&bits, &l[i], sizeof(bits));
+                if (bits >= min_bits) idx[nc++] = i;
+            }
+            if (nc == 0) { /* defensive: the best token has probability 1, exponent 127 >= cut */
+                for (int32_t i = 0; i < n; i++) if (l[i] > 0.0f) idx[nc++] = i;
+            }
+        } else if (s->p.top_k > 0) {
+            nc = 0;
+            for (int32_t i = 0; i < n; i++) if (l[i] > 0.0f) idx[nc++] = i;
+            if (s->p.top_k > 0 && s->p.top_k < nc) {
+                /* probabilities rank like the logits except where they round to equal values (ties by id) */
+                select_top(l, idx, 0, nc, s->p.top_k);
+                nc = s->p.top_k;
+                sum = 0.0;
+                for (int32_t i = 0; i < nc; i++) sum += l[idx[i]];
+            }
         }
-        if (s->p.min_p > 0.0f) {
-            /* relative to the most likely token, whose value is exactly 1 (and it always stays: min_p <= 1) */
+    }
+    if (s->p.top_p < 1.0f && nc > 1) nc = top_p_select(l, idx, nc, (double)s->p.top_p * sum);
+
+    /* min-p relative to the most likely token, whose value is exactly 1 (and it always stays: min_p <= 1) */
+    const float thr = s->p.min_p > 0.0f ? s->p.min_p : 0.0f;
+    double total = 0.0;
+    if (nc >= 0) {
+        if (thr > 0.0f) {
             int32_t w = 0;
-            for (int32_t i = 0; i < nc; i++) {
-                if (l[idx[i]] >= s->p.min_p) idx[w++] = idx[i];
-            }
+            for (int32_t i = 0; i < nc; i++) if (l[idx[i]] >= thr) idx[w++] = idx[i];
             nc = w;
-            if (nc == 0) return ENG_ERR_INVALID; /* unreachable: create rejects min_p > 1 */
         }
-        double total = 0.0;
+        if (nc == 0) return ENG_ERR_INVALID; /* unreachable: the best token is always kept */
         for (int32_t i = 0; i < nc; i++) total += l[idx[i]];
-        double u = rng_uniform(&s->rng) * total;
-        double acc = 0.0;
+        double u = rng_uniform(&s->rng) * total, acc = 0.0;
         chosen = idx[nc - 1];
         for (int32_t i = 0; i < nc; i++) {
             acc += l[idx[i]];
             if (u < acc) { chosen = idx[i]; break; }
         }
+    } else {
+        if (thr > 0.0f) {
+            for (int32_t i = 0; i < n; i++) if (l[i] >= thr) total += l[i];
+        } else {
+            total = sum;
+        }
+        double u = rng_uniform(&s->rng) * total, acc = 0.0;
+        for (int32_t i = 0; i < n; i++) {
+            if (l[i] > 0.0f && l[i] >= thr) {
+                chosen = i;
+                acc += l[i];
+                if (u < acc) break;
+            }
+        }
     }
+    if (chosen < 0) return ENG_ERR_INVALID; /* unreachable */
 done:
     out->token = chosen;
-    {
-        double v = clean(logits[chosen]);
-        out->logprob = (float)(v - lse);
-    }
+    out->logprob = (float)((double)clean(logits[chosen]) - lse);
     eng_sampler_accept(s, chosen);
     return ENG_OK;
 }

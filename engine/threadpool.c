@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-enum { SPIN_ITERS = 20000 };
+enum { SPIN_ITERS = 4000 };
 
 struct eng_pool {
     int n;
@@ -87,6 +88,11 @@ static void *worker_main(void *varg) {
 }
 
 int eng_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n >= 1) return n;
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (n > 1024 ? 1024 : (int)n);
 }

@@ -21,7 +21,7 @@ int eng_pool_size(const eng_pool *p);
 void eng_pool_run(eng_pool *p, eng_pool_fn fn, void *arg);
 void eng_pool_barrier(eng_pool *p);
 
-/* The number of online CPU cores (at least 1). */
+/* The number of CPU cores this process may run on (its affinity mask; at least 1). */
 int eng_cpu_count(void);
 
 #endif

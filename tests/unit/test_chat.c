@@ -6,12 +6,15 @@
  */
 #include <criterion/criterion.h>
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/gguf.h"
 
 #define M(r, c) { (r), (c) }
 
@@ -181,10 +184,18 @@ Test(chat, render_llama2) {
     expect_render(NULL, conv, NCONV, true, ENG_CHAT_LLAMA2, want);
     expect_render(t_llama2, conv, NCONV, true, ENG_CHAT_AUTO, want);
     expect_render(t_llama2, conv, NCONV, false, ENG_CHAT_AUTO, want); /* no generation prompt in this format */
-    /* the official Llama-2-chat template: BOS inside history and stripped content */
+    /* the official Llama-2-chat template ("content.strip()"): stripped content */
     const eng_chat_msg sp[] = { M("system", " S "), M("user", " Hi "), M("assistant", " Hello! "), M("user", "Q ") };
     expect_render(t_llama2_official, sp, 4, true, ENG_CHAT_AUTO,
-                  "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]Hello!</s><s>[INST] Q [/INST]");
+                  "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]Hello!</s>[INST] Q [/INST]");
+    /* BOS inside history ("bos_token + '[INST]" without stripping): later turns open with the BOS text */
+    const char *t_bos = "{% for message in messages %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
+                        "message['content'] + ' [/INST]' }}{% elif message['role'] == 'system' %}{{ '<<SYS>>\\n' + "
+                        "message['content'] + '\\n<</SYS>>\\n\\n' }}{% else %}{{ message['content'] + eos_token }}"
+                        "{% endif %}{% endfor %}";
+    cr_assert_eq(eng_chat_detect(t_bos), ENG_CHAT_LLAMA2);
+    expect_render(t_bos, sp, 4, true, ENG_CHAT_AUTO,
+                  "[INST] <<SYS>>\n S \n<</SYS>>\n\n Hi  [/INST] Hello! </s><s>[INST] Q  [/INST]");
     /* a conversation ending with the assistant ends with its EOS */
     expect_render(NULL, conv + 1, 2, true, ENG_CHAT_LLAMA2, "[INST] Hi [/INST]Hello!</s>");
 }
@@ -362,5 +373,174 @@ Test(chat, randomized_per_message_families) {
             cr_assert_str_eq(got, want, "seed %llu family %s", (unsigned long long)seed, eng_chat_family_name(f));
             free(got);
         }
+    }
+}
+
+/* ---- with ../shared: the models' own templates ------------------------------------------------------------- */
+static const char *shared_dir(void) {
+    const char *d = getenv("KVSERVE_SHARED");
+    if (!d || !*d) d = KVSERVE_SHARED_DIR;
+    return d;
+}
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Skips the test unless every shared file it needs is there (checked before anything is allocated). */
+static void need(const char *const *rels, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", shared_dir(), rels[i]);
+        if (!file_exists(path)) cr_skip_test("%s not present: shared test material unavailable", path);
+    }
+}
+
+/* A model's tokenizer.chat_template (malloc'd, NUL-terminated; NULL when the file has none) and the texts of
+ * its BOS / EOS tokens (from tokenizer.ggml.tokens; "" when absent). Skips the test when the file is absent. */
+typedef struct model_text { char *tmpl; char bos[64]; char eos[64]; } model_text;
+
+static void copy_str(char *dst, size_t cap, eng_gguf_str s) {
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(dst, s.ptr, n);
+    dst[n] = '\0';
+}
+
+static model_text read_model(const char *rel) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", shared_dir(), rel);
+    if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
+    eng_gguf *g = NULL;
+    char err[512] = "";
+    int rc = eng_gguf_open(path, &g, err, sizeof(err));
+    cr_assert_eq(rc, ENG_OK, "%s", err);
+    model_text mt = { 0 };
+    eng_gguf_str t;
+    if (eng_gguf_get_str(g, "tokenizer.chat_template", &t) == ENG_OK) {
+        mt.tmpl = malloc((size_t)t.len + 1);
+        cr_assert_not_null(mt.tmpl);
+        memcpy(mt.tmpl, t.ptr, (size_t)t.len);
+        mt.tmpl[t.len] = '\0';
+    }
+    uint32_t et;
+    uint64_t n;
+    const void *data;
+    const eng_gguf_str *toks = NULL;
+    if (eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &data, &toks) == ENG_OK && toks) {
+        uint32_t id;
+        if (eng_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id) == ENG_OK && id < n)
+            copy_str(mt.bos, sizeof(mt.bos), toks[id]);
+        if (eng_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &id) == ENG_OK && id < n)
+            copy_str(mt.eos, sizeof(mt.eos), toks[id]);
+    }
+    eng_gguf_close(g);
+    return mt;
+}
+
+static cJSON *read_json(const char *rel) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", shared_dir(), rel);
+    if (!file_exists(path)) cr_skip_test("%s not present: shared reference files unavailable", path);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    cr_assert_not_null(buf);
+    cr_assert_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    buf[len] = '\0';
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    cr_assert_not_null(j, "%s: invalid JSON", path);
+    return j;
+}
+
+/* Renders each conversation of a .chat.json with the model's template (AUTO, generation prompt on, as
+ * llama-server's chat completions do) and returns the results; expected[i] NULL: compare with the file's
+ * rendered_prompt. */
+static void check_conversations(const model_text *mt, const cJSON *cases, const char *const *expected,
+                                eng_chat_family want_family) {
+    cr_assert_eq(eng_chat_detect(mt->tmpl), want_family, "template detected as %s",
+                 eng_chat_family_name(eng_chat_detect(mt->tmpl)));
+    int i = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cases) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(c, "messages");
+        int n = cJSON_GetArraySize(msgs);
+        cr_assert_gt(n, 0);
+        eng_chat_msg *m = calloc((size_t)n, sizeof(*m));
+        cr_assert_not_null(m);
+        for (int k = 0; k < n; k++) {
+            const cJSON *msg = cJSON_GetArrayItem(msgs, k);
+            m[k].role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(msg, "role"));
+            m[k].content = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(msg, "content"));
+            cr_assert(m[k].role && m[k].content);
+        }
+        const char *want = expected ? expected[i]
+                                    : cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "rendered_prompt"));
+        cr_assert_not_null(want);
+        char *out = NULL;
+        bool fb = true;
+        int rc = eng_chat_render_text(mt->tmpl, mt->bos, mt->eos, m, (size_t)n, true, ENG_CHAT_AUTO, &out, &fb);
+        cr_assert_eq(rc, ENG_OK);
+        cr_assert(!fb);
+        cr_assert_str_eq(out, want, "conversation %d:\n got: [%s]\nwant: [%s]", i, out, want);
+        free(out);
+        free(m);
+        i++;
+    }
+    cr_assert_eq(i, 3, "expected 3 conversations, got %d", i);
+}
+
+/* llama.cpp's rendered prompts for the Qwen2 chat model (its template inserts a default system prompt). */
+Test(chat_shared, qwen2_reference_rendered_prompts) {
+    const char *files[] = { "models/synthetic/syn-qwen2-chat-q8_0.gguf", "reference/syn-qwen2-chat-q8_0.chat.json" };
+    need(files, 2);
+    model_text mt = read_model("models/synthetic/syn-qwen2-chat-q8_0.gguf");
+    cJSON *j = read_json("reference/syn-qwen2-chat-q8_0.chat.json");
+    cr_assert_not_null(mt.tmpl, "the chat model has no tokenizer.chat_template");
+    check_conversations(&mt, cJSON_GetObjectItemCaseSensitive(j, "cases"), NULL, ENG_CHAT_CHATML);
+    cJSON_Delete(j);
+    free(mt.tmpl);
+}
+
+/* The Phi-3 vocabulary's template (the original Phi-3-mini one: no system role, "<|assistant|>\n" after every
+ * user message, bos_token first) on the same conversations. There is no llama.cpp rendering of it in
+ * ../shared; the expected texts are what that template produces, with the system message merged into the
+ * next user message as llama.cpp's Jinja mode does for templates without a system role, BOS not shown. */
+Test(chat_shared, phi3_vocab_template) {
+    const char *files[] = { "models/vocab-only/ggml-vocab-phi-3.gguf", "reference/syn-qwen2-chat-q8_0.chat.json" };
+    need(files, 2);
+    model_text mt = read_model("models/vocab-only/ggml-vocab-phi-3.gguf");
+    cJSON *j = read_json("reference/syn-qwen2-chat-q8_0.chat.json");
+    cr_assert_not_null(mt.tmpl, "ggml-vocab-phi-3.gguf has no tokenizer.chat_template");
+    static const char *const want[3] = {
+        "<|user|>\nHello!<|end|>\n<|assistant|>\n",
+        "<|user|>\nYou are terse.\nName a color.<|end|>\n<|assistant|>\n",
+        ("<|user|>\nHi<|end|>\n<|assistant|>\nHello, how can I help?<|end|>\n<|user|>\nTell me a story about a "
+         "cat.<|end|>\n<|assistant|>\n"),
+    };
+    check_conversations(&mt, cJSON_GetObjectItemCaseSensitive(j, "cases"), want, ENG_CHAT_PHI3);
+    cJSON_Delete(j);
+    free(mt.tmpl);
+}
+
+/* Vocabularies without a template fall back to ChatML and say so. */
+Test(chat_shared, no_template_falls_back) {
+    const char *files[] = { "models/vocab-only/ggml-vocab-llama-spm.gguf", "models/synthetic/syn-llama-q8_0.gguf" };
+    need(files, 2);
+    for (size_t f = 0; f < 2; f++) {
+        model_text mt = read_model(files[f]);
+        cr_assert_null(mt.tmpl, "%s: unexpected template", files[f]);
+        char *out = NULL;
+        bool fb = false;
+        cr_assert_eq(eng_chat_render_text(mt.tmpl, mt.bos, mt.eos, conv + 1, 1, true, ENG_CHAT_AUTO, &out, &fb),
+                     ENG_OK);
+        cr_assert(fb);
+        cr_assert_str_eq(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        free(out);
     }
 }

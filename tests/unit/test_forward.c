@@ -44,6 +44,7 @@ typedef struct rmodel {
     int E, L, H, HKV, HD, F, V, n_rot;
     bool explicit_hd, neox, tied, rope_freqs, biases, qknorm;
     float base, scale_linear, eps;
+    uint32_t wtype; /* storage type of every matrix (norms and biases stay F32) */
     float *tok, *out, *onorm, *rf;
     rlayer ly[MAX_L];
     char path[256];
@@ -56,10 +57,34 @@ static float *rand_vec(rng *r, size_t n, float center, float a) {
     return v;
 }
 
-static void add_tensor(eng_gguf_writer *w, const char *name, const float *data, int64_t ne0, int64_t ne1) {
+static void add_vector(eng_gguf_writer *w, const char *name, const float *data, int64_t n) {
+    int64_t ne[1] = {n};
+    cr_assert_eq(eng_gguf_add_tensor(w, name, ENG_Q_F32, 1, ne, data, (size_t)n * sizeof(float)), 0, "%s", name);
+}
+
+/* A matrix [ne1 rows][ne0] stored as type. */
+static void add_matrix(eng_gguf_writer *w, const char *name, uint32_t type, const float *data, int64_t ne0, int64_t ne1) {
     int64_t ne[2] = {ne0, ne1};
-    cr_assert_eq(eng_gguf_add_tensor(w, name, ENG_Q_F32, ne1 > 0 ? 2 : 1, ne, data,
-                                     (size_t)ne0 * (size_t)(ne1 > 0 ? ne1 : 1) * sizeof(float)), 0, "%s", name);
+    size_t rb = eng_qtype_row_bytes(type, ne0);
+    cr_assert_gt(rb, 0, "%s", name);
+    char *buf = malloc(rb * (size_t)ne1);
+    cr_assert_not_null(buf);
+    for (int64_t r = 0; r < ne1; r++) cr_assert_eq(eng_quantize_row(type, data + r * ne0, buf + (size_t)r * rb, ne0), 0);
+    cr_assert_eq(eng_gguf_add_tensor(w, name, type, 2, ne, buf, rb * (size_t)ne1), 0, "%s", name);
+    free(buf);
+}
+
+/* Rounds a matrix to what type stores, so that the reference sees the weights the engine reads. */
+static void round_matrix(uint32_t type, float *data, int64_t ne0, int64_t ne1) {
+    if (type == ENG_Q_F32) return;
+    size_t rb = eng_qtype_row_bytes(type, ne0);
+    char *buf = malloc(rb);
+    cr_assert_not_null(buf);
+    for (int64_t r = 0; r < ne1; r++) {
+        cr_assert_eq(eng_quantize_row(type, data + r * ne0, buf, ne0), 0);
+        cr_assert_eq(eng_dequantize_row(type, buf, data + r * ne0, ne0), 0);
+    }
+    free(buf);
 }
 
 /* A minimal SentencePiece-style vocabulary: <unk>, <s>, </s>, 256 byte tokens and a few words. */
@@ -111,33 +136,33 @@ static void write_model(rmodel *m, defect d) {
 #undef K
     add_vocab(w);
     int QD = m->H * m->HD, KD = m->HKV * m->HD;
-    add_tensor(w, "token_embd.weight", m->tok, m->E, m->V);
-    if (!m->tied) add_tensor(w, "output.weight", m->out, m->E, m->V);
-    add_tensor(w, "output_norm.weight", m->onorm, m->E, 0);
-    if (m->rope_freqs) add_tensor(w, "rope_freqs.weight", m->rf, m->n_rot / 2, 0);
+    add_matrix(w, "token_embd.weight", m->wtype, m->tok, m->E, m->V);
+    if (!m->tied) add_matrix(w, "output.weight", m->wtype, m->out, m->E, m->V);
+    add_vector(w, "output_norm.weight", m->onorm, m->E);
+    if (m->rope_freqs) add_vector(w, "rope_freqs.weight", m->rf, m->n_rot / 2);
     char name[96];
     for (int l = 0; l < m->L; l++) {
         rlayer *y = &m->ly[l];
 #define N(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
-        add_tensor(w, N("attn_norm.weight"), y->an, m->E, 0);
-        add_tensor(w, N("attn_q.weight"), y->wq, m->E, QD);
-        if (d == DEFECT_BAD_DIMS_WK0 && l == 0) add_tensor(w, N("attn_k.weight"), y->wk, KD, m->E);
-        else add_tensor(w, N("attn_k.weight"), y->wk, m->E, KD);
-        add_tensor(w, N("attn_v.weight"), y->wv, m->E, KD);
-        add_tensor(w, N("attn_output.weight"), y->wo, QD, m->E);
+        add_vector(w, N("attn_norm.weight"), y->an, m->E);
+        add_matrix(w, N("attn_q.weight"), m->wtype, y->wq, m->E, QD);
+        if (d == DEFECT_BAD_DIMS_WK0 && l == 0) add_matrix(w, N("attn_k.weight"), m->wtype, y->wk, KD, m->E);
+        else add_matrix(w, N("attn_k.weight"), m->wtype, y->wk, m->E, KD);
+        add_matrix(w, N("attn_v.weight"), m->wtype, y->wv, m->E, KD);
+        add_matrix(w, N("attn_output.weight"), m->wtype, y->wo, QD, m->E);
         if (m->biases) {
-            add_tensor(w, N("attn_q.bias"), y->bq, QD, 0);
-            add_tensor(w, N("attn_k.bias"), y->bk, KD, 0);
-            add_tensor(w, N("attn_v.bias"), y->bv, KD, 0);
+            add_vector(w, N("attn_q.bias"), y->bq, QD);
+            add_vector(w, N("attn_k.bias"), y->bk, KD);
+            add_vector(w, N("attn_v.bias"), y->bv, KD);
         }
         if (m->qknorm) {
-            add_tensor(w, N("attn_q_norm.weight"), y->qn, m->HD, 0);
-            add_tensor(w, N("attn_k_norm.weight"), y->kn, m->HD, 0);
+            add_vector(w, N("attn_q_norm.weight"), y->qn, m->HD);
+            add_vector(w, N("attn_k_norm.weight"), y->kn, m->HD);
         }
-        add_tensor(w, N("ffn_norm.weight"), y->fn, m->E, 0);
-        add_tensor(w, N("ffn_gate.weight"), y->wg, m->E, m->F);
-        if (!(d == DEFECT_MISSING_FFN_UP1 && l == 1)) add_tensor(w, N("ffn_up.weight"), y->wu, m->E, m->F);
-        add_tensor(w, N("ffn_down.weight"), y->wd, m->F, m->E);
+        add_vector(w, N("ffn_norm.weight"), y->fn, m->E);
+        add_matrix(w, N("ffn_gate.weight"), m->wtype, y->wg, m->E, m->F);
+        if (!(d == DEFECT_MISSING_FFN_UP1 && l == 1)) add_matrix(w, N("ffn_up.weight"), m->wtype, y->wu, m->E, m->F);
+        add_matrix(w, N("ffn_down.weight"), m->wtype, y->wd, m->F, m->E);
 #undef N
     }
     snprintf(m->path, sizeof m->path, "/tmp/kvserve-test-forward-%d-%s-%d.gguf", (int)getpid(), m->arch, (int)d);
@@ -148,8 +173,9 @@ static void write_model(rmodel *m, defect d) {
 
 typedef enum { CFG_LLAMA, CFG_QWEN2, CFG_QWEN3, CFG_LLAMA_1L, CFG_LLAMA_HD32 } cfg_kind;
 
-static void make_model(rmodel *m, cfg_kind kind, uint64_t seed) {
+static void make_model(rmodel *m, cfg_kind kind, uint64_t seed, uint32_t wtype) {
     memset(m, 0, sizeof *m);
+    m->wtype = wtype;
     rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
     m->V = N_VOCAB;
     m->base = 10000.0f;
@@ -199,7 +225,16 @@ static void make_model(rmodel *m, cfg_kind kind, uint64_t seed) {
         y->wg = rand_vec(&r, (size_t)m->F * m->E, 0.0f, 2 * ws);
         y->wu = rand_vec(&r, (size_t)m->F * m->E, 0.0f, 2 * ws);
         y->wd = rand_vec(&r, (size_t)m->E * m->F, 0.0f, ws);
+        round_matrix(wtype, y->wq, m->E, QD);
+        round_matrix(wtype, y->wk, m->E, KD);
+        round_matrix(wtype, y->wv, m->E, KD);
+        round_matrix(wtype, y->wo, QD, m->E);
+        round_matrix(wtype, y->wg, m->E, m->F);
+        round_matrix(wtype, y->wu, m->E, m->F);
+        round_matrix(wtype, y->wd, m->F, m->E);
     }
+    round_matrix(wtype, m->tok, m->E, m->V);
+    if (!m->tied) round_matrix(wtype, m->out, m->E, m->V);
     write_model(m, DEFECT_NONE);
 }
 
@@ -363,9 +398,10 @@ static double run_and_compare(engine *e, int32_t seq, const int32_t *tokens, int
 enum { N_SEQ = 3, MAX_T = 40 };
 
 /* Several sequences interleaved in ragged batches of random chunks, against the dense reference. */
-static void interleaved_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint64_t seed, int32_t n_threads) {
+static void interleaved_vs_reference(cfg_kind kind, uint32_t wtype, kvc_dtype dtype, double tol, uint64_t seed,
+                                     int32_t n_threads) {
     rmodel m;
-    make_model(&m, kind, seed);
+    make_model(&m, kind, seed, wtype);
     engine e;
     open_engine(&e, &m, dtype, N_SEQ, 0, true, n_threads);
     rng r = {seed * 7919 + 3};
@@ -377,7 +413,10 @@ static void interleaved_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol,
         ref_forward(&m, toks[s], len[s], ref[s]);
         cr_assert_eq(kvc_seq_alloc(e.kv, &seq[s]), 0);
     }
-    double worst = 0;
+    double worst = 0, scale = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        for (int i = 0; i < len[s] * N_VOCAB; i++)
+            if (fabs(ref[s][i]) > scale) scale = fabs(ref[s][i]);
     for (int iter = 0; iter < 1000; iter++) {
         int32_t bt[64], bp[64], bs[64], src[64];
         bool want[64];
@@ -415,10 +454,13 @@ static void interleaved_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol,
     for (int s = 0; s < N_SEQ; s++) cr_assert_eq(kvc_seq_len(e.kv, seq[s]), len[s]);
     char msg[256];
     cr_assert_eq(kvc_check(e.kv, msg, sizeof msg), 0, "%s", msg);
-    cr_log_info("%s dtype %d seed %llu threads %d: max |logit - reference| = %.3g", m.arch, (int)dtype,
-                (unsigned long long)seed, n_threads, worst);
-    cr_expect_leq(worst, tol, "%s seed %llu: logits differ from the reference by %g", m.arch, (unsigned long long)seed,
-                  worst);
+    cr_log_info("%s weights %s, KV dtype %d, seed %llu, %d threads: max |logit - reference| = %.3g (max |logit| %.3g)",
+                m.arch, eng_qtype_get(wtype)->name, (int)dtype, (unsigned long long)seed, n_threads, worst, scale);
+    /* f32 weights: an absolute tolerance; quantized weights: relative to the largest reference logit (the engine
+     * quantizes activations too, so the error grows with the logits' scale) */
+    double limit = wtype == ENG_Q_F32 ? tol : tol * scale;
+    cr_expect_leq(worst, limit, "%s seed %llu: logits differ from the reference by %g (limit %g)", m.arch,
+                  (unsigned long long)seed, worst, limit);
     close_engine(&e);
     free_rmodel(&m);
 }
@@ -426,27 +468,37 @@ static void interleaved_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol,
 TestSuite(forward, .timeout = 120);
 
 Test(forward, llama_interleaved_f32_kv) {
-    for (uint64_t seed = 1; seed <= 3; seed++) interleaved_vs_reference(CFG_LLAMA, KVC_DTYPE_F32, 1e-3, seed, 2);
+    for (uint64_t seed = 1; seed <= 3; seed++) interleaved_vs_reference(CFG_LLAMA, ENG_Q_F32, KVC_DTYPE_F32, 1e-3, seed, 2);
 }
 Test(forward, qwen2_interleaved_f32_kv) {
-    for (uint64_t seed = 11; seed <= 13; seed++) interleaved_vs_reference(CFG_QWEN2, KVC_DTYPE_F32, 1e-3, seed, 2);
+    for (uint64_t seed = 11; seed <= 13; seed++) interleaved_vs_reference(CFG_QWEN2, ENG_Q_F32, KVC_DTYPE_F32, 1e-3, seed, 2);
 }
 Test(forward, qwen3_interleaved_f32_kv) {
-    for (uint64_t seed = 21; seed <= 23; seed++) interleaved_vs_reference(CFG_QWEN3, KVC_DTYPE_F32, 1e-3, seed, 2);
+    for (uint64_t seed = 21; seed <= 23; seed++) interleaved_vs_reference(CFG_QWEN3, ENG_Q_F32, KVC_DTYPE_F32, 1e-3, seed, 2);
 }
-Test(forward, one_thread_f32_kv) { interleaved_vs_reference(CFG_QWEN3, KVC_DTYPE_F32, 1e-3, 31, 1); }
+Test(forward, one_thread_f32_kv) { interleaved_vs_reference(CFG_QWEN3, ENG_Q_F32, KVC_DTYPE_F32, 1e-3, 31, 1); }
 Test(forward, f16_kv) {
-    interleaved_vs_reference(CFG_LLAMA, KVC_DTYPE_F16, 3e-2, 41, 2);
-    interleaved_vs_reference(CFG_QWEN2, KVC_DTYPE_F16, 3e-2, 42, 2);
+    interleaved_vs_reference(CFG_LLAMA, ENG_Q_F32, KVC_DTYPE_F16, 3e-2, 41, 2);
+    interleaved_vs_reference(CFG_QWEN2, ENG_Q_F32, KVC_DTYPE_F16, 3e-2, 42, 2);
 }
-Test(forward, q8_0_kv) { interleaved_vs_reference(CFG_LLAMA_HD32, KVC_DTYPE_Q8_0, 1.5e-1, 51, 2); }
+/* Quantized weights: the reference uses the same (dequantized) weights in f32; the engine also quantizes the
+ * activations to 8 bits, hence a tolerance relative to the logits' scale (1.5% of the largest; a real bug
+ * gives errors of the order of the logits themselves). Head size 32 quantizes attention heads in place for
+ * wo; head size 16 (qwen2 config) takes the whole-row path. */
+Test(forward, quantized_weights) {
+    interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_Q8_0, KVC_DTYPE_F32, 1.5e-2, 121, 2);
+    interleaved_vs_reference(CFG_QWEN2, ENG_Q_Q8_0, KVC_DTYPE_F32, 1.5e-2, 122, 2);
+    interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_Q4_0, KVC_DTYPE_F32, 1.5e-2, 123, 2);
+    interleaved_vs_reference(CFG_QWEN2, ENG_Q_F16, KVC_DTYPE_F32, 1e-4, 124, 1);
+}
+Test(forward, q8_0_kv) { interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_F32, KVC_DTYPE_Q8_0, 1.5e-1, 51, 2); }
 
 /* A sequence forked with kvc_copy_prefix from a common prompt continues exactly as the independently
  * computed one. */
 Test(forward, fork_copy_prefix) {
     for (uint64_t seed = 61; seed <= 62; seed++) {
         rmodel m;
-        make_model(&m, seed == 61 ? CFG_LLAMA : CFG_QWEN2, seed);
+        make_model(&m, seed == 61 ? CFG_LLAMA : CFG_QWEN2, seed, ENG_Q_F32);
         engine e;
         open_engine(&e, &m, KVC_DTYPE_F32, 4, 0, false, 2);
         rng r = {seed};
@@ -474,6 +526,10 @@ Test(forward, fork_copy_prefix) {
             if (!(db <= d)) d = db;
         }
         cr_expect_leq(d, 1e-3, "seed %llu: forked sequences differ from the reference by %g", (unsigned long long)seed, d);
+        /* a sequence that shares blocks cannot shift its context */
+        cr_expect_eq(eng_seq_remove(e.ctx, sb, 1, 3), ENG_ERR_UNSUPPORTED);
+        cr_expect_eq(kvc_seq_len(e.kv, sb), P + C);
+        cr_expect_eq(eng_seq_remove(e.ctx, 99, 0, 1), ENG_ERR_INVALID);
         close_engine(&e);
         free_rmodel(&m);
     }
@@ -482,7 +538,7 @@ Test(forward, fork_copy_prefix) {
 /* A new sequence that attaches cached prefix blocks gives the same logits as recomputing them. */
 Test(forward, attach_prefix) {
     rmodel m;
-    make_model(&m, CFG_QWEN3, 71);
+    make_model(&m, CFG_QWEN3, 71, ENG_Q_F32);
     engine e;
     open_engine(&e, &m, KVC_DTYPE_F32, 2, 0, true, 2);
     rng r = {71};
@@ -510,7 +566,7 @@ Test(forward, attach_prefix) {
 Test(forward, context_shift) {
     for (uint64_t seed = 81; seed <= 83; seed++) {
         rmodel m;
-        make_model(&m, CFG_LLAMA_1L, seed);
+        make_model(&m, CFG_LLAMA_1L, seed, ENG_Q_F32);
         if (seed == 83) { /* NEOX pairing too */
             m.neox = true;
             m.arch = "qwen2";
@@ -561,7 +617,7 @@ Test(forward, context_shift) {
 /* The logits of a sequence do not depend on what else is in the batch or how it is chunked. */
 Test(forward, batch_invariance) {
     rmodel m;
-    make_model(&m, CFG_LLAMA, 91);
+    make_model(&m, CFG_LLAMA, 91, ENG_Q_F32);
     engine e1, e2;
     open_engine(&e1, &m, KVC_DTYPE_F16, 4, 0, false, 2);
     open_engine(&e2, &m, KVC_DTYPE_F16, 4, 0, false, 2);
@@ -603,7 +659,7 @@ Test(forward, batch_invariance) {
 /* Bad token ids, bad positions and a full pool fail without changing the cache; the context stays usable. */
 Test(forward, errors_leave_cache_unchanged) {
     rmodel m;
-    make_model(&m, CFG_QWEN2, 101);
+    make_model(&m, CFG_QWEN2, 101, ENG_Q_F32);
     engine e;
     open_engine(&e, &m, KVC_DTYPE_F32, 2, 4, false, 2); /* 4 blocks of 4 tokens */
     rng r = {101};
@@ -654,7 +710,7 @@ Test(forward, errors_leave_cache_unchanged) {
 /* Loading errors name the file and the tensor; unknown architectures are refused by name. */
 Test(forward, load_errors) {
     rmodel m;
-    make_model(&m, CFG_LLAMA, 111);
+    make_model(&m, CFG_LLAMA, 111, ENG_Q_F32);
     char err[512];
     eng_model *mdl = NULL;
     char ok_path[256];

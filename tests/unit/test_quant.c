@@ -575,3 +575,36 @@ Test(quant, gemm_levels_vs_scalar) {
         }
     }
 }
+
+Test(quant, quantize_levels_identical) {
+    eng_simd_level top = eng_simd_detect();
+    static const uint32_t types[] = {ENG_Q_Q8_0, ENG_Q_Q8_K, ENG_Q_Q8_1, ENG_Q_Q4_0, ENG_Q_F16};
+    rng_t r = {4242};
+    enum { N = 2048 };
+    float *x = malloc(N * sizeof(float));
+    uint8_t *a = malloc(N * 4 + 64), *b = malloc(N * 4 + 64);
+    cr_assert(x && a && b);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const eng_qtype_info *t = eng_qtype_get(types[ti]);
+        for (int iter = 0; iter < 200; iter++) {
+            int64_t n = (int64_t)t->block_elems * rng_int(&r, 1, N / t->block_elems);
+            float scale = ldexpf(1.f, rng_int(&r, -20, 10));
+            for (int64_t i = 0; i < n; i++) x[i] = rng_normal(&r) * scale;
+            if (iter % 5 == 1) /* ties and repeated maxima: small integers (+-max twice) */
+                for (int64_t i = 0; i < n; i++) x[i] = (float)rng_int(&r, -254, 254) * 0.5f;
+            if (iter % 5 == 2) memset(x, 0, (size_t)n * sizeof(float));
+            size_t rb = eng_qtype_row_bytes(types[ti], n);
+            cr_assert_eq(eng_quantize_row_l(ENG_SIMD_SCALAR, types[ti], x, a, n), 0);
+            for (int l = ENG_SIMD_AVX2; l <= (int)top; l++) {
+                memset(b, 0xAB, rb);
+                cr_assert_eq(eng_quantize_row_l((eng_simd_level)l, types[ti], x, b, n), 0);
+                cr_assert_eq(memcmp(a, b, rb), 0, "%s level %s n %lld differs from scalar (seed 4242 iter %d)",
+                             t->name, eng_simd_name(l), (long long)n, iter);
+            }
+            memset(b, 0xAB, rb);
+            cr_assert_eq(eng_quantize_row(types[ti], x, b, n), 0);
+            cr_assert_eq(memcmp(a, b, rb), 0, "%s eng_quantize_row differs from scalar", t->name);
+        }
+    }
+    free(x); free(a); free(b);
+}

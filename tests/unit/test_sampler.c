@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/sampler_kernels.h"
 
 /* ---- test helpers --------------------------------------------------------------------------------------- */
 typedef struct { uint64_t s; } trng;
@@ -254,7 +255,7 @@ Test(sampler, sampled_token_lies_in_allowed_set) {
         p.seed = seed;
         p.temperature = 0.2f + (float)(trng_u(&r) * 2.0);
         int mode = (int)(seed % 4); /* 0: top-k, 1: top-p, 2: min-p, 3: all three */
-        if (mode == 0 || mode == 3) p.top_k = 1 + (int32_t)(trng_next(&r) % 200);
+        if (mode == 0 || mode == 3) p.top_k = 1 + (int32_t)(trng_next(&r) % (seed % 3 ? 300 : 5000));
         if (mode == 1 || mode == 3) p.top_p = 0.05f + (float)(trng_u(&r) * 0.9);
         if (mode == 2 || mode == 3) p.min_p = 0.01f + (float)(trng_u(&r) * 0.5);
         int32_t cnt = ref_allowed(l, n, p.temperature, p.top_k, p.top_p, p.min_p, allowed);
@@ -272,6 +273,85 @@ Test(sampler, sampled_token_lies_in_allowed_set) {
         free(l);
     }
     free(allowed);
+}
+
+/* The kept set is exactly the documented one: every sample lies in it (above) AND every token of it whose
+ * renormalized probability is >= 1% shows up in 3000 draws (a miss has probability < e^-30). */
+Test(sampler, allowed_set_is_covered) {
+    unsigned char allowed[64];
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        trng r = { seed * 7 + 3 };
+        int32_t n = 2 + (int32_t)(trng_next(&r) % 62);
+        float *l = rand_logits(seed + 500, n, 0.3f + (float)(trng_u(&r) * 2.0), false);
+        eng_sampling_params p;
+        eng_sampling_params_default(&p);
+        p.seed = seed;
+        p.temperature = 0.3f + (float)(trng_u(&r) * 1.5);
+        int mode = (int)(seed % 4);
+        if (mode == 0 || mode == 3) p.top_k = 1 + (int32_t)(trng_next(&r) % (uint64_t)n);
+        if (mode == 1 || mode == 3) p.top_p = 0.1f + (float)(trng_u(&r) * 0.85);
+        if (mode == 2 || mode == 3) p.min_p = 0.02f + (float)(trng_u(&r) * 0.3);
+        int32_t cnt = ref_allowed(l, n, p.temperature, p.top_k, p.top_p, p.min_p, allowed);
+        /* renormalized probabilities of the allowed set */
+        double pr[64], tot = 0, m = -INFINITY;
+        for (int32_t i = 0; i < n; i++) if (allowed[i] == 1 && l[i] > m) m = l[i];
+        for (int32_t i = 0; i < n; i++) { pr[i] = allowed[i] == 1 ? exp((l[i] - m) / p.temperature) : 0; tot += pr[i]; }
+        int seen[64] = { 0 };
+        eng_sampler *s = make(&p, n);
+        for (int d = 0; d < 3000; d++) {
+            eng_sample out = sample_copy(s, l, n);
+            cr_assert(allowed[out.token] != 0, "seed %llu: token %d outside the set", (unsigned long long)seed,
+                      out.token);
+            seen[out.token]++;
+        }
+        for (int32_t i = 0; i < n; i++) {
+            if (allowed[i] == 1 && pr[i] / tot >= 0.01)
+                cr_assert(seen[i] > 0, "seed %llu mode %d (k %d p %g minp %g T %g): token %d (p %.3f) of the "
+                          "allowed set of %d never sampled", (unsigned long long)seed, mode, p.top_k,
+                          (double)p.top_p, (double)p.min_p, (double)p.temperature, i, pr[i] / tot, cnt);
+        }
+        eng_sampler_free(s);
+        free(l);
+    }
+}
+
+/* top-k boundaries on a nearly flat distribution over a shuffled vocabulary, through both top-k paths (the
+ * bounded heap for k <= 256 and the partition for larger k): exactly the k best are ever sampled, and all
+ * of them are (each has probability ~1/k; 30 k draws make a miss practically impossible). */
+Test(sampler, top_k_exact_set_flat) {
+    const int32_t n = 3000;
+    float *l = malloc(n * sizeof(float));
+    int32_t *rank_of = malloc(n * sizeof(int32_t));
+    int32_t *perm = malloc(n * sizeof(int32_t));
+    cr_assert(l && rank_of && perm);
+    trng r = { 99 };
+    for (int32_t i = 0; i < n; i++) perm[i] = i;
+    for (int32_t i = n - 1; i > 0; i--) {
+        int32_t j = (int32_t)(trng_next(&r) % (uint64_t)(i + 1));
+        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    for (int32_t k = 0; k < n; k++) { l[perm[k]] = -1e-4f * (float)k; rank_of[perm[k]] = k; }
+    const int32_t ks[] = { 1, 7, 256, 257, 300, 1000 };
+    for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++) {
+        eng_sampling_params p;
+        eng_sampling_params_default(&p);
+        p.top_k = ks[c];
+        p.seed = 1000 + c;
+        eng_sampler *s = make(&p, n);
+        int *seen = calloc((size_t)n, sizeof(int));
+        cr_assert_not_null(seen);
+        for (int d = 0; d < 30 * ks[c]; d++) {
+            eng_sample out = sample_copy(s, l, n);
+            cr_assert_lt(rank_of[out.token], ks[c], "k %d: sampled rank %d", ks[c], rank_of[out.token]);
+            seen[rank_of[out.token]]++;
+        }
+        for (int32_t k = 0; k < ks[c]; k++) cr_assert(seen[k] > 0, "k %d: rank %d never sampled", ks[c], k);
+        free(seen);
+        eng_sampler_free(s);
+    }
+    free(perm);
+    free(rank_of);
+    free(l);
 }
 
 /* With a top-p set of exactly known size: logits whose softmax puts 0.5, 0.25, 0.125, ... mass on ids in a
@@ -589,4 +669,73 @@ Test(sampler, large_vocab_paths) {
     }
     free(allowed);
     free(l);
+}
+
+/* ---- kernels ------------------------------------------------------------------------------------------------ */
+Test(sampler_kernels, exp_accuracy) {
+    double worst = 0;
+    float worst_x = 0;
+    for (int32_t i = 0; i <= 2000000; i++) {
+        float x = -87.3f * (float)i / 2000000.0f;
+        double want = exp((double)x);
+        double got = eng_smp_exp(x);
+        double rel = fabs(got - want) / want;
+        if (want < 1.2e-38) continue; /* denormal results: absolute error below the smallest normal */
+        if (rel > worst) { worst = rel; worst_x = x; }
+    }
+    cr_assert_lt(worst, 3.6e-7, "eng_smp_exp: worst relative error %g at x = %.9g", worst, (double)worst_x);
+    cr_assert_eq(eng_smp_exp(0.0f), 1.0f, "e^0 must be exactly 1 (min-p relies on it)");
+    cr_assert_eq(eng_smp_exp(-INFINITY), 0.0f);
+    cr_assert_eq(eng_smp_exp(NAN), 0.0f);
+    cr_assert_eq(eng_smp_exp(-90.0f), 0.0f);
+    cr_assert(fabs(eng_smp_exp(10.0f) - exp(10.0)) / exp(10.0) < 3.6e-7);
+}
+
+/* The AVX2 kernels against the scalar ones on random arrays with NaN, -inf and lengths not a multiple of 8. */
+Test(sampler_kernels, avx2_matches_scalar) {
+    eng_smp_kernels sc, vk;
+    eng_smp_kernels_scalar(&sc);
+    if (!eng_smp_kernels_avx2(&vk)) {
+        cr_log_warn("no AVX2 on this CPU: only the scalar kernels are in use (and tested through the sampler)");
+        return;
+    }
+    cr_assert_str_eq(vk.name, "avx2");
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        trng r = { seed };
+        int32_t n = (int32_t)(trng_next(&r) % 3000);
+        float *x = malloc(((size_t)n + 1) * sizeof(float));
+        float *o1 = malloc(((size_t)n + 1) * sizeof(float));
+        float *o2 = malloc(((size_t)n + 1) * sizeof(float));
+        cr_assert(x && o1 && o2);
+        for (int32_t i = 0; i < n; i++) {
+            uint64_t k = trng_next(&r) % 50;
+            x[i] = k == 0 ? NAN : k == 1 ? -INFINITY : trng_normal(&r) * 20.0f;
+        }
+        float m1 = sc.max(x, n), m2 = vk.max(x, n);
+        cr_assert(m1 == m2 || (isnan(m1) && isnan(m2)), "seed %llu n %d: max %g vs %g", (unsigned long long)seed,
+                  n, (double)m1, (double)m2);
+        if (n > 0) {
+            float v = x[trng_next(&r) % (uint64_t)n];
+            cr_assert_eq(sc.first_eq(x, n, v), vk.first_eq(x, n, v), "seed %llu", (unsigned long long)seed);
+        }
+        cr_assert_eq(sc.first_eq(x, n, 12345.0f), -1);
+        cr_assert_eq(vk.first_eq(x, n, 12345.0f), -1);
+        if (m1 > -INFINITY) {
+            float scale = (float)(0.1 + trng_u(&r) * 3.0);
+            double s1 = sc.expsum(x, n, m1, scale, o1);
+            double s2 = vk.expsum(x, n, m1, scale, o2);
+            cr_assert(fabs(s1 - s2) <= 1e-12 * s1, "seed %llu: sums %.17g vs %.17g", (unsigned long long)seed, s1, s2);
+            cr_assert_eq(memcmp(o1, o2, (size_t)n * sizeof(float)), 0, "seed %llu: exponentials differ",
+                         (unsigned long long)seed);
+            cr_assert_eq(vk.expsum(x, n, m1, scale, NULL), s2);
+            /* against libm in double */
+            double ref = 0;
+            for (int32_t i = 0; i < n; i++) if (!isnan(x[i])) ref += exp(((double)x[i] - m1) * scale);
+            cr_assert(fabs(s1 - ref) <= 1e-6 * ref, "seed %llu: sum %.17g vs libm %.17g", (unsigned long long)seed,
+                      s1, ref);
+        }
+        free(x);
+        free(o1);
+        free(o2);
+    }
 }
