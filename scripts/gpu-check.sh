@@ -28,14 +28,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 echo "shared test material: ${KVSERVE_SHARED:-<none>}"
 
 step "build (CUDA ON, archs $ARCHS)"
-if ! cmake -S . -B build-cuda -DKVSERVE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" >build-cuda-configure.log 2>&1; then
-    cat build-cuda-configure.log
+mkdir -p build-cuda
+if ! cmake -S . -B build-cuda -DKVSERVE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" >build-cuda/configure.log 2>&1; then
+    cat build-cuda/configure.log
     echo "!! configure failed"
     exit 1
 fi
-if ! cmake --build build-cuda -j"$JOBS" 2>&1 | tee build-cuda-build.log | grep -E "warning|error" ; then :; fi
+if ! cmake --build build-cuda -j"$JOBS" 2>&1 | tee build-cuda/build.log | grep -E "warning|error" ; then :; fi
 if [ ! -x build-cuda/kvserve ] || [ ! -x build-cuda/test_cuda_engine ] || [ ! -x build-cuda/test_reference ]; then
-    tail -40 build-cuda-build.log
+    tail -40 build-cuda/build.log
     echo "!! build failed"
     exit 1
 fi
