@@ -262,7 +262,8 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
 }
 
 void drop_graphs(cud_backend *be) {
-    for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
+    for (int i = 0; i < be->n_graphs; i++)
+        if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
     be->n_graphs = 0;
 }
 
@@ -308,7 +309,7 @@ extern "C" int32_t cud_available(char *name, size_t name_len) {
 extern "C" void cud_backend_free(cud_backend *be) {
     if (!be) return;
     cudaSetDevice(be->device);
-    for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
+    drop_graphs(be);
     auto fr = [](void *p) { if (p) cudaFree(p); };
     auto frt = [&](dev_tensor &t) { if (t.owned) fr(t.d); };
     frt(be->tok_embd);
@@ -575,27 +576,46 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if (!graph) {
         if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
     } else {
-        cudaGraphExec_t exec = nullptr;
+        // A shape runs eagerly the first time (module loading, cuBLAS setup happen outside any capture), is
+        // captured the second time, and replays from then on.
+        int gi = -1;
         for (int i = 0; i < be->n_graphs; i++)
-            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride)
-                exec = be->graphs[i].exec;
-        if (!exec) {
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal));
-            rc = run_layers(be, rows, n_out, stride, geo);
-            cudaError_t ce = cudaStreamEndCapture(be->st, &g);
-            if (rc) return rc;
-            if (ce != cudaSuccess) return report("cudaStreamEndCapture", ce, __FILE__, __LINE__);
-            CK(cudaGraphInstantiate(&exec, g, 0));
-            cudaGraphDestroy(g);
+            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
+        if (gi < 0) {
+            if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
             if (be->n_graphs == MAX_GRAPHS) {
-                cudaGraphExecDestroy(be->graphs[0].exec);
+                if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
                 memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
                 be->n_graphs--;
             }
-            be->graphs[be->n_graphs++] = graph_entry{key, exec};
+            be->graphs[be->n_graphs++] = graph_entry{key, nullptr};
+        } else {
+            cudaGraphExec_t exec = be->graphs[gi].exec;
+            if (!exec) {
+                cudaGraph_t g = nullptr;
+                cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
+                if (ce == cudaSuccess) {
+                    rc = run_layers(be, rows, n_out, stride, geo);
+                    ce = cudaStreamEndCapture(be->st, &g);
+                }
+                if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
+                if (g) cudaGraphDestroy(g);
+                if (ce != cudaSuccess || rc != 0 || !exec) {
+                    // Capture failed: run without graphs from now on (the results stay the same).
+                    fprintf(stderr, "kvserve: CUDA graph capture failed (%s, code %d); continuing without graphs\n",
+                            cudaGetErrorString(ce), rc);
+                    cudaGetLastError();
+                    if (exec) cudaGraphExecDestroy(exec);
+                    drop_graphs(be);
+                    be->p.use_graphs = false;
+                    if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+                    exec = nullptr;
+                } else {
+                    be->graphs[gi].exec = exec;
+                }
+            }
+            if (exec) CK(cudaGraphLaunch(exec, be->st));
         }
-        CK(cudaGraphLaunch(exec, be->st));
     }
     if (b->n_out > 0)
         CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float),
