@@ -8,11 +8,8 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
-// ggml type ids (engine/quant.h).
-enum : uint32_t {
-    CUD_F32 = 0, CUD_F16 = 1, CUD_Q4_0 = 2, CUD_Q4_1 = 3, CUD_Q5_0 = 6, CUD_Q5_1 = 7, CUD_Q8_0 = 8,
-    CUD_Q2_K = 10, CUD_Q3_K = 11, CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,
-};
+#include "cuda/cud_deq.cuh" // ggml type ids and dequantization
+
 
 // Values per block and bytes per block of a type; 0 for types the kernels lack.
 int cud_type_block_elems(uint32_t type);
