@@ -44,6 +44,7 @@ struct dev_tensor {
     uint32_t type = 0;
     int64_t ne0 = 0, ne1 = 0;
     bool owned = false;
+    __half *h16 = nullptr; // [ne1][ne0] f16 copy for cuBLAS (quantized matrices, when memory allows), owned
 };
 
 struct dev_layer {
@@ -197,6 +198,8 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
     const __half *wh;
     if (w.type == CUD_F16) {
         wh = (const __half *)w.d;
+    } else if (w.h16) {
+        wh = w.h16;
     } else {
         CK(cud_dequant_f16(w.type, w.d, n_out, k, be->w16, be->st));
         wh = be->w16;
@@ -311,7 +314,10 @@ extern "C" void cud_backend_free(cud_backend *be) {
     cudaSetDevice(be->device);
     drop_graphs(be);
     auto fr = [](void *p) { if (p) cudaFree(p); };
-    auto frt = [&](dev_tensor &t) { if (t.owned) fr(t.d); };
+    auto frt = [&](dev_tensor &t) {
+        if (t.owned) fr(t.d);
+        fr(t.h16);
+    };
     frt(be->tok_embd);
     frt(be->output_norm);
     frt(be->output);
@@ -433,6 +439,43 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
+    // cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
+    // what remains under memory_fraction (KVSERVE_CUDA_F16_CACHE=0: never); else dequantize per product
+    // into one scratch matrix.
+    {
+        size_t need = 0;
+        auto count = [&](dev_tensor &t) {
+            if (t.d && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32) need += (size_t)(t.ne0 * t.ne1) * 2;
+        };
+        count(be->output);
+        for (int32_t l = 0; l < m->n_layer; l++) {
+            dev_layer &L = be->layers[l];
+            for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*t);
+        }
+        size_t fr0 = 0, tot0 = 0;
+        CK(cudaMemGetInfo(&fr0, &tot0));
+        double reserve0 = (1.0 - (double)p->memory_fraction) * (double)tot0;
+        double avail = (double)fr0 - reserve0;
+        const char *env = getenv("KVSERVE_CUDA_F16_CACHE");
+        bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
+        if (cache) {
+            auto make = [&](dev_tensor &t) -> int {
+                if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
+                int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
+                if (r) return r;
+                CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
+                return ENG_OK;
+            };
+            if ((rc = make(be->output))) return rc;
+            for (int32_t l = 0; l < m->n_layer; l++) {
+                dev_layer &L = be->layers[l];
+                for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                    if ((rc = make(*t))) return rc;
+            }
+            CK(cudaStreamSynchronize(be->st));
+            largest = 1; // no per-product scratch needed
+        }
+    }
     if ((rc = dalloc(&be->w16, (size_t)largest, err, err_len, "f16 weight scratch"))) return rc;
     if ((rc = dalloc(&be->cs, T * (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
     // Attention partitions: cud_attn_plan splits only while rows * n_head < 8 * n_sm blocks, into at most

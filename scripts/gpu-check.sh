@@ -2,7 +2,8 @@
 # gpu-check.sh: the checks that need an NVIDIA GPU, in one run (no make needed).
 #   1. builds with CUDA ON into build-cuda (KVSERVE_CUDA_ARCHS overrides the architectures, e.g. "90")
 #   2. test_cuda_engine (dequantization bit-exactness GPU vs CPU, GPU-vs-CPU logits, batch scripts), with CUDA
-#      graphs and again without (KVSERVE_CUDA_GRAPHS=0), and test_reference on the GPU (KVSERVE_TEST_DEVICE=cuda)
+#      graphs and again without (KVSERVE_CUDA_GRAPHS=0) and without the f16 weight copies
+#      (KVSERVE_CUDA_F16_CACHE=0), and test_reference on the GPU (KVSERVE_TEST_DEVICE=cuda)
 #   3. the same under compute-sanitizer memcheck when it is installed (a subset; MEMCHECK_FULL=1: everything)
 #   4. greedy `kvserve generate` on stories260K on the CPU and on the GPU (the texts should match)
 #   5. `kvserve bench --device cuda --json` on mkmodel's bench-135m (gpt-2 vocabulary) and llama-1b (llama-bpe
@@ -47,6 +48,9 @@ step "test_cuda_engine (CUDA graphs on)"
 step "test_cuda_engine (CUDA graphs off)"
 KVSERVE_CUDA_GRAPHS=0 "$B/test_cuda_engine" -j1 --verbose --filter 'cuda_engine/script*' 2>&1 | grep -v "^\[RUN" ||
     fail "test_cuda_engine without graphs"
+step "test_cuda_engine scripts (per-product weight dequantization: KVSERVE_CUDA_F16_CACHE=0)"
+KVSERVE_CUDA_F16_CACHE=0 "$B/test_cuda_engine" -j1 --verbose --filter 'cuda_engine/script*' 2>&1 | grep -v "^\[RUN" ||
+    fail "test_cuda_engine without the f16 weight cache"
 step "test_reference on the GPU"
 KVSERVE_TEST_DEVICE=cuda "$B/test_reference" -j1 --verbose 2>&1 | grep -v "^\[RUN" || fail "test_reference (cuda)"
 
