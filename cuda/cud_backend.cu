@@ -124,10 +124,12 @@ void *kv_alloc(void *ctx, size_t bytes) {
     return p;
 }
 
+// Device-to-device, queued on the backend's stream: every later use of the pool (forward, re-rotation) runs
+// on that stream after it, so no synchronization is needed (a context shift issues thousands of small copies).
 int kv_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     cud_backend *be = (cud_backend *)ctx;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, be->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
+    if (e != cudaSuccess) report("cudaMemcpyAsync (KV copy)", e, __FILE__, __LINE__);
     return e == cudaSuccess ? 0 : -1;
 }
 
