@@ -14,7 +14,11 @@
  * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
  * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
  * For types whose block does not divide 576 (k-quants), k is rounded up to the next multiple (768).
+ * Finally, at the best level, a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB
+ * for Q8_0, every matrix split by rows over T threads, T = 1 and 2; wall time, best of 5 passes):
+ * decode (m = 1) and prefill (m = 128, output for 1 row) tokens/s.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +73,94 @@ static uint8_t *make_weights(uint32_t type, int64_t k, int64_t n_rows, float *tm
         }
     }
     return w;
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- full model pass ---------------------------------------------------------------------------------- */
+typedef struct {
+    uint32_t type;
+    eng_simd_level level;
+    int n_mats;
+    uint8_t **w;      /* n_mats matrices */
+    int64_t *k, *n;   /* their shapes */
+    const uint8_t *x576, *x1536;
+    float *y;         /* 128 x 50257 */
+    int m;
+    int tid, nthreads;
+} pass_args;
+
+static void *pass_worker(void *p) {
+    pass_args *a = p;
+    for (int i = 0; i < a->n_mats; i++) {
+        int64_t n = a->n[i], k = a->k[i];
+        int64_t jb = n * a->tid / a->nthreads, je = n * (a->tid + 1) / a->nthreads;
+        const uint8_t *x = k == 576 ? a->x576 : a->x1536;
+        int m = (i == a->n_mats - 1) ? 1 : a->m; /* output projection: last row only */
+        eng_gemm(a->level, a->type, a->w[i], k, x, m, a->y, n, jb, je);
+    }
+    return NULL;
+}
+
+static void model_pass(uint32_t type, eng_simd_level level, float *tmp) {
+    const eng_qtype_info *ti = eng_qtype_get(type);
+    if (576 % ti->block_elems) return;
+    enum { NL = 30, NM = NL * 7 + 1 };
+    static const int64_t lk[7] = {576, 576, 576, 576, 576, 576, 1536}, ln[7] = {576, 192, 192, 576, 1536, 1536, 576};
+    uint8_t *w[NM];
+    int64_t k[NM], n[NM];
+    size_t total = 0;
+    for (int i = 0; i < NM; i++) {
+        k[i] = i == NM - 1 ? 576 : lk[i % 7];
+        n[i] = i == NM - 1 ? 50257 : ln[i % 7];
+        w[i] = make_weights(type, k[i], n[i], tmp);
+        if (!w[i]) return;
+        total += eng_qtype_row_bytes(type, k[i]) * (size_t)n[i];
+    }
+    size_t xb576 = eng_qtype_row_bytes(ti->dot_type, 576), xb1536 = eng_qtype_row_bytes(ti->dot_type, 1536);
+    uint8_t *x576 = malloc(xb576 * 128), *x1536 = malloc(xb1536 * 128);
+    float *y = malloc(sizeof(float) * 50257 * 128);
+    if (!x576 || !x1536 || !y) return;
+    for (int64_t i = 0; i < 1536 * 128; i++) tmp[i] = frand();
+    for (int r = 0; r < 128; r++) {
+        eng_quantize_row(ti->dot_type, tmp + r * 1536, x1536 + r * xb1536, 1536);
+        eng_quantize_row(ti->dot_type, tmp + r * 1536, x576 + r * xb576, 576);
+    }
+    printf("\nfull bench-135m weight pass (%.1f MB of %s), level %s, wall time, best of 5:\n", total / 1e6, ti->name,
+           eng_simd_name(level));
+    for (int nt = 1; nt <= 2; nt++) {
+        for (int mi = 0; mi < 2; mi++) {
+            int m = mi == 0 ? 1 : 128;
+            double best = 1e30;
+            for (int rep = 0; rep < 5; rep++) {
+                pthread_t th[2];
+                pass_args a[2];
+                double t0 = wall_s();
+                for (int t = 0; t < nt; t++) {
+                    a[t] = (pass_args){.type = type, .level = level, .n_mats = NM, .w = w, .k = k, .n = n,
+                                       .x576 = x576, .x1536 = x1536, .y = y, .m = m, .tid = t, .nthreads = nt};
+                    if (t > 0) pthread_create(&th[t], NULL, pass_worker, &a[t]);
+                }
+                pass_worker(&a[0]);
+                for (int t = 1; t < nt; t++) pthread_join(th[t], NULL);
+                double dt = wall_s() - t0;
+                if (dt < best) best = dt;
+            }
+            if (m == 1)
+                printf("  %d thread(s), decode  m=1:   %7.2f ms/pass  %7.1f tok/s  %6.2f GB/s\n", nt, best * 1e3,
+                       1.0 / best, total / best * 1e-9);
+            else
+                printf("  %d thread(s), prefill m=128: %7.2f ms/pass  %7.1f tok/s\n", nt, best * 1e3, 128.0 / best);
+        }
+    }
+    for (int i = 0; i < NM; i++) free(w[i]);
+    free(x576);
+    free(x1536);
+    free(y);
 }
 
 int main(int argc, char **argv) {
@@ -168,6 +260,7 @@ int main(int argc, char **argv) {
         printf("\nquantize activations to %s: %.1f M values/s\n", di->name, (double)k * rows * calls / t * 1e-6);
         free(x);
     }
+    model_pass(type, top, tmp);
     free(tmp);
     return 0;
 }

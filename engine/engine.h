@@ -204,6 +204,9 @@ typedef struct eng_ctx_params {
     float gpu_memory_fraction;/* CUDA: share of device memory for weights + KV (default 0.9) */
 } eng_ctx_params;
 
+/* Defaults: n_threads 0 (the cores this process may run on), n_ctx 0 (the training context), max_seqs 1,
+ * max_batch_tokens 512, kv_block_size 16, kv_blocks 0 and kv_mem_bytes 0 (max_seqs * n_ctx tokens, at most
+ * 1 GiB), kv_dtype F16, prefix_caching true, device AUTO, gpu_memory_fraction 0.9. */
 void eng_ctx_params_default(eng_ctx_params *p);
 
 typedef struct eng_ctx eng_ctx;

@@ -2,9 +2,18 @@
  * forward.c: the CPU engine context and the multi-sequence forward pass over the paged KV cache.
  *
  * One eng_decode runs as one parallel region on the context's thread pool. Every stage splits its work
- * across the threads (matrix products by output rows, per-row work by rows, RoPE and attention by (row,
- * head)) and ends in a barrier. Activations are quantized once per matrix input (per distinct dot type of
- * the matrices reading it). All scratch memory is allocated in eng_ctx_create for max_batch_tokens rows.
+ * across the threads and ends in a barrier; per layer:
+ *   1. residual add, RMSNorm, quantize the rows (split by rows; batches of <= SMALL_M rows: every thread
+ *      does all rows into its own buffers, no barrier),
+ *   2. Q/K/V products split by head units, then bias / q-k norm / RoPE / cache writes of the same heads,
+ *   3. attention split by (row, head), each head's output quantized in place for wo,
+ *   4. wo product (split by output rows), 5. as 1 with the FFN norm,
+ *   6. gate/up products split by columns (whole blocks of w_down's activation format), silu(gate) * up and
+ *      its quantization on the same columns, 7. w_down product.
+ * Activations are quantized once per matrix input (per distinct dot type of the matrices reading it). The
+ * output projection runs only for the rows that want logits. All scratch memory is allocated in
+ * eng_ctx_create for max_batch_tokens rows (the logits buffer grows when a batch wants more rows than
+ * min(max_seqs, max_batch_tokens) rows).
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +26,12 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
-enum { MAX_GROUP = 3 };
+enum {
+    MAX_GROUP = 3,
+    /* Batches of at most SMALL_M rows: every thread normalizes and quantizes all rows itself (into its own
+     * buffers) instead of splitting the rows and meeting at a barrier. */
+    SMALL_M = 8,
+};
 
 struct eng_ctx {
     eng_model *model;
@@ -40,6 +54,7 @@ struct eng_ctx {
 
     /* activations */
     float *x;    /* [max_batch][n_embd] residual stream */
+    float *x2;   /* [max_batch][n_embd] the next residual stream (the two alternate) */
     float *xn;   /* [max_batch][n_embd] normed input of a matrix group */
     float *q;    /* [max_batch][n_head * head_dim] */
     float *k;    /* [max_batch][n_head_kv * head_dim] */
@@ -49,6 +64,8 @@ struct eng_ctx {
     float *gate; /* [max_batch][n_ff] */
     float *up;   /* [max_batch][n_ff] */
     void *xq[MAX_GROUP]; /* [max_batch][xq_row_cap] quantized activations, one buffer per distinct dot type */
+    void *th_xq;         /* [n_threads][MAX_GROUP][SMALL_M][xq_row_cap] per-thread quantized rows (small batches) */
+    float *th_xn;        /* [n_threads][SMALL_M][n_embd] per-thread normed rows (small batches) */
     void *xq_att;        /* [max_batch][xq_row_cap] the attention output quantized for wo */
     void *xq_ffn;        /* [max_batch][xq_row_cap] silu(gate) * up quantized for w_down */
     size_t xq_row_cap;
@@ -106,6 +123,9 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->logit_idx);
     free(c->logit_src);
     free(c->x);
+    free(c->x2);
+    free(c->th_xq);
+    free(c->th_xn);
     free(c->xn);
     free(c->q);
     free(c->k);
@@ -239,6 +259,10 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->logit_idx = zalloc(MB, sizeof *c->logit_idx);
     c->logit_src = zalloc(MB, sizeof *c->logit_src);
     c->x = zalloc(MB * E, sizeof(float));
+    c->x2 = zalloc(MB * E, sizeof(float));
+    c->th_xq = zalloc((size_t)p.n_threads * MAX_GROUP * SMALL_M, c->xq_row_cap);
+    c->th_xn = zalloc((size_t)p.n_threads * SMALL_M * E, sizeof(float));
+    if (!c->x2 || !c->th_xq || !c->th_xn) goto nomem;
     c->xn = zalloc(MB * E, sizeof(float));
     c->q = zalloc(MB * QD, sizeof(float));
     c->k = zalloc(MB * KD, sizeof(float));
@@ -284,34 +308,34 @@ static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
     *e = n * (ith + 1) / nth;
 }
 
+/* Whether matrix i of a group is the first with its dot type. */
+static bool first_of_type(const eng_matrix *const *ms, int i) {
+    for (int j = 0; j < i; j++)
+        if (ms[j]->dot_type == ms[i]->dot_type) return false;
+    return true;
+}
+
 /* The buffer index (0..MAX_GROUP-1) holding the input quantized for matrix i of a group: one per distinct
  * dot type, in order of first appearance. */
 static int group_slot(const eng_matrix *const *ms, int i) {
     int slot = 0;
     for (int j = 0; j < i; j++) {
-        bool first = true;
-        for (int k = 0; k < j; k++)
-            if (ms[k]->dot_type == ms[j]->dot_type) first = false;
-        if (first) {
-            if (ms[j]->dot_type == ms[i]->dot_type) return slot;
-            slot++;
-        }
+        if (!first_of_type(ms, j)) continue;
+        if (ms[j]->dot_type == ms[i]->dot_type) return slot;
+        slot++;
     }
     return slot;
 }
 
 /* Quantizes rows [rb, re) of src (row stride ld floats) for every distinct dot type of the group. */
-static void quantize_rows(eng_ctx *c, const eng_matrix *const *ms, int n_ms, const float *src, int64_t ld,
+static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_ms, const float *src, int64_t ld,
                           int64_t rb, int64_t re) {
     for (int i = 0; i < n_ms; i++) {
+        if (!first_of_type(ms, i)) continue;
         int slot = group_slot(ms, i);
-        bool first = true;
-        for (int j = 0; j < i; j++)
-            if (ms[j]->dot_type == ms[i]->dot_type) first = false;
-        if (!first) continue;
         size_t rbytes = eng_qtype_row_bytes(ms[i]->dot_type, ms[i]->k);
         for (int64_t r = rb; r < re; r++)
-            eng_quantize_row(ms[i]->dot_type, src + r * ld, (char *)c->xq[slot] + (size_t)r * rbytes, ms[i]->k);
+            eng_quantize_row(ms[i]->dot_type, src + r * ld, (char *)bufs[slot] + (size_t)r * rbytes, ms[i]->k);
     }
 }
 
@@ -320,12 +344,6 @@ static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m
     int64_t jb, je;
     split(w->n_out, ith, nth, &jb, &je);
     if (je > jb) eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
-}
-
-static void gemm_group(eng_ctx *c, const eng_matrix *const *ms, float *const *ys, int n_ms, int64_t m, int ith,
-                       int nth) {
-    for (int i = 0; i < n_ms; i++)
-        gemm_part(c, ms[i], c->xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, ith, nth);
 }
 
 static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
@@ -345,30 +363,6 @@ static void load_row(const kvc_layout *lay, float *dst, const void *src, int32_t
         for (int32_t i = 0; i < n; i++) dst[i] = eng_fp16_to_f32(((const uint16_t *)src)[i]);
         break;
     case KVC_DTYPE_Q8_0: eng_dequantize_row(ENG_Q_Q8_0, src, dst, n); break;
-    }
-}
-
-/* q . k for a cache row in the cache's dtype. */
-static inline float dot_row(eng_ctx *c, const float *q, const void *row, float *scratch) {
-    int32_t hd = c->hp->head_dim;
-    switch (c->lay.dtype) {
-    case KVC_DTYPE_F16: return eng_dot_f16(c->ops_simd, q, row, hd);
-    case KVC_DTYPE_F32: return eng_dot_f32(c->ops_simd, q, row, hd);
-    default:
-        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
-        return eng_dot_f32(c->ops_simd, q, scratch, hd);
-    }
-}
-
-static inline void axpy_row(eng_ctx *c, float *y, float s, const void *row, float *scratch) {
-    int32_t hd = c->hp->head_dim;
-    switch (c->lay.dtype) {
-    case KVC_DTYPE_F16: eng_axpy_f16(c->ops_simd, y, s, row, hd); break;
-    case KVC_DTYPE_F32: eng_axpy_f32(c->ops_simd, y, s, row, hd); break;
-    default:
-        eng_dequantize_row(ENG_Q_Q8_0, row, scratch, hd);
-        eng_axpy_f32(c->ops_simd, y, s, scratch, hd);
-        break;
     }
 }
 
@@ -393,11 +387,16 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
         const char *kb = kbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        for (int32_t o2 = 0; o2 < nt; o2++) {
-            float s = dot_row(c, q, kb + (size_t)o2 * lay->row_bytes, scratch) * scale;
-            scores[t0 + o2] = s;
-            if (s > mx) mx = s;
-        }
+        float *st = scores + t0;
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_scores_f16(c->ops_simd, q, (const uint16_t *)kb, nt, hd, scale, st);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_scores_f32(c->ops_simd, q, (const float *)kb, nt, hd, scale, st);
+        else
+            for (int32_t o2 = 0; o2 < nt; o2++) { /* Q8_0 rows: dequantized one at a time */
+                eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)o2 * lay->row_bytes, scratch, hd);
+                st[o2] = eng_dot_f32(c->ops_simd, q, scratch, hd) * scale;
+            }
+        for (int32_t o2 = 0; o2 < nt; o2++)
+            if (st[o2] > mx) mx = st[o2];
     }
     float sum = 0.0f;
     for (int32_t t = 0; t < len; t++) {
@@ -409,7 +408,13 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
         const char *vb = vbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        for (int32_t o2 = 0; o2 < nt; o2++) axpy_row(c, o, scores[t0 + o2], vb + (size_t)o2 * lay->row_bytes, scratch);
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_accum_f16(c->ops_simd, o, scores + t0, (const uint16_t *)vb, nt, hd);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_accum_f32(c->ops_simd, o, scores + t0, (const float *)vb, nt, hd);
+        else
+            for (int32_t o2 = 0; o2 < nt; o2++) {
+                eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)o2 * lay->row_bytes, scratch, hd);
+                eng_axpy_f32(c->ops_simd, o, scores[t0 + o2], scratch, hd);
+            }
     }
     float inv = 1.0f / sum;
     for (int32_t i = 0; i < hd; i++) o[i] *= inv;
@@ -448,7 +453,7 @@ static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int3
 /* The Q, K and V products of this thread, split by head units (n_head + 2 n_head_kv units of head_dim output
  * rows, Q heads first, then K, then V), followed by the post-processing of the same units, so that no barrier
  * is needed between the products and RoPE. */
-static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, int64_t m, int ith, int nth) {
+static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq, int64_t m, int ith, int nth) {
     const eng_hparams *hp = c->hp;
     const int64_t hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const eng_matrix *ms[3] = {&ly->wq, &ly->wk, &ly->wv};
@@ -460,7 +465,7 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, int64_t m, int 
         int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
         int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
         if (hi > lo)
-            eng_gemm(c->simd, ms[i]->type, ms[i]->data, ms[i]->k, c->xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out,
+            eng_gemm(c->simd, ms[i]->type, ms[i]->data, ms[i]->k, xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out,
                      lo * hd, hi * hd);
     }
     for (int64_t u = ub; u < ue; u++)
@@ -485,6 +490,30 @@ static void rope_angles(const eng_ctx *c, float *cs, double pos) {
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* xnext = xcur + tmp (the pending residual), then RMSNorm with w and quantization for the matrix group ms into
+ * xq, for the rows [rb, re) of this thread followed by a barrier, or, for small batches, for every row by every
+ * thread into its own buffers without a barrier (each thread still writes only its own rows of xnext, and
+ * nobody writes xcur or tmp before the next barrier). Swaps *xcur and *xnext. */
+static void residual_norm(eng_ctx *c, float **xcur, float **xnext, const float *w, const eng_matrix *const *ms,
+                          int n_ms, void *const *xq, int64_t rb, int64_t re, int ith) {
+    const int64_t E = c->hp->n_embd, m = c->m;
+    const bool small = m <= SMALL_M;
+    float *xn = small ? c->th_xn + (size_t)ith * SMALL_M * E : c->xn;
+    int64_t qb = small ? 0 : rb, qe = small ? m : re;
+    for (int64_t r = qb; r < qe; r++) {
+        const float *x = *xcur + r * E, *t = c->tmp + r * E;
+        float *y = xn + r * E;
+        for (int64_t i = 0; i < E; i++) y[i] = x[i] + t[i];
+        if (r >= rb && r < re) memcpy(*xnext + r * E, y, (size_t)E * sizeof(float));
+        eng_rmsnorm(y, y, w, E, c->hp->rms_eps);
+    }
+    quantize_rows(xq, ms, n_ms, xn, E, qb, qe);
+    if (!small) eng_pool_barrier(c->pool);
+    float *t = *xcur;
+    *xcur = *xnext;
+    *xnext = t;
+}
+
 static void forward_worker(void *arg, int ith, int nth) {
     eng_ctx *c = arg;
     const eng_model *mdl = c->model;
@@ -499,11 +528,16 @@ static void forward_worker(void *arg, int ith, int nth) {
     for (int64_t r = rb; r < re; r++) {
         const char *row = (const char *)mdl->tok_embd.data + (size_t)b->token[r] * mdl->tok_embd.row_bytes;
         eng_dequantize_row(mdl->tok_embd.type, row, c->x + r * E, E);
+        memset(c->tmp + r * E, 0, (size_t)E * sizeof(float));
         rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r]);
     }
     eng_pool_barrier(c->pool);
 
     const int64_t hd = hp->head_dim;
+    float *xcur = c->x, *xnext = c->x2;
+    void *xq_in[MAX_GROUP];
+    for (int i = 0; i < MAX_GROUP; i++)
+        xq_in[i] = m <= SMALL_M ? (char *)c->th_xq + ((size_t)ith * MAX_GROUP + i) * SMALL_M * c->xq_row_cap : c->xq[i];
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const eng_layer *ly = &mdl->layers[l];
         const eng_matrix *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
@@ -511,17 +545,10 @@ static void forward_worker(void *arg, int ith, int nth) {
         const eng_qtype_info *wo_in = eng_qtype_get(ly->wo.dot_type), *down_in = eng_qtype_get(ly->w_down.dot_type);
 
         /* residual of the previous layer's FFN, attention norm, quantize */
-        for (int64_t r = rb; r < re; r++) {
-            float *x = c->x + r * E;
-            if (l > 0)
-                for (int64_t i = 0; i < E; i++) x[i] += c->tmp[r * E + i];
-            eng_rmsnorm(c->xn + r * E, x, ly->attn_norm, E, hp->rms_eps);
-        }
-        quantize_rows(c, qkv, 3, c->xn, E, rb, re);
-        eng_pool_barrier(c->pool);
+        residual_norm(c, &xcur, &xnext, ly->attn_norm, qkv, 3, xq_in, rb, re, ith);
 
         /* Q, K, V products; biases, q/k norms, RoPE and cache writes of the same heads */
-        qkv_part(c, ly, l, m, ith, nth);
+        qkv_part(c, ly, l, xq_in, m, ith, nth);
         eng_pool_barrier(c->pool);
 
         /* attention by (row, head); each head's output is quantized for wo at once when a head is a whole
@@ -543,13 +570,7 @@ static void forward_worker(void *arg, int ith, int nth) {
         gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, ith, nth);
         eng_pool_barrier(c->pool);
 
-        for (int64_t r = rb; r < re; r++) {
-            float *x = c->x + r * E;
-            for (int64_t i = 0; i < E; i++) x[i] += c->tmp[r * E + i];
-            eng_rmsnorm(c->xn + r * E, x, ly->ffn_norm, E, hp->rms_eps);
-        }
-        quantize_rows(c, gu, 2, c->xn, E, rb, re);
-        eng_pool_barrier(c->pool);
+        residual_norm(c, &xcur, &xnext, ly->ffn_norm, gu, 2, xq_in, rb, re, ith);
 
         /* gate and up over this thread's columns (whole blocks of w_down's activation format), then
          * silu(gate) * up and its quantization for w_down on the same columns */
@@ -558,8 +579,8 @@ static void forward_worker(void *arg, int ith, int nth) {
         jb *= be;
         je *= be;
         if (je > jb) {
-            eng_gemm(c->simd, ly->w_gate.type, ly->w_gate.data, E, c->xq[group_slot(gu, 0)], m, c->gate, F, jb, je);
-            eng_gemm(c->simd, ly->w_up.type, ly->w_up.data, E, c->xq[group_slot(gu, 1)], m, c->up, F, jb, je);
+            eng_gemm(c->simd, ly->w_gate.type, ly->w_gate.data, E, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
+            eng_gemm(c->simd, ly->w_up.type, ly->w_up.data, E, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
             for (int64_t r = 0; r < m; r++) {
                 float *g = c->gate + r * F;
                 const float *u = c->up + r * F;
@@ -579,13 +600,13 @@ static void forward_worker(void *arg, int ith, int nth) {
     split(c->n_logits, ith, nth, &lb, &le);
     for (int64_t i = lb; i < le; i++) {
         int64_t r = c->logit_src[i];
-        float *x = c->x + r * E;
+        float *x = xcur + r * E;
         for (int64_t j = 0; j < E; j++) x[j] += c->tmp[r * E + j];
         eng_rmsnorm(c->xn + i * E, x, mdl->output_norm, E, hp->rms_eps);
     }
-    quantize_rows(c, outm, 1, c->xn, E, lb, le);
+    quantize_rows(c->xq, outm, 1, c->xn, E, lb, le);
     eng_pool_barrier(c->pool);
-    gemm_group(c, outm, &c->logits, 1, c->n_logits, ith, nth);
+    gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out, ith, nth);
 }
 
 static int map_kvc(int rc) {

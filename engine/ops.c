@@ -102,16 +102,69 @@ TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += s * x[i];
 }
-TGT static void axpy_f16_avx2(float *y, float s, const uint16_t *x, int32_t n) {
-    __m256 vs = _mm256_set1_ps(s);
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, xv, _mm256_loadu_ps(y + i)));
+/* o[c0 .. c0 + 8 * NACC) += sum_t p[t] * V[t][same columns], accumulators in registers across the rows */
+#define ACCUM_CHUNK(LOADV)                                                                                       \
+    int32_t c0 = 0;                                                                                              \
+    for (; c0 + 32 <= hd; c0 += 32) {                                                                            \
+        __m256 a0 = _mm256_loadu_ps(o + c0), a1 = _mm256_loadu_ps(o + c0 + 8);                                   \
+        __m256 a2 = _mm256_loadu_ps(o + c0 + 16), a3 = _mm256_loadu_ps(o + c0 + 24);                             \
+        for (int32_t t = 0; t < n; t++) {                                                                        \
+            __m256 pv = _mm256_set1_ps(p[t]);                                                                    \
+            const size_t b = (size_t)t * hd + c0;                                                                \
+            a0 = _mm256_fmadd_ps(pv, LOADV(b), a0);                                                              \
+            a1 = _mm256_fmadd_ps(pv, LOADV(b + 8), a1);                                                          \
+            a2 = _mm256_fmadd_ps(pv, LOADV(b + 16), a2);                                                         \
+            a3 = _mm256_fmadd_ps(pv, LOADV(b + 24), a3);                                                         \
+        }                                                                                                        \
+        _mm256_storeu_ps(o + c0, a0);                                                                            \
+        _mm256_storeu_ps(o + c0 + 8, a1);                                                                        \
+        _mm256_storeu_ps(o + c0 + 16, a2);                                                                       \
+        _mm256_storeu_ps(o + c0 + 24, a3);                                                                       \
+    }                                                                                                            \
+    for (; c0 + 8 <= hd; c0 += 8) {                                                                              \
+        __m256 a0 = _mm256_loadu_ps(o + c0);                                                                     \
+        for (int32_t t = 0; t < n; t++) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), LOADV((size_t)t * hd + c0), a0); \
+        _mm256_storeu_ps(o + c0, a0);                                                                            \
     }
-    for (; i < n; i++) y[i] += s * eng_fp16_to_f32(x[i]);
+
+#define LOAD_F32(i) _mm256_loadu_ps(v + (i))
+#define LOAD_F16(i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (i))))
+TGT static void accum_f32_avx2(float *o, const float *p, const float *v, int32_t n, int32_t hd) {
+    ACCUM_CHUNK(LOAD_F32)
+    for (; c0 < hd; c0++)
+        for (int32_t t = 0; t < n; t++) o[c0] += p[t] * v[(size_t)t * hd + c0];
+}
+TGT static void accum_f16_avx2(float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
+    ACCUM_CHUNK(LOAD_F16)
+    for (; c0 < hd; c0++)
+        for (int32_t t = 0; t < n; t++) o[c0] += p[t] * eng_fp16_to_f32(v[(size_t)t * hd + c0]);
 }
 #endif
+
+void eng_attn_scores_f32(bool simd, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
+    for (int32_t t = 0; t < n; t++) out[t] = eng_dot_f32(simd, q, k + (size_t)t * hd, hd) * scale;
+}
+void eng_attn_scores_f16(bool simd, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out) {
+    for (int32_t t = 0; t < n; t++) out[t] = eng_dot_f16(simd, q, k + (size_t)t * hd, hd) * scale;
+}
+void eng_attn_accum_f32(bool simd, float *o, const float *p, const float *v, int32_t n, int32_t hd) {
+#ifdef HAVE_X86
+    if (simd) {
+        accum_f32_avx2(o, p, v, n, hd);
+        return;
+    }
+#endif
+    for (int32_t t = 0; t < n; t++) axpy_f32_scalar(o, p[t], v + (size_t)t * hd, hd);
+}
+void eng_attn_accum_f16(bool simd, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
+#ifdef HAVE_X86
+    if (simd) {
+        accum_f16_avx2(o, p, v, n, hd);
+        return;
+    }
+#endif
+    for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o, p[t], v + (size_t)t * hd, hd);
+}
 
 float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n) {
 #ifdef HAVE_X86
@@ -136,14 +189,4 @@ void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n) {
 #endif
     (void)simd;
     axpy_f32_scalar(y, s, x, n);
-}
-void eng_axpy_f16(bool simd, float *y, float s, const uint16_t *x, int32_t n) {
-#ifdef HAVE_X86
-    if (simd) {
-        axpy_f16_avx2(y, s, x, n);
-        return;
-    }
-#endif
-    (void)simd;
-    axpy_f16_scalar(y, s, x, n);
 }

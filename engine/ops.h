@@ -26,6 +26,12 @@ float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n);
 float eng_dot_f16(bool simd, const float *a, const uint16_t *b, int32_t n);
 /* y[i] += s * x[i] */
 void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n);
-void eng_axpy_f16(bool simd, float *y, float s, const uint16_t *x, int32_t n);
+
+/* Attention over n consecutive cache rows of hd values (row t at k + t * hd):
+ * scores: out[t] = scale * sum_i q[i] * K[t][i];  accum: o[i] += sum_t p[t] * V[t][i]. */
+void eng_attn_scores_f32(bool simd, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out);
+void eng_attn_scores_f16(bool simd, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out);
+void eng_attn_accum_f32(bool simd, float *o, const float *p, const float *v, int32_t n, int32_t hd);
+void eng_attn_accum_f16(bool simd, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd);
 
 #endif

@@ -295,10 +295,19 @@ static void deq_q8_K(const eng_blk_q8_K *b, float *y, int64_t nb) {
 }
 
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    eng_simd_level l = ENG_SIMD_SCALAR;
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) l = ENG_SIMD_AVX2;
+#endif
+    return eng_dequantize_row_l(l, type, src, dst, n);
+}
+
+int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
     const eng_qtype_info *t = eng_qtype_get(type);
     if (!t) return ENG_ERR_UNSUPPORTED;
     if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
     int64_t nb = n / t->block_elems;
+    if (l >= ENG_SIMD_AVX2 && n > 0 && eng_dequantize_row_avx2(type, src, dst, n)) return ENG_OK;
     switch (type) {
     case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
     case ENG_Q_F16: {

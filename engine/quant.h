@@ -43,7 +43,8 @@ uint16_t eng_f32_to_fp16(float f);
 float eng_bf16_to_f32(uint16_t h);
 uint16_t eng_f32_to_bf16(float f);
 
-/* Dequantizes n values (a multiple of the block size) of src in type to dst. Scalar, exact.
+/* Dequantizes n values (a multiple of the block size) of src in type to dst. Exact (bit-identical to
+ * llama.cpp); Q8_0 and Q4_0 use AVX2 when the CPU has it (same float operations, same bits).
  * Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
@@ -61,6 +62,9 @@ typedef enum { ENG_SIMD_SCALAR = 0, ENG_SIMD_AVX2 = 1, ENG_SIMD_AVX512 = 2 } eng
  * bytes as the scalar one for finite inputs (Q8_0 and Q8_K have AVX2 versions; other types use scalar).
  * eng_quantize_row itself uses the best level the CPU has. (Added by the quant module.) */
 int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n);
+/* eng_dequantize_row at a given level (l must not exceed eng_simd_detect()); same bits at every level.
+ * (Added by the quant module.) */
+int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n);
 
 /* The best level this CPU supports (cpuid + OS support for the registers, via xgetbv). Executes cpuid:
  * call once and keep the result. */

@@ -24,7 +24,7 @@
 
 #define TM 3 /* weight rows per tile */
 #define TN 2 /* activation rows per tile */
-#define PF_DIST 768
+#define PF_DIST 2048 /* bytes ahead to prefetch weights when m = 1 */
 
 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
 INL uint16_t ld16(const uint8_t *p) {
@@ -139,14 +139,35 @@ static const tile_fn (*tiles_for(uint32_t type))[TN] {
 }
 
 /* ---- k-quants ------------------------------------------------------------------------------------------- */
+/* The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K block's packed 12 bytes: scale/min j < 4
+ * are the low 6 bits of bytes j / j+4; for j >= 4 the low 4 bits come from byte j+4 (low nibble: scale, high
+ * nibble: min) and the top 2 bits from the top bits of bytes j-4 (scale) / j (min). */
+INL __m128i k4_scales_mins(const uint8_t *packed) {
+    uint32_t u[3], o[4];
+    memcpy(u, packed, 12);
+    o[0] = u[0] & 0x3F3F3F3Fu;
+    o[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    o[2] = u[1] & 0x3F3F3F3Fu;
+    o[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    return _mm_loadu_si128((const __m128i *)o);
+}
+
 static TGT float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K *x) {
     float s = 0.f;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < nb; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) eng_k4_scale_min(j, w[i].scales, &sc[j], &mn[j]);
-        int summ = 0;
-        for (int j = 0; j < 8; j++) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        __m128i sm = k4_scales_mins(w[i].scales);
+        /* mins . (pairwise sums of the 16 bsums) */
+        __m128i bs0 = _mm_loadu_si128((const __m128i *)x[i].bsums);
+        __m128i bs1 = _mm_loadu_si128((const __m128i *)(x[i].bsums + 8));
+        __m128i pairs = _mm_hadd_epi16(bs0, bs1); /* 8 int16: bsums[2j] + bsums[2j+1] (|.| <= 2 * 2032) */
+        __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        __m128i pm = _mm_madd_epi16(mins16, pairs);
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0x4E));
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0xB1));
+        int summ = _mm_cvtsi128_si32(pm);
+        /* scales as int16 in both lanes; scale j broadcast by a byte shuffle */
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         __m256i acc = _mm256_setzero_si256();
         const uint8_t *q = w[i].qs;
         const int8_t *qx = x[i].qs;
@@ -155,8 +176,10 @@ static TGT float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K 
             __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
             __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qx));
             __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qx + 32)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * c])));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * c + 1])));
+            __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c)));
+            __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, s0));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, s1));
         }
         int sumi = hsum_epi32(acc);
         float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
@@ -171,12 +194,15 @@ static TGT float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K 
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *sc = w[i].scales;
         /* codes are 0..63 (value + 32): subtract 32 * sum(scale * group sum of x) at the end */
-        int corr = 0;
-        for (int g = 0; g < 16; g++) corr += sc[g] * x[i].bsums[g];
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i cm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        int corr = hsum_epi32(cm);
         __m256i acc = _mm256_setzero_si256();
         const uint8_t *ql = w[i].ql, *qh = w[i].qh;
         const int8_t *qx = x[i].qs;
-        for (int n = 0; n < 2; n++, ql += 64, qh += 32, qx += 128, sc += 8) {
+        for (int n = 0; n < 2; n++, ql += 64, qh += 32, qx += 128) {
+            /* this half's 8 scales as int16 in both lanes */
+            __m256i sch = n == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
             __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)qh);
@@ -190,8 +216,9 @@ static TGT float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K 
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
             for (int qd = 0; qd < 4; qd++) {
                 __m256i p = _mm256_maddubs_epi16(q[qd], _mm256_loadu_si256((const __m256i *)(qx + 32 * qd)));
-                __m256i scv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * qd])),
-                                                      _mm_set1_epi16(sc[2 * qd + 1]), 1);
+                /* low lane: scale 2qd of the half, high lane: 2qd + 1 */
+                __m256i scv = _mm256_shuffle_epi8(sch, _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * 2 * qd)),
+                                                                         _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * qd + 1)))));
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
             }
         }
@@ -302,6 +329,35 @@ static TGT void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
         b[i].d = 1.f / iscale;
     }
 }
+/* ---- dequantization (the same float operations as the scalar code: one product per value) -------------- */
+static __attribute__((target("avx2"))) void deq_q8_0(const eng_blk_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
+        for (int k = 0; k < 4; k++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + 8 * k)));
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+static __attribute__((target("avx2"))) void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
+        __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d));
+    }
+}
+bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
+    switch (type) {
+    case ENG_Q_Q8_0: deq_q8_0(src, dst, n / 32); return true;
+    case ENG_Q_Q4_0: deq_q4_0(src, dst, n / 32); return true;
+    default: return false;
+    }
+}
+
 bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
     switch (type) {
     case ENG_Q_Q8_0: quant_q8_0(src, dst, n / 32); return true;
@@ -355,6 +411,10 @@ bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int
 }
 
 #else /* not x86 */
+bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
+    (void)type, (void)src, (void)dst, (void)n;
+    return false;
+}
 bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
     (void)type, (void)src, (void)dst, (void)n;
     return false;

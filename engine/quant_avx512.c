@@ -22,9 +22,13 @@
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-#define TM 4 /* weight rows per tile */
-#define TN 3 /* activation rows per tile */
-#define PF_DIST 768 /* bytes ahead to prefetch weights when streaming them once (m = 1) */
+#ifndef TM
+#define TM 4 /* weight rows per tile (<= 4) */
+#endif
+#ifndef TN
+#define TN 4 /* activation rows per tile (<= 4) */
+#endif
+#define PF_DIST 2048 /* bytes ahead to prefetch weights when streaming them once (m = 1); measured 768..3072 */
 
 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -78,7 +82,7 @@ INL __m512 scales2(const uint8_t *p, size_t stride) {
  * registers (16 int32 lanes: 8 per block), an odd last block in ymm. */
 INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_t wb, const uint8_t *X, size_t xb,
               int64_t nb, float *y, int64_t ldy) {
-    __m512 acc[TM][TN];
+    __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
@@ -87,8 +91,8 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
     const __m512i offv = _mm512_set1_epi8((char)w_offset(type));
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        __m512i xv[TN], ncorr[TN];
-        __m512 dx[TN];
+        __m512i xv[4], ncorr[4];
+        __m512 dx[4];
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) {
             const uint8_t *xp = X + (size_t)c * xb + (size_t)b * 34;
@@ -111,7 +115,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
             }
         }
     }
-    __m256 acc8[TM][TN];
+    __m256 acc8[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
@@ -119,8 +123,8 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
             acc8[r][c] = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c]), _mm512_extractf32x8_ps(acc[r][c], 1));
     if (b < nb) { /* odd last block */
         const __m256i offv8 = _mm256_set1_epi8((char)w_offset(type));
-        __m256i xv[TN], ncorr[TN];
-        __m256 dx[TN];
+        __m256i xv[4], ncorr[4];
+        __m256 dx[4];
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) {
             const uint8_t *xp = X + (size_t)c * xb + (size_t)b * 34;
@@ -156,21 +160,21 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
                                        float *y, int64_t ldy) {                                             \
         tile(T, RM, RN, W, wb, X, xb, nb, y, ldy);                                                          \
     }
-#define TILE_SET(T, NAME)                                                                                   \
-    TILE_FN(T, NAME, 1, 1) TILE_FN(T, NAME, 1, 2) TILE_FN(T, NAME, 1, 3) TILE_FN(T, NAME, 2, 1)             \
-    TILE_FN(T, NAME, 2, 2) TILE_FN(T, NAME, 2, 3) TILE_FN(T, NAME, 3, 1) TILE_FN(T, NAME, 3, 2)             \
-    TILE_FN(T, NAME, 3, 3) TILE_FN(T, NAME, 4, 1) TILE_FN(T, NAME, 4, 2) TILE_FN(T, NAME, 4, 3)             \
-    static const tile_fn NAME##_tab[TM][TN] = {                                                             \
-        {NAME##_1_1, NAME##_1_2, NAME##_1_3}, {NAME##_2_1, NAME##_2_2, NAME##_2_3},                         \
-        {NAME##_3_1, NAME##_3_2, NAME##_3_3}, {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
-
 typedef void (*tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
                         int64_t ldy);
+/* Kernels for every tile size up to 4 x 4 (the edges of a gemm use the smaller ones). */
+#define TILE_ROW(T, NAME, RM) TILE_FN(T, NAME, RM, 1) TILE_FN(T, NAME, RM, 2) TILE_FN(T, NAME, RM, 3) TILE_FN(T, NAME, RM, 4)
+#define TAB_ROW(NAME, RM) {NAME##_##RM##_1, NAME##_##RM##_2, NAME##_##RM##_3, NAME##_##RM##_4}
+#define TILE_SET(T, NAME)                                                                                   \
+    TILE_ROW(T, NAME, 1) TILE_ROW(T, NAME, 2) TILE_ROW(T, NAME, 3) TILE_ROW(T, NAME, 4)                     \
+    static const tile_fn NAME##_tab[4][4] = {TAB_ROW(NAME, 1), TAB_ROW(NAME, 2), TAB_ROW(NAME, 3),          \
+                                             TAB_ROW(NAME, 4)};
+
 TILE_SET(ENG_Q_Q8_0, t_q8_0)
 TILE_SET(ENG_Q_Q4_0, t_q4_0)
 TILE_SET(ENG_Q_Q5_0, t_q5_0)
 
-static const tile_fn (*tiles_for(uint32_t type))[TN] {
+static const tile_fn (*tiles_for(uint32_t type))[4] {
     switch (type) {
     case ENG_Q_Q8_0: return t_q8_0_tab;
     case ENG_Q_Q4_0: return t_q4_0_tab;
@@ -180,7 +184,7 @@ static const tile_fn (*tiles_for(uint32_t type))[TN] {
 }
 
 bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    const tile_fn(*tab)[TN] = tiles_for(wtype);
+    const tile_fn(*tab)[4] = tiles_for(wtype);
     if (!tab) return false;
     tab[0][0](w_row, 0, x_row, 0, n / 32, out, 1);
     return true;
@@ -188,7 +192,7 @@ bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void
 
 bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
                      int64_t j_begin, int64_t j_end) {
-    const tile_fn(*tab)[TN] = tiles_for(wtype);
+    const tile_fn(*tab)[4] = tiles_for(wtype);
     if (!tab) return false;
     const size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(ENG_Q_Q8_0, k);
     const int64_t nb = k / 32;

@@ -58,6 +58,8 @@ float eng_vec_dot_scalar(uint32_t wtype, int64_t n, const void *w_row, const voi
 bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out);
 bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
                    int64_t j_begin, int64_t j_end);
+/* Dequantizers bit-identical to the scalar ones (Q8_0, Q4_0); false for other types. Need AVX2 only. */
+bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n);
 /* Activation quantizers, bit-identical to the scalar ones (Q8_0, Q8_K); false for other types. */
 bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n);
 bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out);

@@ -26,14 +26,23 @@
  *     prefilling waits until those blocks are committed and then attaches them, instead of prefilling them
  *     a second time.
  *
+ * Admission
+ *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its
+ *   whole known context (+1 token per choice) fits the blocks that are available (free + cached) minus what
+ *   the running requests still need to reach their known length (+1 token per choice); prefix blocks that a
+ *   running sequence holds are credited. FCFS: when the head must wait, nobody behind it is admitted.
+ *
  * KV pool exhaustion
- *   When the pool cannot hold a step (admission check, or ENG_ERR_KV_FULL from decode), the most recently
- *   started running request is preempted: its sequences are freed and it goes back to the FRONT of the
- *   waiting queue; later it recomputes prompt + already generated tokens (prefix caching usually makes this
- *   cheap), keeping its samplers, detokenizers and stop-string state, so the client sees no difference.
- *   A preempted request is not preempted again before it has generated at least one new token (no thrash).
- *   A request that cannot fit even alone finishes with SRV_SCHED_FINISH_ERROR "prompt does not fit in the
- *   KV cache". Preemptions are counted in the stats.
+ *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the latest-arrived running
+ *   request is preempted: its sequences are freed and it goes back to the waiting queue at its FCFS place
+ *   (ahead of every later arrival); later it recomputes prompt + already generated tokens (prefix caching
+ *   usually makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees
+ *   no difference. A preempted request is not chosen again before it has generated at least one new token
+ *   (no thrash); only when every running request is in that state is the latest one preempted anyway
+ *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
+ *   system always progresses. A request whose prompt cannot fit even alone finishes with
+ *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
+ *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -86,7 +95,9 @@ const char *srv_sched_strerror(int err);
  * Everything the scheduler needs from the engine, so that tests can run it over a mock. Every function is
  * called only from the scheduler thread (the cache() result is used only there, and by
  * srv_sched_get_stats through kvc_get_stats, which the cache allows from any thread). `ctx` is passed
- * through. Samplers are opaque void * (the real implementation passes eng_sampler *). */
+ * through. Samplers are opaque void * (the real implementation passes eng_sampler *). srv_sched_create
+ * calls token_is_eog for every token id once (to know which tokens ignore_eos bans), and srv_sched_free
+ * calls sampler_free / cache functions on the loop thread after the scheduler thread has ended. */
 typedef struct srv_engine_ops {
     void *ctx;
     int32_t n_vocab;
@@ -110,16 +121,18 @@ typedef struct srv_engine_ops {
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
- * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. model and ctx must
- * outlive the scheduler. Returns SRV_SCHED_OK or SRV_SCHED_ERR_INVALID (NULL arguments). */
+ * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. out->ctx is a small
+ * allocation: release it with srv_engine_ops_release after srv_sched_free. model and ctx must outlive the
+ * scheduler. Returns SRV_SCHED_OK, SRV_SCHED_ERR_INVALID (NULL arguments) or SRV_SCHED_ERR_NOMEM. */
 int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ctx);
+void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
 
 /* ---- parameters ------------------------------------------------------------------------------------------- */
 typedef struct srv_sched_params {
     int32_t batch_tokens; /* token budget of one step (decode tokens + prompt chunks), default 512; must not
                              exceed the engine's max_batch_tokens */
-    int32_t parallel;     /* most sequences (choices) running at once, default 64; also bounded by the
-                             cache's sequence ids */
+    int32_t parallel;     /* most sequences (choices) running at once, default 64; must not exceed the
+                             cache's max_seqs (the engine context's max_seqs) */
     int32_t max_queue;    /* most waiting (not yet admitted) requests, default 256; submit beyond it
                              returns SRV_SCHED_ERR_QUEUE_FULL */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
@@ -149,8 +162,9 @@ typedef enum {
 typedef struct srv_sched_usage {
     int32_t prompt_tokens;     /* the prompt's length */
     int32_t completion_tokens; /* tokens sampled over all choices (an EOG token that ended a choice counts) */
-    int32_t cached_tokens;     /* prompt tokens attached from the prefix cache instead of computed (first
-                                  admission; shared-with-a-concurrent-request attachments count too) */
+    int32_t cached_tokens;     /* prompt tokens attached from the prefix cache instead of computed, at the
+                                  request's first admission (blocks committed by a concurrent request with
+                                  the same prefix count too); a multiple of the block size, < prompt_tokens */
 } srv_sched_usage;
 
 /* Timestamps are uv_hrtime() nanoseconds (monotonic); 0 when the moment never happened. */
@@ -171,11 +185,14 @@ typedef struct srv_sched_event {
                                  terminated; NULL when text_len == 0 */
     size_t text_len;
     const eng_sample *samples;/* DELTA: the tokens sampled for this choice since its last event, with logprob
-                                 and the top-N (sampling.n_top_logprobs); CHOICE_END: none */
+                                 and the top-N (sampling.n_top_logprobs); an EOG token that ended the choice
+                                 is not included (it has no text) but counts in usage.completion_tokens;
+                                 CHOICE_END: none */
     int32_t n_samples;
     uint64_t t;               /* uv_hrtime() when the step that produced this event ended (ITL source) */
     srv_sched_finish finish;  /* CHOICE_END: the reason; DONE: the request's overall reason (ERROR if any
-                                 choice failed, else CANCELLED if cancelled, else the last choice's) */
+                                 choice failed, else CANCELLED if any was cancelled, else LENGTH if any
+                                 reached its length, else STOP) */
     const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
     srv_sched_usage usage;    /* DONE */
     srv_sched_timings timings;/* DONE */
@@ -234,6 +251,8 @@ typedef struct srv_sched_stats {
     uint64_t prompt_tokens_computed;  /* tokens put through decode as prompt (incl. recompute after preempt) */
     uint64_t generation_tokens_total; /* tokens sampled */
     uint64_t preemptions;
+    uint64_t preemptions_repeated;    /* preemptions of a request that had not progressed since its last one
+                                         (only when nothing else could be preempted; 0 in a healthy run) */
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */

@@ -73,9 +73,11 @@ static int reserve(char **p, size_t *cap, size_t need) {
 
 /* Moves buf[0..k) to the output buffer and shifts the rest down. */
 static void emit(srv_stop *s, size_t k, const char **out, size_t *out_len) {
-    memcpy(s->out, s->buf, k);
-    memmove(s->buf, s->buf + k, s->len - k);
-    s->len -= k;
+    if (k > 0) {
+        memcpy(s->out, s->buf, k);
+        memmove(s->buf, s->buf + k, s->len - k);
+        s->len -= k;
+    }
     *out = k ? s->out : NULL;
     *out_len = k;
 }

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 enum { MAX_B = 64, WARMUP_STEPS = 4 };
@@ -31,21 +31,6 @@ static void bench_usage(FILE *f) {
                "  --threads N        worker threads (default: the number of cores)\n"
                "  --device D         auto (default: the GPU when there is one), cpu or cuda\n"
                "  --json             one JSON object instead of a table\n", MAX_B);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
 }
 
 static int parse_list(const char *s, int *out, int cap, int *n) {
@@ -76,9 +61,9 @@ static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq
         want[i] = i == p - 1;
     }
     eng_batch b = {p, tok, pos, seq, want};
-    double t0 = now_s();
+    double t0 = kvs_now_s();
     int rc = eng_decode(ctx, &b);
-    double t = now_s() - t0;
+    double t = kvs_now_s() - t0;
     kvc_seq_free(kv, s);
     if (rc != 0) {
         fprintf(stderr, "kvserve bench: prefill failed: %s\n", eng_strerror(rc));
@@ -104,7 +89,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
             want[i] = true;
         }
         eng_batch bt = {b, tok, pos, seq, want};
-        double t0 = now_s();
+        double t0 = kvs_now_s();
         int rc = eng_decode(ctx, &bt);
         if (rc != 0) {
             fprintf(stderr, "kvserve bench: decode failed: %s\n", eng_strerror(rc));
@@ -112,7 +97,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
             goto out;
         }
         if (step == 0) t = 0; /* the first token starts the sequences: not timed */
-        else t += now_s() - t0;
+        else t += kvs_now_s() - t0;
     }
 out:
     for (int i = 0; i < n_alloc; i++) kvc_seq_free(kv, ids[i]);
@@ -136,10 +121,10 @@ int kvs_cmd_bench(int argc, char **argv) {
             continue;
         } else if (!v) ok = false;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "-p")) ok = parse_int(v, 1, 8192, &p);
-        else if (!strcmp(a, "-n")) ok = parse_int(v, 1, 8192, &n);
+        else if (!strcmp(a, "-p")) ok = kvs_parse_long(v, 1, 8192, &p);
+        else if (!strcmp(a, "-n")) ok = kvs_parse_long(v, 1, 8192, &n);
         else if (!strcmp(a, "-b")) ok = parse_list(v, bl, 16, &nb) == 0;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = parse_int(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
         else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
         else {
             fprintf(stderr, "kvserve bench: unknown option '%s'\n", a);

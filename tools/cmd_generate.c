@@ -19,9 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/engine.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 static void generate_usage(FILE *f) {
@@ -54,12 +54,6 @@ typedef struct gen_seq {
     size_t text_len, text_cap;
     eng_detok detok;
 } gen_seq;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int append_text(gen_seq *g, const char *s, size_t n) {
     if (g->text_len + n + 1 > g->text_cap) {
@@ -153,24 +147,6 @@ static void print_json(const gen_seq *g, int top_k) {
     cJSON_Delete(o);
 }
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
-
 /* Records a sampled token for g (text, EOG, limit). */
 static int take_token(const eng_model *model, gen_seq *g, const eng_sample *s, int32_t n_predict) {
     g->samples[g->n_gen++] = *s;
@@ -181,6 +157,27 @@ static int take_token(const eng_model *model, gen_seq *g, const eng_sample *s, i
     if (eng_token_is_eog(model, s->token) || g->n_gen >= n_predict) {
         g->done = true;
         if (eng_detok_flush(&g->detok, buf, sizeof buf, &n) == 0 && append_text(g, buf, n) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Runs one batch and samples a token for every row that wants logits (row r belongs to gs[owner[r]]). */
+static int run_step(eng_ctx *ctx, const eng_model *model, gen_seq *gs, const eng_batch *b, const int32_t *owner,
+                    int32_t n_predict) {
+    int rc = eng_decode(ctx, b);
+    if (rc != 0) {
+        fprintf(stderr, "kvserve generate: decode failed: %s\n", eng_strerror(rc));
+        return rc;
+    }
+    for (int32_t r = 0; r < b->n; r++) {
+        if (!b->want_logits[r]) continue;
+        eng_sample s;
+        gen_seq *g = &gs[owner[r]];
+        if ((rc = eng_sampler_sample(g->sampler, eng_get_logits(ctx, r), &s)) != 0) {
+            fprintf(stderr, "kvserve generate: sampling failed: %s\n", eng_strerror(rc));
+            return rc;
+        }
+        if (take_token(model, g, &s, n_predict) != 0) return ENG_ERR_NOMEM;
     }
     return 0;
 }
@@ -206,13 +203,13 @@ int kvs_cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = parse_int(v, 1, 1 << 20, &n_predict);
-        else if (!strcmp(a, "--temp")) ok = parse_float(v, &temp);
-        else if (!strcmp(a, "--top-k")) ok = parse_int(v, 0, 1 << 30, &top_k);
-        else if (!strcmp(a, "--top-p")) ok = parse_float(v, &top_p);
-        else if (!strcmp(a, "--seed")) ok = parse_int(v, 0, __LONG_MAX__, &seed);
-        else if (!strcmp(a, "--top-logprobs")) ok = parse_int(v, 0, 20, &top_logprobs);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = parse_int(v, 1, 1024, &threads);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = kvs_parse_long(v, 1, 1 << 20, &n_predict);
+        else if (!strcmp(a, "--temp")) ok = kvs_parse_float(v, &temp);
+        else if (!strcmp(a, "--top-k")) ok = kvs_parse_long(v, 0, 1 << 30, &top_k);
+        else if (!strcmp(a, "--top-p")) ok = kvs_parse_float(v, &top_p);
+        else if (!strcmp(a, "--seed")) ok = kvs_parse_long(v, 0, __LONG_MAX__, &seed);
+        else if (!strcmp(a, "--top-logprobs")) ok = kvs_parse_long(v, 0, 20, &top_logprobs);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
         else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
         else {
             fprintf(stderr, "kvserve generate: unknown option '%s'\n", a);
@@ -323,7 +320,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     if (!bt || !bp || !bs || !owner || !bw) goto done;
 
     /* prefill all prompts together, in chunks of max_batch_tokens */
-    double t0 = now_s();
+    double t0 = kvs_now_s();
     int cur = 0;
     int32_t off = 0;
     while (cur < n_prompts) {
@@ -342,20 +339,9 @@ int kvs_cmd_generate(int argc, char **argv) {
             }
         }
         eng_batch b = {n, bt, bp, bs, bw};
-        if ((rc = eng_decode(ctx, &b)) != 0) {
-            fprintf(stderr, "kvserve generate: decode failed: %s\n", eng_strerror(rc));
-            goto done;
-        }
-        for (int32_t r = 0; r < n; r++) {
-            if (!bw[r]) continue;
-            eng_sample s;
-            gen_seq *g = &gs[owner[r]];
-            if (eng_sampler_sample(g->sampler, eng_get_logits(ctx, r), &s) != 0 ||
-                take_token(model, g, &s, (int32_t)n_predict) != 0)
-                goto done;
-        }
+        if (run_step(ctx, model, gs, &b, owner, (int32_t)n_predict) != 0) goto done;
     }
-    double t1 = now_s();
+    double t1 = kvs_now_s();
 
     /* decode all unfinished sequences together */
     int64_t n_decoded = 0;
@@ -373,20 +359,10 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
         if (n == 0) break;
         eng_batch b = {n, bt, bp, bs, bw};
-        if ((rc = eng_decode(ctx, &b)) != 0) {
-            fprintf(stderr, "kvserve generate: decode failed: %s\n", eng_strerror(rc));
-            goto done;
-        }
+        if (run_step(ctx, model, gs, &b, owner, (int32_t)n_predict) != 0) goto done;
         n_decoded += n;
-        for (int32_t r = 0; r < n; r++) {
-            eng_sample s;
-            gen_seq *g = &gs[owner[r]];
-            if (eng_sampler_sample(g->sampler, eng_get_logits(ctx, r), &s) != 0 ||
-                take_token(model, g, &s, (int32_t)n_predict) != 0)
-                goto done;
-        }
     }
-    double t2 = now_s();
+    double t2 = kvs_now_s();
 
     for (int i = 0; i < n_prompts; i++) {
         if (json) {

@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "engine/gguf.h"
+#include "engine/ops.h"
 #include "engine/quant.h"
 
 /* ---- random numbers ---- */
@@ -756,4 +757,50 @@ Test(forward, load_errors) {
     cr_expect_float_eq(hp->rope_freq_scale, 0.5f, 1e-7);
     eng_model_free(mdl);
     free_rmodel(&m);
+}
+
+/* The attention kernels: the AVX2 versions against the scalar ones (when the CPU has AVX2+FMA+F16C). */
+Test(forward, ops_simd_vs_scalar) {
+    if (!eng_ops_simd_available()) cr_skip_test("this CPU has no AVX2+FMA+F16C: only the scalar kernels run");
+    rng r = {131};
+    float a[200], b[200], y1[200], y2[200];
+    uint16_t h[200];
+    for (int iter = 0; iter < 200; iter++) {
+        int n = rng_int(&r, 200);
+        for (int i = 0; i < n; i++) {
+            a[i] = rng_uniform(&r, 2.0f);
+            b[i] = rng_uniform(&r, 2.0f);
+            h[i] = eng_f32_to_fp16(b[i]);
+            y1[i] = y2[i] = rng_uniform(&r, 1.0f);
+        }
+        float s = rng_uniform(&r, 3.0f);
+        double tol = 1e-5 * (n + 1);
+        cr_assert_float_eq(eng_dot_f32(true, a, b, n), eng_dot_f32(false, a, b, n), tol, "n %d", n);
+        cr_assert_float_eq(eng_dot_f16(true, a, h, n), eng_dot_f16(false, a, h, n), tol, "n %d", n);
+        eng_axpy_f32(true, y1, s, a, n);
+        eng_axpy_f32(false, y2, s, a, n);
+        for (int i = 0; i < n; i++) cr_assert_float_eq(y1[i], y2[i], 1e-5, "n %d i %d", n, i);
+    }
+    /* block kernels: n rows of hd values */
+    static float kf[16 * 136], sc1[16], sc2[16], o1[136], o2[136];
+    static uint16_t kh[16 * 136];
+    for (int iter = 0; iter < 100; iter++) {
+        int n = 1 + rng_int(&r, 16), hd = 1 + rng_int(&r, 136);
+        float q[136], p[16];
+        for (int i = 0; i < hd; i++) q[i] = rng_uniform(&r, 1.0f), o1[i] = o2[i] = rng_uniform(&r, 1.0f);
+        for (int t = 0; t < n; t++) p[t] = rng_uniform(&r, 1.0f);
+        for (int i = 0; i < n * hd; i++) kf[i] = rng_uniform(&r, 1.0f), kh[i] = eng_f32_to_fp16(kf[i]);
+        eng_attn_scores_f32(true, q, kf, n, hd, 0.3f, sc1);
+        eng_attn_scores_f32(false, q, kf, n, hd, 0.3f, sc2);
+        for (int t = 0; t < n; t++) cr_assert_float_eq(sc1[t], sc2[t], 1e-4, "n %d hd %d", n, hd);
+        eng_attn_scores_f16(true, q, kh, n, hd, 0.3f, sc1);
+        eng_attn_scores_f16(false, q, kh, n, hd, 0.3f, sc2);
+        for (int t = 0; t < n; t++) cr_assert_float_eq(sc1[t], sc2[t], 1e-4, "n %d hd %d", n, hd);
+        eng_attn_accum_f32(true, o1, p, kf, n, hd);
+        eng_attn_accum_f32(false, o2, p, kf, n, hd);
+        for (int i = 0; i < hd; i++) cr_assert_float_eq(o1[i], o2[i], 1e-4, "n %d hd %d i %d", n, hd, i);
+        eng_attn_accum_f16(true, o1, p, kh, n, hd);
+        eng_attn_accum_f16(false, o2, p, kh, n, hd);
+        for (int i = 0; i < hd; i++) cr_assert_float_eq(o1[i], o2[i], 1e-4, "n %d hd %d i %d", n, hd, i);
+    }
 }

@@ -608,3 +608,29 @@ Test(quant, quantize_levels_identical) {
     }
     free(x); free(a); free(b);
 }
+
+Test(quant, dequantize_levels_identical) {
+    eng_simd_level top = eng_simd_detect();
+    rng_t r = {777};
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        uint32_t type = k_weight_types[ti];
+        const eng_qtype_info *t = eng_qtype_get(type);
+        for (int iter = 0; iter < 50; iter++) {
+            int64_t n = random_k(&r, type);
+            size_t rb = eng_qtype_row_bytes(type, n);
+            uint8_t *w = malloc(rb);
+            float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+            cr_assert(w && a && b);
+            random_wrow(&r, type, n, w, false);
+            cr_assert_eq(eng_dequantize_row_l(ENG_SIMD_SCALAR, type, w, a, n), 0);
+            for (int l = ENG_SIMD_AVX2; l <= (int)top; l++) {
+                cr_assert_eq(eng_dequantize_row_l((eng_simd_level)l, type, w, b, n), 0);
+                cr_assert_eq(memcmp(a, b, (size_t)n * 4), 0, "%s %s dequant differs (seed 777 iter %d)", t->name,
+                             eng_simd_name(l), iter);
+            }
+            cr_assert_eq(eng_dequantize_row(type, w, b, n), 0);
+            cr_assert_eq(memcmp(a, b, (size_t)n * 4), 0);
+            free(w); free(a); free(b);
+        }
+    }
+}

@@ -74,7 +74,7 @@ Test(stop, randomized_vs_reference) {
             const char *o;
             size_t ol;
             cr_assert_eq(srv_stop_push(s, text + pos, piece, &o, &ol, &stopped), SRV_STOP_OK);
-            memcpy(emitted + n_emit, o, ol);
+            if (ol) memcpy(emitted + n_emit, o, ol);
             n_emit += ol;
             pos += piece;
             bool m;
@@ -87,7 +87,7 @@ Test(stop, randomized_vs_reference) {
         const char *o;
         size_t ol;
         cr_assert_eq(srv_stop_flush(s, &o, &ol), SRV_STOP_OK);
-        memcpy(emitted + n_emit, o, ol);
+        if (ol) memcpy(emitted + n_emit, o, ol);
         n_emit += ol;
         bool m;
         size_t want = stopped ? ref_emit(text, pos, stops, n_stops, &m) : n;
@@ -116,13 +116,13 @@ static void run(const char *const *stops, size_t n_stops, const char *const *pie
         const char *o;
         size_t ol;
         cr_assert_eq(srv_stop_push(s, pieces[i], strlen(pieces[i]), &o, &ol, stopped), SRV_STOP_OK);
-        memcpy(out + n, o, ol);
+        if (ol) memcpy(out + n, o, ol);
         n += ol;
     }
     const char *o;
     size_t ol;
     cr_assert_eq(srv_stop_flush(s, &o, &ol), SRV_STOP_OK);
-    memcpy(out + n, o, ol);
+    if (ol) memcpy(out + n, o, ol);
     n += ol;
     out[n] = 0;
     srv_stop_free(s);

@@ -1,0 +1,139 @@
+/*
+ * api.h: the OpenAI-compatible API layer (internal to server/, prefix srv_api_).
+ *
+ * Two parts:
+ *   1. Request validation (api_parse.c): pure functions that turn a JSON body into a srv_api_gen or an
+ *      srv_api_error (HTTP status, message naming the field, OpenAI error type, param). No I/O, no engine.
+ *   2. Routing and responses (api.c): an srv_http handler that serves /v1/completions, /v1/chat/completions,
+ *      /v1/models, /health, /metrics, /tokenize, /detokenize over a srv_api_backend (the scheduler and the
+ *      model in the daemon; a fake in tests).
+ *
+ * Threads: everything runs on the loop thread (the backend's callbacks too: srv_sched delivers its events
+ * there).
+ */
+#ifndef KVSERVE_SERVER_API_H
+#define KVSERVE_SERVER_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "engine/engine.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+enum {
+    SRV_API_OK = 0,
+    SRV_API_ERR_INVALID = -1,   /* the request is invalid: see the srv_api_error */
+    SRV_API_ERR_NOMEM = -2,
+};
+
+/* ---- 1. validation ---------------------------------------------------------------------------------------- */
+typedef enum { SRV_API_COMPLETION = 0, SRV_API_CHAT = 1 } srv_api_kind;
+
+typedef struct srv_api_error {
+    int status;                 /* HTTP status: 400, 401, 404, 405, 413, 500, 503 */
+    const char *type;           /* "invalid_request_error", "authentication_error", "server_error", ... */
+    char message[512];
+    char param[64];             /* the offending field ("" when none: JSON null) */
+    const char *code;           /* NULL or e.g. "context_length_exceeded", "invalid_api_key" */
+} srv_api_error;
+
+typedef struct srv_api_prompt {
+    char *text;                 /* a text prompt (NULL when tokens) */
+    int32_t *tokens;            /* a token-id prompt (NULL when text) */
+    int32_t n_tokens;
+} srv_api_prompt;
+
+typedef struct srv_api_msg { char *role; char *content; } srv_api_msg;
+
+typedef struct srv_api_limits {
+    int32_t n_vocab;            /* token ids must be < n_vocab (0: unchecked) */
+    int32_t max_n;              /* most choices per prompt (n), >= 1 */
+    int32_t max_stop;           /* most stop strings (default 16) */
+    int32_t max_prompts;        /* most prompts in one /v1/completions array (default 64) */
+} srv_api_limits;
+
+typedef struct srv_api_gen {
+    srv_api_kind kind;
+    char *model;                /* NULL when absent */
+    srv_api_prompt *prompts; int32_t n_prompts;    /* completions: >= 1 */
+    srv_api_msg *msgs; int32_t n_msgs;              /* chat: >= 1 */
+    int32_t max_tokens;         /* >= 1; -1 when absent (chat: until the context ends) */
+    int32_t n;                  /* 1 .. max_n */
+    float temperature;          /* 0 .. 2, default 1 */
+    float top_p;                /* (0, 1], default 1 */
+    int32_t top_k;              /* -1 or 0: off */
+    float min_p;                /* 0 .. 1 */
+    float presence_penalty, frequency_penalty; /* -2 .. 2 */
+    float repetition_penalty;   /* (0, 2], default 1 */
+    bool has_seed; uint64_t seed;
+    char **stop; int32_t n_stop;
+    eng_logit_bias *logit_bias; int32_t n_logit_bias;
+    bool logprobs;              /* completions: "logprobs" given; chat: "logprobs": true */
+    int32_t top_logprobs;       /* 0..20 (completions: the logprobs value) */
+    bool stream, include_usage, ignore_eos, echo;
+    char *user;
+} srv_api_gen;
+
+void srv_api_limits_default(srv_api_limits *l);
+
+/* Parses and validates a request body of the given kind. On success fills *out (free with srv_api_gen_free)
+ * and returns SRV_API_OK; otherwise fills *err and returns SRV_API_ERR_INVALID (or SRV_API_ERR_NOMEM, err
+ * then says so with status 500). Never reads past body[len]. */
+int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
+                      srv_api_gen *out, srv_api_error *err);
+void srv_api_gen_free(srv_api_gen *g);
+
+/* Fills an error (printf-style message). */
+void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
+                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The OpenAI error JSON {"error":{"message","type","param","code"}}; malloc'd, NULL on OOM. */
+char *srv_api_error_json(const srv_api_error *err);
+
+/* ---- 2. routes -------------------------------------------------------------------------------------------- */
+/* What the API layer needs from the engine and the scheduler. The functions follow the semantics of the
+ * engine/scheduler calls named in the comments; submit's callback events arrive on the loop thread. */
+typedef struct srv_api_backend {
+    void *ctx;
+    int (*submit)(void *ctx, const srv_sched_request *req, uint64_t *id);          /* srv_sched_submit */
+    int (*cancel)(void *ctx, uint64_t id);                                         /* srv_sched_cancel */
+    void (*stats)(void *ctx, srv_sched_stats *out);                                /* srv_sched_get_stats */
+    int (*tokenize)(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                    int32_t *out, int32_t cap, int32_t *n_out);                     /* eng_tokenize */
+    int (*token_piece)(void *ctx, int32_t token, bool render_special, char *buf, size_t cap,
+                       size_t *n_out);                                             /* eng_token_to_piece */
+    int (*chat_render)(void *ctx, const eng_chat_msg *msgs, size_t n, char **out); /* eng_chat_render */
+} srv_api_backend;
+
+typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;
+
+typedef struct srv_api_config {
+    const char *model_id;       /* /v1/models id and the "model" of responses (copied) */
+    int32_t n_ctx;              /* context length for the prompt check (0: unchecked) */
+    srv_api_limits limits;
+    const char *api_key;        /* NULL or "": no authentication (copied) */
+    srv_log_format log_format;
+    void *log_stream;           /* FILE * for request logs (NULL: stderr) */
+} srv_api_config;
+
+typedef struct srv_api srv_api;
+
+/* The backend may be NULL until the model is loaded (srv_api_set_backend): meanwhile /health answers 503
+ * {"status":"loading"} and the model routes 503. metrics is the caller's (may be NULL). */
+int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **out);
+void srv_api_free(srv_api *api);
+void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
+/* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
+ * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
+int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* The srv_http handler (ud = the srv_api). */
+void srv_api_handle(void *ud, srv_http_req *req);
+/* Requests still generating. */
+int32_t srv_api_in_flight(const srv_api *api);
+/* Cancels every generating request (shutdown after the grace period): streams end with an error event,
+ * others answer 503. */
+void srv_api_cancel_all(srv_api *api);
+
+#endif /* KVSERVE_SERVER_API_H */

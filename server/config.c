@@ -1,0 +1,359 @@
+/* config.c: configuration defaults, JSON file, environment and flags (see server.h). */
+#include "server/server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+typedef enum { K_STR, K_INT, K_NUM, K_BOOL } key_type;
+
+typedef struct key_def {
+    const char *name;
+    key_type type;
+    size_t off;
+    size_t size;            /* K_STR: buffer size */
+    double lo, hi;          /* K_INT/K_NUM range (inclusive) */
+    const char *choices;    /* K_STR: "a|b|c" or NULL */
+    const char *help;
+} key_def;
+
+#define S(f, ch, h) {#f, K_STR, offsetof(srv_config, f), sizeof(((srv_config *)0)->f), 0, 0, ch, h}
+#define I(f, lo, hi, h) {#f, K_INT, offsetof(srv_config, f), 0, lo, hi, NULL, h}
+#define N(f, lo, hi, h) {#f, K_NUM, offsetof(srv_config, f), 0, lo, hi, NULL, h}
+#define B(f, h) {#f, K_BOOL, offsetof(srv_config, f), 0, 0, 0, NULL, h}
+
+static const key_def KEYS[] = {
+    S(host, NULL, "listen address (IPv4 or IPv6 literal)"),
+    I(port, 0, 65535, "listen port (0: any free port)"),
+    S(model, NULL, "path of the GGUF model to serve"),
+    S(model_name, NULL, "model id in /v1/models and responses (default: general.name or the file name)"),
+    I(threads, 0, 1024, "engine threads (0: all cores)"),
+    I(parallel, 1, 4096, "most sequences generating at once"),
+    I(batch_tokens, 1, 1048576, "token budget of one engine step"),
+    I(ctx_size, 0, 16777216, "longest sequence in tokens (0: the model's training context)"),
+    I(kv_blocks, 0, 1 << 30, "KV pool size in blocks (0: from kv_cache_mb)"),
+    I(kv_cache_mb, 0, 1 << 24, "KV pool budget in MiB when kv_blocks is 0 (0: engine default)"),
+    S(kv_dtype, "f16|f32|q8_0", "KV storage type"),
+    I(block_size, 1, 1024, "tokens per KV block"),
+    B(prefix_caching, "reuse cached KV blocks of common prompt prefixes"),
+    S(device, "auto|cpu|cuda", "compute device"),
+    N(gpu_memory_fraction, 0.01, 1.0, "CUDA: share of GPU memory for weights and KV"),
+    I(max_queue, 0, 1000000, "waiting requests before new ones get 503"),
+    I(max_n, 1, 4096, "largest n (choices) a request may ask"),
+    I(max_stop, 0, 1024, "most stop strings per request"),
+    S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),
+    N(timeout_s, 0.001, 86400, "seconds a started request has to arrive completely (else 408)"),
+    N(idle_timeout_s, 0.001, 86400, "seconds before an idle keep-alive connection is closed"),
+    N(body_limit_mb, 0.000001, 4096, "largest request body in MiB (else 413)"),
+    I(header_limit_kb, 1, 1048576, "largest request line + headers in KiB (else 431)"),
+    I(max_connections, 1, 1000000, "most open connections (more get 503)"),
+    I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
+    N(shutdown_grace_s, 0, 86400, "seconds running requests get to finish on SIGINT/SIGTERM"),
+    S(log_format, "text|json|none", "request log format (stderr)"),
+    S(chat_template, "|chatml|llama3|llama2|mistral|phi3|zephyr|gemma",
+      "force a chat template family (empty: the model's own)"),
+};
+#define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+
+void srv_config_default(srv_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "127.0.0.1");
+    c->port = 8080;
+    c->parallel = 64;
+    c->batch_tokens = 512;
+    snprintf(c->kv_dtype, sizeof c->kv_dtype, "f16");
+    c->block_size = 16;
+    c->prefix_caching = true;
+    snprintf(c->device, sizeof c->device, "auto");
+    c->gpu_memory_fraction = 0.9;
+    c->max_queue = 256;
+    c->max_n = 16;
+    c->max_stop = 16;
+    c->timeout_s = 30;
+    c->idle_timeout_s = 60;
+    c->body_limit_mb = 16;
+    c->header_limit_kb = 16;
+    c->max_connections = 1024;
+    c->write_buffer_kb = 4096;
+    c->shutdown_grace_s = 10;
+    snprintf(c->log_format, sizeof c->log_format, "text");
+}
+
+static const key_def *find_key(const char *name) {
+    char norm[64];
+    size_t n = strlen(name);
+    if (n >= sizeof norm) return NULL;
+    for (size_t i = 0; i <= n; i++) norm[i] = name[i] == '-' ? '_' : name[i];
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(KEYS[i].name, norm)) return &KEYS[i];
+    return NULL;
+}
+
+static bool in_choices(const char *choices, const char *v) {
+    size_t vl = strlen(v);
+    for (const char *p = choices;;) {
+        const char *e = strchr(p, '|');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == vl && !strncmp(p, v, l)) return true;
+        if (!e) return false;
+        p = e + 1;
+    }
+}
+
+static int set_str(srv_config *c, const key_def *k, const char *v, char *err, size_t el) {
+    if (strlen(v) >= k->size) {
+        snprintf(err, el, "config key '%s': value too long (at most %zu bytes)", k->name, k->size - 1);
+        return SRV_ERR_INVALID;
+    }
+    if (k->choices && !in_choices(k->choices, v)) {
+        snprintf(err, el, "config key '%s': '%s' is not one of %s", k->name, v, k->choices);
+        return SRV_ERR_INVALID;
+    }
+    snprintf((char *)c + k->off, k->size, "%s", v);
+    return SRV_OK;
+}
+
+static int set_num(srv_config *c, const key_def *k, double v, char *err, size_t el) {
+    if (!isfinite(v) || v < k->lo || v > k->hi) {
+        snprintf(err, el, "config key '%s': %g is out of range [%g, %g]", k->name, v, k->lo, k->hi);
+        return SRV_ERR_INVALID;
+    }
+    if (k->type == K_INT) {
+        if (v != floor(v)) {
+            snprintf(err, el, "config key '%s': must be an integer, got %g", k->name, v);
+            return SRV_ERR_INVALID;
+        }
+        *(int32_t *)((char *)c + k->off) = (int32_t)v;
+    } else {
+        *(double *)((char *)c + k->off) = v;
+    }
+    return SRV_OK;
+}
+
+int srv_config_set(srv_config *c, const char *key, const char *value, char *err, size_t el) {
+    const key_def *k = key ? find_key(key) : NULL;
+    if (!k) { snprintf(err, el, "unknown config key '%s'", key ? key : "(null)"); return SRV_ERR_INVALID; }
+    if (!value) { snprintf(err, el, "config key '%s': a value is required", k->name); return SRV_ERR_INVALID; }
+    switch (k->type) {
+    case K_STR: return set_str(c, k, value, err, el);
+    case K_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "on") || !strcmp(value, "yes"))
+            *(bool *)((char *)c + k->off) = true;
+        else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "off") || !strcmp(value, "no"))
+            *(bool *)((char *)c + k->off) = false;
+        else { snprintf(err, el, "config key '%s': '%s' is not a boolean (true/false)", k->name, value); return SRV_ERR_INVALID; }
+        return SRV_OK;
+    default: {
+        char *end = NULL;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (!*value || *end || errno) {
+            snprintf(err, el, "config key '%s': '%s' is not a number", k->name, value);
+            return SRV_ERR_INVALID;
+        }
+        return set_num(c, k, v, err, el);
+    }
+    }
+}
+
+int srv_config_load_file(srv_config *c, const char *path, char *err, size_t el) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, el, "cannot open config file '%s': %s", path, strerror(errno)); return SRV_ERR_IO; }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) { fclose(f); snprintf(err, el, "out of memory reading '%s'", path); return SRV_ERR_NOMEM; }
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (len < cap) break;
+        if (cap > (64u << 20)) { free(buf); fclose(f); snprintf(err, el, "config file '%s' is too large", path); return SRV_ERR_INVALID; }
+        char *p = realloc(buf, cap *= 2);
+        if (!p) free(buf);
+        buf = p;
+    }
+    bool rerr = ferror(f);
+    fclose(f);
+    if (rerr) { free(buf); snprintf(err, el, "cannot read config file '%s'", path); return SRV_ERR_IO; }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, false);
+    if (!root || !cJSON_IsObject(root)) {
+        size_t off = root ? 0 : (end && end >= buf ? (size_t)(end - buf) : 0);
+        snprintf(err, el, "config file '%s': %s", path,
+                 root ? "the top level must be a JSON object" : "invalid JSON");
+        if (!root) snprintf(err + strlen(err), el - strlen(err), " near byte %zu", off);
+        cJSON_Delete(root);
+        free(buf);
+        return SRV_ERR_INVALID;
+    }
+    free(buf);
+    int r = SRV_OK;
+    for (const cJSON *it = root->child; it && r == SRV_OK; it = it->next) {
+        const key_def *k = find_key(it->string);
+        if (!k || strchr(it->string, '-')) {
+            snprintf(err, el, "config file '%s': unknown key '%s'", path, it->string);
+            r = SRV_ERR_INVALID;
+            break;
+        }
+        char sub[512] = "";
+        switch (k->type) {
+        case K_STR:
+            if (!cJSON_IsString(it)) { snprintf(sub, sizeof sub, "config key '%s': must be a string", k->name); r = SRV_ERR_INVALID; }
+            else r = set_str(c, k, it->valuestring, sub, sizeof sub);
+            break;
+        case K_BOOL:
+            if (!cJSON_IsBool(it)) { snprintf(sub, sizeof sub, "config key '%s': must be true or false", k->name); r = SRV_ERR_INVALID; }
+            else *(bool *)((char *)c + k->off) = cJSON_IsTrue(it);
+            break;
+        default:
+            if (!cJSON_IsNumber(it)) { snprintf(sub, sizeof sub, "config key '%s': must be a number", k->name); r = SRV_ERR_INVALID; }
+            else r = set_num(c, k, it->valuedouble, sub, sizeof sub);
+            break;
+        }
+        if (r != SRV_OK) snprintf(err, el, "config file '%s': %s", path, sub);
+    }
+    cJSON_Delete(root);
+    return r;
+}
+
+int srv_config_validate(const srv_config *c, char *err, size_t el) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &KEYS[i];
+        if (k->type == K_INT) {
+            int32_t v = *(const int32_t *)((const char *)c + k->off);
+            if (v < k->lo || v > k->hi) {
+                snprintf(err, el, "config key '%s': %d is out of range [%g, %g]", k->name, (int)v, k->lo, k->hi);
+                return SRV_ERR_INVALID;
+            }
+        } else if (k->type == K_NUM) {
+            double v = *(const double *)((const char *)c + k->off);
+            if (!isfinite(v) || v < k->lo || v > k->hi) {
+                snprintf(err, el, "config key '%s': %g is out of range [%g, %g]", k->name, v, k->lo, k->hi);
+                return SRV_ERR_INVALID;
+            }
+        } else if (k->type == K_STR && k->choices) {
+            const char *v = (const char *)c + k->off;
+            if (!in_choices(k->choices, v)) {
+                snprintf(err, el, "config key '%s': '%s' is not one of %s", k->name, v, k->choices);
+                return SRV_ERR_INVALID;
+            }
+        }
+    }
+    if (!c->host[0]) { snprintf(err, el, "config key 'host': must not be empty"); return SRV_ERR_INVALID; }
+    if (c->ctx_size > 0 && c->ctx_size < 2) {
+        snprintf(err, el, "config key 'ctx_size': must be 0 or at least 2");
+        return SRV_ERR_INVALID;
+    }
+    return SRV_OK;
+}
+
+void srv_config_usage(FILE *f) {
+    srv_config d;
+    srv_config_default(&d);
+    fprintf(f, "usage: kvserve serve [--config FILE] [--KEY VALUE ...]\n\n"
+               "Every configuration key is also a flag (--ctx-size or --ctx_size). Flags override the config\n"
+               "file; KVSERVE_API_KEY sets api_key unless --api-key is given. -m is --model.\n\n");
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &KEYS[i];
+        char flag[64], def[64];
+        snprintf(flag, sizeof flag, "--%s", k->name);
+        for (char *p = flag + 2; *p; p++) if (*p == '_') *p = '-';
+        const char *base = (const char *)&d + k->off;
+        switch (k->type) {
+        case K_STR: snprintf(def, sizeof def, "\"%s\"", base); break;
+        case K_INT: snprintf(def, sizeof def, "%d", (int)*(const int32_t *)base); break;
+        case K_NUM: snprintf(def, sizeof def, "%g", *(const double *)base); break;
+        case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)base ? "true" : "false"); break;
+        }
+        fprintf(f, "  %-24s %s (default %s)\n", flag, k->help, def);
+    }
+    fprintf(f, "  %-24s %s\n", "--config FILE", "read keys from a JSON file first (see config/kvserve.json)");
+}
+
+int srv_config_from_args(srv_config *c, int argc, char **argv, char *err, size_t el) {
+    /* Pass 1: --help and --config. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { srv_config_usage(stdout); return SRV_ERR_HELP; }
+        const char *file = NULL;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) { snprintf(err, el, "--config needs a file name"); return SRV_ERR_INVALID; }
+            file = argv[++i];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            file = argv[i] + 9;
+        }
+        if (file) {
+            int r = srv_config_load_file(c, file, err, el);
+            if (r) return r;
+        }
+    }
+    const char *env = getenv("KVSERVE_API_KEY");
+    if (env && *env) {
+        int r = srv_config_set(c, "api_key", env, err, el);
+        if (r) return r;
+    }
+    /* Pass 2: flags. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--config")) { i++; continue; }
+        if (!strncmp(a, "--config=", 9)) continue;
+        char key[80];
+        const char *val = NULL;
+        if (!strcmp(a, "-m")) {
+            snprintf(key, sizeof key, "model");
+        } else if (!strncmp(a, "--", 2) && a[2]) {
+            const char *eq = strchr(a, '=');
+            size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+            if (kl >= sizeof key) { snprintf(err, el, "unknown flag '%s'", a); return SRV_ERR_INVALID; }
+            memcpy(key, a + 2, kl);
+            key[kl] = 0;
+            if (eq) val = eq + 1;
+        } else {
+            snprintf(err, el, "unexpected argument '%s' (flags are --key value; see --help)", a);
+            return SRV_ERR_INVALID;
+        }
+        const key_def *k = find_key(key);
+        if (!k && !val && !strncmp(key, "no-", 3) && (k = find_key(key + 3)) && k->type == K_BOOL) {
+            *(bool *)((char *)c + k->off) = false;
+            continue;
+        }
+        if (!k) { snprintf(err, el, "unknown flag '%s' (see --help)", a); return SRV_ERR_INVALID; }
+        if (!val && k->type == K_BOOL) {
+            static const char *const words[] = {"true", "false", "1", "0", "on", "off", "yes", "no"};
+            bool word = false;
+            for (size_t w = 0; i + 1 < argc && w < sizeof words / sizeof words[0]; w++)
+                word |= !strcmp(argv[i + 1], words[w]);
+            if (!word) { *(bool *)((char *)c + k->off) = true; continue; }
+        }
+        if (!val) {
+            if (i + 1 >= argc) { snprintf(err, el, "flag '%s' needs a value", a); return SRV_ERR_INVALID; }
+            val = argv[++i];
+        }
+        char sub[512];
+        int r = srv_config_set(c, k->name, val, sub, sizeof sub);
+        if (r) { snprintf(err, el, "flag '%s': %s", a, sub); return r; }
+    }
+    return srv_config_validate(c, err, el);
+}
+
+char *srv_config_to_json(const srv_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &KEYS[i];
+        const char *base = (const char *)c + k->off;
+        switch (k->type) {
+        case K_STR:
+            cJSON_AddStringToObject(o, k->name, (!strcmp(k->name, "api_key") && base[0]) ? "***" : base);
+            break;
+        case K_INT: cJSON_AddNumberToObject(o, k->name, *(const int32_t *)base); break;
+        case K_NUM: cJSON_AddNumberToObject(o, k->name, *(const double *)base); break;
+        case K_BOOL: cJSON_AddBoolToObject(o, k->name, *(const bool *)base); break;
+        }
+    }
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}

@@ -1,0 +1,649 @@
+/* http.c: HTTP/1.1 connections on libuv + llhttp. See http.h for the contract. */
+#include "server/http.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llhttp.h>
+
+#define READ_CHUNK 65536
+#define MAX_BUFFERED_WHILE_BUSY (256u * 1024u) /* pipelined input held while a request runs */
+#define LINGER_MS 2000
+
+typedef enum {
+    C_IDLE = 0,   /* waiting for a request (keep-alive idle) */
+    C_READING,    /* a request has started */
+    C_HANDLING,   /* dispatched to the handler */
+    C_DRAINING,   /* final bytes queued; shut down the write side when they are sent */
+    C_LINGER,     /* write side shut down; discarding input until EOF or a timeout */
+    C_CLOSED,     /* uv_close issued */
+} conn_state;
+
+typedef struct sbuf { char *p; size_t len, cap; } sbuf;
+
+typedef struct conn conn;
+struct srv_http {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    bool listening, listener_closed;
+    srv_http_limits lim;
+    srv_http_handler handler;
+    void *ud;
+    llhttp_settings_t settings;
+    conn *conns;               /* doubly linked list of open connections */
+    int32_t n_conns, n_active;
+    bool stopping;
+};
+
+struct conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    int handles_open;
+    srv_http *srv;
+    conn *prev, *next;
+    llhttp_t parser;
+    conn_state state;
+    char rbuf[READ_CHUNK];
+    bool reading;
+    /* unparsed input */
+    char *in; size_t in_len, in_off, in_cap;
+    bool in_process, reprocess;
+    /* request under construction */
+    srv_http_req req;
+    sbuf url, field, value;
+    bool last_was_value;
+    int32_t hdr_cap;
+    size_t header_bytes;
+    sbuf body;
+    int fail_status;           /* set by a parser callback to answer with this status */
+    bool keep_alive, chunked_out, streaming, head_sent;
+    size_t pending_write;
+    srv_http_abort_cb abort_cb; void *abort_ud;
+};
+
+typedef struct wreq { uv_write_t w; conn *c; size_t len; char data[]; } wreq;
+
+static void conn_close(conn *c);
+static void conn_process(conn *c);
+static void start_reading(conn *c);
+static void on_timer(uv_timer_t *t);
+
+void srv_http_limits_default(srv_http_limits *l) {
+    l->body_limit = 16u << 20;
+    l->header_limit = 16u << 10;
+    l->read_timeout_ms = 30000;
+    l->idle_timeout_ms = 60000;
+    l->max_connections = 1024;
+    l->max_pending_write = 4u << 20;
+    l->max_headers = 100;
+}
+
+const char *srv_http_reason(int s) {
+    switch (s) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Unknown";
+    }
+}
+
+/* ---- small buffers ------------------------------------------------------------------------------------- */
+static int sb_add(sbuf *b, const char *p, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return -1;
+        b->p = q; b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+static void sb_free(sbuf *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
+static char *sb_take(sbuf *b) { /* returns a NUL-terminated malloc'd string (or NULL on OOM) */
+    if (!b->p && sb_add(b, "", 0)) return NULL;
+    char *p = b->p; b->p = NULL; b->len = b->cap = 0;
+    return p;
+}
+
+static void req_clear(conn *c) {
+    srv_http_req *r = &c->req;
+    free(r->path); free(r->query);
+    for (int32_t i = 0; i < r->n_headers; i++) { free(r->headers[i].name); free(r->headers[i].value); }
+    free(r->headers); free(r->body);
+    memset(r, 0, sizeof *r);
+    r->conn = c;
+    sb_free(&c->url); sb_free(&c->field); sb_free(&c->value); sb_free(&c->body);
+    c->last_was_value = false;
+    c->hdr_cap = 0;
+    c->header_bytes = 0;
+    c->fail_status = 0;
+    c->streaming = c->head_sent = false;
+    c->abort_cb = NULL; c->abort_ud = NULL;
+}
+
+const char *srv_http_header_get(const srv_http_req *req, const char *name) {
+    for (int32_t i = 0; i < req->n_headers; i++)
+        if (!strcasecmp(req->headers[i].name, name)) return req->headers[i].value;
+    return NULL;
+}
+
+/* ---- writing --------------------------------------------------------------------------------------------- */
+static void on_shutdown(uv_shutdown_t *s, int status) {
+    conn *c = s->data;
+    free(s);
+    if (c->state == C_CLOSED) return;
+    if (status < 0) { conn_close(c); return; }
+    c->state = C_LINGER;
+    uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
+}
+
+static void begin_shutdown(conn *c) {
+    uv_shutdown_t *s = malloc(sizeof *s);
+    if (!s) { conn_close(c); return; }
+    s->data = c;
+    if (uv_shutdown(s, (uv_stream_t *)&c->tcp, on_shutdown) < 0) { free(s); conn_close(c); }
+}
+
+static void on_write(uv_write_t *w, int status) {
+    wreq *q = (wreq *)w;
+    conn *c = q->c;
+    c->pending_write -= q->len;
+    free(q);
+    if (c->state == C_CLOSED) return;
+    if (status < 0) { conn_close(c); return; }
+    if (c->state == C_DRAINING && c->pending_write == 0) begin_shutdown(c);
+}
+
+static int write_raw(conn *c, const char *a, size_t alen, const char *b, size_t blen, const char *t,
+                     size_t tlen) {
+    if (c->state == C_CLOSED || c->state == C_LINGER) return SRV_HTTP_ERR_CLOSED;
+    size_t n = alen + blen + tlen;
+    wreq *q = malloc(sizeof *q + n);
+    if (!q) return SRV_HTTP_ERR_NOMEM;
+    if (alen) memcpy(q->data, a, alen);
+    if (blen) memcpy(q->data + alen, b, blen);
+    if (tlen) memcpy(q->data + alen + blen, t, tlen);
+    q->c = c; q->len = n;
+    uv_buf_t buf = uv_buf_init(q->data, (unsigned)n);
+    if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &buf, 1, on_write) < 0) {
+        free(q);
+        conn_close(c);
+        return SRV_HTTP_ERR_CLOSED;
+    }
+    c->pending_write += n;
+    return SRV_HTTP_OK;
+}
+
+/* Queues an error answer from the layer itself and closes the connection once it is sent. */
+static void fail_and_close(conn *c, int status, const char *msg) {
+    char body[512], head[256];
+    int bl = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
+                      "\"code\":null}}", msg);
+    int hl = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %d\r\n%sConnection: close\r\n\r\n", status, srv_http_reason(status), bl,
+                      status == 503 ? "Retry-After: 1\r\n" : "");
+    if (c->state == C_HANDLING) { /* the handler's request dies with the connection */
+        c->srv->n_active--;
+        if (c->abort_cb) c->abort_cb(c->abort_ud, &c->req);
+        c->abort_cb = NULL;
+    }
+    uv_timer_stop(&c->timer);
+    if (write_raw(c, head, (size_t)hl, body, (size_t)bl, NULL, 0) != 0) return;
+    c->state = C_DRAINING;
+    if (c->pending_write == 0) begin_shutdown(c);
+}
+
+/* ---- the request is done: next one or close ------------------------------------------------------------ */
+static void finish_request(conn *c, bool close_conn) {
+    c->srv->n_active--;
+    req_clear(c);
+    if (close_conn || !c->keep_alive || c->srv->stopping) {
+        c->state = C_DRAINING;
+        if (c->pending_write == 0) begin_shutdown(c);
+        return;
+    }
+    c->state = C_IDLE;
+    llhttp_resume(&c->parser);
+    uv_timer_start(&c->timer, on_timer, c->srv->lim.idle_timeout_ms, 0);
+    start_reading(c);
+    if (c->in_process) c->reprocess = true;
+    else conn_process(c);
+}
+
+/* ---- parser callbacks ------------------------------------------------------------------------------------ */
+static int count_header(conn *c, size_t n) {
+    c->header_bytes += n;
+    if (c->header_bytes > c->srv->lim.header_limit) { c->fail_status = 431; return HPE_USER; }
+    return 0;
+}
+
+static int push_header(conn *c) {
+    srv_http_req *r = &c->req;
+    if (r->n_headers >= c->srv->lim.max_headers) { c->fail_status = 431; return HPE_USER; }
+    if (r->n_headers == c->hdr_cap) {
+        int32_t cap = c->hdr_cap ? c->hdr_cap * 2 : 16;
+        srv_http_header *h = realloc(r->headers, (size_t)cap * sizeof *h);
+        if (!h) { c->fail_status = 500; return HPE_USER; }
+        r->headers = h; c->hdr_cap = cap;
+    }
+    char *name = sb_take(&c->field), *value = sb_take(&c->value);
+    if (!name || !value) { free(name); free(value); c->fail_status = 500; return HPE_USER; }
+    for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
+    r->headers[r->n_headers].name = name;
+    r->headers[r->n_headers].value = value;
+    r->n_headers++;
+    c->last_was_value = false;
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p) {
+    conn *c = p->data;
+    req_clear(c);
+    c->req.t_start_ns = uv_hrtime();
+    c->state = C_READING;
+    uv_timer_start(&c->timer, on_timer, c->srv->lim.read_timeout_ms, 0);
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) {
+    conn *c = p->data;
+    if (count_header(c, n)) return HPE_USER;
+    if (sb_add(&c->url, at, n)) { c->fail_status = 500; return HPE_USER; }
+    return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n) {
+    conn *c = p->data;
+    if (count_header(c, n)) return HPE_USER;
+    if (c->last_was_value && push_header(c)) return HPE_USER;
+    if (sb_add(&c->field, at, n)) { c->fail_status = 500; return HPE_USER; }
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n) {
+    conn *c = p->data;
+    if (count_header(c, n)) return HPE_USER;
+    c->last_was_value = true;
+    if (sb_add(&c->value, at, n)) { c->fail_status = 500; return HPE_USER; }
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+    conn *c = p->data;
+    srv_http_req *r = &c->req;
+    if (c->last_was_value && push_header(c)) return -1;
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->lim.body_limit) {
+        c->fail_status = 413;
+        return -1;
+    }
+    r->method = p->method;
+    r->method_name = llhttp_method_name((llhttp_method_t)p->method);
+    char *url = sb_take(&c->url);
+    if (!url) { c->fail_status = 500; return -1; }
+    char *q = strchr(url, '?');
+    r->query = strdup(q ? q + 1 : "");
+    if (q) *q = 0;
+    r->path = url;
+    if (!r->query) { c->fail_status = 500; return -1; }
+    const char *expect = srv_http_header_get(r, "expect");
+    if (expect && !strcasecmp(expect, "100-continue") && p->http_major == 1 && p->http_minor >= 1) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        write_raw(c, cont, sizeof cont - 1, NULL, 0, NULL, 0);
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n) {
+    conn *c = p->data;
+    if (c->body.len + n > c->srv->lim.body_limit) { c->fail_status = 413; return HPE_USER; }
+    if (sb_add(&c->body, at, n)) { c->fail_status = 500; return HPE_USER; }
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+    conn *c = p->data;
+    srv_http_req *r = &c->req;
+    r->body_len = c->body.len;
+    r->body = sb_take(&c->body);
+    if (!r->body) { c->fail_status = 500; return HPE_USER; }
+    c->keep_alive = llhttp_should_keep_alive(p) != 0;
+    c->chunked_out = p->http_major == 1 && p->http_minor >= 1;
+    c->state = C_HANDLING;
+    return HPE_PAUSED;
+}
+
+/* ---- reading ----------------------------------------------------------------------------------------------- */
+static void dispatch(conn *c) {
+    uv_timer_stop(&c->timer);
+    c->srv->n_active++;
+    c->req.conn = c;
+    c->srv->handler(c->srv->ud, &c->req);
+}
+
+static void conn_process(conn *c) {
+    c->in_process = true;
+    do {
+        c->reprocess = false;
+        while (c->state == C_IDLE || c->state == C_READING) {
+            if (c->in_off >= c->in_len) { c->in_off = c->in_len = 0; break; }
+            const char *start = c->in + c->in_off;
+            llhttp_errno_t e = llhttp_execute(&c->parser, start, c->in_len - c->in_off);
+            if (e == HPE_OK) { c->in_off = c->in_len = 0; break; }
+            if (e == HPE_PAUSED && c->state == C_HANDLING) {
+                c->in_off = (size_t)(llhttp_get_error_pos(&c->parser) - c->in);
+                dispatch(c);
+                continue; /* the handler may have answered at once: parse the next pipelined request */
+            }
+            int st = c->fail_status ? c->fail_status : 400;
+            const char *msg = st == 413 ? "request body too large" :
+                              st == 431 ? "request header fields too large" :
+                              st == 500 ? "out of memory" : "malformed HTTP request";
+            if (st == 400 && e == HPE_INVALID_METHOD) msg = "unknown HTTP method";
+            c->in_off = c->in_len = 0;
+            fail_and_close(c, st, msg);
+            break;
+        }
+    } while (c->reprocess && c->state != C_CLOSED);
+    c->in_process = false;
+    if (c->state == C_HANDLING && c->in_len - c->in_off > MAX_BUFFERED_WHILE_BUSY && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)suggested;
+    conn *c = h->data;
+    *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    (void)buf;
+    conn *c = s->data;
+    if (c->state == C_CLOSED) return;
+    if (nread < 0) { conn_close(c); return; } /* EOF or error: the client is gone */
+    if (nread == 0) return;
+    if (c->state == C_LINGER || c->state == C_DRAINING) return; /* discard */
+    if (c->in_len + (size_t)nread > c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap : READ_CHUNK;
+        while (cap < c->in_len + (size_t)nread) cap *= 2;
+        char *p = realloc(c->in, cap);
+        if (!p) { conn_close(c); return; }
+        c->in = p; c->in_cap = cap;
+    }
+    memcpy(c->in + c->in_len, c->rbuf, (size_t)nread);
+    c->in_len += (size_t)nread;
+    if (!c->in_process) conn_process(c);
+}
+
+static void start_reading(conn *c) {
+    if (c->reading || c->state == C_CLOSED) return;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
+}
+
+static void on_timer(uv_timer_t *t) {
+    conn *c = t->data;
+    switch (c->state) {
+    case C_READING: fail_and_close(c, 408, "request not received in time"); break;
+    case C_HANDLING: break;
+    default: conn_close(c); break;
+    }
+}
+
+/* ---- connection lifetime --------------------------------------------------------------------------------- */
+static void on_handle_closed(uv_handle_t *h) {
+    conn *c = h->data;
+    if (--c->handles_open > 0) return;
+    srv_http *srv = c->srv;
+    if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    srv->n_conns--;
+    req_clear(c);
+    free(c->in);
+    free(c);
+}
+
+static void conn_close(conn *c) {
+    if (c->state == C_CLOSED) return;
+    if (c->state == C_HANDLING) {
+        c->srv->n_active--;
+        if (c->abort_cb) c->abort_cb(c->abort_ud, &c->req);
+        c->abort_cb = NULL;
+    }
+    c->state = C_CLOSED;
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+    srv_http *srv = server->data;
+    if (status < 0) return;
+    conn *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->srv = srv;
+    c->req.conn = c;
+    if (uv_tcp_init(srv->loop, &c->tcp) != 0) { free(c); return; }
+    c->tcp.data = c;
+    c->handles_open = 1;
+    if (uv_timer_init(srv->loop, &c->timer) != 0) {
+        c->state = C_CLOSED;
+        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        return;
+    }
+    c->timer.data = c;
+    c->handles_open = 2;
+    c->next = srv->conns;
+    if (srv->conns) srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_conns++;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) { conn_close(c); return; }
+    uv_tcp_nodelay(&c->tcp, 1);
+    llhttp_init(&c->parser, HTTP_REQUEST, &srv->settings);
+    c->parser.data = c;
+    c->state = C_IDLE;
+    start_reading(c);
+    if (srv->n_conns > srv->lim.max_connections || srv->stopping) {
+        fail_and_close(c, 503, "too many connections");
+        return;
+    }
+    uv_timer_start(&c->timer, on_timer, srv->lim.idle_timeout_ms, 0);
+}
+
+/* ---- server ------------------------------------------------------------------------------------------------ */
+int srv_http_create(uv_loop_t *loop, const srv_http_limits *limits, srv_http_handler handler, void *ud,
+                    srv_http **out) {
+    if (!loop || !handler || !out) return SRV_HTTP_ERR_INVALID;
+    srv_http *h = calloc(1, sizeof *h);
+    if (!h) return SRV_HTTP_ERR_NOMEM;
+    h->loop = loop;
+    if (limits) h->lim = *limits; else srv_http_limits_default(&h->lim);
+    if (h->lim.max_connections < 1) h->lim.max_connections = 1;
+    if (h->lim.max_headers < 1) h->lim.max_headers = 1;
+    h->handler = handler;
+    h->ud = ud;
+    llhttp_settings_init(&h->settings);
+    h->settings.on_message_begin = on_message_begin;
+    h->settings.on_url = on_url;
+    h->settings.on_header_field = on_header_field;
+    h->settings.on_header_value = on_header_value;
+    h->settings.on_headers_complete = on_headers_complete;
+    h->settings.on_body = on_body;
+    h->settings.on_message_complete = on_message_complete;
+    h->listener_closed = true;
+    *out = h;
+    return SRV_HTTP_OK;
+}
+
+static void on_listener_closed(uv_handle_t *hd) {
+    srv_http *h = hd->data;
+    h->listener_closed = true;
+}
+
+int srv_http_listen(srv_http *h, const char *host, int port, char *err, size_t err_len) {
+    if (!h || !host || port < 0 || port > 65535 || h->listening) return SRV_HTTP_ERR_INVALID;
+    struct sockaddr_storage ss;
+    int r;
+    if (strchr(host, ':')) r = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+    else r = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
+    if (r != 0) {
+        if (err_len) snprintf(err, err_len, "invalid host address '%s' (an IPv4 or IPv6 literal)", host);
+        return SRV_HTTP_ERR_BIND;
+    }
+    if ((r = uv_tcp_init(h->loop, &h->listener)) != 0) {
+        if (err_len) snprintf(err, err_len, "uv_tcp_init: %s", uv_strerror(r));
+        return SRV_HTTP_ERR_BIND;
+    }
+    h->listener.data = h;
+    h->listener_closed = false;
+    if ((r = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0)) != 0 ||
+        (r = uv_listen((uv_stream_t *)&h->listener, 511, on_connection)) != 0) {
+        if (err_len) snprintf(err, err_len, "cannot listen on %s:%d: %s", host, port, uv_strerror(r));
+        uv_close((uv_handle_t *)&h->listener, on_listener_closed);
+        return SRV_HTTP_ERR_BIND;
+    }
+    h->listening = true;
+    return SRV_HTTP_OK;
+}
+
+int srv_http_port(const srv_http *h) {
+    if (!h || !h->listening) return -1;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+void srv_http_stop_accepting(srv_http *h) {
+    if (!h || h->stopping) return;
+    h->stopping = true;
+    if (h->listening) {
+        h->listening = false;
+        uv_close((uv_handle_t *)&h->listener, on_listener_closed);
+    }
+    for (conn *c = h->conns, *n; c; c = n) {
+        n = c->next;
+        if (c->state == C_IDLE || c->state == C_READING) conn_close(c);
+    }
+}
+
+int32_t srv_http_active_requests(const srv_http *h) { return h ? h->n_active : 0; }
+int32_t srv_http_open_connections(const srv_http *h) { return h ? h->n_conns : 0; }
+
+void srv_http_close(srv_http *h) {
+    if (!h) return;
+    srv_http_stop_accepting(h);
+    for (conn *c = h->conns, *n; c; c = n) {
+        n = c->next;
+        conn_close(c);
+    }
+}
+
+void srv_http_free(srv_http *h) {
+    if (!h) return;
+    free(h);
+}
+
+/* ---- answering ---------------------------------------------------------------------------------------------- */
+static conn *req_conn(const srv_http_req *req) {
+    if (!req || !req->conn) return NULL;
+    conn *c = req->conn;
+    if (c->state != C_HANDLING) return NULL;
+    return c;
+}
+
+static int head(conn *c, int status, const char *ctype, const char *extra, bool has_len, size_t len,
+                char *buf, size_t cap) {
+    bool close = !c->keep_alive || c->srv->stopping;
+    char lenbuf[64] = "";
+    if (has_len) snprintf(lenbuf, sizeof lenbuf, "Content-Length: %zu\r\n", len);
+    else if (c->chunked_out) snprintf(lenbuf, sizeof lenbuf, "Transfer-Encoding: chunked\r\n");
+    if (!has_len && !c->chunked_out) close = true, c->keep_alive = false;
+    int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%sConnection: %s\r\n\r\n", status,
+                     srv_http_reason(status), ctype ? ctype : "application/json", lenbuf, extra ? extra : "",
+                     close ? "close" : "keep-alive");
+    return (n < 0 || (size_t)n >= cap) ? -1 : n;
+}
+
+int srv_http_respond(srv_http_req *req, int status, const char *ctype, const char *extra, const char *body,
+                     size_t body_len) {
+    conn *c = req_conn(req);
+    if (!c || c->streaming) return SRV_HTTP_ERR_INVALID;
+    char hb[2048];
+    int hl = head(c, status, ctype, extra, true, body_len, hb, sizeof hb);
+    if (hl < 0) return SRV_HTTP_ERR_INVALID;
+    int r = write_raw(c, hb, (size_t)hl, body, body_len, NULL, 0);
+    if (c->state == C_CLOSED) return r ? r : SRV_HTTP_ERR_CLOSED;
+    finish_request(c, r != 0);
+    return r;
+}
+
+int srv_http_stream_begin(srv_http_req *req, int status, const char *ctype, const char *extra) {
+    conn *c = req_conn(req);
+    if (!c || c->streaming) return SRV_HTTP_ERR_INVALID;
+    char hb[2048];
+    int hl = head(c, status, ctype, extra, false, 0, hb, sizeof hb);
+    if (hl < 0) return SRV_HTTP_ERR_INVALID;
+    c->streaming = true;
+    return write_raw(c, hb, (size_t)hl, NULL, 0, NULL, 0);
+}
+
+int srv_http_stream_write(srv_http_req *req, const char *data, size_t len) {
+    conn *c = req_conn(req);
+    if (!c || !c->streaming) return SRV_HTTP_ERR_INVALID;
+    if (len == 0) return SRV_HTTP_OK; /* a zero-length chunk would end the stream */
+    if (c->pending_write > c->srv->lim.max_pending_write) return SRV_HTTP_ERR_BACKPRESSURE;
+    if (!c->chunked_out) return write_raw(c, data, len, NULL, 0, NULL, 0);
+    char pre[32];
+    int pl = snprintf(pre, sizeof pre, "%zx\r\n", len);
+    return write_raw(c, pre, (size_t)pl, data, len, "\r\n", 2);
+}
+
+int srv_http_stream_end(srv_http_req *req) {
+    conn *c = req_conn(req);
+    if (!c || !c->streaming) return SRV_HTTP_ERR_INVALID;
+    int r = c->chunked_out ? write_raw(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0) : 0;
+    if (c->state == C_CLOSED) return r ? r : SRV_HTTP_ERR_CLOSED;
+    finish_request(c, r != 0);
+    return r;
+}
+
+void srv_http_abort(srv_http_req *req) {
+    conn *c = req_conn(req);
+    if (!c) return;
+    c->abort_cb = NULL;
+    conn_close(c);
+}
+
+void srv_http_set_abort(srv_http_req *req, srv_http_abort_cb cb, void *ud) {
+    conn *c = req_conn(req);
+    if (!c) return;
+    c->abort_cb = cb;
+    c->abort_ud = ud;
+}
+
+size_t srv_http_pending_write(const srv_http_req *req) {
+    conn *c = req_conn(req);
+    return c ? c->pending_write : 0;
+}

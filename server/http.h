@@ -1,0 +1,118 @@
+/*
+ * http.h: kvserve's HTTP/1.1 connection layer (internal to server/, prefix srv_http_).
+ *
+ * A libuv TCP listener; one llhttp parser per connection. Requests on one connection are handled one at a
+ * time in arrival order (pipelined requests wait, buffered, until the previous response is complete), so a
+ * handler never sees two requests of one connection at once. Keep-alive follows HTTP/1.1 rules
+ * (Connection: close, HTTP/1.0 without keep-alive).
+ *
+ * Limits, answered by the layer itself before any handler runs:
+ *   body larger than body_limit (Content-Length or chunked)     -> 413, connection closed
+ *   request line + headers larger than header_limit             -> 431, connection closed
+ *   a request started but not complete within read_timeout_ms   -> 408, connection closed
+ *   malformed HTTP                                              -> 400, connection closed
+ *   more than max_connections open                              -> 503 to the new connection, closed
+ *   idle keep-alive connection for idle_timeout_ms               -> closed silently
+ * Writes: every write is queued with libuv (partial sends handled by libuv); the bytes queued but not yet
+ * sent on a connection are tracked and streaming writes past max_pending_write are refused
+ * (SRV_HTTP_ERR_BACKPRESSURE), so a client that stops reading cannot make the server buffer without bound.
+ *
+ * Threads: everything here runs on the loop thread (the thread that runs the uv_loop given to
+ * srv_http_create). No function may be called from another thread except srv_http_wakeup-style helpers of
+ * callers (use uv_async_t).
+ *
+ * Request lifetime: the handler receives a srv_http_req that stays valid until the handler finishes it
+ * (srv_http_respond or srv_http_stream_end) or until the abort callback set with srv_http_set_abort runs
+ * (the client disconnected or the server is closing it); after either, the handler must not touch it.
+ */
+#ifndef KVSERVE_SERVER_HTTP_H
+#define KVSERVE_SERVER_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include <uv.h>
+
+enum {
+    SRV_HTTP_OK = 0,
+    SRV_HTTP_ERR_INVALID = -1,      /* bad argument or call in the wrong state */
+    SRV_HTTP_ERR_NOMEM = -2,
+    SRV_HTTP_ERR_BIND = -3,         /* the address could not be bound / listened on */
+    SRV_HTTP_ERR_BACKPRESSURE = -4, /* the connection already holds max_pending_write unsent bytes */
+    SRV_HTTP_ERR_CLOSED = -5,       /* the connection is closed or closing */
+};
+
+typedef struct srv_http_limits {
+    size_t body_limit;          /* bytes; default 16 MiB */
+    size_t header_limit;        /* bytes of request line + header fields and values; default 16 KiB */
+    uint64_t read_timeout_ms;   /* a started request must be complete within this; default 30000 */
+    uint64_t idle_timeout_ms;   /* idle keep-alive connections are closed after this; default 60000 */
+    int32_t max_connections;    /* default 1024 */
+    size_t max_pending_write;   /* unsent bytes per connection before streaming writes are refused; 4 MiB */
+    int32_t max_headers;        /* number of header lines; default 100 (more: 431) */
+} srv_http_limits;
+
+void srv_http_limits_default(srv_http_limits *l);
+
+typedef struct srv_http_header { char *name; char *value; } srv_http_header; /* name lower-cased */
+
+typedef struct srv_http_req {
+    int method;                 /* llhttp_method_t (HTTP_GET, HTTP_POST, ...) */
+    const char *method_name;    /* "GET", ... (static) */
+    char *path;                 /* URL path without the query string, NUL-terminated */
+    char *query;                /* query string without '?', "" when none */
+    srv_http_header *headers; int32_t n_headers;
+    char *body; size_t body_len;/* body bytes, NUL-terminated (the NUL is not counted) */
+    uint64_t t_start_ns;        /* uv_hrtime() when the first byte of the request arrived */
+    void *conn;                 /* internal */
+} srv_http_req;
+
+/* Case-insensitive header lookup; NULL when absent. */
+const char *srv_http_header_get(const srv_http_req *req, const char *name);
+
+typedef struct srv_http srv_http;
+typedef void (*srv_http_handler)(void *ud, srv_http_req *req);
+typedef void (*srv_http_abort_cb)(void *ud, srv_http_req *req);
+
+/* Creates the server on loop (not yet listening). handler is called on the loop thread for every complete
+ * request. The limits are copied. */
+int srv_http_create(uv_loop_t *loop, const srv_http_limits *limits, srv_http_handler handler, void *ud,
+                    srv_http **out);
+/* Binds host:port (port 0: an ephemeral port, read it back with srv_http_port) and starts listening.
+ * SRV_HTTP_ERR_BIND with a message in err on failure. */
+int srv_http_listen(srv_http *h, const char *host, int port, char *err, size_t err_len);
+int srv_http_port(const srv_http *h);
+/* Stops accepting new connections (graceful shutdown, step 1). Idle keep-alive connections are closed;
+ * connections with a request in progress stay until their response is done and are then closed. */
+void srv_http_stop_accepting(srv_http *h);
+/* Number of requests being handled now (dispatched, not yet finished). */
+int32_t srv_http_active_requests(const srv_http *h);
+int32_t srv_http_open_connections(const srv_http *h);
+/* Closes every connection (abort callbacks run for requests in progress) and the listener. The loop then
+ * runs down; call srv_http_free after uv_run returns. */
+void srv_http_close(srv_http *h);
+/* Frees the server; all handles must be closed (run the loop after srv_http_close). NULL is a no-op. */
+void srv_http_free(srv_http *h);
+
+/* ---- answering (loop thread only) ---------------------------------------------------------------------- */
+/* Sends a complete response and finishes the request. extra_headers: "Name: value\r\n" lines or NULL. */
+int srv_http_respond(srv_http_req *req, int status, const char *content_type, const char *extra_headers,
+                     const char *body, size_t body_len);
+/* Starts a chunked streaming response (e.g. text/event-stream). */
+int srv_http_stream_begin(srv_http_req *req, int status, const char *content_type, const char *extra_headers);
+/* Queues one chunk; SRV_HTTP_ERR_BACKPRESSURE (nothing queued) when the client is not reading. */
+int srv_http_stream_write(srv_http_req *req, const char *data, size_t len);
+/* Ends the stream and finishes the request. */
+int srv_http_stream_end(srv_http_req *req);
+/* Finishes the request by closing the connection (e.g. after refusing a stalled stream). */
+void srv_http_abort(srv_http_req *req);
+/* Registers a callback run when the connection goes away before the request is finished. */
+void srv_http_set_abort(srv_http_req *req, srv_http_abort_cb cb, void *ud);
+/* Unsent bytes queued on the request's connection. */
+size_t srv_http_pending_write(const srv_http_req *req);
+
+/* Standard reason phrase ("OK", "Not Found", ...). */
+const char *srv_http_reason(int status);
+
+#endif /* KVSERVE_SERVER_HTTP_H */

@@ -1,0 +1,275 @@
+/* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
+ * scheduler thread, signals and graceful shutdown. */
+#include "server/server.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "engine/engine.h"
+#include "server/api.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+typedef struct daemon_state {
+    const srv_config *cfg;
+    uv_loop_t loop;
+    srv_http *http;
+    srv_api *api;
+    srv_metrics metrics;
+    uv_signal_t sigint, sigterm;
+    uv_timer_t poll;
+    uv_work_t load;
+    bool loading, shutting_down, cancelled, finalized;
+    uint64_t deadline_ns;
+    /* the engine */
+    eng_model *model;
+    eng_ctx *ctx;
+    srv_engine_ops ops;
+    bool have_ops;
+    srv_sched *sched;
+    eng_chat_family family;
+    int load_rc;
+    char load_err[1024];
+    int exit_code;
+} daemon_state;
+
+/* ---- the API backend over the scheduler and the model ------------------------------------------------------ */
+static int be_submit(void *p, const srv_sched_request *r, uint64_t *id) {
+    daemon_state *d = p;
+    return d->sched ? srv_sched_submit(d->sched, r, id) : SRV_SCHED_ERR_STOPPED;
+}
+static int be_cancel(void *p, uint64_t id) {
+    daemon_state *d = p;
+    return d->sched ? srv_sched_cancel(d->sched, id) : SRV_SCHED_ERR_NOT_FOUND;
+}
+static void be_stats(void *p, srv_sched_stats *out) {
+    daemon_state *d = p;
+    if (d->sched) srv_sched_get_stats(d->sched, out);
+    else memset(out, 0, sizeof *out);
+}
+static int be_tokenize(void *p, const char *text, size_t len, bool add_special, bool parse_special, int32_t *out,
+                       int32_t cap, int32_t *n_out) {
+    return eng_tokenize(((daemon_state *)p)->model, text, len, add_special, parse_special, out, cap, n_out);
+}
+static int be_piece(void *p, int32_t tok, bool render_special, char *buf, size_t cap, size_t *n) {
+    return eng_token_to_piece(((daemon_state *)p)->model, tok, render_special, buf, cap, n);
+}
+static int be_chat(void *p, const eng_chat_msg *msgs, size_t n, char **out) {
+    daemon_state *d = p;
+    bool fallback = false;
+    return eng_chat_render(d->model, msgs, n, true, d->family, out, &fallback);
+}
+
+/* ---- loading ------------------------------------------------------------------------------------------------ */
+static kvc_dtype parse_dtype(const char *s) {
+    if (!strcmp(s, "f32")) return KVC_DTYPE_F32;
+    if (!strcmp(s, "q8_0")) return KVC_DTYPE_Q8_0;
+    return KVC_DTYPE_F16;
+}
+
+static void load_work(uv_work_t *w) {
+    daemon_state *d = w->data;
+    const srv_config *c = d->cfg;
+    eng_load_params lp;
+    eng_load_params_default(&lp);
+    d->load_rc = eng_model_load(c->model, &lp, &d->model, d->load_err, sizeof d->load_err);
+    if (d->load_rc != 0) return;
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_threads = c->threads;
+    cp.n_ctx = c->ctx_size;
+    cp.max_seqs = c->parallel;
+    cp.max_batch_tokens = c->batch_tokens;
+    cp.kv_block_size = c->block_size;
+    cp.kv_blocks = c->kv_blocks;
+    cp.kv_mem_bytes = (size_t)c->kv_cache_mb << 20;
+    cp.kv_dtype = parse_dtype(c->kv_dtype);
+    cp.prefix_caching = c->prefix_caching;
+    cp.device = !strcmp(c->device, "cpu") ? ENG_DEVICE_CPU : !strcmp(c->device, "cuda") ? ENG_DEVICE_CUDA
+                                                                                      : ENG_DEVICE_AUTO;
+    cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
+    d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
+}
+
+static void begin_shutdown(daemon_state *d, const char *why);
+
+static void load_done(uv_work_t *w, int status) {
+    daemon_state *d = w->data;
+    const srv_config *c = d->cfg;
+    d->loading = false;
+    if (status != 0 || d->load_rc != 0) {
+        fprintf(stderr, "kvserve: cannot load model '%s': %s\n", c->model,
+                d->load_err[0] ? d->load_err : (status ? uv_strerror(status) : eng_strerror(d->load_rc)));
+        d->exit_code = 1;
+        begin_shutdown(d, NULL);
+        return;
+    }
+    if (d->shutting_down) return; /* the poll timer finalizes */
+    const eng_hparams *hp = eng_model_hparams(d->model);
+    int32_t n_ctx = c->ctx_size > 0 ? c->ctx_size : hp->n_ctx_train;
+    srv_sched_params sp;
+    srv_sched_params_default(&sp);
+    sp.batch_tokens = c->batch_tokens;
+    sp.parallel = c->parallel;
+    sp.max_queue = c->max_queue;
+    sp.n_ctx = n_ctx;
+    int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
+    if (r == 0) d->have_ops = true;
+    if (r == 0) r = srv_sched_create(&sp, &d->ops, &d->loop, &d->sched);
+    if (r != 0) {
+        fprintf(stderr, "kvserve: cannot start the scheduler: %s\n", srv_sched_strerror(r));
+        d->exit_code = 1;
+        begin_shutdown(d, NULL);
+        return;
+    }
+    const char *id = c->model_name[0] ? c->model_name : hp->name[0] ? hp->name : c->model;
+    if (!c->model_name[0] && !hp->name[0]) {
+        const char *slash = strrchr(c->model, '/');
+        if (slash) id = slash + 1;
+    }
+    srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat};
+    srv_api_set_backend(d->api, &be);
+    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
+            hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx));
+}
+
+/* ---- shutdown ------------------------------------------------------------------------------------------------- */
+static void finalize(daemon_state *d) {
+    if (d->finalized) return;
+    d->finalized = true;
+    srv_http_close(d->http);
+    srv_api_set_backend(d->api, NULL);
+    srv_sched_free(d->sched); /* remaining requests end as cancelled; their callbacks run here */
+    d->sched = NULL;
+    uv_close((uv_handle_t *)&d->poll, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+}
+
+static void on_poll(uv_timer_t *t) {
+    daemon_state *d = t->data;
+    if (!d->shutting_down || d->loading) return;
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
+    uint64_t now = uv_hrtime();
+    if (idle) { finalize(d); return; }
+    if (!d->cancelled && now >= d->deadline_ns) {
+        fprintf(stderr, "kvserve: grace period over: cancelling %d running request(s)\n",
+                (int)srv_api_in_flight(d->api));
+        srv_api_cancel_all(d->api);
+        d->cancelled = true;
+        d->deadline_ns = now + 2000000000ull; /* then give up on them */
+        return;
+    }
+    if (d->cancelled && now >= d->deadline_ns) finalize(d);
+}
+
+static void begin_shutdown(daemon_state *d, const char *why) {
+    if (d->shutting_down) {
+        if (why && !d->cancelled) { /* a second signal: do not wait for the grace period */
+            srv_api_cancel_all(d->api);
+            d->cancelled = true;
+            d->deadline_ns = uv_hrtime() + 2000000000ull;
+        }
+        return;
+    }
+    d->shutting_down = true;
+    if (why)
+        fprintf(stderr, "kvserve: %s: no new connections; %d request(s) get %.1f s to finish\n", why,
+                (int)srv_http_active_requests(d->http), d->cfg->shutdown_grace_s);
+    srv_http_stop_accepting(d->http);
+    d->deadline_ns = uv_hrtime() + (uint64_t)(d->cfg->shutdown_grace_s * 1e9);
+    uv_timer_start(&d->poll, on_poll, 0, 50);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+    daemon_state *d = s->data;
+    begin_shutdown(d, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* ---- main ------------------------------------------------------------------------------------------------------ */
+int srv_main(const srv_config *cfg) {
+    char err[512];
+    if (!cfg || srv_config_validate(cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve: %s\n", cfg ? err : "no configuration");
+        return 1;
+    }
+    if (!cfg->model[0]) {
+        fprintf(stderr, "kvserve: no model: pass --model FILE.gguf (or \"model\" in the config file)\n");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    daemon_state *d = calloc(1, sizeof *d);
+    if (!d) { fprintf(stderr, "kvserve: out of memory\n"); return 1; }
+    d->cfg = cfg;
+    d->family = cfg->chat_template[0] ? eng_chat_family_from_name(cfg->chat_template) : ENG_CHAT_AUTO;
+    if (uv_loop_init(&d->loop) != 0) { free(d); fprintf(stderr, "kvserve: uv_loop_init failed\n"); return 1; }
+    srv_metrics_init(&d->metrics);
+    srv_api_config ac;
+    memset(&ac, 0, sizeof ac);
+    const char *slash = strrchr(cfg->model, '/');
+    ac.model_id = cfg->model_name[0] ? cfg->model_name : (slash ? slash + 1 : cfg->model);
+    srv_api_limits_default(&ac.limits);
+    ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
+    ac.limits.max_stop = cfg->max_stop;
+    ac.api_key = cfg->api_key;
+    ac.log_format = !strcmp(cfg->log_format, "json") ? SRV_LOG_JSON : !strcmp(cfg->log_format, "none") ? SRV_LOG_NONE
+                                                                                                   : SRV_LOG_TEXT;
+    srv_http_limits hl;
+    srv_http_limits_default(&hl);
+    hl.body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
+    hl.header_limit = (size_t)cfg->header_limit_kb << 10;
+    hl.read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
+    hl.idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
+    hl.max_connections = cfg->max_connections;
+    hl.max_pending_write = (size_t)cfg->write_buffer_kb << 10;
+    if (hl.read_timeout_ms < 1) hl.read_timeout_ms = 1;
+    if (hl.idle_timeout_ms < 1) hl.idle_timeout_ms = 1;
+    int rc = 1;
+    if (srv_api_create(&ac, &d->metrics, &d->api) != 0 ||
+        srv_http_create(&d->loop, &hl, srv_api_handle, d->api, &d->http) != 0) {
+        fprintf(stderr, "kvserve: out of memory\n");
+        goto out;
+    }
+    if (srv_http_listen(d->http, cfg->host, cfg->port, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve: %s\n", err);
+        goto out;
+    }
+    uv_timer_init(&d->loop, &d->poll);
+    d->poll.data = d;
+    uv_signal_init(&d->loop, &d->sigint);
+    uv_signal_init(&d->loop, &d->sigterm);
+    d->sigint.data = d->sigterm.data = d;
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    fprintf(stderr, "kvserve: listening on http://%s%s%s:%d (loading %s)\n", strchr(cfg->host, ':') ? "[" : "",
+            cfg->host, strchr(cfg->host, ':') ? "]" : "", srv_http_port(d->http), cfg->model);
+    d->loading = true;
+    d->load.data = d;
+    if (uv_queue_work(&d->loop, &d->load, load_work, load_done) != 0) {
+        fprintf(stderr, "kvserve: cannot start the loader thread\n");
+        d->loading = false;
+        d->exit_code = 1;
+        begin_shutdown(d, NULL);
+    }
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    rc = d->exit_code;
+    if (rc == 0) fprintf(stderr, "kvserve: stopped\n");
+out:
+    if (!d->finalized && d->http) { /* start-up failed before the loop ran */
+        srv_http_close(d->http);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+    }
+    srv_http_free(d->http);
+    srv_api_free(d->api);
+    if (d->have_ops) srv_engine_ops_release(&d->ops);
+    eng_ctx_free(d->ctx);
+    eng_model_free(d->model);
+    uv_loop_close(&d->loop);
+    free(d);
+    return rc;
+}

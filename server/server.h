@@ -1,0 +1,98 @@
+/*
+ * server.h: the kvserve daemon (prefix srv_): configuration and the serve entry point.
+ *
+ * The server is a libuv loop running the HTTP layer (server/http.h) and the OpenAI-compatible API
+ * (server/api.h) on one thread, and the continuous-batching scheduler (server/scheduler.h) on its own thread
+ * that owns the engine. Configuration comes from defaults, then a JSON file (--config), then the environment
+ * (KVSERVE_API_KEY), then command-line flags; every key is documented in docs/CONFIG.md and
+ * config/kvserve.json.
+ *
+ * Errors: functions return 0 (SRV_OK) or a negative SRV_ERR_* code; those that read user input also write a
+ * message naming the offending key or flag into err.
+ */
+#ifndef KVSERVE_SERVER_H
+#define KVSERVE_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    SRV_OK = 0,
+    SRV_ERR_INVALID = -1,  /* a configuration key, value or flag is invalid (see err) */
+    SRV_ERR_NOMEM = -2,
+    SRV_ERR_IO = -3,       /* the config file cannot be read */
+    SRV_ERR_MODEL = -4,    /* the model could not be loaded */
+    SRV_ERR_BIND = -5,     /* the listen address could not be bound */
+    SRV_ERR_HELP = -6,     /* --help was given: usage printed, exit 0 */
+};
+
+typedef struct srv_config {
+    char host[256];             /* listen address (IPv4/IPv6 literal), default "127.0.0.1" */
+    int32_t port;               /* 0..65535, default 8080 (0: any free port) */
+    char model[4096];           /* GGUF path (required to serve) */
+    char model_name[256];       /* id in /v1/models and responses; "": general.name, else the file name */
+    int32_t threads;            /* engine threads; 0: all cores */
+    int32_t parallel;           /* most sequences generating at once, default 64 */
+    int32_t batch_tokens;       /* token budget of one engine step, default 512 */
+    int32_t ctx_size;           /* longest sequence; 0: the model's training context */
+    int32_t kv_blocks;          /* KV pool size in blocks; 0: from kv_cache_mb */
+    int32_t kv_cache_mb;        /* KV pool budget in MiB when kv_blocks == 0; 0: the engine's default */
+    char kv_dtype[8];           /* "f16" (default), "f32", "q8_0" */
+    int32_t block_size;         /* tokens per KV block, default 16 */
+    bool prefix_caching;        /* default true */
+    char device[8];             /* "auto" (default), "cpu", "cuda" */
+    double gpu_memory_fraction; /* (0, 1], default 0.9 */
+    int32_t max_queue;          /* waiting requests before 503, default 256 */
+    int32_t max_n;              /* largest "n" a request may ask, default 16 */
+    int32_t max_stop;           /* most stop strings per request, default 16 */
+    char api_key[256];          /* "": no authentication */
+    double timeout_s;           /* a started request must arrive within this (408), default 30 */
+    double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */
+    double body_limit_mb;       /* request bodies above this get 413, default 16 */
+    int32_t header_limit_kb;    /* request line + headers above this get 431, default 16 */
+    int32_t max_connections;    /* default 1024 */
+    int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */
+    double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
+    char log_format[8];         /* "text" (default), "json", "none" */
+    char chat_template[32];     /* "": the model's template; else a family name (chatml, llama3, ...) */
+} srv_config;
+
+/* The documented defaults. */
+void srv_config_default(srv_config *cfg);
+
+/* Applies a JSON config file (an object of the keys above) on top of *cfg. Unknown keys, wrong types and
+ * out-of-range values are errors naming the key. SRV_ERR_IO when the file cannot be read. */
+int srv_config_load_file(srv_config *cfg, const char *path, char *err, size_t err_len);
+
+/* Applies one key from text (as given on the command line): key may use '-' or '_'. */
+int srv_config_set(srv_config *cfg, const char *key, const char *value, char *err, size_t err_len);
+
+/* Checks ranges and cross-key rules (e.g. batch_tokens >= 1). */
+int srv_config_validate(const srv_config *cfg, char *err, size_t err_len);
+
+/* Full precedence: defaults, --config FILE, KVSERVE_API_KEY, flags (--key VALUE, --key=VALUE, bare
+ * --flag / --no-flag for booleans, -m for --model). argv[0] is the command name. Returns SRV_ERR_HELP after
+ * printing the usage to stdout for --help. */
+int srv_config_from_args(srv_config *cfg, int argc, char **argv, char *err, size_t err_len);
+
+/* Prints the flags with their defaults. */
+void srv_config_usage(FILE *f);
+
+/* Writes the configuration as a JSON object (malloc'd; the api_key is masked). */
+char *srv_config_to_json(const srv_config *cfg);
+
+/* Runs the daemon until SIGINT/SIGTERM: binds, loads the model (GET /health answers 503 "loading"
+ * meanwhile), serves, and on a signal stops accepting, lets running requests finish for shutdown_grace_s,
+ * cancels the rest and returns 0. Returns 1 when start-up fails (message on stderr). */
+int srv_main(const srv_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSERVE_SERVER_H */

@@ -1,0 +1,931 @@
+/* test_api.c: the OpenAI-compatible API layer. Request validation is tested as a pure function (table-
+ * driven); routes, responses and SSE are tested over a real socket against a fake scheduler backend that
+ * emits a known token sequence on the loop thread (so no model is needed). */
+#include <criterion/criterion.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/api.h"
+#include "srv_test_client.h"
+
+/* ---- 1. validation (pure) --------------------------------------------------------------------------------- */
+typedef struct vcase {
+    srv_api_kind kind;
+    const char *body;
+    int status;          /* 0: must parse */
+    const char *param;   /* expected param (NULL: don't care) */
+    const char *msg;     /* substring of the message (NULL: don't care) */
+} vcase;
+
+#define C SRV_API_COMPLETION
+#define H SRV_API_CHAT
+static const vcase VCASES[] = {
+    {C, "", 400, "", "empty"},
+    {C, "{", 400, "", "not valid JSON"},
+    {C, "{} x", 400, "", "not valid JSON"},
+    {C, "[1,2]", 400, "", "JSON object"},
+    {C, "{}", 400, "prompt", "'prompt' is required"},
+    {C, "{\"prompt\":null}", 400, "prompt", "required"},
+    {C, "{\"prompt\":5}", 400, "prompt", "must be a string"},
+    {C, "{\"prompt\":[]}", 400, "prompt", "empty"},
+    {C, "{\"prompt\":[1,\"a\"]}", 400, "prompt", "integer token ids"},
+    {C, "{\"prompt\":[1.5]}", 400, "prompt", "integer"},
+    {C, "{\"prompt\":[-1]}", 400, "prompt", "out of range"},
+    {C, "{\"prompt\":[300]}", 400, "prompt", "out of range"},
+    {C, "{\"prompt\":[\"a\",[1]]}", 400, "prompt", "mix"},
+    {C, "{\"prompt\":[[1],[]]}", 400, "prompt", "empty"},
+    {C, "{\"prompt\":\"x\"}", 0, NULL, NULL},
+    {C, "{\"prompt\":[\"x\",\"y\"]}", 0, NULL, NULL},
+    {C, "{\"prompt\":[1,2,3]}", 0, NULL, NULL},
+    {C, "{\"prompt\":[[1,2],[3]]}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"model\":3}", 400, "model", "string"},
+    {C, "{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "between 1"},
+    {C, "{\"prompt\":\"x\",\"max_tokens\":2.5}", 400, "max_tokens", "integer"},
+    {C, "{\"prompt\":\"x\",\"max_tokens\":\"5\"}", 400, "max_tokens", "integer"},
+    {C, "{\"prompt\":\"x\",\"max_tokens\":null}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"temperature\":2.5}", 400, "temperature", "between 0 and 2"},
+    {C, "{\"prompt\":\"x\",\"temperature\":-0.1}", 400, "temperature", NULL},
+    {C, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature", "number"},
+    {C, "{\"prompt\":\"x\",\"temperature\":0}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"top_p\":1.01}", 400, "top_p", NULL},
+    {C, "{\"prompt\":\"x\",\"top_p\":true}", 400, "top_p", "number"},
+    {C, "{\"prompt\":\"x\",\"top_k\":-2}", 400, "top_k", NULL},
+    {C, "{\"prompt\":\"x\",\"top_k\":40}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"min_p\":1.5}", 400, "min_p", NULL},
+    {C, "{\"prompt\":\"x\",\"n\":0}", 400, "n", NULL},
+    {C, "{\"prompt\":\"x\",\"n\":17}", 400, "n", NULL},
+    {C, "{\"prompt\":\"x\",\"n\":16}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"presence_penalty\":3}", 400, "presence_penalty", NULL},
+    {C, "{\"prompt\":\"x\",\"frequency_penalty\":-2.5}", 400, "frequency_penalty", NULL},
+    {C, "{\"prompt\":\"x\",\"repetition_penalty\":0}", 400, "repetition_penalty", NULL},
+    {C, "{\"prompt\":\"x\",\"seed\":1.5}", 400, "seed", "integer"},
+    {C, "{\"prompt\":\"x\",\"seed\":-7}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"stop\":5}", 400, "stop", NULL},
+    {C, "{\"prompt\":\"x\",\"stop\":[\"a\",1]}", 400, "stop", "item 1"},
+    {C, "{\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}", 400, "stop", "at most 16"},
+    {C, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias", "object"},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "logit_bias", "token id"},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":{\"999\":1}}", 400, "logit_bias", "token id"},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", 400, "logit_bias", "-100 and 100"},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", NULL},
+    {C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-100,\"7\":2.5}}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs", NULL},
+    {C, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "integer"},
+    {C, "{\"prompt\":\"x\",\"logprobs\":0}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"stream\":\"yes\"}", 400, "stream", "boolean"},
+    {C, "{\"prompt\":\"x\",\"stream_options\":5}", 400, "stream_options", NULL},
+    {C, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":1}}", 400, "stream_options.include_usage", NULL},
+    {C, "{\"prompt\":\"x\",\"ignore_eos\":1}", 400, "ignore_eos", NULL},
+    {C, "{\"prompt\":\"x\",\"user\":1}", 400, "user", NULL},
+    {C, "{\"prompt\":\"x\",\"echo\":\"no\"}", 400, "echo", NULL},
+    {C, "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", 400, "echo", "not supported"},
+    {C, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", NULL},
+    {C, "{\"prompt\":\"x\",\"suffix\":\"s\"}", 400, "suffix", NULL},
+    {H, "{}", 400, "messages", "required"},
+    {H, "{\"messages\":{}}", 400, "messages", "array"},
+    {H, "{\"messages\":[]}", 400, "messages", "empty"},
+    {H, "{\"messages\":[5]}", 400, "messages[0]", "object"},
+    {H, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role", "required"},
+    {H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role", "one of"},
+    {H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", "required"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content", NULL},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "messages[1].content", "text"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}", 0, NULL, NULL},
+    {H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\",\"content\":\"d\"}]}", 0, NULL, NULL},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":3}", 400, "logprobs", "boolean"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs", "requires"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", NULL},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", 400, "max_completion_tokens", NULL},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", 400, "tools", NULL},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 0, NULL, NULL},
+};
+
+Test(api_parse, table) {
+    srv_api_limits lim;
+    srv_api_limits_default(&lim);
+    lim.n_vocab = 256;
+    for (size_t i = 0; i < sizeof VCASES / sizeof VCASES[0]; i++) {
+        const vcase *v = &VCASES[i];
+        srv_api_gen g;
+        srv_api_error e;
+        memset(&e, 0, sizeof e);
+        int r = srv_api_parse_gen(v->kind, v->body, strlen(v->body), &lim, &g, &e);
+        if (v->status == 0) {
+            cr_assert_eq(r, SRV_API_OK, "case %zu %s: %s", i, v->body, e.message);
+            srv_api_gen_free(&g);
+            continue;
+        }
+        cr_assert_eq(r, SRV_API_ERR_INVALID, "case %zu %s parsed", i, v->body);
+        cr_assert_eq(e.status, v->status, "case %zu %s", i, v->body);
+        if (v->param) cr_assert_str_eq(e.param, v->param, "case %zu %s: %s", i, v->body, e.message);
+        if (v->msg) cr_assert(strstr(e.message, v->msg), "case %zu %s: message '%s'", i, v->body, e.message);
+        /* the message names the field */
+        if (v->param && v->param[0]) cr_assert(strstr(e.message, v->param), "case %zu: %s", i, e.message);
+        char *j = srv_api_error_json(&e);
+        cJSON *o = cJSON_Parse(j);
+        cJSON *err = cJSON_GetObjectItem(o, "error");
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(err, "message")));
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(err, "type")));
+        cr_assert(cJSON_GetObjectItem(err, "param") && cJSON_GetObjectItem(err, "code"));
+        cJSON_Delete(o);
+        free(j);
+    }
+}
+
+Test(api_parse, fields) {
+    const char *body = "{\"model\":\"m\",\"prompt\":[[5,6],[7]],\"max_tokens\":9,\"temperature\":0.5,\"top_p\":0.9,"
+                       "\"top_k\":40,\"min_p\":0.05,\"n\":3,\"stop\":\"END\",\"seed\":42,\"presence_penalty\":0.5,"
+                       "\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"logit_bias\":{\"12\":-100},"
+                       "\"logprobs\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"ignore_eos\":true,\"user\":\"u\",\"unknown_field\":{\"x\":1}}";
+    srv_api_gen g;
+    srv_api_error e;
+    cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, body, strlen(body), NULL, &g, &e), 0, "%s", e.message);
+    cr_assert_str_eq(g.model, "m");
+    cr_assert_eq(g.n_prompts, 2);
+    cr_assert_eq(g.prompts[0].n_tokens, 2);
+    cr_assert_eq(g.prompts[0].tokens[1], 6);
+    cr_assert_eq(g.prompts[1].tokens[0], 7);
+    cr_assert_eq(g.max_tokens, 9);
+    cr_assert_float_eq(g.temperature, 0.5f, 1e-6);
+    cr_assert_float_eq(g.top_p, 0.9f, 1e-6);
+    cr_assert_eq(g.top_k, 40);
+    cr_assert_float_eq(g.min_p, 0.05f, 1e-6);
+    cr_assert_eq(g.n, 3);
+    cr_assert_eq(g.n_stop, 1);
+    cr_assert_str_eq(g.stop[0], "END");
+    cr_assert(g.has_seed);
+    cr_assert_eq(g.seed, 42u);
+    cr_assert_float_eq(g.repetition_penalty, 1.1f, 1e-6);
+    cr_assert_eq(g.n_logit_bias, 1);
+    cr_assert_eq(g.logit_bias[0].token, 12);
+    cr_assert_float_eq(g.logit_bias[0].bias, -100.f, 1e-6);
+    cr_assert(g.logprobs);
+    cr_assert_eq(g.top_logprobs, 4);
+    cr_assert(g.stream && g.include_usage && g.ignore_eos);
+    cr_assert_str_eq(g.user, "u");
+    srv_api_gen_free(&g);
+    /* defaults */
+    const char *b2 = "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],\"max_tokens\":3,\"max_completion_tokens\":7}";
+    cr_assert_eq(srv_api_parse_gen(SRV_API_CHAT, b2, strlen(b2), NULL, &g, &e), 0, "%s", e.message);
+    cr_assert_eq(g.n_msgs, 2);
+    cr_assert_str_eq(g.msgs[1].content, "ab");
+    cr_assert_eq(g.max_tokens, 7);
+    cr_assert_float_eq(g.temperature, 1.f, 1e-6);
+    cr_assert_eq(g.n, 1);
+    cr_assert(!g.stream && !g.logprobs && !g.has_seed);
+    srv_api_gen_free(&g);
+    const char *b3 = "{\"prompt\":\"x\"}";
+    cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, b3, strlen(b3), NULL, &g, &e), 0);
+    cr_assert_eq(g.max_tokens, 16); /* the OpenAI default for completions */
+    srv_api_gen_free(&g);
+}
+
+/* Random mutations of a valid body never crash the parser and always give either OK or a 400 with a message. */
+Test(api_parse, fuzz_mutations) {
+    const char *base = "{\"prompt\":[\"ab\",\"c\"],\"max_tokens\":5,\"temperature\":0.7,\"stop\":[\"x\"],"
+                       "\"logit_bias\":{\"3\":1},\"n\":2,\"stream\":false}";
+    size_t bl = strlen(base);
+    char *buf = malloc(bl + 64);
+    unsigned seed = 777;
+    srand(seed);
+    const char alphabet[] = "{}[]\",:0123456789.-eE truefalsnl\\";
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, base, bl);
+        size_t len = bl;
+        int muts = 1 + rand() % 4;
+        for (int m = 0; m < muts; m++) {
+            size_t pos = (size_t)rand() % len;
+            int op = rand() % 3;
+            if (op == 0) buf[pos] = alphabet[rand() % (int)(sizeof alphabet - 1)];
+            else if (op == 1 && len > 1) { memmove(buf + pos, buf + pos + 1, len - pos - 1); len--; }
+            else if (len < bl + 60) { memmove(buf + pos + 1, buf + pos, len - pos); buf[pos] = alphabet[rand() % (int)(sizeof alphabet - 1)]; len++; }
+        }
+        srv_api_gen g;
+        srv_api_error e;
+        int r = srv_api_parse_gen(SRV_API_COMPLETION, buf, len, NULL, &g, &e);
+        if (r == 0) srv_api_gen_free(&g);
+        else {
+            cr_assert_eq(r, SRV_API_ERR_INVALID, "seed %u iteration %d", seed, it);
+            cr_assert_eq(e.status, 400, "seed %u iteration %d", seed, it);
+            cr_assert_gt(strlen(e.message), 0);
+        }
+    }
+    free(buf);
+}
+
+/* ---- 2. a fake scheduler backend --------------------------------------------------------------------------- */
+typedef struct fake fake;
+typedef struct freq {
+    fake *f;
+    uint64_t id;
+    int32_t n, max_tokens, n_prompt, n_top, step;
+    srv_sched_event_cb cb;
+    void *user;
+    bool cancelled, fail, slow;
+    uv_timer_t t;
+} freq;
+
+struct fake {
+    tc_loop L;
+    srv_http *h;
+    srv_api *api;
+    srv_metrics metrics;
+    int port;
+    uint64_t next_id;
+    atomic_int n_cancel, n_submit, n_done;
+    /* the last request submitted, for checks */
+    eng_sampling_params last_sp;
+    int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop;
+    bool last_ignore_eos;
+    char last_stop0[32];
+    freq *live[64];   /* requests not yet done (loop thread only) */
+};
+
+static void freq_closed(uv_handle_t *h) { free(h->data); }
+
+static void emit_done(freq *q, srv_sched_finish fin) {
+    srv_sched_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.type = SRV_SCHED_EV_DONE;
+    ev.id = q->id;
+    ev.choice = -1;
+    ev.finish = fin;
+    ev.usage.prompt_tokens = q->n_prompt;
+    ev.usage.completion_tokens = q->step * q->n;
+    ev.usage.cached_tokens = q->n_prompt / 2;
+    uint64_t now = uv_hrtime();
+    ev.timings.t_submit = now - 3000000;
+    ev.timings.t_start = now - 2000000;
+    ev.timings.t_first_token = now - 1000000;
+    ev.timings.t_end = now;
+    ev.t = now;
+    atomic_fetch_add(&q->f->n_done, 1);
+    for (int i = 0; i < 64; i++)
+        if (q->f->live[i] == q) q->f->live[i] = NULL;
+    q->cb(&ev, q->user);
+    uv_close((uv_handle_t *)&q->t, freq_closed);
+}
+
+static void freq_tick(uv_timer_t *t) {
+    freq *q = t->data;
+    srv_sched_event ev;
+    if (q->cancelled || q->fail) {
+        for (int32_t c = 0; c < q->n; c++) {
+            memset(&ev, 0, sizeof ev);
+            ev.type = SRV_SCHED_EV_CHOICE_END;
+            ev.id = q->id;
+            ev.choice = c;
+            ev.finish = q->fail ? SRV_SCHED_FINISH_ERROR : SRV_SCHED_FINISH_CANCELLED;
+            ev.error = q->fail ? "engine exploded" : NULL;
+            q->cb(&ev, q->user);
+        }
+        emit_done(q, q->fail ? SRV_SCHED_FINISH_ERROR : SRV_SCHED_FINISH_CANCELLED);
+        return;
+    }
+    if (q->step < q->max_tokens) {
+        for (int32_t c = 0; c < q->n; c++) {
+            char text = (char)('a' + (q->step + c) % 26);
+            eng_sample s;
+            memset(&s, 0, sizeof s);
+            s.token = (unsigned char)text;
+            s.logprob = -0.25f * (float)(q->step + 1);
+            s.n_top = q->n_top;
+            for (int32_t k = 0; k < q->n_top; k++) { s.top_token[k] = 'a' + k; s.top_logprob[k] = -(float)k - 0.5f; }
+            memset(&ev, 0, sizeof ev);
+            ev.type = SRV_SCHED_EV_DELTA;
+            ev.id = q->id;
+            ev.choice = c;
+            ev.text = &text;
+            ev.text_len = 1;
+            ev.samples = &s;
+            ev.n_samples = 1;
+            ev.t = uv_hrtime();
+            q->cb(&ev, q->user);
+        }
+        q->step++;
+        uv_timer_start(&q->t, freq_tick, q->slow ? 20 : 1, 0);
+        return;
+    }
+    for (int32_t c = 0; c < q->n; c++) {
+        memset(&ev, 0, sizeof ev);
+        ev.type = SRV_SCHED_EV_CHOICE_END;
+        ev.id = q->id;
+        ev.choice = c;
+        ev.finish = SRV_SCHED_FINISH_LENGTH;
+        q->cb(&ev, q->user);
+    }
+    emit_done(q, SRV_SCHED_FINISH_LENGTH);
+}
+
+static bool prompt_has(const srv_sched_request *r, const char *word) {
+    size_t wl = strlen(word);
+    for (int32_t i = 0; i + (int32_t)wl <= r->n_prompt; i++) {
+        size_t k = 0;
+        while (k < wl && r->prompt[i + (int32_t)k] == (unsigned char)word[k]) k++;
+        if (k == wl) return true;
+    }
+    return false;
+}
+
+static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
+    fake *f = ctx;
+    if (prompt_has(r, "FULL")) return SRV_SCHED_ERR_QUEUE_FULL;
+    atomic_fetch_add(&f->n_submit, 1);
+    f->last_sp = r->sampling;
+    f->last_n_prompt = r->n_prompt;
+    memcpy(f->last_prompt, r->prompt, (size_t)(r->n_prompt < 512 ? r->n_prompt : 512) * sizeof(int32_t));
+    f->last_max_tokens = r->max_tokens;
+    f->last_n_stop = (int32_t)r->n_stop;
+    f->last_stop0[0] = 0;
+    if (r->n_stop) snprintf(f->last_stop0, sizeof f->last_stop0, "%s", r->stop[0]);
+    f->last_ignore_eos = r->ignore_eos;
+    freq *q = calloc(1, sizeof *q);
+    q->f = f;
+    q->id = ++f->next_id;
+    q->n = r->n;
+    q->slow = prompt_has(r, "SLOW");
+    q->max_tokens = r->max_tokens > 0 ? r->max_tokens : 5;
+    if (q->slow) q->max_tokens = 100000;
+    q->n_prompt = r->n_prompt;
+    q->n_top = r->sampling.n_top_logprobs;
+    q->cb = r->cb;
+    q->user = r->user;
+    q->fail = prompt_has(r, "FAIL");
+    uv_timer_init(&f->L.loop, &q->t);
+    q->t.data = q;
+    uv_timer_start(&q->t, freq_tick, 1, 0);
+    for (int i = 0; i < 64; i++)
+        if (!f->live[i]) { f->live[i] = q; break; }
+    *id = q->id;
+    return 0;
+}
+
+static int fake_cancel(void *ctx, uint64_t id) {
+    fake *f = ctx;
+    for (int i = 0; i < 64; i++)
+        if (f->live[i] && f->live[i]->id == id && !f->live[i]->cancelled) {
+            f->live[i]->cancelled = true; /* CHOICE_END(CANCELLED) + DONE follow on the next tick */
+            atomic_fetch_add(&f->n_cancel, 1);
+            return 0;
+        }
+    return SRV_SCHED_ERR_NOT_FOUND;
+}
+
+static void fake_stats(void *ctx, srv_sched_stats *out) {
+    (void)ctx;
+    memset(out, 0, sizeof *out);
+    out->requests_running = 2;
+    out->requests_waiting = 1;
+    out->kv_blocks_total = 100;
+    out->kv_blocks_used = 25;
+    out->kv_blocks_cached = 5;
+    out->kv_blocks_free = 70;
+    out->kv_usage = 0.25;
+    out->prefix_query_tokens = 64;
+    out->prefix_hit_tokens = 32;
+    out->generation_tokens_total = 9;
+    out->preemptions = 3;
+}
+
+/* Tokens are bytes; add_special prepends 1 (BOS). */
+static int fake_tokenize(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                         int32_t *out, int32_t cap, int32_t *n_out) {
+    (void)ctx; (void)parse_special;
+    int32_t n = (int32_t)len + (add_special ? 1 : 0);
+    *n_out = n;
+    if (n > cap) return ENG_ERR_TOO_LARGE;
+    int32_t k = 0;
+    if (add_special) out[k++] = 1;
+    for (size_t i = 0; i < len; i++) out[k++] = (unsigned char)text[i];
+    return 0;
+}
+
+static int fake_piece(void *ctx, int32_t tok, bool render_special, char *buf, size_t cap, size_t *n) {
+    (void)ctx;
+    if (tok < 0 || tok > 255) return ENG_ERR_INVALID;
+    if (tok == 1) {
+        *n = render_special ? 3 : 0;
+        if (render_special && cap >= 3) memcpy(buf, "<s>", 3);
+        return 0;
+    }
+    *n = 1;
+    if (cap < 1) return ENG_ERR_TOO_LARGE;
+    buf[0] = (char)tok;
+    return 0;
+}
+
+static int fake_chat(void *ctx, const eng_chat_msg *m, size_t n, char **out) {
+    (void)ctx;
+    size_t len = 16;
+    for (size_t i = 0; i < n; i++) len += strlen(m[i].role) + strlen(m[i].content) + 4;
+    char *s = malloc(len);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) o += (size_t)sprintf(s + o, "<%s>%s\n", m[i].role, m[i].content);
+    sprintf(s + o, "<assistant>");
+    *out = s;
+    return 0;
+}
+
+static void fake_on_stop(uv_loop_t *loop, void *ud) {
+    (void)loop;
+    fake *f = ud;
+    srv_http_close(f->h);
+}
+
+typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; } fake_opts;
+
+static fake *fake_start(const fake_opts *o) {
+    fake *f = calloc(1, sizeof *f);
+    cr_assert_eq(tc_loop_init(&f->L, fake_on_stop, f), 0);
+    srv_metrics_init(&f->metrics);
+    srv_api_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.model_id = "fake-model";
+    cfg.n_ctx = o && o->n_ctx ? o->n_ctx : 4096;
+    srv_api_limits_default(&cfg.limits);
+    cfg.limits.n_vocab = 256;
+    cfg.api_key = o ? o->api_key : NULL;
+    cfg.log_format = SRV_LOG_NONE;
+    cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
+    if (!o || !o->no_backend) {
+        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat};
+        srv_api_set_backend(f->api, &be);
+    }
+    srv_http_limits l;
+    srv_http_limits_default(&l);
+    l.max_pending_write = 64 * 1024;
+    cr_assert_eq(srv_http_create(&f->L.loop, &l, srv_api_handle, f->api, &f->h), 0);
+    char err[256];
+    cr_assert_eq(srv_http_listen(f->h, "127.0.0.1", 0, err, sizeof err), 0);
+    f->port = srv_http_port(f->h);
+    cr_assert_eq(tc_loop_start(&f->L), 0);
+    return f;
+}
+
+static void fake_stop(fake *f) {
+    /* let outstanding fake requests finish so that nothing leaks */
+    for (int i = 0; i < 500 && atomic_load(&f->n_done) < atomic_load(&f->n_submit); i++) usleep(5000);
+    tc_loop_stop(&f->L);
+    srv_http_free(f->h);
+    srv_api_free(f->api);
+    free(f);
+}
+
+static int post(fake *f, const char *path, const char *body, const char *extra, tc_resp *r) {
+    size_t cap = strlen(body) + 1024;
+    char *req = malloc(cap);
+    snprintf(req, cap, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n%sContent-Length: %zu\r\n\r\n%s",
+             path, extra ? extra : "", strlen(body), body);
+    int st = tc_roundtrip(f->port, req, r);
+    free(req);
+    return st;
+}
+
+static int get(fake *f, const char *path, const char *extra, tc_resp *r) {
+    char req[512];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n%s\r\n", path, extra ? extra : "");
+    return tc_roundtrip(f->port, req, r);
+}
+
+static cJSON *json_of(const tc_resp *r) {
+    cJSON *o = cJSON_Parse(r->body ? r->body : "");
+    cr_assert(o, "response is not JSON: %s", r->body ? r->body : "(empty)");
+    return o;
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    cr_assert(cJSON_IsString(v), "field %s is not a string", k);
+    return v->valuestring;
+}
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    cr_assert(cJSON_IsNumber(v), "field %s is not a number", k);
+    return v->valuedouble;
+}
+
+/* The text the fake produces for choice c after k tokens. */
+static void fake_text(int c, int k, char *out) {
+    for (int i = 0; i < k; i++) out[i] = (char)('a' + (i + c) % 26);
+    out[k] = 0;
+}
+
+Test(api, completion_basic) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/completions", "{\"model\":\"x\",\"prompt\":\"hi\",\"max_tokens\":4,\"temperature\":0.3,\"top_k\":7,\"seed\":99,\"stop\":[\"zz\"],\"ignore_eos\":true}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cr_assert(!strncmp(jstr(o, "id"), "cmpl-", 5));
+    cr_assert_str_eq(jstr(o, "object"), "text_completion");
+    cr_assert_str_eq(jstr(o, "model"), "fake-model");
+    cr_assert_gt(jnum(o, "created"), 1.6e9);
+    cJSON *ch = cJSON_GetObjectItem(o, "choices");
+    cr_assert_eq(cJSON_GetArraySize(ch), 1);
+    cJSON *c0 = cJSON_GetArrayItem(ch, 0);
+    cr_assert_eq(jnum(c0, "index"), 0);
+    cr_assert_str_eq(jstr(c0, "text"), "abcd");
+    cr_assert_str_eq(jstr(c0, "finish_reason"), "length");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    cr_assert_eq(jnum(u, "prompt_tokens"), 3); /* BOS + 2 bytes */
+    cr_assert_eq(jnum(u, "completion_tokens"), 4);
+    cr_assert_eq(jnum(u, "total_tokens"), 7);
+    cr_assert_eq(jnum(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"), 1);
+    /* the request reached the scheduler as asked */
+    cr_assert_eq(f->last_n_prompt, 3);
+    cr_assert_eq(f->last_prompt[0], 1);
+    cr_assert_eq(f->last_prompt[1], 'h');
+    cr_assert_eq(f->last_max_tokens, 4);
+    cr_assert_float_eq(f->last_sp.temperature, 0.3f, 1e-6);
+    cr_assert_eq(f->last_sp.top_k, 7);
+    cr_assert_eq(f->last_sp.seed, 99u);
+    cr_assert_eq(f->last_n_stop, 1);
+    cr_assert_str_eq(f->last_stop0, "zz");
+    cr_assert(f->last_ignore_eos);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, completion_prompts_times_n) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":[\"a\",\"bb\",\"ccc\"],\"n\":2,\"max_tokens\":3}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cJSON *ch = cJSON_GetObjectItem(o, "choices");
+    cr_assert_eq(cJSON_GetArraySize(ch), 6);
+    for (int i = 0; i < 6; i++) {
+        cJSON *c = cJSON_GetArrayItem(ch, i);
+        cr_assert_eq(jnum(c, "index"), i);
+        char want[8];
+        fake_text(i % 2, 3, want); /* choice j of every prompt */
+        cr_assert_str_eq(jstr(c, "text"), want);
+    }
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    cr_assert_eq(jnum(u, "prompt_tokens"), 2 + 3 + 4);
+    cr_assert_eq(jnum(u, "completion_tokens"), 18);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    /* token-id prompts go through untouched */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":[5,6,7],\"max_tokens\":1,\"echo\":true}", NULL, &r), 200);
+    cr_assert_eq(f->last_n_prompt, 3);
+    cr_assert_eq(f->last_prompt[2], 7);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "text"), "\x05\x06\x07" "a");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, chat_basic_and_template) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"U\"}],\"max_completion_tokens\":2}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cr_assert(!strncmp(jstr(o, "id"), "chatcmpl-", 9));
+    cr_assert_str_eq(jstr(o, "object"), "chat.completion");
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    cJSON *m = cJSON_GetObjectItem(c0, "message");
+    cr_assert_str_eq(jstr(m, "role"), "assistant");
+    cr_assert_str_eq(jstr(m, "content"), "ab");
+    cr_assert_str_eq(jstr(c0, "finish_reason"), "length");
+    /* the prompt is BOS + the rendered conversation */
+    const char *want = "<system>S\n<user>U\n<assistant>";
+    cr_assert_eq(f->last_n_prompt, (int32_t)strlen(want) + 1);
+    for (size_t i = 0; i < strlen(want); i++) cr_assert_eq(f->last_prompt[i + 1], (unsigned char)want[i]);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* Splits an SSE body into its data payloads; checks the framing. Returns the count. */
+static int sse_split(const char *body, char out[][4096], int max) {
+    int n = 0;
+    const char *p = body;
+    while (*p) {
+        cr_assert(!strncmp(p, "data: ", 6), "event does not start with 'data: ': %.40s", p);
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "event not terminated by a blank line");
+        cr_assert_lt(n, max);
+        snprintf(out[n], 4096, "%.*s", (int)(e - p), p);
+        n++;
+        p = e + 2;
+    }
+    return n;
+}
+
+static char ev[64][4096];
+
+Test(api, chat_stream_framing) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3,\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL, &r), 200);
+    cr_assert(tc_has_header(&r, "content-type", "text/event-stream"));
+    cr_assert(tc_has_header(&r, "cache-control", "no-cache"));
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    char text[2][16] = {"", ""};
+    bool role_seen[2] = {false, false}, finish_seen[2] = {false, false};
+    const char *id = NULL;
+    cJSON *objs[64];
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *o = objs[i] = cJSON_Parse(ev[i]);
+        cr_assert(o, "bad JSON in event %d: %s", i, ev[i]);
+        cr_assert_str_eq(jstr(o, "object"), "chat.completion.chunk");
+        if (!id) id = jstr(o, "id");
+        cr_assert_str_eq(jstr(o, "id"), id); /* one id for the whole stream */
+        cJSON *choices = cJSON_GetObjectItem(o, "choices");
+        if (i == n - 2) { /* the usage chunk */
+            cr_assert_eq(cJSON_GetArraySize(choices), 0);
+            cJSON *u = cJSON_GetObjectItem(o, "usage");
+            cr_assert_eq(jnum(u, "completion_tokens"), 6);
+            continue;
+        }
+        cr_assert(cJSON_IsNull(cJSON_GetObjectItem(o, "usage")));
+        cr_assert_eq(cJSON_GetArraySize(choices), 1);
+        cJSON *c = cJSON_GetArrayItem(choices, 0);
+        int idx = (int)jnum(c, "index");
+        cJSON *d = cJSON_GetObjectItem(c, "delta");
+        cr_assert(d);
+        cJSON *role = cJSON_GetObjectItem(d, "role"), *content = cJSON_GetObjectItem(d, "content");
+        if (role) {
+            cr_assert(!role_seen[idx] && text[idx][0] == 0, "role must come first");
+            cr_assert_str_eq(role->valuestring, "assistant");
+            role_seen[idx] = true;
+        }
+        if (content) strcat(text[idx], content->valuestring);
+        cJSON *fr = cJSON_GetObjectItem(c, "finish_reason");
+        if (!cJSON_IsNull(fr)) {
+            cr_assert(!finish_seen[idx]);
+            cr_assert_str_eq(fr->valuestring, "length");
+            cr_assert(!content, "the final chunk has an empty delta");
+            finish_seen[idx] = true;
+        } else {
+            cr_assert(!finish_seen[idx], "chunk after the finish chunk");
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        char want[8];
+        fake_text(c, 3, want);
+        cr_assert(role_seen[c] && finish_seen[c]);
+        cr_assert_str_eq(text[c], want);
+    }
+    for (int i = 0; i < n - 1; i++) cJSON_Delete(objs[i]);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, completion_stream_without_usage) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true}", NULL, &r), 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    char text[16] = "";
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *o = cJSON_Parse(ev[i]);
+        cr_assert_str_eq(jstr(o, "object"), "text_completion");
+        cr_assert_null(cJSON_GetObjectItem(o, "usage"));
+        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        strcat(text, jstr(c, "text"));
+        cJSON *fr = cJSON_GetObjectItem(c, "finish_reason");
+        cr_assert_eq(!cJSON_IsNull(fr), i == n - 2);
+        cJSON_Delete(o);
+    }
+    cr_assert_str_eq(text, "abcd");
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, logprobs_shapes) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":3,\"logprobs\":2}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs");
+    cJSON *toks = cJSON_GetObjectItem(lp, "tokens"), *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *offs = cJSON_GetObjectItem(lp, "text_offset");
+    cr_assert_eq(cJSON_GetArraySize(toks), 3);
+    cr_assert_eq(cJSON_GetArraySize(tlp), 3);
+    cr_assert_eq(cJSON_GetArraySize(tops), 3);
+    cr_assert_eq(cJSON_GetArraySize(offs), 3);
+    for (int i = 0; i < 3; i++) {
+        char want[2] = {(char)('a' + i), 0};
+        cr_assert_str_eq(cJSON_GetArrayItem(toks, i)->valuestring, want);
+        cr_assert_float_eq(cJSON_GetArrayItem(tlp, i)->valuedouble, -0.25 * (i + 1), 1e-6);
+        cr_assert_eq(cJSON_GetArrayItem(offs, i)->valuedouble, i);
+        cJSON *m = cJSON_GetArrayItem(tops, i);
+        cr_assert_eq(cJSON_GetArraySize(m), 2);
+        cr_assert_float_eq(cJSON_GetObjectItem(m, "b")->valuedouble, -1.5, 1e-6);
+    }
+    cr_assert_eq(f->last_sp.n_top_logprobs, 2);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,\"logprobs\":true,\"top_logprobs\":3}", NULL, &r), 200);
+    o = json_of(&r);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs");
+    cJSON *content = cJSON_GetObjectItem(lp, "content");
+    cr_assert_eq(cJSON_GetArraySize(content), 2);
+    cJSON *e1 = cJSON_GetArrayItem(content, 1);
+    cr_assert_str_eq(jstr(e1, "token"), "b");
+    cr_assert_float_eq(jnum(e1, "logprob"), -0.5, 1e-6);
+    cJSON *bytes = cJSON_GetObjectItem(e1, "bytes");
+    cr_assert_eq(cJSON_GetArraySize(bytes), 1);
+    cr_assert_eq(cJSON_GetArrayItem(bytes, 0)->valuedouble, 'b');
+    cJSON *tl = cJSON_GetObjectItem(e1, "top_logprobs");
+    cr_assert_eq(cJSON_GetArraySize(tl), 3);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(tl, 2), "token"), "c");
+    cr_assert_float_eq(jnum(cJSON_GetArrayItem(tl, 2), "logprob"), -2.5, 1e-6);
+    cr_assert(cJSON_GetObjectItem(cJSON_GetArrayItem(tl, 0), "bytes"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, errors_and_routes) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"temperature\":9}", NULL, &r), 400);
+    cJSON *o = json_of(&r);
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    cr_assert_str_eq(jstr(e, "param"), "temperature");
+    cr_assert_str_eq(jstr(e, "type"), "invalid_request_error");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "not json", NULL, &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/nothing", NULL, &r), 404);
+    o = json_of(&r);
+    cr_assert(cJSON_GetObjectItem(o, "error"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/completions", NULL, &r), 405);
+    cr_assert(tc_has_header(&r, "allow", "POST"));
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/models", "{}", NULL, &r), 405);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "object"), "list");
+    cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "data"), 0);
+    cr_assert_str_eq(jstr(m, "id"), "fake-model");
+    cr_assert_str_eq(jstr(m, "object"), "model");
+    cr_assert_str_eq(jstr(m, "owned_by"), "kvserve");
+    cr_assert_gt(jnum(m, "created"), 1.6e9);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/health", NULL, &r), 200);
+    cr_assert(strstr(r.body, "\"ok\""));
+    tc_resp_free(&r);
+    /* queue full: 503 with Retry-After */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"FULL\"}", NULL, &r), 503);
+    cr_assert(tc_has_header(&r, "retry-after", NULL));
+    tc_resp_free(&r);
+    /* an engine error: non-stream answer is an error JSON */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"FAIL\"}", NULL, &r), 500);
+    cr_assert(strstr(r.body, "engine exploded"));
+    tc_resp_free(&r);
+    /* and inside a stream: an error event, then [DONE] */
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"FAIL\"}],\"stream\":true}", NULL, &r), 200);
+    int n = sse_split(r.body, ev, 64);
+    cr_assert_str_eq(ev[n - 1], "[DONE]");
+    cr_assert(strstr(ev[n - 2], "\"error\"") && strstr(ev[n - 2], "engine exploded"));
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, context_length_exceeded) {
+    fake_opts opts = {NULL, 32, false};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"%040d\"}", 0);
+    cr_assert_eq(post(f, "/v1/completions", body, NULL, &r), 400);
+    cJSON *o = json_of(&r);
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    cr_assert_str_eq(jstr(e, "code"), "context_length_exceeded");
+    cr_assert(strstr(jstr(e, "message"), "32") && strstr(jstr(e, "message"), "41"), "%s", jstr(e, "message"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    /* prompt fits, but prompt + max_tokens does not */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":30}", NULL, &r), 400);
+    cr_assert(strstr(r.body, "11") && strstr(r.body, "30"));
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":21}", NULL, &r), 200);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_submit), 1);
+    fake_stop(f);
+}
+
+Test(api, auth) {
+    fake_opts opts = {"sekret", 0, false};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    cr_assert_eq(get(f, "/v1/models", NULL, &r), 401);
+    cJSON *o = json_of(&r);
+    cr_assert_str_eq(jstr(cJSON_GetObjectItem(o, "error"), "code"), "invalid_api_key");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models", "Authorization: Bearer wrong\r\n", &r), 401);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models", "Authorization: Bearer sekretX\r\n", &r), 401);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models", "Authorization: Bearer sekret\r\n", &r), 200);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\"}", NULL, &r), 401);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/metrics", NULL, &r), 401);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/health", NULL, &r), 200); /* health stays open */
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, loading_state) {
+    fake_opts opts = {NULL, 0, true};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    cr_assert_eq(get(f, "/health", NULL, &r), 503);
+    cr_assert(strstr(r.body, "\"loading\""));
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\"}", NULL, &r), 503);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, tokenize_detokenize) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"hey\",\"add_special\":true}", NULL, &r), 200);
+    cJSON *o = json_of(&r);
+    cJSON *t = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), 4);
+    cr_assert_eq(cJSON_GetArrayItem(t, 0)->valuedouble, 1);
+    cr_assert_eq(cJSON_GetArrayItem(t, 3)->valuedouble, 'y');
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"ab\",\"with_pieces\":true}", NULL, &r), 200);
+    o = json_of(&r);
+    t = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), 2);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 1), "piece"), "b");
+    cr_assert_eq(jnum(cJSON_GetArrayItem(t, 1), "id"), 'b');
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":5}", NULL, &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[104,105]}", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "content"), "hi");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[104,9999]}", NULL, &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":\"x\"}", NULL, &r), 400);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+Test(api, disconnect_cancels_generation) {
+    fake *f = fake_start(NULL);
+    int fd = tc_connect(f->port);
+    const char *body = "{\"prompt\":\"SLOW\",\"stream\":true}";
+    char req[512];
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    cr_assert_eq(tc_sends(fd, req), 0);
+    char buf[512];
+    cr_assert_gt(recv(fd, buf, sizeof buf, 0), 0); /* the stream has started */
+    close(fd);
+    for (int i = 0; i < 300 && atomic_load(&f->n_cancel) == 0; i++) usleep(10000);
+    cr_assert_eq(atomic_load(&f->n_cancel), 1);
+    fake_stop(f); /* waits for the cancelled request's DONE */
+}
+
+/* ---- metrics over HTTP: valid exposition text ------------------------------------------------------------- */
+Test(api, metrics_endpoint) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":3}", NULL, &r), 200);
+        tc_resp_free(&r);
+    }
+    cr_assert_eq(get(f, "/metrics", NULL, &r), 200);
+    cr_assert(tc_has_header(&r, "content-type", "text/plain; version=0.0.4"));
+    const char *want[] = {"kvserve:num_requests_running 2\n", "kvserve:num_requests_waiting 1\n",
+                          "kvserve:kv_cache_usage_perc 0.25\n", "kvserve:kv_blocks_used 25\n",
+                          "kvserve:kv_blocks_cached 5\n", "kvserve:kv_blocks_free 70\n",
+                          "kvserve:prefix_cache_queries_total 64\n", "kvserve:prefix_cache_hits_total 32\n",
+                          "kvserve:num_preemptions_total 3\n", "kvserve:time_to_first_token_seconds_count 3\n",
+                          "kvserve:e2e_request_latency_seconds_count 3\n",
+                          "kvserve:request_queue_time_seconds_count 3\n",
+                          "kvserve:inter_token_latency_seconds_count 6\n",
+                          "# TYPE kvserve:time_to_first_token_seconds histogram\n",
+                          "kvserve:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(r.body, want[i]), "missing '%s' in:\n%s", want[i], r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
+}

@@ -1,0 +1,462 @@
+/* test_http.c: the HTTP connection layer over real sockets on 127.0.0.1 (ephemeral ports): keep-alive,
+ * pipelining (also with random split points), limits (413, 431, 408, 400, 503), large responses read slowly,
+ * streaming back-pressure and client disconnects. */
+#include <criterion/criterion.h>
+
+#include "server/http.h"
+#include "srv_test_client.h"
+
+typedef struct hsrv {
+    tc_loop L;
+    srv_http *h;
+    int port;
+    atomic_int n_requests, n_aborts, n_backpressure, n_stream_done;
+} hsrv;
+
+typedef struct delayed {
+    uv_timer_t t;
+    srv_http_req *req;
+    hsrv *s;
+    bool aborted;
+    int kind;        /* 0: /slow, 1: /stream (chunk writer) */
+    int chunks_left;
+    size_t chunk;
+} delayed;
+
+static void delayed_closed(uv_handle_t *h) { free(h->data); }
+
+static void delayed_abort(void *ud, srv_http_req *req) {
+    (void)req;
+    delayed *d = ud;
+    d->aborted = true;
+    atomic_fetch_add(&d->s->n_aborts, 1);
+}
+
+static void delayed_fire(uv_timer_t *t) {
+    delayed *d = t->data;
+    if (d->aborted) { uv_close((uv_handle_t *)&d->t, delayed_closed); return; }
+    if (d->kind == 0) {
+        srv_http_respond(d->req, 200, "text/plain", NULL, "slow", 4);
+        uv_close((uv_handle_t *)&d->t, delayed_closed);
+        return;
+    }
+    /* streaming: write chunks until done or the client stops reading */
+    char *buf = malloc(d->chunk);
+    memset(buf, 'x', d->chunk);
+    for (int i = 0; i < 8 && d->chunks_left != 0; i++) {
+        int r = srv_http_stream_write(d->req, buf, d->chunk);
+        if (r == SRV_HTTP_ERR_BACKPRESSURE) {
+            atomic_fetch_add(&d->s->n_backpressure, 1);
+            srv_http_abort(d->req);
+            free(buf);
+            uv_close((uv_handle_t *)&d->t, delayed_closed);
+            return;
+        }
+        if (d->chunks_left > 0) d->chunks_left--;
+    }
+    free(buf);
+    if (d->chunks_left == 0) {
+        srv_http_stream_end(d->req);
+        atomic_fetch_add(&d->s->n_stream_done, 1);
+        uv_close((uv_handle_t *)&d->t, delayed_closed);
+        return;
+    }
+    uv_timer_start(&d->t, delayed_fire, 1, 0);
+}
+
+static void handler(void *ud, srv_http_req *req) {
+    hsrv *s = ud;
+    atomic_fetch_add(&s->n_requests, 1);
+    if (!strcmp(req->path, "/echo")) {
+        size_t cap = req->body_len + 512;
+        char *b = malloc(cap);
+        const char *ct = srv_http_header_get(req, "X-Test");
+        int n = snprintf(b, cap, "%s %s?%s %s %zu:", req->method_name, req->path, req->query, ct ? ct : "-",
+                         req->body_len);
+        memcpy(b + n, req->body, req->body_len);
+        srv_http_respond(req, 200, "text/plain", NULL, b, (size_t)n + req->body_len);
+        free(b);
+    } else if (!strcmp(req->path, "/slow") || !strcmp(req->path, "/stream")) {
+        delayed *d = calloc(1, sizeof *d);
+        d->req = req;
+        d->s = s;
+        d->kind = !strcmp(req->path, "/stream");
+        d->chunks_left = d->kind ? atoi(req->query) : 0;
+        d->chunk = 16384;
+        uv_timer_init(&s->L.loop, &d->t);
+        d->t.data = d;
+        srv_http_set_abort(req, delayed_abort, d);
+        if (d->kind) srv_http_stream_begin(req, 200, "text/event-stream", NULL);
+        uv_timer_start(&d->t, delayed_fire, d->kind ? 1 : 30, 0);
+    } else if (!strcmp(req->path, "/big")) {
+        size_t n = (size_t)strtoull(req->query, NULL, 10);
+        char *b = malloc(n + 1);
+        for (size_t i = 0; i < n; i++) b[i] = (char)('a' + (i * 7 + i / 13) % 26);
+        srv_http_respond(req, 200, "application/octet-stream", NULL, b, n);
+        free(b);
+    } else if (!strcmp(req->path, "/hang")) {
+        delayed *d = calloc(1, sizeof *d);
+        d->s = s;
+        d->req = req;
+        d->aborted = true; /* never answers: the timer only frees d */
+        uv_timer_init(&s->L.loop, &d->t);
+        d->t.data = d;
+        srv_http_set_abort(req, delayed_abort, d);
+        uv_timer_start(&d->t, delayed_fire, 10, 0);
+    } else {
+        srv_http_respond(req, 404, "text/plain", NULL, "nf", 2);
+    }
+}
+
+static void on_stop(uv_loop_t *loop, void *ud) {
+    (void)loop;
+    srv_http_close(((hsrv *)ud)->h);
+}
+
+static hsrv *start(const srv_http_limits *lim) {
+    hsrv *s = calloc(1, sizeof *s);
+    cr_assert_eq(tc_loop_init(&s->L, on_stop, s), 0);
+    cr_assert_eq(srv_http_create(&s->L.loop, lim, handler, s, &s->h), 0);
+    char err[256];
+    cr_assert_eq(srv_http_listen(s->h, "127.0.0.1", 0, err, sizeof err), 0, "%s", err);
+    s->port = srv_http_port(s->h);
+    cr_assert_gt(s->port, 0);
+    cr_assert_eq(tc_loop_start(&s->L), 0);
+    return s;
+}
+
+static void stop(hsrv *s) {
+    tc_loop_stop(&s->L);
+    srv_http_free(s->h);
+    free(s);
+}
+
+static srv_http_limits lim_default(void) {
+    srv_http_limits l;
+    srv_http_limits_default(&l);
+    return l;
+}
+
+Test(http, keep_alive_sequential) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    cr_assert_geq(fd, 0);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    for (int i = 0; i < 5; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "POST /echo?i=%d HTTP/1.1\r\nHost: x\r\nX-Test: t%d\r\nContent-Length: 3\r\n\r\nabc", i, i);
+        cr_assert_eq(tc_sends(fd, req), 0);
+        tc_resp r;
+        cr_assert_eq(tc_read(c, &r), 0, "response %d", i);
+        cr_assert_eq(r.status, 200);
+        char want[128];
+        snprintf(want, sizeof want, "POST /echo?i=%d t%d 3:abc", i, i);
+        cr_assert_str_eq(r.body, want);
+        cr_assert(r.keep_alive);
+        cr_assert(tc_has_header(&r, "connection", "keep-alive"));
+        tc_resp_free(&r);
+    }
+    /* Connection: close is honoured */
+    cr_assert_eq(tc_sends(fd, "GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
+    tc_resp r;
+    cr_assert_eq(tc_read(c, &r), 0);
+    cr_assert(tc_has_header(&r, "connection", "close"));
+    tc_resp_free(&r);
+    cr_assert(tc_wait_closed(fd, 3000));
+    close(fd);
+    free(c);
+    stop(s);
+}
+
+Test(http, pipelined_in_order) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    /* the first request answers late (timer): the next two must wait and come back in order */
+    const char *reqs = "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                       "POST /echo?b HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
+                       "POST /echo?c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n";
+    cr_assert_eq(tc_sends(fd, reqs), 0);
+    const char *want[] = {"slow", "POST /echo?b - 2:hi", "POST /echo?c - 3:xyz"};
+    for (int i = 0; i < 3; i++) {
+        tc_resp r;
+        cr_assert_eq(tc_read(c, &r), 0);
+        cr_assert_eq(r.status, 200);
+        cr_assert_str_eq(r.body, want[i]);
+        tc_resp_free(&r);
+    }
+    close(fd);
+    free(c);
+    stop(s);
+}
+
+/* Randomized: a stream of pipelined requests with random bodies is sent in pieces split at random points;
+ * every response must match its request, in order. */
+Test(http, pipelined_random_splits) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    unsigned seed = 12345;
+    for (int round = 0; round < 20; round++) {
+        srand(seed + (unsigned)round);
+        int fd = tc_connect(s->port);
+        tc_conn *c = malloc(sizeof *c);
+        tc_init(c, fd);
+        int nreq = 1 + rand() % 6;
+        char *stream = malloc(65536);
+        size_t len = 0;
+        char want[8][512];
+        for (int i = 0; i < nreq; i++) {
+            char body[300];
+            int bl = rand() % 256;
+            for (int k = 0; k < bl; k++) body[k] = (char)('A' + rand() % 26);
+            body[bl] = 0;
+            len += (size_t)snprintf(stream + len, 65536 - len,
+                                    "POST /echo?r%d HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n%s", i, bl, body);
+            snprintf(want[i], sizeof want[i], "POST /echo?r%d - %d:%s", i, bl, body);
+        }
+        size_t off = 0;
+        while (off < len) {
+            size_t n = 1 + (size_t)rand() % 40;
+            if (n > len - off) n = len - off;
+            cr_assert_eq(tc_send(fd, stream + off, n), 0);
+            off += n;
+            if (rand() % 4 == 0) usleep(200);
+        }
+        for (int i = 0; i < nreq; i++) {
+            tc_resp r;
+            cr_assert_eq(tc_read(c, &r), 0, "seed %u round %d request %d", seed, round, i);
+            cr_assert_str_eq(r.body, want[i], "seed %u round %d request %d", seed, round, i);
+            tc_resp_free(&r);
+        }
+        free(stream);
+        close(fd);
+        free(c);
+    }
+    stop(s);
+}
+
+Test(http, body_too_large_413) {
+    srv_http_limits l = lim_default();
+    l.body_limit = 1000;
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", &r), 413);
+    cr_assert(strstr(r.body, "\"error\""));
+    tc_resp_free(&r);
+    /* exactly at the limit is fine */
+    char *req = malloc(2000);
+    int n = snprintf(req, 2000, "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n");
+    memset(req + n, 'q', 1000);
+    req[n + 1000] = 0;
+    cr_assert_eq(tc_roundtrip(s->port, req, &r), 200);
+    tc_resp_free(&r);
+    free(req);
+    /* chunked bodies are counted as they arrive */
+    char big[1400];
+    n = snprintf(big, sizeof big, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < 3; i++) {
+        n += snprintf(big + n, sizeof big - (size_t)n, "190\r\n");
+        memset(big + n, 'z', 400);
+        n += 400;
+        n += snprintf(big + n, sizeof big - (size_t)n, "\r\n");
+    }
+    cr_assert_eq(tc_roundtrip(s->port, big, &r), 413);
+    tc_resp_free(&r);
+    stop(s);
+}
+
+Test(http, headers_too_large_431) {
+    srv_http_limits l = lim_default();
+    l.header_limit = 4096;
+    hsrv *s = start(&l);
+    char *req = malloc(10000);
+    int n = snprintf(req, 10000, "GET /echo HTTP/1.1\r\nX-Big: ");
+    memset(req + n, 'h', 5000);
+    snprintf(req + n + 5000, 100, "\r\n\r\n");
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, req, &r), 431);
+    tc_resp_free(&r);
+    /* many small headers also count */
+    n = snprintf(req, 10000, "GET /echo HTTP/1.1\r\n");
+    for (int i = 0; i < 200; i++) n += snprintf(req + n, 10000 - (size_t)n, "X-H%d: v\r\n", i);
+    snprintf(req + n, 10000 - (size_t)n, "\r\n");
+    cr_assert_eq(tc_roundtrip(s->port, req, &r), 431);
+    tc_resp_free(&r);
+    free(req);
+    stop(s);
+}
+
+Test(http, slow_client_408) {
+    srv_http_limits l = lim_default();
+    l.read_timeout_ms = 150;
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    cr_assert_eq(tc_sends(fd, "POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"), 0);
+    tc_resp r;
+    cr_assert_eq(tc_read(c, &r), 0);
+    cr_assert_eq(r.status, 408);
+    tc_resp_free(&r);
+    cr_assert(tc_wait_closed(fd, 3000));
+    close(fd);
+    free(c);
+    cr_assert_eq(atomic_load(&s->n_requests), 0);
+    stop(s);
+}
+
+Test(http, idle_keepalive_closed_silently) {
+    srv_http_limits l = lim_default();
+    l.idle_timeout_ms = 100;
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    cr_assert(tc_wait_closed(fd, 3000));
+    close(fd);
+    stop(s);
+}
+
+Test(http, malformed_400_and_unknown_path) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "GARBAGE\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\nContent-Length: abc\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "GET /nope HTTP/1.1\r\n\r\n", &r), 404);
+    tc_resp_free(&r);
+    stop(s);
+}
+
+Test(http, max_connections_503) {
+    srv_http_limits l = lim_default();
+    l.max_connections = 2;
+    hsrv *s = start(&l);
+    int a = tc_connect(s->port), b = tc_connect(s->port);
+    /* make sure both are accepted before the third */
+    tc_conn *ca = malloc(sizeof *ca);
+    tc_init(ca, a);
+    tc_resp r;
+    cr_assert_eq(tc_sends(a, "GET /echo HTTP/1.1\r\n\r\n"), 0);
+    cr_assert_eq(tc_read(ca, &r), 0);
+    tc_resp_free(&r);
+    tc_conn *cb = malloc(sizeof *cb);
+    tc_init(cb, b);
+    cr_assert_eq(tc_sends(b, "GET /echo HTTP/1.1\r\n\r\n"), 0);
+    cr_assert_eq(tc_read(cb, &r), 0);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\n\r\n", &r), 503);
+    cr_assert(tc_has_header(&r, "retry-after", NULL));
+    tc_resp_free(&r);
+    close(a);
+    close(b);
+    free(ca);
+    free(cb);
+    /* once they are gone, new connections are served again */
+    int ok = -1;
+    for (int i = 0; i < 100 && ok != 200; i++) {
+        ok = tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\n\r\n", &r);
+        tc_resp_free(&r);
+        if (ok != 200) usleep(10000);
+    }
+    cr_assert_eq(ok, 200);
+    stop(s);
+}
+
+/* A large response read slowly in small pieces arrives complete and intact (partial sends). */
+Test(http, large_response_slow_reader) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    size_t n = 8u << 20; /* far more than the socket buffers: libuv must finish the write in pieces */
+    char req[128];
+    snprintf(req, sizeof req, "GET /big?%zu HTTP/1.1\r\n\r\n", n);
+    cr_assert_eq(tc_sends(fd, req), 0);
+    usleep(100000); /* let the server fill the socket and queue the rest */
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    tc_resp r;
+    cr_assert_eq(tc_read(c, &r), 0);
+    cr_assert_eq(r.body_len, n);
+    for (size_t i = 0; i < n; i++)
+        if (r.body[i] != (char)('a' + (i * 7 + i / 13) % 26)) cr_assert_fail("byte %zu differs", i);
+    tc_resp_free(&r);
+    close(fd);
+    free(c);
+    stop(s);
+}
+
+Test(http, chunked_stream_complete) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "GET /stream?20 HTTP/1.1\r\n\r\n", &r), 200);
+    cr_assert(tc_has_header(&r, "transfer-encoding", "chunked"));
+    cr_assert_eq(r.body_len, 20u * 16384u);
+    tc_resp_free(&r);
+    stop(s);
+}
+
+/* A client that never reads a stream: the server refuses to buffer past max_pending_write and cuts it. */
+Test(http, stalled_stream_is_cut) {
+    srv_http_limits l = lim_default();
+    l.max_pending_write = 256 * 1024;
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    cr_assert_eq(tc_sends(fd, "GET /stream?-1 HTTP/1.1\r\n\r\n"), 0); /* -1: endless */
+    for (int i = 0; i < 500 && atomic_load(&s->n_backpressure) == 0; i++) usleep(10000);
+    cr_assert_eq(atomic_load(&s->n_backpressure), 1);
+    close(fd);
+    stop(s);
+}
+
+Test(http, disconnect_runs_abort_callback) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    cr_assert_eq(tc_sends(fd, "GET /hang HTTP/1.1\r\n\r\n"), 0);
+    for (int i = 0; i < 300 && atomic_load(&s->n_requests) == 0; i++) usleep(10000);
+    close(fd);
+    for (int i = 0; i < 300 && atomic_load(&s->n_aborts) == 0; i++) usleep(10000);
+    cr_assert_eq(atomic_load(&s->n_aborts), 1);
+    stop(s);
+}
+
+Test(http, expect_100_continue) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    cr_assert_eq(tc_sends(fd, "POST /echo HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"), 0);
+    char buf[64];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    cr_assert_gt(n, 0);
+    buf[n] = 0;
+    cr_assert(strstr(buf, "100 Continue"), "got %s", buf);
+    cr_assert_eq(tc_sends(fd, "data"), 0);
+    tc_resp r;
+    cr_assert_eq(tc_read(c, &r), 0);
+    cr_assert_str_eq(r.body, "POST /echo? - 4:data");
+    tc_resp_free(&r);
+    close(fd);
+    free(c);
+    stop(s);
+}
+
+Test(http, stop_accepting_refuses_new_connections) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\n\r\n", &r), 200);
+    tc_resp_free(&r);
+    int port = s->port;
+    stop(s);
+    cr_assert_lt(tc_connect(port), 0);
+}

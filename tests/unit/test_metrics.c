@@ -1,0 +1,141 @@
+/* test_metrics.c: histograms against a brute-force reference and the Prometheus text format. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/metrics.h"
+
+Test(metrics, histogram_vs_reference) {
+    unsigned seed = 4242;
+    srand(seed);
+    for (int round = 0; round < 50; round++) {
+        int nb = 1 + rand() % SRV_HIST_MAX_BUCKETS;
+        double bounds[SRV_HIST_MAX_BUCKETS];
+        double x = 0;
+        for (int i = 0; i < nb; i++) { x += (rand() % 100 + 1) / 10.0; bounds[i] = x; }
+        srv_histogram h;
+        srv_histogram_init(&h, bounds, nb);
+        int n = rand() % 500;
+        double *vals = malloc(sizeof(double) * (size_t)(n + 1));
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            /* sometimes exactly a bound (le is inclusive) */
+            vals[i] = rand() % 5 == 0 ? bounds[rand() % nb] : (rand() % 10000) / 100.0 - 5;
+            srv_histogram_observe(&h, vals[i]);
+            sum += vals[i];
+        }
+        srv_histogram_observe(&h, NAN); /* ignored */
+        cr_assert_eq(h.count, (uint64_t)n, "seed %u round %d", seed, round);
+        cr_assert_float_eq(h.sum, sum, 1e-6);
+        uint64_t cum = 0;
+        for (int b = 0; b < nb; b++) {
+            cum += h.counts[b];
+            uint64_t ref = 0;
+            for (int i = 0; i < n; i++) ref += vals[i] <= bounds[b];
+            cr_assert_eq(cum, ref, "seed %u round %d bucket %d", seed, round, b);
+        }
+        cr_assert_eq(cum + h.counts[nb], (uint64_t)n);
+        free(vals);
+    }
+}
+
+/* Parses the exposition text: every sample belongs to a family announced by HELP and TYPE, histogram
+ * buckets are cumulative with increasing le ending at +Inf == _count. */
+static void check_format(const char *text) {
+    char family[128] = "", type[32] = "";
+    bool help_seen = false;
+    double last_le = -INFINITY, last_cum = -1;
+    const char *p = text;
+    cr_assert(strlen(text) > 0 && text[strlen(text) - 1] == '\n');
+    while (*p) {
+        const char *e = strchr(p, '\n');
+        cr_assert(e);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(e - p), p);
+        p = e + 1;
+        if (!strncmp(line, "# HELP ", 7)) {
+            sscanf(line + 7, "%127s", family);
+            help_seen = true;
+            type[0] = 0;
+            continue;
+        }
+        if (!strncmp(line, "# TYPE ", 7)) {
+            char fam[128];
+            sscanf(line + 7, "%127s %31s", fam, type);
+            cr_assert_str_eq(fam, family, "TYPE for another family than HELP: %s", line);
+            cr_assert(!strcmp(type, "gauge") || !strcmp(type, "counter") || !strcmp(type, "histogram"));
+            last_le = -INFINITY;
+            last_cum = -1;
+            continue;
+        }
+        cr_assert(help_seen && type[0], "sample before HELP/TYPE: %s", line);
+        char name[256];
+        const char *sp = strrchr(line, ' ');
+        cr_assert(sp, "no value: %s", line);
+        snprintf(name, sizeof name, "%.*s", (int)(sp - line), line);
+        char *end;
+        double v = strtod(sp + 1, &end);
+        cr_assert(*end == 0 || !strcmp(sp + 1, "+Inf"), "bad value in %s", line);
+        cr_assert(!strncmp(name, family, strlen(family)), "sample %s outside family %s", name, family);
+        const char *suffix = name + strlen(family);
+        if (!strcmp(type, "histogram")) {
+            if (!strncmp(suffix, "_bucket{le=\"", 12)) {
+                double le = !strncmp(suffix + 12, "+Inf", 4) ? INFINITY : strtod(suffix + 12, NULL);
+                cr_assert_gt(le, last_le, "le not increasing: %s", line);
+                cr_assert_geq(v, last_cum, "buckets not cumulative: %s", line);
+                last_le = le;
+                last_cum = v;
+            } else if (!strcmp(suffix, "_count")) {
+                cr_assert(isinf(last_le), "no +Inf bucket before _count in %s", family);
+                cr_assert_eq(v, last_cum, "+Inf bucket != _count in %s", family);
+            } else {
+                cr_assert_str_eq(suffix, "_sum", "unexpected histogram sample %s", line);
+            }
+        } else {
+            cr_assert(*suffix == 0 || *suffix == '{', "sample %s does not match family %s", name, family);
+            if (!strcmp(type, "counter")) cr_assert_geq(v, 0);
+        }
+    }
+}
+
+Test(metrics, exposition_format) {
+    srv_metrics m;
+    srv_metrics_init(&m);
+    srand(99);
+    for (int i = 0; i < 1000; i++) {
+        srv_histogram_observe(&m.ttft, (rand() % 100000) / 1000.0);
+        srv_histogram_observe(&m.itl, (rand() % 1000) / 1000.0);
+        srv_histogram_observe(&m.e2e, (rand() % 100000) / 100.0);
+        srv_metrics_count_http(&m, 100 + 100 * (rand() % 5));
+    }
+    srv_sched_stats st;
+    memset(&st, 0, sizeof st);
+    st.requests_running = 3;
+    st.kv_usage = 0.5;
+    st.kv_blocks_used = 7;
+    st.preemptions = 11;
+    char *text;
+    size_t len;
+    cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
+    cr_assert_eq(strlen(text), len);
+    check_format(text);
+    const char *need[] = {"kvserve:num_requests_running 3\n", "kvserve:num_requests_waiting 0\n",
+                          "kvserve:kv_cache_usage_perc 0.5\n", "kvserve:kv_blocks_used 7\n",
+                          "kvserve:kv_blocks_cached 0\n", "kvserve:kv_blocks_free 0\n",
+                          "kvserve:prefix_cache_queries_total 0\n", "kvserve:prefix_cache_hits_total 0\n",
+                          "kvserve:prompt_tokens_total 0\n", "kvserve:generation_tokens_total 0\n",
+                          "kvserve:num_preemptions_total 11\n", "kvserve:time_to_first_token_seconds_count 1000\n",
+                          "kvserve:inter_token_latency_seconds_count 1000\n",
+                          "kvserve:e2e_request_latency_seconds_count 1000\n",
+                          "kvserve:request_queue_time_seconds_count 0\n",
+                          "# TYPE kvserve:e2e_request_latency_seconds histogram\n"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        cr_assert(strstr(text, need[i]), "missing %s", need[i]);
+    free(text);
+    /* without engine stats (model loading) */
+    cr_assert_eq(srv_metrics_render(&m, NULL, &text, &len), SRV_METRICS_OK);
+    check_format(text);
+    free(text);
+}

@@ -1,0 +1,1209 @@
+/* test_scheduler.c: the continuous-batching scheduler over a mock engine with a REAL kvc_cache.
+ *
+ * The mock forward pass writes each token (K row) and its position (V row) into the cache slots that
+ * kvc_start_forward hands out, and computes an entry's logits from the sequence's whole history read back
+ * through the block table. So logits are a pure function of the token history, and any cache corruption
+ * (wrong block shared, lost copy-on-write, a preemption that recomputes wrongly) changes the tokens
+ * generated: outputs under pressure are compared with the same request run alone in a roomy pool.
+ *
+ * Prompts use token ids 1..15 and the mock only ever generates 0 (EOG) or 16..31, so a batch entry whose
+ * token is >= 16 is a generated token being decoded (or recomputed after a preemption). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "server/scheduler.h"
+
+#define NV 32
+#define GEN0 16
+#define MAXB 1024
+
+/* ---- mock engine ----------------------------------------------------------------------------------------- */
+typedef struct batch_log {
+    int32_t n;
+    int32_t *token, *pos, *seq;
+    bool *logits;
+} batch_log;
+
+typedef struct mock {
+    kvc_cache *cache;
+    kvc_layout lay;
+    int32_t max_batch;
+    float *logits;          /* [max_batch][NV] */
+    int32_t *slots;
+    kvc_entry *entries;
+    float eog_logit;        /* added to the EOG logit */
+    atomic_int decode_calls;
+    atomic_llong tokens_total;
+    bool corrupt;           /* a position read back wrong */
+    char check_msg[256];    /* first kvc_check failure */
+    int other_errors;       /* kvc errors other than FULL */
+    batch_log *log;         /* every successful batch (when log_batches) */
+    int32_t n_log, cap_log;
+    bool log_batches;
+    int inject_full_every;  /* > 0: every k-th call with >= 2 sequences returns ENG_ERR_KV_FULL */
+    int injected;
+    /* gate: when set, decode blocks until opened (for queue tests) */
+    bool record_times;      /* record uv_hrtime() at the start of every decode */
+    uint64_t times[100000];
+    int32_t n_times;
+    uv_mutex_t gmu;
+    uv_cond_t gcv;
+    bool gate_closed, in_gate;
+    int close_at;           /* > 0: the gate closes by itself before that decode call (1-based) ... */
+    bool released;          /* ... unless the test has released it already */
+    bool lockstep;          /* decode k+1 waits for the loop thread to dispatch step k's events */
+    int granted;
+} mock;
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static kvc_cache *m_cache(void *p) { return ((mock *)p)->cache; }
+
+static int m_decode(void *p, const eng_batch *b) {
+    mock *m = p;
+    uv_mutex_lock(&m->gmu);
+    if (m->close_at > 0 && !m->released && atomic_load(&m->decode_calls) + 1 == m->close_at) m->gate_closed = true;
+    m->in_gate = true;
+    uv_cond_broadcast(&m->gcv);
+    while (m->gate_closed) uv_cond_wait(&m->gcv, &m->gmu);
+    m->in_gate = false;
+    if (m->lockstep) {
+        /* wait until the loop thread has dispatched the events of the previous step (its check handle
+         * grants the next decode); a step without events never wakes the loop, so give up after 20 ms */
+        int calls = atomic_load(&m->decode_calls);
+        while (m->granted <= calls)
+            if (uv_cond_timedwait(&m->gcv, &m->gmu, 20 * 1000 * 1000) != 0) break;
+    }
+    uv_mutex_unlock(&m->gmu);
+    atomic_fetch_add(&m->decode_calls, 1);
+    if (m->record_times && m->n_times < 100000) m->times[m->n_times++] = uv_hrtime();
+    if (b->n < 1 || b->n > m->max_batch) return ENG_ERR_INVALID;
+    int32_t distinct = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (b->token[i] < 0 || b->token[i] >= NV) return ENG_ERR_INVALID;
+        if (i == 0 || b->seq[i] != b->seq[i - 1]) distinct++;
+        m->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
+    }
+    if (m->inject_full_every > 0 && distinct >= 2 && ++m->injected % m->inject_full_every == 0)
+        return ENG_ERR_KV_FULL;
+    int rc = kvc_start_forward(m->cache, m->entries, b->n, m->slots);
+    if (rc == KVC_ERR_FULL) return ENG_ERR_KV_FULL;
+    if (rc != KVC_OK) {
+        m->other_errors++;
+        return ENG_ERR_KV;
+    }
+    for (int32_t i = 0; i < b->n; i++) {
+        *(float *)kvc_row_ptr(&m->lay, 0, 0, m->slots[i], 0) = (float)b->token[i];
+        *(float *)kvc_row_ptr(&m->lay, 0, 1, m->slots[i], 0) = (float)b->pos[i];
+    }
+    int32_t bs = m->lay.block_size;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (!b->want_logits[i]) continue;
+        const int32_t *tab;
+        int32_t nb, len;
+        if (kvc_block_table(m->cache, b->seq[i], &tab, &nb, &len) != KVC_OK || b->pos[i] >= len) {
+            m->corrupt = true;
+            continue;
+        }
+        uint64_t h = 0x1234567;
+        for (int32_t q = 0; q <= b->pos[i]; q++) {
+            int32_t slot = tab[q / bs] * bs + q % bs;
+            float tok = *(float *)kvc_row_ptr(&m->lay, 0, 0, slot, 0);
+            float pos = *(float *)kvc_row_ptr(&m->lay, 0, 1, slot, 0);
+            if (pos != (float)q) m->corrupt = true;
+            h = mix64(h ^ (uint64_t)(int64_t)tok);
+        }
+        float *lg = m->logits + (size_t)i * NV;
+        for (int32_t v = 0; v < NV; v++) {
+            if (v > 0 && v < GEN0) lg[v] = -INFINITY;
+            else lg[v] = (float)(mix64(h + (uint64_t)v * 0x9e37) % 2000) / 250.0f - 4.0f;
+        }
+        lg[0] += m->eog_logit;
+    }
+    kvc_finish_forward(m->cache, true);
+    atomic_fetch_add(&m->tokens_total, b->n);
+    if (kvc_check(m->cache, m->check_msg[0] ? NULL : m->check_msg, m->check_msg[0] ? 0 : sizeof m->check_msg) !=
+        KVC_OK && !m->check_msg[0])
+        snprintf(m->check_msg, sizeof m->check_msg, "kvc_check failed");
+    if (m->log_batches) {
+        if (m->n_log == m->cap_log) {
+            m->cap_log = m->cap_log ? m->cap_log * 2 : 64;
+            m->log = realloc(m->log, (size_t)m->cap_log * sizeof *m->log);
+        }
+        batch_log *l = &m->log[m->n_log++];
+        l->n = b->n;
+        l->token = malloc((size_t)b->n * sizeof(int32_t));
+        l->pos = malloc((size_t)b->n * sizeof(int32_t));
+        l->seq = malloc((size_t)b->n * sizeof(int32_t));
+        l->logits = malloc((size_t)b->n * sizeof(bool));
+        memcpy(l->token, b->token, (size_t)b->n * sizeof(int32_t));
+        memcpy(l->pos, b->pos, (size_t)b->n * sizeof(int32_t));
+        memcpy(l->seq, b->seq, (size_t)b->n * sizeof(int32_t));
+        memcpy(l->logits, b->want_logits, (size_t)b->n * sizeof(bool));
+    }
+    return ENG_OK;
+}
+
+static float *m_logits(void *p, int32_t i) {
+    mock *m = p;
+    return i >= 0 && i < m->max_batch ? m->logits + (size_t)i * NV : NULL;
+}
+
+static bool m_eog(void *p, int32_t t) {
+    (void)p;
+    return t == 0;
+}
+
+static const char *const PIECES[NV - GEN0] = {"x", "y", " ", "ab", "ba", "\n", "st", "op",
+                                             "s", "t", "o", "p", "!", "q", "zz", "."};
+
+static const char *piece_of(int32_t t) { return t >= GEN0 ? PIECES[t - GEN0] : t == 0 ? "" : "P"; }
+
+static int m_push(void *p, eng_detok *d, int32_t t, char *buf, size_t cap, size_t *n) {
+    (void)p;
+    (void)d;
+    const char *s = piece_of(t);
+    *n = strlen(s);
+    if (*n > cap) return ENG_ERR_TOO_LARGE;
+    memcpy(buf, s, *n);
+    return ENG_OK;
+}
+
+static int m_flush(void *p, eng_detok *d, char *buf, size_t cap, size_t *n) {
+    (void)p;
+    (void)d;
+    (void)buf;
+    (void)cap;
+    *n = 0;
+    return ENG_OK;
+}
+
+/* A small seeded sampler: temperature sampling over the raw logits (greedy when temperature <= 0), raw
+ * log-softmax logprob and top-N. */
+typedef struct msampler {
+    uint64_t rng;
+    float temp;
+    int32_t n_top;
+} msampler;
+
+static int m_screate(void *p, const eng_sampling_params *sp, void **out) {
+    (void)p;
+    msampler *s = malloc(sizeof *s);
+    if (!s) return ENG_ERR_NOMEM;
+    s->rng = sp->seed * 0x9e3779b97f4a7c15ULL + 1;
+    s->temp = sp->temperature;
+    s->n_top = sp->n_top_logprobs;
+    *out = s;
+    return ENG_OK;
+}
+
+static void m_sfree(void *p, void *s) {
+    (void)p;
+    free(s);
+}
+
+static int m_sample(void *p, void *sv, float *lg, eng_sample *out) {
+    (void)p;
+    msampler *s = sv;
+    float mx = -INFINITY;
+    int32_t arg = 0;
+    for (int32_t v = 0; v < NV; v++)
+        if (lg[v] > mx) {
+            mx = lg[v];
+            arg = v;
+        }
+    double z = 0;
+    for (int32_t v = 0; v < NV; v++) z += isinf(lg[v]) ? 0.0 : exp(lg[v] - mx);
+    double lse = mx + log(z);
+    int32_t tok = arg;
+    if (s->temp > 0) {
+        double w[NV], tot = 0;
+        for (int32_t v = 0; v < NV; v++) {
+            w[v] = isinf(lg[v]) ? 0.0 : exp((lg[v] - mx) / s->temp);
+            tot += w[v];
+        }
+        s->rng = mix64(s->rng + 0x9e3779b97f4a7c15ULL);
+        double u = (double)(s->rng >> 11) / 9007199254740992.0 * tot;
+        tok = -1;
+        for (int32_t v = 0; v < NV; v++) {
+            if (w[v] == 0) continue;
+            tok = v;
+            if (u < w[v]) break;
+            u -= w[v];
+        }
+    }
+    out->token = tok;
+    out->logprob = (float)(lg[tok] - lse);
+    out->n_top = 0;
+    bool used[NV] = {0};
+    for (int32_t k = 0; k < s->n_top && k < 20; k++) {
+        int32_t b = -1;
+        for (int32_t v = 0; v < NV; v++)
+            if (!used[v] && !isinf(lg[v]) && (b < 0 || lg[v] > lg[b])) b = v;
+        if (b < 0) break;
+        used[b] = true;
+        out->top_token[k] = b;
+        out->top_logprob[k] = (float)(lg[b] - lse);
+        out->n_top = k + 1;
+    }
+    return ENG_OK;
+}
+
+static void mock_init(mock *m, int32_t block_size, int32_t n_blocks, int32_t max_seqs, int32_t max_batch) {
+    memset(m, 0, sizeof *m);
+    kvc_params p;
+    kvc_params_default(&p);
+    p.n_layer = 1;
+    p.n_kv_head = 1;
+    p.head_dim = 1;
+    p.block_size = block_size;
+    p.n_blocks = n_blocks;
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = max_batch;
+    p.dtype = KVC_DTYPE_F32;
+    p.prefix_caching = true;
+    cr_assert_eq(kvc_create(&p, &m->cache), KVC_OK);
+    kvc_get_layout(m->cache, &m->lay);
+    m->max_batch = max_batch;
+    m->logits = calloc((size_t)max_batch * NV, sizeof(float));
+    m->slots = calloc((size_t)max_batch, sizeof(int32_t));
+    m->entries = calloc((size_t)max_batch, sizeof(kvc_entry));
+    m->eog_logit = -3.0f;
+    cr_assert(m->logits && m->slots && m->entries);
+    uv_mutex_init(&m->gmu);
+    uv_cond_init(&m->gcv);
+}
+
+static void mock_free(mock *m) {
+    for (int32_t i = 0; i < m->n_log; i++) {
+        free(m->log[i].token);
+        free(m->log[i].pos);
+        free(m->log[i].seq);
+        free(m->log[i].logits);
+    }
+    free(m->log);
+    free(m->logits);
+    free(m->slots);
+    free(m->entries);
+    kvc_free(m->cache);
+    uv_cond_destroy(&m->gcv);
+    uv_mutex_destroy(&m->gmu);
+}
+
+static srv_engine_ops mock_ops(mock *m) {
+    srv_engine_ops o = {
+        .ctx = m, .n_vocab = NV, .cache = m_cache, .decode = m_decode, .get_logits = m_logits,
+        .token_is_eog = m_eog, .detok_push = m_push, .detok_flush = m_flush, .sampler_create = m_screate,
+        .sampler_free = m_sfree, .sampler_sample = m_sample,
+    };
+    return o;
+}
+
+typedef struct req_spec {
+    int32_t prompt[512];
+    int32_t n_prompt;
+    int32_t n;
+    int32_t max_tokens;
+    float temp;
+    uint64_t seed;
+    const char *stop[2];
+    size_t n_stop;
+    bool ignore_eos;
+    int32_t top;
+} req_spec;
+
+/* ---- collecting results ----------------------------------------------------------------------------------- */
+#define MAXC 4
+typedef struct result {
+    int32_t n;
+    char text[MAXC][MAXB];
+    size_t text_len[MAXC];
+    int32_t toks[MAXC][MAXB];
+    int32_t n_toks[MAXC];
+    int ends[MAXC];
+    srv_sched_finish finish[MAXC];
+    char error[128];
+    int done;
+    srv_sched_finish done_finish;
+    srv_sched_usage usage;
+    srv_sched_timings timings;
+    int order_errors;          /* events out of the documented order */
+    int deltas_after_cancel;
+    bool cancel_called, cancel_tried;
+    int done_seq;              /* position in the global DONE order */
+    /* hooks */
+    struct harness *hz;
+    int cancel_after_tokens;   /* > 0: cancel after this many tokens of choice 0 */
+    uint64_t id;
+    uint64_t t_cancel, t_done_ev;
+    int32_t kv_used_at_done;
+} result;
+
+typedef struct harness {
+    uv_loop_t loop;
+    mock m;
+    srv_sched *s;
+    int n_done;
+    int done_counter;
+    /* chained submissions: every DONE submits chain[chain_next] (from inside the callback) */
+    const struct req_spec *chain;
+    struct result *chain_res;
+    int chain_next, chain_n;
+    const int *chain_cancel; /* cancel_after_tokens per chained request */
+} harness;
+
+static int submit(harness *h, const struct req_spec *q, struct result *r);
+
+static void on_event(const srv_sched_event *ev, void *user) {
+    result *r = user;
+    if (r->done) {
+        r->order_errors++;
+        return;
+    }
+    switch (ev->type) {
+    case SRV_SCHED_EV_DELTA:
+        if (ev->choice < 0 || ev->choice >= r->n || r->ends[ev->choice]) {
+            r->order_errors++;
+            return;
+        }
+        if (r->cancel_called) r->deltas_after_cancel++;
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        r->text_len[ev->choice] += ev->text_len;
+        for (int32_t i = 0; i < ev->n_samples; i++) r->toks[ev->choice][r->n_toks[ev->choice]++] = ev->samples[i].token;
+        if (r->cancel_after_tokens > 0 && !r->cancel_tried && r->n_toks[0] >= r->cancel_after_tokens) {
+            r->cancel_tried = true;
+            r->t_cancel = uv_hrtime();
+            int crc = srv_sched_cancel(r->hz->s, r->id);
+            /* NOT_FOUND: the request already ended (its DONE is queued behind this event) */
+            cr_assert(crc == SRV_SCHED_OK || crc == SRV_SCHED_ERR_NOT_FOUND);
+            r->cancel_called = crc == SRV_SCHED_OK;
+            mock *m = &r->hz->m;
+            uv_mutex_lock(&m->gmu);
+            m->gate_closed = false;
+            m->released = true;
+            uv_cond_broadcast(&m->gcv);
+            uv_mutex_unlock(&m->gmu);
+        }
+        break;
+    case SRV_SCHED_EV_CHOICE_END:
+        if (ev->choice < 0 || ev->choice >= r->n || r->ends[ev->choice]) {
+            r->order_errors++;
+            return;
+        }
+        if (ev->text_len) memcpy(r->text[ev->choice] + r->text_len[ev->choice], ev->text, ev->text_len);
+        r->text_len[ev->choice] += ev->text_len;
+        r->ends[ev->choice]++;
+        r->finish[ev->choice] = ev->finish;
+        if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
+        break;
+    case SRV_SCHED_EV_DONE:
+        for (int32_t i = 0; i < r->n; i++)
+            if (r->ends[i] != 1) r->order_errors++;
+        r->done = 1;
+        r->done_finish = ev->finish;
+        r->usage = ev->usage;
+        r->timings = ev->timings;
+        r->done_seq = r->hz->done_counter++;
+        r->t_done_ev = ev->t;
+        srv_sched_stats st;
+        srv_sched_get_stats(r->hz->s, &st); /* refreshed together with posting this DONE */
+        r->kv_used_at_done = st.kv_blocks_used;
+        r->hz->n_done++;
+        if (r->hz->chain && r->hz->chain_next < r->hz->chain_n) {
+            harness *hz = r->hz;
+            int k = hz->chain_next++;
+            cr_assert_eq(submit(hz, &hz->chain[k], &hz->chain_res[k]), SRV_SCHED_OK);
+            hz->chain_res[k].cancel_after_tokens = hz->chain_cancel[k];
+        }
+        break;
+    }
+}
+
+static void hz_init(harness *h, int32_t block_size, int32_t n_blocks, const srv_sched_params *sp) {
+    memset(h, 0, sizeof *h);
+    cr_assert_eq(uv_loop_init(&h->loop), 0);
+    mock_init(&h->m, block_size, n_blocks, sp->parallel, sp->batch_tokens);
+    srv_engine_ops ops = mock_ops(&h->m);
+    cr_assert_eq(srv_sched_create(sp, &ops, &h->loop, &h->s), SRV_SCHED_OK);
+}
+
+static void on_check(uv_check_t *c) {
+    mock *m = c->data;
+    uv_mutex_lock(&m->gmu);
+    m->granted = atomic_load(&m->decode_calls) + 1;
+    uv_cond_broadcast(&m->gcv);
+    uv_mutex_unlock(&m->gmu);
+}
+
+static void hz_run(harness *h, int n_done) {
+    while (h->n_done < n_done) uv_run(&h->loop, UV_RUN_ONCE);
+}
+
+static void hz_free(harness *h) {
+    srv_sched_free(h->s);
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    cr_assert_eq(uv_loop_close(&h->loop), 0);
+    cr_assert(!h->m.corrupt, "mock read back a wrong position");
+    cr_assert_eq(h->m.other_errors, 0);
+    cr_assert(!h->m.check_msg[0], "kvc_check: %s", h->m.check_msg);
+    mock_free(&h->m);
+}
+
+
+static int submit(harness *h, const struct req_spec *q, struct result *r) {
+    memset(r, 0, sizeof *r);
+    r->n = q->n;
+    r->hz = h;
+    srv_sched_request rq;
+    memset(&rq, 0, sizeof rq);
+    rq.prompt = q->prompt;
+    rq.n_prompt = q->n_prompt;
+    rq.n = q->n;
+    rq.max_tokens = q->max_tokens;
+    eng_sampling_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.temperature = q->temp;
+    sp.seed = q->seed;
+    sp.n_top_logprobs = q->top;
+    rq.sampling = sp;
+    rq.stop = q->stop;
+    rq.n_stop = q->n_stop;
+    rq.ignore_eos = q->ignore_eos;
+    rq.cb = on_event;
+    rq.user = r;
+    return srv_sched_submit(h->s, &rq, &r->id);
+}
+
+static void rand_prompt(uint64_t *rng, req_spec *q, int32_t n) {
+    q->n_prompt = n;
+    for (int32_t i = 0; i < n; i++) q->prompt[i] = 1 + (int32_t)(mix64((*rng)++) % (GEN0 - 1));
+}
+
+static srv_sched_params params(int32_t batch, int32_t parallel) {
+    srv_sched_params p;
+    srv_sched_params_default(&p);
+    p.batch_tokens = batch;
+    p.parallel = parallel;
+    return p;
+}
+
+/* Runs one request alone in a roomy pool and returns its result. */
+static void run_alone(const req_spec *q, result *out) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 8);
+    hz_init(h, 8, 1024, &p);
+    cr_assert_eq(submit(h, q, out), SRV_SCHED_OK);
+    hz_run(h, 1);
+    hz_free(h);
+    free(h);
+}
+
+static void assert_same(const result *a, const result *b, const char *what) {
+    cr_assert_eq(a->n, b->n);
+    for (int32_t c = 0; c < a->n; c++) {
+        cr_assert_eq(a->n_toks[c], b->n_toks[c], "%s: choice %d: %d vs %d tokens", what, c, a->n_toks[c],
+                     b->n_toks[c]);
+        cr_assert(memcmp(a->toks[c], b->toks[c], (size_t)a->n_toks[c] * sizeof(int32_t)) == 0,
+                  "%s: choice %d tokens differ", what, c);
+        cr_assert_eq(a->text_len[c], b->text_len[c], "%s: choice %d text", what, c);
+        cr_assert(memcmp(a->text[c], b->text[c], a->text_len[c]) == 0, "%s: choice %d text differs", what, c);
+        cr_assert_eq(a->finish[c], b->finish[c], "%s: choice %d finish", what, c);
+    }
+    cr_assert_eq(a->usage.completion_tokens, b->usage.completion_tokens, "%s", what);
+}
+
+static void assert_clean(const result *r) {
+    cr_assert_eq(r->done, 1);
+    cr_assert_eq(r->order_errors, 0, "events out of order");
+}
+
+/* ---- tests ---------------------------------------------------------------------------------------------------- */
+
+/* Every batch respects the token budget, puts decode tokens before prompt chunks, asks logits only for the
+ * last token of a sequence's run, and long prompts are split across steps (chunked prefill). */
+Test(scheduler, budget_decode_first_chunked_prefill) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(24, 8);
+    hz_init(h, 8, 512, &p);
+    h->m.log_batches = true;
+    enum { NR = 6 };
+    req_spec q[NR];
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = 7;
+    for (int i = 0; i < NR; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        rand_prompt(&rng, &q[i], i == 0 ? 100 : 5 + 11 * i);
+        q[i].n = 1;
+        q[i].max_tokens = 12;
+        q[i].temp = 1.0f;
+        q[i].seed = (uint64_t)i;
+        q[i].ignore_eos = true;
+        cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    }
+    hz_run(h, NR);
+    int mixed = 0, chunks_of_long = 0;
+    for (int32_t b = 0; b < h->m.n_log; b++) {
+        batch_log *l = &h->m.log[b];
+        cr_assert(l->n <= 24, "batch %d has %d tokens", b, l->n);
+        bool seen_prompt = false, has_decode = false;
+        for (int32_t i = 0; i < l->n; i++) {
+            bool gen = l->token[i] >= GEN0;
+            if (gen) cr_assert(!seen_prompt, "batch %d: decode token after a prompt chunk", b);
+            else seen_prompt = true;
+            has_decode |= gen;
+            bool last_of_run = i == l->n - 1 || l->seq[i + 1] != l->seq[i];
+            if (l->logits[i]) cr_assert(last_of_run, "batch %d: logits inside a run", b);
+            if (gen) cr_assert(l->logits[i]);
+        }
+        if (has_decode && seen_prompt) mixed++;
+        /* the 100-token prompt: count batches holding its positions 0..99 as prompt tokens */
+        for (int32_t i = 0; i < l->n; i++)
+            if (!(l->token[i] >= GEN0) && l->pos[i] == 99 && l->token[i] == q[0].prompt[99]) {
+                cr_assert(l->logits[i], "last prompt token must want logits");
+            }
+    }
+    /* the long prompt needed ceil(100 / 24) >= 5 steps: find its sequence's prompt entries */
+    for (int32_t b = 0; b < h->m.n_log; b++) {
+        batch_log *l = &h->m.log[b];
+        for (int32_t i = 0; i < l->n; i++)
+            if (l->pos[i] < 100 && l->token[i] < GEN0 && l->pos[i] > 40) { chunks_of_long++; break; }
+    }
+    cr_assert_geq(chunks_of_long, 3, "long prompt was not chunked");
+    cr_assert_gt(mixed, 0, "no step mixed decode and prefill");
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        cr_assert_eq(res[i].n_toks[0], 12);
+        cr_assert_eq(res[i].finish[0], SRV_SCHED_FINISH_LENGTH);
+        result alone;
+        run_alone(&q[i], &alone);
+        assert_same(&res[i], &alone, "budget");
+    }
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.generation_tokens_total, NR * 12);
+    cr_assert_eq(st.requests_finished[SRV_SCHED_FINISH_LENGTH], NR);
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* parallel = 1: requests run one at a time in submission order. */
+Test(scheduler, fcfs) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 1);
+    hz_init(h, 8, 256, &p);
+    enum { NR = 5 };
+    req_spec q[NR];
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = 11;
+    for (int i = 0; i < NR; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        rand_prompt(&rng, &q[i], 10 + 3 * i);
+        q[i].n = 1;
+        q[i].max_tokens = 5;
+        q[i].temp = 0;
+        q[i].ignore_eos = true;
+        cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    }
+    hz_run(h, NR);
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        cr_assert_eq(res[i].done_seq, i, "request %d finished %d-th", i, res[i].done_seq);
+        if (i > 0) cr_assert_geq(res[i].timings.t_start, res[i - 1].timings.t_end);
+        cr_assert(res[i].timings.t_submit <= res[i].timings.t_start);
+        cr_assert(res[i].timings.t_start <= res[i].timings.t_first_token);
+        cr_assert(res[i].timings.t_first_token <= res[i].timings.t_end);
+    }
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* n > 1: one prefill of the prompt, then every choice continues independently and equals the same request
+ * with n = 1 and seed + i. */
+Test(scheduler, n_choices_share_one_prefill) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 8);
+    hz_init(h, 8, 256, &p);
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 3;
+    rand_prompt(&rng, &q, 43);
+    q.n = 4;
+    q.max_tokens = 20;
+    q.temp = 1.0f;
+    q.seed = 100;
+    q.top = 3;
+    result *r = calloc(1, sizeof *r);
+    cr_assert_eq(submit(h, &q, r), SRV_SCHED_OK);
+    hz_run(h, 1);
+    assert_clean(r);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.prompt_tokens_computed, 43, "prompt computed %llu times its length",
+                 (unsigned long long)st.prompt_tokens_computed);
+    int32_t gen = 0;
+    for (int c = 0; c < 4; c++) gen += r->n_toks[c] + (r->finish[c] == SRV_SCHED_FINISH_STOP ? 1 : 0);
+    cr_assert_eq(r->usage.completion_tokens, gen);
+    /* tokens through the engine: the prompt once, then every generated token except each choice's last */
+    int64_t expect = 43;
+    for (int c = 0; c < 4; c++) {
+        int32_t g = r->n_toks[c] + (r->finish[c] == SRV_SCHED_FINISH_STOP ? 1 : 0);
+        expect += g - 1;
+    }
+    cr_assert_eq(atomic_load(&h->m.tokens_total), expect);
+    bool differ = false;
+    for (int c = 0; c < 4; c++) {
+        req_spec one = q;
+        one.n = 1;
+        one.seed = q.seed + (uint64_t)c;
+        result alone;
+        run_alone(&one, &alone);
+        cr_assert_eq(alone.n_toks[0], r->n_toks[c], "choice %d", c);
+        cr_assert(memcmp(alone.toks[0], r->toks[c], (size_t)r->n_toks[c] * sizeof(int32_t)) == 0, "choice %d", c);
+        cr_assert_eq(alone.text_len[0], r->text_len[c]);
+        if (c > 0 && (r->n_toks[c] != r->n_toks[0] || memcmp(r->toks[c], r->toks[0], (size_t)r->n_toks[0] * 4)))
+            differ = true;
+    }
+    cr_assert(differ, "all choices identical: seeds not applied per choice");
+    hz_free(h);
+    free(h);
+    free(r);
+}
+
+/* A second request with a shared prefix attaches the cached full blocks and reports them. */
+Test(scheduler, prefix_cache_reports_cached_tokens) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 8);
+    hz_init(h, 16, 256, &p);
+    req_spec a, b;
+    memset(&a, 0, sizeof a);
+    uint64_t rng = 5;
+    rand_prompt(&rng, &a, 50);
+    a.n = 1;
+    a.max_tokens = 4;
+    a.ignore_eos = true;
+    b = a;
+    for (int i = 40; i < 50; i++) b.prompt[i] = 1 + (b.prompt[i] % 14); /* same first 40 tokens */
+    b.prompt[40] = a.prompt[40] == 1 ? 2 : 1;
+    result *ra = calloc(1, sizeof *ra), *rb = calloc(1, sizeof *rb);
+    cr_assert_eq(submit(h, &a, ra), SRV_SCHED_OK);
+    hz_run(h, 1);
+    cr_assert_eq(ra->usage.cached_tokens, 0);
+    cr_assert_eq(submit(h, &b, rb), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(ra);
+    assert_clean(rb);
+    cr_assert_eq(rb->usage.cached_tokens, 32, "cached %d", rb->usage.cached_tokens);
+    cr_assert_eq(rb->usage.prompt_tokens, 50);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.prompt_tokens_computed, 50 + 18);
+    cr_assert_geq(st.prefix_hit_tokens, 32);
+    result alone;
+    run_alone(&b, &alone);
+    assert_same(rb, &alone, "prefix");
+    /* the same prompt again: everything but the last block's partial tail is cached */
+    result *rc = calloc(1, sizeof *rc);
+    cr_assert_eq(submit(h, &a, rc), SRV_SCHED_OK);
+    hz_run(h, 3);
+    cr_assert_eq(rc->usage.cached_tokens, 48);
+    assert_same(rc, ra, "same prompt");
+    hz_free(h);
+    free(h);
+    free(ra);
+    free(rb);
+    free(rc);
+}
+
+/* Requests arriving together with a common prefix: only the first computes it, the others wait for its
+ * blocks and attach them. */
+Test(scheduler, concurrent_same_prefix_prefilled_once) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(512, 8);
+    hz_init(h, 16, 256, &p);
+    enum { NR = 4 };
+    req_spec q[NR];
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = 9;
+    req_spec base;
+    memset(&base, 0, sizeof base);
+    rand_prompt(&rng, &base, 69);
+    for (int i = 0; i < NR; i++) {
+        q[i] = base;
+        for (int k = 64; k < 69; k++) q[i].prompt[k] = 1 + (int32_t)((k * 7 + i * 3) % 15);
+        q[i].n = 1;
+        q[i].max_tokens = 6;
+        q[i].temp = 1.0f;
+        q[i].seed = (uint64_t)i;
+        q[i].ignore_eos = true;
+    }
+    for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    hz_run(h, NR);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.prompt_tokens_computed, 69 + (NR - 1) * 5, "computed %llu prompt tokens",
+                 (unsigned long long)st.prompt_tokens_computed);
+    int with_cache = 0;
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        with_cache += res[i].usage.cached_tokens == 64;
+        result alone;
+        run_alone(&q[i], &alone);
+        assert_same(&res[i], &alone, "same prefix");
+    }
+    cr_assert_eq(with_cache, NR - 1);
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* A tiny pool forces preemptions: every request still completes with exactly the output it has alone,
+ * nothing is preempted twice without progress, and the cache stays consistent (kvc_check after every
+ * forward, positions read back through the block tables). */
+static void preemption_round(uint64_t seed, int inject, uint64_t *preemptions) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 8);
+    hz_init(h, 4, 28, &p);
+    h->m.inject_full_every = inject;
+    enum { NR = 8 };
+    req_spec *q = calloc(NR, sizeof *q);
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = seed;
+    for (int i = 0; i < NR; i++) {
+        rand_prompt(&rng, &q[i], 3 + (int32_t)(mix64(rng++) % 30));
+        q[i].n = inject ? 1 : 1 + (int32_t)(mix64(rng++) % 2);
+        q[i].max_tokens = 8 + (int32_t)(mix64(rng++) % 24);
+        q[i].temp = 1.0f;
+        q[i].seed = seed * 100 + (uint64_t)i;
+        q[i].ignore_eos = (mix64(rng++) % 2) == 0;
+        if (mix64(rng++) % 3 == 0) {
+            q[i].stop[0] = "op";
+            q[i].n_stop = 1;
+        }
+    }
+    for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    hz_run(h, NR);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "seed %llu req %d: %s",
+                      (unsigned long long)seed, i, res[i].error);
+        result alone;
+        run_alone(&q[i], &alone);
+        char what[64];
+        snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
+        assert_same(&res[i], &alone, what);
+    }
+    cr_assert_eq(st.preemptions_repeated, 0, "seed %llu: thrash", (unsigned long long)seed);
+    *preemptions += st.preemptions;
+    cr_assert_eq(st.kv_blocks_used, 0);
+    hz_free(h);
+    free(h);
+    free(q);
+    free(res);
+}
+
+/* How many preemptions a round sees depends on how the burst of submissions interleaves with the first
+ * steps, so the check that the pool really filled up is over all rounds. */
+Test(scheduler, preemption_tiny_pool_matches_alone) {
+    uint64_t pre = 0;
+    for (uint64_t seed = 1; seed <= 12; seed++) preemption_round(seed, 0, &pre);
+    cr_assert_gt(pre, 0, "the pool never filled up");
+}
+
+Test(scheduler, engine_kv_full_is_retried) {
+    uint64_t pre = 0;
+    for (uint64_t seed = 20; seed <= 23; seed++) preemption_round(seed, 3, &pre);
+    cr_assert_gt(pre, 0);
+}
+
+/* A prompt larger than the whole pool ends with an error; the next request is served normally. */
+Test(scheduler, prompt_does_not_fit) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 4);
+    hz_init(h, 4, 4, &p);
+    req_spec big, small;
+    memset(&big, 0, sizeof big);
+    uint64_t rng = 1;
+    rand_prompt(&rng, &big, 30);
+    big.n = 1;
+    big.max_tokens = 3;
+    small = big;
+    small.n_prompt = 5;
+    result *rb = calloc(1, sizeof *rb), *rs = calloc(1, sizeof *rs);
+    cr_assert_eq(submit(h, &big, rb), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &small, rs), SRV_SCHED_OK);
+    hz_run(h, 2);
+    assert_clean(rb);
+    assert_clean(rs);
+    cr_assert_eq(rb->done_finish, SRV_SCHED_FINISH_ERROR);
+    cr_assert_str_eq(rb->error, "prompt does not fit in the KV cache");
+    cr_assert_neq(rs->done_finish, SRV_SCHED_FINISH_ERROR);
+    cr_assert_gt(rs->n_toks[0] + (rs->finish[0] == SRV_SCHED_FINISH_STOP), 0);
+    /* generation that outgrows the whole pool (16 tokens) ends with "length" once the pool is full: the
+     * cache holds 16 tokens, plus the one sampled last that no longer fits */
+    req_spec grow = small;
+    grow.n_prompt = 6;
+    grow.max_tokens = 1000;
+    grow.ignore_eos = true;
+    result *rg = calloc(1, sizeof *rg);
+    cr_assert_eq(submit(h, &grow, rg), SRV_SCHED_OK);
+    hz_run(h, 3);
+    assert_clean(rg);
+    cr_assert_eq(rg->done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(rg->n_toks[0], 16 + 1 - 6, "%d tokens", rg->n_toks[0]);
+    free(rg);
+    hz_free(h);
+    free(h);
+    free(rb);
+    free(rs);
+}
+
+/* Cancelling a running request frees its blocks within one step, delivers no DELTA afterwards, and ends its
+ * choices as cancelled. */
+Test(scheduler, cancel_running_frees_within_one_step) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 2);
+    hz_init(h, 4, 256, &p);
+    h->m.record_times = true;
+    h->m.close_at = 12; /* the engine waits there until the test has cancelled: the pool cannot run out */
+    req_spec a;
+    memset(&a, 0, sizeof a);
+    uint64_t rng = 2;
+    rand_prompt(&rng, &a, 20);
+    a.n = 2;
+    a.max_tokens = 100000;
+    a.ignore_eos = true;
+    a.temp = 1.0f;
+    result *ra = calloc(1, sizeof *ra);
+    cr_assert_eq(submit(h, &a, ra), SRV_SCHED_OK);
+    ra->cancel_after_tokens = 5;
+    hz_run(h, 1);
+    assert_clean(ra);
+    cr_assert_eq(ra->done_finish, SRV_SCHED_FINISH_CANCELLED);
+    cr_assert_eq(ra->finish[0], SRV_SCHED_FINISH_CANCELLED);
+    cr_assert_eq(ra->finish[1], SRV_SCHED_FINISH_CANCELLED);
+    cr_assert_eq(ra->deltas_after_cancel, 0);
+    /* decode calls that started between the cancel and the moment the scheduler produced DONE: at most the
+     * one that may have been under way */
+    int started = 0;
+    for (int32_t i = 0; i < h->m.n_times; i++)
+        if (h->m.times[i] > ra->t_cancel && h->m.times[i] <= ra->t_done_ev) started++;
+    cr_assert_leq(started, 1, "%d decodes started after the cancel", started);
+    cr_assert_eq(ra->kv_used_at_done, 0, "blocks still used after the cancelled request ended");
+    cr_assert_eq(srv_sched_cancel(h->s, ra->id), SRV_SCHED_ERR_NOT_FOUND);
+    kvc_stats ks;
+    kvc_get_stats(h->m.cache, &ks);
+    cr_assert_eq(ks.seqs_live, 0);
+    hz_free(h);
+    free(h);
+    free(ra);
+}
+
+/* Cancelling a waiting request ends it without running it; the running one is unaffected. */
+Test(scheduler, cancel_waiting) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 1);
+    hz_init(h, 4, 256, &p);
+    req_spec a;
+    memset(&a, 0, sizeof a);
+    uint64_t rng = 12;
+    rand_prompt(&rng, &a, 20);
+    a.n = 1;
+    a.max_tokens = 6;
+    a.ignore_eos = true;
+    result *ra = calloc(1, sizeof *ra), *rb = calloc(1, sizeof *rb);
+    cr_assert_eq(submit(h, &a, ra), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &a, rb), SRV_SCHED_OK);
+    cr_assert_eq(srv_sched_cancel(h->s, rb->id), SRV_SCHED_OK);
+    rb->cancel_called = true;
+    hz_run(h, 2);
+    assert_clean(ra);
+    assert_clean(rb);
+    cr_assert_eq(rb->done_finish, SRV_SCHED_FINISH_CANCELLED);
+    cr_assert_eq(rb->n_toks[0], 0);
+    cr_assert_eq(rb->deltas_after_cancel, 0);
+    cr_assert_eq(ra->done_finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(ra->n_toks[0], 6);
+    hz_free(h);
+    free(h);
+    free(ra);
+    free(rb);
+}
+
+/* The waiting queue is bounded: submit answers QUEUE_FULL beyond max_queue (the engine is held in a decode
+ * so that nothing moves meanwhile). */
+Test(scheduler, queue_full) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 1);
+    p.max_queue = 2;
+    hz_init(h, 4, 256, &p);
+    req_spec a;
+    memset(&a, 0, sizeof a);
+    uint64_t rng = 4;
+    rand_prompt(&rng, &a, 8);
+    a.n = 1;
+    a.max_tokens = 3;
+    a.ignore_eos = true;
+    result *res = calloc(4, sizeof *res);
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = true;
+    uv_mutex_unlock(&h->m.gmu);
+    cr_assert_eq(submit(h, &a, &res[0]), SRV_SCHED_OK);
+    uv_mutex_lock(&h->m.gmu);
+    while (!h->m.in_gate) uv_cond_wait(&h->m.gcv, &h->m.gmu); /* res[0] admitted, engine busy */
+    uv_mutex_unlock(&h->m.gmu);
+    cr_assert_eq(submit(h, &a, &res[1]), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &a, &res[2]), SRV_SCHED_OK);
+    result extra;
+    cr_assert_eq(submit(h, &a, &extra), SRV_SCHED_ERR_QUEUE_FULL);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.requests_rejected, 1);
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = false;
+    uv_cond_broadcast(&h->m.gcv);
+    uv_mutex_unlock(&h->m.gmu);
+    hz_run(h, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_clean(&res[i]);
+        cr_assert_eq(res[i].n_toks[0], 3);
+        cr_assert_eq(res[i].done_seq, i);
+    }
+    /* room again */
+    cr_assert_eq(submit(h, &a, &res[3]), SRV_SCHED_OK);
+    hz_run(h, 4);
+    assert_clean(&res[3]);
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* Stop strings cut the text exactly where the request alone without stop strings first shows them. */
+Test(scheduler, stop_strings_and_eog) {
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        req_spec q;
+        memset(&q, 0, sizeof q);
+        uint64_t rng = seed * 31;
+        rand_prompt(&rng, &q, 6);
+        q.n = 1;
+        q.max_tokens = 60;
+        q.temp = 1.0f;
+        q.seed = seed;
+        result *plain = calloc(1, sizeof *plain), *stopped = calloc(1, sizeof *stopped);
+        run_alone(&q, plain);
+        req_spec qs = q;
+        qs.stop[0] = "ab";
+        qs.stop[1] = "\n";
+        qs.n_stop = 2;
+        run_alone(&qs, stopped);
+        size_t cut = plain->text_len[0];
+        for (size_t i = 0; i < plain->text_len[0]; i++)
+            if (plain->text[0][i] == '\n' ||
+                (i + 1 < plain->text_len[0] && plain->text[0][i] == 'a' && plain->text[0][i + 1] == 'b')) {
+                cut = i;
+                break;
+            }
+        cr_assert_eq(stopped->text_len[0], cut, "seed %llu", (unsigned long long)seed);
+        cr_assert(memcmp(stopped->text[0], plain->text[0], cut) == 0);
+        if (cut < plain->text_len[0]) cr_assert_eq(stopped->finish[0], SRV_SCHED_FINISH_STOP);
+        else cr_assert_eq(stopped->finish[0], plain->finish[0]);
+        /* without ignore_eos an EOG ends with "stop"; the EOG token is not in the samples */
+        if (plain->finish[0] == SRV_SCHED_FINISH_STOP) {
+            cr_assert_eq(plain->usage.completion_tokens, plain->n_toks[0] + 1);
+            for (int32_t i = 0; i < plain->n_toks[0]; i++) cr_assert_neq(plain->toks[0][i], 0);
+        }
+        free(plain);
+        free(stopped);
+    }
+}
+
+/* ignore_eos bans the EOG token even where the model prefers it. */
+Test(scheduler, ignore_eos_bans_eog) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 4);
+    hz_init(h, 8, 256, &p);
+    h->m.eog_logit = 6.0f; /* EOG very likely */
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 8;
+    rand_prompt(&rng, &q, 10);
+    q.n = 2;
+    q.max_tokens = 30;
+    q.temp = 1.0f;
+    q.ignore_eos = true;
+    q.top = 5;
+    result *r = calloc(1, sizeof *r), *r2 = calloc(1, sizeof *r2);
+    cr_assert_eq(submit(h, &q, r), SRV_SCHED_OK);
+    q.ignore_eos = false;
+    cr_assert_eq(submit(h, &q, r2), SRV_SCHED_OK);
+    hz_run(h, 2);
+    for (int c = 0; c < 2; c++) {
+        cr_assert_eq(r->n_toks[c], 30);
+        cr_assert_eq(r->finish[c], SRV_SCHED_FINISH_LENGTH);
+        for (int32_t i = 0; i < 30; i++) cr_assert_neq(r->toks[c][i], 0);
+        cr_assert_eq(r2->finish[c], SRV_SCHED_FINISH_STOP);
+        cr_assert_lt(r2->n_toks[c], 30);
+    }
+    hz_free(h);
+    free(h);
+    free(r);
+    free(r2);
+}
+
+/* Argument checks and freeing with requests in flight (they end as cancelled inside srv_sched_free). */
+Test(scheduler, errors_and_free_with_requests) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(16, 2);
+    p.n_ctx = 40;
+    hz_init(h, 4, 1024, &p);
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 6;
+    rand_prompt(&rng, &q, 10);
+    q.n = 1;
+    q.max_tokens = 0; /* until n_ctx */
+    q.ignore_eos = true;
+    result *r = calloc(4, sizeof *r);
+    req_spec bad = q;
+    bad.n = 3; /* > parallel */
+    cr_assert_eq(submit(h, &bad, &r[0]), SRV_SCHED_ERR_INVALID);
+    bad = q;
+    bad.prompt[0] = NV;
+    cr_assert_eq(submit(h, &bad, &r[0]), SRV_SCHED_ERR_INVALID);
+    bad = q;
+    bad.n_prompt = 40;
+    cr_assert_eq(submit(h, &bad, &r[0]), SRV_SCHED_ERR_TOO_LONG);
+    cr_assert_eq(submit(h, &q, &r[0]), SRV_SCHED_OK);
+    hz_run(h, 1);
+    cr_assert_eq(r[0].finish[0], SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(r[0].n_toks[0], 30, "n_ctx 40 - prompt 10 = 30 tokens, got %d", r[0].n_toks[0]);
+    q.max_tokens = 100000;
+    q.n_prompt = 5;
+    srv_sched_free(h->s);
+    srv_sched_params p2 = params(16, 2);
+    srv_engine_ops ops = mock_ops(&h->m);
+    cr_assert_eq(srv_sched_create(&p2, &ops, &h->loop, &h->s), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &q, &r[1]), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &q, &r[2]), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &q, &r[3]), SRV_SCHED_OK);
+    while (r[1].n_toks[0] < 3) uv_run(&h->loop, UV_RUN_ONCE);
+    srv_sched_free(h->s);
+    h->s = NULL;
+    for (int i = 1; i < 4; i++) assert_clean(&r[i]);
+    /* every request got its DONE inside srv_sched_free: cancelled, or "length" if the pool ran out first
+     * (the scheduler runs freely until free stops it, so which one is not deterministic) */
+    for (int i = 1; i < 4; i++)
+        cr_assert(r[i].done_finish == SRV_SCHED_FINISH_CANCELLED || r[i].done_finish == SRV_SCHED_FINISH_LENGTH);
+    kvc_stats ks;
+    kvc_get_stats(h->m.cache, &ks);
+    cr_assert_eq(ks.blocks_used, 0);
+    cr_assert_eq(ks.seqs_live, 0);
+    hz_free(h);
+    free(h);
+    free(r);
+    srv_sched_free(NULL);
+    cr_assert_str_eq(srv_sched_finish_name(SRV_SCHED_FINISH_LENGTH), "length");
+}
+
+/* Randomized mix: shared prefixes, n up to 3, stop strings, ignore_eos, greedy and sampled, a pool small
+ * enough to preempt, random cancellations, half of the requests submitted from inside DONE callbacks.
+ * Uncancelled requests must equal their run alone; cancelled ones must have emitted a prefix of it. */
+Test(scheduler, randomized_mix_with_cancels) {
+    uint64_t preempts = 0, hits = 0;
+    int cancelled = 0;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        harness *h = malloc(sizeof *h);
+        srv_sched_params p = params(24, 8);
+        hz_init(h, 4, 48, &p);
+        enum { NR = 24, FIRST = 12 };
+        req_spec *q = calloc(NR, sizeof *q);
+        result *res = calloc(NR, sizeof *res);
+        int cancel_at[NR];
+        uint64_t rng = seed * 1000;
+        req_spec bases[3];
+        for (int b = 0; b < 3; b++) rand_prompt(&rng, &bases[b], 12 + 9 * b);
+        for (int i = 0; i < NR; i++) {
+            const req_spec *b = &bases[mix64(rng++) % 3];
+            memcpy(q[i].prompt, b->prompt, (size_t)b->n_prompt * sizeof(int32_t));
+            int32_t extra = 1 + (int32_t)(mix64(rng++) % 10);
+            for (int32_t k = 0; k < extra; k++) q[i].prompt[b->n_prompt + k] = 1 + (int32_t)(mix64(rng++) % 15);
+            q[i].n_prompt = b->n_prompt + extra;
+            q[i].n = 1 + (int32_t)(mix64(rng++) % 3);
+            q[i].max_tokens = 5 + (int32_t)(mix64(rng++) % 26);
+            q[i].temp = mix64(rng++) % 4 == 0 ? 0.0f : 1.0f;
+            q[i].seed = seed * 7919 + (uint64_t)i;
+            q[i].ignore_eos = mix64(rng++) % 2;
+            q[i].top = (int32_t)(mix64(rng++) % 3);
+            if (mix64(rng++) % 3 == 0) {
+                q[i].stop[0] = "st";
+                q[i].stop[1] = "a";
+                q[i].n_stop = 2;
+            }
+            cancel_at[i] = mix64(rng++) % 4 == 0 ? 1 + (int)(mix64(rng++) % 6) : 0;
+        }
+        h->chain = q;
+        h->chain_res = res;
+        h->chain_next = FIRST;
+        h->chain_n = NR;
+        h->chain_cancel = cancel_at;
+        uv_check_t check;
+        uv_check_init(&h->loop, &check);
+        check.data = &h->m;
+        uv_check_start(&check, on_check);
+        h->m.lockstep = true;
+        for (int i = 0; i < FIRST; i++) {
+            cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+            res[i].cancel_after_tokens = cancel_at[i];
+        }
+        hz_run(h, NR);
+        uv_close((uv_handle_t *)&check, NULL);
+        srv_sched_stats st;
+        srv_sched_get_stats(h->s, &st);
+        cr_assert_eq(st.preemptions_repeated, 0, "seed %llu", (unsigned long long)seed);
+        cr_assert_eq(st.kv_blocks_used, 0);
+        cr_assert_eq(st.requests_running + st.requests_waiting, 0);
+        preempts += st.preemptions;
+        hits += st.prefix_hit_tokens;
+        for (int i = 0; i < NR; i++) {
+            assert_clean(&res[i]);
+            result alone;
+            run_alone(&q[i], &alone);
+            char what[64];
+            snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
+            cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "%s: %s", what, res[i].error);
+            if (!res[i].cancel_called) {
+                assert_same(&res[i], &alone, what);
+                continue;
+            }
+            cancelled++;
+            cr_assert_eq(res[i].deltas_after_cancel, 0, "%s", what);
+            for (int32_t c = 0; c < q[i].n; c++) {
+                cr_assert_leq(res[i].n_toks[c], alone.n_toks[c], "%s", what);
+                cr_assert(memcmp(res[i].toks[c], alone.toks[c], (size_t)res[i].n_toks[c] * sizeof(int32_t)) == 0,
+                          "%s: choice %d", what, c);
+                cr_assert(res[i].text_len[c] <= alone.text_len[c] &&
+                          memcmp(res[i].text[c], alone.text[c], res[i].text_len[c]) == 0, "%s: choice %d", what, c);
+            }
+        }
+        hz_free(h);
+        free(h);
+        free(q);
+        free(res);
+    }
+    /* the mix exercised what it is meant to */
+    cr_assert_gt(preempts, 0);
+    cr_assert_gt(hits, 0);
+    cr_assert_gt(cancelled, 0);
+}
