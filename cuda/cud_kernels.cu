@@ -41,6 +41,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int MV_MAX_M = 8;
 
+// An activation as the matrix products read it: f32 for f32 weights; rounded to f16 otherwise, as the cuBLAS
+// path (batches over MATVEC_MAX_ROWS rows) reads it, so that a row's result does not depend on the batch size
+// beyond summation order.
+template <uint32_t T> __device__ __forceinline__ float act(float v) {
+    if constexpr (T == CUD_F32) return v;
+    else return __half2float(__float2half_rn(v));
+}
+
 // One warp per output row; each lane takes whole blocks, so a block's scales are read once per lane.
 template <uint32_t T>
 __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int m, float *y) {
@@ -57,7 +65,7 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
             float wv = deq<T>(row + i * blk<T>::B, 0);
 #pragma unroll
             for (int r = 0; r < MV_MAX_M; r++)
-                if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+                if (r < m) acc[r] += wv * act<T>(x[(int64_t)r * k + i]);
         }
     } else {
         for (int64_t b = lane; b < nb; b += WARP) {
@@ -67,7 +75,7 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
                 int64_t i = b * blk<T>::E + e;
 #pragma unroll
                 for (int r = 0; r < MV_MAX_M; r++)
-                    if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+                    if (r < m) acc[r] += wv * act<T>(x[(int64_t)r * k + i]);
             }
         }
     }
