@@ -41,9 +41,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int MV_MAX_M = 8;
 
-// An activation as the matrix products read it: f32 for f32 weights; rounded to f16 otherwise, as the cuBLAS
-// path (batches over MATVEC_MAX_ROWS rows) reads it, so that a row's result does not depend on the batch size
-// beyond summation order.
+// A weight or activation as the matrix products read it: f32 with f32 weights; rounded to f16 otherwise, as
+// the cuBLAS path (batches over MATVEC_MAX_ROWS rows) reads both, so that a row's result does not depend on
+// the batch size beyond summation order.
 template <uint32_t T> __device__ __forceinline__ float act(float v) {
     if constexpr (T == CUD_F32) return v;
     else return __half2float(__float2half_rn(v));
@@ -62,7 +62,7 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
     for (int r = 0; r < MV_MAX_M; r++) acc[r] = 0.f;
     if constexpr (blk<T>::E == 1) {
         for (int64_t i = lane; i < k; i += WARP) {
-            float wv = deq<T>(row + i * blk<T>::B, 0);
+            float wv = act<T>(deq<T>(row + i * blk<T>::B, 0));
 #pragma unroll
             for (int r = 0; r < MV_MAX_M; r++)
                 if (r < m) acc[r] += wv * act<T>(x[(int64_t)r * k + i]);
@@ -71,7 +71,7 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
         for (int64_t b = lane; b < nb; b += WARP) {
             const uint8_t *bp = row + b * blk<T>::B;
             for (int e = 0; e < blk<T>::E; e++) {
-                float wv = deq<T>(bp, e);
+                float wv = act<T>(deq<T>(bp, e));
                 int64_t i = b * blk<T>::E + e;
 #pragma unroll
                 for (int r = 0; r < MV_MAX_M; r++)
