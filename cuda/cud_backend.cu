@@ -296,11 +296,23 @@ int32_t round_pow2(int32_t n) {
 
 } // namespace
 
-extern "C" int32_t cud_available(char *name, size_t name_len) {
+extern "C" int32_t cud_available(char *name, size_t name_len) { return cud_available_why(name, name_len, nullptr, 0); }
+
+extern "C" int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len) {
     if (name && name_len) name[0] = '\0';
+    if (why && why_len) why[0] = '\0';
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {
         cudaGetLastError(); // clear the sticky "no device" error
+        if (why && why_len) {
+            int drv = 0, rt = 0;
+            cudaDriverGetVersion(&drv);
+            cudaRuntimeGetVersion(&rt);
+            snprintf(why, why_len, "%s; driver supports CUDA %d.%d, runtime is %d.%d",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "no devices", drv / 1000, drv % 1000 / 10,
+                     rt / 1000, rt % 1000 / 10);
+        }
         return 0;
     }
     cudaDeviceProp prop;

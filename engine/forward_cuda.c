@@ -89,12 +89,11 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
     if (p->device == ENG_DEVICE_CPU) return ENG_OK;
     if (p->device != ENG_DEVICE_AUTO && p->device != ENG_DEVICE_CUDA)
         return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: unknown device%s", NULL);
-    char name[256];
-    if (cud_available(name, sizeof name) < 1) {
+    char name[256], why[256];
+    if (cud_available_why(name, sizeof name, why, sizeof why) < 1) {
         if (p->device == ENG_DEVICE_AUTO) return ENG_OK;
 #ifdef KVSERVE_HAVE_CUDA
-        return gfail(err, err_len, ENG_ERR_DEVICE,
-                     "eng_ctx_create: device cuda: no CUDA device found (no GPU, or no working driver)%s", NULL);
+        return gfail(err, err_len, ENG_ERR_DEVICE, "eng_ctx_create: device cuda: no CUDA device found (%s)", why);
 #else
         return gfail(err, err_len, ENG_ERR_UNSUPPORTED,
                      "eng_ctx_create: device cuda: this kvserve was built without CUDA (KVSERVE_CUDA=OFF or no "

@@ -21,8 +21,9 @@ static const char *shared_dir(void) {
 }
 
 static void need_gpu_and_shared(char *path, size_t len, const char *model) {
-    char name[128];
-    if (cud_available(name, sizeof name) < 1) cr_skip_test("no CUDA device (or a build without CUDA): GPU tests skipped");
+    char name[128], why[256];
+    if (cud_available_why(name, sizeof name, why, sizeof why) < 1)
+        cr_skip_test("no CUDA device (%s): GPU tests skipped", why);
     snprintf(path, len, "%s/models/%s", shared_dir(), model);
     struct stat st;
     if (stat(path, &st) != 0) cr_skip_test("%s not found: ../shared is absent, GPU model tests skipped", path);
@@ -374,8 +375,9 @@ static size_t run_script(eng_model *m, eng_device dev, kvc_dtype kv, uint64_t se
 
 /* Runs the script on the CPU and on the GPU; logits must agree within tol relative to the largest |logit|. */
 static void check_script(const char *mk_args, kvc_dtype kv, double tol) {
-    char gpu[256];
-    if (cud_available(gpu, sizeof gpu) < 1) cr_skip_test("no CUDA device (or a build without CUDA): GPU tests skipped");
+    char gpu[256], why[256];
+    if (cud_available_why(gpu, sizeof gpu, why, sizeof why) < 1)
+        cr_skip_test("no CUDA device (%s): GPU tests skipped", why);
     char path[1024], dir[256];
     mk_model(mk_args, path, sizeof path, dir, sizeof dir);
     eng_model *m = load(path);

@@ -34,7 +34,9 @@ static eng_device test_device(void) {
     const char *d = getenv("KVSERVE_TEST_DEVICE");
     if (!d || !*d || !strcmp(d, "cpu")) return ENG_DEVICE_CPU;
     cr_assert(!strcmp(d, "cuda"), "KVSERVE_TEST_DEVICE must be cpu or cuda (got '%s')", d);
-    if (cud_available(NULL, 0) < 1) cr_skip_test("KVSERVE_TEST_DEVICE=cuda but no CUDA device (or a build without CUDA)");
+    char why[256];
+    if (cud_available_why(NULL, 0, why, sizeof why) < 1)
+        cr_skip_test("KVSERVE_TEST_DEVICE=cuda but no CUDA device (%s)", why);
     return ENG_DEVICE_CUDA;
 }
 
