@@ -198,7 +198,7 @@ typedef struct eng_ctx_params {
     kvc_dtype kv_dtype;       /* default F16 (CUDA: F16 or F32; Q8_0 is ENG_ERR_UNSUPPORTED there) */
     bool prefix_caching;      /* default true */
     eng_device device;        /* default AUTO: CUDA when a device is present and the model's tensor types have
-                                 kernels, else CPU. CUDA without a device: eng_ctx_create fails with
+                                 kernels and its weights fit, else CPU. CUDA without a device: eng_ctx_create fails with
                                  ENG_ERR_DEVICE ("no CUDA device found"), or ENG_ERR_UNSUPPORTED in a build
                                  without CUDA ("built without CUDA") */
     float gpu_memory_fraction;/* CUDA: share of device memory for weights + KV (default 0.9) */

@@ -84,7 +84,8 @@ void eng_cuda_free(eng_cuda *g) {
 
 int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **out, kvc_cache **cache_out,
                     char *err, size_t err_len) {
-    if (!model || !p || !out || !cache_out) return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument%s", NULL);
+    if (!model || !p || !out || !cache_out)
+        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument%s", NULL);
     *out = NULL;
     if (p->device == ENG_DEVICE_CPU) return ENG_OK;
     if (p->device != ENG_DEVICE_AUTO && p->device != ENG_DEVICE_CUDA)
@@ -174,8 +175,9 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
     free(layers);
     if (rc != 0) {
         eng_cuda_free(g);
-        if (rc == ENG_ERR_UNSUPPORTED && p->device == ENG_DEVICE_AUTO) {
-            /* a model the kernels cannot run (tensor type, head size): AUTO runs it on the CPU */
+        if ((rc == ENG_ERR_UNSUPPORTED || rc == ENG_ERR_NOMEM) && p->device == ENG_DEVICE_AUTO) {
+            /* a model the kernels cannot run (tensor type, head size) or that does not fit: AUTO runs it on
+             * the CPU */
             fprintf(stderr, "kvserve: the CUDA backend cannot run this model (%s); using the CPU\n", berr);
             return ENG_OK;
         }

@@ -19,9 +19,9 @@ typedef struct eng_cuda eng_cuda;
 /* Resolves the device of a context. p has n_ctx, max_seqs, max_batch_tokens and kv_block_size already
  * resolved (positive) by eng_ctx_create.
  *   device CPU: returns 0 with *out = NULL, *cache_out untouched (the caller runs on the CPU).
- *   device AUTO: with no CUDA device (or a build without CUDA), or a model the CUDA kernels cannot run
- *     (ENG_ERR_UNSUPPORTED from cud_backend_create: a note goes to stderr), returns 0 with *out = NULL; else
- *     as CUDA.
+ *   device AUTO: with no CUDA device (or a build without CUDA), or a model the CUDA kernels cannot run or
+ *     that does not fit in device memory (ENG_ERR_UNSUPPORTED / ENG_ERR_NOMEM from cud_backend_create: a
+ *     note goes to stderr), returns 0 with *out = NULL; else as CUDA.
  *   device CUDA: uploads the model, creates the KV cache in device memory (*cache_out, owned by the caller,
  *     which frees it with kvc_free BEFORE eng_cuda_free) and returns 0 with *out set.
  * Errors (err gets a message): ENG_ERR_DEVICE ("no CUDA device found"), ENG_ERR_UNSUPPORTED ("built without

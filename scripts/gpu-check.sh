@@ -25,7 +25,8 @@ fail() { echo "!! FAILED: $*"; status=1; }
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 
 step "GPU"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi not available"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null ||
+    echo "nvidia-smi not available"
 echo "shared test material: ${KVSERVE_SHARED:-<none>}"
 
 step "build (CUDA ON, archs $ARCHS)"
@@ -58,7 +59,8 @@ CS=$(command -v compute-sanitizer || true)
 [ -z "$CS" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && CS=/usr/local/cuda/bin/compute-sanitizer
 if [ -n "$CS" ]; then
     MC=("$CS" --tool memcheck --error-exitcode 97 --target-processes all --leak-check full)
-    if [ "${MEMCHECK_FULL:-0}" = 1 ]; then F1='*'; F2='*'; else F1='cuda_engine/script_llama_f32*'; F2='reference/stories260K*'; fi
+    F1='cuda_engine/script_llama_f32*' F2='reference/stories260K*'
+    if [ "${MEMCHECK_FULL:-0}" = 1 ]; then F1='*' F2='*'; fi
     step "compute-sanitizer memcheck: test_cuda_engine ($F1)"
     "${MC[@]}" "$B/test_cuda_engine" -j1 --filter "$F1" 2>&1 | tail -25 || fail "memcheck test_cuda_engine"
     step "compute-sanitizer memcheck: test_reference on the GPU ($F2)"
@@ -79,7 +81,8 @@ if [ -n "$KVSERVE_SHARED" ] && [ -f "$KVSERVE_SHARED/models/stories260K.gguf" ];
 fi
 
 bench_json=()
-if [ "${BENCH:-1}" = 0 ]; then BENCH_SPECS=(); else BENCH_SPECS=("bench-135m ggml-vocab-gpt-2.gguf" "llama-1b ggml-vocab-llama-bpe.gguf"); fi
+BENCH_SPECS=("bench-135m ggml-vocab-gpt-2.gguf" "llama-1b ggml-vocab-llama-bpe.gguf")
+if [ "${BENCH:-1}" = 0 ]; then BENCH_SPECS=(); fi
 step "bench on the GPU (${#BENCH_SPECS[@]} models; BENCH=0 skips)"
 mkdir -p "$B/models"
 for spec in "${BENCH_SPECS[@]}"; do
