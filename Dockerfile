@@ -22,6 +22,7 @@ COPY engine engine
 COPY cuda cuda
 COPY server server
 COPY tools tools
+COPY bench bench
 COPY tests/unit tests/unit
 COPY config config
 RUN cuda=OFF; if [ "$VARIANT" = cuda ]; then cuda=ON; fi \

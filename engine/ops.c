@@ -127,6 +127,13 @@ TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
         _mm256_storeu_ps(o + c0, a0);                                                                            \
     }
 
+TGT static void scores_f32_avx2(const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
+    for (int32_t t = 0; t < n; t++) out[t] = dot_f32_avx2(q, k + (size_t)t * hd, hd) * scale;
+}
+TGT static void scores_f16_avx2(const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out) {
+    for (int32_t t = 0; t < n; t++) out[t] = dot_f16_avx2(q, k + (size_t)t * hd, hd) * scale;
+}
+
 #define LOAD_F32(i) _mm256_loadu_ps(v + (i))
 #define LOAD_F16(i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (i))))
 TGT static void accum_f32_avx2(float *o, const float *p, const float *v, int32_t n, int32_t hd) {
@@ -142,10 +149,22 @@ TGT static void accum_f16_avx2(float *o, const float *p, const uint16_t *v, int3
 #endif
 
 void eng_attn_scores_f32(bool simd, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
-    for (int32_t t = 0; t < n; t++) out[t] = eng_dot_f32(simd, q, k + (size_t)t * hd, hd) * scale;
+#ifdef HAVE_X86
+    if (simd) {
+        scores_f32_avx2(q, k, n, hd, scale, out);
+        return;
+    }
+#endif
+    for (int32_t t = 0; t < n; t++) out[t] = dot_f32_scalar(q, k + (size_t)t * hd, hd) * scale;
 }
 void eng_attn_scores_f16(bool simd, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out) {
-    for (int32_t t = 0; t < n; t++) out[t] = eng_dot_f16(simd, q, k + (size_t)t * hd, hd) * scale;
+#ifdef HAVE_X86
+    if (simd) {
+        scores_f16_avx2(q, k, n, hd, scale, out);
+        return;
+    }
+#endif
+    for (int32_t t = 0; t < n; t++) out[t] = dot_f16_scalar(q, k + (size_t)t * hd, hd) * scale;
 }
 void eng_attn_accum_f32(bool simd, float *o, const float *p, const float *v, int32_t n, int32_t hd) {
 #ifdef HAVE_X86

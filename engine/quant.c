@@ -294,12 +294,18 @@ static void deq_q8_K(const eng_blk_q8_K *b, float *y, int64_t nb) {
         for (int j = 0; j < 256; j++) y[j] = b[i].d * (float)b[i].qs[j];
 }
 
-int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
-    eng_simd_level l = ENG_SIMD_SCALAR;
+/* The level the row conversions use by default. Their output is the same bytes at every level, so this
+ * only picks speed. libgcc / compiler-rt fill in __builtin_cpu_supports at startup (cpuid + the OS's xgetbv
+ * check): a load, no cpuid per call. */
+static eng_simd_level row_level(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2")) l = ENG_SIMD_AVX2;
+    if (__builtin_cpu_supports("avx2")) return ENG_SIMD_AVX2;
 #endif
-    return eng_dequantize_row_l(l, type, src, dst, n);
+    return ENG_SIMD_SCALAR;
+}
+
+int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    return eng_dequantize_row_l(row_level(), type, src, dst, n);
 }
 
 int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
@@ -503,12 +509,7 @@ static void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
 }
 
 int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
-    eng_simd_level l = ENG_SIMD_SCALAR;
-#if defined(__x86_64__) || defined(__i386__)
-    /* libgcc / compiler-rt fill this in at startup (cpuid + the OS's xgetbv check): a load, no cpuid here */
-    if (__builtin_cpu_supports("avx2")) l = ENG_SIMD_AVX2;
-#endif
-    return eng_quantize_row_l(l, type, src, dst, n);
+    return eng_quantize_row_l(row_level(), type, src, dst, n);
 }
 
 int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {

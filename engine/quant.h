@@ -84,7 +84,10 @@ float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row
 /* Matrix product on a row range: for every activation row r in [0, m) and weight row j in
  * [j_begin, j_end): y[r * ldy + j] = dot(W row j, x row r). W is [n_out][k] in wtype (row j at
  * W + j * row_bytes(wtype, k)); x is m rows of k values quantized to dot_type (row r at
- * xq + r * row_bytes(dot_type, k)). Threads split [0, n_out) into ranges. */
+ * xq + r * row_bytes(dot_type, k)). Threads split [0, n_out) into ranges (any split; results do not depend
+ * on it). Only y[r * ldy + j] for j in the range is written; nothing is written for an unsupported wtype.
+ * Q8_0 / Q4_0 / Q5_0 weights use register tiles of several weight x activation rows (AVX2, AVX-512); the
+ * other types compute one vec_dot per output. */
 void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m,
               float *y, int64_t ldy, int64_t j_begin, int64_t j_end);
 

@@ -8,8 +8,9 @@
  * unsigned bytes u once per tile step, and for every activation row x (int8) vpdpbusd accumulates
  * sum(u * x) onto -offset * sum(x) (precomputed per activation block), which is exactly the block's integer
  * dot sum(q_w * q_x). That integer is converted to float and multiplied by d_w * d_x (fused multiply-add
- * into 8 float lanes per output). Two blocks go through one zmm register per step. A tile is TM weight rows x TN activation rows, so each weight block is
- * loaded once per TN activation rows and each activation block once per TM weight rows.
+ * into 8 float lanes per output). Two blocks go through one zmm register per step. A tile is TM weight rows
+ * x TN activation rows (4 x 4), so each weight block is loaded once per TN activation rows and each
+ * activation block once per TM weight rows. With m = 1 the weights are prefetched PF_DIST bytes ahead.
  *
  * Other weight types return false here, and the dispatcher uses the AVX2 kernels.
  */
@@ -155,33 +156,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
         for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc8[r][c]);
 }
 
-#define TILE_FN(T, NAME, RM, RN)                                                                            \
-    static TGT void NAME##_##RM##_##RN(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, \
-                                       float *y, int64_t ldy) {                                             \
-        tile(T, RM, RN, W, wb, X, xb, nb, y, ldy);                                                          \
-    }
-typedef void (*tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
-                        int64_t ldy);
-/* Kernels for every tile size up to 4 x 4 (the edges of a gemm use the smaller ones). */
-#define TILE_ROW(T, NAME, RM) TILE_FN(T, NAME, RM, 1) TILE_FN(T, NAME, RM, 2) TILE_FN(T, NAME, RM, 3) TILE_FN(T, NAME, RM, 4)
-#define TAB_ROW(NAME, RM) {NAME##_##RM##_1, NAME##_##RM##_2, NAME##_##RM##_3, NAME##_##RM##_4}
-#define TILE_SET(T, NAME)                                                                                   \
-    TILE_ROW(T, NAME, 1) TILE_ROW(T, NAME, 2) TILE_ROW(T, NAME, 3) TILE_ROW(T, NAME, 4)                     \
-    static const tile_fn NAME##_tab[4][4] = {TAB_ROW(NAME, 1), TAB_ROW(NAME, 2), TAB_ROW(NAME, 3),          \
-                                             TAB_ROW(NAME, 4)};
-
-TILE_SET(ENG_Q_Q8_0, t_q8_0)
-TILE_SET(ENG_Q_Q4_0, t_q4_0)
-TILE_SET(ENG_Q_Q5_0, t_q5_0)
-
-static const tile_fn (*tiles_for(uint32_t type))[4] {
-    switch (type) {
-    case ENG_Q_Q8_0: return t_q8_0_tab;
-    case ENG_Q_Q4_0: return t_q4_0_tab;
-    case ENG_Q_Q5_0: return t_q5_0_tab;
-    default: return NULL;
-    }
-}
+#include "engine/quant_tiles.h"
 
 bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
     const tile_fn(*tab)[4] = tiles_for(wtype);

@@ -31,7 +31,7 @@ fi
 "${PODMAN[@]}" tag localhost/debian:bookworm localhost/debian:bookworm-slim
 
 echo "test-docker: building the image" >&2
-"${PODMAN[@]}" build --isolation chroot --network host \
+"${PODMAN[@]}" build --format docker --isolation chroot --network host \
   --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
   --build-arg BUILD_IMAGE=localhost/debian:bookworm --build-arg RUNTIME_IMAGE=localhost/debian:bookworm-slim \
   -t localhost/kvserve:test -f Dockerfile .
@@ -40,7 +40,7 @@ port=$((20000 + RANDOM % 20000))
 name=kvserve-smoke-$$
 cleanup() { "${PODMAN[@]}" rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-"${PODMAN[@]}" run -d --name "$name" --network host --ulimit nofile=4096:4096 \
+"${PODMAN[@]}" run -d --name "$name" --network host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
   localhost/kvserve:test -m /opt/kvserve/default.gguf --port "$port" >/dev/null
 
 for _ in $(seq 1 120); do

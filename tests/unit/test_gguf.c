@@ -1383,14 +1383,14 @@ Test(mkmodel, quantized_types_equal_quantizing_the_f32_weights) {
 
 Test(mkmodel, presets_qwen2_biases_head_dim_and_tying) {
     char *dir = make_tmpdir();
-    /* default preset: tied q8_0; qwen2 with an explicit head dim gets biases and key/value lengths. */
+    /* default preset: untied q8_0; qwen2 with an explicit head dim gets biases and key/value lengths. */
     eng_gguf *g = mk(dir, "d.gguf", (const char *[]){"--preset", "default", "--layers", "1", NULL});
     cr_assert_eq(u32_of(g, "llama.embedding_length"), 256);
     cr_assert_eq(u32_of(g, "llama.attention.head_count"), 8);
     cr_assert_eq(u32_of(g, "llama.attention.head_count_kv"), 4);
     cr_assert_eq(u32_of(g, "llama.feed_forward_length"), 768);
     cr_assert_eq(u32_of(g, "llama.context_length"), 2048);
-    cr_assert_null(eng_gguf_find_tensor(g, "output.weight"));
+    expect_tensor(g, "output.weight", ENG_Q_Q8_0, 256, (int64_t)u32_of(g, "llama.vocab_size"));
     expect_tensor(g, "token_embd.weight", ENG_Q_Q8_0, 256, (int64_t)u32_of(g, "llama.vocab_size"));
     expect_tensor(g, "blk.0.attn_k.weight", ENG_Q_Q8_0, 256, 128);
     expect_tensor(g, "blk.0.ffn_down.weight", ENG_Q_Q8_0, 768, 256);

@@ -634,3 +634,41 @@ Test(quant, dequantize_levels_identical) {
         }
     }
 }
+
+/* Batch invariance: an output does not depend on which other activation rows or weight rows were in the same
+ * call (so a sequence decodes to the same bits alone or in a batch, and with any thread split). */
+Test(quant, gemm_batch_and_split_invariant) {
+    eng_simd_level top = eng_simd_detect();
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        uint32_t wtype = k_weight_types[ti];
+        const eng_qtype_info *t = eng_qtype_get(wtype);
+        uint64_t seed = 9000 + ti;
+        rng_t r = {seed};
+        for (int iter = 0; iter < 6; iter++) {
+            int64_t k = random_k(&r, wtype), n_out = rng_int(&r, 1, 29), m = rng_int(&r, 1, 13);
+            size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(t->dot_type, k);
+            uint8_t *W = malloc(wb * (size_t)n_out), *X = malloc(xb * (size_t)m);
+            float *tmp = malloc((size_t)k * 4), *y = malloc((size_t)(m * n_out) * 4), *y1 = malloc((size_t)n_out * 4);
+            cr_assert(W && X && tmp && y && y1);
+            for (int64_t j = 0; j < n_out; j++) random_wrow(&r, wtype, k, W + j * wb, false);
+            for (int64_t i = 0; i < m; i++) random_xrow(&r, t->dot_type, k, X + i * xb, tmp, false);
+            for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) {
+                eng_gemm((eng_simd_level)l, wtype, W, k, X, m, y, n_out, 0, n_out);
+                for (int64_t i = 0; i < m; i++) {
+                    /* row i alone, weights split at a random point */
+                    int64_t split = rng_int(&r, 0, (int)n_out);
+                    eng_gemm((eng_simd_level)l, wtype, W, k, X + i * xb, 1, y1, n_out, 0, split);
+                    eng_gemm((eng_simd_level)l, wtype, W, k, X + i * xb, 1, y1, n_out, split, n_out);
+                    for (int64_t j = 0; j < n_out; j++)
+                        cr_assert_eq(fbits(y1[j]), fbits(y[i * n_out + j]),
+                                     "%s %s: row %lld col %lld differs alone vs batch of %lld (seed %llu iter %d)",
+                                     t->name, eng_simd_name(l), (long long)i, (long long)j, (long long)m,
+                                     (unsigned long long)seed, iter);
+                    cr_assert_eq(fbits(eng_vec_dot((eng_simd_level)l, wtype, k, W, X + i * xb)), fbits(y[i * n_out]),
+                                 "%s %s: vec_dot differs from gemm", t->name, eng_simd_name(l));
+                }
+            }
+            free(W); free(X); free(tmp); free(y); free(y1);
+        }
+    }
+}
