@@ -1,5 +1,6 @@
 // cud_backend.cu: the CUDA backend (device memory, cuBLAS, the forward pass, CUDA graphs).
 // See cuda/cuda_engine.h for the contract.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,7 @@ struct dev_tensor {
     uint32_t type = 0;
     int64_t ne0 = 0, ne1 = 0;
     bool owned = false;
+    __half *h16 = nullptr; // [ne1][ne0] f16 copy for cuBLAS (quantized matrices, when memory allows), owned
 };
 
 struct dev_layer {
@@ -69,7 +71,13 @@ struct cud_backend {
     int32_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, hd = 0, n_ff = 0;
     float rms_eps = 1e-5f;
     cud_rope_params rope{};
-    dev_tensor tok_embd, output_norm, output, rope_freqs;
+    dev_tensor tok_embd, output_norm, output;
+    float *inv_freq = nullptr;   // [n_rot/2] theta_i = pos * inv_freq[i] (the CPU engine's table)
+    float *h_inv_freq = nullptr; // host copy, for context-shift angles
+    float *cs = nullptr;         // [T][n_rot] (cos, sin) of each row's position
+    float *rot_cs = nullptr;     // [n_rot] angles of a context shift
+    int32_t *rot_slots = nullptr;// [rot_cap] slots of a context shift
+    size_t rot_cap = 0;
     dev_layer *layers = nullptr;
     size_t weight_bytes = 0;
     // activations, [max_batch_tokens][...]
@@ -88,7 +96,7 @@ struct cud_backend {
     __half *x16 = nullptr;   // [T][max(n_embd, n_ff, n_head*hd)] activations for cuBLAS
     void *blas_ws = nullptr; // cuBLAS workspace (fixed, so cuBLAS calls can be captured into graphs)
     float *part_acc = nullptr, *part_ml = nullptr;
-    size_t part_cap = 0;     // floats in part_acc
+    size_t part_cap = 0;     // floats in part_acc (part_ml holds part_cap / hd * 2)
     // batch metadata on the device
     int32_t *d_token = nullptr, *d_pos = nullptr, *d_seq = nullptr, *d_slot = nullptr, *d_out = nullptr;
     int32_t *d_tables = nullptr;
@@ -116,10 +124,12 @@ void *kv_alloc(void *ctx, size_t bytes) {
     return p;
 }
 
+// Device-to-device, queued on the backend's stream: every later use of the pool (forward, re-rotation) runs
+// on that stream after it, so no synchronization is needed (a context shift issues thousands of small copies).
 int kv_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     cud_backend *be = (cud_backend *)ctx;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, be->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
+    if (e != cudaSuccess) report("cudaMemcpyAsync (KV copy)", e, __FILE__, __LINE__);
     return e == cudaSuccess ? 0 : -1;
 }
 
@@ -171,22 +181,32 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
     return ENG_OK;
 }
 
-// y[m][n_out] = x[m][k] * W^T
+// y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
+// More rows: cuBLAS, in f32 for f32 weights, else on the weights dequantized to f16 and f16 activations with
+// f32 accumulation.
 int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y) {
     const int64_t k = w.ne0, n_out = w.ne1;
     if (m <= MATVEC_MAX_ROWS) {
         CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
         return ENG_OK;
     }
+    const float alpha = 1.f, beta = 0.f;
+    if (w.type == CUD_F32) {
+        // f32 weights stay f32 (full precision, like the CPU engine's f32 dot products)
+        CKB(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, (const float *)w.d,
+                        (int)k, x, (int)k, &beta, y, (int)n_out));
+        return ENG_OK;
+    }
     const __half *wh;
     if (w.type == CUD_F16) {
         wh = (const __half *)w.d;
+    } else if (w.h16) {
+        wh = w.h16;
     } else {
         CK(cud_dequant_f16(w.type, w.d, n_out, k, be->w16, be->st));
         wh = be->w16;
     }
     CK(cud_f32_to_f16(x, be->x16, (int64_t)m * k, be->st));
-    const float alpha = 1.f, beta = 0.f;
     // Column-major view: Y^T [n_out x m] = W [k x n_out]^T * X^T [k x m]
     CKB(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, wh, CUDA_R_16F, (int)k,
                      be->x16, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
@@ -198,6 +218,7 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
 int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo) {
     const int32_t qw = be->n_head * be->hd, kw = be->n_head_kv * be->hd;
     CK(cud_get_rows(be->tok_embd.type, be->tok_embd.d, be->n_embd, be->d_token, rows, be->x, be->st));
+    CK(cud_rope_cs(be->d_pos, be->inv_freq, rows, be->rope.n_rot, be->cs, be->st));
     for (int32_t l = 0; l < be->n_layer; l++) {
         const dev_layer &L = be->layers[l];
         CK(cud_rmsnorm(be->x, (const float *)L.attn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
@@ -210,8 +231,8 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         if (L.bv.d) CK(cud_add_bias(be->v, (const float *)L.bv.d, rows, kw, be->st));
         if (L.q_norm.d) CK(cud_head_rmsnorm(be->q, (const float *)L.q_norm.d, rows, be->n_head, be->hd, be->rms_eps, be->st));
         if (L.k_norm.d) CK(cud_head_rmsnorm(be->k, (const float *)L.k_norm.d, rows, be->n_head_kv, be->hd, be->rms_eps, be->st));
-        CK(cud_rope(be->q, be->d_pos, rows, be->n_head, &be->rope, be->st));
-        CK(cud_rope(be->k, be->d_pos, rows, be->n_head_kv, &be->rope, be->st));
+        CK(cud_rope(be->q, be->cs, rows, be->n_head, &be->rope, be->st));
+        CK(cud_rope(be->k, be->cs, rows, be->n_head_kv, &be->rope, be->st));
         CK(cud_kv_store(&be->kv, l, be->k, be->v, be->d_slot, rows, be->st));
         cud_attn_args a{};
         a.q = be->q;
@@ -239,31 +260,59 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         if ((rc = matmul(be, L.w_down, be->g, rows, be->tmp))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
     }
+    if (n_out == 0) return ENG_OK; // no row wants logits (a prefill chunk)
     CK(cud_gather_rows(be->x, be->n_embd, be->d_out, n_out, be->xo, be->st));
     CK(cud_rmsnorm(be->xo, (const float *)be->output_norm.d, be->xo, n_out, be->n_embd, be->rms_eps, be->st));
     return matmul(be, be->output, be->xo, n_out, be->logits);
 }
 
+void drop_graphs(cud_backend *be) {
+    for (int i = 0; i < be->n_graphs; i++)
+        if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
+    be->n_graphs = 0;
+}
+
+// The partition buffers are sized at creation for the largest split cud_attn_plan makes (see create); this
+// only grows them if a plan ever exceeds that, and then drops the graphs captured with the old buffers.
 int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &geo) {
     size_t need = (size_t)rows * be->n_head * geo.max_partitions * be->hd;
     if (geo.max_partitions <= 1 || need <= be->part_cap) return ENG_OK;
+    drop_graphs(be);
     if (be->part_acc) CK(cudaFree(be->part_acc));
     if (be->part_ml) CK(cudaFree(be->part_ml));
     be->part_acc = be->part_ml = nullptr;
     be->part_cap = 0;
     CK(cudaMalloc((void **)&be->part_acc, need * sizeof(float)));
-    CK(cudaMalloc((void **)&be->part_ml, (size_t)rows * be->n_head * geo.max_partitions * 2 * sizeof(float)));
+    CK(cudaMalloc((void **)&be->part_ml, need / be->hd * 2 * sizeof(float)));
     be->part_cap = need;
     return ENG_OK;
 }
 
+int32_t round_pow2(int32_t n) {
+    int32_t p = 1;
+    while (p < n && p < (1 << 30)) p <<= 1;
+    return p;
+}
+
 } // namespace
 
-extern "C" int32_t cud_available(char *name, size_t name_len) {
+extern "C" int32_t cud_available(char *name, size_t name_len) { return cud_available_why(name, name_len, nullptr, 0); }
+
+extern "C" int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len) {
     if (name && name_len) name[0] = '\0';
+    if (why && why_len) why[0] = '\0';
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {
         cudaGetLastError(); // clear the sticky "no device" error
+        if (why && why_len) {
+            int drv = 0, rt = 0;
+            cudaDriverGetVersion(&drv);
+            cudaRuntimeGetVersion(&rt);
+            snprintf(why, why_len, "%s; driver supports CUDA %d.%d, runtime is %d.%d",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "no devices", drv / 1000, drv % 1000 / 10,
+                     rt / 1000, rt % 1000 / 10);
+        }
         return 0;
     }
     cudaDeviceProp prop;
@@ -277,13 +326,16 @@ extern "C" int32_t cud_available(char *name, size_t name_len) {
 extern "C" void cud_backend_free(cud_backend *be) {
     if (!be) return;
     cudaSetDevice(be->device);
-    for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
+    drop_graphs(be);
     auto fr = [](void *p) { if (p) cudaFree(p); };
-    auto frt = [&](dev_tensor &t) { if (t.owned) fr(t.d); };
+    auto frt = [&](dev_tensor &t) {
+        if (t.owned) fr(t.d);
+        fr(t.h16);
+    };
     frt(be->tok_embd);
     frt(be->output_norm);
     frt(be->output);
-    frt(be->rope_freqs);
+    free(be->h_inv_freq);
     if (be->layers) {
         for (int32_t l = 0; l < be->n_layer; l++) {
             dev_layer &L = be->layers[l];
@@ -297,7 +349,8 @@ extern "C" void cud_backend_free(cud_backend *be) {
                     (void *)be->att, (void *)be->g, (void *)be->u, (void *)be->xo, (void *)be->logits,
                     (void *)be->w16, (void *)be->x16, be->blas_ws, (void *)be->part_acc, (void *)be->part_ml,
                     (void *)be->d_token, (void *)be->d_pos, (void *)be->d_seq, (void *)be->d_slot,
-                    (void *)be->d_out, (void *)be->d_tables})
+                    (void *)be->d_out, (void *)be->d_tables, (void *)be->inv_freq, (void *)be->cs,
+                    (void *)be->rot_cs, (void *)be->rot_slots})
         fr(p);
     if (be->h_meta) cudaFreeHost(be->h_meta);
     cud_tables_free(&be->host_tables);
@@ -339,17 +392,31 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     } else if ((rc = upload(be, &m->output, &be->output, true, "output.weight", err, err_len))) {
         return rc;
     }
-    if ((rc = upload(be, &m->rope_freqs, &be->rope_freqs, false, "rope_freqs.weight", err, err_len))) return rc;
+    // RoPE: the CPU engine's frequency table, computed the same way (double, then f32).
     be->rope.n_rot = m->n_rot;
     be->rope.head_dim = m->head_dim;
-    be->rope.freq_base = m->rope_freq_base;
-    be->rope.freq_scale = m->rope_freq_scale;
-    be->rope.freq_factors = (const float *)be->rope_freqs.d;
     be->rope.neox = m->neox_rope;
+    const int32_t half = m->n_rot / 2;
+    if (m->rope_freqs.data && (m->rope_freqs.type != CUD_F32 || m->rope_freqs.nbytes < (size_t)half * sizeof(float))) {
+        snprintf(err, err_len, "rope_freqs.weight: expected %d f32 values", half);
+        return ENG_ERR_INVALID;
+    }
+    be->h_inv_freq = (float *)calloc((size_t)(half > 0 ? half : 1), sizeof(float));
+    if (!be->h_inv_freq) return ENG_ERR_NOMEM;
+    for (int32_t i = 0; i < half; i++) {
+        double f = (double)m->rope_freq_scale * pow((double)m->rope_freq_base, -2.0 * i / m->n_rot);
+        if (m->rope_freqs.data) f /= ((const float *)m->rope_freqs.data)[i];
+        be->h_inv_freq[i] = (float)f;
+    }
+    if ((rc = dalloc(&be->inv_freq, (size_t)(half > 0 ? half : 1), err, err_len, "rope frequencies"))) return rc;
+    CK(cudaMemcpy(be->inv_freq, be->h_inv_freq, (size_t)half * sizeof(float), cudaMemcpyHostToDevice));
+    if ((rc = dalloc(&be->rot_cs, (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
     be->layers = (dev_layer *)calloc((size_t)m->n_layer, sizeof(dev_layer));
     if (!be->layers) return ENG_ERR_NOMEM;
     for (int32_t l = 0; l < m->n_layer; l++) new (&be->layers[l]) dev_layer();
-    int64_t largest = (int64_t)m->n_vocab * m->n_embd;
+    // The f16 scratch holds the largest matrix that cuBLAS reads dequantized (not f16 or f32 already).
+    auto needs_f16 = [](const cud_tensor &t) { return t.data && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32; };
+    int64_t largest = needs_f16(m->output) ? (int64_t)m->n_vocab * m->n_embd : 1;
     for (int32_t l = 0; l < m->n_layer; l++) {
         const cud_layer_desc &d = m->layers[l];
         dev_layer &L = be->layers[l];
@@ -366,7 +433,7 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
             char name[64];
             snprintf(name, sizeof name, "blk.%d.%s", l, e.name);
             if ((rc = upload(be, e.src, e.dst, e.req, name, err, err_len))) return rc;
-            if (e.src->data && e.src->ne1 > 1 && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
+            if (needs_f16(*e.src) && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
         }
     }
     const size_t T = (size_t)p->max_batch_tokens;
@@ -386,7 +453,58 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
+    // cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
+    // what remains under memory_fraction (KVSERVE_CUDA_F16_CACHE=0: never); else dequantize per product
+    // into one scratch matrix.
+    {
+        size_t need = 0;
+        auto count = [&](dev_tensor &t) {
+            if (t.d && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32) need += (size_t)(t.ne0 * t.ne1) * 2;
+        };
+        count(be->output);
+        for (int32_t l = 0; l < m->n_layer; l++) {
+            dev_layer &L = be->layers[l];
+            for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*t);
+        }
+        size_t fr0 = 0, tot0 = 0;
+        CK(cudaMemGetInfo(&fr0, &tot0));
+        double reserve0 = (1.0 - (double)p->memory_fraction) * (double)tot0;
+        double avail = (double)fr0 - reserve0;
+        const char *env = getenv("KVSERVE_CUDA_F16_CACHE");
+        bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
+        if (cache) {
+            auto make = [&](dev_tensor &t) -> int {
+                if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
+                int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
+                if (r) return r;
+                CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
+                return ENG_OK;
+            };
+            if ((rc = make(be->output))) return rc;
+            for (int32_t l = 0; l < m->n_layer; l++) {
+                dev_layer &L = be->layers[l];
+                for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                    if ((rc = make(*t))) return rc;
+            }
+            CK(cudaStreamSynchronize(be->st));
+            largest = 1; // no per-product scratch needed
+        }
+    }
     if ((rc = dalloc(&be->w16, (size_t)largest, err, err_len, "f16 weight scratch"))) return rc;
+    if ((rc = dalloc(&be->cs, T * (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
+    // Attention partitions: cud_attn_plan splits only while rows * n_head < 8 * n_sm blocks, into at most
+    // ceil(8 * n_sm / (rows * n_head)) parts, so rows * n_head * parts < 2 * 8 * n_sm.
+    be->part_cap = (size_t)2 * 8 * (size_t)be->n_sm * (size_t)m->head_dim;
+    if ((rc = dalloc(&be->part_acc, be->part_cap, err, err_len, "attention partitions"))) return rc;
+    if ((rc = dalloc(&be->part_ml, be->part_cap / (size_t)m->head_dim * 2, err, err_len, "attention partitions")))
+        return rc;
+    // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
+    {
+        size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
+        size_t stride = (size_t)round_pow2(p->max_blocks_per_seq > 0 ? p->max_blocks_per_seq : 1);
+        be->tables_cap = seqs * stride;
+        if ((rc = dalloc(&be->d_tables, be->tables_cap, err, err_len, "block tables"))) return rc;
+    }
     for (int32_t **d : {&be->d_token, &be->d_pos, &be->d_seq, &be->d_slot, &be->d_out})
         if ((rc = dalloc(d, T, err, err_len, "batch metadata"))) return rc;
     CK(cudaMallocHost((void **)&be->h_meta, 5 * T * sizeof(int32_t)));
@@ -407,12 +525,14 @@ extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params 
     if (!err || !err_len) { err = dummy; err_len = sizeof dummy; }
     err[0] = '\0';
     if (!model || !params || !out || !kv_budget_bytes || !model->layers || params->max_batch_tokens < 1 ||
+        params->max_batch_tokens > 65535 || params->max_seqs < 1 || params->max_blocks_per_seq < 0 ||
         params->memory_fraction <= 0.f || params->memory_fraction > 1.f || params->block_size < 1 ||
         (params->kv_dtype != KVC_DTYPE_F16 && params->kv_dtype != KVC_DTYPE_F32)) {
         snprintf(err, err_len, "invalid CUDA backend parameters (the GPU KV cache supports f16 and f32)");
         return ENG_ERR_INVALID;
     }
-    if (model->head_dim > 256 || model->n_head % model->n_head_kv != 0) {
+    if (model->head_dim < 1 || model->head_dim > 256 || model->n_head_kv < 1 || model->n_head % model->n_head_kv != 0 ||
+        model->n_rot < 0 || model->n_rot > model->head_dim || model->n_rot % 2 != 0) {
         snprintf(err, err_len, "head_dim %d / heads %d:%d not supported by the CUDA attention kernel",
                  model->head_dim, model->n_head, model->n_head_kv);
         return ENG_ERR_UNSUPPORTED;
@@ -450,8 +570,8 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
 }
 
 extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
-    if (!be || !b || !logits || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 1 ||
-        b->n_out > b->n || !b->token || !b->pos || !b->slot || !b->out_rows)
+    if (!be || !b || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 0 ||
+        b->n_out > b->n || !b->token || !b->pos || !b->slot || (b->n_out > 0 && (!logits || !b->out_rows)))
         return ENG_ERR_INVALID;
     CK(cudaSetDevice(be->device));
     int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
@@ -460,7 +580,8 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return ENG_ERR_INVALID;
 
     cud_graph_key key{};
-    bool graph = be->p.use_graphs && cud_graph_bucket(b, be->p.max_batch_tokens, 1 << 20, &key);
+    const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
+    bool graph = be->p.use_graphs && cud_graph_bucket(b, be->p.max_batch_tokens, max_stride, &key);
     const int32_t rows = graph ? key.n_rows : b->n;
     const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
     const int32_t n_out = graph ? rows : b->n_out;
@@ -486,8 +607,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         CK(cudaMalloc((void **)&be->d_tables, cap * sizeof(int32_t)));
         be->tables_cap = cap;
         // Graphs captured against the old table buffer are stale.
-        for (int i = 0; i < be->n_graphs; i++) cudaGraphExecDestroy(be->graphs[i].exec);
-        be->n_graphs = 0;
+        drop_graphs(be);
     }
     if (stride == be->host_tables.stride) {
         CK(cudaMemcpyAsync(be->d_tables, be->host_tables.tables, tables_need * sizeof(int32_t),
@@ -513,44 +633,77 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if (!graph) {
         if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
     } else {
-        cudaGraphExec_t exec = nullptr;
+        // A shape runs eagerly the first time (module loading, cuBLAS setup happen outside any capture), is
+        // captured the second time, and replays from then on.
+        int gi = -1;
         for (int i = 0; i < be->n_graphs; i++)
-            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride)
-                exec = be->graphs[i].exec;
-        if (!exec) {
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal));
-            rc = run_layers(be, rows, n_out, stride, geo);
-            cudaError_t ce = cudaStreamEndCapture(be->st, &g);
-            if (rc) return rc;
-            if (ce != cudaSuccess) return report("cudaStreamEndCapture", ce, __FILE__, __LINE__);
-            CK(cudaGraphInstantiate(&exec, g, 0));
-            cudaGraphDestroy(g);
+            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
+        if (gi < 0) {
+            if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
             if (be->n_graphs == MAX_GRAPHS) {
-                cudaGraphExecDestroy(be->graphs[0].exec);
+                if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
                 memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
                 be->n_graphs--;
             }
-            be->graphs[be->n_graphs++] = graph_entry{key, exec};
+            be->graphs[be->n_graphs++] = graph_entry{key, nullptr};
+        } else {
+            cudaGraphExec_t exec = be->graphs[gi].exec;
+            if (!exec) {
+                cudaGraph_t g = nullptr;
+                cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
+                if (ce == cudaSuccess) {
+                    rc = run_layers(be, rows, n_out, stride, geo);
+                    ce = cudaStreamEndCapture(be->st, &g);
+                }
+                if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
+                if (g) cudaGraphDestroy(g);
+                if (ce != cudaSuccess || rc != 0 || !exec) {
+                    // Capture failed: run without graphs from now on (the results stay the same).
+                    fprintf(stderr, "kvserve: CUDA graph capture failed (%s, code %d); continuing without graphs\n",
+                            cudaGetErrorString(ce), rc);
+                    cudaGetLastError();
+                    if (exec) cudaGraphExecDestroy(exec);
+                    drop_graphs(be);
+                    be->p.use_graphs = false;
+                    if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+                    exec = nullptr;
+                } else {
+                    be->graphs[gi].exec = exec;
+                }
+            }
+            if (exec) CK(cudaGraphLaunch(exec, be->st));
         }
-        CK(cudaGraphLaunch(exec, be->st));
     }
-    CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
-                       be->st));
+    if (b->n_out > 0)
+        CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float),
+                           cudaMemcpyDeviceToHost, be->st));
     CK(cudaStreamSynchronize(be->st));
     return ENG_OK;
 }
 
 extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, int32_t delta) {
     if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return ENG_ERR_INVALID;
-    if (n == 0 || delta == 0) return ENG_OK;
-    int32_t *d = nullptr;
-    CK(cudaMalloc((void **)&d, (size_t)n * sizeof(int32_t)));
-    cudaError_t e = cudaMemcpyAsync(d, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st);
-    if (e == cudaSuccess) e = cud_kv_rerotate(&be->kv, be->n_layer, d, n, delta, &be->rope, be->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
-    cudaFree(d);
-    if (e != cudaSuccess) return report("cud_kv_rerotate", e, __FILE__, __LINE__);
+    if (n == 0 || delta == 0 || be->rope.n_rot < 2) return ENG_OK;
+    CK(cudaSetDevice(be->device));
+    // The angles of delta positions, as the CPU engine computes them (double, then f32).
+    const int32_t half = be->rope.n_rot / 2;
+    float cs[512];
+    for (int32_t i = 0; i < half; i++) {
+        double th = (double)delta * (double)be->h_inv_freq[i];
+        cs[2 * i] = (float)cos(th);
+        cs[2 * i + 1] = (float)sin(th);
+    }
+    if ((size_t)n > be->rot_cap) {
+        if (be->rot_slots) CK(cudaFree(be->rot_slots));
+        be->rot_slots = nullptr;
+        be->rot_cap = 0;
+        CK(cudaMalloc((void **)&be->rot_slots, (size_t)n * sizeof(int32_t)));
+        be->rot_cap = (size_t)n;
+    }
+    CK(cudaMemcpyAsync(be->rot_cs, cs, (size_t)be->rope.n_rot * sizeof(float), cudaMemcpyHostToDevice, be->st));
+    CK(cudaMemcpyAsync(be->rot_slots, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
+    CK(cud_kv_rerotate(&be->kv, be->n_layer, be->rot_slots, n, be->rot_cs, &be->rope, be->st));
+    CK(cudaStreamSynchronize(be->st));
     return ENG_OK;
 }
 

@@ -1,6 +1,7 @@
 /* cud_host.c: host-side logic of the CUDA backend (block-table marshalling, launch geometry, graph
  * bookkeeping). Plain C, built in every configuration and tested without a GPU. In a build without CUDA it
  * also provides the device entry points, which report that no device exists. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +125,11 @@ bool cud_graph_bucket(const cud_batch *b, int32_t max_rows, int32_t max_stride, 
 int32_t cud_available(char *name, size_t name_len) {
     if (name && name_len) name[0] = '\0';
     return 0;
+}
+
+int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len) {
+    if (why && why_len) snprintf(why, why_len, "built without CUDA");
+    return cud_available(name, name_len);
 }
 
 int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,

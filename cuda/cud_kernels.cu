@@ -7,134 +7,31 @@ namespace {
 
 constexpr int WARP = 32;
 
-__device__ __forceinline__ float h2f(const uint8_t *p) {
-    uint16_t h = (uint16_t)p[0] | ((uint16_t)p[1] << 8);
-    return __half2float(__ushort_as_half(h));
-}
+using namespace cud_deq;
 
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
 
-// Element e of one block of type T. Rounded operations keep the CPU engine's order and rounding.
-template <uint32_t T> __device__ __forceinline__ float deq(const uint8_t *b, int e);
-
-template <> __device__ __forceinline__ float deq<CUD_F32>(const uint8_t *b, int) {
-    float v;
-    memcpy(&v, b, 4);
-    return v;
-}
-template <> __device__ __forceinline__ float deq<CUD_F16>(const uint8_t *b, int) { return h2f(b); }
-template <> __device__ __forceinline__ float deq<CUD_BF16>(const uint8_t *b, int) {
-    uint32_t u = ((uint32_t)b[0] | ((uint32_t)b[1] << 8)) << 16;
-    return __uint_as_float(u);
-}
-template <> __device__ __forceinline__ float deq<CUD_Q8_0>(const uint8_t *b, int e) {
-    return __fmul_rn((float)(int8_t)b[2 + e], h2f(b));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q4_0>(const uint8_t *b, int e) {
-    int q = e < 16 ? (b[2 + e] & 0xF) : (b[2 + e - 16] >> 4);
-    return __fmul_rn((float)(q - 8), h2f(b));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q4_1>(const uint8_t *b, int e) {
-    int q = e < 16 ? (b[4 + e] & 0xF) : (b[4 + e - 16] >> 4);
-    return __fadd_rn(__fmul_rn((float)q, h2f(b)), h2f(b + 2));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q5_0>(const uint8_t *b, int e) {
-    uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
-    const uint8_t *qs = b + 6;
-    int x;
-    if (e < 16) x = ((qs[e] & 0xF) | (((qh >> e) << 4) & 0x10)) - 16;
-    else x = ((qs[e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10)) - 16;
-    return __fmul_rn((float)x, h2f(b));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q5_1>(const uint8_t *b, int e) {
-    uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
-    const uint8_t *qs = b + 8;
-    int x;
-    if (e < 16) x = (qs[e] & 0xF) | (((qh >> e) << 4) & 0x10);
-    else x = (qs[e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10);
-    return __fadd_rn(__fmul_rn((float)x, h2f(b)), h2f(b + 2));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q4_K>(const uint8_t *b, int e) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
-    int c = e / 64, w = e % 64, l = w % 32, is = 2 * c + (w >= 32);
-    int sc, m;
-    scale_min_k4(is, scales, &sc, &m);
-    uint8_t q = qs[32 * c + l];
-    int nib = w < 32 ? (q & 0xF) : (q >> 4);
-    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)nib), __fmul_rn(dmin, (float)m));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q5_K>(const uint8_t *b, int e) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-    int c = e / 64, w = e % 64, l = w % 32, hi = w >= 32, is = 2 * c + hi;
-    int sc, m;
-    scale_min_k4(is, scales, &sc, &m);
-    uint8_t q = qs[32 * c + l];
-    int v = (hi ? (q >> 4) : (q & 0xF)) + (((qh[l] >> (2 * c + hi)) & 1) ? 16 : 0);
-    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)v), __fmul_rn(dmin, (float)m));
-}
-template <> __device__ __forceinline__ float deq<CUD_Q6_K>(const uint8_t *b, int e) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float d = h2f(b + 208);
-    int n = e / 128, r = e % 128, quarter = r / 32, l = r % 32, is = l / 16;
-    ql += 64 * n;
-    qh += 32 * n;
-    sc += 8 * n;
-    int q;
-    switch (quarter) {
-    case 0: q = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4); break;
-    case 1: q = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4); break;
-    case 2: q = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4); break;
-    default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
-    }
-    return __fmul_rn(__fmul_rn(d, (float)sc[is + 2 * quarter]), (float)(q - 32));
-}
-
-template <uint32_t T> struct blk;
-template <> struct blk<CUD_F32> { static constexpr int E = 1, B = 4; };
-template <> struct blk<CUD_F16> { static constexpr int E = 1, B = 2; };
-template <> struct blk<CUD_BF16> { static constexpr int E = 1, B = 2; };
-template <> struct blk<CUD_Q8_0> { static constexpr int E = 32, B = 34; };
-template <> struct blk<CUD_Q4_0> { static constexpr int E = 32, B = 18; };
-template <> struct blk<CUD_Q4_1> { static constexpr int E = 32, B = 20; };
-template <> struct blk<CUD_Q5_0> { static constexpr int E = 32, B = 22; };
-template <> struct blk<CUD_Q5_1> { static constexpr int E = 32, B = 24; };
-template <> struct blk<CUD_Q4_K> { static constexpr int E = 256, B = 144; };
-template <> struct blk<CUD_Q5_K> { static constexpr int E = 256, B = 176; };
-template <> struct blk<CUD_Q6_K> { static constexpr int E = 256, B = 210; };
-
-template <uint32_t T> __device__ __forceinline__ float deq_at(const uint8_t *row, int64_t i) {
-    return deq<T>(row + (i / blk<T>::E) * blk<T>::B, (int)(i % blk<T>::E));
-}
-
+// grid.y strides over the rows (a grid's y dimension is limited to 65535; vocabularies are larger).
 template <uint32_t T, typename O>
 __global__ void k_dequant(const uint8_t *w, int64_t rows, int64_t k, O *y) {
-    int64_t row = blockIdx.y;
-    if (row >= rows) return;
-    const uint8_t *r = w + row * (k / blk<T>::E) * blk<T>::B;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = deq_at<T>(r, i);
-        if constexpr (sizeof(O) == 2) y[row * k + i] = __float2half_rn(v);
-        else y[row * k + i] = v;
+    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+        const uint8_t *r = w + row * (k / blk<T>::E) * blk<T>::B;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k;
+             i += (int64_t)gridDim.x * blockDim.x) {
+            float v = deq_at<T>(r, i);
+            if constexpr (sizeof(O) == 2) y[row * k + i] = __float2half_rn(v);
+            else y[row * k + i] = v;
+        }
     }
 }
 
 template <uint32_t T>
-__global__ void k_get_rows(const uint8_t *table, int64_t k, const int32_t *ids, float *y) {
-    int r = blockIdx.y;
-    const uint8_t *row = table + (int64_t)ids[r] * (k / blk<T>::E) * blk<T>::B;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x)
-        y[(int64_t)r * k + i] = deq_at<T>(row, i);
+__global__ void k_get_rows(const uint8_t *table, int64_t k, const int32_t *ids, int32_t n, float *y) {
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+        const uint8_t *row = table + (int64_t)ids[r] * (k / blk<T>::E) * blk<T>::B;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k;
+             i += (int64_t)gridDim.x * blockDim.x)
+            y[r * k + i] = deq_at<T>(row, i);
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -143,6 +40,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 constexpr int MV_MAX_M = 8;
+
+// A weight or activation as the matrix products read it: f32 with f32 weights; rounded to f16 otherwise, as
+// the cuBLAS path (batches over MATVEC_MAX_ROWS rows) reads both, so that a row's result does not depend on
+// the batch size beyond summation order.
+template <uint32_t T> __device__ __forceinline__ float act(float v) {
+    if constexpr (T == CUD_F32) return v;
+    else return __half2float(__float2half_rn(v));
+}
 
 // One warp per output row; each lane takes whole blocks, so a block's scales are read once per lane.
 template <uint32_t T>
@@ -157,20 +62,20 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
     for (int r = 0; r < MV_MAX_M; r++) acc[r] = 0.f;
     if constexpr (blk<T>::E == 1) {
         for (int64_t i = lane; i < k; i += WARP) {
-            float wv = deq<T>(row + i * blk<T>::B, 0);
+            float wv = act<T>(deq<T>(row + i * blk<T>::B, 0));
 #pragma unroll
             for (int r = 0; r < MV_MAX_M; r++)
-                if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+                if (r < m) acc[r] += wv * act<T>(x[(int64_t)r * k + i]);
         }
     } else {
         for (int64_t b = lane; b < nb; b += WARP) {
             const uint8_t *bp = row + b * blk<T>::B;
             for (int e = 0; e < blk<T>::E; e++) {
-                float wv = deq<T>(bp, e);
+                float wv = act<T>(deq<T>(bp, e));
                 int64_t i = b * blk<T>::E + e;
 #pragma unroll
                 for (int r = 0; r < MV_MAX_M; r++)
-                    if (r < m) acc[r] += wv * x[(int64_t)r * k + i];
+                    if (r < m) acc[r] += wv * act<T>(x[(int64_t)r * k + i]);
             }
         }
     }
@@ -182,23 +87,34 @@ __global__ void k_matvec(const uint8_t *w, int64_t n_out, int64_t k, const float
     }
 }
 
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The CPU engine's scale: (float)(1 / sqrt(ss / n + eps)) with ss the sum of squares in double.
+__device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+
+// One block per row (x and y may alias).
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
-    __shared__ float red[32];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
-    s = warp_sum(s);
+    __shared__ double red[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)xr[i] * (double)xr[i];
+    s = warp_sum_d(s);
     if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = s;
     __syncthreads();
     if (threadIdx.x < WARP) {
-        float t = threadIdx.x < blockDim.x / WARP ? red[threadIdx.x] : 0.f;
-        t = warp_sum(t);
+        double t = threadIdx.x < blockDim.x / WARP ? red[threadIdx.x] : 0.0;
+        t = warp_sum_d(t);
         if (threadIdx.x == 0) red[0] = t;
     }
     __syncthreads();
-    float inv = rsqrtf(red[0] / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    const float scale = rms_scale(red[0], n, eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
 // One warp per (row, head).
@@ -207,11 +123,11 @@ __global__ void k_head_rmsnorm(float *x, const float *w, int total, int hd, floa
     int lane = threadIdx.x % WARP;
     if (idx >= total) return;
     float *v = x + (int64_t)idx * hd;
-    float s = 0.f;
-    for (int i = lane; i < hd; i += WARP) s += v[i] * v[i];
-    s = warp_sum(s);
-    float inv = rsqrtf(s / (float)hd + eps);
-    for (int i = lane; i < hd; i += WARP) v[i] = v[i] * inv * w[i];
+    double s = 0.0;
+    for (int i = lane; i < hd; i += WARP) s += (double)v[i] * (double)v[i];
+    s = warp_sum_d(s);
+    const float scale = rms_scale(s, hd, eps);
+    for (int i = lane; i < hd; i += WARP) v[i] = __fmul_rn(__fmul_rn(v[i], scale), w[i]);
 }
 
 __global__ void k_add_bias(float *x, const float *b, int64_t total, int n) {
@@ -233,29 +149,32 @@ __global__ void k_f32_to_f16(const float *x, __half *y, int64_t n) {
         y[i] = __float2half_rn(x[i]);
 }
 
-__device__ __forceinline__ void rope_pair(float *a, float *b, float angle) {
-    float c, s;
-    sincosf(angle, &s, &c);
+// x0' = x0 c - x1 s, x1' = x0 s + x1 c, each product and sum rounded (no FMA contraction), as on the CPU.
+__device__ __forceinline__ void rope_pair(float *a, float *b, float c, float s) {
     float x0 = *a, x1 = *b;
-    *a = x0 * c - x1 * s;
-    *b = x0 * s + x1 * c;
+    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-__device__ __forceinline__ float rope_theta(int i, const cud_rope_params &rp) {
-    float t = rp.freq_scale * powf(rp.freq_base, -2.f * (float)i / (float)rp.n_rot);
-    if (rp.freq_factors) t /= rp.freq_factors[i];
-    return t;
+// grid: rows, threads: pairs
+__global__ void k_rope_cs(const int32_t *pos, const float *inv_freq, int half, float *cs) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double th = (double)pos[r] * (double)inv_freq[i], sn, cn;
+        sincos(th, &sn, &cn);
+        cs[((int64_t)r * half + i) * 2] = (float)cn;
+        cs[((int64_t)r * half + i) * 2 + 1] = (float)sn;
+    }
 }
 
 // grid: (rows * n_heads), threads: n_rot / 2 pairs
-__global__ void k_rope(float *x, const int32_t *pos, int n_heads, cud_rope_params rp) {
-    int rh = blockIdx.x;
-    int r = rh / n_heads;
+__global__ void k_rope(float *x, const float *cs, int n_heads, cud_rope_params rp) {
+    const int rh = blockIdx.x, r = rh / n_heads, half = rp.n_rot / 2;
     float *v = x + (int64_t)rh * rp.head_dim;
-    for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
-        float angle = (float)pos[r] * rope_theta(i, rp);
-        if (rp.neox) rope_pair(&v[i], &v[i + rp.n_rot / 2], angle);
-        else rope_pair(&v[2 * i], &v[2 * i + 1], angle);
+    const float *c = cs + (int64_t)r * rp.n_rot;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        if (rp.neox) rope_pair(&v[i], &v[i + half], c[2 * i], c[2 * i + 1]);
+        else rope_pair(&v[2 * i], &v[2 * i + 1], c[2 * i], c[2 * i + 1]);
     }
 }
 
@@ -291,14 +210,14 @@ __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const floa
 }
 
 // grid: (n slots, n_layer * n_kv_head), threads: n_rot / 2
-__global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, int32_t delta, cud_rope_params rp) {
+__global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, const float *cs, cud_rope_params rp) {
     int32_t s = slots[blockIdx.x];
     int layer = blockIdx.y / kv.n_kv_head, h = blockIdx.y % kv.n_kv_head;
     char *row = kv_row(kv, layer, 0, s, h);
     for (int i = threadIdx.x; i < rp.n_rot / 2; i += blockDim.x) {
         int a = rp.neox ? i : 2 * i, b = rp.neox ? i + rp.n_rot / 2 : 2 * i + 1;
         float x0 = kv_load(row, a, kv.f16), x1 = kv_load(row, b, kv.f16);
-        rope_pair(&x0, &x1, (float)delta * rope_theta(i, rp));
+        rope_pair(&x0, &x1, cs[2 * i], cs[2 * i + 1]);
         if (kv.f16) {
             ((__half *)row)[a] = __float2half_rn(x0);
             ((__half *)row)[b] = __float2half_rn(x1);
@@ -435,7 +354,7 @@ int cud_type_block_elems(uint32_t type) {
     switch (type) {
     case CUD_F32: case CUD_F16: case CUD_BF16: return 1;
     case CUD_Q8_0: case CUD_Q4_0: case CUD_Q4_1: case CUD_Q5_0: case CUD_Q5_1: return 32;
-    case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
+    case CUD_Q2_K: case CUD_Q3_K: case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
     default: return 0;
     }
 }
@@ -449,6 +368,8 @@ int cud_type_block_bytes(uint32_t type) {
     case CUD_Q4_1: return 20;
     case CUD_Q5_0: return 22;
     case CUD_Q5_1: return 24;
+    case CUD_Q2_K: return 84;
+    case CUD_Q3_K: return 110;
     case CUD_Q4_K: return 144;
     case CUD_Q5_K: return 176;
     case CUD_Q6_K: return 210;
@@ -467,6 +388,8 @@ template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     case CUD_Q4_1: f.template operator()<CUD_Q4_1>(); break;
     case CUD_Q5_0: f.template operator()<CUD_Q5_0>(); break;
     case CUD_Q5_1: f.template operator()<CUD_Q5_1>(); break;
+    case CUD_Q2_K: f.template operator()<CUD_Q2_K>(); break;
+    case CUD_Q3_K: f.template operator()<CUD_Q3_K>(); break;
     case CUD_Q4_K: f.template operator()<CUD_Q4_K>(); break;
     case CUD_Q5_K: f.template operator()<CUD_Q5_K>(); break;
     case CUD_Q6_K: f.template operator()<CUD_Q6_K>(); break;
@@ -475,18 +398,20 @@ template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     return cudaGetLastError();
 }
 
+static unsigned grid_rows(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
+
 cudaError_t cud_dequant_f32(uint32_t type, const void *w, int64_t rows, int64_t k, float *y, cudaStream_t st) {
-    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    if (rows < 1 || k < 1) return cudaErrorInvalidValue;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        dim3 grid(grid_for(k, 256), grid_rows(rows));
         k_dequant<T, float><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
     });
 }
 
 cudaError_t cud_dequant_f16(uint32_t type, const void *w, int64_t rows, int64_t k, __half *y, cudaStream_t st) {
-    if (rows < 1 || rows > 65535 * 1024LL) return cudaErrorInvalidValue;
+    if (rows < 1 || k < 1) return cudaErrorInvalidValue;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)rows);
+        dim3 grid(grid_for(k, 256), grid_rows(rows));
         k_dequant<T, __half><<<grid, 256, 0, st>>>((const uint8_t *)w, rows, k, y);
     });
 }
@@ -495,8 +420,8 @@ cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int3
                          cudaStream_t st) {
     if (n < 1) return cudaSuccess;
     return dispatch(type, [&]<uint32_t T>() {
-        dim3 grid(grid_for(k, 256), (unsigned)n);
-        k_get_rows<T><<<grid, 256, 0, st>>>((const uint8_t *)table, k, ids, y);
+        dim3 grid(grid_for(k, 256), grid_rows(n));
+        k_get_rows<T><<<grid, 256, 0, st>>>((const uint8_t *)table, k, ids, n, y);
     });
 }
 
@@ -512,6 +437,7 @@ cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, c
 
 cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
                         cudaStream_t st) {
+    if (rows < 1) return cudaSuccess;
     k_rmsnorm<<<rows, 256, 0, st>>>(x, w, y, n, eps);
     return cudaGetLastError();
 }
@@ -544,10 +470,19 @@ cudaError_t cud_f32_to_f16(const float *x, __half *y, int64_t n, cudaStream_t st
     return cudaGetLastError();
 }
 
-cudaError_t cud_rope(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
+static int pair_threads(int32_t n_rot) { return n_rot / 2 < 128 ? (n_rot / 2 < 1 ? 1 : n_rot / 2) : 128; }
+
+cudaError_t cud_rope_cs(const int32_t *pos, const float *inv_freq, int32_t rows, int32_t n_rot, float *cs,
+                        cudaStream_t st) {
+    if (rows < 1 || n_rot < 2) return cudaSuccess;
+    k_rope_cs<<<rows, pair_threads(n_rot), 0, st>>>(pos, inv_freq, n_rot / 2, cs);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_rope(float *x, const float *cs, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
                      cudaStream_t st) {
-    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
-    k_rope<<<rows * n_heads, threads, 0, st>>>(x, pos, n_heads, *rp);
+    if (rows < 1 || rp->n_rot < 2) return cudaSuccess;
+    k_rope<<<rows * n_heads, pair_threads(rp->n_rot), 0, st>>>(x, cs, n_heads, *rp);
     return cudaGetLastError();
 }
 
@@ -558,11 +493,11 @@ cudaError_t cud_kv_store(const cud_kv_view *kv, int32_t layer, const float *k, c
 }
 
 cudaError_t cud_kv_rerotate(const cud_kv_view *kv, int32_t n_layer, const int32_t *slots, int32_t n,
-                            int32_t delta, const cud_rope_params *rp, cudaStream_t st) {
-    if (n < 1) return cudaSuccess;
+                            const float *cs, const cud_rope_params *rp, cudaStream_t st) {
+    if (n < 1 || rp->n_rot < 2) return cudaSuccess;
+    if (n_layer * kv->n_kv_head > 65535) return cudaErrorInvalidValue;
     dim3 grid((unsigned)n, (unsigned)(n_layer * kv->n_kv_head));
-    int threads = rp->n_rot / 2 < 128 ? (rp->n_rot / 2 < 1 ? 1 : rp->n_rot / 2) : 128;
-    k_kv_rerotate<<<grid, threads, 0, st>>>(*kv, slots, delta, *rp);
+    k_kv_rerotate<<<grid, pair_threads(rp->n_rot), 0, st>>>(*kv, slots, cs, *rp);
     return cudaGetLastError();
 }
 

@@ -8,17 +8,14 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
-// ggml type ids (engine/quant.h).
-enum : uint32_t {
-    CUD_F32 = 0, CUD_F16 = 1, CUD_Q4_0 = 2, CUD_Q4_1 = 3, CUD_Q5_0 = 6, CUD_Q5_1 = 7, CUD_Q8_0 = 8,
-    CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,
-};
+#include "cuda/cud_deq.cuh" // ggml type ids and dequantization
+
 
 // Values per block and bytes per block of a type; 0 for types the kernels lack.
 int cud_type_block_elems(uint32_t type);
 int cud_type_block_bytes(uint32_t type);
 
-// y[r][j] for rows [0, rows) of a [rows][k] matrix in type -> f32 or f16 output.
+// y[r][j] for rows [0, rows) of a [rows][k] matrix in type -> f32 or f16 output (any number of rows).
 cudaError_t cud_dequant_f32(uint32_t type, const void *w, int64_t rows, int64_t k, float *y, cudaStream_t st);
 cudaError_t cud_dequant_f16(uint32_t type, const void *w, int64_t rows, int64_t k, __half *y, cudaStream_t st);
 
@@ -30,7 +27,8 @@ cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int3
 cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, const float *x, int32_t m,
                        float *y, cudaStream_t st);
 
-// Elementwise and normalization.
+// Elementwise and normalization. RMSNorm follows the CPU engine (engine/ops.c): the sum of squares in double,
+// scale = (float)(1 / sqrt(ss / n + eps)), y = (x * scale) * w with every operation rounded as on the CPU.
 cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
                         cudaStream_t st);
 // Per-head RMSNorm over head_dim (qwen3 q/k norms): x [rows][n_heads][hd] in place.
@@ -47,13 +45,17 @@ cudaError_t cud_f32_to_f16(const float *x, __half *y, int64_t n, cudaStream_t st
 
 typedef struct cud_rope_params {
     int32_t n_rot, head_dim;
-    float freq_base, freq_scale;
-    const float *freq_factors; // [n_rot/2] or nullptr
-    bool neox;
+    bool neox;                 // rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1)
 } cud_rope_params;
 
-// Rotates x [rows][n_heads][head_dim] in place for positions pos[rows].
-cudaError_t cud_rope(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
+// RoPE angles as the CPU engine computes them: theta_i = pos * inv_freq[i] in double, cs[r][2i] = (float)
+// cos(theta_i), cs[r][2i+1] = (float)sin(theta_i). inv_freq [n_rot/2] is the engine's f32 table
+// (freq_scale * base^(-2i/n_rot) / rope_freqs[i], computed in double on the host).
+cudaError_t cud_rope_cs(const int32_t *pos, const float *inv_freq, int32_t rows, int32_t n_rot, float *cs,
+                        cudaStream_t st);
+// Rotates x [rows][n_heads][head_dim] in place with the angles cs [rows][n_rot] (the first n_rot dims of
+// each head; x0' = x0 c - x1 s, x1' = x0 s + x1 c, rounded as on the CPU).
+cudaError_t cud_rope(float *x, const float *cs, int32_t rows, int32_t n_heads, const cud_rope_params *rp,
                      cudaStream_t st);
 
 typedef struct cud_kv_view {
@@ -67,9 +69,9 @@ typedef struct cud_kv_view {
 cudaError_t cud_kv_store(const cud_kv_view *kv, int32_t layer, const float *k, const float *v,
                          const int32_t *slot, int32_t rows, cudaStream_t st);
 
-// Re-rotates the cached keys at slots[n] by delta positions, in every layer.
+// Re-rotates the cached keys at slots[n], in every layer, by the angles cs [n_rot] (those of delta positions).
 cudaError_t cud_kv_rerotate(const cud_kv_view *kv, int32_t n_layer, const int32_t *slots, int32_t n,
-                            int32_t delta, const cud_rope_params *rp, cudaStream_t st);
+                            const float *cs, const cud_rope_params *rp, cudaStream_t st);
 
 typedef struct cud_attn_args {
     const float *q;            // [rows][n_head][hd]

@@ -143,6 +143,10 @@ typedef struct cud_backend cud_backend;
 /* Number of usable CUDA devices (0 without a driver, without a device, or in a build without CUDA) and the
  * first one's name. Never fails. */
 int32_t cud_available(char *name, size_t name_len);
+/* As cud_available; when it finds no usable device, also writes the reason into why (the CUDA runtime's error
+ * and the driver / runtime versions, e.g. a driver too old for this runtime; "built without CUDA" in a build
+ * without CUDA). why may be NULL. Never fails. */
+int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len);
 
 /* Uploads the weights and prepares activations and cuBLAS; reports in *kv_budget_bytes how much device memory
  * remains for the KV pool under memory_fraction. Errors: ENG_ERR_UNSUPPORTED (no CUDA in this build, or a

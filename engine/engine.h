@@ -192,10 +192,15 @@ typedef struct eng_ctx_params {
     int32_t kv_block_size;    /* tokens per KV block (default 16) */
     int32_t kv_blocks;        /* pool size in blocks; 0: from kv_mem_bytes */
     size_t kv_mem_bytes;      /* pool budget when kv_blocks == 0; 0: enough for max_seqs * n_ctx tokens,
-                                 capped at 1 GiB */
-    kvc_dtype kv_dtype;       /* default F16 */
+                                 capped at 1 GiB. On CUDA: 0 means the device memory left under
+                                 gpu_memory_fraction after the weights, capped at 4 * max_seqs * n_ctx tokens;
+                                 kv_blocks / kv_mem_bytes above that budget fail with ENG_ERR_NOMEM */
+    kvc_dtype kv_dtype;       /* default F16 (CUDA: F16 or F32; Q8_0 is ENG_ERR_UNSUPPORTED there) */
     bool prefix_caching;      /* default true */
-    eng_device device;        /* default AUTO */
+    eng_device device;        /* default AUTO: CUDA when a device is present and the model's tensor types have
+                                 kernels and its weights fit, else CPU. CUDA without a device: eng_ctx_create fails with
+                                 ENG_ERR_DEVICE ("no CUDA device found"), or ENG_ERR_UNSUPPORTED in a build
+                                 without CUDA ("built without CUDA") */
     float gpu_memory_fraction;/* CUDA: share of device memory for weights + KV (default 0.9) */
 } eng_ctx_params;
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/forward_cuda.h"
 #include "engine/model.h"
 #include "engine/ops.h"
 #include "engine/quant.h"
@@ -79,6 +80,8 @@ struct eng_ctx {
     int32_t m;
     int32_t n_logits;    /* rows with logits in the last successful decode */
     int32_t last_n;      /* rows of the last successful decode (0 after a failure) */
+
+    eng_cuda *cuda;      /* non-NULL: the context runs on the GPU (forward_cuda.c); the CPU fields are unused */
 };
 
 void eng_ctx_params_default(eng_ctx_params *p) {
@@ -111,6 +114,7 @@ void eng_ctx_free(eng_ctx *c) {
     if (!c) return;
     eng_pool_free(c->pool);
     kvc_free(c->cache);
+    eng_cuda_free(c->cuda); /* after the cache, which lives in its device memory */
     free(c->inv_freq);
     free(c->entries);
     free(c->slots);
@@ -156,8 +160,6 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     eng_ctx_params p;
     if (params) p = *params;
     else eng_ctx_params_default(&p);
-    if (p.device == ENG_DEVICE_CUDA)
-        return cfail(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: this context is CPU only");
     const eng_hparams *hp = &model->hp;
     int cores = eng_cpu_count();
     if (p.n_threads <= 0 || p.n_threads > cores) p.n_threads = cores;
@@ -177,6 +179,14 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->simd = eng_simd_detect();
     c->ops_simd = eng_ops_simd_available();
     int rc = 0;
+    if (p.device != ENG_DEVICE_CPU) {
+        rc = eng_cuda_create(model, &p, &c->cuda, &c->cache, err, err_len);
+        if (rc != 0 || c->cuda) {
+            if (rc != 0) eng_ctx_free(c);
+            else *out = c;
+            return rc;
+        }
+    }
 
     /* KV pool size */
     size_t row_bytes = kvc_row_bytes(p.kv_dtype, hp->head_dim);
@@ -289,7 +299,7 @@ unsupported:
 }
 
 kvc_cache *eng_ctx_cache(eng_ctx *c) { return c ? c->cache : NULL; }
-eng_device eng_ctx_device(const eng_ctx *c) { (void)c; return ENG_DEVICE_CPU; }
+eng_device eng_ctx_device(const eng_ctx *c) { return c && c->cuda ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU; }
 int32_t eng_ctx_n_threads(const eng_ctx *c) { return c ? c->n_threads : 0; }
 
 /* ---- the parallel forward ------------------------------------------------------------------------------ */
@@ -611,6 +621,7 @@ static int map_kvc(int rc) {
 
 int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (!c || !b) return ENG_ERR_INVALID;
+    if (c->cuda) return eng_cuda_decode(c->cuda, c->cache, b);
     c->last_n = 0;
     c->n_logits = 0;
     if (b->n < 1 || b->n > c->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
@@ -658,12 +669,14 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
 }
 
 float *eng_get_logits(eng_ctx *c, int32_t i) {
+    if (c && c->cuda) return eng_cuda_get_logits(c->cuda, i);
     if (!c || i < 0 || i >= c->last_n || c->logit_idx[i] < 0) return NULL;
     return c->logits + (size_t)c->logit_idx[i] * (size_t)c->hp->n_vocab;
 }
 
 int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
     if (!c) return ENG_ERR_INVALID;
+    if (c->cuda) return eng_cuda_seq_remove(c->cuda, c->cache, seq, begin, end);
     kvc_shift sh = {0};
     int rc = kvc_remove(c->cache, seq, begin, end, &sh);
     if (rc == KVC_ERR_NOT_SUPPORTED) return ENG_ERR_UNSUPPORTED;

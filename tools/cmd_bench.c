@@ -1,11 +1,12 @@
 /*
- * cmd_bench.c: `kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--json]`
+ * cmd_bench.c: `kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]`
  *
  * Measures the CPU engine: prefill speed for a P-token prompt (one batch), then for each B the aggregate
  * decode speed of B sequences decoding together (one token each per batch) for N tokens each. Every
  * measurement follows a warm-up run of the same shape. Token ids are fixed pseudo-random values (the speed
  * does not depend on them). Output: a table, or with --json one object
- *   {"model":..., "threads":..., "prefill_tokens":P, "prefill_tok_s":..., "decode":[{"sequences":B,"tok_s":...}]}
+ *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
+ *    "decode":[{"sequences":B,"tok_s":...}]}
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_engine.h"
 #include "engine/engine.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -21,12 +23,13 @@
 enum { MAX_B = 64, WARMUP_STEPS = 4 };
 
 static void bench_usage(FILE *f) {
-    fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--json]\n"
+    fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]\n"
                "  -m, --model FILE   GGUF model\n"
                "  -p N               prompt length for the prefill measurement (default 128)\n"
                "  -n N               tokens each sequence decodes (default 64)\n"
                "  -b LIST            numbers of sequences decoding together (default 1,4,16,32; each <= %d)\n"
                "  --threads N        worker threads (default: the number of cores)\n"
+               "  --device D         auto (default: the GPU when there is one), cpu or cuda\n"
                "  --json             one JSON object instead of a table\n", MAX_B);
 }
 
@@ -104,6 +107,7 @@ out:
 int kvs_cmd_bench(int argc, char **argv) {
     const char *model_path = NULL;
     long p = 128, n = 64, threads = 0;
+    int device = ENG_DEVICE_AUTO;
     int bl[16] = {1, 4, 16, 32}, nb = 4;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -121,6 +125,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) ok = kvs_parse_long(v, 1, 8192, &n);
         else if (!strcmp(a, "-b")) ok = parse_list(v, bl, 16, &nb) == 0;
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
         else {
             fprintf(stderr, "kvserve bench: unknown option '%s'\n", a);
             bench_usage(stderr);
@@ -160,6 +165,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     eng_ctx_params cp;
     eng_ctx_params_default(&cp);
     cp.n_threads = (int32_t)threads;
+    cp.device = (eng_device)device;
     cp.n_ctx = n_ctx;
     cp.max_seqs = max_b;
     cp.max_batch_tokens = (int32_t)(p > max_b ? p : max_b);
@@ -190,6 +196,10 @@ int kvs_cmd_bench(int argc, char **argv) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", hp->name);
         cJSON_AddNumberToObject(o, "threads", eng_ctx_n_threads(ctx));
+        bool on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
+        cJSON_AddStringToObject(o, "device", on_gpu ? "cuda" : "cpu");
+        char gpu[256];
+        if (on_gpu && cud_available(gpu, sizeof gpu) > 0) cJSON_AddStringToObject(o, "gpu", gpu);
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)p);
         cJSON_AddNumberToObject(o, "prefill_tok_s", prefill_tok_s);
         cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
@@ -205,8 +215,9 @@ int kvs_cmd_bench(int argc, char **argv) {
         free(s);
         cJSON_Delete(o);
     } else {
-        printf("model: %s (%s, %.1f MB of weights), %d thread(s)\n", hp->name, hp->arch_name,
-               (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx));
+        printf("model: %s (%s, %.1f MB of weights), %d thread(s), device %s\n", hp->name, hp->arch_name,
+               (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx),
+               eng_ctx_device(ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu");
         printf("%-28s %12s\n", "test", "tok/s");
         char label[64];
         snprintf(label, sizeof label, "prefill %ld tokens", p);

@@ -37,7 +37,8 @@ static void generate_usage(FILE *f) {
             "  --seed S               RNG seed (default 42)\n"
             "  --top-logprobs K       report the K best log-probabilities per step (0..20)\n"
             "  --json                 one JSON object per prompt\n"
-            "  --threads N            worker threads (default: the number of cores)\n");
+            "  --threads N            worker threads (default: the number of cores)\n"
+            "  --device D             auto (default: the GPU when there is one), cpu or cuda\n");
 }
 
 typedef struct gen_seq {
@@ -184,6 +185,7 @@ static int run_step(eng_ctx *ctx, const eng_model *model, gen_seq *gs, const eng
 int kvs_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *file = NULL;
     long n_predict = 32, top_k = 0, top_logprobs = 0, threads = 0, seed = 42;
+    int device = ENG_DEVICE_AUTO;
     float temp = 0.0f, top_p = 1.0f;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -208,6 +210,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) ok = kvs_parse_long(v, 0, __LONG_MAX__, &seed);
         else if (!strcmp(a, "--top-logprobs")) ok = kvs_parse_long(v, 0, 20, &top_logprobs);
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
         else {
             fprintf(stderr, "kvserve generate: unknown option '%s'\n", a);
             generate_usage(stderr);
@@ -283,6 +286,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     eng_ctx_params cp;
     eng_ctx_params_default(&cp);
     cp.n_threads = (int32_t)threads;
+    cp.device = (eng_device)device;
     cp.n_ctx = max_prompt + (int32_t)n_predict;
     cp.max_seqs = n_prompts;
     cp.max_batch_tokens = total_prompt < 512 ? total_prompt : 512;

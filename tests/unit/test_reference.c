@@ -3,7 +3,8 @@
  * ../shared/reference/README.md (accepted divergence only below a margin, mean/max logprob deltas, share of
  * steps compared, EOS at the reference's EOS step), run both one prompt at a time and as one multi-sequence
  * batch, which must agree (batch invariance). Also stories260K's 60-token greedy sequence from BOS.
- * Skips with a message when the shared directory is absent.
+ * Skips with a message when the shared directory is absent. The device is KVSERVE_TEST_DEVICE ("cpu", the
+ * default, or "cuda": ctest's test_reference_cuda; skips when no CUDA device is present).
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cuda/cuda_engine.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 
@@ -25,6 +27,17 @@ static const char *shared_dir(void) {
     const char *d = getenv("KVSERVE_SHARED");
     if (d && *d) return d;
     return KVSERVE_SHARED_DIR;
+}
+
+/* The device the tests run on (KVSERVE_TEST_DEVICE); skips the test when cuda is asked for but absent. */
+static eng_device test_device(void) {
+    const char *d = getenv("KVSERVE_TEST_DEVICE");
+    if (!d || !*d || !strcmp(d, "cpu")) return ENG_DEVICE_CPU;
+    cr_assert(!strcmp(d, "cuda"), "KVSERVE_TEST_DEVICE must be cpu or cuda (got '%s')", d);
+    char why[256];
+    if (cud_available_why(NULL, 0, why, sizeof why) < 1)
+        cr_skip_test("KVSERVE_TEST_DEVICE=cuda but no CUDA device (%s)", why);
+    return ENG_DEVICE_CUDA;
 }
 
 static bool file_exists(const char *p) {
@@ -272,6 +285,7 @@ static void check_model(const char *base) {
     cp.max_batch_tokens = 1024;
     cp.kv_dtype = KVC_DTYPE_F32;
     cp.prefix_caching = false;
+    cp.device = test_device();
     eng_ctx *ctx = NULL;
     cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
 
@@ -336,6 +350,7 @@ Test(reference, stories260K_from_bos) {
     eng_ctx_params_default(&cp);
     cp.n_ctx = 128;
     cp.kv_dtype = KVC_DTYPE_F32;
+    cp.device = test_device();
     eng_ctx *ctx = NULL;
     cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
     int32_t seq;

@@ -1,0 +1,391 @@
+/*
+ * forward_cuda.c: the GPU path of an engine context (see forward_cuda.h). The cuda/ backend runs the forward
+ * pass; this file owns the bookkeeping around it: the model description handed to the backend, the KV cache
+ * created in device memory through the backend's allocator, batch validation and marshalling (the distinct
+ * sequences of a batch, their block tables including the pending batch, the rows that want logits), and
+ * context-shift re-rotation.
+ */
+#include "engine/forward_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_engine.h"
+#include "engine/model.h"
+
+struct eng_cuda {
+    cud_backend *be;
+    char name[256];            /* the GPU's name */
+    int32_t n_vocab, n_ctx, max_batch, max_seqs, block_size;
+
+    /* per-batch bookkeeping, [max_batch] each unless noted */
+    kvc_entry *entries;
+    int32_t *slots;
+    int32_t *seq_index;        /* row -> index into the batch's sequence list */
+    int32_t *seq_map;          /* [max_seqs] sequence id -> index in this batch, -1 when absent */
+    int32_t *seq_ids;          /* [max_batch] the batch's sequences in order of first appearance */
+    const int32_t **tables;    /* [max_batch] their block tables */
+    int32_t *n_blocks;         /* [max_batch] */
+    int32_t *seq_len;          /* [max_batch] lengths including the batch */
+    int32_t *out_rows;         /* [max_batch] rows that want logits, ascending */
+    int32_t *logit_idx;        /* [max_batch] row -> logits row, or -1 */
+    int32_t *shift_slots;      /* [n_ctx] slots of the keys a context shift moved */
+
+    float *logits;             /* [logits_cap][n_vocab] */
+    int32_t logits_cap;
+    int32_t last_n;            /* rows of the last successful decode (0 after a failure) */
+};
+
+static int gfail(char *err, size_t err_len, int code, const char *fmt, const char *arg) {
+    if (err && err_len) snprintf(err, err_len, fmt, arg ? arg : "");
+    return code;
+}
+
+static cud_tensor mat_tensor(const eng_matrix *m) {
+    cud_tensor t = {0};
+    if (!m->data) return t;
+    t.data = m->data;
+    t.nbytes = m->row_bytes * (size_t)m->n_out;
+    t.type = m->type;
+    t.ne0 = m->k;
+    t.ne1 = m->n_out;
+    return t;
+}
+
+static cud_tensor vec_tensor(const float *v, int64_t n) {
+    cud_tensor t = {0};
+    if (!v) return t;
+    t.data = v;
+    t.nbytes = (size_t)n * sizeof(float);
+    t.type = 0; /* F32 */
+    t.ne0 = n;
+    t.ne1 = 1;
+    return t;
+}
+
+void eng_cuda_free(eng_cuda *g) {
+    if (!g) return;
+    cud_backend_free(g->be);
+    free(g->entries);
+    free(g->slots);
+    free(g->seq_index);
+    free(g->seq_map);
+    free(g->seq_ids);
+    free(g->tables);
+    free(g->n_blocks);
+    free(g->seq_len);
+    free(g->out_rows);
+    free(g->logit_idx);
+    free(g->shift_slots);
+    free(g->logits);
+    free(g);
+}
+
+int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **out, kvc_cache **cache_out,
+                    char *err, size_t err_len) {
+    if (!model || !p || !out || !cache_out)
+        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument%s", NULL);
+    *out = NULL;
+    if (p->device == ENG_DEVICE_CPU) return ENG_OK;
+    if (p->device != ENG_DEVICE_AUTO && p->device != ENG_DEVICE_CUDA)
+        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: unknown device%s", NULL);
+    char name[256], why[256];
+    if (cud_available_why(name, sizeof name, why, sizeof why) < 1) {
+        if (p->device == ENG_DEVICE_AUTO) return ENG_OK;
+#ifdef KVSERVE_HAVE_CUDA
+        return gfail(err, err_len, ENG_ERR_DEVICE, "eng_ctx_create: device cuda: no CUDA device found (%s)", why);
+#else
+        return gfail(err, err_len, ENG_ERR_UNSUPPORTED,
+                     "eng_ctx_create: device cuda: this kvserve was built without CUDA (KVSERVE_CUDA=OFF or no "
+                     "nvcc)%s", NULL);
+#endif
+    }
+    if (p->kv_dtype != KVC_DTYPE_F16 && p->kv_dtype != KVC_DTYPE_F32)
+        return gfail(err, err_len, ENG_ERR_UNSUPPORTED,
+                     "eng_ctx_create: the GPU KV cache supports f16 and f32 (use one of them, or device cpu)%s",
+                     NULL);
+    if (!(p->gpu_memory_fraction > 0.0f && p->gpu_memory_fraction <= 1.0f))
+        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: gpu_memory_fraction must be in (0, 1]%s",
+                     NULL);
+    if (p->max_batch_tokens > 65535)
+        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_batch_tokens above 65535 on CUDA%s",
+                     NULL);
+
+    const eng_hparams *hp = &model->hp;
+    eng_cuda *g = calloc(1, sizeof *g);
+    if (!g) return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->n_vocab = hp->n_vocab;
+    g->n_ctx = p->n_ctx;
+    g->max_batch = p->max_batch_tokens;
+    g->max_seqs = p->max_seqs;
+    g->block_size = p->kv_block_size;
+
+    /* the model description: host pointers into the mapping and the model's f32 vectors */
+    cud_layer_desc *layers = calloc((size_t)hp->n_layer, sizeof *layers);
+    if (!layers) {
+        eng_cuda_free(g);
+        return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
+    }
+    const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const eng_layer *ly = &model->layers[l];
+        cud_layer_desc *d = &layers[l];
+        d->attn_norm = vec_tensor(ly->attn_norm, E);
+        d->wq = mat_tensor(&ly->wq);
+        d->wk = mat_tensor(&ly->wk);
+        d->wv = mat_tensor(&ly->wv);
+        d->wo = mat_tensor(&ly->wo);
+        d->bq = vec_tensor(ly->bq, QD);
+        d->bk = vec_tensor(ly->bk, KD);
+        d->bv = vec_tensor(ly->bv, KD);
+        d->q_norm = vec_tensor(ly->q_norm, hp->head_dim);
+        d->k_norm = vec_tensor(ly->k_norm, hp->head_dim);
+        d->ffn_norm = vec_tensor(ly->ffn_norm, E);
+        d->w_gate = mat_tensor(&ly->w_gate);
+        d->w_up = mat_tensor(&ly->w_up);
+        d->w_down = mat_tensor(&ly->w_down);
+    }
+    cud_model_desc md = {
+        .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer, .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_rot = hp->n_rot,
+        .rope_freq_base = hp->rope_freq_base, .rope_freq_scale = hp->rope_freq_scale, .rms_eps = hp->rms_eps,
+        .neox_rope = hp->neox_rope,
+        .tok_embd = mat_tensor(&model->tok_embd),
+        .output_norm = vec_tensor(model->output_norm, E),
+        .output = mat_tensor(&model->output),
+        .rope_freqs = vec_tensor(model->rope_freqs, hp->n_rot / 2),
+        .layers = layers,
+    };
+    const char *graphs_env = getenv("KVSERVE_CUDA_GRAPHS"); /* "0": no CUDA graphs (debugging) */
+    cud_params cp = {
+        .device = 0,
+        .memory_fraction = p->gpu_memory_fraction,
+        .max_batch_tokens = p->max_batch_tokens,
+        .max_seqs = p->max_seqs,
+        .max_blocks_per_seq = (p->n_ctx + p->kv_block_size - 1) / p->kv_block_size,
+        .block_size = p->kv_block_size,
+        .kv_dtype = p->kv_dtype,
+        .use_graphs = !(graphs_env && strcmp(graphs_env, "0") == 0),
+    };
+    size_t budget = 0;
+    char berr[512] = "";
+    int rc = cud_backend_create(&md, &cp, &g->be, &budget, berr, sizeof berr);
+    free(layers);
+    if (rc != 0) {
+        eng_cuda_free(g);
+        if ((rc == ENG_ERR_UNSUPPORTED || rc == ENG_ERR_NOMEM) && p->device == ENG_DEVICE_AUTO) {
+            /* a model the kernels cannot run (tensor type, head size) or that does not fit: AUTO runs it on
+             * the CPU */
+            fprintf(stderr, "kvserve: the CUDA backend cannot run this model (%s); using the CPU\n", berr);
+            return ENG_OK;
+        }
+        if (err && err_len) snprintf(err, err_len, "eng_ctx_create: CUDA backend (%s): %s", name, berr);
+        return rc;
+    }
+
+    /* KV pool: kv_blocks, else kv_mem_bytes (within the device budget), else the device budget, capped at
+     * four times what max_seqs full-length sequences need (room for cached prefixes beyond the live ones,
+     * without host bookkeeping for millions of blocks of a tiny model). */
+    size_t row_bytes = kvc_row_bytes(p->kv_dtype, hp->head_dim);
+    size_t block_bytes = (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)p->kv_block_size * row_bytes;
+    int64_t n_blocks = p->kv_blocks;
+    if (n_blocks > 0 && (size_t)n_blocks * block_bytes > budget) {
+        if (err && err_len)
+            snprintf(err, err_len,
+                     "eng_ctx_create: %lld KV blocks need %zu bytes of device memory but only %zu remain under "
+                     "gpu_memory_fraction %.2f",
+                     (long long)n_blocks, (size_t)n_blocks * block_bytes, budget, (double)p->gpu_memory_fraction);
+        eng_cuda_free(g);
+        return ENG_ERR_NOMEM;
+    }
+    if (n_blocks == 0) {
+        size_t mem = budget;
+        if (p->kv_mem_bytes > 0) {
+            if (p->kv_mem_bytes > budget) {
+                if (err && err_len)
+                    snprintf(err, err_len,
+                             "eng_ctx_create: kv_mem_bytes %zu exceeds the %zu bytes of device memory left under "
+                             "gpu_memory_fraction %.2f",
+                             p->kv_mem_bytes, budget, (double)p->gpu_memory_fraction);
+                eng_cuda_free(g);
+                return ENG_ERR_NOMEM;
+            }
+            mem = p->kv_mem_bytes;
+        } else {
+            int64_t want = 4 * (int64_t)p->max_seqs * cp.max_blocks_per_seq;
+            if ((double)want * (double)block_bytes < (double)mem) mem = (size_t)want * block_bytes;
+        }
+        n_blocks = (int64_t)(mem / block_bytes);
+        if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    }
+    if (n_blocks < 1) {
+        if (err && err_len)
+            snprintf(err, err_len,
+                     "eng_ctx_create: no device memory left for the KV cache (%zu bytes under gpu_memory_fraction "
+                     "%.2f; one block is %zu bytes)",
+                     budget, (double)p->gpu_memory_fraction, block_bytes);
+        eng_cuda_free(g);
+        return ENG_ERR_NOMEM;
+    }
+    kvc_params kp;
+    kvc_params_default(&kp);
+    kp.n_layer = hp->n_layer;
+    kp.n_kv_head = hp->n_head_kv;
+    kp.head_dim = hp->head_dim;
+    kp.block_size = p->kv_block_size;
+    kp.n_blocks = (int32_t)n_blocks;
+    kp.max_seqs = p->max_seqs;
+    kp.max_batch_tokens = p->max_batch_tokens;
+    kp.max_seq_len = p->n_ctx;
+    kp.dtype = p->kv_dtype;
+    kp.prefix_caching = p->prefix_caching;
+    kp.allocator = cud_kv_allocator(g->be);
+    kvc_cache *cache = NULL;
+    rc = kvc_create(&kp, &cache);
+    if (rc != 0) {
+        if (err && err_len)
+            snprintf(err, err_len, "eng_ctx_create: KV cache of %lld blocks in device memory: %s",
+                     (long long)n_blocks, kvc_strerror(rc));
+        eng_cuda_free(g);
+        return rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;
+    }
+    kvc_layout lay;
+    kvc_get_layout(cache, &lay);
+    rc = cud_backend_set_kv(g->be, &lay);
+    if (rc != 0) {
+        kvc_free(cache);
+        eng_cuda_free(g);
+        return gfail(err, err_len, rc, "eng_ctx_create: the CUDA backend rejected the KV layout%s", NULL);
+    }
+
+    size_t MB = (size_t)p->max_batch_tokens;
+    g->entries = calloc(MB, sizeof *g->entries);
+    g->slots = calloc(MB, sizeof *g->slots);
+    g->seq_index = calloc(MB, sizeof *g->seq_index);
+    g->seq_map = malloc((size_t)p->max_seqs * sizeof *g->seq_map);
+    g->seq_ids = calloc(MB, sizeof *g->seq_ids);
+    g->tables = calloc(MB, sizeof *g->tables);
+    g->n_blocks = calloc(MB, sizeof *g->n_blocks);
+    g->seq_len = calloc(MB, sizeof *g->seq_len);
+    g->out_rows = calloc(MB, sizeof *g->out_rows);
+    g->logit_idx = calloc(MB, sizeof *g->logit_idx);
+    g->shift_slots = calloc((size_t)p->n_ctx, sizeof *g->shift_slots);
+    g->logits_cap = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
+    g->logits = calloc((size_t)g->logits_cap * (size_t)hp->n_vocab, sizeof(float));
+    if (!g->entries || !g->slots || !g->seq_index || !g->seq_map || !g->seq_ids || !g->tables || !g->n_blocks ||
+        !g->seq_len || !g->out_rows || !g->logit_idx || !g->shift_slots || !g->logits) {
+        kvc_free(cache);
+        eng_cuda_free(g);
+        return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
+    }
+    for (int32_t s = 0; s < p->max_seqs; s++) g->seq_map[s] = -1;
+    *cache_out = cache;
+    *out = g;
+    return ENG_OK;
+}
+
+const char *eng_cuda_device_name(const eng_cuda *g) { return g ? g->name : ""; }
+
+static int map_kvc(int rc) {
+    switch (rc) {
+    case KVC_OK: return ENG_OK;
+    case KVC_ERR_FULL: return ENG_ERR_KV_FULL;
+    case KVC_ERR_NOMEM: return ENG_ERR_NOMEM;
+    case KVC_ERR_INVALID: return ENG_ERR_INVALID;
+    default: return ENG_ERR_KV;
+    }
+}
+
+int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
+    if (!g || !cache || !b) return ENG_ERR_INVALID;
+    g->last_n = 0;
+    if (b->n < 1 || b->n > g->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (b->token[i] < 0 || b->token[i] >= g->n_vocab) return ENG_ERR_INVALID;
+        if (b->pos[i] < 0) return ENG_ERR_INVALID;
+        g->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
+        if (b->want_logits && b->want_logits[i]) {
+            g->logit_idx[i] = n_out;
+            g->out_rows[n_out++] = i;
+        } else {
+            g->logit_idx[i] = -1;
+        }
+    }
+    if (n_out > g->logits_cap) {
+        /* Grows once to the largest number of logit rows seen (not per call). */
+        float *nl = realloc(g->logits, (size_t)n_out * (size_t)g->n_vocab * sizeof(float));
+        if (!nl) return ENG_ERR_NOMEM;
+        g->logits = nl;
+        g->logits_cap = n_out;
+    }
+    int rc = kvc_start_forward(cache, g->entries, b->n, g->slots);
+    if (rc != 0) return map_kvc(rc);
+    /* The batch's distinct sequences (ids were validated by kvc_start_forward) and their block tables,
+     * which include the pending batch. */
+    int32_t n_seqs = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        int32_t s = b->seq[i];
+        if (s < 0 || s >= g->max_seqs) {
+            rc = ENG_ERR_KV;
+            break;
+        }
+        if (g->seq_map[s] < 0) {
+            int32_t len;
+            rc = kvc_block_table(cache, s, &g->tables[n_seqs], &g->n_blocks[n_seqs], &len);
+            if (rc != 0) {
+                rc = map_kvc(rc);
+                break;
+            }
+            g->seq_ids[n_seqs] = s;
+            g->seq_len[n_seqs] = len;
+            g->seq_map[s] = n_seqs++;
+        }
+        int32_t si = g->seq_map[s];
+        if (b->pos[i] >= g->seq_len[si] || b->pos[i] >= g->n_ctx) {
+            rc = ENG_ERR_KV;
+            break;
+        }
+        g->seq_index[i] = si;
+    }
+    for (int32_t s = 0; s < n_seqs; s++) g->seq_map[g->seq_ids[s]] = -1;
+    if (rc == 0) {
+        cud_batch cb = {
+            .n = b->n, .token = b->token, .pos = b->pos, .seq_index = g->seq_index, .slot = g->slots,
+            .n_seqs = n_seqs, .seq_len = g->seq_len, .block_tables = g->tables, .n_blocks = g->n_blocks,
+            .n_out = n_out, .out_rows = g->out_rows,
+        };
+        rc = cud_forward(g->be, &cb, g->logits);
+    }
+    int frc = kvc_finish_forward(cache, rc == 0);
+    if (rc != 0) return rc;
+    if (frc != 0) return map_kvc(frc);
+    g->last_n = b->n;
+    return ENG_OK;
+}
+
+float *eng_cuda_get_logits(eng_cuda *g, int32_t i) {
+    if (!g || i < 0 || i >= g->last_n || g->logit_idx[i] < 0) return NULL;
+    return g->logits + (size_t)g->logit_idx[i] * (size_t)g->n_vocab;
+}
+
+int eng_cuda_seq_remove(eng_cuda *g, kvc_cache *cache, int32_t seq, int32_t begin, int32_t end) {
+    if (!g || !cache) return ENG_ERR_INVALID;
+    kvc_shift sh = {0};
+    int rc = kvc_remove(cache, seq, begin, end, &sh);
+    if (rc == KVC_ERR_NOT_SUPPORTED) return ENG_ERR_UNSUPPORTED;
+    if (rc == KVC_ERR_BAD_SEQ) return ENG_ERR_INVALID;
+    if (rc != 0) return map_kvc(rc);
+    if (sh.n <= 0 || sh.delta == 0) return ENG_OK;
+    /* Context shift: the keys now at [sh.pos, sh.pos + sh.n) were rotated for positions delta further on;
+     * one more rotation by delta * theta puts them right. */
+    const int32_t *blocks;
+    int32_t nb, len;
+    if (kvc_block_table(cache, seq, &blocks, &nb, &len) != 0) return ENG_ERR_KV;
+    int32_t n = 0;
+    for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len && n < g->n_ctx; p++)
+        g->shift_slots[n++] = blocks[p / g->block_size] * g->block_size + p % g->block_size;
+    return cud_rerotate(g->be, g->shift_slots, n, sh.delta);
+}
