@@ -56,10 +56,13 @@ async function one(i, round) {
   const r = await fetch(`${opt.url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'bench', prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, stream: true }),
+    body: JSON.stringify({
+      model: 'bench', prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, stream: true,
+      stream_options: { include_usage: true },
+    }),
   });
   if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  let ttft = null; let n = 0; let buf = '';
+  let ttft = null; let n = null; let buf = '';
   const dec = new TextDecoder();
   for await (const chunk of r.body) {
     buf += dec.decode(chunk, { stream: true });
@@ -71,12 +74,13 @@ async function one(i, round) {
       if (data === '[DONE]') continue;
       const j = JSON.parse(data);
       if (j.error) throw new Error(JSON.stringify(j.error));
-      if (j.choices && j.choices.length) {
-        if (ttft === null) ttft = performance.now() - t0;
-        n++; // one chunk per generated token
-      }
+      // The first chunk with text marks the first token; the usage chunk says how many were generated
+      // (a chunk may carry several tokens when the client reads slower than the server writes).
+      if (ttft === null && j.choices && j.choices.length && j.choices[0].text) ttft = performance.now() - t0;
+      if (j.usage) n = j.usage.completion_tokens;
     }
   }
+  if (n === null) throw new Error('no usage chunk in the stream');
   return { ttft, total: performance.now() - t0, n };
 }
 
