@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/batch.h"
 #include "engine/forward_cuda.h"
 #include "engine/model.h"
 #include "engine/ops.h"
@@ -623,27 +624,11 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (c->cuda) return eng_cuda_decode(c->cuda, c->cache, b);
     c->last_n = 0;
     c->n_logits = 0;
-    if (b->n < 1 || b->n > c->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
     int32_t n_logits = 0;
-    for (int32_t i = 0; i < b->n; i++) {
-        if (b->token[i] < 0 || b->token[i] >= c->hp->n_vocab) return ENG_ERR_INVALID;
-        if (b->pos[i] < 0) return ENG_ERR_INVALID;
-        c->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
-        if (b->want_logits && b->want_logits[i]) {
-            c->logit_idx[i] = n_logits;
-            c->logit_src[n_logits++] = i;
-        } else {
-            c->logit_idx[i] = -1;
-        }
-    }
-    if (n_logits > c->logits_cap) {
-        /* Grows once to the largest number of logit rows seen (not per call). */
-        float *nl = realloc(c->logits, (size_t)n_logits * (size_t)c->hp->n_vocab * sizeof(float));
-        if (!nl) return ENG_ERR_NOMEM;
-        c->logits = nl;
-        c->logits_cap = n_logits;
-    }
-    int rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots);
+    int rc = eng_batch_map(b, c->max_batch, c->hp->n_vocab, c->entries, c->logit_idx, c->logit_src, &n_logits,
+                           &c->logits, &c->logits_cap);
+    if (rc != 0) return rc;
+    rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots);
     if (rc != 0) return map_kvc(rc);
     for (int32_t i = 0; i < b->n; i++) {
         int32_t nb, len;

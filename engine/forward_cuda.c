@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cuda/cuda_engine.h"
+#include "engine/batch.h"
 #include "engine/model.h"
 
 struct eng_cuda {
@@ -301,27 +302,11 @@ static int map_kvc(int rc) {
 int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
     if (!g || !cache || !b) return ENG_ERR_INVALID;
     g->last_n = 0;
-    if (b->n < 1 || b->n > g->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
     int32_t n_out = 0;
-    for (int32_t i = 0; i < b->n; i++) {
-        if (b->token[i] < 0 || b->token[i] >= g->n_vocab) return ENG_ERR_INVALID;
-        if (b->pos[i] < 0) return ENG_ERR_INVALID;
-        g->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
-        if (b->want_logits && b->want_logits[i]) {
-            g->logit_idx[i] = n_out;
-            g->out_rows[n_out++] = i;
-        } else {
-            g->logit_idx[i] = -1;
-        }
-    }
-    if (n_out > g->logits_cap) {
-        /* Grows once to the largest number of logit rows seen (not per call). */
-        float *nl = realloc(g->logits, (size_t)n_out * (size_t)g->n_vocab * sizeof(float));
-        if (!nl) return ENG_ERR_NOMEM;
-        g->logits = nl;
-        g->logits_cap = n_out;
-    }
-    int rc = kvc_start_forward(cache, g->entries, b->n, g->slots);
+    int rc = eng_batch_map(b, g->max_batch, g->n_vocab, g->entries, g->logit_idx, g->out_rows, &n_out, &g->logits,
+                           &g->logits_cap);
+    if (rc != 0) return rc;
+    rc = kvc_start_forward(cache, g->entries, b->n, g->slots);
     if (rc != 0) return map_kvc(rc);
     /* The batch's distinct sequences (ids were validated by kvc_start_forward) and their block tables,
      * which include the pending batch. */
