@@ -105,6 +105,32 @@ TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
 /* o[c0 .. c0 + 8 * NACC) += sum_t p[t] * V[t][same columns], accumulators in registers across the rows */
 #define ACCUM_CHUNK(LOADV)                                                                                       \
     int32_t c0 = 0;                                                                                              \
+    for (; c0 + 64 <= hd; c0 += 64) { /* 8 accumulators: 8 independent FMA chains per row */                   \
+        __m256 a0 = _mm256_loadu_ps(o + c0), a1 = _mm256_loadu_ps(o + c0 + 8);                                   \
+        __m256 a2 = _mm256_loadu_ps(o + c0 + 16), a3 = _mm256_loadu_ps(o + c0 + 24);                             \
+        __m256 a4 = _mm256_loadu_ps(o + c0 + 32), a5 = _mm256_loadu_ps(o + c0 + 40);                             \
+        __m256 a6 = _mm256_loadu_ps(o + c0 + 48), a7 = _mm256_loadu_ps(o + c0 + 56);                             \
+        for (int32_t t = 0; t < n; t++) {                                                                        \
+            __m256 pv = _mm256_set1_ps(p[t]);                                                                    \
+            const size_t b = (size_t)t * hd + c0;                                                                \
+            a0 = _mm256_fmadd_ps(pv, LOADV(b), a0);                                                              \
+            a1 = _mm256_fmadd_ps(pv, LOADV(b + 8), a1);                                                          \
+            a2 = _mm256_fmadd_ps(pv, LOADV(b + 16), a2);                                                         \
+            a3 = _mm256_fmadd_ps(pv, LOADV(b + 24), a3);                                                         \
+            a4 = _mm256_fmadd_ps(pv, LOADV(b + 32), a4);                                                         \
+            a5 = _mm256_fmadd_ps(pv, LOADV(b + 40), a5);                                                         \
+            a6 = _mm256_fmadd_ps(pv, LOADV(b + 48), a6);                                                         \
+            a7 = _mm256_fmadd_ps(pv, LOADV(b + 56), a7);                                                         \
+        }                                                                                                        \
+        _mm256_storeu_ps(o + c0, a0);                                                                            \
+        _mm256_storeu_ps(o + c0 + 8, a1);                                                                        \
+        _mm256_storeu_ps(o + c0 + 16, a2);                                                                       \
+        _mm256_storeu_ps(o + c0 + 24, a3);                                                                       \
+        _mm256_storeu_ps(o + c0 + 32, a4);                                                                       \
+        _mm256_storeu_ps(o + c0 + 40, a5);                                                                       \
+        _mm256_storeu_ps(o + c0 + 48, a6);                                                                       \
+        _mm256_storeu_ps(o + c0 + 56, a7);                                                                       \
+    }                                                                                                            \
     for (; c0 + 32 <= hd; c0 += 32) {                                                                            \
         __m256 a0 = _mm256_loadu_ps(o + c0), a1 = _mm256_loadu_ps(o + c0 + 8);                                   \
         __m256 a2 = _mm256_loadu_ps(o + c0 + 16), a3 = _mm256_loadu_ps(o + c0 + 24);                             \
@@ -127,11 +153,55 @@ TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
         _mm256_storeu_ps(o + c0, a0);                                                                            \
     }
 
+/* The 8 sums of a0..a7 as one vector [sum(a0), ..., sum(a7)]: pairwise adds, then the two 128-bit halves. */
+TGT static __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+/* Scores of n key rows: 8 rows at a time, so 8 independent FMA chains run and one reduction serves 8 rows
+ * (one row at a time, the FMA latency and a horizontal sum per row dominated). Columns past the last multiple
+ * of 8 and rows past the last multiple of 8 take the one-row path. */
+#define SCORES8(LOADK, DOT, ELEM)                                                                                \
+    int32_t t = 0;                                                                                               \
+    const int32_t hd8 = hd & ~7;                                                                                 \
+    const __m256 vscale = _mm256_set1_ps(scale);                                                                 \
+    for (; hd8 > 0 && t + 8 <= n; t += 8) {                                                                      \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;           \
+        for (int32_t c = 0; c < hd8; c += 8) {                                                                   \
+            const __m256 qv = _mm256_loadu_ps(q + c);                                                            \
+            const size_t b = (size_t)t * hd + c;                                                                 \
+            a0 = _mm256_fmadd_ps(qv, LOADK(b), a0);                                                              \
+            a1 = _mm256_fmadd_ps(qv, LOADK(b + (size_t)hd), a1);                                                 \
+            a2 = _mm256_fmadd_ps(qv, LOADK(b + 2 * (size_t)hd), a2);                                             \
+            a3 = _mm256_fmadd_ps(qv, LOADK(b + 3 * (size_t)hd), a3);                                             \
+            a4 = _mm256_fmadd_ps(qv, LOADK(b + 4 * (size_t)hd), a4);                                             \
+            a5 = _mm256_fmadd_ps(qv, LOADK(b + 5 * (size_t)hd), a5);                                             \
+            a6 = _mm256_fmadd_ps(qv, LOADK(b + 6 * (size_t)hd), a6);                                             \
+            a7 = _mm256_fmadd_ps(qv, LOADK(b + 7 * (size_t)hd), a7);                                             \
+        }                                                                                                        \
+        __m256 r = reduce8(a0, a1, a2, a3, a4, a5, a6, a7);                                                      \
+        if (hd8 < hd) {                                                                                          \
+            float tail[8];                                                                                       \
+            for (int32_t j = 0; j < 8; j++) {                                                                    \
+                tail[j] = 0.0f;                                                                                  \
+                for (int32_t c = hd8; c < hd; c++) tail[j] += q[c] * ELEM((size_t)(t + j) * hd + c);            \
+            }                                                                                                    \
+            r = _mm256_add_ps(r, _mm256_loadu_ps(tail));                                                         \
+        }                                                                                                        \
+        _mm256_storeu_ps(out + t, _mm256_mul_ps(r, vscale));                                                     \
+    }                                                                                                            \
+    for (; t < n; t++) out[t] = DOT(q, k + (size_t)t * hd, hd) * scale;
+
+#define LOADK_F32(i) _mm256_loadu_ps(k + (i))
+#define LOADK_F16(i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (i))))
+#define ELEM_F32(i) k[i]
+#define ELEM_F16(i) eng_fp16_to_f32(k[i])
 TGT static void scores_f32_avx2(const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
-    for (int32_t t = 0; t < n; t++) out[t] = dot_f32_avx2(q, k + (size_t)t * hd, hd) * scale;
+    SCORES8(LOADK_F32, dot_f32_avx2, ELEM_F32)
 }
 TGT static void scores_f16_avx2(const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out) {
-    for (int32_t t = 0; t < n; t++) out[t] = dot_f16_avx2(q, k + (size_t)t * hd, hd) * scale;
+    SCORES8(LOADK_F16, dot_f16_avx2, ELEM_F16)
 }
 
 #define LOAD_F32(i) _mm256_loadu_ps(v + (i))
