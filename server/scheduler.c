@@ -136,6 +136,7 @@ struct srv_sched {
     sched_event *out_head, *out_tail; /* events of the current step, posted at its end */
     /* counters owned by the thread, copied into stats */
     uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
+    uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
     uint64_t c_finished[5];
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
@@ -477,8 +478,8 @@ static void refresh_stats_locked(srv_sched *s) {
     st->kv_blocks_cached = ks.blocks_cached;
     st->kv_blocks_free = ks.blocks_free;
     st->kv_usage = ks.usage;
-    st->prefix_query_tokens = ks.prefix_query_tokens;
-    st->prefix_hit_tokens = ks.prefix_hit_tokens;
+    st->prefix_query_tokens = ks.prefix_query_tokens + s->c_copy_query;
+    st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
     st->prompt_tokens_total = s->c_prompt_total;
     st->prompt_tokens_computed = s->c_prompt_computed;
     st->generation_tokens_total = s->c_gen_total;
@@ -576,7 +577,34 @@ static bool prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c)
     return false;
 }
 
-/* Gives choice c a sequence and attaches its cached prefix. Returns 0, or -1 when no sequence id is free
+/* The running sequence that holds the longest committed prefix in common with choice c's first n tokens
+ * (partial last block included); its length, 0 when none. */
+static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *c, int32_t n, int32_t *donor) {
+    int32_t best = 0;
+    for (int32_t i = 0; i < s->running.n; i++) {
+        const sched_req *p = s->running.v[i];
+        for (int32_t j = 0; j < p->n; j++) {
+            const sched_choice *d = &p->ch[j];
+            if (d == c || d->finished || d->seq < 0) continue;
+            int32_t lim = kvc_seq_len(s->cache, d->seq), kd = known_len(p, d);
+            if (kd < lim) lim = kd;
+            if (n < lim) lim = n;
+            if (lim <= best) continue;
+            int32_t l = 0;
+            while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
+            if (l > best) {
+                best = l;
+                *donor = d->seq;
+            }
+        }
+    }
+    return best;
+}
+
+/* Gives choice c a sequence and attaches its cached prefix. Full blocks come from the prefix cache; when a
+ * running sequence holds a longer common prefix (its partial last block included: requests arriving
+ * together with the same prompt head), that prefix is copied from it instead (full blocks shared, the
+ * partial block copied), so no token of it is computed twice. Returns 0, or -1 when no sequence id is free
  * (then nothing changed) or on an allocation failure (then the choice has failed). */
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
@@ -587,8 +615,16 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
         finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
         return -1;
     }
-    int32_t cached = 0;
-    if (kvc_attach_prefix(s->cache, seq, toks, known_len(r, c) - 1, &cached) != KVC_OK) cached = 0;
+    int32_t cached = 0, n = known_len(r, c) - 1, donor = -1, matched = 0;
+    int32_t shared = best_donor(s, r, c, n, &donor);
+    if (shared > 0 && kvc_prefix_match(s->cache, toks, n, &matched) == KVC_OK && shared > matched &&
+        kvc_copy_prefix(s->cache, donor, seq, shared) == KVC_OK) {
+        cached = shared;
+        s->c_copy_query += (uint64_t)n;
+        s->c_copy_hit += (uint64_t)shared;
+    } else if (kvc_attach_prefix(s->cache, seq, toks, n, &cached) != KVC_OK) {
+        cached = 0;
+    }
     c->seq = seq;
     c->n_cached = cached;
     if (c->idx == 0 && c->n_gen == 0 && r->timings.n_preempted == 0) r->usage.cached_tokens = cached;

@@ -23,8 +23,10 @@
  *     more sequences; every choice samples independently from the same last-prompt-token logits with its own
  *     sampler (choice i uses seed + i).
  *   - A waiting request whose prompt shares at least one full block with a request that is still
- *     prefilling waits until those blocks are committed and then attaches them, instead of prefilling them
- *     a second time.
+ *     prefilling waits until those blocks are committed, instead of prefilling them a second time. When a
+ *     running sequence then holds a longer common prefix than the cached full blocks (its partial last
+ *     block included), the prefix is copied from it (kvc_copy_prefix: full blocks shared, the partial block
+ *     copied); such copies count as prefix-cache queries and hits in the stats.
  *
  * Admission
  *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its

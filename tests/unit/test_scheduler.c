@@ -747,6 +747,50 @@ Test(scheduler, prefix_cache_reports_cached_tokens) {
     free(rc);
 }
 
+/* Requests arriving together whose common prefix ends inside a block: the others copy it from the first
+ * request's sequence, partial block included, so only their own 5 tokens are computed. */
+Test(scheduler, concurrent_prefix_partial_block_copied) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(512, 8);
+    hz_init(h, 16, 256, &p);
+    enum { NR = 4 };
+    req_spec q[NR];
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = 11;
+    req_spec base;
+    memset(&base, 0, sizeof base);
+    rand_prompt(&rng, &base, 74);
+    for (int i = 0; i < NR; i++) {
+        q[i] = base;
+        for (int k = 69; k < 74; k++) q[i].prompt[k] = 1 + (int32_t)((k * 5 + i * 3) % 15);
+        q[i].n = 1;
+        q[i].max_tokens = 6;
+        q[i].temp = 1.0f;
+        q[i].seed = (uint64_t)i;
+        q[i].ignore_eos = true;
+    }
+    for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    hz_run(h, NR);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.prompt_tokens_computed, 74 + (NR - 1) * 5, "computed %llu prompt tokens",
+                 (unsigned long long)st.prompt_tokens_computed);
+    cr_assert_geq(st.prefix_hit_tokens, (uint64_t)(NR - 1) * 69, "copied prefixes count as prefix hits (%llu)",
+                  (unsigned long long)st.prefix_hit_tokens);
+    int copied = 0;
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        copied += res[i].usage.cached_tokens == 69;
+        result alone;
+        run_alone(&q[i], &alone);
+        assert_same(&res[i], &alone, "common prefix ending inside a block");
+    }
+    cr_assert_eq(copied, NR - 1);
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
 /* Requests arriving together with a common prefix: only the first computes it, the others wait for its
  * blocks and attach them. */
 Test(scheduler, concurrent_same_prefix_prefilled_once) {
