@@ -43,7 +43,8 @@ struct eng_ctx {
     kvc_layout lay;
     eng_pool *pool;
     eng_simd_level simd;  /* gemm kernel level */
-    bool ops_simd;        /* AVX2 f32/f16 kernels for attention */
+    bool ops_simd;        /* AVX2 f32/f16 dot and axpy kernels */
+    int attn_level;       /* attention kernel level (ENG_OPS_*) */
     eng_smp_kernels smp;  /* vectorized max and exp-sum, for the attention softmax */
     float *inv_freq;      /* [n_rot/2]: theta_i = pos * inv_freq[i] */
 
@@ -181,6 +182,7 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->max_batch = p.max_batch_tokens;
     c->simd = eng_simd_detect();
     c->ops_simd = eng_ops_simd_available();
+    c->attn_level = eng_ops_attn_level();
     eng_smp_kernels_best(&c->smp);
     int rc = 0;
     if (p.device != ENG_DEVICE_CPU) {
@@ -392,8 +394,8 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
         const char *kb = kbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
         float *st = scores + t0;
-        if (lay->dtype == KVC_DTYPE_F16) eng_attn_scores_f16(c->ops_simd, q, (const uint16_t *)kb, nt, hd, scale, st);
-        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_scores_f32(c->ops_simd, q, (const float *)kb, nt, hd, scale, st);
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_scores_f16(c->attn_level, q, (const uint16_t *)kb, nt, hd, scale, st);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_scores_f32(c->attn_level, q, (const float *)kb, nt, hd, scale, st);
         else
             for (int32_t o2 = 0; o2 < nt; o2++) { /* Q8_0 rows: dequantized one at a time */
                 eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)o2 * lay->row_bytes, scratch, hd);
@@ -408,8 +410,8 @@ static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
         const char *vb = vbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        if (lay->dtype == KVC_DTYPE_F16) eng_attn_accum_f16(c->ops_simd, o, scores + t0, (const uint16_t *)vb, nt, hd);
-        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_accum_f32(c->ops_simd, o, scores + t0, (const float *)vb, nt, hd);
+        if (lay->dtype == KVC_DTYPE_F16) eng_attn_accum_f16(c->attn_level, o, scores + t0, (const uint16_t *)vb, nt, hd);
+        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_accum_f32(c->attn_level, o, scores + t0, (const float *)vb, nt, hd);
         else
             for (int32_t o2 = 0; o2 < nt; o2++) {
                 eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)o2 * lay->row_bytes, scratch, hd);

@@ -216,42 +216,164 @@ TGT static void accum_f16_avx2(float *o, const float *p, const uint16_t *v, int3
     for (; c0 < hd; c0++)
         for (int32_t t = 0; t < n; t++) o[c0] += p[t] * eng_fp16_to_f32(v[(size_t)t * hd + c0]);
 }
+
+/* ---- AVX-512: 16 values per instruction; head sizes that are multiples of 16 ---------------------------- */
+#define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
+/* The sum of v's 16 lanes folded to 8 (lane i + lane i + 8), for reduce8. */
+TGT512 static __m256 fold512(__m512 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#define SCORES8_512(LOADK)                                                                                       \
+    int32_t t = 0;                                                                                               \
+    const __m256 vscale = _mm256_set1_ps(scale);                                                                 \
+    for (; t + 8 <= n; t += 8) {                                                                                 \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;           \
+        for (int32_t c = 0; c < hd; c += 16) {                                                                   \
+            const __m512 qv = _mm512_loadu_ps(q + c);                                                            \
+            const size_t b = (size_t)t * hd + c;                                                                 \
+            a0 = _mm512_fmadd_ps(qv, LOADK(b), a0);                                                              \
+            a1 = _mm512_fmadd_ps(qv, LOADK(b + (size_t)hd), a1);                                                 \
+            a2 = _mm512_fmadd_ps(qv, LOADK(b + 2 * (size_t)hd), a2);                                             \
+            a3 = _mm512_fmadd_ps(qv, LOADK(b + 3 * (size_t)hd), a3);                                             \
+            a4 = _mm512_fmadd_ps(qv, LOADK(b + 4 * (size_t)hd), a4);                                             \
+            a5 = _mm512_fmadd_ps(qv, LOADK(b + 5 * (size_t)hd), a5);                                             \
+            a6 = _mm512_fmadd_ps(qv, LOADK(b + 6 * (size_t)hd), a6);                                             \
+            a7 = _mm512_fmadd_ps(qv, LOADK(b + 7 * (size_t)hd), a7);                                             \
+        }                                                                                                        \
+        __m256 r = reduce8(fold512(a0), fold512(a1), fold512(a2), fold512(a3), fold512(a4), fold512(a5),         \
+                           fold512(a6), fold512(a7));                                                            \
+        _mm256_storeu_ps(out + t, _mm256_mul_ps(r, vscale));                                                     \
+    }                                                                                                            \
+    for (; t < n; t++) {                                                                                         \
+        __m512 a = _mm512_setzero_ps();                                                                          \
+        for (int32_t c = 0; c < hd; c += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), LOADK((size_t)t * hd + c), a); \
+        out[t] = _mm512_reduce_add_ps(a) * scale;                                                                \
+    }
+/* o += sum_t p[t] V[t]: 4 columns-of-16 at a time with two accumulator sets (even and odd rows), so 8 FMA
+ * chains run. */
+#define ACCUM_512(LOADV)                                                                                         \
+    int32_t c0 = 0;                                                                                              \
+    for (; c0 + 64 <= hd; c0 += 64) {                                                                            \
+        __m512 a0 = _mm512_loadu_ps(o + c0), a1 = _mm512_loadu_ps(o + c0 + 16);                                   \
+        __m512 a2 = _mm512_loadu_ps(o + c0 + 32), a3 = _mm512_loadu_ps(o + c0 + 48);                             \
+        __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;                                              \
+        int32_t t = 0;                                                                                           \
+        for (; t + 2 <= n; t += 2) {                                                                             \
+            const __m512 pa = _mm512_set1_ps(p[t]), pb = _mm512_set1_ps(p[t + 1]);                               \
+            const size_t x = (size_t)t * hd + c0, y = x + (size_t)hd;                                            \
+            a0 = _mm512_fmadd_ps(pa, LOADV(x), a0);                                                              \
+            a1 = _mm512_fmadd_ps(pa, LOADV(x + 16), a1);                                                         \
+            a2 = _mm512_fmadd_ps(pa, LOADV(x + 32), a2);                                                         \
+            a3 = _mm512_fmadd_ps(pa, LOADV(x + 48), a3);                                                         \
+            b0 = _mm512_fmadd_ps(pb, LOADV(y), b0);                                                              \
+            b1 = _mm512_fmadd_ps(pb, LOADV(y + 16), b1);                                                         \
+            b2 = _mm512_fmadd_ps(pb, LOADV(y + 32), b2);                                                         \
+            b3 = _mm512_fmadd_ps(pb, LOADV(y + 48), b3);                                                         \
+        }                                                                                                        \
+        if (t < n) {                                                                                             \
+            const __m512 pa = _mm512_set1_ps(p[t]);                                                              \
+            const size_t x = (size_t)t * hd + c0;                                                                \
+            a0 = _mm512_fmadd_ps(pa, LOADV(x), a0);                                                              \
+            a1 = _mm512_fmadd_ps(pa, LOADV(x + 16), a1);                                                         \
+            a2 = _mm512_fmadd_ps(pa, LOADV(x + 32), a2);                                                         \
+            a3 = _mm512_fmadd_ps(pa, LOADV(x + 48), a3);                                                         \
+        }                                                                                                        \
+        _mm512_storeu_ps(o + c0, _mm512_add_ps(a0, b0));                                                         \
+        _mm512_storeu_ps(o + c0 + 16, _mm512_add_ps(a1, b1));                                                    \
+        _mm512_storeu_ps(o + c0 + 32, _mm512_add_ps(a2, b2));                                                    \
+        _mm512_storeu_ps(o + c0 + 48, _mm512_add_ps(a3, b3));                                                    \
+    }                                                                                                            \
+    for (; c0 < hd; c0 += 16) {                                                                                  \
+        __m512 a = _mm512_loadu_ps(o + c0);                                                                      \
+        for (int32_t t = 0; t < n; t++) a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), LOADV((size_t)t * hd + c0), a); \
+        _mm512_storeu_ps(o + c0, a);                                                                             \
+    }
+
+#define LOADK512_F32(i) _mm512_loadu_ps(k + (i))
+#define LOADK512_F16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i))))
+#define LOADV512_F32(i) _mm512_loadu_ps(v + (i))
+#define LOADV512_F16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (i))))
+TGT512 static void scores_f32_avx512(const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
+    SCORES8_512(LOADK512_F32)
+}
+TGT512 static void scores_f16_avx512(const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale,
+                                     float *out) {
+    SCORES8_512(LOADK512_F16)
+}
+TGT512 static void accum_f32_avx512(float *o, const float *p, const float *v, int32_t n, int32_t hd) {
+    ACCUM_512(LOADV512_F32)
+}
+TGT512 static void accum_f16_avx512(float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
+    ACCUM_512(LOADV512_F16)
+}
 #endif
 
-void eng_attn_scores_f32(bool simd, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
+int eng_ops_attn_level(void) {
 #ifdef HAVE_X86
-    if (simd) {
+    if (!eng_ops_simd_available()) return ENG_OPS_SCALAR;
+    /* AVX-512 with the OS saving its state (eng_simd_detect checks XCR0) */
+    return eng_simd_detect() >= ENG_SIMD_AVX512 ? ENG_OPS_AVX512 : ENG_OPS_AVX2;
+#else
+    return ENG_OPS_SCALAR;
+#endif
+}
+
+void eng_attn_scores_f32(int level, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        scores_f32_avx512(q, k, n, hd, scale, out);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
         scores_f32_avx2(q, k, n, hd, scale, out);
         return;
     }
 #endif
+    (void)level;
     for (int32_t t = 0; t < n; t++) out[t] = dot_f32_scalar(q, k + (size_t)t * hd, hd) * scale;
 }
-void eng_attn_scores_f16(bool simd, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale, float *out) {
+void eng_attn_scores_f16(int level, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale,
+                         float *out) {
 #ifdef HAVE_X86
-    if (simd) {
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        scores_f16_avx512(q, k, n, hd, scale, out);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
         scores_f16_avx2(q, k, n, hd, scale, out);
         return;
     }
 #endif
+    (void)level;
     for (int32_t t = 0; t < n; t++) out[t] = dot_f16_scalar(q, k + (size_t)t * hd, hd) * scale;
 }
-void eng_attn_accum_f32(bool simd, float *o, const float *p, const float *v, int32_t n, int32_t hd) {
+void eng_attn_accum_f32(int level, float *o, const float *p, const float *v, int32_t n, int32_t hd) {
 #ifdef HAVE_X86
-    if (simd) {
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        accum_f32_avx512(o, p, v, n, hd);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
         accum_f32_avx2(o, p, v, n, hd);
         return;
     }
 #endif
+    (void)level;
     for (int32_t t = 0; t < n; t++) axpy_f32_scalar(o, p[t], v + (size_t)t * hd, hd);
 }
-void eng_attn_accum_f16(bool simd, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
+void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
 #ifdef HAVE_X86
-    if (simd) {
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        accum_f16_avx512(o, p, v, n, hd);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
         accum_f16_avx2(o, p, v, n, hd);
         return;
     }
 #endif
+    (void)level;
     for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o, p[t], v + (size_t)t * hd, hd);
 }
 
