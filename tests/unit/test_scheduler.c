@@ -747,22 +747,24 @@ Test(scheduler, prefix_cache_reports_cached_tokens) {
     free(rc);
 }
 
-/* Requests arriving together whose common prefix ends inside a block: the others copy it from the first
- * request's sequence, partial block included, so only their own 5 tokens are computed. */
-Test(scheduler, concurrent_prefix_partial_block_copied) {
+/* NR requests arrive together; their prompts of len tokens agree on the first `common` tokens and differ after.
+ * Only the first request computes the common prefix: the others wait for it and reuse `reused` tokens of it
+ * (prefix-cache blocks, or a copy from the first request's sequence), so the engine computes
+ * len + (NR - 1) * (len - common) prompt tokens, and every request equals its run alone. */
+static void check_concurrent_prefix(uint64_t seed, int32_t len, int32_t common, int32_t mix, int32_t reused) {
     harness *h = malloc(sizeof *h);
     srv_sched_params p = params(512, 8);
     hz_init(h, 16, 256, &p);
     enum { NR = 4 };
     req_spec q[NR];
     result *res = calloc(NR, sizeof *res);
-    uint64_t rng = 11;
+    uint64_t rng = seed;
     req_spec base;
     memset(&base, 0, sizeof base);
-    rand_prompt(&rng, &base, 74);
+    rand_prompt(&rng, &base, len);
     for (int i = 0; i < NR; i++) {
         q[i] = base;
-        for (int k = 69; k < 74; k++) q[i].prompt[k] = 1 + (int32_t)((k * 5 + i * 3) % 15);
+        for (int k = common; k < len; k++) q[i].prompt[k] = 1 + (int32_t)((k * mix + i * 3) % 15);
         q[i].n = 1;
         q[i].max_tokens = 6;
         q[i].temp = 1.0f;
@@ -773,65 +775,30 @@ Test(scheduler, concurrent_prefix_partial_block_copied) {
     hz_run(h, NR);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.prompt_tokens_computed, 74 + (NR - 1) * 5, "computed %llu prompt tokens",
-                 (unsigned long long)st.prompt_tokens_computed);
-    cr_assert_geq(st.prefix_hit_tokens, (uint64_t)(NR - 1) * 69, "copied prefixes count as prefix hits (%llu)",
-                  (unsigned long long)st.prefix_hit_tokens);
-    int copied = 0;
+    cr_assert_eq(st.prompt_tokens_computed, (uint64_t)(len + (NR - 1) * (len - common)),
+                 "computed %llu prompt tokens", (unsigned long long)st.prompt_tokens_computed);
+    cr_assert_geq(st.prefix_hit_tokens, (uint64_t)(NR - 1) * (uint64_t)reused,
+                  "reused prefixes count as prefix hits (%llu)", (unsigned long long)st.prefix_hit_tokens);
+    int reusing = 0;
     for (int i = 0; i < NR; i++) {
         assert_clean(&res[i]);
-        copied += res[i].usage.cached_tokens == 69;
+        reusing += res[i].usage.cached_tokens == reused;
         result alone;
         run_alone(&q[i], &alone);
-        assert_same(&res[i], &alone, "common prefix ending inside a block");
+        assert_same(&res[i], &alone, "concurrent common prefix");
     }
-    cr_assert_eq(copied, NR - 1);
+    cr_assert_eq(reusing, NR - 1);
     hz_free(h);
     free(h);
     free(res);
 }
 
-/* Requests arriving together with a common prefix: only the first computes it, the others wait for its
- * blocks and attach them. */
-Test(scheduler, concurrent_same_prefix_prefilled_once) {
-    harness *h = malloc(sizeof *h);
-    srv_sched_params p = params(512, 8);
-    hz_init(h, 16, 256, &p);
-    enum { NR = 4 };
-    req_spec q[NR];
-    result *res = calloc(NR, sizeof *res);
-    uint64_t rng = 9;
-    req_spec base;
-    memset(&base, 0, sizeof base);
-    rand_prompt(&rng, &base, 69);
-    for (int i = 0; i < NR; i++) {
-        q[i] = base;
-        for (int k = 64; k < 69; k++) q[i].prompt[k] = 1 + (int32_t)((k * 7 + i * 3) % 15);
-        q[i].n = 1;
-        q[i].max_tokens = 6;
-        q[i].temp = 1.0f;
-        q[i].seed = (uint64_t)i;
-        q[i].ignore_eos = true;
-    }
-    for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
-    hz_run(h, NR);
-    srv_sched_stats st;
-    srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.prompt_tokens_computed, 69 + (NR - 1) * 5, "computed %llu prompt tokens",
-                 (unsigned long long)st.prompt_tokens_computed);
-    int with_cache = 0;
-    for (int i = 0; i < NR; i++) {
-        assert_clean(&res[i]);
-        with_cache += res[i].usage.cached_tokens == 64;
-        result alone;
-        run_alone(&q[i], &alone);
-        assert_same(&res[i], &alone, "same prefix");
-    }
-    cr_assert_eq(with_cache, NR - 1);
-    hz_free(h);
-    free(h);
-    free(res);
-}
+/* A common prefix of whole blocks (64 tokens): the others attach the first request's blocks. */
+Test(scheduler, concurrent_same_prefix_prefilled_once) { check_concurrent_prefix(9, 69, 64, 7, 64); }
+
+/* A common prefix ending inside a block (69 tokens): the others copy it from the first request's sequence,
+ * partial block included, so only their own 5 tokens are computed. */
+Test(scheduler, concurrent_prefix_partial_block_copied) { check_concurrent_prefix(11, 74, 69, 5, 69); }
 
 /* A tiny pool forces preemptions: every request still completes with exactly the output it has alone,
  * nothing is preempted twice without progress, and the cache stays consistent (kvc_check after every
