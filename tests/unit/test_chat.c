@@ -15,6 +15,7 @@
 #include "engine/chat.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
+#include "helper_shared.h"
 
 #define M(r, c) { (r), (c) }
 
@@ -377,12 +378,6 @@ Test(chat, randomized_per_message_families) {
 }
 
 /* ---- with ../shared: the models' own templates ------------------------------------------------------------- */
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    if (!d || !*d) d = KVSERVE_SHARED_DIR;
-    return d;
-}
-
 static bool file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -392,7 +387,7 @@ static bool file_exists(const char *path) {
 static void need(const char *const *rels, size_t n) {
     for (size_t i = 0; i < n; i++) {
         char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", shared_dir(), rels[i]);
+        snprintf(path, sizeof(path), "%s/%s", kvt_shared_dir(), rels[i]);
         if (!file_exists(path)) cr_skip_test("%s not present: shared test material unavailable", path);
     }
 }
@@ -409,7 +404,7 @@ static void copy_str(char *dst, size_t cap, eng_gguf_str s) {
 
 static model_text read_model(const char *rel) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", shared_dir(), rel);
+    snprintf(path, sizeof(path), "%s/%s", kvt_shared_dir(), rel);
     if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
     eng_gguf *g = NULL;
     char err[512] = "";
@@ -440,22 +435,9 @@ static model_text read_model(const char *rel) {
 
 static cJSON *read_json(const char *rel) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", shared_dir(), rel);
+    snprintf(path, sizeof(path), "%s/%s", kvt_shared_dir(), rel);
     if (!file_exists(path)) cr_skip_test("%s not present: shared reference files unavailable", path);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    cr_assert_not_null(buf);
-    cr_assert_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    buf[len] = '\0';
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    cr_assert_not_null(j, "%s: invalid JSON", path);
-    return j;
+    return kvt_read_json(path);
 }
 
 /* Renders each conversation of a .chat.json with the model's template (AUTO, generation prompt on, as

@@ -17,15 +17,10 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
-
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    if (!d || !*d) d = KVSERVE_SHARED_DIR;
-    return d;
-}
+#include "helper_shared.h"
 
 static void shared_path(char *buf, size_t cap, const char *rel) {
-    snprintf(buf, cap, "%s/%s", shared_dir(), rel);
+    snprintf(buf, cap, "%s/%s", kvt_shared_dir(), rel);
     struct stat st;
     if (stat(buf, &st) != 0) cr_skip_test("%s not present: shared test material unavailable", buf);
 }
@@ -41,29 +36,12 @@ static eng_model *load_vocab(const char *path) {
     return m;
 }
 
-static cJSON *read_json(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    cr_assert_not_null(buf);
-    cr_assert_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    buf[len] = '\0';
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    cr_assert_not_null(j, "%s: invalid JSON", path);
-    return j;
-}
-
 Test(chat_model, qwen2_rendered_prompt_and_token_count) {
     char mpath[4096], jpath[4096];
     shared_path(mpath, sizeof(mpath), "models/synthetic/syn-qwen2-chat-q8_0.gguf");
     shared_path(jpath, sizeof(jpath), "reference/syn-qwen2-chat-q8_0.chat.json");
     eng_model *m = load_vocab(mpath);
-    cJSON *j = read_json(jpath);
+    cJSON *j = kvt_read_json(jpath);
     int cases = 0;
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(j, "cases")) {

@@ -14,17 +14,13 @@
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
-
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    return d && *d ? d : KVSERVE_SHARED_DIR;
-}
+#include "helper_shared.h"
 
 static void need_gpu_and_shared(char *path, size_t len, const char *model) {
     char name[128], why[256];
     if (cud_available_why(name, sizeof name, why, sizeof why) < 1)
         cr_skip_test("no CUDA device (%s): GPU tests skipped", why);
-    snprintf(path, len, "%s/models/%s", shared_dir(), model);
+    snprintf(path, len, "%s/models/%s", kvt_shared_dir(), model);
     struct stat st;
     if (stat(path, &st) != 0) cr_skip_test("%s not found: ../shared is absent, GPU model tests skipped", path);
 }

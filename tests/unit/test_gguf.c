@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "helper_shared.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------------------ */
 typedef struct rng { uint64_t s; } rng;
@@ -34,12 +35,6 @@ static uint64_t rng_next(rng *r) {  /* splitmix64 */
     return z ^ (z >> 31);
 }
 static uint64_t rng_below(rng *r, uint64_t n) { return n ? rng_next(r) % n : 0; }
-
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    if (!d || !*d) d = KVSERVE_SHARED_DIR;
-    return d;
-}
 
 static bool file_exists(const char *p) {
     struct stat st;
@@ -920,7 +915,7 @@ static int count_opened(const char *dir, int *n_files) {
 
 Test(gguf, shared_models_all_open) {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/models", shared_dir());
+    snprintf(dir, sizeof dir, "%s/models", kvt_shared_dir());
     if (!file_exists(dir)) cr_skip_test("%s not present: shared test models unavailable", dir);
     int n_files = 0;
     int n_tensor_files = count_opened(dir, &n_files);
@@ -935,10 +930,10 @@ Test(gguf, shared_vocab_only_sizes) {
         {"ggml-vocab-phi-3.gguf", 32064},
     };
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/vocab-only", shared_dir());
+    snprintf(path, sizeof path, "%s/models/vocab-only", kvt_shared_dir());
     if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        snprintf(path, sizeof path, "%s/models/vocab-only/%s", shared_dir(), v[i].file);
+        snprintf(path, sizeof path, "%s/models/vocab-only/%s", kvt_shared_dir(), v[i].file);
         eng_gguf *g;
         char err[512];
         cr_assert_eq(eng_gguf_open(path, &g, err, sizeof err), 0, "%s", err);
@@ -953,7 +948,7 @@ Test(gguf, shared_vocab_only_sizes) {
 
 Test(gguf, shared_stories260k_facts) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared_dir());
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", kvt_shared_dir());
     if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
     eng_gguf *g;
     char err[512];
@@ -1037,10 +1032,10 @@ Test(gguf, shared_rewrite_reads_back_identically) {
     const char *files[] = {"stories260K.gguf", "synthetic/syn-qwen2-chat-q8_0.gguf",
                            "vocab-only/ggml-vocab-phi-3.gguf"};
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared_dir());
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", kvt_shared_dir());
     if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-        snprintf(path, sizeof path, "%s/models/%s", shared_dir(), files[f]);
+        snprintf(path, sizeof path, "%s/models/%s", kvt_shared_dir(), files[f]);
         eng_gguf *g, *h;
         char err[512];
         cr_assert_eq(eng_gguf_open(path, &g, err, sizeof err), 0, "%s", err);
@@ -1452,11 +1447,11 @@ Test(mkmodel, bad_options_fail_without_writing) {
 Test(mkmodel, vocab_from_copies_every_tokenizer_key) {
     const char *srcs[] = {"stories260K.gguf", "vocab-only/ggml-vocab-qwen2.gguf"};
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared_dir());
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", kvt_shared_dir());
     if (!file_exists(path)) cr_skip_test("%s not present: shared test models unavailable", path);
     char *dir = make_tmpdir();
     for (size_t k = 0; k < 2; k++) {
-        snprintf(path, sizeof path, "%s/models/%s", shared_dir(), srcs[k]);
+        snprintf(path, sizeof path, "%s/models/%s", kvt_shared_dir(), srcs[k]);
         eng_gguf *src, *g;
         char err[512];
         cr_assert_eq(eng_gguf_open(path, &src, err, sizeof err), 0, "%s", err);

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "helper_shared.h"
 
 /* ---- SHA-256 (FIPS 180-4), enough for the test ----------------------------------------------------------- */
 typedef struct {
@@ -110,27 +111,6 @@ Test(quant_ref, sha256_known_vectors) {
 }
 
 /* ---- the reference check --------------------------------------------------------------------------------- */
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    return d && *d ? d : KVSERVE_SHARED_DIR;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Checks one model; returns the number of tensors matched and writes the total. */
@@ -138,7 +118,7 @@ static int check_model(const char *dir, const char *file, int *total) {
     char path[1024], jpath[1024], err[512];
     snprintf(path, sizeof path, "%s/models/synthetic/%s", dir, file);
     snprintf(jpath, sizeof jpath, "%s/reference/dequant/%.*s.json", dir, (int)(strlen(file) - 5), file);
-    char *js = slurp(jpath);
+    char *js = kvt_read_file(jpath, NULL);
     cr_assert_not_null(js, "cannot read %s", jpath);
     cJSON *root = cJSON_Parse(js);
     free(js);
@@ -194,7 +174,7 @@ static int check_model(const char *dir, const char *file, int *total) {
 }
 
 Test(quant_ref, dequant_matches_llama_cpp) {
-    const char *dir = shared_dir();
+    const char *dir = kvt_shared_dir();
     char sdir[1024];
     snprintf(sdir, sizeof sdir, "%s/models/synthetic", dir);
     DIR *d = opendir(sdir);

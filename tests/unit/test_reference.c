@@ -18,16 +18,11 @@
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "helper_shared.h"
 
 #define MAX_CASES 16
 #define MAX_STEPS 64
 #define MAX_PROMPT 1024
-
-static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    if (d && *d) return d;
-    return KVSERVE_SHARED_DIR;
-}
 
 /* The device the tests run on (KVSERVE_TEST_DEVICE); skips the test when cuda is asked for but absent. */
 static eng_device test_device(void) {
@@ -43,22 +38,6 @@ static eng_device test_device(void) {
 static bool file_exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0;
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = '\0';
-    fclose(f);
-    return buf;
 }
 
 typedef struct ref_step { int32_t token; double logprob, margin; } ref_step;
@@ -250,12 +229,12 @@ static bool model_is_quantized(const eng_model *m) {
 
 static void check_model(const char *base) {
     char mpath[1024], rpath[1024];
-    const char *dir = shared_dir();
+    const char *dir = kvt_shared_dir();
     snprintf(rpath, sizeof rpath, "%s/reference/%s.json", dir, base);
     snprintf(mpath, sizeof mpath, "%s/models/%s%s.gguf", dir, strncmp(base, "syn-", 4) ? "" : "synthetic/", base);
     if (!file_exists(mpath) || !file_exists(rpath))
         cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED to ../shared", mpath);
-    char *json = read_file(rpath);
+    char *json = kvt_read_file(rpath, NULL);
     cr_assert_not_null(json);
     cJSON *root = cJSON_Parse(json);
     cr_assert_not_null(root);
@@ -342,7 +321,7 @@ Test(reference, stories260K_from_bos) {
         410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352,
         266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415};
     char mpath[1024], err[512];
-    snprintf(mpath, sizeof mpath, "%s/models/stories260K.gguf", shared_dir());
+    snprintf(mpath, sizeof mpath, "%s/models/stories260K.gguf", kvt_shared_dir());
     if (!file_exists(mpath)) cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED", mpath);
     eng_model *m = NULL;
     cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);

@@ -24,6 +24,7 @@
 
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "helper_shared.h"
 
 /* ---- utilities ---------------------------------------------------------------------------------------------- */
 
@@ -36,28 +37,12 @@ static uint64_t rng_next(uint64_t *s) {   /* splitmix64 */
 static uint32_t rng_below(uint64_t *s, uint32_t n) { return (uint32_t)(rng_next(s) % n); }
 
 static const char *shared_dir(void) {
-    const char *d = getenv("KVSERVE_SHARED");
-    if (!d || !*d) d = KVSERVE_SHARED_DIR;
+    const char *d = kvt_shared_dir();
     static char path[4096];
     snprintf(path, sizeof path, "%s/models/vocab-only", d);
     struct stat st;
     if (stat(path, &st) != 0) return NULL;
     return d;
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_not_null(b);
-    size_t r = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    b[r] = 0;
-    *len = r;
-    return b;
 }
 
 static eng_vocab *load_vocab(const char *path, eng_gguf **gout) {
@@ -883,7 +868,7 @@ Test(tokenizer_shared, llama_cpp_vocab_tests, .timeout = 120) {
         snprintf(pout, sizeof pout, "%s.out", path);
         eng_vocab *v = load_vocab(path, NULL);
         size_t ni, no;
-        char *inp = slurp(pin, &ni), *outp = slurp(pout, &no);
+        char *inp = kvt_read_file(pin, &ni), *outp = kvt_read_file(pout, &no);
         cr_assert(inp && outp, "%s: missing .inp/.out", path);
         /* each test string is followed by "\n__ggml_vocab_test__\n"; the .out has one line of ids per string */
         const char *sep = "\n__ggml_vocab_test__\n";
@@ -951,7 +936,7 @@ Test(tokenizer_shared, reference_prompt_tokens, .timeout = 120) {
         if (!model_path_for(sd, base, mp, sizeof mp)) continue;
         snprintf(jp, sizeof jp, "%s/%s", dir, e->d_name);
         size_t jn;
-        char *js = slurp(jp, &jn);
+        char *js = kvt_read_file(jp, &jn);
         cJSON *root = cJSON_Parse(js);
         cr_assert_not_null(root, "%s: bad JSON", jp);
         eng_vocab *v = load_vocab(mp, NULL);
