@@ -747,7 +747,7 @@ Test(scheduler, prefix_cache_reports_cached_tokens) {
     free(rc);
 }
 
-/* NR requests arrive together; their prompts of len tokens agree on the first `common` tokens and differ after.
+/* NR requests arrive together (the later ones while the first one's prefill is in the engine); their prompts of len tokens agree on the first `common` tokens and differ after.
  * Only the first request computes the common prefix: the others wait for it and reuse `reused` tokens of it
  * (prefix-cache blocks, or a copy from the first request's sequence), so the engine computes
  * len + (NR - 1) * (len - common) prompt tokens, and every request equals its run alone. */
@@ -771,7 +771,20 @@ static void check_concurrent_prefix(uint64_t seed, int32_t len, int32_t common, 
         q[i].seed = (uint64_t)i;
         q[i].ignore_eos = true;
     }
-    for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    /* "together": the others are submitted while the first one's prefill is held inside the engine, so it is
+     * still running (a donor) when they are admitted, however the threads are scheduled */
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = true;
+    uv_mutex_unlock(&h->m.gmu);
+    cr_assert_eq(submit(h, &q[0], &res[0]), SRV_SCHED_OK);
+    uv_mutex_lock(&h->m.gmu);
+    while (!h->m.in_gate) uv_cond_wait(&h->m.gcv, &h->m.gmu);
+    uv_mutex_unlock(&h->m.gmu);
+    for (int i = 1; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = false;
+    uv_cond_broadcast(&h->m.gcv);
+    uv_mutex_unlock(&h->m.gmu);
     hz_run(h, NR);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
