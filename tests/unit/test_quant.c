@@ -576,6 +576,73 @@ Test(quant, gemm_levels_vs_scalar) {
     }
 }
 
+/* Packed Q8_0 matrices: the scalar kernel over the packed layout gives exactly the scalar eng_gemm floats
+ * of the original rows (so the packing loses nothing), every SIMD level stays within the accumulation-order
+ * bound of them (exact in integer mode), only rows in [jb, je) are written, and any split of the rows into
+ * ranges (as threads do) gives the same floats as one call. Shapes include n_out not a multiple of 16, odd
+ * block counts and every activation tile size up to 8 and beyond. */
+Test(quant, packed_q8_0_vs_rows) {
+    eng_simd_level top = eng_simd_detect();
+    rng_t r = {777};
+    cr_assert_eq(eng_packed_q8_0_bytes(0, 32), 0);
+    cr_assert_eq(eng_packed_q8_0_bytes(16, 48), 0);
+    cr_assert_eq(eng_packed_q8_0_bytes(16, ENG_PACK_MAX_K + 32), 0);
+    cr_assert_eq(eng_packed_q8_0_bytes(17, 64), 2 * ENG_PACK_GROUP_BYTES(64));
+    cr_assert_eq(ENG_PACK_GROUP_BYTES(96) % 64, 0);
+    cr_assert_eq(eng_pack_q8_0(NULL, 16, 32, NULL), ENG_ERR_INVALID);
+    for (int iter = 0; iter < 60; iter++) {
+        bool int_mode = iter % 3 == 0;
+        int64_t k = 32 * rng_int(&r, 1, iter < 10 ? 5 : 60), n_out = rng_int(&r, 1, 70);
+        int64_t m = iter % 7 == 0 ? rng_int(&r, 9, 40) : rng_int(&r, 1, 8);
+        int64_t jb = rng_int(&r, 0, (int)n_out - 1), je = rng_int(&r, (int)jb + 1, (int)n_out + 5);
+        int64_t ldy = n_out + rng_int(&r, 0, 20);
+        size_t wb = eng_qtype_row_bytes(ENG_Q_Q8_0, k), pbytes = eng_packed_q8_0_bytes(n_out, k);
+        uint8_t *W = malloc(wb * (size_t)n_out), *X = malloc(wb * (size_t)m);
+        void *P = aligned_alloc(64, (pbytes + 63) / 64 * 64);
+        float *tmp = malloc((size_t)k * 4), *y = malloc((size_t)(m * ldy) * 4), *yref = malloc((size_t)(m * ldy) * 4);
+        float *ysplit = malloc((size_t)(m * ldy) * 4);
+        cr_assert(W && X && P && tmp && y && yref && ysplit);
+        for (int64_t j = 0; j < n_out; j++) random_wrow(&r, ENG_Q_Q8_0, k, W + j * wb, int_mode);
+        for (int64_t i = 0; i < m; i++) random_xrow(&r, ENG_Q_Q8_0, k, X + i * wb, tmp, int_mode);
+        cr_assert_eq(eng_pack_q8_0(W, n_out, k, P), 0);
+        for (int64_t i = 0; i < m * ldy; i++) yref[i] = -12345.f;
+        eng_gemm(ENG_SIMD_SCALAR, ENG_Q_Q8_0, W, k, X, m, yref, ldy, jb, je < n_out ? je : n_out);
+        for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) {
+            for (int64_t i = 0; i < m * ldy; i++) y[i] = ysplit[i] = -12345.f;
+            eng_gemm_packed_q8_0((eng_simd_level)l, P, n_out, k, X, m, y, ldy, jb, je);
+            /* the same rows in random pieces */
+            for (int64_t a = jb; a < je;) {
+                int64_t b = a + rng_int(&r, 1, 20);
+                if (b > je) b = je;
+                eng_gemm_packed_q8_0((eng_simd_level)l, P, n_out, k, X, m, ysplit, ldy, a, b);
+                a = b;
+            }
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < ldy; j++) {
+                    float a = y[i * ldy + j], b = yref[i * ldy + j];
+                    cr_assert_eq(a, ysplit[i * ldy + j], "%s packed split y[%lld][%lld] (iter %d)",
+                                 eng_simd_name(l), (long long)i, (long long)j, iter);
+                    if (l == ENG_SIMD_SCALAR || int_mode || j < jb || j >= je || j >= n_out) {
+                        cr_assert_eq(a, b, "%s packed m %lld k %lld n_out %lld rows [%lld,%lld) y[%lld][%lld] "
+                                     "%.9g vs %.9g (iter %d)", eng_simd_name(l), (long long)m, (long long)k,
+                                     (long long)n_out, (long long)jb, (long long)je, (long long)i, (long long)j,
+                                     (double)a, (double)b, iter);
+                    } else {
+                        float *wf = malloc((size_t)k * 4), *xf = malloc((size_t)k * 4);
+                        double ex, as;
+                        ref_dot(ENG_Q_Q8_0, k, W + j * wb, X + i * wb, wf, xf, &ex, &as);
+                        free(wf);
+                        free(xf);
+                        cr_assert_leq(fabs((double)a - b), 1e-5 * as + 1e-30, "%s packed y[%lld][%lld] %.9g vs "
+                                      "%.9g (iter %d)", eng_simd_name(l), (long long)i, (long long)j, (double)a,
+                                      (double)b, iter);
+                    }
+                }
+        }
+        free(W); free(X); free(P); free(tmp); free(y); free(yref); free(ysplit);
+    }
+}
+
 Test(quant, quantize_levels_identical) {
     eng_simd_level top = eng_simd_detect();
     static const uint32_t types[] = {ENG_Q_Q8_0, ENG_Q_Q8_K, ENG_Q_Q8_1, ENG_Q_Q4_0, ENG_Q_F16};

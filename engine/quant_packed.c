@@ -1,0 +1,203 @@
+/*
+ * quant_packed.c: Q8_0 weight matrices repacked for the AVX-512 VNNI kernel (see quant.h for the contract).
+ *
+ * Layout. Rows are taken 16 at a time (a group; rows past n_out are zero). A group of a matrix with nb =
+ * k / 32 blocks per row is ENG_PACK_GROUP_BYTES(k) bytes, 64-byte aligned:
+ *   codes  [nb][8][16][4] uint8: for block b, quad t (values 4t..4t+3 of the block) and row i, the four
+ *                                codes (q + 128) of row i: one 64-byte line per (b, t) covers all 16 rows;
+ *   scales [nb][16] uint16:      the fp16 scale d of block b of each row;
+ *   padding to a multiple of 64 bytes.
+ * Kernel. For one block b and activation row x, vpdpbusd multiplies the 64-byte line of quad t by x's quad t
+ * broadcast to all 16 lanes, so after the 8 quads lane i holds sum((q_i + 128) * x) for row i: every lane is
+ * one whole block's integer dot of its own row, with no horizontal sums. Starting the lanes at
+ * -128 * sum(x) (computed once per activation block) makes that exactly sum(q_i * x). One conversion to
+ * float and one fused multiply-add by d_w[i] * d_x finish the block for all 16 rows. Up to 8 activation rows
+ * share each weight line load.
+ */
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/quant_impl.h"
+
+#define GROUP 16
+
+size_t eng_packed_q8_0_bytes(int64_t n_out, int64_t k) {
+    if (n_out < 1 || k < ENG_QK || k % ENG_QK != 0 || k > ENG_PACK_MAX_K) return 0;
+    int64_t groups = (n_out + GROUP - 1) / GROUP;
+    return (size_t)groups * ENG_PACK_GROUP_BYTES(k);
+}
+
+int eng_pack_q8_0(const void *W, int64_t n_out, int64_t k, void *dst) {
+    size_t total = eng_packed_q8_0_bytes(n_out, k);
+    if (!W || !dst || total == 0) return ENG_ERR_INVALID;
+    const int64_t nb = k / ENG_QK, groups = (n_out + GROUP - 1) / GROUP;
+    const size_t gbytes = ENG_PACK_GROUP_BYTES(k), rb = (size_t)nb * sizeof(eng_blk_q8_0);
+    memset(dst, 0, total);
+    for (int64_t g = 0; g < groups; g++) {
+        uint8_t *codes = (uint8_t *)dst + (size_t)g * gbytes;
+        uint16_t *scales = (uint16_t *)(codes + (size_t)nb * 512);
+        for (int i = 0; i < GROUP; i++) {
+            int64_t row = g * GROUP + i;
+            if (row >= n_out) break;
+            const eng_blk_q8_0 *blk = (const eng_blk_q8_0 *)((const uint8_t *)W + (size_t)row * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                scales[b * GROUP + i] = blk[b].d;
+                for (int t = 0; t < 8; t++)
+                    for (int e = 0; e < 4; e++)
+                        codes[(size_t)b * 512 + (size_t)t * 64 + (size_t)i * 4 + (size_t)e] =
+                            (uint8_t)(blk[b].qs[4 * t + e] + 128);
+            }
+        }
+    }
+    return 0;
+}
+
+/* The reference: the scalar Q8_0 dot of each row, read from the packed layout (same operations in the
+ * same order as eng_vec_dot_scalar, so the same floats). */
+static void gemm_packed_scalar(const uint8_t *P, int64_t n_out, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                               int64_t ldy, int64_t jb, int64_t je) {
+    const int64_t nb = k / ENG_QK;
+    const size_t gbytes = ENG_PACK_GROUP_BYTES(k), xb = (size_t)nb * sizeof(eng_blk_q8_0);
+    for (int64_t j = jb; j < je && j < n_out; j++) {
+        const uint8_t *codes = P + (size_t)(j / GROUP) * gbytes;
+        const uint16_t *scales = (const uint16_t *)(codes + (size_t)nb * 512);
+        const int i = (int)(j % GROUP);
+        for (int64_t r = 0; r < m; r++) {
+            const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xq + (size_t)r * xb);
+            float s = 0.f;
+            for (int64_t b = 0; b < nb; b++) {
+                int isum = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int e = 0; e < 4; e++)
+                        isum += ((int)codes[(size_t)b * 512 + (size_t)t * 64 + (size_t)i * 4 + (size_t)e] - 128) *
+                                x[b].qs[4 * t + e];
+                s += (float)isum * (eng_fp16_to_f32(scales[b * GROUP + i]) * eng_fp16_to_f32(x[b].d));
+            }
+            y[r * ldy + j] = s;
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define MAXC 8      /* activation rows per kernel call */
+#define GCHUNK 16   /* groups computed per preparation of the activation rows (their weights stay in L2) */
+
+/* Per activation block and row: d_x as float and -128 * sum(q_x). */
+TGT static void prep_x(const uint8_t *xq, size_t xb, int rn, int64_t nb, float *xd, int32_t *xc) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int c = 0; c < rn; c++) {
+        const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xq + (size_t)c * xb);
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)x[b].qs);
+            /* sum(q) = sum((q + 128) * 1) - 4096: vpdpbusd wants its unsigned operand first */
+            __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), ones);
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+            xc[b * MAXC + c] = -128 * (_mm_cvtsi128_si32(h) - 4096);
+            xd[b * MAXC + c] = _cvtsh_ss(x[b].d);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) TGT int32_t load_quad(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* One group (16 weight rows) times RN activation rows: y[c * ldy + i] for the rows i set in mask. */
+static inline __attribute__((always_inline)) TGT void group_kernel(const int RN, const uint8_t *codes, int64_t nb,
+                                                                   const uint8_t *xq, size_t xb, const float *xd,
+                                                                   const int32_t *xc, float *y, int64_t ldy,
+                                                                   __mmask16 mask) {
+    /* Two integer chains per row when there are few rows, so that vpdpbusd's latency is covered. */
+    const bool two = RN <= 4;
+    const uint16_t *scales = (const uint16_t *)(codes + (size_t)nb * 512);
+    __m512 acc[MAXC];
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *line = codes + (size_t)b * 512;
+        __m512i a0[MAXC], a1[MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < RN; c++) {
+            a0[c] = _mm512_set1_epi32(xc[b * MAXC + c]);
+            a1[c] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m512i w = _mm512_load_si512((const void *)(line + t * 64));
+#pragma GCC unroll 8
+            for (int c = 0; c < RN; c++) {
+                __m512i xv = _mm512_set1_epi32(load_quad(xq + (size_t)c * xb + (size_t)b * 34 + 2 + 4 * t));
+                if (two && (t & 1)) a1[c] = _mm512_dpbusd_epi32(a1[c], w, xv);
+                else a0[c] = _mm512_dpbusd_epi32(a0[c], w, xv);
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(scales + b * GROUP)));
+#pragma GCC unroll 8
+        for (int c = 0; c < RN; c++) {
+            __m512i s = two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c];
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[b * MAXC + c])), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
+}
+
+typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const float *, const int32_t *, float *,
+                         int64_t, __mmask16);
+#define GROUP_FN(RN)                                                                                             \
+    TGT static void group_##RN(const uint8_t *codes, int64_t nb, const uint8_t *xq, size_t xb, const float *xd, \
+                               const int32_t *xc, float *y, int64_t ldy, __mmask16 mask) {                      \
+        group_kernel(RN, codes, nb, xq, xb, xd, xc, y, ldy, mask);                                              \
+    }
+GROUP_FN(1)
+GROUP_FN(2)
+GROUP_FN(3)
+GROUP_FN(4)
+GROUP_FN(5)
+GROUP_FN(6)
+GROUP_FN(7)
+GROUP_FN(8)
+static const group_fn k_group[MAXC] = {group_1, group_2, group_3, group_4, group_5, group_6, group_7, group_8};
+
+TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m,
+                                   float *y, int64_t ldy, int64_t jb, int64_t je) {
+    const int64_t nb = k / ENG_QK;
+    const size_t gbytes = ENG_PACK_GROUP_BYTES(k), xb = (size_t)nb * sizeof(eng_blk_q8_0);
+    const int64_t g_begin = jb / GROUP, g_end = (je + GROUP - 1) / GROUP;
+    float xd[(ENG_PACK_MAX_K / ENG_QK) * MAXC];
+    int32_t xc[(ENG_PACK_MAX_K / ENG_QK) * MAXC];
+    for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
+        int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
+        for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
+            int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
+            const uint8_t *xr = xq + (size_t)c0 * xb;
+            prep_x(xr, xb, rn, nb, xd, xc);
+            for (int64_t g = g0; g < g1; g++) {
+                int64_t lo = g * GROUP > jb ? g * GROUP : jb, hi = g * GROUP + GROUP < je ? g * GROUP + GROUP : je;
+                __mmask16 mask = (__mmask16)(((1u << (hi - lo)) - 1u) << (lo - g * GROUP));
+                k_group[rn - 1](P + (size_t)g * gbytes, nb, xr, xb, xd, xc, y + c0 * ldy + g * GROUP, ldy, mask);
+            }
+        }
+    }
+}
+#endif
+
+void eng_gemm_packed_q8_0(eng_simd_level l, const void *P, int64_t n_out, int64_t k, const void *xq, int64_t m,
+                          float *y, int64_t ldy, int64_t j_begin, int64_t j_end) {
+    if (j_end > n_out) j_end = n_out;
+    if (!P || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_packed_q8_0_bytes(n_out, k) == 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    if (l >= ENG_SIMD_AVX512) {
+        gemm_packed_avx512(P, k, xq, m, y, ldy, j_begin, j_end);
+        return;
+    }
+#endif
+    gemm_packed_scalar(P, n_out, k, xq, m, y, ldy, j_begin, j_end);
+}
