@@ -194,6 +194,12 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         }
     }
 
+    /* The AVX-512 VNNI kernel reads Q8_0 matrices repacked 16 rows at a time. */
+    if (c->simd >= ENG_SIMD_AVX512 && eng_model_pack_cpu(model) != 0) {
+        eng_ctx_free(c);
+        return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
+    }
+
     /* KV pool size */
     size_t row_bytes = kvc_row_bytes(p.kv_dtype, hp->head_dim);
     if (row_bytes == 0) {
@@ -345,11 +351,24 @@ static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_
     }
 }
 
+/* y[r * ldy + j] = dot(w row j, x row r) for r < m and j in [jb, je): the packed rows when the context's
+ * kernel level reads them, else the GGUF rows. */
+static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+                     int64_t jb, int64_t je) {
+    if (w->packed && c->simd >= ENG_SIMD_AVX512)
+        eng_gemm_packed_q8_0(c->simd, w->packed, w->n_out, w->k, xq, m, y, ldy, jb, je);
+    else
+        eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
+}
+
+/* This thread's part of a matrix product, split by output rows in whole groups of 16 (a packed group is then
+ * computed by one thread only). */
 static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy, int ith,
                       int nth) {
-    int64_t jb, je;
-    split(w->n_out, ith, nth, &jb, &je);
-    if (je > jb) eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
+    int64_t gb, ge;
+    split((w->n_out + 15) / 16, ith, nth, &gb, &ge);
+    int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
+    if (je > jb) mat_gemm(c, w, xq, m, y, ldy, jb, je);
 }
 
 static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
@@ -466,9 +485,7 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     for (int i = 0; i < 3; i++) {
         int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
         int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
-        if (hi > lo)
-            eng_gemm(c->simd, ms[i]->type, ms[i]->data, ms[i]->k, xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out,
-                     lo * hd, hi * hd);
+        if (hi > lo) mat_gemm(c, ms[i], xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, lo * hd, hi * hd);
     }
     for (int64_t u = ub; u < ue; u++)
         for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
@@ -581,8 +598,8 @@ static void forward_worker(void *arg, int ith, int nth) {
         jb *= be;
         je *= be;
         if (je > jb) {
-            eng_gemm(c->simd, ly->w_gate.type, ly->w_gate.data, E, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
-            eng_gemm(c->simd, ly->w_up.type, ly->w_up.data, E, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
+            mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
+            mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
             for (int64_t r = 0; r < m; r++) {
                 float *g = c->gate + r * F;
                 const float *u = c->up + r * F;

@@ -2,6 +2,8 @@
 #include "engine/model.h"
 
 #include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +306,7 @@ int eng_model_load(const char *path, const eng_load_params *params, eng_model **
         free(m);
         return fail(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
     }
+    pthread_mutex_init(&m->pack_lock, NULL);
     int rc;
     if (params->use_mmap) {
         rc = eng_gguf_open(path, &m->gguf, err, err_len);
@@ -350,11 +353,54 @@ out:
     return 0;
 }
 
+/* Packs one matrix; release: drop the mapped pages of its original rows afterwards. */
+static int pack_matrix(eng_model *m, eng_matrix *w, bool release) {
+    if (w->packed || w->type != ENG_Q_Q8_0) return 0;
+    size_t bytes = eng_packed_q8_0_bytes(w->n_out, w->k);
+    if (bytes == 0) return 0;
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) return ENG_ERR_NOMEM;
+    if (eng_pack_q8_0(w->data, w->n_out, w->k, p) != 0) {
+        free(p);
+        return 0;
+    }
+    w->packed = p;
+    m->packed_bytes += bytes;
+    long page = sysconf(_SC_PAGESIZE);
+    if (release && !m->file_buf && page > 0) {
+        uintptr_t a = (uintptr_t)w->data, e = a + w->row_bytes * (size_t)w->n_out;
+        uintptr_t pa = (a + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+        uintptr_t pe = e / (uintptr_t)page * (uintptr_t)page;
+        if (pe > pa) (void)madvise((void *)pa, pe - pa, MADV_DONTNEED); /* advice only: failure is harmless */
+    }
+    return 0;
+}
+
+int eng_model_pack_cpu(eng_model *m) {
+    if (!m || m->vocab_only) return ENG_ERR_INVALID;
+    pthread_mutex_lock(&m->pack_lock);
+    int rc = 0;
+    if (!m->packed) {
+        for (int32_t l = 0; l < m->hp.n_layer && rc == 0; l++) {
+            eng_layer *ly = &m->layers[l];
+            eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0] && rc == 0; i++) rc = pack_matrix(m, ms[i], true);
+        }
+        /* a tied output shares token_embd's rows, which embedding lookups keep reading */
+        if (rc == 0) rc = pack_matrix(m, &m->output, m->output.data != m->tok_embd.data);
+        m->packed = rc == 0;
+    }
+    pthread_mutex_unlock(&m->pack_lock);
+    return rc;
+}
+
 void eng_model_free(eng_model *m) {
     if (!m) return;
     if (m->layers) {
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             eng_layer *ly = &m->layers[l];
+            eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) free(ms[i]->packed);
             free(ly->attn_norm);
             free(ly->ffn_norm);
             free(ly->bq);
@@ -365,6 +411,8 @@ void eng_model_free(eng_model *m) {
         }
         free(m->layers);
     }
+    free(m->output.packed);
+    pthread_mutex_destroy(&m->pack_lock);
     free(m->output_norm);
     free(m->rope_freqs);
     free(m->chat_template);

@@ -11,6 +11,8 @@
 #ifndef KVSERVE_ENGINE_MODEL_H
 #define KVSERVE_ENGINE_MODEL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +29,8 @@ typedef struct eng_matrix {
     int64_t k;          /* input length (ne[0]) */
     int64_t n_out;      /* output rows (ne[1]) */
     size_t row_bytes;   /* bytes of one row */
+    void *packed;       /* [ceil(n_out / 16)][ENG_PACK_GROUP_BYTES(k)] the Q8_0 rows repacked for the AVX-512
+                         * VNNI kernel (eng_pack_q8_0; owned by the model), or NULL: set by eng_model_pack_cpu */
 } eng_matrix;
 
 typedef struct eng_layer {
@@ -61,7 +65,17 @@ struct eng_model {
     float *rope_freqs;          /* [n_rot / 2] frequency factors (theta_i divided by rope_freqs[i]), or NULL */
     eng_layer *layers;          /* [n_layer] (owned) */
     size_t weight_bytes;        /* bytes of every tensor the model uses */
+    pthread_mutex_t pack_lock;  /* guards the one-time packing of eng_model_pack_cpu */
+    bool packed;                /* eng_model_pack_cpu has run */
+    size_t packed_bytes;        /* bytes of every matrix's packed copy */
 };
+
+/* Repacks every Q8_0 matrix whose shape allows it (eng_packed_q8_0_bytes) for the AVX-512 VNNI kernel, once
+ * per model (later calls return at once; safe from several threads). In a memory-mapped model, the mapped
+ * pages of the repacked layer matrices are then released (they refault from the file if something reads them
+ * again, such as a CUDA context uploading the weights); token_embd keeps them for embedding lookups.
+ * Returns 0 or ENG_ERR_NOMEM (the matrices packed before the failure stay packed and usable). */
+int eng_model_pack_cpu(eng_model *m);
 
 /* The model's tokenizer (owned by the model). Declared for the tokenizer in engine/tokenizer.h too. */
 const struct eng_vocab *eng_model_vocab(const eng_model *m);
