@@ -14,7 +14,9 @@
  * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
  * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
  * For types whose block does not divide 576 (k-quants), k is rounded up to the next multiple (768).
- * Finally, at the best level, a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB
+ * For Q8_0 on a CPU with AVX-512 VNNI, the same figures follow for the packed layout (eng_pack_q8_0, the
+ * layout the engine runs there), shown as level "packed".
+ * Finally, at the best level (packed where it applies), a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB
  * for Q8_0, every matrix split by rows over T threads, T = 1 and 2; wall time, best of 5 passes):
  * decode (m = 1) and prefill (m = 128, output for 1 row) tokens/s.
  */
@@ -81,10 +83,29 @@ static double wall_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Packs n rows of a Q8_0 matrix (the engine's layout on AVX-512 VNNI). */
+static uint8_t *pack(const uint8_t *w, int64_t k, int64_t n) {
+    size_t bytes = eng_packed_q8_0_bytes(n, k);
+    uint8_t *p = bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
+    if (p && eng_pack_q8_0(w, n, k, p) != 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* eng_gemm at level l, or the packed kernel when packed */
+static void gemm_any(eng_simd_level l, bool packed, uint32_t type, const void *w, int64_t k, int64_t n, const void *x,
+                     int m, float *y, int64_t jb, int64_t je) {
+    if (packed) eng_gemm_packed_q8_0(l, w, n, k, x, m, y, n, jb, je);
+    else eng_gemm(l, type, w, k, x, m, y, n, jb, je);
+}
+
 /* ---- full model pass ---------------------------------------------------------------------------------- */
 typedef struct {
     uint32_t type;
     eng_simd_level level;
+    bool packed;      /* w holds packed Q8_0 matrices */
     int n_mats;
     uint8_t **w;      /* n_mats matrices */
     int64_t *k, *n;   /* their shapes */
@@ -98,15 +119,17 @@ static void *pass_worker(void *p) {
     pass_args *a = p;
     for (int i = 0; i < a->n_mats; i++) {
         int64_t n = a->n[i], k = a->k[i];
-        int64_t jb = n * a->tid / a->nthreads, je = n * (a->tid + 1) / a->nthreads;
+        int64_t groups = (n + 15) / 16, jb = groups * a->tid / a->nthreads * 16;
+        int64_t je = groups * (a->tid + 1) / a->nthreads * 16;
+        if (je > n) je = n;
         const uint8_t *x = k == 576 ? a->x576 : a->x1536;
         int m = (i == a->n_mats - 1) ? 1 : a->m; /* output projection: last row only */
-        eng_gemm(a->level, a->type, a->w[i], k, x, m, a->y, n, jb, je);
+        gemm_any(a->level, a->packed, a->type, a->w[i], k, n, x, m, a->y, jb, je);
     }
     return NULL;
 }
 
-static void model_pass(uint32_t type, eng_simd_level level, float *tmp) {
+static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *tmp) {
     const eng_qtype_info *ti = eng_qtype_get(type);
     if (576 % ti->block_elems) return;
     enum { NL = 30, NM = NL * 7 + 1 };
@@ -119,6 +142,11 @@ static void model_pass(uint32_t type, eng_simd_level level, float *tmp) {
         n[i] = i == NM - 1 ? 50257 : ln[i % 7];
         w[i] = make_weights(type, k[i], n[i], tmp);
         if (!w[i]) return;
+        if (packed) {
+            uint8_t *p = pack(w[i], k[i], n[i]);
+            free(w[i]);
+            if (!(w[i] = p)) return;
+        }
         total += eng_qtype_row_bytes(type, k[i]) * (size_t)n[i];
     }
     size_t xb576 = eng_qtype_row_bytes(ti->dot_type, 576), xb1536 = eng_qtype_row_bytes(ti->dot_type, 1536);
@@ -131,7 +159,7 @@ static void model_pass(uint32_t type, eng_simd_level level, float *tmp) {
         eng_quantize_row(ti->dot_type, tmp + r * 1536, x576 + r * xb576, 576);
     }
     printf("\nfull bench-135m weight pass (%.1f MB of %s), level %s, wall time, best of 5:\n", total / 1e6, ti->name,
-           eng_simd_name(level));
+           packed ? "packed" : eng_simd_name(level));
     for (int nt = 1; nt <= 2; nt++) {
         for (int mi = 0; mi < 2; mi++) {
             int m = mi == 0 ? 1 : 128;
@@ -141,7 +169,7 @@ static void model_pass(uint32_t type, eng_simd_level level, float *tmp) {
                 pass_args a[2];
                 double t0 = wall_s();
                 for (int t = 0; t < nt; t++) {
-                    a[t] = (pass_args){.type = type, .level = level, .n_mats = NM, .w = w, .k = k, .n = n,
+                    a[t] = (pass_args){.type = type, .level = level, .packed = packed, .n_mats = NM, .w = w, .k = k, .n = n,
                                        .x576 = x576, .x1536 = x1536, .y = y, .m = m, .tid = t, .nthreads = nt};
                     if (t > 0) pthread_create(&th[t], NULL, pass_worker, &a[t]);
                 }
@@ -179,9 +207,12 @@ int main(int argc, char **argv) {
     const int ms[] = {1, 4, 16, 32, 128};
     float *tmp = malloc(sizeof(float) * 4096 * 128);
     if (!tmp) return 1;
-    double gflops[3][3][5] = {{{0}}}; /* level, shape, m */
-    for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) {
-        printf("\n== level %s ==\n", eng_simd_name((eng_simd_level)l));
+    double gflops[4][3][5] = {{{0}}}; /* level (top + 1: packed), shape, m */
+    const bool can_pack = type == ENG_Q_Q8_0 && top >= ENG_SIMD_AVX512;
+    for (int li = ENG_SIMD_SCALAR; li <= (int)top + (can_pack ? 1 : 0); li++) {
+        const bool packed = li > (int)top;
+        const int l = packed ? (int)top : li;
+        printf("\n== level %s ==\n", packed ? "packed" : eng_simd_name((eng_simd_level)l));
         printf("%-11s %5s %10s %10s %12s %12s\n", "matrix", "m", "ms/call", "GFLOP/s", "rows/s", "weight GB/s");
         for (int si = 0; si < 3; si++) {
             shape sh = shapes[si];
@@ -194,6 +225,14 @@ int main(int argc, char **argv) {
             /* enough copies for >= 160 MB so m = 1 streams from memory */
             int copies = (int)((160u << 20) / mat) + 1;
             uint8_t *w = make_weights(type, s->k, s->n * copies, tmp);
+            if (w && packed) {
+                mat = eng_packed_q8_0_bytes(s->n, s->k);
+                uint8_t *p = aligned_alloc(64, mat * (size_t)copies + 64);
+                for (int cp = 0; p && cp < copies; cp++)
+                    eng_pack_q8_0(w + (size_t)cp * rb * (size_t)s->n, s->n, s->k, p + (size_t)cp * mat);
+                free(w);
+                w = p;
+            }
             size_t xb = eng_qtype_row_bytes(ti->dot_type, s->k);
             uint8_t *x = malloc(xb * 128);
             float *y = malloc(sizeof(float) * (size_t)s->n * 128);
@@ -213,14 +252,14 @@ int main(int argc, char **argv) {
                     double t0 = now_s(), t;
                     do {
                         const uint8_t *wm = w + (size_t)(calls++ % use_copies) * mat;
-                        eng_gemm((eng_simd_level)l, type, wm, s->k, x, m, y, s->n, 0, s->n);
+                        gemm_any((eng_simd_level)l, packed, type, wm, s->k, s->n, x, m, y, 0, s->n);
                         rc++;
                         t = now_s() - t0;
                     } while (t < secs / 5 || rc < 2);
                     if (t / rc < per) per = t / rc;
                 }
                 double gf = 2.0 * m * s->k * s->n / per * 1e-9;
-                gflops[l][si][mi] = gf;
+                gflops[li][si][mi] = gf;
                 printf("%-11s %5d %10.3f %10.1f %12.0f", s->name, m, per * 1e3, gf, m / per);
                 if (m == 1) printf(" %12.2f", mat / per * 1e-9);
                 printf("\n");
@@ -232,13 +271,13 @@ int main(int argc, char **argv) {
         /* projection for bench-135m */
         double layer_small = 2.0 * 576 * 576 * 2 + 2.0 * 576 * 192 * 2; /* flops per row, q/o and k/v */
         double layer_up = 2.0 * 576 * 1536 * 2, layer_down = 2.0 * 1536 * 576, outp = 2.0 * 576 * 50257;
-        double dec = 30 * ((layer_small + layer_up) / (gflops[l][0][0] * 1e9) + layer_down / (gflops[l][1][0] * 1e9)) +
-                     outp / (gflops[l][2][0] * 1e9);
+        double dec = 30 * ((layer_small + layer_up) / (gflops[li][0][0] * 1e9) + layer_down / (gflops[li][1][0] * 1e9)) +
+                     outp / (gflops[li][2][0] * 1e9);
         printf("projection bench-135m, 1 thread: decode %.1f tok/s", 1.0 / dec);
         if (l != ENG_SIMD_SCALAR) {
-            double pre = 30 * ((layer_small + layer_up) / (gflops[l][0][4] * 1e9) +
-                               layer_down / (gflops[l][1][4] * 1e9)) +
-                         outp / 128 / (gflops[l][2][0] * 1e9);
+            double pre = 30 * ((layer_small + layer_up) / (gflops[li][0][4] * 1e9) +
+                               layer_down / (gflops[li][1][4] * 1e9)) +
+                         outp / 128 / (gflops[li][2][0] * 1e9);
             printf(", prefill (m=128, matrices only) %.0f tok/s", 1.0 / pre);
         }
         printf("\n");
@@ -260,7 +299,7 @@ int main(int argc, char **argv) {
         printf("\nquantize activations to %s: %.1f M values/s\n", di->name, (double)k * rows * calls / t * 1e-6);
         free(x);
     }
-    model_pass(type, top, tmp);
+    model_pass(type, top, can_pack, tmp);
     free(tmp);
     return 0;
 }
