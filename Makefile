@@ -1,6 +1,7 @@
 # Thin wrapper around CMake. The two commands of the README:
 #   make run   installs what is missing, builds, starts kvserve on 127.0.0.1:8080 with the embedded model
-#   make test  installs what is missing, builds, runs every test (plain build, then ASan+UBSan build)
+#   make test  installs what is missing, builds, runs every test (plain build, ASan+UBSan build, then the
+#              container image built with podman and smoke-tested, skipped with a message where no container can run)
 BUILD      ?= build
 BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
@@ -32,8 +33,9 @@ test-san: build-san
 	ctest --test-dir $(BUILD_SAN) --output-on-failure -j $(JOBS) -LE nosan
 
 test: test-fast test-san
+	bash tests/docker/run.sh --auto
 
-# Builds the image with podman and smoke-tests the container (a few minutes; not part of `make test`).
+# Builds the image with podman and smoke-tests the container (about 1.5 minutes; fails where podman cannot run).
 test-docker: deps
 	bash tests/docker/run.sh
 
