@@ -42,4 +42,22 @@ void eng_attn_scores_f16(int level, const float *q, const uint16_t *k, int32_t n
 void eng_attn_accum_f32(int level, float *o, const float *p, const float *v, int32_t n, int32_t hd);
 void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd);
 
+/* Tile kernels: m queries at once over n consecutive cache rows of hd values (row t at k + t * hd), so that a
+ * cache row is loaded and converted once for all the queries of a tile (the query heads sharing a KV head,
+ * times the rows of a prefill run). Queries are rows of q ([m][hd]); outputs rows of o ([m][hd]).
+ * scores: s[i * lds + t] = scale * sum_d q[i][d] * K[t][d]   (i < m, t < n);
+ * accum:  o[i][d] += sum_t p[i * ldp + t] * V[t][d].
+ * work: scratch of ENG_ATTN_WORK(hd) floats, not overlapping the other arguments (unused by some levels).
+ * Every level computes the same sums as the scalar kernels up to float rounding (summation order). */
+enum { ENG_ATTN_CHUNK = 16 }; /* cache rows the vector kernels convert or transpose at a time */
+#define ENG_ATTN_WORK(hd) ((size_t)ENG_ATTN_CHUNK * (size_t)(hd))
+void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                              float *s, int32_t lds, float *work);
+void eng_attn_tile_scores_f16(int level, const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
+                              float scale, float *s, int32_t lds, float *work);
+void eng_attn_tile_accum_f32(int level, float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                             int32_t hd, float *work);
+void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
+                             int32_t hd, float *work);
+
 #endif
