@@ -34,8 +34,10 @@
 
 enum {
     MAX_GROUP = 3,
-    /* Attention tiles: at most ATT_MAX_Q queries (rows x heads of one KV head) per unit, at most ATT_MAX_R rows. */
+    /* Attention tiles: at most ATT_MAX_Q queries (rows x heads of one KV head) per unit, at most ATT_MAX_R rows;
+     * fewer queries when their scores over the whole context would pass ATT_SCORES_BYTES per thread. */
     ATT_MAX_Q = 48,
+    ATT_SCORES_BYTES = 4 << 20,
     ATT_MAX_R = 16,
     /* The cost of a unit is estimated as rows x (positions read + ATT_UNIT_COST). */
     ATT_UNIT_COST = 32,
@@ -84,9 +86,10 @@ struct eng_ctx {
     void *xq_ffn;        /* [max_batch][xq_row_cap] silu(gate) * up quantized for w_down */
     size_t xq_row_cap;
     /* attention scratch, per thread */
-    float *th_scores;    /* [n_threads][ATT_MAX_Q][n_ctx] scores, then softmax numerators, of a unit's queries */
-    float *th_q;         /* [n_threads][ATT_MAX_Q][head_dim] a unit's queries (row-major: tile row, then head) */
-    float *th_o;         /* [n_threads][ATT_MAX_Q][head_dim] their unnormalized outputs */
+    int32_t att_q;       /* queries per attention unit at most: ATT_MAX_Q, less for long contexts */
+    float *th_scores;    /* [n_threads][att_q][n_ctx] scores, then softmax numerators, of a unit's queries */
+    float *th_q;         /* [n_threads][att_q][head_dim] a unit's queries (row-major: tile row, then head) */
+    float *th_o;         /* [n_threads][att_q][head_dim] their unnormalized outputs */
     float *th_work;      /* [n_threads][ENG_ATTN_WORK(head_dim)] tile kernel scratch (converted K/V rows) */
     float *th_kv;        /* [n_threads][kv_block_size][head_dim] dequantized cache rows (q8_0; one row in
                             eng_seq_remove) */
@@ -95,9 +98,9 @@ struct eng_ctx {
      * with head group g = u % (n_head_kv * n_grp): KV head g / n_grp and its query heads from
      * (g % n_grp) * grp_heads on (at most grp_heads of them). Tile-major, so that the units reading one
      * sequence's blocks run one after the other. */
-    int32_t grp_heads;   /* query heads per unit: min(n_head / n_head_kv, ATT_MAX_Q) */
+    int32_t grp_heads;   /* query heads per unit: min(n_head / n_head_kv, att_q) */
     int32_t n_grp;       /* head groups per KV head: ceil(n_head / n_head_kv / grp_heads) */
-    int32_t tile_r;      /* rows per tile: min(ATT_MAX_R, ATT_MAX_Q / grp_heads) */
+    int32_t tile_r;      /* rows per tile: min(ATT_MAX_R, att_q / grp_heads) */
     int32_t n_tiles;
     int32_t *tile_rows;  /* [max_batch][ATT_MAX_R] batch rows of each tile: one sequence, consecutive positions */
     int32_t *tile_len;   /* [max_batch] rows of each tile */
@@ -320,12 +323,14 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     if (!c->xq_att || !c->xq_ffn) goto nomem;
     size_t T = (size_t)p.n_threads, HD = (size_t)hp->head_dim;
     int32_t G = hp->n_head / hp->n_head_kv;
-    c->grp_heads = G < ATT_MAX_Q ? G : ATT_MAX_Q;
+    size_t q_fit = ATT_SCORES_BYTES / ((size_t)p.n_ctx * sizeof(float));
+    c->att_q = q_fit < 1 ? 1 : q_fit < ATT_MAX_Q ? (int32_t)q_fit : ATT_MAX_Q;
+    c->grp_heads = G < c->att_q ? G : c->att_q;
     c->n_grp = (G + c->grp_heads - 1) / c->grp_heads;
-    c->tile_r = ATT_MAX_Q / c->grp_heads < ATT_MAX_R ? ATT_MAX_Q / c->grp_heads : ATT_MAX_R;
-    c->th_scores = zalloc(T * ATT_MAX_Q * (size_t)p.n_ctx, sizeof(float));
-    c->th_q = zalloc(T * ATT_MAX_Q * HD, sizeof(float));
-    c->th_o = zalloc(T * ATT_MAX_Q * HD, sizeof(float));
+    c->tile_r = c->att_q / c->grp_heads < ATT_MAX_R ? c->att_q / c->grp_heads : ATT_MAX_R;
+    c->th_scores = zalloc(T * (size_t)c->att_q * (size_t)p.n_ctx, sizeof(float));
+    c->th_q = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
+    c->th_o = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
     c->th_work = zalloc(T * ENG_ATTN_WORK(HD), sizeof(float));
     c->th_kv = zalloc(T * (size_t)p.kv_block_size * HD, sizeof(float));
     c->tile_rows = zalloc(MB * ATT_MAX_R, sizeof *c->tile_rows);
@@ -494,8 +499,8 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     const int32_t nr = c->tile_len[tile], m = nr * gs;
     const int32_t *pos = c->batch->pos, *blocks = c->row_blocks[rows[0]];
     const int32_t len = pos[rows[nr - 1]] + 1; /* positions the tile reads */
-    float *q = c->th_q + (size_t)ith * ATT_MAX_Q * hd, *o = c->th_o + (size_t)ith * ATT_MAX_Q * hd;
-    float *scores = c->th_scores + (size_t)ith * ATT_MAX_Q * lds;
+    float *q = c->th_q + (size_t)ith * c->att_q * hd, *o = c->th_o + (size_t)ith * c->att_q * hd;
+    float *scores = c->th_scores + (size_t)ith * c->att_q * lds;
     const float scale = 1.0f / sqrtf((float)hd);
     const char *kbase = (const char *)lay->base + (size_t)(2 * l) * lay->layer_bytes + (size_t)kvh * lay->head_stride;
     const char *vbase = kbase + lay->layer_bytes;

@@ -350,13 +350,13 @@ static void ref_forward(const rmodel *m, const int32_t *toks, int T, float *logi
 typedef struct engine { eng_model *model; eng_ctx *ctx; kvc_cache *kv; } engine;
 
 static void open_engine_bs(engine *e, const rmodel *m, kvc_dtype dtype, int32_t max_seqs, int32_t kv_blocks,
-                           bool prefix_caching, int32_t n_threads, int32_t block_size) {
+                           bool prefix_caching, int32_t n_threads, int32_t block_size, int32_t n_ctx) {
     char err[512];
     cr_assert_eq(eng_model_load(m->path, NULL, &e->model, err, sizeof err), 0, "%s", err);
     eng_ctx_params p;
     eng_ctx_params_default(&p);
     p.n_threads = n_threads;
-    p.n_ctx = 128;
+    p.n_ctx = n_ctx;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = 64;
     p.kv_block_size = block_size;
@@ -369,7 +369,7 @@ static void open_engine_bs(engine *e, const rmodel *m, kvc_dtype dtype, int32_t 
 
 static void open_engine(engine *e, const rmodel *m, kvc_dtype dtype, int32_t max_seqs, int32_t kv_blocks,
                         bool prefix_caching, int32_t n_threads) {
-    open_engine_bs(e, m, dtype, max_seqs, kv_blocks, prefix_caching, n_threads, 4);
+    open_engine_bs(e, m, dtype, max_seqs, kv_blocks, prefix_caching, n_threads, 4, 128);
 }
 
 static void close_engine(engine *e) {
@@ -506,14 +506,17 @@ Test(forward, q8_0_kv) { interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_F32, KVC
 /* Batches that mix prefill runs (longer than one attention tile: up to 16 rows per tile) and decode rows of
  * several sequences, with GQA (3 query heads per KV head, and MQA), each sequence's rows sometimes adjacent
  * in the batch, sometimes interleaved with another sequence's, against the dense reference: every KV dtype,
- * 1 and 2 threads, cache blocks of 4 and 16 rows. */
+ * 1 and 2 threads, cache blocks of 4 and 16 rows. A huge context (n_ctx) makes the engine use fewer queries
+ * per attention unit (1-row tiles, and a KV head's query heads split into groups). */
 enum { MIX_SEQ = 4, MIX_T = 100 };
 static void mixed_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint64_t seed, int32_t n_threads,
-                               int32_t block_size) {
+                               int32_t block_size, int32_t n_ctx) {
     rmodel m;
     make_model(&m, kind, seed, ENG_Q_F32);
     engine e;
-    open_engine_bs(&e, &m, dtype, MIX_SEQ, 0, false, n_threads, block_size);
+    /* enough blocks for every sequence (a huge n_ctx would otherwise size the pool after it) */
+    int32_t blocks = MIX_SEQ * ((MIX_T + block_size - 1) / block_size + 1);
+    open_engine_bs(&e, &m, dtype, MIX_SEQ, blocks, false, n_threads, block_size, n_ctx);
     rng r = {seed * 104729 + 5};
     static int32_t toks[MIX_SEQ][MIX_T];
     static float ref[MIX_SEQ][MIX_T * N_VOCAB];
@@ -592,10 +595,10 @@ static void mixed_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint6
         n_mixed += n_decode > 0 && n_run > 0;
     }
     for (int s = 0; s < MIX_SEQ; s++) cr_assert_eq(kvc_seq_len(e.kv, seq[s]), len[s]);
-    cr_log_info("mixed %s (%d/%d heads), KV dtype %d, block %d, seed %llu, %d threads: %d batches (%d mixing runs "
-                "and decode rows), max |logit - reference| = %.3g",
-                m.arch, m.H, m.HKV, (int)dtype, block_size, (unsigned long long)seed, n_threads, n_batches, n_mixed,
-                worst);
+    cr_log_info("mixed %s (%d/%d heads), KV dtype %d, block %d, n_ctx %d, seed %llu, %d threads: %d batches (%d "
+                "mixing runs and decode rows), max |logit - reference| = %.3g",
+                m.arch, m.H, m.HKV, (int)dtype, block_size, n_ctx, (unsigned long long)seed, n_threads, n_batches,
+                n_mixed, worst);
     cr_expect_gt(n_mixed, 0, "no batch mixed prefill runs and decode rows");
     cr_expect_leq(worst, tol, "seed %llu: logits differ from the reference by %g (limit %g)", (unsigned long long)seed,
                   worst, tol);
@@ -605,11 +608,14 @@ static void mixed_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint6
 
 Test(forward, mixed_prefill_decode_gqa) {
     for (int32_t th = 1; th <= 2; th++) {
-        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F32, 1e-3, 141, th, 16);
-        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F16, 3e-2, 142, th, 4);
-        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_Q8_0, 1.5e-1, 143, th, 16);
-        mixed_vs_reference(CFG_QWEN2, KVC_DTYPE_F16, 3e-2, 144, th, 16); /* MQA: 4 query heads per KV head */
-        mixed_vs_reference(CFG_LLAMA, KVC_DTYPE_F32, 1e-3, 145, th, 4); /* head size 12: the AVX2 kernels */
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F32, 1e-3, 141, th, 16, 128);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F16, 3e-2, 142, th, 4, 128);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_Q8_0, 1.5e-1, 143, th, 16, 128);
+        mixed_vs_reference(CFG_QWEN2, KVC_DTYPE_F16, 3e-2, 144, th, 16, 128); /* MQA: 4 query heads per KV head */
+        mixed_vs_reference(CFG_LLAMA, KVC_DTYPE_F32, 1e-3, 145, th, 4, 128); /* head size 12: the AVX2 kernels */
+        /* 4 MiB of scores per thread: 3 queries per unit (MQA: groups of 3 and 1 heads), then 1 */
+        mixed_vs_reference(CFG_QWEN2, KVC_DTYPE_F32, 1e-3, 146, th, 16, 300000);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F16, 3e-2, 147, th, 16, 600000);
     }
 }
 
