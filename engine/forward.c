@@ -39,8 +39,11 @@ enum {
     ATT_MAX_Q = 48,
     ATT_SCORES_BYTES = 4 << 20,
     ATT_MAX_R = 16,
-    /* The cost of a unit is estimated as rows x (positions read + ATT_UNIT_COST). */
+    /* The cost of a unit is estimated as rows x heads x (positions read + ATT_UNIT_COST). */
     ATT_UNIT_COST = 32,
+    /* A batch with fewer than ATT_MIN_UNITS units per thread splits the query heads of a KV head into smaller
+     * groups (single-sequence decode would otherwise have n_head_kv units for all the threads). */
+    ATT_MIN_UNITS = 2,
     /* Blocks read ahead (prefetched) by an attention unit. */
     ATT_PREFETCH = 2,
     /* Batches of at most SMALL_M rows: every thread normalizes and quantizes all rows itself (into its own
@@ -98,9 +101,10 @@ struct eng_ctx {
      * with head group g = u % (n_head_kv * n_grp): KV head g / n_grp and its query heads from
      * (g % n_grp) * grp_heads on (at most grp_heads of them). Tile-major, so that the units reading one
      * sequence's blocks run one after the other. */
-    int32_t grp_heads;   /* query heads per unit: min(n_head / n_head_kv, att_q) */
+    int32_t grp_max;     /* query heads per unit at most: min(n_head / n_head_kv, att_q) */
+    int32_t tile_r;      /* rows per tile: min(ATT_MAX_R, att_q / grp_max) */
+    int32_t grp_heads;   /* query heads per unit in this batch: grp_max, or fewer when there are few tiles */
     int32_t n_grp;       /* head groups per KV head: ceil(n_head / n_head_kv / grp_heads) */
-    int32_t tile_r;      /* rows per tile: min(ATT_MAX_R, att_q / grp_heads) */
     int32_t n_tiles;
     int32_t *tile_rows;  /* [max_batch][ATT_MAX_R] batch rows of each tile: one sequence, consecutive positions */
     int32_t *tile_len;   /* [max_batch] rows of each tile */
@@ -325,9 +329,8 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     int32_t G = hp->n_head / hp->n_head_kv;
     size_t q_fit = ATT_SCORES_BYTES / ((size_t)p.n_ctx * sizeof(float));
     c->att_q = q_fit < 1 ? 1 : q_fit < ATT_MAX_Q ? (int32_t)q_fit : ATT_MAX_Q;
-    c->grp_heads = G < c->att_q ? G : c->att_q;
-    c->n_grp = (G + c->grp_heads - 1) / c->grp_heads;
-    c->tile_r = c->att_q / c->grp_heads < ATT_MAX_R ? c->att_q / c->grp_heads : ATT_MAX_R;
+    c->grp_max = G < c->att_q ? G : c->att_q;
+    c->tile_r = c->att_q / c->grp_max < ATT_MAX_R ? c->att_q / c->grp_max : ATT_MAX_R;
     c->th_scores = zalloc(T * (size_t)c->att_q * (size_t)p.n_ctx, sizeof(float));
     c->th_q = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
     c->th_o = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
@@ -716,10 +719,19 @@ static void forward_worker(void *arg, int ith, int nth) {
     gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out, ith, nth);
 }
 
+/* The estimated cost of attention unit u (see attend_unit): rows x heads x (positions read + a constant). */
+static int64_t unit_cost(const eng_ctx *c, const eng_batch *b, int64_t u) {
+    const int32_t G = c->hp->n_head / c->hp->n_head_kv;
+    const int64_t n_g = (int64_t)c->hp->n_head_kv * c->n_grp;
+    const int32_t t = (int32_t)(u / n_g), g0 = (int32_t)(u % n_g % c->n_grp) * c->grp_heads;
+    const int32_t gs = G - g0 < c->grp_heads ? G - g0 : c->grp_heads, nr = c->tile_len[t];
+    return (int64_t)nr * gs * (b->pos[c->tile_rows[(size_t)t * ATT_MAX_R + nr - 1]] + 1 + ATT_UNIT_COST);
+}
+
 /* Forms the attention tiles of batch b (rows of one sequence in batch order have consecutive positions;
- * they are cut into tiles of up to tile_r rows, wherever they sit in the batch) and splits the units
- * (n_head_kv * n_grp per tile) across the threads by cost: a unit reading n positions for r rows costs
- * r * (n + ATT_UNIT_COST); each thread gets a contiguous range of units holding about 1/nth of the total. */
+ * they are cut into tiles of up to tile_r rows, wherever they sit in the batch), picks the query heads per
+ * unit, and splits the units (n_head_kv * n_grp per tile) across the threads by cost: each thread gets a
+ * contiguous range of units holding about 1/nth of the total (unit_cost). */
 static void plan_attention(eng_ctx *c, const eng_batch *b) {
     int32_t nt = 0;
     for (int32_t i = 0; i < b->n; i++) {
@@ -735,19 +747,20 @@ static void plan_attention(eng_ctx *c, const eng_batch *b) {
     for (int32_t i = 0; i < b->n; i++) c->seq_tile[b->seq[i]] = -1;
     c->n_tiles = nt;
 
-    const int64_t n_units = (int64_t)nt * c->hp->n_head_kv * c->n_grp, nth = c->n_threads;
+    const int32_t G = c->hp->n_head / c->hp->n_head_kv;
+    const int64_t nth = c->n_threads;
+    int32_t gh = c->grp_max;
+    while (gh > 1 && (int64_t)nt * c->hp->n_head_kv * ((G + gh - 1) / gh) < ATT_MIN_UNITS * nth) gh = (gh + 1) / 2;
+    c->grp_heads = gh;
+    c->n_grp = (G + gh - 1) / gh;
+
+    const int64_t n_units = (int64_t)nt * c->hp->n_head_kv * c->n_grp;
     int64_t total = 0;
-    for (int32_t t = 0; t < nt; t++) {
-        const int32_t *rows = c->tile_rows + (size_t)t * ATT_MAX_R;
-        total += (int64_t)c->tile_len[t] * (b->pos[rows[c->tile_len[t] - 1]] + 1 + ATT_UNIT_COST);
-    }
-    total *= n_units / nt;
+    for (int64_t u = 0; u < n_units; u++) total += unit_cost(c, b, u);
     int64_t acc = 0, th = 1;
     c->th_units[0] = 0;
     for (int64_t u = 0; u < n_units; u++) {
-        int32_t t = (int32_t)(u / (n_units / nt));
-        const int32_t *rows = c->tile_rows + (size_t)t * ATT_MAX_R;
-        int64_t cost = (int64_t)c->tile_len[t] * (b->pos[rows[c->tile_len[t] - 1]] + 1 + ATT_UNIT_COST);
+        int64_t cost = unit_cost(c, b, u);
         /* the unit goes to the thread whose share holds the middle of its cost */
         while (th < nth && (2 * acc + cost) * nth >= 2 * total * th) c->th_units[th++] = u;
         acc += cost;
