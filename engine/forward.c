@@ -516,14 +516,14 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
         if (bi + ATT_PREFETCH < nb) prefetch_rows(c, kbase + (size_t)blocks[bi + ATT_PREFETCH] * lay->block_stride, bs);
         tile_scores(c, q, m, kbase + (size_t)blocks[bi] * lay->block_stride, nt, scale, scores + t0, lds, ith);
     }
-    /* Softmax numerators in place with the vectorized exp (relative error < 3.6e-7; one exp per position and
-     * query); positions past a row's own get weight 0. */
+    /* Softmax numerators in place (one exp per position and query: a large part of the cost over long
+     * contexts, hence the vector kernel); positions past a row's own get weight 0. */
     float inv[ATT_MAX_Q];
     for (int32_t i = 0; i < m; i++) {
         float *s = scores + (size_t)i * lds;
         int32_t n = pos[rows[i / gs]] + 1;
         float mx = c->smp.max(s, n);
-        inv[i] = 1.0f / (float)c->smp.expsum(s, n, mx, 1.0f, s);
+        inv[i] = 1.0f / (float)eng_attn_expsum(c->attn_level, s, n, mx);
         if (n < len) memset(s + n, 0, (size_t)(len - n) * sizeof *s);
     }
     memset(o, 0, (size_t)m * hd * sizeof *o);

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "engine/quant.h"
+#include "engine/sampler_kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -81,6 +82,12 @@ static void tile_accum_f16_scalar(float *o, int32_t m, const float *p, int32_t l
                                   int32_t hd) {
     for (int32_t i = 0; i < m; i++)
         for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o + (size_t)i * hd, p[(size_t)i * ldp + t], v + (size_t)t * hd, hd);
+}
+
+static double expsum_scalar(float *s, int32_t n, float mx) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += (s[i] = eng_smp_exp(s[i] - mx));
+    return sum;
 }
 
 #ifdef HAVE_X86
@@ -282,6 +289,49 @@ TGT static void tile_accum_f16_avx2(float *o, int32_t m, const float *p, int32_t
     }
 }
 
+/* The softmax exponentials with FMA: eng_smp_exp's range reduction and polynomial (Cephes expf), the same
+ * constants, each mul + add fused (so within about 1 ulp of the scalar, not bit-exact), sums in double. */
+#define EXP_LO_F (-87.3365478515625f) /* below: 0 (the result would be denormal) */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_P0 1.9875691500E-4f
+#define EXP_P1 1.3981999507E-3f
+#define EXP_P2 8.3334519073E-3f
+#define EXP_P3 4.1665795894E-2f
+#define EXP_P4 1.6666665459E-1f
+#define EXP_P5 5.0000001201E-1f
+TGT static __m256 exp8_fma(__m256 x) { /* x <= 0 or NaN */
+    const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO_F), _CMP_GE_OQ); /* false for NaN */
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO_F));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), valid);
+}
+TGT static double expsum_avx2(float *s, int32_t n, float mx) {
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8_fma(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        _mm256_storeu_ps(s + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+    double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    return sum + expsum_scalar(s + i, n - i, mx);
+}
+
 /* ---- AVX-512: 16 values per instruction; head sizes that are multiples of 16 ---------------------------- */
 #define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
 /* The sum of v's 16 lanes folded to 8 (lane i + lane i + 8), for reduce8. */
@@ -373,6 +423,32 @@ TGT512 static void accum_f16_avx512(float *o, const float *p, const uint16_t *v,
     ACCUM_512(LOADV512_F16)
 }
 
+/* exp8_fma sixteen at a time; 2^n applied with scalef, the tail with masks. */
+TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int32_t i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), vm);
+        const __mmask16 valid = _mm512_mask_cmp_ps_mask(live, x, _mm512_set1_ps(EXP_LO_F), _CMP_GE_OQ);
+        x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO_F));
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
+        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+        const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        const __m512 e = _mm512_maskz_mov_ps(valid, _mm512_scalef_ps(y, k));
+        _mm512_mask_storeu_ps(s + i, live, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
 /* Tile kernels, AVX-512 (head sizes that are multiples of 16). On the CPUs this was tuned on (Zen 4), an
  * f16 -> f32 conversion of 16 values and a 16-float store each take about two FMA slots, so the kernels
  * convert a cache row once and use it from registers for several queries:
@@ -381,7 +457,7 @@ TGT512 static void accum_f16_avx512(float *o, const float *p, const uint16_t *v,
  * - scores of many queries: a chunk of 16 cache rows is transposed once into work[hd][16] (one key per
  *   lane), then each query's 16 scores are hd broadcast-FMAs into one register, without horizontal sums;
  * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs. */
-enum { TRANSPOSE_MIN = 8 };
+enum { TRANSPOSE_MIN = 8, CONVERT_MIN = 8 };
 #define TGT512VL __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline)) TGT512VL
 
@@ -701,8 +777,17 @@ TGT512VL static void tile_accum_f32_avx512(float *o, int32_t m, const float *p, 
     ACCUM_TILE(accum_j_f32, accum_f32_avx512)
 }
 TGT512VL static void tile_accum_f16_avx512(float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v,
-                                           int32_t n, int32_t hd) {
-    ACCUM_TILE(accum_j_f16, accum_f16_avx512)
+                                           int32_t n, int32_t hd, float *work) {
+    if (m < CONVERT_MIN) {
+        ACCUM_TILE(accum_j_f16, accum_f16_avx512)
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += ENG_ATTN_CHUNK) {
+        int32_t nt = n - t0 < ENG_ATTN_CHUNK ? n - t0 : ENG_ATTN_CHUNK;
+        for (int32_t i = 0; i < nt * hd; i += 16)
+            _mm512_storeu_ps(work + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)t0 * hd + i))));
+        tile_accum_f32_avx512(o, m, p + t0, ldp, work, nt, hd);
+    }
 }
 #endif
 
@@ -826,7 +911,7 @@ void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int
                              int32_t hd, float *work) {
 #ifdef HAVE_X86
     if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_accum_f16_avx512(o, m, p, ldp, v, n, hd);
+        tile_accum_f16_avx512(o, m, p, ldp, v, n, hd, work);
         return;
     }
     if (level >= ENG_OPS_AVX2) {
@@ -837,6 +922,15 @@ void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int
     (void)level;
     (void)work;
     tile_accum_f16_scalar(o, m, p, ldp, v, n, hd);
+}
+
+double eng_attn_expsum(int level, float *s, int32_t n, float mx) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512) return expsum_avx512(s, n, mx);
+    if (level >= ENG_OPS_AVX2) return expsum_avx2(s, n, mx);
+#endif
+    (void)level;
+    return expsum_scalar(s, n, mx);
 }
 
 float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n) {

@@ -60,4 +60,10 @@ void eng_attn_tile_accum_f32(int level, float *o, int32_t m, const float *p, int
 void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
                              int32_t hd, float *work);
 
+/* Softmax numerators in place: s[i] = e^(s[i] - mx) for i < n (every s[i] <= mx or NaN; 0 for NaN and where
+ * the result would be denormal); returns their sum, accumulated in double. Scalar: eng_smp_exp (relative
+ * error < 3.6e-7); the vector levels evaluate the same polynomial with fused multiply-adds (within a few
+ * ulp of the scalar). */
+double eng_attn_expsum(int level, float *s, int32_t n, float mx);
+
 #endif

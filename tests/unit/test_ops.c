@@ -3,7 +3,8 @@
  * reference written here, then every vector level this CPU runs against the scalar versions, on random
  * shapes (query counts across the vector kernels' group sizes and the transpose threshold, cache-row counts
  * across the 16-row chunks, head sizes that are multiples of 16 and odd ones, padded row strides). Also
- * checks that the kernels write nothing outside the rows and columns they own. Every test prints its seed.
+ * checks that the kernels write nothing outside the rows and columns they own. The softmax exponentials
+ * likewise (scalar against exp() in double, vector levels against scalar). Every test prints its seed.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -13,6 +14,7 @@
 
 #include "engine/ops.h"
 #include "engine/quant.h"
+#include "engine/sampler_kernels.h"
 
 typedef struct rng { uint64_t s; } rng;
 static uint64_t rng_next(rng *r) {
@@ -175,5 +177,44 @@ Test(ops, tile_edges) {
         eng_attn_tile_scores_f16(level, pr.q, pr.m, pr.kh, pr.n, pr.hd, pr.scale, s1, pr.lds, work);
         eng_attn_tile_accum_f16(level, o1, pr.m, pr.p, pr.ldp, pr.kh, pr.n, pr.hd, work);
         cr_assert_eq(work[ENG_ATTN_WORK(pr.hd)], SENTINEL, "level %d wrote past its work buffer", level);
+    }
+}
+
+/* Softmax numerators: the scalar kernel is eng_smp_exp (checked against exp() in double), every vector level
+ * within a few ulp of it, on random lengths (vector tails), values down past the flush-to-zero bound, and
+ * NaN / -inf entries (0). */
+Test(ops, expsum_levels) {
+    rng r = {0x5eed04};
+    cr_log_info("seed 0x5eed04");
+    enum { N = 300 };
+    static float x[N], y[N], z[N];
+    for (int iter = 0; iter < 400; iter++) {
+        int n = rng_int(&r, N + 1);
+        float spread = iter % 3 == 0 ? 120.0f : iter % 3 == 1 ? 10.0f : 1.0f;
+        float mx = rng_uniform(&r, 5.0f);
+        for (int i = 0; i < n; i++) {
+            x[i] = mx - fabsf(rng_uniform(&r, spread));
+            if (rng_int(&r, 50) == 0) x[i] = mx;
+            if (rng_int(&r, 100) == 0) x[i] = NAN;
+            if (rng_int(&r, 100) == 0) x[i] = -INFINITY;
+        }
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        double s0 = eng_attn_expsum(ENG_OPS_SCALAR, y, n, mx), ref = 0;
+        for (int i = 0; i < n; i++) {
+            double d = x[i] - mx, e = x[i] != x[i] || d < -87.3365478515625 ? 0.0 : exp(d); /* difference in float */
+            /* denormal results and the flush bound: absolute 2e-38 */
+            cr_assert_float_eq(y[i], e, 4e-7 * e + 2e-38, "scalar n %d i %d x - mx %g", n, i, d);
+            cr_assert_eq(y[i], eng_smp_exp(x[i] - mx), "n %d i %d", n, i);
+            ref += y[i];
+        }
+        cr_assert_float_eq(s0, ref, 1e-12 * (ref + 1), "scalar sum n %d", n);
+        for (int level = 1; level <= eng_ops_attn_level(); level++) {
+            memcpy(z, x, sizeof(float) * (size_t)n);
+            double s1 = eng_attn_expsum(level, z, n, mx);
+            for (int i = 0; i < n; i++)
+                cr_assert_float_eq(z[i], y[i], 5e-7 * y[i] + 2e-38, "level %d n %d i %d x - mx %g", level, n, i,
+                                   (double)(x[i] - mx));
+            cr_assert_float_eq(s1, s0, 5e-7 * s0 + 1e-37, "level %d sum n %d", level, n);
+        }
     }
 }
