@@ -457,7 +457,7 @@ TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
  * - scores of many queries: a chunk of 16 cache rows is transposed once into work[hd][16] (one key per
  *   lane), then each query's 16 scores are hd broadcast-FMAs into one register, without horizontal sums;
  * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs. */
-enum { TRANSPOSE_MIN = 8, CONVERT_MIN = 8 };
+enum { TRANSPOSE_MIN = ENG_ATTN_MANY, CONVERT_MIN = 8 };
 #define TGT512VL __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline)) TGT512VL
 
@@ -638,30 +638,23 @@ TGT512 static void scores_transposed(const float *q, int32_t m, const float *kt,
         _mm512_mask_storeu_ps(s0 + 6 * (size_t)lds, mask, _mm512_mul_ps(a6, vs));
         _mm512_mask_storeu_ps(s0 + 7 * (size_t)lds, mask, _mm512_mul_ps(a7, vs));
     }
-    for (; i + 4 <= m; i += 4) {
-        const float *q0 = q + (size_t)i * hd;
+    for (; i < m; i += 4) { /* 4 at a time; fewer left: the last query repeated, its copies not stored */
+        const int32_t r = m - i < 4 ? m - i : 4;
+        const float *q0 = q + (size_t)i * hd, *q1 = q + (size_t)(i + (r > 1)) * hd;
+        const float *q2 = q + (size_t)(i + (r > 2 ? 2 : r - 1)) * hd, *q3 = q + (size_t)(i + r - 1) * hd;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int32_t d = 0; d < hd; d++) {
             const __m512 kv = _mm512_loadu_ps(kt + (size_t)d * 16);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[(size_t)hd + d]), kv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q0[2 * (size_t)hd + d]), kv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q0[3 * (size_t)hd + d]), kv, a3);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), kv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), kv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), kv, a3);
         }
         float *s0 = s + (size_t)i * lds;
         _mm512_mask_storeu_ps(s0, mask, _mm512_mul_ps(a0, vs));
-        _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
-        _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
-        _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
-    }
-    for (; i < m; i++) { /* two chains over even and odd d (hd is even) */
-        const float *q0 = q + (size_t)i * hd;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-        for (int32_t d = 0; d < hd; d += 2) {
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), _mm512_loadu_ps(kt + (size_t)d * 16), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d + 1]), _mm512_loadu_ps(kt + (size_t)(d + 1) * 16), a1);
-        }
-        _mm512_mask_storeu_ps(s + (size_t)i * lds, mask, _mm512_mul_ps(_mm512_add_ps(a0, a1), vs));
+        if (r > 1) _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
+        if (r > 2) _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
+        if (r > 3) _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
     }
 }
 
@@ -761,25 +754,24 @@ INLINE512 void accum_j_f32(float *o, int J, const float *p, int32_t ldp, const f
 INLINE512 void accum_j_f16(float *o, int J, const float *p, int32_t ldp, const uint16_t *v, int32_t n, int32_t hd) {
     ACCUM_J(LOADK_PTR_F16)
 }
-/* All m queries, 4 at a time (the remainder with J = m % 4; one query alone takes the one-query kernel,
- * which runs two accumulator sets). */
-#define ACCUM_TILE(FN, ONE)                                                                                      \
+/* All m queries, 4 at a time (the remainder with J = m % 4: the same operations for each query). */
+#define ACCUM_TILE(FN)                                                                                           \
     int32_t i = 0;                                                                                               \
     for (; i + 4 <= m; i += 4) FN(o + (size_t)i * hd, 4, p + (size_t)i * ldp, ldp, v, n, hd);                     \
     switch (m - i) {                                                                                             \
     case 3: FN(o + (size_t)i * hd, 3, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
     case 2: FN(o + (size_t)i * hd, 2, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
-    case 1: ONE(o + (size_t)i * hd, p + (size_t)i * ldp, v, n, hd); break;                                        \
+    case 1: FN(o + (size_t)i * hd, 1, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
     default: break;                                                                                              \
     }
 TGT512VL static void tile_accum_f32_avx512(float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
                                            int32_t hd) {
-    ACCUM_TILE(accum_j_f32, accum_f32_avx512)
+    ACCUM_TILE(accum_j_f32)
 }
 TGT512VL static void tile_accum_f16_avx512(float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v,
                                            int32_t n, int32_t hd, float *work) {
     if (m < CONVERT_MIN) {
-        ACCUM_TILE(accum_j_f16, accum_f16_avx512)
+        ACCUM_TILE(accum_j_f16)
         return;
     }
     for (int32_t t0 = 0; t0 < n; t0 += ENG_ATTN_CHUNK) {

@@ -48,8 +48,14 @@ void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, 
  * scores: s[i * lds + t] = scale * sum_d q[i][d] * K[t][d]   (i < m, t < n);
  * accum:  o[i][d] += sum_t p[i * ldp + t] * V[t][d].
  * work: scratch of ENG_ATTN_WORK(hd) floats, not overlapping the other arguments (unused by some levels).
- * Every level computes the same sums as the scalar kernels up to float rounding (summation order). */
-enum { ENG_ATTN_CHUNK = 16 }; /* cache rows the vector kernels convert or transpose at a time */
+ * Every level computes the same sums as the scalar kernels up to float rounding (summation order).
+ * Batch invariance: for a given level, hd and row data, a query's results do not depend on the other
+ * queries, except that the scores are summed in one of two orders, one for m < ENG_ATTN_MANY and one for
+ * m >= ENG_ATTN_MANY; accum results do not depend on m at all (bit for bit). */
+enum {
+    ENG_ATTN_CHUNK = 16, /* cache rows the vector kernels convert or transpose at a time */
+    ENG_ATTN_MANY = 8,   /* see batch invariance above */
+};
 #define ENG_ATTN_WORK(hd) ((size_t)ENG_ATTN_CHUNK * (size_t)(hd))
 void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
                               float *s, int32_t lds, float *work);

@@ -218,3 +218,51 @@ Test(ops, expsum_levels) {
         }
     }
 }
+
+/* Batch invariance (ops.h): a query's accumulated output is the same bit for bit whatever the other queries
+ * of the tile, and its scores too within a class (fewer than ENG_ATTN_MANY queries, or at least that many). */
+Test(ops, tile_batch_invariance) {
+    rng r = {0x5eed05};
+    cr_log_info("seed 0x5eed05");
+    static problem pr, one;
+    static float so[MAX_M * MAX_LD], oo[MAX_M * MAX_HD];
+    for (int iter = 0; iter < 200; iter++) {
+        int level = iter % (eng_ops_attn_level() + 1);
+        int hd = iter % 4 ? 16 * (1 + rng_int(&r, MAX_HD / 16)) : 2 + 2 * rng_int(&r, MAX_HD / 2);
+        make_problem(&pr, &r, 1 + rng_int(&r, MAX_M), 1 + rng_int(&r, MAX_N), hd);
+        const int m = pr.m, n = pr.n;
+        bool f16 = iter % 2;
+        reset_out(&pr, &r, s1, o1, NULL);
+        memset(o1, 0, sizeof(float) * (size_t)(m * hd));
+        if (f16) {
+            eng_attn_tile_scores_f16(level, pr.q, m, pr.kh, n, hd, pr.scale, s1, pr.lds, work);
+            eng_attn_tile_accum_f16(level, o1, m, pr.p, pr.ldp, pr.kh, n, hd, work);
+        } else {
+            eng_attn_tile_scores_f32(level, pr.q, m, pr.kf, n, hd, pr.scale, s1, pr.lds, work);
+            eng_attn_tile_accum_f32(level, o1, m, pr.p, pr.ldp, pr.kf, n, hd, work);
+        }
+        for (int i = 0; i < m; i++) {
+            /* query i first, then (for the many-query class) 7 other queries of the tile */
+            int mo = m < ENG_ATTN_MANY ? 1 + rng_int(&r, m) : ENG_ATTN_MANY + rng_int(&r, m - ENG_ATTN_MANY + 1);
+            one = pr;
+            one.m = mo;
+            for (int j = 0; j < mo; j++) {
+                int src = j == 0 ? i : rng_int(&r, m);
+                memcpy(one.q + j * hd, pr.q + src * hd, sizeof(float) * (size_t)hd);
+                memcpy(one.p + j * pr.ldp, pr.p + src * pr.ldp, sizeof(float) * (size_t)pr.ldp);
+            }
+            memset(oo, 0, sizeof(float) * (size_t)(mo * hd));
+            if (f16) {
+                eng_attn_tile_scores_f16(level, one.q, mo, pr.kh, n, hd, pr.scale, so, pr.lds, work);
+                eng_attn_tile_accum_f16(level, oo, mo, one.p, pr.ldp, pr.kh, n, hd, work);
+            } else {
+                eng_attn_tile_scores_f32(level, one.q, mo, pr.kf, n, hd, pr.scale, so, pr.lds, work);
+                eng_attn_tile_accum_f32(level, oo, mo, one.p, pr.ldp, pr.kf, n, hd, work);
+            }
+            cr_assert_eq(memcmp(so, s1 + i * pr.lds, sizeof(float) * (size_t)n), 0,
+                         "scores: level %d f16 %d m %d (vs %d) n %d hd %d query %d", level, f16, m, mo, n, hd, i);
+            cr_assert_eq(memcmp(oo, o1 + i * hd, sizeof(float) * (size_t)hd), 0,
+                         "accum: level %d f16 %d m %d (vs %d) n %d hd %d query %d", level, f16, m, mo, n, hd, i);
+        }
+    }
+}
