@@ -456,7 +456,10 @@ TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
  *   key chunk feeding 4 FMAs, then one 16-way reduction for the 16 dot products;
  * - scores of many queries: a chunk of 16 cache rows is transposed once into work[hd][16] (one key per
  *   lane), then each query's 16 scores are hd broadcast-FMAs into one register, without horizontal sums;
- * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs. */
+ * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs;
+ *   with many queries (m >= CONVERT_MIN) each 16-row chunk of f16 V is converted once into work first.
+ * Every query goes through the same operations whatever its group (remainders run fewer queries, or repeat
+ * one and drop the copies' results), which gives the batch invariance ops.h promises. */
 enum { TRANSPOSE_MIN = ENG_ATTN_MANY, CONVERT_MIN = 8 };
 #define TGT512VL __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline)) TGT512VL

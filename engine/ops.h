@@ -1,9 +1,9 @@
 /*
  * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, SiLU and the
- * attention dot/axpy kernels over KV-cache rows (f32 or f16). Each vector kernel has a scalar version and an
- * AVX2+FMA+F16C version; `simd` selects (eng_ops_simd_available says whether the CPU has it); the attention
- * kernels also have AVX-512 versions, selected by a level. Pure functions,
- * safe from any thread.
+ * attention kernels over KV-cache rows (f32 or f16): one-query dot/axpy, tiles of many queries (the forward
+ * pass's), and the softmax exponentials. Each vector kernel has a scalar version and an AVX2+FMA+F16C
+ * version; `simd` selects (eng_ops_simd_available says whether the CPU has it); the attention kernels also
+ * have AVX-512 versions, selected by a level. Pure functions, safe from any thread.
  */
 #ifndef KVSERVE_ENGINE_OPS_H
 #define KVSERVE_ENGINE_OPS_H
