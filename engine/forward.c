@@ -6,7 +6,11 @@
  *   1. residual add, RMSNorm, quantize the rows (split by rows; batches of <= SMALL_M rows: every thread
  *      does all rows into its own buffers, no barrier),
  *   2. Q/K/V products split by head units, then bias / q-k norm / RoPE / cache writes of the same heads,
- *   3. attention split by (row, head), each head's output quantized in place for wo,
+ *   3. attention split by units of (tile, KV head): a tile is up to tile_r rows of one sequence at
+ *      consecutive positions (a prefill run; a decode row is a tile of 1), and a unit computes all the query
+ *      heads sharing one KV head for all the tile's rows, so every K and V row it reads is loaded and
+ *      converted once for tile rows x heads queries; units are split across threads by their estimated cost;
+ *      each unit's output is quantized in place for wo,
  *   4. wo product (split by output rows), 5. as 1 with the FFN norm,
  *   6. gate/up products split by columns (whole blocks of w_down's activation format), silu(gate) * up and
  *      its quantization on the same columns, 7. w_down product.
@@ -30,6 +34,19 @@
 
 enum {
     MAX_GROUP = 3,
+    /* Attention tiles: at most ATT_MAX_Q queries (rows x heads of one KV head) per unit, at most ATT_MAX_R rows;
+     * fewer queries when their scores over the whole context would pass ATT_SCORES_BYTES per thread. */
+    ATT_MAX_Q = 48,
+    ATT_SCORES_BYTES = 4 << 20,
+    ATT_MAX_R = 16,
+    /* The cost of a unit is estimated as rows x heads x (positions read + ATT_UNIT_COST). */
+    ATT_UNIT_COST = 32,
+    /* A batch with fewer than ATT_MIN_UNITS units per thread splits the query heads of a KV head into smaller
+     * groups (single-sequence decode would otherwise have n_head_kv units for all the threads), as long as
+     * that leaves the results unchanged (plan_attention). */
+    ATT_MIN_UNITS = 2,
+    /* Blocks read ahead (prefetched) by an attention unit. */
+    ATT_PREFETCH = 2,
     /* Batches of at most SMALL_M rows: every thread normalizes and quantizes all rows itself (into its own
      * buffers) instead of splitting the rows and meeting at a barrier. */
     SMALL_M = 8,
@@ -43,7 +60,6 @@ struct eng_ctx {
     kvc_layout lay;
     eng_pool *pool;
     eng_simd_level simd;  /* gemm kernel level */
-    bool ops_simd;        /* AVX2 f32/f16 dot and axpy kernels */
     int attn_level;       /* attention kernel level (ENG_OPS_*) */
     eng_smp_kernels smp;  /* vectorized max and exp-sum, for the attention softmax */
     float *inv_freq;      /* [n_rot/2]: theta_i = pos * inv_freq[i] */
@@ -73,8 +89,28 @@ struct eng_ctx {
     void *xq_att;        /* [max_batch][xq_row_cap] the attention output quantized for wo */
     void *xq_ffn;        /* [max_batch][xq_row_cap] silu(gate) * up quantized for w_down */
     size_t xq_row_cap;
-    float *th_scores;    /* [n_threads][n_ctx] attention scores */
-    float *th_row;       /* [n_threads][head_dim] a dequantized cache row (q8_0) */
+    /* attention scratch, per thread */
+    int32_t att_q;       /* queries per attention unit at most: ATT_MAX_Q, less for long contexts */
+    float *th_scores;    /* [n_threads][att_q][n_ctx] scores, then softmax numerators, of a unit's queries */
+    float *th_q;         /* [n_threads][att_q][head_dim] a unit's queries (row-major: tile row, then head) */
+    float *th_o;         /* [n_threads][att_q][head_dim] their unnormalized outputs */
+    float *th_work;      /* [n_threads][ENG_ATTN_WORK(head_dim)] tile kernel scratch (converted K/V rows) */
+    float *th_kv;        /* [n_threads][kv_block_size][head_dim] dequantized cache rows (q8_0; one row in
+                            eng_seq_remove) */
+
+    /* attention units of the batch being run (planned in eng_decode): unit u is tile u / (n_head_kv * n_grp)
+     * with head group g = u % (n_head_kv * n_grp): KV head g / n_grp and its query heads from
+     * (g % n_grp) * grp_heads on (at most grp_heads of them). Tile-major, so that the units reading one
+     * sequence's blocks run one after the other. */
+    int32_t grp_max;     /* query heads per unit at most: min(n_head / n_head_kv, att_q) */
+    int32_t tile_r;      /* rows per tile: min(ATT_MAX_R, att_q / grp_max) */
+    int32_t grp_heads;   /* query heads per unit in this batch: grp_max, or fewer when there are few tiles */
+    int32_t n_grp;       /* head groups per KV head: ceil(n_head / n_head_kv / grp_heads) */
+    int32_t n_tiles;
+    int32_t *tile_rows;  /* [max_batch][ATT_MAX_R] batch rows of each tile: one sequence, consecutive positions */
+    int32_t *tile_len;   /* [max_batch] rows of each tile */
+    int32_t *seq_tile;   /* [max_seqs] the tile a sequence is filling while tiles are formed, else -1 */
+    int64_t *th_units;   /* [n_threads + 1] thread i runs units [th_units[i], th_units[i + 1]) */
 
     float *logits;       /* [logits_cap][n_vocab] */
     int32_t logits_cap;
@@ -142,7 +178,14 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->xq_att);
     free(c->xq_ffn);
     free(c->th_scores);
-    free(c->th_row);
+    free(c->th_q);
+    free(c->th_o);
+    free(c->th_work);
+    free(c->th_kv);
+    free(c->tile_rows);
+    free(c->tile_len);
+    free(c->seq_tile);
+    free(c->th_units);
     free(c->logits);
     free(c);
 }
@@ -181,7 +224,6 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->max_seqs = p.max_seqs;
     c->max_batch = p.max_batch_tokens;
     c->simd = eng_simd_detect();
-    c->ops_simd = eng_ops_simd_available();
     c->attn_level = eng_ops_attn_level();
     eng_smp_kernels_best(&c->smp);
     int rc = 0;
@@ -290,13 +332,30 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->xq_att = zalloc(MB, c->xq_row_cap);
     c->xq_ffn = zalloc(MB, c->xq_row_cap);
     if (!c->xq_att || !c->xq_ffn) goto nomem;
-    c->th_scores = zalloc((size_t)p.n_threads * (size_t)p.n_ctx, sizeof(float));
-    c->th_row = zalloc((size_t)p.n_threads * (size_t)hp->head_dim, sizeof(float));
+    size_t T = (size_t)p.n_threads, HD = (size_t)hp->head_dim;
+    int32_t G = hp->n_head / hp->n_head_kv;
+    size_t q_fit = ATT_SCORES_BYTES / ((size_t)p.n_ctx * sizeof(float));
+    c->att_q = q_fit < 1 ? 1 : q_fit < ATT_MAX_Q ? (int32_t)q_fit : ATT_MAX_Q;
+    c->grp_max = G < c->att_q ? G : c->att_q;
+    c->tile_r = c->att_q / c->grp_max < ATT_MAX_R ? c->att_q / c->grp_max : ATT_MAX_R;
+    c->th_scores = zalloc(T * (size_t)c->att_q * (size_t)p.n_ctx, sizeof(float));
+    c->th_q = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
+    c->th_o = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
+    c->th_work = zalloc(T * ENG_ATTN_WORK(HD), sizeof(float));
+    c->th_kv = zalloc(T * (size_t)p.kv_block_size * HD, sizeof(float));
+    c->tile_rows = zalloc(MB * ATT_MAX_R, sizeof *c->tile_rows);
+    c->tile_len = zalloc(MB, sizeof *c->tile_len);
+    c->seq_tile = zalloc((size_t)p.max_seqs, sizeof *c->seq_tile);
+    c->th_units = zalloc(T + 1, sizeof *c->th_units);
+    if (!c->th_q || !c->th_o || !c->th_work || !c->th_kv || !c->tile_rows || !c->tile_len || !c->seq_tile ||
+        !c->th_units)
+        goto nomem;
+    for (int32_t i = 0; i < p.max_seqs; i++) c->seq_tile[i] = -1;
     c->logits_cap = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
     c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
     if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||
         !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->gate || !c->up || !c->th_scores ||
-        !c->th_row || !c->logits)
+        !c->logits)
         goto nomem;
     rc = eng_pool_create(p.n_threads, &c->pool);
     if (rc != 0) goto nomem;
@@ -391,54 +450,117 @@ static void load_row(const kvc_layout *lay, float *dst, const void *src, int32_t
     }
 }
 
-/* Attention of batch row r, query head h, in layer l: softmax(q K^T / sqrt(hd)) V over positions 0..pos[r]
- * of the row's sequence, read block by block through its block table. */
-static void attend(eng_ctx *c, int32_t l, int32_t r, int32_t h, int ith) {
+/* Quantizes n values of src to type at value offset j0 (a multiple of the type's block size) of row r of a
+ * quantized buffer whose rows hold k values. */
+static void quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n) {
+    const eng_qtype_info *qi = eng_qtype_get(type);
+    char *row = (char *)buf + (size_t)r * eng_qtype_row_bytes(type, k);
+    eng_quantize_row(type, src, row + (size_t)(j0 / qi->block_elems) * (size_t)qi->block_bytes, n);
+}
+
+/* Asks the CPU to start loading n cache rows at p (the block after next of a KV head, while this one is
+ * computed: a unit reads each block once, so the rows would otherwise arrive only when the kernels need
+ * them). */
+static void prefetch_rows(const eng_ctx *c, const char *p, int32_t n) {
+    size_t bytes = (size_t)n * c->lay.row_bytes;
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+}
+
+/* Scores of the m queries q[m][hd] against the nt cache rows at kb (one block of one KV head's K), written to
+ * s[i * lds + t]. */
+static void tile_scores(eng_ctx *c, const float *q, int32_t m, const char *kb, int32_t nt, float scale, float *s,
+                        int32_t lds, int ith) {
+    const kvc_layout *lay = &c->lay;
+    int32_t hd = c->hp->head_dim;
+    float *work = c->th_work + (size_t)ith * ENG_ATTN_WORK(hd);
+    if (lay->dtype == KVC_DTYPE_F16) {
+        eng_attn_tile_scores_f16(c->attn_level, q, m, (const uint16_t *)kb, nt, hd, scale, s, lds, work);
+    } else if (lay->dtype == KVC_DTYPE_F32) {
+        eng_attn_tile_scores_f32(c->attn_level, q, m, (const float *)kb, nt, hd, scale, s, lds, work);
+    } else { /* Q8_0 rows: the block dequantized first */
+        float *rows = c->th_kv + (size_t)ith * lay->block_size * hd;
+        for (int32_t t = 0; t < nt; t++)
+            eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)t * lay->row_bytes, rows + (size_t)t * hd, hd);
+        eng_attn_tile_scores_f32(c->attn_level, q, m, rows, nt, hd, scale, s, lds, work);
+    }
+}
+
+/* o[i] += sum_t p[i * ldp + t] V[t] over the nt cache rows at vb (one block of one KV head's V). */
+static void tile_accum(eng_ctx *c, float *o, int32_t m, const float *p, int32_t ldp, const char *vb, int32_t nt,
+                       int ith) {
+    const kvc_layout *lay = &c->lay;
+    int32_t hd = c->hp->head_dim;
+    float *work = c->th_work + (size_t)ith * ENG_ATTN_WORK(hd);
+    if (lay->dtype == KVC_DTYPE_F16) {
+        eng_attn_tile_accum_f16(c->attn_level, o, m, p, ldp, (const uint16_t *)vb, nt, hd, work);
+    } else if (lay->dtype == KVC_DTYPE_F32) {
+        eng_attn_tile_accum_f32(c->attn_level, o, m, p, ldp, (const float *)vb, nt, hd, work);
+    } else {
+        float *rows = c->th_kv + (size_t)ith * lay->block_size * hd;
+        for (int32_t t = 0; t < nt; t++)
+            eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)t * lay->row_bytes, rows + (size_t)t * hd, hd);
+        eng_attn_tile_accum_f32(c->attn_level, o, m, p, ldp, rows, nt, hd, work);
+    }
+}
+
+/* Attention unit u in layer l (see the unit fields of eng_ctx): for each row r of the tile and each query
+ * head h of the group, softmax(q K^T / sqrt(hd)) V over positions 0..pos[r] of the tile's sequence, read
+ * block by block through its block table; every block is read once for all rows x heads of the unit (rows
+ * of the tile read up to the last row's position, positions past a row's own are masked out). The scores
+ * are kept for the whole context (two-pass softmax: max, then the exponentials and their sum). With
+ * wo_type >= 0, each row's outputs of the group's heads are quantized for wo at once. */
+static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) {
     const eng_hparams *hp = c->hp;
     const kvc_layout *lay = &c->lay;
-    int32_t hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv), bs = lay->block_size;
-    int32_t qd = hp->n_head * hd;
-    const float *q = c->q + (size_t)r * qd + (size_t)h * hd;
-    float *o = c->att + (size_t)r * qd + (size_t)h * hd;
-    float *scores = c->th_scores + (size_t)ith * c->n_ctx;
-    float *scratch = c->th_row + (size_t)ith * hd;
-    const int32_t *blocks = c->row_blocks[r];
-    int32_t len = c->batch->pos[r] + 1;
-    float scale = 1.0f / sqrtf((float)hd);
+    const int32_t hd = hp->head_dim, bs = lay->block_size, G = hp->n_head / hp->n_head_kv;
+    const int32_t qd = hp->n_head * hd, lds = c->n_ctx;
+    const int64_t n_g = (int64_t)hp->n_head_kv * c->n_grp;
+    const int32_t tile = (int32_t)(u / n_g), grp = (int32_t)(u % n_g);
+    const int32_t kvh = grp / c->n_grp, g0 = grp % c->n_grp * c->grp_heads;
+    const int32_t gs = G - g0 < c->grp_heads ? G - g0 : c->grp_heads, h0 = kvh * G + g0;
+    const int32_t *rows = c->tile_rows + (size_t)tile * ATT_MAX_R;
+    const int32_t nr = c->tile_len[tile], m = nr * gs;
+    const int32_t *pos = c->batch->pos, *blocks = c->row_blocks[rows[0]];
+    const int32_t len = pos[rows[nr - 1]] + 1; /* positions the tile reads */
+    float *q = c->th_q + (size_t)ith * c->att_q * hd, *o = c->th_o + (size_t)ith * c->att_q * hd;
+    float *scores = c->th_scores + (size_t)ith * c->att_q * lds;
+    const float scale = 1.0f / sqrtf((float)hd);
     const char *kbase = (const char *)lay->base + (size_t)(2 * l) * lay->layer_bytes + (size_t)kvh * lay->head_stride;
     const char *vbase = kbase + lay->layer_bytes;
 
-    float mx;
+    for (int32_t r = 0; r < nr; r++) /* query i = r * gs + g */
+        memcpy(q + (size_t)r * gs * hd, c->q + (size_t)rows[r] * qd + (size_t)h0 * hd, (size_t)gs * hd * sizeof *q);
+    const int32_t nb = (len + bs - 1) / bs;
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
-        const char *kb = kbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        float *st = scores + t0;
-        if (lay->dtype == KVC_DTYPE_F16) eng_attn_scores_f16(c->attn_level, q, (const uint16_t *)kb, nt, hd, scale, st);
-        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_scores_f32(c->attn_level, q, (const float *)kb, nt, hd, scale, st);
-        else
-            for (int32_t o2 = 0; o2 < nt; o2++) { /* Q8_0 rows: dequantized one at a time */
-                eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)o2 * lay->row_bytes, scratch, hd);
-                st[o2] = eng_dot_f32(c->ops_simd, q, scratch, hd) * scale;
-            }
+        if (bi + ATT_PREFETCH < nb) prefetch_rows(c, kbase + (size_t)blocks[bi + ATT_PREFETCH] * lay->block_stride, bs);
+        tile_scores(c, q, m, kbase + (size_t)blocks[bi] * lay->block_stride, nt, scale, scores + t0, lds, ith);
     }
-    /* Softmax numerators in place with the vectorized exp (relative error < 3.6e-7; one exp per cached
-     * position, per head and layer, is the largest cost of attention over long contexts). */
-    mx = c->smp.max(scores, len);
-    float sum = (float)c->smp.expsum(scores, len, mx, 1.0f, scores);
-    memset(o, 0, (size_t)hd * sizeof *o);
+    /* Softmax numerators in place (one exp per position and query: a large part of the cost over long
+     * contexts, hence the vector kernel); positions past a row's own get weight 0. */
+    float inv[ATT_MAX_Q];
+    for (int32_t i = 0; i < m; i++) {
+        float *s = scores + (size_t)i * lds;
+        int32_t n = pos[rows[i / gs]] + 1;
+        float mx = c->smp.max(s, n);
+        inv[i] = 1.0f / (float)eng_attn_expsum(c->attn_level, s, n, mx);
+        if (n < len) memset(s + n, 0, (size_t)(len - n) * sizeof *s);
+    }
+    memset(o, 0, (size_t)m * hd * sizeof *o);
     for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
-        const char *vb = vbase + (size_t)blocks[bi] * lay->block_stride;
         int32_t nt = len - t0 < bs ? len - t0 : bs;
-        if (lay->dtype == KVC_DTYPE_F16) eng_attn_accum_f16(c->attn_level, o, scores + t0, (const uint16_t *)vb, nt, hd);
-        else if (lay->dtype == KVC_DTYPE_F32) eng_attn_accum_f32(c->attn_level, o, scores + t0, (const float *)vb, nt, hd);
-        else
-            for (int32_t o2 = 0; o2 < nt; o2++) {
-                eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)o2 * lay->row_bytes, scratch, hd);
-                eng_axpy_f32(c->ops_simd, o, scores[t0 + o2], scratch, hd);
-            }
+        if (bi + ATT_PREFETCH < nb) prefetch_rows(c, vbase + (size_t)blocks[bi + ATT_PREFETCH] * lay->block_stride, bs);
+        tile_accum(c, o, m, scores + t0, lds, vbase + (size_t)blocks[bi] * lay->block_stride, nt, ith);
     }
-    float inv = 1.0f / sum;
-    for (int32_t i = 0; i < hd; i++) o[i] *= inv;
+    for (int32_t r = 0; r < nr; r++) {
+        float *out = c->att + (size_t)rows[r] * qd + (size_t)h0 * hd;
+        for (int32_t g = 0; g < gs; g++) {
+            const float *oi = o + (size_t)(r * gs + g) * hd;
+            float f = inv[r * gs + g];
+            for (int32_t d = 0; d < hd; d++) out[(size_t)g * hd + d] = oi[d] * f;
+        }
+        if (wo_type >= 0) quantize_part((uint32_t)wo_type, qd, out, c->xq_att, rows[r], (int64_t)h0 * hd, (int64_t)gs * hd);
+    }
 }
 
 /* Post-processing of head unit u of row r, u in [0, n_head + 2 n_head_kv): u < n_head: Q head u (bias, q norm,
@@ -489,14 +611,6 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     }
     for (int64_t u = ub; u < ue; u++)
         for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
-}
-
-/* Quantizes n values of src to type at value offset j0 (a multiple of the type's block size) of row r of a
- * quantized buffer whose rows hold k values. */
-static void quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n) {
-    const eng_qtype_info *qi = eng_qtype_get(type);
-    char *row = (char *)buf + (size_t)r * eng_qtype_row_bytes(type, k);
-    eng_quantize_row(type, src, row + (size_t)(j0 / qi->block_elems) * (size_t)qi->block_bytes, n);
 }
 
 static void rope_angles(const eng_ctx *c, float *cs, double pos) {
@@ -570,17 +684,12 @@ static void forward_worker(void *arg, int ith, int nth) {
         qkv_part(c, ly, l, xq_in, m, ith, nth);
         eng_pool_barrier(c->pool);
 
-        /* attention by (row, head); each head's output is quantized for wo at once when a head is a whole
-         * number of the activation format's blocks */
+        /* attention by units (tile, KV head group), split by estimated cost (eng_decode planned them); the
+         * output of a unit is quantized for wo at once when a head is a whole number of the activation
+         * format's blocks */
         bool fuse_wo = hd % wo_in->block_elems == 0;
-        int64_t tb, te;
-        split(m * hp->n_head, ith, nth, &tb, &te);
-        for (int64_t t = tb; t < te; t++) {
-            int32_t r = (int32_t)(t / hp->n_head), h = (int32_t)(t % hp->n_head);
-            attend(c, l, r, h, ith);
-            if (fuse_wo)
-                quantize_part(ly->wo.dot_type, QD, c->att + r * QD + h * hd, c->xq_att, r, h * hd, hd);
-        }
+        for (int64_t u = c->th_units[ith]; u < c->th_units[ith + 1]; u++)
+            attend_unit(c, l, u, fuse_wo ? (int)ly->wo.dot_type : -1, ith);
         eng_pool_barrier(c->pool);
         if (!fuse_wo) {
             for (int64_t r = rb; r < re; r++) quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
@@ -628,6 +737,69 @@ static void forward_worker(void *arg, int ith, int nth) {
     gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out, ith, nth);
 }
 
+/* The estimated cost of attention unit u (see attend_unit): rows x heads x (positions read + a constant). */
+static int64_t unit_cost(const eng_ctx *c, const eng_batch *b, int64_t u) {
+    const int32_t G = c->hp->n_head / c->hp->n_head_kv;
+    const int64_t n_g = (int64_t)c->hp->n_head_kv * c->n_grp;
+    const int32_t t = (int32_t)(u / n_g), g0 = (int32_t)(u % n_g % c->n_grp) * c->grp_heads;
+    const int32_t gs = G - g0 < c->grp_heads ? G - g0 : c->grp_heads, nr = c->tile_len[t];
+    return (int64_t)nr * gs * (b->pos[c->tile_rows[(size_t)t * ATT_MAX_R + nr - 1]] + 1 + ATT_UNIT_COST);
+}
+
+/* Forms the attention tiles of batch b (rows of one sequence in batch order have consecutive positions;
+ * they are cut into tiles of up to tile_r rows, wherever they sit in the batch), picks the query heads per
+ * unit, and splits the units (n_head_kv * n_grp per tile) across the threads by cost: each thread gets a
+ * contiguous range of units holding about 1/nth of the total (unit_cost). */
+static void plan_attention(eng_ctx *c, const eng_batch *b) {
+    int32_t nt = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        int32_t s = b->seq[i], t = c->seq_tile[s];
+        if (t < 0 || c->tile_len[t] == c->tile_r ||
+            b->pos[c->tile_rows[(size_t)t * ATT_MAX_R + c->tile_len[t] - 1]] + 1 != b->pos[i]) {
+            t = nt++;
+            c->tile_len[t] = 0;
+            c->seq_tile[s] = t;
+        }
+        c->tile_rows[(size_t)t * ATT_MAX_R + c->tile_len[t]++] = i;
+    }
+    for (int32_t i = 0; i < b->n; i++) c->seq_tile[b->seq[i]] = -1;
+    c->n_tiles = nt;
+
+    /* Smaller head groups only when every tile's queries stay in the same class of the tile kernels (fewer
+     * than ENG_ATTN_MANY or not): a query's result is then the same bit for bit (ops.h), so batch
+     * composition does not change any sequence's logits. */
+    const int32_t G = c->hp->n_head / c->hp->n_head_kv;
+    const int64_t nth = c->n_threads;
+    int32_t gh = c->grp_max;
+    while (gh > 1 && (int64_t)nt * c->hp->n_head_kv * ((G + gh - 1) / gh) < ATT_MIN_UNITS * nth) {
+        int32_t next = (gh + 1) / 2;
+        /* group sizes: gh (or next), and the last group's, which may be smaller */
+        int32_t sz[4] = {c->grp_max, G - (G + c->grp_max - 1) / c->grp_max * c->grp_max + c->grp_max, next,
+                         G - (G + next - 1) / next * next + next};
+        bool same = true;
+        for (int32_t t = 0; t < nt && same; t++)
+            for (int j = 1; j < 4; j++)
+                same = same && (c->tile_len[t] * sz[j] < ENG_ATTN_MANY) == (c->tile_len[t] * sz[0] < ENG_ATTN_MANY);
+        if (!same) break;
+        gh = next;
+    }
+    c->grp_heads = gh;
+    c->n_grp = (G + gh - 1) / gh;
+
+    const int64_t n_units = (int64_t)nt * c->hp->n_head_kv * c->n_grp;
+    int64_t total = 0;
+    for (int64_t u = 0; u < n_units; u++) total += unit_cost(c, b, u);
+    int64_t acc = 0, th = 1;
+    c->th_units[0] = 0;
+    for (int64_t u = 0; u < n_units; u++) {
+        int64_t cost = unit_cost(c, b, u);
+        /* the unit goes to the thread whose share holds the middle of its cost */
+        while (th < nth && (2 * acc + cost) * nth >= 2 * total * th) c->th_units[th++] = u;
+        acc += cost;
+    }
+    while (th <= nth) c->th_units[th++] = n_units;
+}
+
 static int map_kvc(int rc) {
     switch (rc) {
     case KVC_OK: return ENG_OK;
@@ -660,6 +832,7 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     c->batch = b;
     c->m = b->n;
     c->n_logits = n_logits;
+    plan_attention(c, b);
     eng_pool_run(c->pool, forward_worker, c);
     c->batch = NULL;
     rc = kvc_finish_forward(c->cache, true);
@@ -692,7 +865,7 @@ int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
     const int32_t *blocks;
     int32_t nb, len;
     if (kvc_block_table(c->cache, seq, &blocks, &nb, &len) != 0) return ENG_ERR_KV;
-    float *cs = c->rope_cs, *row = c->th_row; /* scratch outside a decode */
+    float *cs = c->rope_cs, *row = c->th_kv; /* scratch outside a decode */
     rope_angles(c, cs, (double)sh.delta);
     int32_t bs = c->lay.block_size;
     for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len; p++) {

@@ -1,9 +1,10 @@
-/* ops.c: f32 kernels of the forward pass, scalar and AVX2+FMA+F16C. */
+/* ops.c: f32 kernels of the forward pass, scalar, AVX2+FMA+F16C and (attention) AVX-512. */
 #include "engine/ops.h"
 
 #include <math.h>
 
 #include "engine/quant.h"
+#include "engine/sampler_kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -56,6 +57,37 @@ static void axpy_f32_scalar(float *y, float s, const float *x, int32_t n) {
 }
 static void axpy_f16_scalar(float *y, float s, const uint16_t *x, int32_t n) {
     for (int32_t i = 0; i < n; i++) y[i] += s * eng_fp16_to_f32(x[i]);
+}
+
+/* Tile kernels, scalar: the reference the vector versions are tested against (same per-row operations as
+ * the one-query kernels: a dot product then the scale; one axpy per cache row). */
+static void tile_scores_f32_scalar(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                                   float *s, int32_t lds) {
+    for (int32_t i = 0; i < m; i++)
+        for (int32_t t = 0; t < n; t++)
+            s[(size_t)i * lds + t] = dot_f32_scalar(q + (size_t)i * hd, k + (size_t)t * hd, hd) * scale;
+}
+static void tile_scores_f16_scalar(const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd, float scale,
+                                   float *s, int32_t lds) {
+    for (int32_t i = 0; i < m; i++)
+        for (int32_t t = 0; t < n; t++)
+            s[(size_t)i * lds + t] = dot_f16_scalar(q + (size_t)i * hd, k + (size_t)t * hd, hd) * scale;
+}
+static void tile_accum_f32_scalar(float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                                  int32_t hd) {
+    for (int32_t i = 0; i < m; i++)
+        for (int32_t t = 0; t < n; t++) axpy_f32_scalar(o + (size_t)i * hd, p[(size_t)i * ldp + t], v + (size_t)t * hd, hd);
+}
+static void tile_accum_f16_scalar(float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
+                                  int32_t hd) {
+    for (int32_t i = 0; i < m; i++)
+        for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o + (size_t)i * hd, p[(size_t)i * ldp + t], v + (size_t)t * hd, hd);
+}
+
+static double expsum_scalar(float *s, int32_t n, float mx) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += (s[i] = eng_smp_exp(s[i] - mx));
+    return sum;
 }
 
 #ifdef HAVE_X86
@@ -217,6 +249,89 @@ TGT static void accum_f16_avx2(float *o, const float *p, const uint16_t *v, int3
         for (int32_t t = 0; t < n; t++) o[c0] += p[t] * eng_fp16_to_f32(v[(size_t)t * hd + c0]);
 }
 
+/* Tile kernels, AVX2: a chunk of f16 cache rows is converted once into `work` and then serves every query
+ * of the tile (the f16 conversion is shared by the tile's queries). */
+TGT static void cvt_f16_avx2(const uint16_t *x, int32_t n, float *y) {
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = eng_fp16_to_f32(x[i]);
+}
+TGT static void tile_scores_f32_avx2(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                                     float *s, int32_t lds) {
+    for (int32_t i = 0; i < m; i++) scores_f32_avx2(q + (size_t)i * hd, k, n, hd, scale, s + (size_t)i * lds);
+}
+TGT static void tile_scores_f16_avx2(const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd, float scale,
+                                     float *s, int32_t lds, float *work) {
+    if (m == 1) {
+        scores_f16_avx2(q, k, n, hd, scale, s);
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += ENG_ATTN_CHUNK) {
+        int32_t nt = n - t0 < ENG_ATTN_CHUNK ? n - t0 : ENG_ATTN_CHUNK;
+        cvt_f16_avx2(k + (size_t)t0 * hd, nt * hd, work);
+        tile_scores_f32_avx2(q, m, work, nt, hd, scale, s + t0, lds);
+    }
+}
+TGT static void tile_accum_f32_avx2(float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                                    int32_t hd) {
+    for (int32_t i = 0; i < m; i++) accum_f32_avx2(o + (size_t)i * hd, p + (size_t)i * ldp, v, n, hd);
+}
+TGT static void tile_accum_f16_avx2(float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
+                                    int32_t hd, float *work) {
+    if (m == 1) {
+        accum_f16_avx2(o, p, v, n, hd);
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += ENG_ATTN_CHUNK) {
+        int32_t nt = n - t0 < ENG_ATTN_CHUNK ? n - t0 : ENG_ATTN_CHUNK;
+        cvt_f16_avx2(v + (size_t)t0 * hd, nt * hd, work);
+        tile_accum_f32_avx2(o, m, p + t0, ldp, work, nt, hd);
+    }
+}
+
+/* The softmax exponentials with FMA: eng_smp_exp's range reduction and polynomial (Cephes expf), the same
+ * constants, each mul + add fused (so within about 1 ulp of the scalar, not bit-exact), sums in double. */
+#define EXP_LO_F (-87.3365478515625f) /* below: 0 (the result would be denormal) */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_P0 1.9875691500E-4f
+#define EXP_P1 1.3981999507E-3f
+#define EXP_P2 8.3334519073E-3f
+#define EXP_P3 4.1665795894E-2f
+#define EXP_P4 1.6666665459E-1f
+#define EXP_P5 5.0000001201E-1f
+TGT static __m256 exp8_fma(__m256 x) { /* x <= 0 or NaN */
+    const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO_F), _CMP_GE_OQ); /* false for NaN */
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO_F));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), valid);
+}
+TGT static double expsum_avx2(float *s, int32_t n, float mx) {
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8_fma(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        _mm256_storeu_ps(s + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+    double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    return sum + expsum_scalar(s + i, n - i, mx);
+}
+
 /* ---- AVX-512: 16 values per instruction; head sizes that are multiples of 16 ---------------------------- */
 #define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
 /* The sum of v's 16 lanes folded to 8 (lane i + lane i + 8), for reduce8. */
@@ -307,6 +422,368 @@ TGT512 static void accum_f32_avx512(float *o, const float *p, const float *v, in
 TGT512 static void accum_f16_avx512(float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
     ACCUM_512(LOADV512_F16)
 }
+
+/* exp8_fma sixteen at a time; 2^n applied with scalef, the tail with masks. */
+TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int32_t i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), vm);
+        const __mmask16 valid = _mm512_mask_cmp_ps_mask(live, x, _mm512_set1_ps(EXP_LO_F), _CMP_GE_OQ);
+        x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO_F));
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
+        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+        const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        const __m512 e = _mm512_maskz_mov_ps(valid, _mm512_scalef_ps(y, k));
+        _mm512_mask_storeu_ps(s + i, live, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
+/* Tile kernels, AVX-512 (head sizes that are multiples of 16). On the CPUs this was tuned on (Zen 4), an
+ * f16 -> f32 conversion of 16 values and a 16-float store each take about two FMA slots, so the kernels
+ * convert a cache row once and use it from registers for several queries:
+ * - scores of few queries (m < TRANSPOSE_MIN): 4 queries x 4 keys per step, 16 accumulators, each converted
+ *   key chunk feeding 4 FMAs, then one 16-way reduction for the 16 dot products;
+ * - scores of many queries: a chunk of 16 cache rows is transposed once into work[hd][16] (one key per
+ *   lane), then each query's 16 scores are hd broadcast-FMAs into one register, without horizontal sums;
+ * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs;
+ *   with many queries (m >= CONVERT_MIN) each 16-row chunk of f16 V is converted once into work first.
+ * Every query goes through the same operations whatever its group (remainders run fewer queries, or repeat
+ * one and drop the copies' results), which gives the batch invariance ops.h promises. */
+enum { TRANSPOSE_MIN = ENG_ATTN_MANY, CONVERT_MIN = 8 };
+#define TGT512VL __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+#define INLINE512 static inline __attribute__((always_inline)) TGT512VL
+
+/* [sum(x0), ..., sum(x15)]: pairs of inputs share a register after each of 4 stages (unpack ps, unpack pd,
+ * then two exchanges of 128-bit lanes), so that lane i ends up holding the full sum of xi. */
+INLINE512 __m512 reduce16(__m512 x0, __m512 x1, __m512 x2, __m512 x3, __m512 x4, __m512 x5, __m512 x6, __m512 x7,
+                          __m512 x8, __m512 x9, __m512 x10, __m512 x11, __m512 x12, __m512 x13, __m512 x14,
+                          __m512 x15) {
+#define RPS(a, b) _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+#define RPD(a, b)                                                                                                \
+    _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),                 \
+                  _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))))
+#define RLN(a, b) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
+    /* per 128-bit lane: y holds 2 partial sums of each input of its pair, z one of each of its 4 inputs */
+    const __m512 z0 = RPD(RPS(x0, x1), RPS(x2, x3)), z1 = RPD(RPS(x4, x5), RPS(x6, x7));
+    const __m512 z2 = RPD(RPS(x8, x9), RPS(x10, x11)), z3 = RPD(RPS(x12, x13), RPS(x14, x15));
+    return RLN(RLN(z0, z1), RLN(z2, z3));
+#undef RPS
+#undef RPD
+#undef RLN
+}
+
+/* Scores of J <= 4 queries (q + j * hd) against the 4 keys k0..k3 (hd values each): lane 4j + i of the
+ * result = q_j . k_i (lanes of queries j >= J are 0). LOADK(ptr) loads 16 values as floats. */
+#define DOT4X4(LOADK)                                                                                            \
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,          \
+           a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;    \
+    for (int32_t c = 0; c < hd; c += 16) {                                                                       \
+        const __m512 k0 = LOADK(k0p + c), k1 = LOADK(k1p + c), k2 = LOADK(k2p + c), k3 = LOADK(k3p + c);        \
+        __m512 qv = _mm512_loadu_ps(q + c);                                                                      \
+        a00 = _mm512_fmadd_ps(qv, k0, a00), a01 = _mm512_fmadd_ps(qv, k1, a01);                                  \
+        a02 = _mm512_fmadd_ps(qv, k2, a02), a03 = _mm512_fmadd_ps(qv, k3, a03);                                  \
+        if (J > 1) {                                                                                             \
+            qv = _mm512_loadu_ps(q + (size_t)hd + c);                                                            \
+            a10 = _mm512_fmadd_ps(qv, k0, a10), a11 = _mm512_fmadd_ps(qv, k1, a11);                              \
+            a12 = _mm512_fmadd_ps(qv, k2, a12), a13 = _mm512_fmadd_ps(qv, k3, a13);                              \
+        }                                                                                                        \
+        if (J > 2) {                                                                                             \
+            qv = _mm512_loadu_ps(q + 2 * (size_t)hd + c);                                                        \
+            a20 = _mm512_fmadd_ps(qv, k0, a20), a21 = _mm512_fmadd_ps(qv, k1, a21);                              \
+            a22 = _mm512_fmadd_ps(qv, k2, a22), a23 = _mm512_fmadd_ps(qv, k3, a23);                              \
+        }                                                                                                        \
+        if (J > 3) {                                                                                             \
+            qv = _mm512_loadu_ps(q + 3 * (size_t)hd + c);                                                        \
+            a30 = _mm512_fmadd_ps(qv, k0, a30), a31 = _mm512_fmadd_ps(qv, k1, a31);                              \
+            a32 = _mm512_fmadd_ps(qv, k2, a32), a33 = _mm512_fmadd_ps(qv, k3, a33);                              \
+        }                                                                                                        \
+    }                                                                                                            \
+    return reduce16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
+#define LOADK_PTR_F32(p) _mm512_loadu_ps(p)
+#define LOADK_PTR_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+INLINE512 __m512 dot4x4_f32(const float *q, int J, const float *k0p, const float *k1p, const float *k2p,
+                            const float *k3p, int32_t hd) {
+    DOT4X4(LOADK_PTR_F32)
+}
+INLINE512 __m512 dot4x4_f16(const float *q, int J, const uint16_t *k0p, const uint16_t *k1p, const uint16_t *k2p,
+                            const uint16_t *k3p, int32_t hd) {
+    DOT4X4(LOADK_PTR_F16)
+}
+
+/* Scores of J <= 4 queries against all n keys, 4 keys per step (the last step repeats the last key and
+ * stores only the valid lanes). */
+#define SCORES_J(DOT)                                                                                            \
+    const __m512 vs = _mm512_set1_ps(scale);                                                                     \
+    for (int32_t t = 0; t < n; t += 4) {                                                                         \
+        const int32_t nk = n - t < 4 ? n - t : 4;                                                                \
+        const size_t r0 = (size_t)t * hd, r1 = (size_t)(t + (nk > 1)) * hd, r2 = (size_t)(t + (nk > 2 ? 2 : nk - 1)) * hd, \
+                     r3 = (size_t)(t + nk - 1) * hd;                                                             \
+        const __m512 r = _mm512_mul_ps(DOT(q, J, k + r0, k + r1, k + r2, k + r3, hd), vs);                       \
+        const __mmask8 mk = (__mmask8)((1u << nk) - 1u);                                                         \
+        _mm_mask_storeu_ps(s + t, mk, _mm512_castps512_ps128(r));                                                \
+        if (J > 1) _mm_mask_storeu_ps(s + (size_t)lds + t, mk, _mm512_extractf32x4_ps(r, 1));                    \
+        if (J > 2) _mm_mask_storeu_ps(s + 2 * (size_t)lds + t, mk, _mm512_extractf32x4_ps(r, 2));                \
+        if (J > 3) _mm_mask_storeu_ps(s + 3 * (size_t)lds + t, mk, _mm512_extractf32x4_ps(r, 3));                \
+    }
+INLINE512 void scores_j_f32(const float *q, int J, const float *k, int32_t n, int32_t hd, float scale, float *s,
+                            int32_t lds) {
+    SCORES_J(dot4x4_f32)
+}
+INLINE512 void scores_j_f16(const float *q, int J, const uint16_t *k, int32_t n, int32_t hd, float scale, float *s,
+                            int32_t lds) {
+    SCORES_J(dot4x4_f16)
+}
+/* Scores of m queries, 4 at a time (the remainder with J = m % 4). */
+#define SCORES_FEW(FN)                                                                                           \
+    int32_t i = 0;                                                                                               \
+    for (; i + 4 <= m; i += 4) FN(q + (size_t)i * hd, 4, k, n, hd, scale, s + (size_t)i * lds, lds);              \
+    switch (m - i) {                                                                                             \
+    case 3: FN(q + (size_t)i * hd, 3, k, n, hd, scale, s + (size_t)i * lds, lds); break;                          \
+    case 2: FN(q + (size_t)i * hd, 2, k, n, hd, scale, s + (size_t)i * lds, lds); break;                          \
+    case 1: FN(q + (size_t)i * hd, 1, k, n, hd, scale, s + (size_t)i * lds, lds); break;                          \
+    default: break;                                                                                              \
+    }
+TGT512VL static void scores_few_f32(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                                    float *s, int32_t lds) {
+    SCORES_FEW(scores_j_f32)
+}
+TGT512VL static void scores_few_f16(const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd, float scale,
+                                    float *s, int32_t lds) {
+    SCORES_FEW(scores_j_f16)
+}
+
+/* Transposes 16 rows of 16 floats (cache rows t = 0..15, loaded by LOADROW(t) for t < nt, zero past nt)
+ * into out[j * 16 + t] = row t, value j: unpack pairs of rows, shuffle to groups of 4 rows, then exchange
+ * 128-bit lanes twice. Straight-line code, so that everything stays in registers. */
+#define TR_LOAD(t) const __m512 r##t = (t) < nt ? LOADROW(t) : _mm512_setzero_ps()
+#define TR_UNPACK(a, b) const __m512 t##a = _mm512_unpacklo_ps(r##a, r##b), t##b = _mm512_unpackhi_ps(r##a, r##b)
+/* rows 4g..4g+3 (pairs a,b = 4g,4g+1 and c,d = 4g+2,4g+3): u[4g + j] holds value j of each 128-bit lane */
+#define TR_SHUF(a, b, c, d)                                                                                     \
+    const __m512 u##a = _mm512_shuffle_ps(t##a, t##c, 0x44), u##b = _mm512_shuffle_ps(t##a, t##c, 0xEE),         \
+                 u##c = _mm512_shuffle_ps(t##b, t##d, 0x44), u##d = _mm512_shuffle_ps(t##b, t##d, 0xEE)
+/* 128-bit lanes: row groups 0,1 into w[j] (lanes 0, 2) and w[4+j] (lanes 1, 3), groups 2,3 into w[8+j], w[12+j] */
+#define TR_LANE1(j, j4, j8, j12)                                                                                \
+    const __m512 w##j = _mm512_shuffle_f32x4(u##j, u##j4, 0x88), w##j4 = _mm512_shuffle_f32x4(u##j, u##j4, 0xDD), \
+                 w##j8 = _mm512_shuffle_f32x4(u##j8, u##j12, 0x88), w##j12 = _mm512_shuffle_f32x4(u##j8, u##j12, 0xDD)
+/* value 4k + j comes from 128-bit lane k */
+#define TR_LANE2(j, j4, j8, j12)                                                                                \
+    do {                                                                                                         \
+        _mm512_storeu_ps(out + (j) * 16, _mm512_shuffle_f32x4(w##j, w##j8, 0x88));                               \
+        _mm512_storeu_ps(out + (j8) * 16, _mm512_shuffle_f32x4(w##j, w##j8, 0xDD));                              \
+        _mm512_storeu_ps(out + (j4) * 16, _mm512_shuffle_f32x4(w##j4, w##j12, 0x88));                            \
+        _mm512_storeu_ps(out + (j12) * 16, _mm512_shuffle_f32x4(w##j4, w##j12, 0xDD));                           \
+    } while (0)
+#define TRANSPOSE16                                                                                              \
+    TR_LOAD(0); TR_LOAD(1); TR_LOAD(2); TR_LOAD(3); TR_LOAD(4); TR_LOAD(5); TR_LOAD(6); TR_LOAD(7);              \
+    TR_LOAD(8); TR_LOAD(9); TR_LOAD(10); TR_LOAD(11); TR_LOAD(12); TR_LOAD(13); TR_LOAD(14); TR_LOAD(15);        \
+    TR_UNPACK(0, 1); TR_UNPACK(2, 3); TR_UNPACK(4, 5); TR_UNPACK(6, 7);                                          \
+    TR_UNPACK(8, 9); TR_UNPACK(10, 11); TR_UNPACK(12, 13); TR_UNPACK(14, 15);                                    \
+    TR_SHUF(0, 1, 2, 3); TR_SHUF(4, 5, 6, 7); TR_SHUF(8, 9, 10, 11); TR_SHUF(12, 13, 14, 15);                     \
+    TR_LANE1(0, 4, 8, 12); TR_LANE1(1, 5, 9, 13); TR_LANE1(2, 6, 10, 14); TR_LANE1(3, 7, 11, 15);                 \
+    TR_LANE2(0, 4, 8, 12); TR_LANE2(1, 5, 9, 13); TR_LANE2(2, 6, 10, 14); TR_LANE2(3, 7, 11, 15)
+
+/* kt[d][16] = value d of the nt <= 16 cache rows (hd values each, hd % 16 == 0; LOADROW(t) loads 16 values
+ * of row t at column c), one row per lane; lanes past nt are 0. */
+#define TRANSPOSE_ROWS                                                                                           \
+    for (int32_t c = 0; c < hd; c += 16) {                                                                       \
+        float *out = kt + (size_t)c * 16;                                                                        \
+        TRANSPOSE16;                                                                                             \
+    }
+TGT512 static void transpose_rows_f32(const float *k, int32_t nt, int32_t hd, float *kt) {
+#define LOADROW(t) LOADK512_F32((size_t)(t) * hd + c)
+    TRANSPOSE_ROWS
+#undef LOADROW
+}
+TGT512 static void transpose_rows_f16(const uint16_t *k, int32_t nt, int32_t hd, float *kt) {
+#define LOADROW(t) LOADK512_F16((size_t)(t) * hd + c)
+    TRANSPOSE_ROWS
+#undef LOADROW
+}
+
+/* s[i * lds + t] = scale * q_i . K_t for the m queries and nt <= 16 keys transposed in kt[hd][16]. */
+TGT512 static void scores_transposed(const float *q, int32_t m, const float *kt, int32_t nt, int32_t hd, float scale,
+                                     float *s, int32_t lds) {
+    const __mmask16 mask = (__mmask16)((1u << nt) - 1u);
+    const __m512 vs = _mm512_set1_ps(scale);
+    int32_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const float *q0 = q + (size_t)i * hd;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int32_t d = 0; d < hd; d++) {
+            const __m512 kv = _mm512_loadu_ps(kt + (size_t)d * 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[(size_t)hd + d]), kv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q0[2 * (size_t)hd + d]), kv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q0[3 * (size_t)hd + d]), kv, a3);
+            a4 = _mm512_fmadd_ps(_mm512_set1_ps(q0[4 * (size_t)hd + d]), kv, a4);
+            a5 = _mm512_fmadd_ps(_mm512_set1_ps(q0[5 * (size_t)hd + d]), kv, a5);
+            a6 = _mm512_fmadd_ps(_mm512_set1_ps(q0[6 * (size_t)hd + d]), kv, a6);
+            a7 = _mm512_fmadd_ps(_mm512_set1_ps(q0[7 * (size_t)hd + d]), kv, a7);
+        }
+        float *s0 = s + (size_t)i * lds;
+        _mm512_mask_storeu_ps(s0, mask, _mm512_mul_ps(a0, vs));
+        _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
+        _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
+        _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
+        _mm512_mask_storeu_ps(s0 + 4 * (size_t)lds, mask, _mm512_mul_ps(a4, vs));
+        _mm512_mask_storeu_ps(s0 + 5 * (size_t)lds, mask, _mm512_mul_ps(a5, vs));
+        _mm512_mask_storeu_ps(s0 + 6 * (size_t)lds, mask, _mm512_mul_ps(a6, vs));
+        _mm512_mask_storeu_ps(s0 + 7 * (size_t)lds, mask, _mm512_mul_ps(a7, vs));
+    }
+    for (; i < m; i += 4) { /* 4 at a time; fewer left: the last query repeated, its copies not stored */
+        const int32_t r = m - i < 4 ? m - i : 4;
+        const float *q0 = q + (size_t)i * hd, *q1 = q + (size_t)(i + (r > 1)) * hd;
+        const float *q2 = q + (size_t)(i + (r > 2 ? 2 : r - 1)) * hd, *q3 = q + (size_t)(i + r - 1) * hd;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int32_t d = 0; d < hd; d++) {
+            const __m512 kv = _mm512_loadu_ps(kt + (size_t)d * 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), kv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), kv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), kv, a3);
+        }
+        float *s0 = s + (size_t)i * lds;
+        _mm512_mask_storeu_ps(s0, mask, _mm512_mul_ps(a0, vs));
+        if (r > 1) _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
+        if (r > 2) _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
+        if (r > 3) _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
+    }
+}
+
+TGT512 static void tile_scores_f32_avx512(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                                          float *s, int32_t lds, float *work) {
+    if (m < TRANSPOSE_MIN) {
+        scores_few_f32(q, m, k, n, hd, scale, s, lds);
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += 16) {
+        int32_t nt = n - t0 < 16 ? n - t0 : 16;
+        transpose_rows_f32(k + (size_t)t0 * hd, nt, hd, work);
+        scores_transposed(q, m, work, nt, hd, scale, s + t0, lds);
+    }
+}
+TGT512 static void tile_scores_f16_avx512(const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
+                                          float scale, float *s, int32_t lds, float *work) {
+    if (m < TRANSPOSE_MIN) {
+        scores_few_f16(q, m, k, n, hd, scale, s, lds);
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += 16) {
+        int32_t nt = n - t0 < 16 ? n - t0 : 16;
+        transpose_rows_f16(k + (size_t)t0 * hd, nt, hd, work);
+        scores_transposed(q, m, work, nt, hd, scale, s + t0, lds);
+    }
+}
+
+/* o_j += sum_t p_j[t] V[t] for J <= 4 queries j (o_j = o + j * hd, p_j = p + j * ldp): 64 columns at a time
+ * with 4J accumulators, then 16 at a time; each converted V chunk feeds J FMAs. LOADV(ptr) loads 16 values. */
+#define ACCUM_J(LOADV)                                                                                           \
+    const float *p0 = p, *p1 = p + ldp, *p2 = p + 2 * (size_t)ldp, *p3 = p + 3 * (size_t)ldp;                    \
+    float *o0 = o, *o1 = o + hd, *o2 = o + 2 * (size_t)hd, *o3 = o + 3 * (size_t)hd;                             \
+    int32_t c0 = 0;                                                                                              \
+    for (; c0 + 64 <= hd; c0 += 64) {                                                                            \
+        __m512 z = _mm512_setzero_ps();                                                                          \
+        __m512 a0 = _mm512_loadu_ps(o0 + c0), a1 = _mm512_loadu_ps(o0 + c0 + 16);                                 \
+        __m512 a2 = _mm512_loadu_ps(o0 + c0 + 32), a3 = _mm512_loadu_ps(o0 + c0 + 48);                           \
+        __m512 b0 = z, b1 = z, b2 = z, b3 = z, e0 = z, e1 = z, e2 = z, e3 = z, f0 = z, f1 = z, f2 = z, f3 = z;   \
+        if (J > 1) b0 = _mm512_loadu_ps(o1 + c0), b1 = _mm512_loadu_ps(o1 + c0 + 16),                            \
+                   b2 = _mm512_loadu_ps(o1 + c0 + 32), b3 = _mm512_loadu_ps(o1 + c0 + 48);                       \
+        if (J > 2) e0 = _mm512_loadu_ps(o2 + c0), e1 = _mm512_loadu_ps(o2 + c0 + 16),                            \
+                   e2 = _mm512_loadu_ps(o2 + c0 + 32), e3 = _mm512_loadu_ps(o2 + c0 + 48);                       \
+        if (J > 3) f0 = _mm512_loadu_ps(o3 + c0), f1 = _mm512_loadu_ps(o3 + c0 + 16),                            \
+                   f2 = _mm512_loadu_ps(o3 + c0 + 32), f3 = _mm512_loadu_ps(o3 + c0 + 48);                       \
+        for (int32_t t = 0; t < n; t++) {                                                                        \
+            const size_t x = (size_t)t * hd + c0;                                                                \
+            const __m512 v0 = LOADV(v + x), v1 = LOADV(v + x + 16), v2 = LOADV(v + x + 32), v3 = LOADV(v + x + 48); \
+            __m512 pb = _mm512_set1_ps(p0[t]);                                                                   \
+            a0 = _mm512_fmadd_ps(pb, v0, a0), a1 = _mm512_fmadd_ps(pb, v1, a1);                                  \
+            a2 = _mm512_fmadd_ps(pb, v2, a2), a3 = _mm512_fmadd_ps(pb, v3, a3);                                  \
+            if (J > 1) {                                                                                         \
+                pb = _mm512_set1_ps(p1[t]);                                                                      \
+                b0 = _mm512_fmadd_ps(pb, v0, b0), b1 = _mm512_fmadd_ps(pb, v1, b1);                              \
+                b2 = _mm512_fmadd_ps(pb, v2, b2), b3 = _mm512_fmadd_ps(pb, v3, b3);                              \
+            }                                                                                                    \
+            if (J > 2) {                                                                                         \
+                pb = _mm512_set1_ps(p2[t]);                                                                      \
+                e0 = _mm512_fmadd_ps(pb, v0, e0), e1 = _mm512_fmadd_ps(pb, v1, e1);                              \
+                e2 = _mm512_fmadd_ps(pb, v2, e2), e3 = _mm512_fmadd_ps(pb, v3, e3);                              \
+            }                                                                                                    \
+            if (J > 3) {                                                                                         \
+                pb = _mm512_set1_ps(p3[t]);                                                                      \
+                f0 = _mm512_fmadd_ps(pb, v0, f0), f1 = _mm512_fmadd_ps(pb, v1, f1);                              \
+                f2 = _mm512_fmadd_ps(pb, v2, f2), f3 = _mm512_fmadd_ps(pb, v3, f3);                              \
+            }                                                                                                    \
+        }                                                                                                        \
+        _mm512_storeu_ps(o0 + c0, a0), _mm512_storeu_ps(o0 + c0 + 16, a1);                                       \
+        _mm512_storeu_ps(o0 + c0 + 32, a2), _mm512_storeu_ps(o0 + c0 + 48, a3);                                  \
+        if (J > 1) _mm512_storeu_ps(o1 + c0, b0), _mm512_storeu_ps(o1 + c0 + 16, b1),                            \
+                   _mm512_storeu_ps(o1 + c0 + 32, b2), _mm512_storeu_ps(o1 + c0 + 48, b3);                       \
+        if (J > 2) _mm512_storeu_ps(o2 + c0, e0), _mm512_storeu_ps(o2 + c0 + 16, e1),                            \
+                   _mm512_storeu_ps(o2 + c0 + 32, e2), _mm512_storeu_ps(o2 + c0 + 48, e3);                       \
+        if (J > 3) _mm512_storeu_ps(o3 + c0, f0), _mm512_storeu_ps(o3 + c0 + 16, f1),                            \
+                   _mm512_storeu_ps(o3 + c0 + 32, f2), _mm512_storeu_ps(o3 + c0 + 48, f3);                       \
+    }                                                                                                            \
+    for (; c0 < hd; c0 += 16) {                                                                                  \
+        __m512 a = _mm512_loadu_ps(o0 + c0), b = a, e = a, f = a;                                                \
+        if (J > 1) b = _mm512_loadu_ps(o1 + c0);                                                                 \
+        if (J > 2) e = _mm512_loadu_ps(o2 + c0);                                                                 \
+        if (J > 3) f = _mm512_loadu_ps(o3 + c0);                                                                 \
+        for (int32_t t = 0; t < n; t++) {                                                                        \
+            const __m512 vv = LOADV(v + (size_t)t * hd + c0);                                                    \
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p0[t]), vv, a);                                                   \
+            if (J > 1) b = _mm512_fmadd_ps(_mm512_set1_ps(p1[t]), vv, b);                                        \
+            if (J > 2) e = _mm512_fmadd_ps(_mm512_set1_ps(p2[t]), vv, e);                                        \
+            if (J > 3) f = _mm512_fmadd_ps(_mm512_set1_ps(p3[t]), vv, f);                                        \
+        }                                                                                                        \
+        _mm512_storeu_ps(o0 + c0, a);                                                                            \
+        if (J > 1) _mm512_storeu_ps(o1 + c0, b);                                                                 \
+        if (J > 2) _mm512_storeu_ps(o2 + c0, e);                                                                 \
+        if (J > 3) _mm512_storeu_ps(o3 + c0, f);                                                                 \
+    }
+INLINE512 void accum_j_f32(float *o, int J, const float *p, int32_t ldp, const float *v, int32_t n, int32_t hd) {
+    ACCUM_J(LOADK_PTR_F32)
+}
+INLINE512 void accum_j_f16(float *o, int J, const float *p, int32_t ldp, const uint16_t *v, int32_t n, int32_t hd) {
+    ACCUM_J(LOADK_PTR_F16)
+}
+/* All m queries, 4 at a time (the remainder with J = m % 4: the same operations for each query). */
+#define ACCUM_TILE(FN)                                                                                           \
+    int32_t i = 0;                                                                                               \
+    for (; i + 4 <= m; i += 4) FN(o + (size_t)i * hd, 4, p + (size_t)i * ldp, ldp, v, n, hd);                     \
+    switch (m - i) {                                                                                             \
+    case 3: FN(o + (size_t)i * hd, 3, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
+    case 2: FN(o + (size_t)i * hd, 2, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
+    case 1: FN(o + (size_t)i * hd, 1, p + (size_t)i * ldp, ldp, v, n, hd); break;                                 \
+    default: break;                                                                                              \
+    }
+TGT512VL static void tile_accum_f32_avx512(float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                                           int32_t hd) {
+    ACCUM_TILE(accum_j_f32)
+}
+TGT512VL static void tile_accum_f16_avx512(float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v,
+                                           int32_t n, int32_t hd, float *work) {
+    if (m < CONVERT_MIN) {
+        ACCUM_TILE(accum_j_f16)
+        return;
+    }
+    for (int32_t t0 = 0; t0 < n; t0 += ENG_ATTN_CHUNK) {
+        int32_t nt = n - t0 < ENG_ATTN_CHUNK ? n - t0 : ENG_ATTN_CHUNK;
+        for (int32_t i = 0; i < nt * hd; i += 16)
+            _mm512_storeu_ps(work + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)t0 * hd + i))));
+        tile_accum_f32_avx512(o, m, p + t0, ldp, work, nt, hd);
+    }
+}
 #endif
 
 int eng_ops_attn_level(void) {
@@ -375,6 +852,80 @@ void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, 
 #endif
     (void)level;
     for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o, p[t], v + (size_t)t * hd, hd);
+}
+
+void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                              float *s, int32_t lds, float *work) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        tile_scores_f32_avx512(q, m, k, n, hd, scale, s, lds, work);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
+        tile_scores_f32_avx2(q, m, k, n, hd, scale, s, lds);
+        return;
+    }
+#endif
+    (void)level;
+    (void)work;
+    tile_scores_f32_scalar(q, m, k, n, hd, scale, s, lds);
+}
+void eng_attn_tile_scores_f16(int level, const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
+                              float scale, float *s, int32_t lds, float *work) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        tile_scores_f16_avx512(q, m, k, n, hd, scale, s, lds, work);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
+        tile_scores_f16_avx2(q, m, k, n, hd, scale, s, lds, work);
+        return;
+    }
+#endif
+    (void)level;
+    (void)work;
+    tile_scores_f16_scalar(q, m, k, n, hd, scale, s, lds);
+}
+void eng_attn_tile_accum_f32(int level, float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                             int32_t hd, float *work) {
+    (void)work;
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        tile_accum_f32_avx512(o, m, p, ldp, v, n, hd);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
+        tile_accum_f32_avx2(o, m, p, ldp, v, n, hd);
+        return;
+    }
+#endif
+    (void)level;
+    tile_accum_f32_scalar(o, m, p, ldp, v, n, hd);
+}
+void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
+                             int32_t hd, float *work) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
+        tile_accum_f16_avx512(o, m, p, ldp, v, n, hd, work);
+        return;
+    }
+    if (level >= ENG_OPS_AVX2) {
+        tile_accum_f16_avx2(o, m, p, ldp, v, n, hd, work);
+        return;
+    }
+#endif
+    (void)level;
+    (void)work;
+    tile_accum_f16_scalar(o, m, p, ldp, v, n, hd);
+}
+
+double eng_attn_expsum(int level, float *s, int32_t n, float mx) {
+#ifdef HAVE_X86
+    if (level >= ENG_OPS_AVX512) return expsum_avx512(s, n, mx);
+    if (level >= ENG_OPS_AVX2) return expsum_avx2(s, n, mx);
+#endif
+    (void)level;
+    return expsum_scalar(s, n, mx);
 }
 
 float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n) {

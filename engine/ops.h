@@ -1,9 +1,9 @@
 /*
  * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, SiLU and the
- * attention dot/axpy kernels over KV-cache rows (f32 or f16). Each vector kernel has a scalar version and an
- * AVX2+FMA+F16C version; `simd` selects (eng_ops_simd_available says whether the CPU has it); the attention
- * kernels also have AVX-512 versions, selected by a level. Pure functions,
- * safe from any thread.
+ * attention kernels over KV-cache rows (f32 or f16): one-query dot/axpy, tiles of many queries (the forward
+ * pass's), and the softmax exponentials. Each vector kernel has a scalar version and an AVX2+FMA+F16C
+ * version; `simd` selects (eng_ops_simd_available says whether the CPU has it); the attention kernels also
+ * have AVX-512 versions, selected by a level. Pure functions, safe from any thread.
  */
 #ifndef KVSERVE_ENGINE_OPS_H
 #define KVSERVE_ENGINE_OPS_H
@@ -41,5 +41,35 @@ void eng_attn_scores_f16(int level, const float *q, const uint16_t *k, int32_t n
                          float *out);
 void eng_attn_accum_f32(int level, float *o, const float *p, const float *v, int32_t n, int32_t hd);
 void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd);
+
+/* Tile kernels: m queries at once over n consecutive cache rows of hd values (row t at k + t * hd), so that a
+ * cache row is loaded and converted once for all the queries of a tile (the query heads sharing a KV head,
+ * times the rows of a prefill run). Queries are rows of q ([m][hd]); outputs rows of o ([m][hd]).
+ * scores: s[i * lds + t] = scale * sum_d q[i][d] * K[t][d]   (i < m, t < n);
+ * accum:  o[i][d] += sum_t p[i * ldp + t] * V[t][d].
+ * work: scratch of ENG_ATTN_WORK(hd) floats, not overlapping the other arguments (unused by some levels).
+ * Every level computes the same sums as the scalar kernels up to float rounding (summation order).
+ * Batch invariance: for a given level, hd and row data, a query's results do not depend on the other
+ * queries, except that the scores are summed in one of two orders, one for m < ENG_ATTN_MANY and one for
+ * m >= ENG_ATTN_MANY; accum results do not depend on m at all (bit for bit). */
+enum {
+    ENG_ATTN_CHUNK = 16, /* cache rows the vector kernels convert or transpose at a time */
+    ENG_ATTN_MANY = 8,   /* see batch invariance above */
+};
+#define ENG_ATTN_WORK(hd) ((size_t)ENG_ATTN_CHUNK * (size_t)(hd))
+void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
+                              float *s, int32_t lds, float *work);
+void eng_attn_tile_scores_f16(int level, const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
+                              float scale, float *s, int32_t lds, float *work);
+void eng_attn_tile_accum_f32(int level, float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
+                             int32_t hd, float *work);
+void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
+                             int32_t hd, float *work);
+
+/* Softmax numerators in place: s[i] = e^(s[i] - mx) for i < n (every s[i] <= mx or NaN; 0 for NaN and where
+ * the result would be denormal); returns their sum, accumulated in double. Scalar: eng_smp_exp (relative
+ * error < 3.6e-7); the vector levels evaluate the same polynomial with fused multiply-adds (within a few
+ * ulp of the scalar). */
+double eng_attn_expsum(int level, float *s, int32_t n, float mx);
 
 #endif

@@ -172,7 +172,7 @@ static void write_model(rmodel *m, defect d) {
     eng_gguf_writer_free(w);
 }
 
-typedef enum { CFG_LLAMA, CFG_QWEN2, CFG_QWEN3, CFG_LLAMA_1L, CFG_LLAMA_HD32 } cfg_kind;
+typedef enum { CFG_LLAMA, CFG_QWEN2, CFG_QWEN3, CFG_LLAMA_1L, CFG_LLAMA_HD32, CFG_GQA3 } cfg_kind;
 
 static void make_model(rmodel *m, cfg_kind kind, uint64_t seed, uint32_t wtype) {
     memset(m, 0, sizeof *m);
@@ -190,6 +190,10 @@ static void make_model(rmodel *m, cfg_kind kind, uint64_t seed, uint32_t wtype) 
         break;
     case CFG_LLAMA_HD32: /* head size 32 (for Q8_0 KV rows), MHA */
         m->arch = "llama"; m->E = 64; m->L = 2; m->H = 2; m->HKV = 2; m->HD = 32; m->F = 64; m->n_rot = 32;
+        break;
+    case CFG_GQA3: /* GQA 3:1 with a head size of 32 (the vector attention kernels' sizes), like bench-135m */
+        m->arch = "llama"; m->E = 48; m->L = 2; m->H = 6; m->HKV = 2; m->HD = 32; m->F = 64; m->n_rot = 32;
+        m->explicit_hd = true;
         break;
     case CFG_QWEN2: /* MQA, biases, tied embeddings, NEOX rope */
         m->arch = "qwen2"; m->E = 64; m->L = 2; m->H = 4; m->HKV = 1; m->HD = 16; m->F = 96; m->n_rot = 16;
@@ -345,22 +349,27 @@ static void ref_forward(const rmodel *m, const int32_t *toks, int T, float *logi
 /* ---- engine helpers ---- */
 typedef struct engine { eng_model *model; eng_ctx *ctx; kvc_cache *kv; } engine;
 
-static void open_engine(engine *e, const rmodel *m, kvc_dtype dtype, int32_t max_seqs, int32_t kv_blocks,
-                        bool prefix_caching, int32_t n_threads) {
+static void open_engine_bs(engine *e, const rmodel *m, kvc_dtype dtype, int32_t max_seqs, int32_t kv_blocks,
+                           bool prefix_caching, int32_t n_threads, int32_t block_size, int32_t n_ctx) {
     char err[512];
     cr_assert_eq(eng_model_load(m->path, NULL, &e->model, err, sizeof err), 0, "%s", err);
     eng_ctx_params p;
     eng_ctx_params_default(&p);
     p.n_threads = n_threads;
-    p.n_ctx = 128;
+    p.n_ctx = n_ctx;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = 64;
-    p.kv_block_size = 4;
+    p.kv_block_size = block_size;
     p.kv_blocks = kv_blocks;
     p.kv_dtype = dtype;
     p.prefix_caching = prefix_caching;
     cr_assert_eq(eng_ctx_create(e->model, &p, &e->ctx, err, sizeof err), 0, "%s", err);
     e->kv = eng_ctx_cache(e->ctx);
+}
+
+static void open_engine(engine *e, const rmodel *m, kvc_dtype dtype, int32_t max_seqs, int32_t kv_blocks,
+                        bool prefix_caching, int32_t n_threads) {
+    open_engine_bs(e, m, dtype, max_seqs, kv_blocks, prefix_caching, n_threads, 4, 128);
 }
 
 static void close_engine(engine *e) {
@@ -493,6 +502,122 @@ Test(forward, quantized_weights) {
     interleaved_vs_reference(CFG_QWEN2, ENG_Q_F16, KVC_DTYPE_F32, 1e-4, 124, 1);
 }
 Test(forward, q8_0_kv) { interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_F32, KVC_DTYPE_Q8_0, 1.5e-1, 51, 2); }
+
+/* Batches that mix prefill runs (longer than one attention tile: up to 16 rows per tile) and decode rows of
+ * several sequences, with GQA (3 query heads per KV head, and MQA), each sequence's rows sometimes adjacent
+ * in the batch, sometimes interleaved with another sequence's, against the dense reference: every KV dtype,
+ * 1 and 2 threads, cache blocks of 4 and 16 rows. A huge context (n_ctx) makes the engine use fewer queries
+ * per attention unit (1-row tiles, and a KV head's query heads split into groups). */
+enum { MIX_SEQ = 4, MIX_T = 100 };
+static void mixed_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint64_t seed, int32_t n_threads,
+                               int32_t block_size, int32_t n_ctx) {
+    rmodel m;
+    make_model(&m, kind, seed, ENG_Q_F32);
+    engine e;
+    /* enough blocks for every sequence (a huge n_ctx would otherwise size the pool after it) */
+    int32_t blocks = MIX_SEQ * ((MIX_T + block_size - 1) / block_size + 1);
+    open_engine_bs(&e, &m, dtype, MIX_SEQ, blocks, false, n_threads, block_size, n_ctx);
+    rng r = {seed * 104729 + 5};
+    static int32_t toks[MIX_SEQ][MIX_T];
+    static float ref[MIX_SEQ][MIX_T * N_VOCAB];
+    int32_t len[MIX_SEQ], done[MIX_SEQ] = {0}, seq[MIX_SEQ];
+    for (int s = 0; s < MIX_SEQ; s++) {
+        len[s] = MIX_T / 2 + rng_int(&r, MIX_T / 2 + 1);
+        for (int i = 0; i < len[s]; i++) toks[s][i] = rng_int(&r, N_VOCAB);
+        ref_forward(&m, toks[s], len[s], ref[s]);
+        cr_assert_eq(kvc_seq_alloc(e.kv, &seq[s]), 0);
+    }
+    double worst = 0;
+    int n_batches = 0, n_mixed = 0;
+    for (int iter = 0; iter < 200; iter++) {
+        /* each sequence: nothing, one decode row, or a prefill run of 2..40 rows (rows of a run past the first
+         * 40 wait for the next batch); sequences in random order */
+        int32_t order[MIX_SEQ], cnt[MIX_SEQ], total = 0;
+        for (int s = 0; s < MIX_SEQ; s++) order[s] = s;
+        for (int s = MIX_SEQ - 1; s > 0; s--) {
+            int j = rng_int(&r, s + 1), t = order[s];
+            order[s] = order[j];
+            order[j] = t;
+        }
+        int n_decode = 0, n_run = 0;
+        for (int k = 0; k < MIX_SEQ; k++) {
+            int s = order[k], left = len[s] - done[s], kind_s = rng_int(&r, 3);
+            int c = kind_s == 0 ? 0 : kind_s == 1 ? 1 : 2 + rng_int(&r, 39);
+            if (c > left) c = left;
+            if (total + c > 64) c = 64 - total;
+            cnt[s] = c;
+            total += c;
+            n_decode += c == 1;
+            n_run += c > 1;
+        }
+        if (total == 0) {
+            bool all = true;
+            for (int s = 0; s < MIX_SEQ; s++) all = all && done[s] == len[s];
+            if (all) break;
+            continue;
+        }
+        /* lay the rows out: sequence by sequence, except that the first two sequences' rows alternate half the
+         * time (a run's rows then sit anywhere in the batch) */
+        int32_t bt[64], bp[64], bs[64], src[64];
+        bool want[64];
+        int32_t n = 0, next[MIX_SEQ];
+        for (int s = 0; s < MIX_SEQ; s++) next[s] = done[s];
+        bool alternate = rng_int(&r, 2) == 0;
+        for (int k = 0; k < MIX_SEQ; k++) {
+            int s = order[k];
+            if (alternate && k == 1) continue; /* taken with k == 0 */
+            int s2 = alternate && k == 0 ? order[1] : -1;
+            while (next[s] < done[s] + cnt[s] || (s2 >= 0 && next[s2] < done[s2] + cnt[s2])) {
+                int pick[2] = {s, s2};
+                for (int j = 0; j < 2; j++) {
+                    int t = pick[j];
+                    if (t < 0 || next[t] >= done[t] + cnt[t]) continue;
+                    bt[n] = toks[t][next[t]];
+                    bp[n] = next[t];
+                    bs[n] = seq[t];
+                    src[n] = t;
+                    want[n] = rng_int(&r, 3) != 0;
+                    next[t]++;
+                    n++;
+                }
+            }
+        }
+        cr_assert_eq(n, total);
+        eng_batch b = {n, bt, bp, bs, want};
+        cr_assert_eq(eng_decode(e.ctx, &b), 0, "seed %llu", (unsigned long long)seed);
+        for (int32_t i = 0; i < n; i++) {
+            if (!want[i]) continue;
+            double d = max_abs_diff(eng_get_logits(e.ctx, i), ref[src[i]] + (size_t)bp[i] * N_VOCAB, N_VOCAB);
+            if (!(d <= worst)) worst = d;
+        }
+        for (int s = 0; s < MIX_SEQ; s++) done[s] += cnt[s];
+        n_batches++;
+        n_mixed += n_decode > 0 && n_run > 0;
+    }
+    for (int s = 0; s < MIX_SEQ; s++) cr_assert_eq(kvc_seq_len(e.kv, seq[s]), len[s]);
+    cr_log_info("mixed %s (%d/%d heads), KV dtype %d, block %d, n_ctx %d, seed %llu, %d threads: %d batches (%d "
+                "mixing runs and decode rows), max |logit - reference| = %.3g",
+                m.arch, m.H, m.HKV, (int)dtype, block_size, n_ctx, (unsigned long long)seed, n_threads, n_batches,
+                n_mixed, worst);
+    cr_expect_gt(n_mixed, 0, "no batch mixed prefill runs and decode rows");
+    cr_expect_leq(worst, tol, "seed %llu: logits differ from the reference by %g (limit %g)", (unsigned long long)seed,
+                  worst, tol);
+    close_engine(&e);
+    free_rmodel(&m);
+}
+
+Test(forward, mixed_prefill_decode_gqa) {
+    for (int32_t th = 1; th <= 2; th++) {
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F32, 1e-3, 141, th, 16, 128);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F16, 3e-2, 142, th, 4, 128);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_Q8_0, 1.5e-1, 143, th, 16, 128);
+        mixed_vs_reference(CFG_QWEN2, KVC_DTYPE_F16, 3e-2, 144, th, 16, 128); /* MQA: 4 query heads per KV head */
+        mixed_vs_reference(CFG_LLAMA, KVC_DTYPE_F32, 1e-3, 145, th, 4, 128); /* head size 12: the AVX2 kernels */
+        /* 4 MiB of scores per thread: 3 queries per unit (MQA: groups of 3 and 1 heads), then 1 */
+        mixed_vs_reference(CFG_QWEN2, KVC_DTYPE_F32, 1e-3, 146, th, 16, 300000);
+        mixed_vs_reference(CFG_GQA3, KVC_DTYPE_F16, 3e-2, 147, th, 16, 600000);
+    }
+}
 
 /* A sequence forked with kvc_copy_prefix from a common prompt continues exactly as the independently
  * computed one. */
