@@ -20,6 +20,7 @@
  * min(max_seqs, max_batch_tokens) rows).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,8 @@
 
 enum {
     MAX_GROUP = 3,
+    /* stages split dynamically, per layer: Q/K/V, wo, gate/up, w_down */
+    DYN_QKV = 0, DYN_WO = 1, DYN_GU = 2, DYN_DOWN = 3, N_DYN = 4,
     /* Attention tiles: at most ATT_MAX_Q queries (rows x heads of one KV head) per unit, at most ATT_MAX_R rows;
      * fewer queries when their scores over the whole context would pass ATT_SCORES_BYTES per thread. */
     ATT_MAX_Q = 48,
@@ -112,6 +115,10 @@ struct eng_ctx {
     int32_t *seq_tile;   /* [max_seqs] the tile a sequence is filling while tiles are formed, else -1 */
     int64_t *th_units;   /* [n_threads + 1] thread i runs units [th_units[i], th_units[i + 1]) */
 
+    /* work counters of the stages whose chunks threads take dynamically: [n_layer][N_DYN] + 1 for the output
+     * projection, zeroed by eng_decode before each forward */
+    _Atomic int64_t *dyn;
+
     float *logits;       /* [logits_cap][n_vocab] */
     int32_t logits_cap;
 
@@ -186,6 +193,7 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->tile_len);
     free(c->seq_tile);
     free(c->th_units);
+    free((void *)c->dyn);
     free(c->logits);
     free(c);
 }
@@ -351,6 +359,8 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         !c->th_units)
         goto nomem;
     for (int32_t i = 0; i < p.max_seqs; i++) c->seq_tile[i] = -1;
+    c->dyn = zalloc((size_t)hp->n_layer * N_DYN + 1, sizeof *c->dyn);
+    if (!c->dyn) goto nomem;
     c->logits_cap = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
     c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
     if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||
@@ -420,14 +430,33 @@ static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int6
         eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
 }
 
-/* This thread's part of a matrix product, split by output rows in whole groups of 16 (a packed group is then
- * computed by one thread only). */
-static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy, int ith,
-                      int nth) {
-    int64_t gb, ge;
-    split((w->n_out + 15) / 16, ith, nth, &gb, &ge);
-    int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
-    if (je > jb) mat_gemm(c, w, xq, m, y, ldy, jb, je);
+/* Stages are split into chunks that threads take from a shared counter, several per thread: a thread that falls
+ * behind (descheduled while another process runs, as a load client on the same cores does) leaves its remaining
+ * chunks to the others instead of making them spin at the barrier. Results do not depend on who computes what.
+ * Chunks hold at least min_units of the stage's n units. */
+static int64_t chunk_units(int64_t n, int nth, int64_t min_units) {
+    int64_t per = n / (4 * (int64_t)nth);
+    return per > min_units ? per : min_units > 1 ? min_units : 1;
+}
+/* The next chunk [*b, *e) of n units in chunks of per units from ctr; false when none is left. */
+static bool next_chunk(_Atomic int64_t *ctr, int64_t n, int64_t per, int64_t *b, int64_t *e) {
+    int64_t i = atomic_fetch_add_explicit(ctr, 1, memory_order_relaxed);
+    if (i * per >= n) return false;
+    *b = i * per;
+    *e = *b + per < n ? *b + per : n;
+    return true;
+}
+
+/* A matrix product shared by the threads in chunks of whole groups of 16 output rows (a packed group is then
+ * computed by one thread; small batches take small chunks, large ones chunks long enough to amortize the
+ * packed kernel's per-call preparation of the activations). */
+static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+                      _Atomic int64_t *ctr, int nth) {
+    int64_t groups = (w->n_out + 15) / 16, per = chunk_units(groups, nth, m <= SMALL_M ? 2 : 16), gb, ge;
+    while (next_chunk(ctr, groups, per, &gb, &ge)) {
+        int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
+        mat_gemm(c, w, xq, m, y, ldy, jb, je);
+    }
 }
 
 static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
@@ -593,24 +622,26 @@ static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int3
     }
 }
 
-/* The Q, K and V products of this thread, split by head units (n_head + 2 n_head_kv units of head_dim output
- * rows, Q heads first, then K, then V), followed by the post-processing of the same units, so that no barrier
- * is needed between the products and RoPE. */
-static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq, int64_t m, int ith, int nth) {
+/* The Q, K and V products, shared by the threads in chunks of head units (n_head + 2 n_head_kv units of
+ * head_dim output rows, Q heads first, then K, then V), each chunk followed by the post-processing of its units,
+ * so that no barrier is needed between the products and RoPE. */
+static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq, int64_t m, int nth) {
     const eng_hparams *hp = c->hp;
     const int64_t hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const eng_matrix *ms[3] = {&ly->wq, &ly->wk, &ly->wv};
     float *ys[3] = {c->q, c->k, c->v};
     const int64_t first[3] = {0, H, H + HKV}, count[3] = {H, HKV, HKV};
     int64_t ub, ue;
-    split(H + 2 * HKV, ith, nth, &ub, &ue);
-    for (int i = 0; i < 3; i++) {
-        int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
-        int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
-        if (hi > lo) mat_gemm(c, ms[i], xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, lo * hd, hi * hd);
+    while (next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_QKV], H + 2 * HKV, chunk_units(H + 2 * HKV, nth, 1), &ub,
+                      &ue)) {
+        for (int i = 0; i < 3; i++) {
+            int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
+            int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
+            if (hi > lo) mat_gemm(c, ms[i], xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, lo * hd, hi * hd);
+        }
+        for (int64_t u = ub; u < ue; u++)
+            for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
     }
-    for (int64_t u = ub; u < ue; u++)
-        for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
 }
 
 static void rope_angles(const eng_ctx *c, float *cs, double pos) {
@@ -681,7 +712,7 @@ static void forward_worker(void *arg, int ith, int nth) {
         residual_norm(c, &xcur, &xnext, ly->attn_norm, qkv, 3, xq_in, rb, re, ith);
 
         /* Q, K, V products; biases, q/k norms, RoPE and cache writes of the same heads */
-        qkv_part(c, ly, l, xq_in, m, ith, nth);
+        qkv_part(c, ly, l, xq_in, m, nth);
         eng_pool_barrier(c->pool);
 
         /* attention by units (tile, KV head group), split by estimated cost (eng_decode planned them); the
@@ -695,18 +726,18 @@ static void forward_worker(void *arg, int ith, int nth) {
             for (int64_t r = rb; r < re; r++) quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
             eng_pool_barrier(c->pool);
         }
-        gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, ith, nth);
+        gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_WO], nth);
         eng_pool_barrier(c->pool);
 
         residual_norm(c, &xcur, &xnext, ly->ffn_norm, gu, 2, xq_in, rb, re, ith);
 
-        /* gate and up over this thread's columns (whole blocks of w_down's activation format), then
+        /* gate and up in chunks of columns (whole blocks of w_down's activation format), each followed by
          * silu(gate) * up and its quantization for w_down on the same columns */
         int64_t be = down_in->block_elems, jb, je;
-        split(F / be, ith, nth, &jb, &je);
-        jb *= be;
-        je *= be;
-        if (je > jb) {
+        int64_t per = chunk_units(F / be, nth, m <= SMALL_M ? 1 : (256 + be - 1) / be);
+        while (next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_GU], F / be, per, &jb, &je)) {
+            jb *= be;
+            je *= be;
             mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
             mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
             for (int64_t r = 0; r < m; r++) {
@@ -717,7 +748,7 @@ static void forward_worker(void *arg, int ith, int nth) {
             }
         }
         eng_pool_barrier(c->pool);
-        gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, ith, nth);
+        gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
         eng_pool_barrier(c->pool);
     }
 
@@ -734,7 +765,8 @@ static void forward_worker(void *arg, int ith, int nth) {
     }
     quantize_rows(c->xq, outm, 1, c->xn, E, lb, le);
     eng_pool_barrier(c->pool);
-    gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out, ith, nth);
+    gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out,
+              &c->dyn[(size_t)hp->n_layer * N_DYN], nth);
 }
 
 /* The estimated cost of attention unit u (see attend_unit): rows x heads x (positions read + a constant). */
@@ -833,6 +865,8 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     c->m = b->n;
     c->n_logits = n_logits;
     plan_attention(c, b);
+    for (size_t i = 0; i < (size_t)c->hp->n_layer * N_DYN + 1; i++)
+        atomic_store_explicit(&c->dyn[i], 0, memory_order_relaxed); /* published by eng_pool_run's start */
     eng_pool_run(c->pool, forward_worker, c);
     c->batch = NULL;
     rc = kvc_finish_forward(c->cache, true);
