@@ -4,9 +4,11 @@
 // time-to-first-token percentiles.
 //
 //   node bench/loadgen.mjs --url http://127.0.0.1:8080 --clients 32 --tokens 64 [--shared-prefix-words 800]
-//                          [--prompt-words 24] [--rounds 1] [--json]
+//                          [--prompt-words 24] [--rounds 1] [--warmup 1] [--json]
 //
-// Distinct prompts by default; --shared-prefix-words W puts the same W-word prefix in front of every
+// Before the timed rounds, --warmup W untimed requests (8 tokens, prompts no timed request shares) let the
+// client's own JIT warm up, so its first-request compilation does not compete with the server inside a
+// measured request. Distinct prompts by default; --shared-prefix-words W puts the same W-word prefix in front of every
 // client's distinct suffix (the shared-system-prompt workload).
 import { parseArgs } from 'node:util';
 
@@ -18,12 +20,13 @@ const { values: opt } = parseArgs({
     'shared-prefix-words': { type: 'string', default: '0' },
     'prompt-words': { type: 'string', default: '24' },
     rounds: { type: 'string', default: '1' },
+    warmup: { type: 'string', default: '1' },
     json: { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
 });
 if (opt.help) {
-  console.log('usage: loadgen.mjs --url URL --clients N --tokens T [--shared-prefix-words W] [--prompt-words P] [--rounds R] [--json]');
+  console.log('usage: loadgen.mjs --url URL --clients N --tokens T [--shared-prefix-words W] [--prompt-words P] [--rounds R] [--warmup W] [--json]');
   process.exit(0);
 }
 const clients = parseInt(opt.clients, 10);
@@ -31,7 +34,8 @@ const tokens = parseInt(opt.tokens, 10);
 const prefixWords = parseInt(opt['shared-prefix-words'], 10);
 const promptWords = parseInt(opt['prompt-words'], 10);
 const rounds = parseInt(opt.rounds, 10);
-for (const [k, v] of Object.entries({ clients, tokens, prefixWords, promptWords, rounds })) {
+const warmup = parseInt(opt.warmup, 10);
+for (const [k, v] of Object.entries({ clients, tokens, prefixWords, promptWords, rounds, warmup })) {
   if (!Number.isFinite(v) || v < 0) { console.error(`loadgen: bad value for ${k}`); process.exit(2); }
 }
 
@@ -50,14 +54,15 @@ function words(n, seed) {
 }
 const prefix = prefixWords > 0 ? words(prefixWords, 7) + '. ' : '';
 
-async function one(i, round) {
-  const prompt = prefix + `Story ${round}-${i}: ` + words(promptWords, 1000 + round * 997 + i);
+async function one(i, round, maxTokens = tokens) {
+  const prompt = round < 0 ? `Warm-up ${i}: ` + words(promptWords, 500000 + i)
+    : prefix + `Story ${round}-${i}: ` + words(promptWords, 1000 + round * 997 + i);
   const t0 = performance.now();
   const r = await fetch(`${opt.url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({
-      model: 'bench', prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, stream: true,
+      model: 'bench', prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true,
       stream_options: { include_usage: true },
     }),
   });
@@ -89,6 +94,7 @@ function pct(sorted, p) {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
 }
 
+for (let w = 0; w < warmup; w++) await one(w, -1, 8);
 const results = [];
 const tStart = performance.now();
 for (let round = 0; round < rounds; round++) {
