@@ -67,7 +67,9 @@ int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *
 int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n);
 
 /* The best level this CPU supports (cpuid + OS support for the registers, via xgetbv). Executes cpuid:
- * call once and keep the result. */
+ * call once and keep the result. Test hook: the environment variable KVSERVE_SIMD_MAX=avx2 (or scalar)
+ * caps the result, so that the engine (gemm and attention kernels, weight packing) and the tests run as on
+ * a CPU with only that level; other values, or a level above the CPU's, change nothing. */
 eng_simd_level eng_simd_detect(void);
 const char *eng_simd_name(eng_simd_level l);
 
