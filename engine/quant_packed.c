@@ -209,6 +209,13 @@ TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *x
 #define TGT2 __attribute__((target("avx2,fma,f16c")))
 #define MAXC2 6   /* activation rows per kernel call (measured: 4 and 5 slower, 8 no faster) */
 #define XBUF 192  /* activation blocks x rows converted at a time (64 bytes each: 12 KiB stays in L1) */
+/* Fully unrolls a loop over the activation rows (or quads) of a call, so that the accumulator arrays live in
+ * registers (clang keeps them in memory with a GCC unroll count above the trip count). */
+#ifdef __clang__
+#define UNROLL_RN _Pragma("clang loop unroll(full)")
+#else
+#define UNROLL_RN _Pragma("GCC unroll 8")
+#endif
 /* Hides v's value from the compiler: GCC otherwise reassociates the accumulations of a fully unrolled block
  * into trees of independent products that no longer fit in the 16 ymm registers. */
 #define PIN(v) __asm__("" : "+x"(v))
@@ -251,21 +258,21 @@ static inline __attribute__((always_inline)) TGT2 void half_kernel(const int RN,
                                                                    __m256i mask) {
     const uint16_t *scales = (const uint16_t *)(codes + (size_t)nb * 512);
     __m256 acc[MAXC2];
-#pragma GCC unroll 8
+    UNROLL_RN
     for (int c = 0; c < RN; c++)
         acc[c] = kb == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + c * ldy + h * 8, mask);
     for (int64_t b = kb; b < ke; b++) {
         const uint8_t *line = codes + (size_t)b * 512 + h * 32;
         const size_t xi = (size_t)(b - kb) * (size_t)RN;
         __m256i lo[MAXC2], hi[MAXC2]; /* lane pairs of rows {0,1,4,5} and {2,3,6,7} */
-#pragma GCC unroll 8
+        UNROLL_RN
         for (int c = 0; c < RN; c++) lo[c] = hi[c] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+        UNROLL_RN
         for (int t = 0; t < 8; t++) {
             __m256i w = _mm256_load_si256((const __m256i *)(line + t * 64));
             __m256i wl = _mm256_unpacklo_epi8(w, _mm256_setzero_si256());
             __m256i wh = _mm256_unpackhi_epi8(w, _mm256_setzero_si256());
-#pragma GCC unroll 8
+            UNROLL_RN
             for (int c = 0; c < RN; c++) {
                 __m256i xv = _mm256_set1_epi64x(load_qword(xw[xi + c] + 4 * t));
                 lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(wl, xv));
@@ -275,13 +282,13 @@ static inline __attribute__((always_inline)) TGT2 void half_kernel(const int RN,
             }
         }
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(scales + b * GROUP + h * 8)));
-#pragma GCC unroll 8
+        UNROLL_RN
         for (int c = 0; c < RN; c++) {
             __m256i s = _mm256_add_epi32(_mm256_hadd_epi32(lo[c], hi[c]), _mm256_set1_epi32(xc[xi + c]));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi + c])), acc[c]);
         }
     }
-#pragma GCC unroll 8
+    UNROLL_RN
     for (int c = 0; c < RN; c++) _mm256_maskstore_ps(y + c * ldy + h * 8, mask, acc[c]);
 }
 
