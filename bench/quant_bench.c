@@ -14,11 +14,11 @@
  * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
  * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
  * For types whose block does not divide 576 (k-quants), k is rounded up to the next multiple (768).
- * For Q8_0 on a CPU with AVX-512 VNNI, the same figures follow for the packed layout (eng_pack_q8_0, the
- * layout the engine runs there), shown as level "packed".
- * Finally, at the best level (packed where it applies), a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB
- * for Q8_0, every matrix split by rows over T threads, T = 1 and 2; wall time, best of 5 passes):
- * decode (m = 1) and prefill (m = 128, output for 1 row) tokens/s.
+ * For Q8_0, the same figures follow for the packed layout (eng_pack_q8_0, the layout the engine runs from
+ * AVX2 up) at every level with a packed kernel, shown as "packed-avx2", "packed-avx512".
+ * Finally a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB for Q8_0, every
+ * matrix split by rows over T threads, T = 1 and 2; wall time, best of 5 passes): decode (m = 1) and prefill
+ * (m = 128, output for 1 row) tokens/s; for Q8_0 at each packed level, for other types at the best level.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -83,7 +83,7 @@ static double wall_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Packs n rows of a Q8_0 matrix (the engine's layout on AVX-512 VNNI). */
+/* Packs n rows of a Q8_0 matrix (the layout the engine runs from AVX2 up). */
 static uint8_t *pack(const uint8_t *w, int64_t k, int64_t n) {
     size_t bytes = eng_packed_q8_0_bytes(n, k);
     uint8_t *p = bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
@@ -158,8 +158,8 @@ static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *
         eng_quantize_row(ti->dot_type, tmp + r * 1536, x1536 + r * xb1536, 1536);
         eng_quantize_row(ti->dot_type, tmp + r * 1536, x576 + r * xb576, 576);
     }
-    printf("\nfull bench-135m weight pass (%.1f MB of %s), level %s, wall time, best of 5:\n", total / 1e6, ti->name,
-           packed ? "packed" : eng_simd_name(level));
+    printf("\nfull bench-135m weight pass (%.1f MB of %s), level %s%s, wall time, best of 5:\n", total / 1e6, ti->name,
+           packed ? "packed-" : "", eng_simd_name(level));
     for (int nt = 1; nt <= 2; nt++) {
         for (int mi = 0; mi < 2; mi++) {
             int m = mi == 0 ? 1 : 128;
@@ -207,12 +207,18 @@ int main(int argc, char **argv) {
     const int ms[] = {1, 4, 16, 32, 128};
     float *tmp = malloc(sizeof(float) * 4096 * 128);
     if (!tmp) return 1;
-    double gflops[4][3][5] = {{{0}}}; /* level (top + 1: packed), shape, m */
-    const bool can_pack = type == ENG_Q_Q8_0 && top >= ENG_SIMD_AVX512;
-    for (int li = ENG_SIMD_SCALAR; li <= (int)top + (can_pack ? 1 : 0); li++) {
-        const bool packed = li > (int)top;
-        const int l = packed ? (int)top : li;
-        printf("\n== level %s ==\n", packed ? "packed" : eng_simd_name((eng_simd_level)l));
+    /* cases: every level on the rows, then (Q8_0) every level with a packed kernel on the packed layout */
+    enum { MAX_CASES = 8 };
+    int case_level[MAX_CASES], n_cases = 0;
+    bool case_packed[MAX_CASES];
+    for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) case_level[n_cases] = l, case_packed[n_cases++] = false;
+    for (int l = ENG_SIMD_AVX2; type == ENG_Q_Q8_0 && l <= (int)top; l++)
+        case_level[n_cases] = l, case_packed[n_cases++] = true;
+    double gflops[MAX_CASES][3][5] = {{{0}}}; /* case, shape, m */
+    for (int li = 0; li < n_cases; li++) {
+        const bool packed = case_packed[li];
+        const int l = case_level[li];
+        printf("\n== level %s%s ==\n", packed ? "packed-" : "", eng_simd_name((eng_simd_level)l));
         printf("%-11s %5s %10s %10s %12s %12s\n", "matrix", "m", "ms/call", "GFLOP/s", "rows/s", "weight GB/s");
         for (int si = 0; si < 3; si++) {
             shape sh = shapes[si];
@@ -299,7 +305,10 @@ int main(int argc, char **argv) {
         printf("\nquantize activations to %s: %.1f M values/s\n", di->name, (double)k * rows * calls / t * 1e-6);
         free(x);
     }
-    model_pass(type, top, can_pack, tmp);
+    if (type == ENG_Q_Q8_0 && top >= ENG_SIMD_AVX2)
+        for (int l = ENG_SIMD_AVX2; l <= (int)top; l++) model_pass(type, (eng_simd_level)l, true, tmp);
+    else
+        model_pass(type, top, false, tmp);
     free(tmp);
     return 0;
 }

@@ -211,6 +211,8 @@ void eng_ctx_params_default(eng_ctx_params *p);
 
 typedef struct eng_ctx eng_ctx;
 
+/* A CPU context uses the best kernel level the CPU has; the environment variable KVSERVE_SIMD_MAX=avx2 (or
+ * scalar) caps it, to check on a newer CPU how the engine runs on an older one (see eng_simd_detect). */
 int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out, char *err, size_t err_len);
 void eng_ctx_free(eng_ctx *ctx);
 /* The context's KV cache (owned by the context): allocate sequence ids, attach prefixes, read stats. */

@@ -244,8 +244,8 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         }
     }
 
-    /* The AVX-512 VNNI kernel reads Q8_0 matrices repacked 16 rows at a time. */
-    if (c->simd >= ENG_SIMD_AVX512 && eng_model_pack_cpu(model) != 0) {
+    /* The AVX2 and AVX-512 VNNI kernels read Q8_0 matrices repacked 16 rows at a time. */
+    if (c->simd >= ENG_SIMD_AVX2 && eng_model_pack_cpu(model) != 0) {
         eng_ctx_free(c);
         return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
     }
@@ -424,7 +424,7 @@ static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_
  * kernel level reads them, else the GGUF rows. */
 static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
                      int64_t jb, int64_t je) {
-    if (w->packed && c->simd >= ENG_SIMD_AVX512)
+    if (w->packed && c->simd >= ENG_SIMD_AVX2)
         eng_gemm_packed_q8_0(c->simd, w->packed, w->n_out, w->k, xq, m, y, ldy, jb, je);
     else
         eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);

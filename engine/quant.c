@@ -13,6 +13,7 @@
 #include "engine/quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
@@ -806,6 +807,18 @@ static bool os_saves_avx_state(void) {
 #endif
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* l lowered to the level named by the environment variable KVSERVE_SIMD_MAX ("scalar", "avx2"), if set: a
+ * test hook that runs this CPU as an older one would run (unknown values and higher levels change nothing). */
+static eng_simd_level cap_level(eng_simd_level l) {
+    const char *cap = getenv("KVSERVE_SIMD_MAX");
+    if (!cap) return l;
+    if (strcmp(cap, "scalar") == 0) return ENG_SIMD_SCALAR;
+    if (strcmp(cap, "avx2") == 0 && l > ENG_SIMD_AVX2) return ENG_SIMD_AVX2;
+    return l;
+}
+#endif
+
 eng_simd_level eng_simd_detect(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -818,7 +831,7 @@ eng_simd_level eng_simd_detect(void) {
     bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                   __builtin_cpu_supports("avx512vnni") && os_saves_avx512_state();
-    return avx512 ? ENG_SIMD_AVX512 : ENG_SIMD_AVX2;
+    return cap_level(avx512 ? ENG_SIMD_AVX512 : ENG_SIMD_AVX2);
 #else
     return ENG_SIMD_SCALAR;
 #endif

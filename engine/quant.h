@@ -67,7 +67,9 @@ int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *
 int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n);
 
 /* The best level this CPU supports (cpuid + OS support for the registers, via xgetbv). Executes cpuid:
- * call once and keep the result. */
+ * call once and keep the result. Test hook: the environment variable KVSERVE_SIMD_MAX=avx2 (or scalar)
+ * caps the result, so that the engine (gemm and attention kernels, weight packing) and the tests run as on
+ * a CPU with only that level; other values, or a level above the CPU's, change nothing. */
 eng_simd_level eng_simd_detect(void);
 const char *eng_simd_name(eng_simd_level l);
 
@@ -91,7 +93,7 @@ float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row
 void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m,
               float *y, int64_t ldy, int64_t j_begin, int64_t j_end);
 
-/* ---- Q8_0 matrices repacked for the AVX-512 VNNI kernel (quant_packed.c) ------------------------------------
+/* ---- Q8_0 matrices repacked for the AVX-512 VNNI and AVX2 kernels (quant_packed.c) -------------------------
  * Rows are interleaved 16 at a time so that one vpdpbusd lane accumulates one row's block: see quant_packed.c
  * for the layout. A packed matrix holds the same information as the Q8_0 rows (codes and fp16 scales) in
  * the same number of bytes per 16 rows (plus padding to 64 bytes per group and to 16 rows). */
@@ -108,8 +110,9 @@ size_t eng_packed_q8_0_bytes(int64_t n_out, int64_t k);
 int eng_pack_q8_0(const void *W, int64_t n_out, int64_t k, void *dst);
 /* eng_gemm over a packed matrix P (from eng_pack_q8_0 with the same n_out and k): for r in [0, m) and
  * j in [j_begin, min(j_end, n_out)): y[r * ldy + j] = dot(W row j, x row r), x rows in Q8_0 as for eng_gemm.
- * Level ENG_SIMD_AVX512 runs the VNNI kernel (results differ from the scalar ones only in the order of float
- * accumulation); lower levels run the scalar reference, which gives eng_vec_dot's scalar floats exactly.
+ * Levels ENG_SIMD_AVX512 (VNNI) and ENG_SIMD_AVX2 run SIMD kernels whose integer block dots are exact (results
+ * differ from the scalar ones only in the order of float accumulation); ENG_SIMD_SCALAR runs the scalar
+ * reference, which gives eng_vec_dot's scalar floats exactly.
  * Any split of the rows across threads gives the same results (ranges that share a group of 16 rows each
  * compute it and write only their own rows). Nothing is written for invalid arguments. */
 void eng_gemm_packed_q8_0(eng_simd_level l, const void *P, int64_t n_out, int64_t k, const void *xq, int64_t m,

@@ -580,7 +580,10 @@ Test(quant, gemm_levels_vs_scalar) {
  * of the original rows (so the packing loses nothing), every SIMD level stays within the accumulation-order
  * bound of them (exact in integer mode), only rows in [jb, je) are written, and any split of the rows into
  * ranges (as threads do) gives the same floats as one call. Shapes include n_out not a multiple of 16, odd
- * block counts and every activation tile size up to 8 and beyond. */
+ * block counts, every activation tile size up to 8 and beyond, and long rows up to ENG_PACK_MAX_K (the AVX2
+ * kernel converts the activations in pieces). Extreme iterations (integer mode) use only the codes -128, -127
+ * and 127 (weights; -128 occurs in GGUF files) and +-127 (activations), in runs of one sign, so that block
+ * sums reach +-32 * 128 * 127: any 16-bit saturation or overflow in a kernel shows as an exact mismatch. */
 Test(quant, packed_q8_0_vs_rows) {
     eng_simd_level top = eng_simd_detect();
     rng_t r = {777};
@@ -590,10 +593,15 @@ Test(quant, packed_q8_0_vs_rows) {
     cr_assert_eq(eng_packed_q8_0_bytes(17, 64), 2 * ENG_PACK_GROUP_BYTES(64));
     cr_assert_eq(ENG_PACK_GROUP_BYTES(96) % 64, 0);
     cr_assert_eq(eng_pack_q8_0(NULL, 16, 32, NULL), ENG_ERR_INVALID);
-    for (int iter = 0; iter < 60; iter++) {
-        bool int_mode = iter % 3 == 0;
+    for (int iter = 0; iter < 72; iter++) {
+        bool extreme = iter % 5 == 2, int_mode = iter % 3 == 0 || extreme, long_rows = iter >= 64;
         int64_t k = 32 * rng_int(&r, 1, iter < 10 ? 5 : 60), n_out = rng_int(&r, 1, 70);
         int64_t m = iter % 7 == 0 ? rng_int(&r, 9, 40) : rng_int(&r, 1, 8);
+        if (long_rows) {
+            k = iter == 64 ? ENG_PACK_MAX_K : 32 * rng_int(&r, 150, ENG_PACK_MAX_K / 32);
+            n_out = rng_int(&r, 1, 40);
+            m = iter == 65 ? 1 : rng_int(&r, 1, 13);
+        }
         int64_t jb = rng_int(&r, 0, (int)n_out - 1), je = rng_int(&r, (int)jb + 1, (int)n_out + 5);
         int64_t ldy = n_out + rng_int(&r, 0, 20);
         size_t wb = eng_qtype_row_bytes(ENG_Q_Q8_0, k), pbytes = eng_packed_q8_0_bytes(n_out, k);
@@ -604,6 +612,25 @@ Test(quant, packed_q8_0_vs_rows) {
         cr_assert(W && X && P && tmp && y && yref && ysplit);
         for (int64_t j = 0; j < n_out; j++) random_wrow(&r, ENG_Q_Q8_0, k, W + j * wb, int_mode);
         for (int64_t i = 0; i < m; i++) random_xrow(&r, ENG_Q_Q8_0, k, X + i * wb, tmp, int_mode);
+        if (extreme) { /* codes after the 2-byte scale (1.0 in integer mode) of each 34-byte block */
+            for (int64_t j = 0; j < n_out; j++)
+                for (int64_t b = 0; b < k / 32; b++) {
+                    int pat = rng_int(&r, 0, 3);
+                    for (int e = 0; e < 32; e++) {
+                        static const int8_t wv[3] = {-128, -127, 127};
+                        int8_t v = pat < 3 ? wv[pat] : wv[rng_int(&r, 0, 2)];
+                        W[j * wb + b * 34 + 2 + e] = (uint8_t)v;
+                    }
+                }
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t b = 0; b < k / 32; b++) {
+                    int pat = rng_int(&r, 0, 2);
+                    for (int e = 0; e < 32; e++) {
+                        int8_t v = pat == 0 ? -127 : pat == 1 ? 127 : (rng_int(&r, 0, 1) ? 127 : -127);
+                        X[i * wb + b * 34 + 2 + e] = (uint8_t)v;
+                    }
+                }
+        }
         cr_assert_eq(eng_pack_q8_0(W, n_out, k, P), 0);
         for (int64_t i = 0; i < m * ldy; i++) yref[i] = -12345.f;
         eng_gemm(ENG_SIMD_SCALAR, ENG_Q_Q8_0, W, k, X, m, yref, ldy, jb, je < n_out ? je : n_out);
