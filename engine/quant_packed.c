@@ -83,6 +83,13 @@ static void gemm_packed_scalar(const uint8_t *P, int64_t n_out, int64_t k, const
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+/* Fully unrolls a loop over the activation rows (or quads) of a call, so that the accumulator arrays live in
+ * registers (clang keeps them in memory with a GCC unroll count above the trip count). */
+#ifdef __clang__
+#define UNROLL_RN _Pragma("clang loop unroll(full)")
+#else
+#define UNROLL_RN _Pragma("GCC unroll 8")
+#endif
 #define MAXC 8      /* activation rows per kernel call */
 /* No software prefetch: with m = 1 the hardware prefetcher already streams the groups (prefetching 1-4 KiB
  * ahead measured 5-30% slower in bench/quant_bench.c). */
@@ -121,20 +128,20 @@ static inline __attribute__((always_inline)) TGT void group_kernel(const int RN,
     const bool two = RN <= 4;
     const uint16_t *scales = (const uint16_t *)(codes + (size_t)nb * 512);
     __m512 acc[MAXC];
-#pragma GCC unroll 8
+UNROLL_RN
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *line = codes + (size_t)b * 512;
         __m512i a0[MAXC], a1[MAXC];
-#pragma GCC unroll 8
+UNROLL_RN
         for (int c = 0; c < RN; c++) {
             a0[c] = _mm512_set1_epi32(xc[b * MAXC + c]);
             a1[c] = _mm512_setzero_si512();
         }
-#pragma GCC unroll 8
+UNROLL_RN
         for (int t = 0; t < 8; t++) {
             __m512i w = _mm512_load_si512((const void *)(line + t * 64));
-#pragma GCC unroll 8
+UNROLL_RN
             for (int c = 0; c < RN; c++) {
                 __m512i xv = _mm512_set1_epi32(load_quad(xq + (size_t)c * xb + (size_t)b * 34 + 2 + 4 * t));
                 if (two && (t & 1)) a1[c] = _mm512_dpbusd_epi32(a1[c], w, xv);
@@ -142,13 +149,13 @@ static inline __attribute__((always_inline)) TGT void group_kernel(const int RN,
             }
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(scales + b * GROUP)));
-#pragma GCC unroll 8
+UNROLL_RN
         for (int c = 0; c < RN; c++) {
             __m512i s = two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c];
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[b * MAXC + c])), acc[c]);
         }
     }
-#pragma GCC unroll 8
+UNROLL_RN
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
 
@@ -209,13 +216,6 @@ TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *x
 #define TGT2 __attribute__((target("avx2,fma,f16c")))
 #define MAXC2 6   /* activation rows per kernel call (measured: 4 and 5 slower, 8 no faster) */
 #define XBUF 192  /* activation blocks x rows converted at a time (64 bytes each: 12 KiB stays in L1) */
-/* Fully unrolls a loop over the activation rows (or quads) of a call, so that the accumulator arrays live in
- * registers (clang keeps them in memory with a GCC unroll count above the trip count). */
-#ifdef __clang__
-#define UNROLL_RN _Pragma("clang loop unroll(full)")
-#else
-#define UNROLL_RN _Pragma("GCC unroll 8")
-#endif
 /* Hides v's value from the compiler: GCC otherwise reassociates the accumulations of a fully unrolled block
  * into trees of independent products that no longer fit in the 16 ymm registers. */
 #define PIN(v) __asm__("" : "+x"(v))
@@ -350,7 +350,7 @@ void eng_gemm_packed_q8_0(eng_simd_level l, const void *P, int64_t n_out, int64_
     if (j_end > n_out) j_end = n_out;
     if (!P || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_packed_q8_0_bytes(n_out, k) == 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-    if (l >= ENG_SIMD_AVX512) {
+    if (l >= ENG_SIMD_AVX512 && m > 1) {
         gemm_packed_avx512(P, k, xq, m, y, ldy, j_begin, j_end);
         return;
     }
