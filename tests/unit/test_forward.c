@@ -20,18 +20,7 @@
 #include "engine/ops.h"
 #include "engine/quant.h"
 
-/* ---- random numbers ---- */
-typedef struct rng { uint64_t s; } rng;
-static uint64_t rng_next(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-static float rng_uniform(rng *r, float a) { /* in [-a, a) */
-    return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a;
-}
-static int rng_int(rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
+#include "helper_rng.h"
 
 /* ---- the random model ---- */
 enum { N_VOCAB = 272, MAX_L = 3 };

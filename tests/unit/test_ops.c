@@ -16,17 +16,7 @@
 #include "engine/quant.h"
 #include "engine/sampler_kernels.h"
 
-typedef struct rng { uint64_t s; } rng;
-static uint64_t rng_next(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-static float rng_uniform(rng *r, float a) { /* in [-a, a) */
-    return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a;
-}
-static int rng_int(rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
+#include "helper_rng.h"
 
 enum { MAX_M = 40, MAX_N = 40, MAX_HD = 136, MAX_LD = MAX_N + 8 };
 static const float SENTINEL = 12345.0f;
