@@ -59,8 +59,8 @@ static void axpy_f16_scalar(float *y, float s, const uint16_t *x, int32_t n) {
     for (int32_t i = 0; i < n; i++) y[i] += s * eng_fp16_to_f32(x[i]);
 }
 
-/* Tile kernels, scalar: the reference the vector versions are tested against (same per-row operations as
- * the one-query kernels: a dot product then the scale; one axpy per cache row). */
+/* Tile kernels, scalar: the reference the vector versions are tested against (per query and cache row: a dot
+ * product then the scale; one axpy per cache row). */
 static void tile_scores_f32_scalar(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
                                    float *s, int32_t lds) {
     for (int32_t i = 0; i < m; i++)
@@ -126,13 +126,6 @@ TGT static float dot_f16_avx2(const float *a, const uint16_t *b, int32_t n) {
     float s = hsum8(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++) s += a[i] * eng_fp16_to_f32(b[i]);
     return s;
-}
-TGT static void axpy_f32_avx2(float *y, float s, const float *x, int32_t n) {
-    __m256 vs = _mm256_set1_ps(s);
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += s * x[i];
 }
 /* o[c0 .. c0 + 8 * NACC) += sum_t p[t] * V[t][same columns], accumulators in registers across the rows */
 #define ACCUM_CHUNK(LOADV)                                                                                       \
@@ -334,94 +327,8 @@ TGT static double expsum_avx2(float *s, int32_t n, float mx) {
 
 /* ---- AVX-512: 16 values per instruction; head sizes that are multiples of 16 ---------------------------- */
 #define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
-/* The sum of v's 16 lanes folded to 8 (lane i + lane i + 8), for reduce8. */
-TGT512 static __m256 fold512(__m512 v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-#define SCORES8_512(LOADK)                                                                                       \
-    int32_t t = 0;                                                                                               \
-    const __m256 vscale = _mm256_set1_ps(scale);                                                                 \
-    for (; t + 8 <= n; t += 8) {                                                                                 \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;           \
-        for (int32_t c = 0; c < hd; c += 16) {                                                                   \
-            const __m512 qv = _mm512_loadu_ps(q + c);                                                            \
-            const size_t b = (size_t)t * hd + c;                                                                 \
-            a0 = _mm512_fmadd_ps(qv, LOADK(b), a0);                                                              \
-            a1 = _mm512_fmadd_ps(qv, LOADK(b + (size_t)hd), a1);                                                 \
-            a2 = _mm512_fmadd_ps(qv, LOADK(b + 2 * (size_t)hd), a2);                                             \
-            a3 = _mm512_fmadd_ps(qv, LOADK(b + 3 * (size_t)hd), a3);                                             \
-            a4 = _mm512_fmadd_ps(qv, LOADK(b + 4 * (size_t)hd), a4);                                             \
-            a5 = _mm512_fmadd_ps(qv, LOADK(b + 5 * (size_t)hd), a5);                                             \
-            a6 = _mm512_fmadd_ps(qv, LOADK(b + 6 * (size_t)hd), a6);                                             \
-            a7 = _mm512_fmadd_ps(qv, LOADK(b + 7 * (size_t)hd), a7);                                             \
-        }                                                                                                        \
-        __m256 r = reduce8(fold512(a0), fold512(a1), fold512(a2), fold512(a3), fold512(a4), fold512(a5),         \
-                           fold512(a6), fold512(a7));                                                            \
-        _mm256_storeu_ps(out + t, _mm256_mul_ps(r, vscale));                                                     \
-    }                                                                                                            \
-    for (; t < n; t++) {                                                                                         \
-        __m512 a = _mm512_setzero_ps();                                                                          \
-        for (int32_t c = 0; c < hd; c += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), LOADK((size_t)t * hd + c), a); \
-        out[t] = _mm512_reduce_add_ps(a) * scale;                                                                \
-    }
-/* o += sum_t p[t] V[t]: 4 columns-of-16 at a time with two accumulator sets (even and odd rows), so 8 FMA
- * chains run. */
-#define ACCUM_512(LOADV)                                                                                         \
-    int32_t c0 = 0;                                                                                              \
-    for (; c0 + 64 <= hd; c0 += 64) {                                                                            \
-        __m512 a0 = _mm512_loadu_ps(o + c0), a1 = _mm512_loadu_ps(o + c0 + 16);                                   \
-        __m512 a2 = _mm512_loadu_ps(o + c0 + 32), a3 = _mm512_loadu_ps(o + c0 + 48);                             \
-        __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;                                              \
-        int32_t t = 0;                                                                                           \
-        for (; t + 2 <= n; t += 2) {                                                                             \
-            const __m512 pa = _mm512_set1_ps(p[t]), pb = _mm512_set1_ps(p[t + 1]);                               \
-            const size_t x = (size_t)t * hd + c0, y = x + (size_t)hd;                                            \
-            a0 = _mm512_fmadd_ps(pa, LOADV(x), a0);                                                              \
-            a1 = _mm512_fmadd_ps(pa, LOADV(x + 16), a1);                                                         \
-            a2 = _mm512_fmadd_ps(pa, LOADV(x + 32), a2);                                                         \
-            a3 = _mm512_fmadd_ps(pa, LOADV(x + 48), a3);                                                         \
-            b0 = _mm512_fmadd_ps(pb, LOADV(y), b0);                                                              \
-            b1 = _mm512_fmadd_ps(pb, LOADV(y + 16), b1);                                                         \
-            b2 = _mm512_fmadd_ps(pb, LOADV(y + 32), b2);                                                         \
-            b3 = _mm512_fmadd_ps(pb, LOADV(y + 48), b3);                                                         \
-        }                                                                                                        \
-        if (t < n) {                                                                                             \
-            const __m512 pa = _mm512_set1_ps(p[t]);                                                              \
-            const size_t x = (size_t)t * hd + c0;                                                                \
-            a0 = _mm512_fmadd_ps(pa, LOADV(x), a0);                                                              \
-            a1 = _mm512_fmadd_ps(pa, LOADV(x + 16), a1);                                                         \
-            a2 = _mm512_fmadd_ps(pa, LOADV(x + 32), a2);                                                         \
-            a3 = _mm512_fmadd_ps(pa, LOADV(x + 48), a3);                                                         \
-        }                                                                                                        \
-        _mm512_storeu_ps(o + c0, _mm512_add_ps(a0, b0));                                                         \
-        _mm512_storeu_ps(o + c0 + 16, _mm512_add_ps(a1, b1));                                                    \
-        _mm512_storeu_ps(o + c0 + 32, _mm512_add_ps(a2, b2));                                                    \
-        _mm512_storeu_ps(o + c0 + 48, _mm512_add_ps(a3, b3));                                                    \
-    }                                                                                                            \
-    for (; c0 < hd; c0 += 16) {                                                                                  \
-        __m512 a = _mm512_loadu_ps(o + c0);                                                                      \
-        for (int32_t t = 0; t < n; t++) a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), LOADV((size_t)t * hd + c0), a); \
-        _mm512_storeu_ps(o + c0, a);                                                                             \
-    }
-
 #define LOADK512_F32(i) _mm512_loadu_ps(k + (i))
 #define LOADK512_F16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i))))
-#define LOADV512_F32(i) _mm512_loadu_ps(v + (i))
-#define LOADV512_F16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (i))))
-TGT512 static void scores_f32_avx512(const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
-    SCORES8_512(LOADK512_F32)
-}
-TGT512 static void scores_f16_avx512(const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale,
-                                     float *out) {
-    SCORES8_512(LOADK512_F16)
-}
-TGT512 static void accum_f32_avx512(float *o, const float *p, const float *v, int32_t n, int32_t hd) {
-    ACCUM_512(LOADV512_F32)
-}
-TGT512 static void accum_f16_avx512(float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
-    ACCUM_512(LOADV512_F16)
-}
 
 /* exp8_fma sixteen at a time; 2^n applied with scalef, the tail with masks. */
 TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
@@ -796,64 +703,6 @@ int eng_ops_attn_level(void) {
 #endif
 }
 
-void eng_attn_scores_f32(int level, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        scores_f32_avx512(q, k, n, hd, scale, out);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        scores_f32_avx2(q, k, n, hd, scale, out);
-        return;
-    }
-#endif
-    (void)level;
-    for (int32_t t = 0; t < n; t++) out[t] = dot_f32_scalar(q, k + (size_t)t * hd, hd) * scale;
-}
-void eng_attn_scores_f16(int level, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale,
-                         float *out) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        scores_f16_avx512(q, k, n, hd, scale, out);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        scores_f16_avx2(q, k, n, hd, scale, out);
-        return;
-    }
-#endif
-    (void)level;
-    for (int32_t t = 0; t < n; t++) out[t] = dot_f16_scalar(q, k + (size_t)t * hd, hd) * scale;
-}
-void eng_attn_accum_f32(int level, float *o, const float *p, const float *v, int32_t n, int32_t hd) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        accum_f32_avx512(o, p, v, n, hd);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        accum_f32_avx2(o, p, v, n, hd);
-        return;
-    }
-#endif
-    (void)level;
-    for (int32_t t = 0; t < n; t++) axpy_f32_scalar(o, p[t], v + (size_t)t * hd, hd);
-}
-void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        accum_f16_avx512(o, p, v, n, hd);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        accum_f16_avx2(o, p, v, n, hd);
-        return;
-    }
-#endif
-    (void)level;
-    for (int32_t t = 0; t < n; t++) axpy_f16_scalar(o, p[t], v + (size_t)t * hd, hd);
-}
-
 void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
                               float *s, int32_t lds, float *work) {
 #ifdef HAVE_X86
@@ -926,29 +775,4 @@ double eng_attn_expsum(int level, float *s, int32_t n, float mx) {
 #endif
     (void)level;
     return expsum_scalar(s, n, mx);
-}
-
-float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n) {
-#ifdef HAVE_X86
-    if (simd) return dot_f32_avx2(a, b, n);
-#endif
-    (void)simd;
-    return dot_f32_scalar(a, b, n);
-}
-float eng_dot_f16(bool simd, const float *a, const uint16_t *b, int32_t n) {
-#ifdef HAVE_X86
-    if (simd) return dot_f16_avx2(a, b, n);
-#endif
-    (void)simd;
-    return dot_f16_scalar(a, b, n);
-}
-void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n) {
-#ifdef HAVE_X86
-    if (simd) {
-        axpy_f32_avx2(y, s, x, n);
-        return;
-    }
-#endif
-    (void)simd;
-    axpy_f32_scalar(y, s, x, n);
 }

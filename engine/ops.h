@@ -1,9 +1,8 @@
 /*
  * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, SiLU and the
- * attention kernels over KV-cache rows (f32 or f16): one-query dot/axpy, tiles of many queries (the forward
- * pass's), and the softmax exponentials. Each vector kernel has a scalar version and an AVX2+FMA+F16C
- * version; `simd` selects (eng_ops_simd_available says whether the CPU has it); the attention kernels also
- * have AVX-512 versions, selected by a level. Pure functions, safe from any thread.
+ * attention kernels over KV-cache rows (f32 or f16): tiles of many queries and the softmax exponentials. Each
+ * attention kernel has a scalar version, an AVX2+FMA+F16C version and an AVX-512 version, selected by a level.
+ * Pure functions, safe from any thread.
  */
 #ifndef KVSERVE_ENGINE_OPS_H
 #define KVSERVE_ENGINE_OPS_H
@@ -21,26 +20,11 @@ void eng_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
  * (cs[2i] = cos theta_i, cs[2i+1] = sin theta_i, i < n_rot/2). neox: pairs (i, i + n_rot/2), else (2i, 2i+1). */
 void eng_rope(float *x, int32_t n_rot, const float *cs, bool neox);
 
-/* sum_i a[i] * b[i] over n f32 values. */
-float eng_dot_f32(bool simd, const float *a, const float *b, int32_t n);
-/* sum_i a[i] * half(b[i]) */
-float eng_dot_f16(bool simd, const float *a, const uint16_t *b, int32_t n);
-/* y[i] += s * x[i] */
-void eng_axpy_f32(bool simd, float *y, float s, const float *x, int32_t n);
-
 /* Kernel levels of the attention kernels: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (used for hd % 16 == 0; other
  * head sizes run the AVX2 code). A level above what the CPU runs must not be passed. */
 enum { ENG_OPS_SCALAR = 0, ENG_OPS_AVX2 = 1, ENG_OPS_AVX512 = 2 };
 /* The best attention level this CPU runs. */
 int eng_ops_attn_level(void);
-
-/* Attention over n consecutive cache rows of hd values (row t at k + t * hd):
- * scores: out[t] = scale * sum_i q[i] * K[t][i];  accum: o[i] += sum_t p[t] * V[t][i]. */
-void eng_attn_scores_f32(int level, const float *q, const float *k, int32_t n, int32_t hd, float scale, float *out);
-void eng_attn_scores_f16(int level, const float *q, const uint16_t *k, int32_t n, int32_t hd, float scale,
-                         float *out);
-void eng_attn_accum_f32(int level, float *o, const float *p, const float *v, int32_t n, int32_t hd);
-void eng_attn_accum_f16(int level, float *o, const float *p, const uint16_t *v, int32_t n, int32_t hd);
 
 /* Tile kernels: m queries at once over n consecutive cache rows of hd values (row t at k + t * hd), so that a
  * cache row is loaded and converted once for all the queries of a tile (the query heads sharing a KV head,
