@@ -5,15 +5,17 @@
  * across the threads and ends in a barrier; per layer:
  *   1. residual add, RMSNorm, quantize the rows (split by rows; batches of <= SMALL_M rows: every thread
  *      does all rows into its own buffers, no barrier),
- *   2. Q/K/V products split by head units, then bias / q-k norm / RoPE / cache writes of the same heads,
+ *   2. Q/K/V products in chunks of head units, then bias / q-k norm / RoPE / cache writes of the same heads,
  *   3. attention split by units of (tile, KV head): a tile is up to tile_r rows of one sequence at
  *      consecutive positions (a prefill run; a decode row is a tile of 1), and a unit computes all the query
  *      heads sharing one KV head for all the tile's rows, so every K and V row it reads is loaded and
  *      converted once for tile rows x heads queries; units are split across threads by their estimated cost;
  *      each unit's output is quantized in place for wo,
- *   4. wo product (split by output rows), 5. as 1 with the FFN norm,
- *   6. gate/up products split by columns (whole blocks of w_down's activation format), silu(gate) * up and
- *      its quantization on the same columns, 7. w_down product.
+ *   4. wo product (in chunks of output rows), 5. as 1 with the FFN norm,
+ *   6. gate/up products in chunks of columns (whole blocks of w_down's activation format), silu(gate) * up
+ *      and its quantization on the same columns, 7. w_down product.
+ * The matrix stages (2, 4, 6, 7 and the output projection) hand out their chunks from shared counters
+ * (next_chunk), so a thread that falls behind leaves its remaining chunks to the others.
  * Activations are quantized once per matrix input (per distinct dot type of the matrices reading it). The
  * output projection runs only for the rows that want logits. All scratch memory is allocated in
  * eng_ctx_create for max_batch_tokens rows (the logits buffer grows when a batch wants more rows than
@@ -433,10 +435,10 @@ static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int6
 /* Stages are split into chunks that threads take from a shared counter, several per thread: a thread that falls
  * behind (descheduled while another process runs, as a load client on the same cores does) leaves its remaining
  * chunks to the others instead of making them spin at the barrier. Results do not depend on who computes what.
- * Chunks hold at least min_units of the stage's n units. */
+ * Chunks hold at least min_units (>= 1) of the stage's n units. */
 static int64_t chunk_units(int64_t n, int nth, int64_t min_units) {
     int64_t per = n / (4 * (int64_t)nth);
-    return per > min_units ? per : min_units > 1 ? min_units : 1;
+    return per > min_units ? per : min_units;
 }
 /* The next chunk [*b, *e) of n units in chunks of per units from ctr; false when none is left. */
 static bool next_chunk(_Atomic int64_t *ctr, int64_t n, int64_t per, int64_t *b, int64_t *e) {
@@ -495,6 +497,15 @@ static void prefetch_rows(const eng_ctx *c, const char *p, int32_t n) {
     for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
 
+/* The nt Q8_0 cache rows at p dequantized into this thread's th_kv. */
+static const float *dequant_rows(eng_ctx *c, const char *p, int32_t nt, int ith) {
+    const int32_t hd = c->hp->head_dim;
+    float *rows = c->th_kv + (size_t)ith * c->lay.block_size * hd;
+    for (int32_t t = 0; t < nt; t++)
+        eng_dequantize_row(ENG_Q_Q8_0, p + (size_t)t * c->lay.row_bytes, rows + (size_t)t * hd, hd);
+    return rows;
+}
+
 /* Scores of the m queries q[m][hd] against the nt cache rows at kb (one block of one KV head's K), written to
  * s[i * lds + t]. */
 static void tile_scores(eng_ctx *c, const float *q, int32_t m, const char *kb, int32_t nt, float scale, float *s,
@@ -507,10 +518,7 @@ static void tile_scores(eng_ctx *c, const float *q, int32_t m, const char *kb, i
     } else if (lay->dtype == KVC_DTYPE_F32) {
         eng_attn_tile_scores_f32(c->attn_level, q, m, (const float *)kb, nt, hd, scale, s, lds, work);
     } else { /* Q8_0 rows: the block dequantized first */
-        float *rows = c->th_kv + (size_t)ith * lay->block_size * hd;
-        for (int32_t t = 0; t < nt; t++)
-            eng_dequantize_row(ENG_Q_Q8_0, kb + (size_t)t * lay->row_bytes, rows + (size_t)t * hd, hd);
-        eng_attn_tile_scores_f32(c->attn_level, q, m, rows, nt, hd, scale, s, lds, work);
+        eng_attn_tile_scores_f32(c->attn_level, q, m, dequant_rows(c, kb, nt, ith), nt, hd, scale, s, lds, work);
     }
 }
 
@@ -525,10 +533,7 @@ static void tile_accum(eng_ctx *c, float *o, int32_t m, const float *p, int32_t 
     } else if (lay->dtype == KVC_DTYPE_F32) {
         eng_attn_tile_accum_f32(c->attn_level, o, m, p, ldp, (const float *)vb, nt, hd, work);
     } else {
-        float *rows = c->th_kv + (size_t)ith * lay->block_size * hd;
-        for (int32_t t = 0; t < nt; t++)
-            eng_dequantize_row(ENG_Q_Q8_0, vb + (size_t)t * lay->row_bytes, rows + (size_t)t * hd, hd);
-        eng_attn_tile_accum_f32(c->attn_level, o, m, p, ldp, rows, nt, hd, work);
+        eng_attn_tile_accum_f32(c->attn_level, o, m, p, ldp, dequant_rows(c, vb, nt, ith), nt, hd, work);
     }
 }
 
