@@ -365,7 +365,6 @@ static int pack_matrix(eng_model *m, eng_matrix *w, bool release) {
         return 0;
     }
     w->packed = p;
-    m->packed_bytes += bytes;
     long page = sysconf(_SC_PAGESIZE);
     if (release && !m->file_buf && page > 0) {
         uintptr_t a = (uintptr_t)w->data, e = a + w->row_bytes * (size_t)w->n_out;

@@ -67,7 +67,6 @@ struct eng_model {
     size_t weight_bytes;        /* bytes of every tensor the model uses */
     pthread_mutex_t pack_lock;  /* guards the one-time packing of eng_model_pack_cpu */
     bool packed;                /* eng_model_pack_cpu has run */
-    size_t packed_bytes;        /* bytes of every matrix's packed copy */
 };
 
 /* Repacks every Q8_0 matrix whose shape allows it (eng_packed_q8_0_bytes) for the AVX2 and AVX-512 kernels, once
