@@ -79,6 +79,12 @@ static void gemm_packed_scalar(const uint8_t *P, int64_t n_out, int64_t k, const
     }
 }
 
+/* The rows of group g inside [jb, je) as a bit mask (bit i: row 16 g + i); the group must meet the range. */
+static inline unsigned group_rows(int64_t g, int64_t jb, int64_t je) {
+    int64_t lo = g * GROUP > jb ? g * GROUP : jb, hi = g * GROUP + GROUP < je ? g * GROUP + GROUP : je;
+    return ((1u << (hi - lo)) - 1u) << (lo - g * GROUP);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
@@ -190,8 +196,7 @@ TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *x
             const uint8_t *xr = xq + (size_t)c0 * xb;
             prep_x(xr, xb, rn, nb, xd, xc);
             for (int64_t g = g0; g < g1; g++) {
-                int64_t lo = g * GROUP > jb ? g * GROUP : jb, hi = g * GROUP + GROUP < je ? g * GROUP + GROUP : je;
-                __mmask16 mask = (__mmask16)(((1u << (hi - lo)) - 1u) << (lo - g * GROUP));
+                __mmask16 mask = (__mmask16)group_rows(g, jb, je);
                 k_group[rn - 1](P + (size_t)g * gbytes, nb, xr, xb, xd, xc, y + c0 * ldy + g * GROUP, ldy, mask);
             }
         }
@@ -332,8 +337,7 @@ TGT2 static void gemm_packed_avx2(const uint8_t *P, int64_t k, const uint8_t *xq
                 const int64_t ke = kb + kc < nb ? kb + kc : nb;
                 prep_x2(xr, xb, rn, kb, ke, xw, xd, xc);
                 for (int64_t g = g0; g < g1; g++) {
-                    int64_t lo = g * GROUP > jb ? g * GROUP : jb, hi = g * GROUP + GROUP < je ? g * GROUP + GROUP : je;
-                    unsigned mask = ((1u << (hi - lo)) - 1u) << (lo - g * GROUP);
+                    unsigned mask = group_rows(g, jb, je);
                     for (int h = 0; h < 2; h++)
                         if ((mask >> (8 * h)) & 0xFFu)
                             k_half[rn - 1](P + (size_t)g * gbytes, nb, kb, ke, h, (const int16_t (*)[32])xw, xd, xc,
