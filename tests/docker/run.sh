@@ -29,6 +29,7 @@ fi
 
 # podman as it can run here: chroot isolation, runc, cgroupfs, host network, lowered ulimits.
 PODMAN=(podman --cgroup-manager cgroupfs --runtime runc)
+LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 [ -n "$mirror" ] || mirror=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
 [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
@@ -43,13 +44,13 @@ if ! "${PODMAN[@]}" image exists localhost/debian:bookworm; then
   rm -rf "$rootfs"
 fi
 # Can this machine start a container at all?
-"${PODMAN[@]}" run --rm --network host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 localhost/debian:bookworm true >/tmp/kvserve-podman-probe.log 2>&1 \
+"${PODMAN[@]}" run --rm --network host "${LIMITS[@]}" localhost/debian:bookworm true >/tmp/kvserve-podman-probe.log 2>&1 \
   || { tail -5 /tmp/kvserve-podman-probe.log >&2; skip "podman cannot start a container on this machine"; }
 "${PODMAN[@]}" tag localhost/debian:bookworm localhost/debian:bookworm-slim
 
 echo "test-docker: building the image" >&2
 "${PODMAN[@]}" build --format docker --isolation chroot --network host \
-  --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+  "${LIMITS[@]}" \
   --build-arg BUILD_IMAGE=localhost/debian:bookworm --build-arg RUNTIME_IMAGE=localhost/debian:bookworm-slim \
   -t localhost/kvserve:test -f Dockerfile .
 
@@ -57,7 +58,7 @@ port=$((20000 + RANDOM % 20000))
 name=kvserve-smoke-$$
 cleanup() { "${PODMAN[@]}" rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-"${PODMAN[@]}" run -d --name "$name" --network host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+"${PODMAN[@]}" run -d --name "$name" --network host "${LIMITS[@]}" \
   localhost/kvserve:test -m /opt/kvserve/default.gguf --port "$port" >/dev/null
 
 for _ in $(seq 1 120); do
