@@ -1,0 +1,92 @@
+/* common.h: the small toolbox every kvserve module shares (prefix kvs_).
+ *
+ * What it is: one error enum with one kvs_strerror (libuv style: 0 is success, every failure a distinct negative
+ * code), one growable byte buffer (kvs_buf), and the limits that more than one layer must agree on.
+ * What it owns: nothing global. Every function here is reentrant and touches only what it is handed.
+ * What it must never do: depend on another kvserve module, allocate behind the caller's back (kvs_buf grows only
+ * the buffer it is given), or print. Mapping codes to HTTP statuses belongs to the server's API layer alone.
+ */
+#ifndef KVSERVE_COMMON_H
+#define KVSERVE_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* ---- errors ------------------------------------------------------------------------------------------------ */
+
+/* Every kvserve function that can fail returns 0 or one of these. The values never change meaning; new codes
+ * are added at the end. Modules may keep their historical names (ENG_ERR_NOMEM...) as aliases of these. */
+typedef enum kvs_err {
+    KVS_OK = 0,
+    KVS_ERR_INVALID = -1,      /* an argument or input is out of its documented range */
+    KVS_ERR_NOMEM = -2,        /* an allocation failed */
+    KVS_ERR_IO = -3,           /* a read, write, open or map failed (errno tells more) */
+    KVS_ERR_FORMAT = -4,       /* malformed file or text (GGUF, JSON, template, schema) */
+    KVS_ERR_UNSUPPORTED = -5,  /* well-formed, but a feature or type this build cannot handle */
+    KVS_ERR_NOT_FOUND = -6,    /* a named key, tensor, token, sequence or request does not exist */
+    KVS_ERR_TYPE = -7,         /* a value has another type than the one asked for */
+    KVS_ERR_TOO_LARGE = -8,    /* an output buffer is too small, or an input exceeds a hard limit */
+    KVS_ERR_KV_FULL = -9,      /* the KV block pool has no free block for this step */
+    KVS_ERR_KV = -10,          /* the KV cache refused an operation (state or position) */
+    KVS_ERR_DEVICE = -11,      /* a GPU call failed or no usable device */
+    KVS_ERR_NO_SLOT = -12,     /* every sequence slot is in use */
+    KVS_ERR_BAD_SEQ = -13,     /* a sequence id out of range or not active */
+    KVS_ERR_POSITION = -14,    /* a position out of order or beyond the context */
+    KVS_ERR_STATE = -15,       /* the call is not allowed in the object's current state */
+    KVS_ERR_QUEUE_FULL = -16,  /* admission refused: the queue is at its limit */
+    KVS_ERR_STOPPED = -17,     /* the component is shutting down or stopped */
+    KVS_ERR_THREAD = -18,      /* a thread could not be created */
+    KVS_ERR_TOO_LONG = -19,    /* a prompt (plus requested tokens) does not fit the context */
+    KVS_ERR_BIND = -20,        /* a listening address could not be bound */
+    KVS_ERR_CLOSED = -21,      /* the peer or connection is gone */
+    KVS_ERR_BACKPRESSURE = -22,/* the peer reads too slowly; output is held back */
+    KVS_ERR_MODEL = -23,       /* the model file could not be loaded */
+    KVS_ERR_SYNTAX = -24,      /* a template, grammar or schema has a syntax error */
+    KVS_ERR_LIMIT = -25,       /* a sandbox limit was reached (steps, depth, output size) */
+    KVS_ERR_RAISED = -26,      /* a template called raise_exception */
+    KVS_ERR_HELP = -27,        /* not a failure: usage text was requested and printed */
+} kvs_err;
+
+/* A short, constant, English description of `err`; "unknown error" for codes not in kvs_err. Never NULL. */
+const char *kvs_strerror(int err);
+
+/* ---- growable buffer --------------------------------------------------------------------------------------- */
+
+/* A byte buffer that grows by doubling. `data` is NUL-terminated whenever len > 0 or after any successful call
+ * (so it can be used as a C string when the content has no NUL). A failed allocation sets `oom`: later appends do
+ * nothing and return KVS_ERR_NOMEM, so a caller may append many pieces and check once at the end.
+ * `max` (0 = unlimited) caps len: an append past it fails with KVS_ERR_TOO_LARGE and sets `oom` as well. */
+typedef struct kvs_buf {
+    char *data;   /* [cap] owned, NULL until the first append */
+    size_t len;   /* bytes used, excluding the terminating NUL */
+    size_t cap;   /* bytes allocated */
+    size_t max;   /* 0 or the largest len allowed */
+    bool oom;     /* sticky: an append failed (memory or max) */
+} kvs_buf;
+
+/* Appends n bytes (s may be NULL when n == 0). 0, KVS_ERR_NOMEM or KVS_ERR_TOO_LARGE. */
+int kvs_buf_append(kvs_buf *b, const void *s, size_t n);
+/* Appends a NUL-terminated string. */
+int kvs_buf_puts(kvs_buf *b, const char *s);
+/* Appends one byte. */
+int kvs_buf_putc(kvs_buf *b, char c);
+/* printf-style append. */
+int kvs_buf_printf(kvs_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int kvs_buf_vprintf(kvs_buf *b, const char *fmt, va_list ap);
+/* Makes room for n more bytes without changing len. */
+int kvs_buf_reserve(kvs_buf *b, size_t n);
+/* Empties the buffer, keeping its memory and `max`; clears `oom`. */
+void kvs_buf_clear(kvs_buf *b);
+/* Hands the NUL-terminated data to the caller (free() it; never NULL after a successful call: an empty buffer
+ * gives ""), or NULL when `oom` is set or the allocation fails. The buffer is left empty either way. */
+char *kvs_buf_take(kvs_buf *b);
+/* Frees the data; the buffer is empty and reusable. */
+void kvs_buf_free(kvs_buf *b);
+
+/* ---- shared limits ------------------------------------------------------------------------------------------ */
+
+/* The most top_logprobs / logprobs alternatives a request may ask for (OpenAI's limit). */
+#define KVS_MAX_TOP_LOGPROBS 20
+
+#endif
