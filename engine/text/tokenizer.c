@@ -5,7 +5,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <ctype.h>
 #include <stdarg.h>
