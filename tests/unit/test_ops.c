@@ -1,5 +1,5 @@
 /*
- * test_ops.c: the attention tile kernels (engine/ops.h): the scalar versions against a plain double
+ * test_ops.c: the attention tile kernels (engine/kernels/ops.h): the scalar versions against a plain double
  * reference written here, then every vector level this CPU runs against the scalar versions, on random
  * shapes (query counts across the vector kernels' group sizes and the transpose threshold, cache-row counts
  * across the 16-row chunks, head sizes that are multiples of 16 and odd ones, padded row strides). Also
@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #include "helper_rng.h"
 

@@ -27,13 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/batch.h"
-#include "engine/forward_cuda.h"
-#include "engine/model.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
-#include "engine/threadpool.h"
+#include "engine/runtime/batch.h"
+#include "engine/runtime/forward_cuda.h"
+#include "engine/format/model.h"
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
+#include "engine/runtime/threadpool.h"
 
 enum {
     MAX_GROUP = 3,

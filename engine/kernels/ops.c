@@ -1,11 +1,11 @@
 /* ops.c: f32 kernels of the forward pass, scalar, AVX2+FMA+F16C and (attention) AVX-512. */
-#include "engine/ops.h"
+#include "engine/kernels/ops.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
