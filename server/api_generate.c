@@ -54,10 +54,13 @@ void api_call_free(api_call *c) {
     if (c->prev) c->prev->next = c->next; else if (api->calls == c) api->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     api->n_calls--;
-    for (int32_t i = 0; i < c->n_choices; i++) { free(c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
-    for (int32_t i = 0; i < c->n_subs; i++) free(c->subs[i].echo);
+    for (int32_t i = 0; c->choices && i < c->n_choices; i++) { free(c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
+    for (int32_t i = 0; c->subs && i < c->n_subs; i++) free(c->subs[i].echo);
     free(c->choices);
     free(c->subs);
+    for (int32_t i = 0; c->prep_toks && i < c->n_subs; i++) free(c->prep_toks[i]);
+    free(c->prep_toks);
+    free(c->prep_ntok);
     srv_api_gen_free(&c->gen);
     free(c);
 }
@@ -225,11 +228,64 @@ tokfail:
     return -1;
 }
 
+/* Pool thread: parse the body, render and tokenize every prompt and check it against the context, before
+ * anything is queued. Touches only the call and read-only parts of the API. */
+static void prepare_work(api_job *j) {
+    api_call *c = (api_call *)j;
+    srv_api *api = c->api;
+    srv_api_error *e = &c->prep_error;
+    srv_http_req *req = c->req;
+    c->prep_failed = true;
+    srv_api_kind kind = c->kind;
+    if (srv_api_parse_gen(kind, req->body, req->body_len, &api->limits, &c->gen, e) != 0) return;
+    srv_api_gen *g = &c->gen;
+    c->n_subs = kind == SRV_API_CHAT ? 1 : g->n_prompts;
+    c->n_choices = c->n_subs * g->n;
+    c->subs = calloc((size_t)c->n_subs, sizeof *c->subs);
+    c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
+    c->prep_toks = calloc((size_t)c->n_subs, sizeof *c->prep_toks);
+    c->prep_ntok = calloc((size_t)c->n_subs, sizeof *c->prep_ntok);
+    if (!c->subs || !c->choices || !c->prep_toks || !c->prep_ntok) {
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        return;
+    }
+    int32_t **toks = c->prep_toks, *ntok = c->prep_ntok;
+    for (int32_t i = 0; i < c->n_subs; i++) {
+        c->subs[i].call = c;
+        c->subs[i].prompt_index = i;
+        if (build_prompt(api, c, i, &toks[i], &ntok[i], e)) return;
+        const char *param = kind == SRV_API_CHAT ? "messages" : "prompt";
+        if (ntok[i] < 1) {
+            srv_api_set_error(e, 400, NULL, param, NULL, "the prompt is empty (0 tokens)");
+            return;
+        }
+        if (api->n_ctx > 0 && (ntok[i] >= api->n_ctx ||
+                               (g->max_tokens > 0 && (int64_t)ntok[i] + g->max_tokens > api->n_ctx))) {
+            if (g->max_tokens > 0)
+                srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
+                                  "This model's maximum context length is %d tokens. However, you requested %lld "
+                                  "tokens (%d in the prompt, %d for the completion). Please reduce the prompt or "
+                                  "max_tokens.", (int)api->n_ctx, (long long)ntok[i] + g->max_tokens,
+                                  (int)ntok[i], (int)g->max_tokens);
+            else
+                srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
+                                  "This model's maximum context length is %d tokens. However, the prompt has %d "
+                                  "tokens.", (int)api->n_ctx, (int)ntok[i]);
+            return;
+        }
+    }
+    c->prep_failed = false;
+}
+
+static void prepare_done(api_job *j);
+
+/* Loop thread: the call is registered (so shutdown waits for it and a disconnect is noticed), then prepared
+ * off the loop (prepare_work), then queued (prepare_done). */
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
-    srv_api_error e;
     api_call *c = calloc(1, sizeof *c);
     if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
     c->api = api;
+    c->kind = kind;
     c->next = api->calls;
     if (api->calls) api->calls->prev = c;
     api->calls = c;
@@ -237,45 +293,39 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
     c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
     c->method = req->method_name;
     c->path = kind == SRV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
-    int r = srv_api_parse_gen(kind, req->body, req->body_len, &api->limits, &c->gen, &e);
-    if (r != 0) { api_reply_error(api, req, &e, NULL); api_call_free(c); return; }
-    srv_api_gen *g = &c->gen;
-    c->n_subs = kind == SRV_API_CHAT ? 1 : g->n_prompts;
-    c->n_choices = c->n_subs * g->n;
-    c->subs = calloc((size_t)c->n_subs, sizeof *c->subs);
-    c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
-    if (!c->subs || !c->choices) { api_reply_json(api, req, 500, NULL, NULL, -1); api_call_free(c); return; }
     make_id(api, kind == SRV_API_CHAT ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->created = (int64_t)time(NULL);
-    c->stream = g->stream;
-    /* Tokenize and check every prompt before queueing anything. */
-    int32_t **toks = calloc((size_t)c->n_subs, sizeof *toks);
-    int32_t *ntok = calloc((size_t)c->n_subs, sizeof *ntok);
-    bool fail = !toks || !ntok;
-    if (fail) srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
-    for (int32_t i = 0; !fail && i < c->n_subs; i++) {
-        c->subs[i].call = c;
-        c->subs[i].prompt_index = i;
-        if (build_prompt(api, c, i, &toks[i], &ntok[i], &e)) { fail = true; break; }
-        const char *param = kind == SRV_API_CHAT ? "messages" : "prompt";
-        if (ntok[i] < 1) {
-            srv_api_set_error(&e, 400, NULL, param, NULL, "the prompt is empty (0 tokens)");
-            fail = true;
-        } else if (api->n_ctx > 0 && (ntok[i] >= api->n_ctx ||
-                                      (g->max_tokens > 0 && (int64_t)ntok[i] + g->max_tokens > api->n_ctx))) {
-            if (g->max_tokens > 0)
-                srv_api_set_error(&e, 400, NULL, param, "context_length_exceeded",
-                                  "This model's maximum context length is %d tokens. However, you requested %lld "
-                                  "tokens (%d in the prompt, %d for the completion). Please reduce the prompt or "
-                                  "max_tokens.", (int)api->n_ctx, (long long)ntok[i] + g->max_tokens,
-                                  (int)ntok[i], (int)g->max_tokens);
-            else
-                srv_api_set_error(&e, 400, NULL, param, "context_length_exceeded",
-                                  "This model's maximum context length is %d tokens. However, the prompt has %d "
-                                  "tokens.", (int)api->n_ctx, (int)ntok[i]);
-            fail = true;
-        }
+    c->req = req;
+    srv_http_set_abort(req, on_abort, c);
+    c->job.work = prepare_work;
+    c->job.done = prepare_done;
+    api_offload(api, &c->job);
+}
+
+static void prepare_done(api_job *j) {
+    api_call *c = (api_call *)j;
+    srv_api *api = c->api;
+    srv_http_req *req = c->req;
+    srv_api_gen *g = &c->gen;
+    srv_api_kind kind = c->kind;
+    int32_t **toks = c->prep_toks, *ntok = c->prep_ntok;
+    c->prep_toks = NULL;
+    c->prep_ntok = NULL;
+    srv_api_error e = c->prep_error;
+    bool fail = c->prep_failed;
+    int r;
+    if (!req || api->closing) { /* the client left (logged by on_abort), or the API is being freed */
+        for (int32_t i = 0; toks && i < c->n_subs; i++) free(toks[i]);
+        free(toks);
+        free(ntok);
+        api_call_free(c);
+        return;
     }
+    if (!fail && c->shutdown) {
+        srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
+        fail = true;
+    }
+    c->stream = !fail && g->stream;
     /* Queue one scheduler request per prompt. */
     const char *extra = NULL;
     for (int32_t i = 0; !fail && i < c->n_subs; i++) {
@@ -319,18 +369,20 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
     free(toks);
     free(ntok);
     if (fail) {
-        if (c->n_live == 0) { api_reply_error(api, req, &e, extra); api_call_free(c); return; }
+        if (c->n_live == 0) {
+            srv_http_set_abort(req, NULL, NULL);
+            c->req = NULL;
+            api_reply_error(api, req, &e, extra);
+            api_call_free(c);
+            return;
+        }
         /* Some prompts were queued: cancel them, answer with the error once they are gone. */
-        c->req = req;
         c->has_error = true;
         c->error = e;
         c->stream = false;
-        srv_http_set_abort(req, on_abort, c);
         api_cancel_subs(c);
         return;
     }
-    c->req = req;
-    srv_http_set_abort(req, on_abort, c);
     if (c->stream) {
         if (srv_http_stream_begin(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n") != 0) {
             c->req = NULL;

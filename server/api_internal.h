@@ -6,7 +6,10 @@
  *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
  *   api_parse.c     request bodies -> srv_api_request (validation)
  *
- * Everything here runs on the event-loop thread.
+ * Everything here runs on the event-loop thread, except the preparation of generation requests and the
+ * tokenize/detokenize routes (api_offload): those run on libuv's thread pool and may touch only their own
+ * job and the read-only parts of srv_api (limits, n_ctx, the backend's tokenize/token_piece/chat_render,
+ * which are safe from any thread).
  */
 #ifndef KVSERVE_API_INTERNAL_H
 #define KVSERVE_API_INTERNAL_H
@@ -35,7 +38,25 @@ typedef struct api_sub {  /* one scheduler request: one prompt with its n choice
     size_t echo_len;
 } api_sub;
 
+/* Work done off the loop (api_offload): `work` runs on a pool thread, then `done` on the loop thread. While
+ * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. */
+typedef struct api_job api_job;
+struct api_job {
+    uv_work_t w;
+    srv_api *api;
+    srv_http_req *req;    /* NULL once the client is gone */
+    void (*work)(api_job *j);
+    void (*done)(api_job *j);
+};
+/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
+void api_offload(srv_api *api, api_job *j);
+
 struct api_call {
+    api_job job;          /* preparation: parse, render, tokenize (api_generate.c) */
+    int32_t **prep_toks;  /* [n_subs] prompt tokens from the preparation */
+    int32_t *prep_ntok;
+    bool prep_failed; srv_api_error prep_error;
+    srv_api_kind kind;
     srv_api *api;
     api_call *prev, *next;
     srv_http_req *req;    /* NULL once the client is gone */
@@ -64,6 +85,9 @@ struct srv_api {
     bool has_backend;
     api_call *calls;
     int32_t n_calls;
+    uv_loop_t *loop;      /* NULL: offloaded work runs inline */
+    int32_t n_jobs;       /* jobs out on the thread pool */
+    bool closing;         /* srv_api_free is waiting for them */
     uint64_t rng;
     int64_t created;
 };

@@ -1,6 +1,8 @@
 /* api_routes.c: request dispatch (auth, method, path), the simple routes and the srv_api lifetime (see api.h). */
 #include "server/api_internal.h"
 
+#include "common/common.h"
+
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -68,20 +70,30 @@ static void route_metrics(srv_api *api, srv_http_req *req) {
     free(text);
 }
 
-static cJSON *parse_body_object(srv_api *api, srv_http_req *req) {
+/* /tokenize and /detokenize run off the loop (api_offload): a multi-megabyte body would otherwise hold every
+ * connection while it is parsed and tokenized. Their work fills `out` (200) or `err`; done replies. */
+typedef struct text_job {
+    api_job job;
+    bool detok;
+    cJSON *out;           /* the 200 body, or NULL with err set */
+    bool failed;
+    srv_api_error err;
+} text_job;
+
+static cJSON *parse_body_object(const srv_http_req *req, srv_api_error *e) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        api_reply_err(api, req, 400, NULL, NULL, NULL, NULL, "the request body must be a JSON object");
+        srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
         return NULL;
     }
     return root;
 }
 
-static void route_tokenize(srv_api *api, srv_http_req *req) {
-    cJSON *root = parse_body_object(api, req);
-    if (!root) return;
+static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
+    cJSON *root = parse_body_object(req, e), *o = NULL;
+    if (!root) return NULL;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(root, "parse_special");
@@ -90,20 +102,21 @@ static void route_tokenize(srv_api *api, srv_http_req *req) {
                       (ps && !cJSON_IsBool(ps) && !cJSON_IsNull(ps)) ? "parse_special" :
                       (wp && !cJSON_IsBool(wp) && !cJSON_IsNull(wp)) ? "with_pieces" : NULL;
     if (bad) {
-        api_reply_err(api, req, 400, NULL, bad, NULL, NULL, "'%s' %s", bad,
-                  !strcmp(bad, "content") ? "is required and must be a string" : "must be a boolean");
+        srv_api_set_error(e, 400, NULL, bad, NULL, "'%s' %s", bad,
+                          !strcmp(bad, "content") ? "is required and must be a string" : "must be a boolean");
         cJSON_Delete(root);
-        return;
+        return NULL;
     }
     int32_t *toks = NULL, n = 0;
     const char *text = content->valuestring;
     int r = api_tokenize(api, text, strlen(text), cJSON_IsTrue(as), ps ? !cJSON_IsFalse(ps) : true, &toks, &n);
     if (r != 0) {
-        api_reply_err(api, req, 500, "server_error", NULL, NULL, NULL, "tokenization failed: %s", eng_strerror(r));
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", eng_strerror(r));
         cJSON_Delete(root);
-        return;
+        return NULL;
     }
-    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "tokens");
+    o = cJSON_CreateObject();
+    cJSON *arr = o ? cJSON_AddArrayToObject(o, "tokens") : NULL;
     for (int32_t i = 0; arr && i < n; i++) {
         if (cJSON_IsTrue(wp)) {
             char buf[256];
@@ -119,52 +132,83 @@ static void route_tokenize(srv_api *api, srv_http_req *req) {
         }
     }
     free(toks);
-    api_reply_json(api, req, 200, o, NULL, -1);
-    cJSON_Delete(o);
     cJSON_Delete(root);
+    if (!arr) {
+        cJSON_Delete(o);
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    return o;
 }
 
-static void route_detokenize(srv_api *api, srv_http_req *req) {
-    cJSON *root = parse_body_object(api, req);
-    if (!root) return;
+static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
+    cJSON *root = parse_body_object(req, e);
+    if (!root) return NULL;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(toks)) {
-        api_reply_err(api, req, 400, NULL, "tokens", NULL, NULL, "'tokens' is required and must be an array of token ids");
+        srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' is required and must be an array of token ids");
         cJSON_Delete(root);
-        return;
+        return NULL;
     }
-    size_t cap = 256, len = 0;
-    char *out = malloc(cap);
+    kvs_buf out = {0};
     int i = 0;
-    for (const cJSON *t = toks->child; out && t; t = t->next, i++) {
+    for (const cJSON *t = toks->child; t; t = t->next, i++) {
         double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
         if (v < 0 || v != (double)(int64_t)v || (api->limits.n_vocab > 0 && v >= api->limits.n_vocab) ||
             v > INT32_MAX) {
-            api_reply_err(api, req, 400, NULL, "tokens", NULL, NULL, "'tokens' item %d is not a valid token id", i);
-            free(out);
+            srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' item %d is not a valid token id", i);
+            kvs_buf_free(&out);
             cJSON_Delete(root);
-            return;
+            return NULL;
         }
         char buf[256];
         int l = api_piece(api, (int32_t)v, buf, sizeof buf);
-        if (l < 0) continue;
-        if (len + (size_t)l + 1 > cap) {
-            while (len + (size_t)l + 1 > cap) cap *= 2;
-            char *p = realloc(out, cap);
-            if (!p) { free(out); out = NULL; break; }
-            out = p;
-        }
-        memcpy(out + len, buf, (size_t)l);
-        len += (size_t)l;
+        if (l > 0) kvs_buf_append(&out, buf, (size_t)l);
     }
-    char *s = out ? api_utf8_sanitize(out, len) : NULL;
-    free(out);
-    cJSON *o = cJSON_CreateObject();
-    if (o && s) cJSON_AddStringToObject(o, "content", s);
-    free(s);
-    api_reply_json(api, req, 200, s || !out ? o : NULL, NULL, -1);
-    cJSON_Delete(o);
     cJSON_Delete(root);
+    char *s = out.oom ? NULL : api_utf8_sanitize(out.data ? out.data : "", out.len);
+    kvs_buf_free(&out);
+    cJSON *o = s ? cJSON_CreateObject() : NULL;
+    if (o && !cJSON_AddStringToObject(o, "content", s)) {
+        cJSON_Delete(o);
+        o = NULL;
+    }
+    free(s);
+    if (!o) srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    return o;
+}
+
+static void text_work(api_job *j) {
+    text_job *t = (text_job *)j;
+    t->out = t->detok ? detokenize_body(j->api, j->req, &t->err) : tokenize_body(j->api, j->req, &t->err);
+    t->failed = !t->out;
+}
+
+static void text_done(api_job *j) {
+    text_job *t = (text_job *)j;
+    if (j->req && !j->api->closing) {
+        srv_http_set_abort(j->req, NULL, NULL);
+        if (t->failed) api_reply_error(j->api, j->req, &t->err, NULL);
+        else api_reply_json(j->api, j->req, 200, t->out, NULL, -1);
+    }
+    cJSON_Delete(t->out);
+    free(t);
+}
+
+static void text_abort(void *ud, srv_http_req *req) {
+    (void)req;
+    ((text_job *)ud)->job.req = NULL;
+}
+
+static void route_text(srv_api *api, srv_http_req *req, bool detok) {
+    text_job *t = calloc(1, sizeof *t);
+    if (!t) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
+    t->detok = detok;
+    t->job.req = req;
+    t->job.work = text_work;
+    t->job.done = text_done;
+    srv_http_set_abort(req, text_abort, t);
+    api_offload(api, &t->job);
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
@@ -237,9 +281,31 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_METRICS: route_metrics(api, req); break;
     case R_COMPL: api_route_generate(api, req, SRV_API_COMPLETION); break;
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
-    case R_TOK: route_tokenize(api, req); break;
-    case R_DETOK: route_detokenize(api, req); break;
+    case R_TOK: route_text(api, req, false); break;
+    case R_DETOK: route_text(api, req, true); break;
     }
+}
+
+/* ---- work off the loop ------------------------------------------------------------------------------------ */
+static void offload_work(uv_work_t *w) {
+    api_job *j = (api_job *)w;
+    j->work(j);
+}
+static void offload_after(uv_work_t *w, int status) {
+    (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
+    api_job *j = (api_job *)w;
+    j->api->n_jobs--;
+    j->done(j);
+}
+void api_offload(srv_api *api, api_job *j) {
+    j->api = api;
+    if (api->loop) {
+        api->n_jobs++;
+        if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
+        api->n_jobs--;
+    }
+    j->work(j);
+    j->done(j);
 }
 
 /* ---- lifetime -------------------------------------------------------------------------------------------- */
@@ -258,6 +324,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->log_format = cfg->log_format;
     api->log = cfg->log_stream;
     api->metrics = metrics;
+    api->loop = cfg->loop;
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;
     api->created = (int64_t)time(NULL);
@@ -267,6 +334,10 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
 
 void srv_api_free(srv_api *api) {
     if (!api) return;
+    /* Jobs still on the thread pool use their calls: let them finish (their done callbacks see `closing` and
+     * only free what they own). */
+    api->closing = true;
+    while (api->n_jobs > 0 && uv_run(api->loop, UV_RUN_ONCE) >= 0) {}
     while (api->calls) api_call_free(api->calls);
     free(api->model_id);
     free(api->api_key);
