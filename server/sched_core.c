@@ -639,6 +639,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     r->sp.logit_bias = r->bias;
     r->ignore_eos = req->ignore_eos;
     r->penalize_prompt = req->penalize_prompt;
+    r->report_eog = req->report_eog;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

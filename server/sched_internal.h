@@ -46,6 +46,7 @@ typedef struct sched_req {
     eng_logit_bias *bias;
     bool ignore_eos;
     bool penalize_prompt;
+    bool report_eog;         /* srv_sched_request.report_eog */
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */

@@ -252,6 +252,22 @@ void sched_refresh_stats_locked(srv_sched *s) {
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
+/* Queues a sample for the choice's next DELTA; false (the choice failed) when out of memory. */
+static bool push_sample(srv_sched *s, sched_req *r, sched_choice *c, const eng_sample *smp) {
+    if (c->n_smp == c->cap_smp) {
+        int32_t cap = c->cap_smp ? c->cap_smp * 2 : 4;
+        eng_sample *p = realloc(c->smp, (size_t)cap * sizeof *p);
+        if (!p) {
+            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
+            return false;
+        }
+        c->smp = p;
+        c->cap_smp = cap;
+    }
+    c->smp[c->n_smp++] = *smp;
+    return true;
+}
+
 void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits) {
     if (r->ignore_eos)
         for (int32_t k = 0; k < s->n_eog; k++) logits[s->eog[k]] = -INFINITY;
@@ -278,20 +294,11 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
     if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
     r->protect = false;
     if (!r->ignore_eos && s->ops.token_is_eog(s->ops.ctx, smp.token)) {
+        if (r->report_eog && !push_sample(s, r, c, &smp)) return;
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
         return;
     }
-    if (c->n_smp == c->cap_smp) {
-        int32_t cap = c->cap_smp ? c->cap_smp * 2 : 4;
-        eng_sample *p = realloc(c->smp, (size_t)cap * sizeof *p);
-        if (!p) {
-            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
-            return;
-        }
-        c->smp = p;
-        c->cap_smp = cap;
-    }
-    c->smp[c->n_smp++] = smp;
+    if (!push_sample(s, r, c, &smp)) return;
     char *heap;
     const char *t;
     size_t n = 0;

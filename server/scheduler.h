@@ -190,7 +190,8 @@ typedef struct srv_sched_event {
     size_t text_len;
     const eng_sample *samples;/* DELTA: the tokens sampled for this choice since its last event, with logprob
                                  and the top-N (sampling.n_top_logprobs); an EOG token that ended the choice
-                                 is not included (it has no text) but counts in usage.completion_tokens;
+                                 is not included (it has no text; unless the request asked report_eog) but
+                                 counts in usage.completion_tokens;
                                  CHOICE_END: none */
     int32_t n_samples;
     uint64_t t;               /* uv_hrtime() when the step that produced this event ended (ITL source) */
@@ -217,6 +218,8 @@ typedef struct srv_sched_request {
     bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
                                  llama.cpp's server does); false: only generated tokens (needs
                                  ops.sampler_accept, ignored without it) */
+    bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
+                                 last DELTA (for callers that print token ids, like `kvserve generate`) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

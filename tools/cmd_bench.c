@@ -7,6 +7,10 @@
  * does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}]}
+ *
+ * Unlike `generate` and `serve`, bench drives eng_decode with its own loop, on purpose: it measures the
+ * engine alone (fixed batch shapes, no scheduler, sampling or detokenizing in the timed region). The
+ * scheduler's own overhead is measured end to end by bench/loadgen.mjs against `serve`.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
