@@ -14,6 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- errors ------------------------------------------------------------------------------------------------ */
 
 /* Every kvserve function that can fail returns 0 or one of these. The values never change meaning; new codes
@@ -119,5 +123,9 @@ int kvs_kv_plan(const kvs_kv_plan_req *req, int32_t *n_blocks, char *err, size_t
 
 /* The most top_logprobs / logprobs alternatives a request may ask for (OpenAI's limit). */
 #define KVS_MAX_TOP_LOGPROBS 20
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

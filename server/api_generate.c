@@ -156,7 +156,7 @@ static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n
         srv_api_set_error(e, 503, "server_error", NULL, NULL, "the server is shutting down");
         return 503;
     default:
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request (scheduler error %d)", r);
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request: %s", kvs_strerror(r));
         return 500;
     }
 }
@@ -174,7 +174,7 @@ static int build_prompt(srv_api *api, api_call *c, int32_t i, int32_t **toks, in
         if (r != 0) {
             srv_api_set_error(e, r == ENG_ERR_NOMEM ? 500 : 400, r == ENG_ERR_NOMEM ? "server_error" : NULL,
                               "messages", NULL, "the messages could not be rendered with the chat template: %s",
-                              eng_strerror(r));
+                              kvs_strerror(r));
             return -1;
         }
         r = api_tokenize(api, text, strlen(text), true, true, toks, n);

@@ -99,7 +99,7 @@ static void route_tokenize(srv_api *api, srv_http_req *req) {
     const char *text = content->valuestring;
     int r = api_tokenize(api, text, strlen(text), cJSON_IsTrue(as), ps ? !cJSON_IsFalse(ps) : true, &toks, &n);
     if (r != 0) {
-        api_reply_err(api, req, 500, "server_error", NULL, NULL, NULL, "tokenization failed: %s", eng_strerror(r));
+        api_reply_err(api, req, 500, "server_error", NULL, NULL, NULL, "tokenization failed: %s", kvs_strerror(r));
         cJSON_Delete(root);
         return;
     }

@@ -20,19 +20,7 @@
 #include <string.h>
 
 /* ---- small helpers ---------------------------------------------------------------------------------------- */
-const char *srv_sched_strerror(int err) {
-    switch (err) {
-    case SRV_SCHED_OK: return "ok";
-    case SRV_SCHED_ERR_INVALID: return "invalid argument";
-    case SRV_SCHED_ERR_NOMEM: return "out of memory";
-    case SRV_SCHED_ERR_QUEUE_FULL: return "request queue is full";
-    case SRV_SCHED_ERR_NOT_FOUND: return "no such request";
-    case SRV_SCHED_ERR_STOPPED: return "scheduler is stopping";
-    case SRV_SCHED_ERR_THREAD: return "could not create a thread or handle";
-    case SRV_SCHED_ERR_TOO_LONG: return "prompt is longer than the context";
-    default: return "unknown error";
-    }
-}
+const char *srv_sched_strerror(int err) { return kvs_strerror(err); }
 
 const char *srv_sched_finish_name(srv_sched_finish f) {
     switch (f) {

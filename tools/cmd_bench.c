@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cuda/cuda_engine.h"
+#include "common/common.h"
 #include "engine/engine.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -70,7 +71,7 @@ static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq
     double t = kvs_now_s() - t0;
     kvc_seq_free(kv, s);
     if (rc != 0) {
-        fprintf(stderr, "kvserve bench: prefill failed: %s\n", eng_strerror(rc));
+        fprintf(stderr, "kvserve bench: prefill failed: %s\n", kvs_strerror(rc));
         return -1;
     }
     return t;
@@ -96,7 +97,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
         double t0 = kvs_now_s();
         int rc = eng_decode(ctx, &bt);
         if (rc != 0) {
-            fprintf(stderr, "kvserve bench: decode failed: %s\n", eng_strerror(rc));
+            fprintf(stderr, "kvserve bench: decode failed: %s\n", kvs_strerror(rc));
             t = -1;
             goto out;
         }

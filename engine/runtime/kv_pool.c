@@ -52,6 +52,6 @@ int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, const kvc
     int code = rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;
     if (alloc)
         return kvs_errf(err, err_len, code, "eng_ctx_create: KV cache of %lld blocks in device memory: %s",
-                        (long long)n_blocks, kvc_strerror(rc));
-    return kvs_errf(err, err_len, code, "eng_ctx_create: KV cache: %s", kvc_strerror(rc));
+                        (long long)n_blocks, kvs_strerror(rc));
+    return kvs_errf(err, err_len, code, "eng_ctx_create: KV cache: %s", kvs_strerror(rc));
 }
