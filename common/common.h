@@ -94,6 +94,18 @@ char *kvs_buf_take(kvs_buf *b);
 /* Frees the data; the buffer is empty and reusable. */
 void kvs_buf_free(kvs_buf *b);
 
+/* ---- CPU features ------------------------------------------------------------------------------------------ */
+
+/* The SIMD level every CPU kernel chooses by. AVX2 means AVX2 + FMA + F16C with the OS saving YMM state;
+ * AVX512 adds AVX-512 F/BW/VL/DQ and VNNI with the OS saving ZMM state. The values equal the engine's
+ * eng_simd_level. */
+typedef enum { KVS_CPU_SCALAR = 0, KVS_CPU_AVX2 = 1, KVS_CPU_AVX512 = 2 } kvs_cpu_level;
+
+/* Detects the level (cpuid + xgetbv). The environment variable KVSERVE_SIMD_MAX ("scalar" or "avx2") caps it,
+ * to run a newer CPU as an older one would. Executes cpuid: objects call it once (an engine context at
+ * creation, a sampler) and pass the result to their kernels. */
+kvs_cpu_level kvs_cpu_detect(void);
+
 /* ---- KV-pool planning ------------------------------------------------------------------------------------ */
 
 /* How many KV blocks a context's pool gets: one rule for the CPU and the CUDA contexts.

@@ -161,7 +161,7 @@ typedef struct eng_sampling_params {
     float frequency_penalty;  /* 0: off */
     uint64_t seed;            /* RNG seed: same seed and inputs, same output */
     const eng_logit_bias *logit_bias; size_t n_logit_bias; /* copied by eng_sampler_create */
-    int32_t n_top_logprobs;   /* top-N log-probabilities to report per step, 0..20 */
+    int32_t n_top_logprobs;   /* top-N log-probabilities to report per step, 0..KVS_MAX_TOP_LOGPROBS (20) */
 } eng_sampling_params;
 
 void eng_sampling_params_default(eng_sampling_params *p); /* greedy-free defaults: temp 1, everything off */
@@ -170,8 +170,8 @@ typedef struct eng_sample {
     int32_t token;
     float logprob;            /* log-softmax of the raw logits (before any sampling transform) at token */
     int32_t n_top;
-    int32_t top_token[20];    /* the n_top best by raw logit, best first */
-    float top_logprob[20];
+    int32_t top_token[KVS_MAX_TOP_LOGPROBS]; /* the n_top best by raw logit, best first */
+    float top_logprob[KVS_MAX_TOP_LOGPROBS];
 } eng_sample;
 
 typedef struct eng_sampler eng_sampler;

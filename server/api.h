@@ -74,7 +74,7 @@ typedef struct srv_api_gen {
     char **stop; int32_t n_stop;
     eng_logit_bias *logit_bias; int32_t n_logit_bias;
     bool logprobs;              /* completions: "logprobs" given; chat: "logprobs": true */
-    int32_t top_logprobs;       /* 0..20 (completions: the logprobs value) */
+    int32_t top_logprobs;       /* 0..KVS_MAX_TOP_LOGPROBS (completions: the logprobs value) */
     bool stream, include_usage, ignore_eos, echo;
     char *user;
 } srv_api_gen;

@@ -252,16 +252,6 @@ cJSON *api_new_logprobs(api_call *c) {
     return lp;
 }
 
-static const char *finish_name(srv_sched_finish f) {
-    switch (f) {
-    case SRV_SCHED_FINISH_STOP: return "stop";
-    case SRV_SCHED_FINISH_LENGTH: return "length";
-    case SRV_SCHED_FINISH_CANCELLED: return "abort";
-    case SRV_SCHED_FINISH_ERROR: return "error";
-    default: return NULL;
-    }
-}
-
 /* One streamed chunk for choice idx: text (may be NULL), logprob samples, finish reason (NONE: null). */
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
                          int32_t n_smp, srv_sched_finish finish, bool role) {
@@ -286,7 +276,7 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
     } else {
         cJSON_AddNullToObject(ch, "logprobs");
     }
-    const char *fn = finish_name(finish);
+    const char *fn = finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(finish) : NULL;
     if (fn) cJSON_AddStringToObject(ch, "finish_reason", fn); else cJSON_AddNullToObject(ch, "finish_reason");
     if (c->gen.include_usage) cJSON_AddNullToObject(o, "usage");
     sse_send(c, o, NULL);
@@ -386,8 +376,8 @@ void api_finish_call(api_call *c) {
         free(s);
         if (ch->lp) { cJSON_AddItemToObject(j, "logprobs", ch->lp); ch->lp = NULL; }
         else cJSON_AddNullToObject(j, "logprobs");
-        const char *fn = finish_name(ch->finish);
-        cJSON_AddStringToObject(j, "finish_reason", fn ? fn : "stop");
+        const char *fn = ch->finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(ch->finish) : "stop";
+        cJSON_AddStringToObject(j, "finish_reason", fn);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(&c->usage));
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);

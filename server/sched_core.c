@@ -26,7 +26,7 @@ const char *srv_sched_finish_name(srv_sched_finish f) {
     switch (f) {
     case SRV_SCHED_FINISH_STOP: return "stop";
     case SRV_SCHED_FINISH_LENGTH: return "length";
-    case SRV_SCHED_FINISH_CANCELLED: return "cancelled";
+    case SRV_SCHED_FINISH_CANCELLED: return "abort";
     case SRV_SCHED_FINISH_ERROR: return "error";
     default: return "";
     }
@@ -602,7 +602,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     if (!s || !req || !id || !req->cb || !req->prompt || req->n_prompt < 1 || req->n < 1 ||
         req->n > s->p.parallel || (req->n_stop > 0 && !req->stop) ||
         (req->sampling.n_logit_bias > 0 && !req->sampling.logit_bias) || req->sampling.n_top_logprobs < 0 ||
-        req->sampling.n_top_logprobs > 20)
+        req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS)
         return SRV_SCHED_ERR_INVALID;
     for (int32_t i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;

@@ -158,7 +158,7 @@ typedef enum {
     SRV_SCHED_FINISH_ERROR,      /* see the event's error message */
 } srv_sched_finish;
 
-/* "stop", "length", "cancelled", "error" ("" for NONE). */
+/* The finish_reason the API reports: "stop", "length", "abort" (cancelled), "error" ("" for NONE). */
 const char *srv_sched_finish_name(srv_sched_finish f);
 
 typedef enum {

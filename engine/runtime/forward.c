@@ -315,9 +315,9 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->n_ctx = p.n_ctx;
     c->max_seqs = p.max_seqs;
     c->max_batch = p.max_batch_tokens;
-    c->simd = eng_simd_detect();
-    c->attn_level = eng_ops_attn_level();
-    eng_smp_kernels_best(&c->smp);
+    c->simd = eng_simd_detect(); /* once per context; every kernel below gets this level */
+    c->attn_level = eng_ops_attn_level_for(c->simd);
+    eng_smp_kernels_for(&c->smp, c->simd);
     int rc = 0;
     if (p.device != ENG_DEVICE_CPU) {
         rc = eng_cuda_create(model, &p, &c->cuda, &c->cache, err, err_len);
