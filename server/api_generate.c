@@ -54,7 +54,7 @@ void api_call_free(api_call *c) {
     if (c->prev) c->prev->next = c->next; else if (api->calls == c) api->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     api->n_calls--;
-    for (int32_t i = 0; i < c->n_choices; i++) { free(c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
+    for (int32_t i = 0; i < c->n_choices; i++) { kvs_buf_free(&c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
     for (int32_t i = 0; i < c->n_subs; i++) free(c->subs[i].echo);
     free(c->choices);
     free(c->subs);
@@ -115,7 +115,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
                 api_stream_chunk(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples, SRV_SCHED_FINISH_NONE,
                              false);
         } else {
-            if (api_append_text(ch, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory"); }
+            if (kvs_buf_append(&ch->text, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory"); }
             if (c->gen.logprobs && ev->n_samples > 0) {
                 if (!ch->lp) ch->lp = api_new_logprobs(c);
                 if (ch->lp) api_add_logprobs(c, ch, ch->lp, ev->samples, ev->n_samples);
@@ -138,7 +138,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
                 api_stream_chunk(c, idx, NULL, 0, NULL, 0, ev->finish, false);
         } else {
-            api_append_text(ch, ev->text, ev->text_len);
+            kvs_buf_append(&ch->text, ev->text, ev->text_len);
         }
     }
 }
@@ -347,7 +347,7 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
         for (int32_t i = 0; i < c->n_choices; i++) {
             api_sub *s = &c->subs[i / g->n];
             if (s->echo) {
-                api_append_text(&c->choices[i], s->echo, s->echo_len);
+                kvs_buf_append(&c->choices[i].text, s->echo, s->echo_len);
                 c->choices[i].lp_offset = s->echo_len;
             }
         }

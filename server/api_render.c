@@ -282,21 +282,6 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
     sse_send(c, o, NULL);
 }
 
-int api_append_text(api_choice *ch, const char *t, size_t n) {
-    if (!n) return 0;
-    if (ch->text_len + n + 1 > ch->text_cap) {
-        size_t cap = ch->text_cap ? ch->text_cap : 256;
-        while (cap < ch->text_len + n + 1) cap *= 2;
-        char *p = realloc(ch->text, cap);
-        if (!p) return -1;
-        ch->text = p; ch->text_cap = cap;
-    }
-    memcpy(ch->text + ch->text_len, t, n);
-    ch->text_len += n;
-    ch->text[ch->text_len] = 0;
-    return 0;
-}
-
 void api_finish_call(api_call *c) {
     srv_api *api = c->api;
     double ttft_ms = c->t_first_token ? (double)(c->t_first_token - c->t_arrival) / 1e6 : -1;
@@ -365,7 +350,7 @@ void api_finish_call(api_call *c) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddItemToArray(choices, j);
         cJSON_AddNumberToObject(j, "index", i);
-        char *s = api_utf8_sanitize(ch->text ? ch->text : "", ch->text_len);
+        char *s = api_utf8_sanitize(ch->text.data ? ch->text.data : "", ch->text.len);
         if (c->gen.kind == SRV_API_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
             cJSON_AddStringToObject(m, "role", "assistant");

@@ -78,7 +78,7 @@ static void req_free(srv_sched *s, sched_req *r) {
             if (c->sampler) s->ops.sampler_free(s->ops.ctx, c->sampler);
             srv_stop_free(c->stop);
             free(c->gen);
-            free(c->txt);
+            kvs_buf_free(&c->txt);
             free(c->smp);
         }
         free(r->ch);

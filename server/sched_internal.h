@@ -28,8 +28,7 @@ typedef struct sched_choice {
     srv_sched_finish reason;
     const char *error;      /* static message for FINISH_ERROR */
     /* output of the current step */
-    char *txt;
-    size_t txt_len, txt_cap;
+    kvs_buf txt;             /* text not yet sent in an event */
     eng_sample *smp;
     int32_t n_smp, cap_smp;
     bool end_pending;       /* finished in this step: post CHOICE_END */

@@ -151,15 +151,14 @@ typedef struct rd {
     size_t err_len;
 } rd;
 
-int gguf_fail_msg(const char *name, char *err, size_t err_len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+/* kvs_errf with the file's name in front of the message. */
 int gguf_fail_msg(const char *name, char *err, size_t err_len, int code, const char *fmt, ...) {
     if (err && err_len > 0) {
         int n = snprintf(err, err_len, "%s: ", name ? name : "<gguf>");
         if (n >= 0 && (size_t)n < err_len) {
             va_list ap;
             va_start(ap, fmt);
-            vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
+            kvs_verrf(err + n, err_len - (size_t)n, code, fmt, ap);
             va_end(ap);
         }
     }
