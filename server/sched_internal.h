@@ -11,6 +11,7 @@
 
 #include <stdatomic.h>
 
+#include "server/block_manager.h"
 #include "server/scheduler.h"
 #include "server/stop.h"
 
@@ -91,7 +92,7 @@ typedef struct batch_group {
 struct srv_sched {
     srv_sched_params p;
     srv_engine_ops ops;
-    kvc_cache *cache;
+    srv_bm bm;               /* the scheduler's only access to the KV cache */
     int32_t block_size;
     int32_t blocks_total;
     int32_t *eog;            /* EOG token ids [n_eog] (banned for ignore_eos) */

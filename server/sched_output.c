@@ -63,7 +63,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
     c->error = error;
     c->end_pending = true;
     if (c->seq >= 0) {
-        kvc_seq_free(s->cache, c->seq);
+        srv_bm_seq_close(&s->bm, c->seq);
         c->seq = -1;
         c->n_cached = 0;
     }
@@ -215,7 +215,7 @@ void sched_post_events(srv_sched *s, int32_t dropped_new) {
 void sched_refresh_stats_locked(srv_sched *s) {
     srv_sched_stats *st = &s->stats;
     kvc_stats ks;
-    kvc_get_stats(s->cache, &ks);
+    srv_bm_stats(&s->bm, &ks);
     st->requests_running = s->running.n;
     st->requests_waiting = s->waiting.n + s->incoming.n;
     st->seqs_running = ks.seqs_live;
