@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_engine.h"
 #include "common/common.h"
 #include "engine/engine.h"
+#include "engine/gpu_backend.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "cuda/cuda_engine.h"
+#include "engine/gpu_backend.h"
 #include "engine/runtime/kv_pool.h"
 #include "engine/runtime/batch.h"
 #include "engine/format/model.h"
