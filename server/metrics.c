@@ -50,25 +50,6 @@ void srv_metrics_count_http(srv_metrics *m, int status) {
     if (c >= 0 && c < SRV_METRICS_STATUS_CLASSES) m->http_requests[c]++;
 }
 
-typedef struct buf { char *p; size_t len, cap; bool oom; } buf;
-
-static void bprintf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bprintf(buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = true; return; }
-        if ((size_t)n < b->cap - b->len) { b->len += (size_t)n; return; }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = true; return; }
-        b->p = p; b->cap = cap;
-    }
-}
-
 /* Prometheus float formatting: integers without exponent noise, +Inf/-Inf/NaN spelled out. */
 static void fmt_num(char *s, size_t n, double v) {
     if (isnan(v)) snprintf(s, n, "NaN");
@@ -76,44 +57,43 @@ static void fmt_num(char *s, size_t n, double v) {
     else snprintf(s, n, "%.17g", v);
 }
 
-static void meta(buf *b, const char *name, const char *type, const char *help) {
-    bprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void meta(kvs_buf *b, const char *name, const char *type, const char *help) {
+    kvs_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void gauge(buf *b, const char *name, const char *help, double v) {
+static void gauge(kvs_buf *b, const char *name, const char *help, double v) {
     char s[64];
     fmt_num(s, sizeof s, v);
     meta(b, name, "gauge", help);
-    bprintf(b, "%s %s\n", name, s);
+    kvs_buf_printf(b, "%s %s\n", name, s);
 }
 
-static void counter(buf *b, const char *name, const char *help, uint64_t v) {
+static void counter(kvs_buf *b, const char *name, const char *help, uint64_t v) {
     meta(b, name, "counter", help);
-    bprintf(b, "%s %llu\n", name, (unsigned long long)v);
+    kvs_buf_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
-static void hist(buf *b, const char *name, const char *help, const srv_histogram *h) {
+static void hist(kvs_buf *b, const char *name, const char *help, const srv_histogram *h) {
     char s[64];
     meta(b, name, "histogram", help);
     uint64_t cum = 0;
     for (int32_t i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
         fmt_num(s, sizeof s, h->bounds[i]);
-        bprintf(b, "%s_bucket{le=\"%s\"} %llu\n", name, s, (unsigned long long)cum);
+        kvs_buf_printf(b, "%s_bucket{le=\"%s\"} %llu\n", name, s, (unsigned long long)cum);
     }
     cum += h->counts[h->n_bounds];
-    bprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    kvs_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
     fmt_num(s, sizeof s, h->sum);
-    bprintf(b, "%s_sum %s\n%s_count %llu\n", name, s, name, (unsigned long long)h->count);
+    kvs_buf_printf(b, "%s_sum %s\n%s_count %llu\n", name, s, name, (unsigned long long)h->count);
 }
 
 int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char **out, size_t *len) {
     srv_sched_stats zero;
     memset(&zero, 0, sizeof zero);
     const srv_sched_stats *st = st_in ? st_in : &zero;
-    buf b = {0};
-    if (!(b.p = malloc(b.cap = 8192))) return SRV_METRICS_ERR_NOMEM;
-    b.p[0] = 0;
+    kvs_buf b = {0};
+    if (kvs_buf_reserve(&b, 8192) != 0) return SRV_METRICS_ERR_NOMEM;
     gauge(&b, "kvserve:num_requests_running", "Requests admitted to the engine (prefilling or decoding).",
           st->requests_running);
     gauge(&b, "kvserve:num_requests_waiting", "Requests queued, not yet admitted (including preempted ones).",
@@ -135,17 +115,17 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     counter(&b, "kvserve:requests_rejected_total", "Requests refused because the queue was full.",
             st->requests_rejected);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"length\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"length\"} %llu\n",
             (unsigned long long)m->requests_finished_length);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"abort\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"abort\"} %llu\n",
             (unsigned long long)m->requests_finished_abort);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"error\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"error\"} %llu\n",
             (unsigned long long)m->requests_finished_error);
     meta(&b, "kvserve:http_requests_total", "counter", "HTTP responses by status class.");
     for (int i = 0; i < SRV_METRICS_STATUS_CLASSES; i++)
-        bprintf(&b, "kvserve:http_requests_total{code=\"%dxx\"} %llu\n", i + 1,
+        kvs_buf_printf(&b, "kvserve:http_requests_total{code=\"%dxx\"} %llu\n", i + 1,
                 (unsigned long long)m->http_requests[i]);
     hist(&b, "kvserve:time_to_first_token_seconds", "Time from request arrival to the first generated token.",
          &m->ttft);
@@ -156,8 +136,10 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
          &m->queue);
     hist(&b, "kvserve:request_prompt_tokens", "Prompt length of finished requests.", &m->prompt_len);
     hist(&b, "kvserve:request_generation_tokens", "Generated tokens of finished requests.", &m->gen_len);
-    if (b.oom) { free(b.p); return SRV_METRICS_ERR_NOMEM; }
-    *out = b.p;
-    *len = b.len;
+    size_t n = b.len;
+    char *text = kvs_buf_take(&b); /* NULL when an append failed */
+    if (!text) return SRV_METRICS_ERR_NOMEM;
+    *out = text;
+    *len = n;
     return SRV_METRICS_OK;
 }
