@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* ---- errors ------------------------------------------------------------------------------------------------ */
 
@@ -83,6 +84,28 @@ void kvs_buf_clear(kvs_buf *b);
 char *kvs_buf_take(kvs_buf *b);
 /* Frees the data; the buffer is empty and reusable. */
 void kvs_buf_free(kvs_buf *b);
+
+/* ---- digests and encodings ----------------------------------------------------------------------------------- */
+
+/* SHA-256 (FIPS 180-4), streaming: init, any number of updates, final. The state is the caller's. */
+typedef struct kvs_sha256_ctx {
+    uint32_t h[8];
+    uint8_t buf[64];
+    size_t n;          /* bytes waiting in buf */
+    uint64_t len;      /* bytes hashed so far */
+} kvs_sha256_ctx;
+
+void kvs_sha256_init(kvs_sha256_ctx *c);
+void kvs_sha256_update(kvs_sha256_ctx *c, const void *data, size_t n);
+/* Writes the 32-byte digest; the state must be initialized again before reuse. */
+void kvs_sha256_final(kvs_sha256_ctx *c, uint8_t out[32]);
+/* One-shot digest of data[0..n). */
+void kvs_sha256(const void *data, size_t n, uint8_t out[32]);
+
+/* Standard base64 (RFC 4648 section 4, with '=' padding) of src[0..n) into dst, NUL-terminated. Needs
+ * cap >= 4 * ceil(n / 3) + 1; returns the length written (without the NUL), or KVS_ERR_TOO_LARGE when cap is
+ * too small (dst then holds "" when cap > 0). */
+int kvs_base64_encode(const void *src, size_t n, char *dst, size_t cap);
 
 /* ---- shared limits ------------------------------------------------------------------------------------------ */
 
