@@ -119,6 +119,9 @@ typedef struct srv_api_config {
     const char *api_key;        /* NULL or "": no authentication (copied) */
     srv_log_format log_format;
     void *log_stream;           /* FILE * for request logs (NULL: stderr) */
+    uv_loop_t *loop;            /* the loop srv_api_handle runs on: request bodies are parsed, chat templates
+                                   rendered and prompts tokenized on libuv's thread pool, so the loop stays
+                                   responsive under any single request (NULL: done inline, for tests) */
     const srv_cors *cors;       /* preflight answers (NULL: no CORS); the caller's, must outlive the srv_api */
     const srv_web *web;         /* GET / (the chat page) and GET /props (NULL: both 404); the caller's, likewise */
 } srv_api_config;

@@ -15,8 +15,8 @@
 
 #include "common/common.h"
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/quant.h"
 #include "helper_shared.h"
 
 /* Hex digest of the floats (kvs_sha256 from common: its known-answer tests are in test_common.c). */
