@@ -17,6 +17,8 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
+COPY cmake cmake
+COPY common common
 COPY cache cache
 COPY engine engine
 COPY cuda cuda
@@ -25,6 +27,7 @@ COPY tools tools
 COPY bench bench
 COPY tests/unit tests/unit
 COPY config config
+COPY web web
 RUN cuda=OFF; if [ "$VARIANT" = cuda ]; then cuda=ON; fi \
  && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSERVE_CUDA=$cuda \
  && cmake --build build -j "$(nproc)" --target kvserve \

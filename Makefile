@@ -13,7 +13,8 @@ all: build
 
 deps:
 	@bash scripts/install-deps.sh
-	@test -d tests/e2e/node_modules/openai || npm ci --prefix tests/e2e --no-audit --no-fund
+	@test -d tests/e2e/node_modules/openai -a -d tests/e2e/node_modules/puppeteer-core || \
+	  npm ci --prefix tests/e2e --no-audit --no-fund
 
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)

@@ -130,6 +130,27 @@ typedef struct kvs_kv_plan_req {
  * pool below one block, or block_bytes 0), KVS_ERR_NOMEM (device pool: a request above the budget, or the
  * budget below one block). */
 int kvs_kv_plan(const kvs_kv_plan_req *req, int32_t *n_blocks, char *err, size_t err_len);
+/* ---- digests and encodings ----------------------------------------------------------------------------------- */
+
+/* SHA-256 (FIPS 180-4), streaming: init, any number of updates, final. The state is the caller's. */
+typedef struct kvs_sha256_ctx {
+    uint32_t h[8];
+    uint8_t buf[64];
+    size_t n;          /* bytes waiting in buf */
+    uint64_t len;      /* bytes hashed so far */
+} kvs_sha256_ctx;
+
+void kvs_sha256_init(kvs_sha256_ctx *c);
+void kvs_sha256_update(kvs_sha256_ctx *c, const void *data, size_t n);
+/* Writes the 32-byte digest; the state must be initialized again before reuse. */
+void kvs_sha256_final(kvs_sha256_ctx *c, uint8_t out[32]);
+/* One-shot digest of data[0..n). */
+void kvs_sha256(const void *data, size_t n, uint8_t out[32]);
+
+/* Standard base64 (RFC 4648 section 4, with '=' padding) of src[0..n) into dst, NUL-terminated. Needs
+ * cap >= 4 * ceil(n / 3) + 1; returns the length written (without the NUL), or KVS_ERR_TOO_LARGE when cap is
+ * too small (dst then holds "" when cap > 0). */
+int kvs_base64_encode(const void *src, size_t n, char *dst, size_t cap);
 
 /* ---- shared limits ------------------------------------------------------------------------------------------ */
 

@@ -5,8 +5,9 @@
  *   1. Request validation (api_parse.c): pure functions that turn a JSON body into a srv_api_gen or an
  *      srv_api_error (HTTP status, message naming the field, OpenAI error type, param). No I/O, no engine.
  *   2. Routing and responses (api.c): an srv_http handler that serves /v1/completions, /v1/chat/completions,
- *      /v1/models, /health, /metrics, /tokenize, /detokenize over a srv_api_backend (the scheduler and the
- *      model in the daemon; a fake in tests).
+ *      /v1/models (and the same three without /v1), /health (and /v1/health), /metrics, /tokenize, /detokenize,
+ *      /props and the chat page at / over a srv_api_backend (the scheduler and the model in the daemon; a fake
+ *      in tests). OPTIONS on any of them is a CORS preflight, answered 204 (server/cors.h).
  *
  * Threads: everything runs on the loop thread (the backend's callbacks too: srv_sched delivers its events
  * there).
@@ -21,9 +22,11 @@
 #include "common/common.h"
 
 #include "engine/engine.h"
+#include "server/cors.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/web.h"
 
 enum {
     SRV_API_OK = KVS_OK,
@@ -121,6 +124,8 @@ typedef struct srv_api_config {
     uv_loop_t *loop;            /* the loop srv_api_handle runs on: request bodies are parsed, chat templates
                                    rendered and prompts tokenized on libuv's thread pool, so the loop stays
                                    responsive under any single request (NULL: done inline, for tests) */
+    const srv_cors *cors;       /* preflight answers (NULL: no CORS); the caller's, must outlive the srv_api */
+    const srv_web *web;         /* GET / (the chat page) and GET /props (NULL: both 404); the caller's, likewise */
 } srv_api_config;
 
 typedef struct srv_api srv_api;

@@ -81,6 +81,8 @@ struct srv_api {
     srv_log_format log_format;
     FILE *log;
     srv_metrics *metrics;
+    const srv_cors *cors; /* preflight answers (NULL: no CORS) */
+    const srv_web *web;   /* the chat page and /props (NULL: 404) */
     srv_api_backend be;
     bool has_backend;
     api_call *calls;

@@ -224,17 +224,51 @@ static bool auth_ok(const srv_api *api, const srv_http_req *req) {
     return diff == 0;
 }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
+    {"/v1/health", HTTP_GET, R_HEALTH, false},
     {"/v1/models", HTTP_GET, R_MODELS, false},
+    {"/models", HTTP_GET, R_MODELS, false},
     {"/metrics", HTTP_GET, R_METRICS, false},
     {"/v1/completions", HTTP_POST, R_COMPL, true},
+    {"/completions", HTTP_POST, R_COMPL, true},
     {"/v1/chat/completions", HTTP_POST, R_CHAT, true},
+    {"/chat/completions", HTTP_POST, R_CHAT, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
     {"/detokenize", HTTP_POST, R_DETOK, true},
+    {"/props", HTTP_GET, R_PROPS, true},
+    {"/", HTTP_GET, R_PAGE, false},
+    {"/index.html", HTTP_GET, R_PAGE, false},
 };
+
+/* GET /props and GET / come from server/web.c; no srv_web: 404. */
+static void route_web(srv_api *api, srv_http_req *req, route_id id) {
+    if (!api->web) {
+        api_reply_err(api, req, 404, NULL, NULL, "not_found", NULL, "no route for %s %s", req->method_name, req->path);
+        return;
+    }
+    if (id == R_PROPS) {
+        char *s = srv_web_props_json(api->web);
+        if (s) api_reply(api, req, 200, "application/json", NULL, s, strlen(s), NULL, -1);
+        else api_reply_json(api, req, 500, NULL, NULL, -1);
+        free(s);
+        return;
+    }
+    int status;
+    const char *ctype, *headers, *body;
+    size_t len;
+    srv_web_page(api->web, req, &status, &ctype, &headers, &body, &len);
+    api_reply(api, req, status, ctype, headers, body, len, NULL, -1);
+}
+
+/* OPTIONS: a CORS preflight for a route allowing `methods`. */
+static void route_preflight(srv_api *api, srv_http_req *req, const char *methods) {
+    char h[1024];
+    size_t n = srv_cors_preflight(api->cors, req, methods, h, sizeof h);
+    api_reply(api, req, 204, NULL, n < sizeof h ? h : NULL, "", 0, NULL, -1);
+}
 
 void srv_api_handle(void *ud, srv_http_req *req) {
     srv_api *api = ud;
@@ -243,7 +277,13 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     while (plen > 1 && req->path[plen - 1] == '/') req->path[--plen] = 0; /* "/v1/models/" == "/v1/models" */
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
         if (!strcmp(req->path, ROUTES[i].path)) { rt = &ROUTES[i]; break; }
-    if (!rt && !strncmp(req->path, "/v1/models/", 11) && req->path[11]) {
+    const char *model_id = !strncmp(req->path, "/v1/models/", 11) ? req->path + 11
+                           : !strncmp(req->path, "/models/", 8) ? req->path + 8 : NULL;
+    if (req->method == HTTP_OPTIONS && (rt || (model_id && *model_id))) {
+        route_preflight(api, req, rt && rt->method == HTTP_POST ? "POST" : "GET");
+        return;
+    }
+    if (!rt && model_id && *model_id) {
         if (req->method != HTTP_GET) {
             api_reply_err(api, req, 405, NULL, NULL, "method_not_allowed", "Allow: GET\r\n", "%s %s is not allowed; use GET",
                       req->method_name, req->path);
@@ -251,7 +291,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
             api_reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
                       "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'");
         } else {
-            route_model(api, req, req->path + 11);
+            route_model(api, req, model_id);
         }
         return;
     }
@@ -266,7 +306,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
                   req->method_name, req->path, rt->method == HTTP_GET ? "GET" : "POST");
         return;
     }
-    if (rt->id != R_HEALTH && !auth_ok(api, req)) {
+    if (rt->id != R_HEALTH && rt->id != R_PAGE && !auth_ok(api, req)) {
         api_reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
                   "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'");
         return;
@@ -283,6 +323,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;
+    case R_PROPS: case R_PAGE: route_web(api, req, rt->id); break;
     }
 }
 
@@ -324,6 +365,8 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->log_format = cfg->log_format;
     api->log = cfg->log_stream;
     api->metrics = metrics;
+    api->cors = cfg->cors;
+    api->web = cfg->web;
     api->loop = cfg->loop;
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;

@@ -9,7 +9,9 @@
 
 #include <cjson/cJSON.h>
 
-typedef enum { K_STR, K_INT, K_NUM, K_BOOL } key_type;
+#include "server/cors.h"
+
+typedef enum { K_STR, K_INT, K_NUM, K_BOOL, K_LIST } key_type; /* K_LIST: a string, or in a file a list of them */
 
 typedef struct key_def {
     const char *name;
@@ -25,6 +27,7 @@ typedef struct key_def {
 #define I(f, lo, hi, h) {#f, K_INT, offsetof(srv_config, f), 0, lo, hi, NULL, h}
 #define N(f, lo, hi, h) {#f, K_NUM, offsetof(srv_config, f), 0, lo, hi, NULL, h}
 #define B(f, h) {#f, K_BOOL, offsetof(srv_config, f), 0, 0, 0, NULL, h}
+#define L(f, h) {#f, K_LIST, offsetof(srv_config, f), sizeof(((srv_config *)0)->f), 0, 0, NULL, h}
 
 static const key_def KEYS[] = {
     S(host, NULL, "listen address (IPv4 or IPv6 literal)"),
@@ -46,6 +49,7 @@ static const key_def KEYS[] = {
     I(max_n, 1, 4096, "largest n (choices) a request may ask"),
     I(max_stop, 0, 1024, "most stop strings per request"),
     S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),
+    L(cors_origins, "origins allowed to call from a browser: \"*\", \"none\" or a comma list (\"\": * on loopback)"),
     N(timeout_s, 0.001, 86400, "seconds a started request has to arrive completely (else 408)"),
     N(idle_timeout_s, 0.001, 86400, "seconds before an idle keep-alive connection is closed"),
     N(body_limit_mb, 0.000001, 4096, "largest request body in MiB (else 413)"),
@@ -113,8 +117,39 @@ static int set_str(srv_config *c, const key_def *k, const char *v, char *err, si
         snprintf(err, el, "config key '%s': '%s' is not one of %s", k->name, v, k->choices);
         return SRV_ERR_INVALID;
     }
+    char why[256];
+    if (k->type == K_LIST && srv_cors_check(v, why, sizeof why) != SRV_CORS_OK) {
+        snprintf(err, el, "config key '%s': %s", k->name, why);
+        return SRV_ERR_INVALID;
+    }
     snprintf((char *)c + k->off, k->size, "%s", v);
     return SRV_OK;
+}
+
+/* A K_LIST value from a config file: a string, or a list of strings joined with ", ". */
+static int set_list_json(srv_config *c, const key_def *k, const cJSON *it, char *err, size_t el) {
+    if (cJSON_IsString(it)) return set_str(c, k, it->valuestring, err, el);
+    if (!cJSON_IsArray(it)) {
+        snprintf(err, el, "config key '%s': must be a string or a list of strings", k->name);
+        return SRV_ERR_INVALID;
+    }
+    char joined[4096] = "";
+    size_t len = 0;
+    int i = 0;
+    for (const cJSON *e = it->child; e; e = e->next, i++) {
+        if (!cJSON_IsString(e)) {
+            snprintf(err, el, "config key '%s': item %d must be a string", k->name, i);
+            return SRV_ERR_INVALID;
+        }
+        int n = snprintf(joined + len, sizeof joined - len, "%s%s", i ? ", " : "", e->valuestring);
+        if (n < 0 || (size_t)n >= sizeof joined - len) {
+            snprintf(err, el, "config key '%s': value too long (at most %zu bytes)", k->name, k->size - 1);
+            return SRV_ERR_INVALID;
+        }
+        len += (size_t)n;
+    }
+    if (i == 0) snprintf(joined, sizeof joined, "none"); /* an empty list allows no origin */
+    return set_str(c, k, joined, err, el);
 }
 
 static int set_num(srv_config *c, const key_def *k, double v, char *err, size_t el) {
@@ -139,7 +174,7 @@ int srv_config_set(srv_config *c, const char *key, const char *value, char *err,
     if (!k) { snprintf(err, el, "unknown config key '%s'", key ? key : "(null)"); return SRV_ERR_INVALID; }
     if (!value) { snprintf(err, el, "config key '%s': a value is required", k->name); return SRV_ERR_INVALID; }
     switch (k->type) {
-    case K_STR: return set_str(c, k, value, err, el);
+    case K_STR: case K_LIST: return set_str(c, k, value, err, el);
     case K_BOOL:
         if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "on") || !strcmp(value, "yes"))
             *(bool *)((char *)c + k->off) = true;
@@ -204,6 +239,7 @@ int srv_config_load_file(srv_config *c, const char *path, char *err, size_t el) 
             if (!cJSON_IsString(it)) { snprintf(sub, sizeof sub, "config key '%s': must be a string", k->name); r = SRV_ERR_INVALID; }
             else r = set_str(c, k, it->valuestring, sub, sizeof sub);
             break;
+        case K_LIST: r = set_list_json(c, k, it, sub, sizeof sub); break;
         case K_BOOL:
             if (!cJSON_IsBool(it)) { snprintf(sub, sizeof sub, "config key '%s': must be true or false", k->name); r = SRV_ERR_INVALID; }
             else *(bool *)((char *)c + k->off) = cJSON_IsTrue(it);
@@ -232,6 +268,12 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
             double v = *(const double *)((const char *)c + k->off);
             if (!isfinite(v) || v < k->lo || v > k->hi) {
                 snprintf(err, el, "config key '%s': %g is out of range [%g, %g]", k->name, v, k->lo, k->hi);
+                return SRV_ERR_INVALID;
+            }
+        } else if (k->type == K_LIST) {
+            char why[256];
+            if (srv_cors_check((const char *)c + k->off, why, sizeof why) != SRV_CORS_OK) {
+                snprintf(err, el, "config key '%s': %s", k->name, why);
                 return SRV_ERR_INVALID;
             }
         } else if (k->type == K_STR && k->choices) {
@@ -263,7 +305,7 @@ void srv_config_usage(FILE *f) {
         for (char *p = flag + 2; *p; p++) if (*p == '_') *p = '-';
         const char *base = (const char *)&d + k->off;
         switch (k->type) {
-        case K_STR: snprintf(def, sizeof def, "\"%s\"", base); break;
+        case K_STR: case K_LIST: snprintf(def, sizeof def, "\"%s\"", base); break;
         case K_INT: snprintf(def, sizeof def, "%d", (int)*(const int32_t *)base); break;
         case K_NUM: snprintf(def, sizeof def, "%g", *(const double *)base); break;
         case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)base ? "true" : "false"); break;
@@ -345,7 +387,7 @@ char *srv_config_to_json(const srv_config *c) {
         const key_def *k = &KEYS[i];
         const char *base = (const char *)c + k->off;
         switch (k->type) {
-        case K_STR:
+        case K_STR: case K_LIST:
             cJSON_AddStringToObject(o, k->name, (!strcmp(k->name, "api_key") && base[0]) ? "***" : base);
             break;
         case K_INT: cJSON_AddNumberToObject(o, k->name, *(const int32_t *)base); break;

@@ -32,6 +32,7 @@ struct srv_http {
     srv_http_handler handler;
     void *ud;
     llhttp_settings_t settings;
+    srv_http_header_hook hook; void *hook_ud;
     conn *conns;               /* doubly linked list of open connections */
     int32_t n_conns, n_active;
     bool stopping;
@@ -85,6 +86,7 @@ const char *srv_http_reason(int s) {
     case 100: return "Continue";
     case 200: return "OK";
     case 204: return "No Content";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -194,15 +196,25 @@ static int write_raw(conn *c, const char *a, size_t alen, const char *b, size_t 
     return SRV_HTTP_OK;
 }
 
+/* The header hook's lines for this connection's request into out[HOOK_CAP] ("" when none or too long). */
+#define HOOK_CAP 1024
+static void hook_headers(conn *c, char *out) {
+    out[0] = 0;
+    if (!c->srv->hook) return;
+    size_t n = c->srv->hook(c->srv->hook_ud, &c->req, out, HOOK_CAP);
+    if (n == 0 || n >= HOOK_CAP) out[0] = 0;
+}
+
 /* Queues an error answer from the layer itself and closes the connection once it is sent. */
 static void fail_and_close(conn *c, int status, const char *msg) {
-    char body[512], head[256];
+    char body[512], head[256 + HOOK_CAP], hook[HOOK_CAP];
     int bl = snprintf(body, sizeof body,
                       "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
                       "\"code\":null}}", msg);
+    hook_headers(c, hook);
     int hl = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %d\r\n%sConnection: close\r\n\r\n", status, srv_http_reason(status), bl,
-                      status == 503 ? "Retry-After: 1\r\n" : "");
+                      "Content-Length: %d\r\n%s%sConnection: close\r\n\r\n", status, srv_http_reason(status), bl,
+                      status == 503 ? "Retry-After: 1\r\n" : "", hook);
     if (c->state == C_HANDLING) { /* the handler's request dies with the connection */
         c->srv->n_active--;
         if (c->abort_cb) c->abort_cb(c->abort_ud, &c->req);
@@ -548,6 +560,12 @@ void srv_http_stop_accepting(srv_http *h) {
     }
 }
 
+void srv_http_set_header_hook(srv_http *h, srv_http_header_hook hook, void *ud) {
+    if (!h) return;
+    h->hook = hook;
+    h->hook_ud = ud;
+}
+
 int32_t srv_http_active_requests(const srv_http *h) { return h ? h->n_active : 0; }
 int32_t srv_http_open_connections(const srv_http *h) { return h ? h->n_conns : 0; }
 
@@ -576,13 +594,15 @@ static conn *req_conn(const srv_http_req *req) {
 static int head(conn *c, int status, const char *ctype, const char *extra, bool has_len, size_t len,
                 char *buf, size_t cap) {
     bool close = !c->keep_alive || c->srv->stopping;
-    char lenbuf[64] = "";
-    if (has_len) snprintf(lenbuf, sizeof lenbuf, "Content-Length: %zu\r\n", len);
-    else if (c->chunked_out) snprintf(lenbuf, sizeof lenbuf, "Transfer-Encoding: chunked\r\n");
+    char lenbuf[64] = "", ctbuf[160] = "", hook[HOOK_CAP];
+    bool bodiless = status == 204 || status == 304;
+    if (has_len && !bodiless) snprintf(lenbuf, sizeof lenbuf, "Content-Length: %zu\r\n", len);
+    else if (!has_len && c->chunked_out) snprintf(lenbuf, sizeof lenbuf, "Transfer-Encoding: chunked\r\n");
     if (!has_len && !c->chunked_out) close = true, c->keep_alive = false;
-    int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%sConnection: %s\r\n\r\n", status,
-                     srv_http_reason(status), ctype ? ctype : "application/json", lenbuf, extra ? extra : "",
-                     close ? "close" : "keep-alive");
+    if (!bodiless) snprintf(ctbuf, sizeof ctbuf, "Content-Type: %s\r\n", ctype ? ctype : "application/json");
+    hook_headers(c, hook);
+    int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\n%s%s%s%sConnection: %s\r\n\r\n", status, srv_http_reason(status),
+                     ctbuf, lenbuf, extra ? extra : "", hook, close ? "close" : "keep-alive");
     return (n < 0 || (size_t)n >= cap) ? -1 : n;
 }
 
@@ -590,7 +610,8 @@ int srv_http_respond(srv_http_req *req, int status, const char *ctype, const cha
                      size_t body_len) {
     conn *c = req_conn(req);
     if (!c || c->streaming) return SRV_HTTP_ERR_INVALID;
-    char hb[2048];
+    if (status == 204 || status == 304) body_len = 0;
+    char hb[2048 + HOOK_CAP];
     int hl = head(c, status, ctype, extra, true, body_len, hb, sizeof hb);
     if (hl < 0) return SRV_HTTP_ERR_INVALID;
     int r = write_raw(c, hb, (size_t)hl, body, body_len, NULL, 0);
@@ -602,7 +623,7 @@ int srv_http_respond(srv_http_req *req, int status, const char *ctype, const cha
 int srv_http_stream_begin(srv_http_req *req, int status, const char *ctype, const char *extra) {
     conn *c = req_conn(req);
     if (!c || c->streaming) return SRV_HTTP_ERR_INVALID;
-    char hb[2048];
+    char hb[2048 + HOOK_CAP];
     int hl = head(c, status, ctype, extra, false, 0, hb, sizeof hb);
     if (hl < 0) return SRV_HTTP_ERR_INVALID;
     c->streaming = true;

@@ -97,8 +97,16 @@ void srv_http_close(srv_http *h);
 /* Frees the server; all handles must be closed (run the loop after srv_http_close). NULL is a no-op. */
 void srv_http_free(srv_http *h);
 
+/* Extra header lines for every response head the layer writes (srv_http_respond, srv_http_stream_begin and the
+ * layer's own 4xx/503 answers), e.g. CORS. The hook writes "Name: value\r\n" lines into buf (NUL-terminated)
+ * and returns their length; 0 adds nothing, and so does a length >= cap (the lines did not fit). req may be
+ * partly parsed (an early 4xx): its headers are those read so far. Loop thread; NULL removes the hook. */
+typedef size_t (*srv_http_header_hook)(void *ud, const srv_http_req *req, char *buf, size_t cap);
+void srv_http_set_header_hook(srv_http *h, srv_http_header_hook hook, void *ud);
+
 /* ---- answering (loop thread only) ---------------------------------------------------------------------- */
-/* Sends a complete response and finishes the request. extra_headers: "Name: value\r\n" lines or NULL. */
+/* Sends a complete response and finishes the request. extra_headers: "Name: value\r\n" lines or NULL.
+ * 204 and 304 answers carry no body and no Content-Length. */
 int srv_http_respond(srv_http_req *req, int status, const char *content_type, const char *extra_headers,
                      const char *body, size_t body_len);
 /* Starts a chunked streaming response (e.g. text/event-stream). */

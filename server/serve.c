@@ -9,16 +9,21 @@
 #include <uv.h>
 
 #include "engine/engine.h"
+#include "engine/kernels/quant.h"
 #include "server/api.h"
+#include "server/cors.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/web.h"
 
 typedef struct daemon_state {
     const srv_config *cfg;
     uv_loop_t loop;
     srv_http *http;
     srv_api *api;
+    srv_cors *cors;
+    srv_web *web;
     srv_metrics metrics;
     uv_signal_t sigint, sigterm;
     uv_timer_t poll;
@@ -132,6 +137,16 @@ static void load_done(uv_work_t *w, int status) {
         if (slash) id = slash + 1;
     }
     srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    const char *tmpl = eng_model_chat_template(d->model);
+    eng_chat_family fam = d->family != ENG_CHAT_AUTO ? d->family : eng_chat_detect(tmpl);
+    srv_web_model wm = {
+        .model_id = id, .model_path = c->model, .chat_template = tmpl,
+        .chat_family = eng_chat_family_name(fam == ENG_CHAT_AUTO ? ENG_CHAT_CHATML : fam),
+        .n_ctx = n_ctx, .parallel = c->parallel, .batch_tokens = c->batch_tokens,
+        .threads = eng_ctx_n_threads(d->ctx), .device = eng_ctx_device(d->ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu",
+        .simd = eng_simd_name(eng_simd_detect()),
+    };
+    if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat};
     srv_api_set_backend(d->api, &be);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
@@ -231,11 +246,22 @@ int srv_main(const srv_config *cfg) {
     if (hl.read_timeout_ms < 1) hl.read_timeout_ms = 1;
     if (hl.idle_timeout_ms < 1) hl.idle_timeout_ms = 1;
     int rc = 1;
+    if (srv_cors_create(cfg->cors_origins, cfg->host, &d->cors, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve: cors_origins: %s\n", err);
+        goto out;
+    }
+    if (srv_web_create(&d->web) != 0) {
+        fprintf(stderr, "kvserve: cannot set up the chat page (out of memory, or the embedded page is malformed)\n");
+        goto out;
+    }
+    ac.cors = d->cors;
+    ac.web = d->web;
     if (srv_api_create(&ac, &d->metrics, &d->api) != 0 ||
         srv_http_create(&d->loop, &hl, srv_api_handle, d->api, &d->http) != 0) {
         fprintf(stderr, "kvserve: out of memory\n");
         goto out;
     }
+    srv_http_set_header_hook(d->http, srv_cors_headers, d->cors);
     if (srv_http_listen(d->http, cfg->host, cfg->port, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
@@ -267,6 +293,8 @@ out:
     }
     srv_http_free(d->http);
     srv_api_free(d->api);
+    srv_web_free(d->web);
+    srv_cors_free(d->cors);
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);

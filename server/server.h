@@ -54,6 +54,7 @@ typedef struct srv_config {
     int32_t max_n;              /* largest "n" a request may ask, default 16 */
     int32_t max_stop;           /* most stop strings per request, default 16 */
     char api_key[256];          /* "": no authentication */
+    char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (cors.h) */
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */
     double body_limit_mb;       /* request bodies above this get 413, default 16 */

@@ -111,6 +111,10 @@ Test(config, file_errors_name_the_key) {
         {"{\"chat_template\":\"unknown\"}", "'chat_template'"},
         {"{\"ctx-size\":5}", "'ctx-size'"},
         {"{\"host\":5}", "'host'"},
+        {"{\"cors_origins\":5}", "'cors_origins'"},
+        {"{\"cors_origins\":[\"http://a.test\",3]}", "item 1"},
+        {"{\"cors_origins\":[\"http://a.test/\"]}", "must not end with '/'"},
+        {"{\"cors_origins\":\"a.test\"}", "scheme://host"},
         {"[1]", "JSON object"},
         {"{\"port\":", "invalid JSON"},
     };
@@ -218,4 +222,29 @@ Test(config, set_roundtrip_every_key) {
     }
     cJSON_Delete(o);
     free(j);
+}
+
+/* cors_origins: a list in the file, a comma string in a flag; every malformed entry is refused by name. */
+Test(config, cors_origins) {
+    srv_config c;
+    srv_config_default(&c);
+    cr_assert_str_eq(c.cors_origins, "", "default: the automatic rule");
+    char err[512];
+    const char *p = write_tmp("{\"cors_origins\":[\"http://localhost:3000\",\"https://app.example.com\"]}");
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.cors_origins, "http://localhost:3000, https://app.example.com");
+    unlink(p);
+    p = write_tmp("{\"cors_origins\":[]}");
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.cors_origins, "none", "an empty list allows no origin");
+    unlink(p);
+    const char *argv[] = {"serve", "--cors-origins", "*"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, argv), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.cors_origins, "*");
+    static const char *const bad[] = {"http://a.test/x", "ftp:/a", "http://a.test, ", "http://a b.test", "*.test"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *a[] = {"serve", "--cors-origins", bad[i]};
+        cr_assert_eq(run_args(&c, err, sizeof err, 3, a), SRV_ERR_INVALID, "%s", bad[i]);
+        cr_assert(strstr(err, "cors_origins"), "%s: %s", bad[i], err);
+    }
 }
