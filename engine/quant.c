@@ -375,7 +375,7 @@ static void quant_q4_0(const float *x, eng_blk_q4_0 *b, int64_t nb) {
         float id = d != 0.f ? 1.f / d : 0.f;
         b[i].d = eng_f32_to_fp16(d);
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)(x[j] * id + 8.5f), c = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            int a = eng_trunc_i8(x[j] * id + 8.5f), c = eng_trunc_i8(x[j + 16] * id + 8.5f);
             if (a > 15) a = 15;
             if (c > 15) c = 15;
             b[i].qs[j] = (uint8_t)(a | (c << 4));
@@ -400,7 +400,7 @@ static void quant_q4_1(const float *x, eng_blk_q4_1 *b, int64_t nb) {
         b[i].d = eng_f32_to_fp16(d);
         b[i].m = eng_f32_to_fp16(lo);
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            int a = eng_trunc_i8((x[j] - lo) * id + 0.5f), c = eng_trunc_i8((x[j + 16] - lo) * id + 0.5f);
             if (a > 15) a = 15;
             if (c > 15) c = 15;
             b[i].qs[j] = (uint8_t)(a | (c << 4));
@@ -422,7 +422,7 @@ static void quant_q5_0(const float *x, eng_blk_q5_0 *b, int64_t nb) {
         b[i].d = eng_f32_to_fp16(d);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)(x[j] * id + 16.5f), c = (int)(int8_t)(x[j + 16] * id + 16.5f);
+            int a = eng_trunc_i8(x[j] * id + 16.5f), c = eng_trunc_i8(x[j + 16] * id + 16.5f);
             if (a > 31) a = 31;
             if (c > 31) c = 31;
             b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));
@@ -442,7 +442,7 @@ static void quant_q5_1(const float *x, eng_blk_q5_1 *b, int64_t nb) {
         b[i].m = eng_f32_to_fp16(lo);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            int a = eng_trunc_i8((x[j] - lo) * id + 0.5f), c = eng_trunc_i8((x[j + 16] - lo) * id + 0.5f);
             if (a > 31) a = 31;
             if (c > 31) c = 31;
             b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));

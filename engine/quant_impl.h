@@ -30,6 +30,15 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t q
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } eng_blk_q6_K;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } eng_blk_q8_K;  /* bsums: sums of 16 qs */
 
+/* A float converted to int8 the way the reference quantizers' casts run on x86-64 (cvttss2si, then the low
+ * byte): truncation toward zero, and NaN or values outside int32 give INT32_MIN's low byte (0). Defined for
+ * every input, so a degenerate block (an infinite inverse scale) gives the same bytes as llama.cpp instead
+ * of undefined behaviour. */
+static inline int eng_trunc_i8(float v) {
+    int32_t i = (v >= -2147483648.f && v < 2147483648.f) ? (int32_t)v : INT32_MIN;
+    return (int)(int8_t)(uint8_t)((uint32_t)i & 0xFF);
+}
+
 /* The 6-bit scale j (0..7) and min of a Q4_K / Q5_K block's packed 12-byte scales. */
 static inline void eng_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     if (j < 4) {
