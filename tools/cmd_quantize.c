@@ -471,14 +471,15 @@ typedef struct qz_job {
     size_t src_row, dst_row;  /* bytes per row */
     int64_t chunk;            /* rows per work item */
     atomic_llong next;
-    atomic_llong bad_row;     /* first row with a NaN/Inf input (or an overflowing scale), or LLONG_MAX */
-    atomic_int bad_kind;      /* 1: input not finite, 2: output scale overflow, 3: other error */
+    atomic_llong bad;         /* the first failure, row * 4 + kind (kind 1: input not finite, 2: a block
+                                 scale overflows fp16, 3: another error), or LLONG_MAX */
 } qz_job;
 
+/* Keeps the failure with the lowest row, so the message does not depend on thread timing. */
 static void record_bad(qz_job *j, int64_t row, int kind) {
-    long long cur = atomic_load(&j->bad_row);
-    while (row < cur && !atomic_compare_exchange_weak(&j->bad_row, &cur, (long long)row)) {}
-    if (atomic_load(&j->bad_row) == row) atomic_store(&j->bad_kind, kind);
+    long long v = (long long)row * 4 + kind;
+    long long cur = atomic_load(&j->bad);
+    while (v < cur && !atomic_compare_exchange_weak(&j->bad, &cur, v)) {}
 }
 
 static void convert_worker(void *arg, int ith, int nth) {
@@ -488,7 +489,7 @@ static void convert_worker(void *arg, int ith, int nth) {
     const uint32_t in = j->q->t->type, out = j->q->out_type;
     for (;;) {
         int64_t r0 = atomic_fetch_add(&j->next, j->chunk);
-        if (r0 >= j->rows) break;
+        if (r0 >= j->rows || atomic_load(&j->bad) != LLONG_MAX) break;
         int64_t nr = j->rows - r0 < j->chunk ? j->rows - r0 : j->chunk;
         for (int64_t r = r0; r < r0 + nr; r++) {
             int64_t bad;
@@ -574,12 +575,12 @@ static int write_tensor(const qz_tensor *q, eng_pool *pool, qz_bufs *b, qz_out *
         j.rows = q->rows - r0 < slab ? q->rows - r0 : slab;
         j.src = (const uint8_t *)t->data + (size_t)r0 * j.src_row;
         atomic_store(&j.next, 0);
-        atomic_store(&j.bad_row, LLONG_MAX);
-        atomic_store(&j.bad_kind, 0);
+        atomic_store(&j.bad, LLONG_MAX);
         eng_pool_run(pool, convert_worker, &j);
-        long long bad = atomic_load(&j.bad_row);
-        if (bad != LLONG_MAX) {
-            int kind = atomic_load(&j.bad_kind);
+        long long code = atomic_load(&j.bad);
+        if (code != LLONG_MAX) {
+            long long bad = code / 4;
+            int kind = (int)(code % 4);
             if (kind == 1)
                 snprintf(err, err_len, "%s: tensor '%s' holds a NaN or infinity (row %lld)", in_path, q->name,
                          (long long)(r0 + bad));
