@@ -9,6 +9,7 @@
 #ifndef KVSERVE_ENGINE_QUANT_IMPL_H
 #define KVSERVE_ENGINE_QUANT_IMPL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -37,6 +38,20 @@ typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } eng_blk_q8_K;  /*
 static inline int eng_trunc_i8(float v) {
     int32_t i = (v >= -2147483648.f && v < 2147483648.f) ? (int32_t)v : INT32_MIN;
     return (int)(int8_t)(uint8_t)((uint32_t)i & 0xFF);
+}
+
+/* max |x| over n values (to *amax_out) and the signed value that has it (the first one on ties) */
+static inline float eng_absmax_signed(const float *x, int n, float *amax_out) {
+    float amax = 0.f, mx = 0.f;
+    for (int j = 0; j < n; j++) {
+        float a = fabsf(x[j]);
+        if (a > amax) {
+            amax = a;
+            mx = x[j];
+        }
+    }
+    *amax_out = amax;
+    return mx;
 }
 
 /* The 6-bit scale j (0..7) and min of a Q4_K / Q5_K block's packed 12-byte scales. */

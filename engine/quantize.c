@@ -205,14 +205,8 @@ static void weights_q5_K(const float *x, eng_blk_q5_K *b, int64_t nb) {
  * the best weighted fit (largest sum(w x l)^2 / sum(w l^2)). Returns the least-squares scale. */
 static float fit_scale_sym(const float *x, int8_t *L) {
     enum { N = 16, NMAX = 32 };
-    float amax = 0, vmax = 0;
-    for (int i = 0; i < N; i++) {
-        float a = fabsf(x[i]);
-        if (a > amax) {
-            amax = a;
-            vmax = x[i];
-        }
-    }
+    float amax;
+    float vmax = eng_absmax_signed(x, N, &amax);
     if (amax < TINY_GROUP) {
         memset(L, 0, N);
         return 0.f;
