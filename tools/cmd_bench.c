@@ -1,10 +1,11 @@
 /*
  * cmd_bench.c: `kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]`
  *
- * Measures the CPU engine: prefill speed for a P-token prompt (one batch), then for each B the aggregate
- * decode speed of B sequences decoding together (one token each per batch) for N tokens each. Every
- * measurement follows a warm-up run of the same shape. Token ids are fixed pseudo-random values (the speed
- * does not depend on them). Output: a table, or with --json one object
+ * Measures the CPU engine: prefill speed for a P-token prompt (one batch, after an untimed warm-up prefill),
+ * then for each B the aggregate decode speed of B sequences decoding together (one token each per batch) for
+ * N tokens each. As llama.cpp's llama-batched-bench does, every sequence first gets its own P-token prompt
+ * (untimed), so the timed decode steps attend over contexts of P..P+N-1 tokens. Token ids are fixed
+ * pseudo-random values (the speed does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}]}
  *
@@ -25,7 +26,7 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 
-enum { MAX_B = 64, WARMUP_STEPS = 4 };
+enum { MAX_B = 64 };
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]\n"
@@ -54,18 +55,24 @@ static int parse_list(const char *s, int *out, int cap, int *n) {
     return *n > 0 ? 0 : -1;
 }
 
+/* Fills a batch with sequence s's p-token prompt (ids depend on salt, so sequences differ). */
+static eng_batch prompt_batch(int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int32_t p, int32_t s,
+                              uint32_t salt, int32_t n_vocab) {
+    for (int32_t i = 0; i < p; i++) {
+        tok[i] = (int32_t)(((uint32_t)i * 2654435761u + 17u + salt * 40503u) % (uint32_t)n_vocab);
+        pos[i] = i;
+        seq[i] = s;
+        want[i] = i == p - 1;
+    }
+    return (eng_batch){p, tok, pos, seq, want};
+}
+
 /* Prefills a p-token prompt into a fresh sequence; returns seconds, or < 0 on error. */
 static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int32_t p, int32_t n_vocab) {
     kvc_cache *kv = eng_ctx_cache(ctx);
     int32_t s;
     if (kvc_seq_alloc(kv, &s) != 0) return -1;
-    for (int32_t i = 0; i < p; i++) {
-        tok[i] = (int32_t)((i * 2654435761u + 17u) % (uint32_t)n_vocab);
-        pos[i] = i;
-        seq[i] = s;
-        want[i] = i == p - 1;
-    }
-    eng_batch b = {p, tok, pos, seq, want};
+    eng_batch b = prompt_batch(tok, pos, seq, want, p, s, 0, n_vocab);
     double t0 = kvs_now_s();
     int rc = eng_decode(ctx, &b);
     double t = kvs_now_s() - t0;
@@ -77,19 +84,29 @@ static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq
     return t;
 }
 
-/* B sequences each decode `steps` tokens together (after a 1-token start); returns seconds of the steps. */
-static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int b, int32_t steps,
-                         int32_t n_vocab) {
+/* B sequences each get a p-token prompt (untimed), then decode `steps` tokens together at positions
+ * p..p+steps-1; returns the seconds of the decode steps, or < 0 on error. */
+static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int b, int32_t p,
+                         int32_t steps, int32_t n_vocab) {
     kvc_cache *kv = eng_ctx_cache(ctx);
     int32_t ids[MAX_B];
     double t = -1;
     int n_alloc = 0;
     for (; n_alloc < b; n_alloc++)
         if (kvc_seq_alloc(kv, &ids[n_alloc]) != 0) goto out;
-    for (int32_t step = 0; step <= steps; step++) {
+    for (int i = 0; i < b; i++) {
+        eng_batch pb = prompt_batch(tok, pos, seq, want, p, ids[i], (uint32_t)i + 1, n_vocab);
+        int rc = eng_decode(ctx, &pb);
+        if (rc != 0) {
+            fprintf(stderr, "kvserve bench: prefill of sequence %d failed: %s\n", i, eng_strerror(rc));
+            goto out;
+        }
+    }
+    t = 0;
+    for (int32_t step = 0; step < steps; step++) {
         for (int i = 0; i < b; i++) {
             tok[i] = (int32_t)(((uint32_t)(step * 31 + i) * 2654435761u) % (uint32_t)n_vocab);
-            pos[i] = step;
+            pos[i] = p + step;
             seq[i] = ids[i];
             want[i] = true;
         }
@@ -101,8 +118,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
             t = -1;
             goto out;
         }
-        if (step == 0) t = 0; /* the first token starts the sequences: not timed */
-        else t += kvs_now_s() - t0;
+        t += kvs_now_s() - t0;
     }
 out:
     for (int i = 0; i < n_alloc; i++) kvc_seq_free(kv, ids[i]);
@@ -162,7 +178,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         return 1;
     }
     const eng_hparams *hp = eng_model_hparams(model);
-    int32_t n_ctx = (int32_t)(p > n + WARMUP_STEPS + 1 ? p : n + WARMUP_STEPS + 1);
+    int32_t n_ctx = (int32_t)(p + n);
     if (n_ctx > hp->n_ctx_train) {
         fprintf(stderr, "kvserve bench: -p/-n exceed the model context %d\n", hp->n_ctx_train);
         goto done;
@@ -191,8 +207,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     if (tp < 0) goto done;
     double prefill_tok_s = (double)p / tp;
     for (int i = 0; i < nb; i++) {
-        if (run_decode(ctx, tok, pos, seq, want, bl[i], WARMUP_STEPS, hp->n_vocab) < 0) goto done; /* warm-up */
-        double t = run_decode(ctx, tok, pos, seq, want, bl[i], (int32_t)n, hp->n_vocab);
+        double t = run_decode(ctx, tok, pos, seq, want, bl[i], (int32_t)p, (int32_t)n, hp->n_vocab);
         if (t < 0) goto done;
         dec[i] = (double)bl[i] * (double)n / t;
     }

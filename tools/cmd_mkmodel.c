@@ -61,6 +61,9 @@ static void usage(FILE *f) {
         "                                      ctx 4096, tied, q8_0 (pass --vocab-from a gpt-2 vocabulary)\n"
         "                          llama-1b    llama, embd 2048, 16 blocks, 32 heads, 8 kv heads, ff 8192,\n"
         "                                      ctx 8192, rope base 500000, tied, q8_0\n"
+        "                          bench-1b    the Llama-3.2-1B shape: llama-1b with ctx 131072, f16 (pass\n"
+        "                                      --vocab-from a llama 3 vocabulary; `kvserve quantize` makes the\n"
+        "                                      Q4_K_M/Q5_K_M/Q6_K/Q8_0 bench models from it)\n"
         "  --arch llama|qwen2    architecture (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by default)\n"
         "  --embd N              embedding length\n"
         "  --layers N            number of blocks\n"
@@ -107,9 +110,13 @@ static int apply_preset(mk_opts *o, const char *name) {
         o->n_embd = 576; o->n_layer = 30; o->n_head = 9; o->n_head_kv = 3; o->n_ff = 1536; o->n_ctx = 4096;
         return 0;
     }
-    if (!strcmp(name, "llama-1b")) {
+    if (!strcmp(name, "llama-1b") || !strcmp(name, "bench-1b")) {
         o->n_embd = 2048; o->n_layer = 16; o->n_head = 32; o->n_head_kv = 8; o->n_ff = 8192; o->n_ctx = 8192;
         o->rope_base = 500000.0;
+        if (!strcmp(name, "bench-1b")) {
+            o->n_ctx = 131072;  /* Llama 3.2's context_length */
+            o->wtype = ENG_Q_F16;
+        }
         return 0;
     }
     return -1;
@@ -149,7 +156,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         else if (!strncmp(argv[i], "--preset=", 9)) preset = argv[i] + 9;
     }
     if (apply_preset(o, preset) != 0) {
-        fprintf(stderr, "kvserve mkmodel: unknown preset '%s' (default, tiny, bench-135m, llama-1b)\n", preset);
+        fprintf(stderr, "kvserve mkmodel: unknown preset '%s' (default, tiny, bench-135m, llama-1b, bench-1b)\n", preset);
         return 2;
     }
     const int64_t big = 1 << 20;

@@ -25,6 +25,7 @@ static const kvs_command commands[] = {
     {"bench", kvs_cmd_bench, "measure prefill and multi-sequence decode speed on the CPU"},
     {"generate", kvs_cmd_generate, "generate completions for one prompt or a batch of prompts"},
     {"mkmodel", kvs_cmd_mkmodel, "write a deterministic random-weight GGUF model"},
+    {"quantize", kvs_cmd_quantize, "convert a f32/f16/bf16 GGUF model to Q4_0, Q8_0 or a K-quant mixture"},
     {"serve", kvs_cmd_serve, "run the HTTP server (default)"},
     {"tokenize", kvs_cmd_tokenize, "tokenize text with a model's vocabulary"},
     {"version", cmd_version, "print the version"},

@@ -124,6 +124,17 @@ int eng_gguf_add_kv_from(eng_gguf_writer *w, const eng_gguf_kv *kv);
 /* A tensor of the given ggml type and dims; data (nbytes, which must match the type and dims) is copied. */
 int eng_gguf_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                         const int64_t *ne, const void *data, size_t nbytes);
+/* Streaming, for files too large to hold in memory: a tensor of which only the info is kept (same checks as
+ * eng_gguf_add_tensor). The caller writes eng_gguf_write_header's bytes, then each tensor's bytes in the order
+ * they were added, each followed by zeros up to a multiple of eng_gguf_writer_alignment(w). A writer holding
+ * such tensors can only produce its header: eng_gguf_write and eng_gguf_write_memory fail with ENG_ERR_INVALID. */
+int eng_gguf_add_tensor_info(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                             const int64_t *ne);
+/* Everything before the tensor data (header, kvs, tensor infos with their offsets), padded to the alignment,
+ * into a malloc'd buffer (*out, caller frees; *size its length). Errors: ENG_ERR_INVALID, ENG_ERR_NOMEM. */
+int eng_gguf_write_header(const eng_gguf_writer *w, void **out, size_t *size);
+/* The alignment tensors are laid out with (32, or general.alignment when added); 0 for NULL. */
+uint32_t eng_gguf_writer_alignment(const eng_gguf_writer *w);
 /* Writes the file (atomically: a temporary file renamed into place). err names the path on failure. */
 int eng_gguf_write(const eng_gguf_writer *w, const char *path, char *err, size_t err_len);
 /* The same bytes eng_gguf_write would write, into a malloc'd buffer (*out, caller frees; *size its length).

@@ -36,6 +36,7 @@ struct eng_gguf_writer {
     size_t n_kv, cap_kv;
     wtensor *t;
     size_t n_t, cap_t;
+    size_t n_streamed;    /* tensors added with eng_gguf_add_tensor_info (no data kept) */
     uint32_t alignment;
 };
 
@@ -232,9 +233,10 @@ int eng_gguf_add_kv_from(eng_gguf_writer *w, const eng_gguf_kv *kv) {
     }
 }
 
-int eng_gguf_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
-                        const void *data, size_t nbytes) {
-    if (!w || !name || !*name || !ne || (!data && nbytes)) return ENG_ERR_INVALID;
+/* Adds a tensor; with data NULL only its info is kept (streamed by the caller after eng_gguf_write_header). */
+static int w_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
+                    const void *data, size_t nbytes) {
+    if (!w || !name || !*name || !ne) return ENG_ERR_INVALID;
     size_t need_bytes = eng_gguf_tensor_bytes(type, n_dims, ne);
     if (need_bytes == 0 || need_bytes != nbytes) return ENG_ERR_INVALID;
     size_t name_len = strlen(name);
@@ -250,13 +252,14 @@ int eng_gguf_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uin
     wtensor *t = &w->t[w->n_t];
     memset(t, 0, sizeof *t);
     t->name = strdup(name);
-    t->data = malloc(nbytes);
-    if (!t->name || !t->data) {
+    t->data = data ? malloc(nbytes) : NULL;
+    if (!t->name || (data && !t->data)) {
         free(t->name);
         free(t->data);
         return ENG_ERR_NOMEM;
     }
-    memcpy(t->data, data, nbytes);
+    if (data) memcpy(t->data, data, nbytes);
+    else w->n_streamed++;
     t->name_len = name_len;
     t->type = type;
     t->n_dims = n_dims;
@@ -265,6 +268,19 @@ int eng_gguf_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uin
     w->n_t++;
     return 0;
 }
+
+int eng_gguf_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
+                        const void *data, size_t nbytes) {
+    if (!data) return ENG_ERR_INVALID;
+    return w_tensor(w, name, type, n_dims, ne, data, nbytes);
+}
+
+int eng_gguf_add_tensor_info(eng_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                             const int64_t *ne) {
+    return w_tensor(w, name, type, n_dims, ne, NULL, eng_gguf_tensor_bytes(type, n_dims, ne));
+}
+
+uint32_t eng_gguf_writer_alignment(const eng_gguf_writer *w) { return w ? w->alignment : 0; }
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -323,8 +339,19 @@ static int build_header(const eng_gguf_writer *w, uint8_t **out, size_t *out_len
     return 0;
 }
 
-int eng_gguf_write_memory(const eng_gguf_writer *w, void **out, size_t *size) {
+int eng_gguf_write_header(const eng_gguf_writer *w, void **out, size_t *size) {
     if (!w || !out || !size) return ENG_ERR_INVALID;
+    uint8_t *hdr;
+    size_t hdr_len, data_len;
+    int rc = build_header(w, &hdr, &hdr_len, &data_len);
+    if (rc) return rc;
+    *out = hdr;
+    *size = hdr_len;
+    return 0;
+}
+
+int eng_gguf_write_memory(const eng_gguf_writer *w, void **out, size_t *size) {
+    if (!w || !out || !size || w->n_streamed) return ENG_ERR_INVALID;
     uint8_t *hdr;
     size_t hdr_len, data_len;
     int rc = build_header(w, &hdr, &hdr_len, &data_len);
@@ -358,7 +385,8 @@ static int write_all(int fd, const void *p, size_t n) {
 
 int eng_gguf_write(const eng_gguf_writer *w, const char *path, char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
-    if (!w || !path || !*path) return gguf_fail_msg(path, err, err_len, ENG_ERR_INVALID, "invalid arguments");
+    if (!w || !path || !*path || w->n_streamed)
+        return gguf_fail_msg(path, err, err_len, ENG_ERR_INVALID, "invalid arguments");
     uint8_t *hdr;
     size_t hdr_len, data_len;
     int rc = build_header(w, &hdr, &hdr_len, &data_len);

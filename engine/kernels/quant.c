@@ -354,29 +354,15 @@ static inline int nearest_int(float v) {
     return (i & 0x007FFFFF) - 0x00400000;
 }
 
-/* max |x| over n values and the signed value that has it (the first one on ties) */
-static inline float absmax_signed(const float *x, int n, float *amax_out) {
-    float amax = 0.f, mx = 0.f;
-    for (int j = 0; j < n; j++) {
-        float a = fabsf(x[j]);
-        if (a > amax) {
-            amax = a;
-            mx = x[j];
-        }
-    }
-    *amax_out = amax;
-    return mx;
-}
-
 static void quant_q4_0(const float *x, eng_blk_q4_0 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax;
-        float mx = absmax_signed(x, 32, &amax);
+        float mx = eng_absmax_signed(x, 32, &amax);
         float d = mx / -8.f;
         float id = d != 0.f ? 1.f / d : 0.f;
         b[i].d = eng_f32_to_fp16(d);
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)(x[j] * id + 8.5f), c = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            int a = eng_trunc_i8(x[j] * id + 8.5f), c = eng_trunc_i8(x[j + 16] * id + 8.5f);
             if (a > 15) a = 15;
             if (c > 15) c = 15;
             b[i].qs[j] = (uint8_t)(a | (c << 4));
@@ -401,7 +387,7 @@ static void quant_q4_1(const float *x, eng_blk_q4_1 *b, int64_t nb) {
         b[i].d = eng_f32_to_fp16(d);
         b[i].m = eng_f32_to_fp16(lo);
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            int a = eng_trunc_i8((x[j] - lo) * id + 0.5f), c = eng_trunc_i8((x[j + 16] - lo) * id + 0.5f);
             if (a > 15) a = 15;
             if (c > 15) c = 15;
             b[i].qs[j] = (uint8_t)(a | (c << 4));
@@ -417,13 +403,13 @@ static void put_le32(uint8_t *p, uint32_t v) {
 static void quant_q5_0(const float *x, eng_blk_q5_0 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax;
-        float mx = absmax_signed(x, 32, &amax);
+        float mx = eng_absmax_signed(x, 32, &amax);
         float d = mx / -16.f;
         float id = d != 0.f ? 1.f / d : 0.f;
         b[i].d = eng_f32_to_fp16(d);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)(x[j] * id + 16.5f), c = (int)(int8_t)(x[j + 16] * id + 16.5f);
+            int a = eng_trunc_i8(x[j] * id + 16.5f), c = eng_trunc_i8(x[j + 16] * id + 16.5f);
             if (a > 31) a = 31;
             if (c > 31) c = 31;
             b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));
@@ -443,7 +429,7 @@ static void quant_q5_1(const float *x, eng_blk_q5_1 *b, int64_t nb) {
         b[i].m = eng_f32_to_fp16(lo);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), c = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            int a = eng_trunc_i8((x[j] - lo) * id + 0.5f), c = eng_trunc_i8((x[j + 16] - lo) * id + 0.5f);
             if (a > 31) a = 31;
             if (c > 31) c = 31;
             b[i].qs[j] = (uint8_t)((a & 0xF) | ((c & 0xF) << 4));
@@ -456,7 +442,7 @@ static void quant_q5_1(const float *x, eng_blk_q5_1 *b, int64_t nb) {
 /* Q8_0 / Q8_1: d = max|x| / 127, q = round(x / d) in [-127, 127]. Returns d (float, before fp16). */
 static float quant_32_q8(const float *x, int8_t *qs, int *sum) {
     float amax;
-    (void)absmax_signed(x, 32, &amax);
+    (void)eng_absmax_signed(x, 32, &amax);
     float d = amax / 127.f;
     float id = d != 0.f ? 1.f / d : 0.f;
     int s = 0;
@@ -489,7 +475,7 @@ static void quant_q8_1(const float *x, eng_blk_q8_1 *b, int64_t nb) {
 static void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 256) {
         float amax;
-        float mx = absmax_signed(x, 256, &amax);
+        float mx = eng_absmax_signed(x, 256, &amax);
         if (amax == 0.f) {
             memset(&b[i], 0, sizeof b[i]);
             continue;

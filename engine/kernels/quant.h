@@ -55,6 +55,29 @@ int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
  * ENG_ERR_INVALID. */
 int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
+/* ---- weight quantization (quantize.c) ------------------------------------------------------------------------
+ * The rounding rules of ggml's reference quantizers, which llama.cpp's llama-quantize runs when it has no
+ * importance matrix: the same input floats give the same bytes, block for block (Q4_K/Q5_K fit a scale and a
+ * min per 32 values with the weighted least-squares search, Q6_K a scale per 16 values with the 19-step
+ * search; the super-block scales are then quantized to 6 or 8 bits). Q8_0 rounds half away from zero here,
+ * unlike eng_quantize_row's activation Q8_0 (half to even), because llama-quantize does. Pure functions,
+ * safe from any thread; rows are independent, so any split of a matrix across threads gives the same bytes. */
+
+/* Whether eng_quantize_weights handles type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. */
+bool eng_quantize_weights_supported(uint32_t type);
+/* Quantizes nrows rows of n_per_row values (src, row r at src + r * n_per_row) to type, rows packed one after
+ * the other in dst (eng_qtype_row_bytes(type, n_per_row) bytes each). n_per_row must be a positive multiple of
+ * the type's block size. Inputs should be finite (llama-quantize refuses others; here they give unspecified
+ * bytes, never a crash); a block too large for the fp16 scale gets an infinite scale, which
+ * eng_check_row_data reports. Returns 0, ENG_ERR_UNSUPPORTED (type) or ENG_ERR_INVALID (shape, NULL). */
+int eng_quantize_weights(uint32_t type, const float *src, void *dst, int64_t nrows, int64_t n_per_row);
+/* Checks n values of type in data (n a multiple of the block size) as llama.cpp's loader does: no NaN or
+ * infinity among F32/F16/BF16 values, nor among the fp16 scales (d, and dmin/m where the format has one) of
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K blocks (Q8_K's float d too). Returns 0, ENG_ERR_FORMAT (the index
+ * of the first bad value, or of the first value of the bad block, goes to *bad_at when not NULL),
+ * ENG_ERR_UNSUPPORTED (a type without a check) or ENG_ERR_INVALID. */
+int eng_check_row_data(uint32_t type, const void *data, int64_t n, int64_t *bad_at);
+
 /* ---- kernel levels ------------------------------------------------------------------------------------- */
 typedef enum { ENG_SIMD_SCALAR = 0, ENG_SIMD_AVX2 = 1, ENG_SIMD_AVX512 = 2 } eng_simd_level;
 

@@ -9,6 +9,7 @@
 #ifndef KVSERVE_ENGINE_QUANT_IMPL_H
 #define KVSERVE_ENGINE_QUANT_IMPL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -29,6 +30,29 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } eng_bl
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } eng_blk_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } eng_blk_q6_K;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } eng_blk_q8_K;  /* bsums: sums of 16 qs */
+
+/* A float converted to int8 the way the reference quantizers' casts run on x86-64 (cvttss2si, then the low
+ * byte): truncation toward zero, and NaN or values outside int32 give INT32_MIN's low byte (0). Defined for
+ * every input, so a degenerate block (an infinite inverse scale) gives the same bytes as llama.cpp instead
+ * of undefined behaviour. */
+static inline int eng_trunc_i8(float v) {
+    int32_t i = (v >= -2147483648.f && v < 2147483648.f) ? (int32_t)v : INT32_MIN;
+    return (int)(int8_t)(uint8_t)((uint32_t)i & 0xFF);
+}
+
+/* max |x| over n values (to *amax_out) and the signed value that has it (the first one on ties) */
+static inline float eng_absmax_signed(const float *x, int n, float *amax_out) {
+    float amax = 0.f, mx = 0.f;
+    for (int j = 0; j < n; j++) {
+        float a = fabsf(x[j]);
+        if (a > amax) {
+            amax = a;
+            mx = x[j];
+        }
+    }
+    *amax_out = amax;
+    return mx;
+}
 
 /* The 6-bit scale j (0..7) and min of a Q4_K / Q5_K block's packed 12-byte scales. */
 static inline void eng_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {

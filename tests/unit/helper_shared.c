@@ -2,8 +2,12 @@
 #include "helper_shared.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 const char *kvt_shared_dir(void) {
     const char *d = getenv("KVSERVE_SHARED");
@@ -39,4 +43,34 @@ cJSON *kvt_read_json(const char *path) {
     free(buf);
     cr_assert_not_null(j, "%s: invalid JSON", path);
     return j;
+}
+
+int kvt_run_kvserve(const char *dir, const char *const *args, char **log) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/log", dir);
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = KVSERVE_BINARY;
+    for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    char *text = kvt_read_file(path, NULL);
+    cr_assert_not_null(text, "cannot read %s", path);
+    cr_assert(!strstr(text, "Sanitizer") && !strstr(text, "runtime error"), "kvserve %s: %s", args[0], text);
+    unlink(path);
+    if (log) *log = text;
+    else free(text);
+    cr_assert(WIFEXITED(st), "kvserve did not exit normally");
+    return WEXITSTATUS(st);
 }

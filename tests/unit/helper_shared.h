@@ -17,4 +17,10 @@ char *kvt_read_file(const char *path, size_t *len);
  * parsed. */
 cJSON *kvt_read_json(const char *path);
 
+/* Runs the kvserve binary (KVSERVE_BINARY) with args (NULL-terminated, without the program name), its stdout
+ * and stderr going to dir/log, and returns its exit status. Fails the test when it cannot run, does not exit
+ * normally, or its output holds a sanitizer report (the ASan build's binary is sanitized too). With log not
+ * NULL, *log receives the output (malloc'd, NUL-terminated; the caller frees it). */
+int kvt_run_kvserve(const char *dir, const char *const *args, char **log);
+
 #endif

@@ -1096,39 +1096,6 @@ Test(gguf, block_sizes_agree_with_quant_module) {
 }
 
 /* ---- kvserve mkmodel ------------------------------------------------------------------------------------------ */
-/* Runs the kvserve binary with args (NULL-terminated), output to dir/log; returns the exit status. The log
- * must hold no sanitizer report (the ASan build's binary is sanitized too). */
-static int run_kvserve(const char *dir, const char *const *args) {
-    char log[512];
-    snprintf(log, sizeof log, "%s/log", dir);
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = KVSERVE_BINARY;
-    for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(127);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    size_t n_log;
-    char *text = read_file(log, &n_log);
-    text = realloc(text, n_log + 1);
-    text[n_log] = 0;
-    cr_assert(!strstr(text, "Sanitizer") && !strstr(text, "runtime error"), "kvserve %s: %s", args[0], text);
-    free(text);
-    unlink(log);
-    cr_assert(WIFEXITED(st), "kvserve did not exit normally");
-    return WEXITSTATUS(st);
-}
-
 static eng_gguf *mk(const char *dir, const char *fname, const char *const *extra) {
     char out[512];
     snprintf(out, sizeof out, "%s/%s", dir, fname);
@@ -1136,7 +1103,7 @@ static eng_gguf *mk(const char *dir, const char *fname, const char *const *extra
     int n = 3;
     for (int i = 0; extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
-    cr_assert_eq(run_kvserve(dir, args), 0, "mkmodel %s failed", fname);
+    cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0, "mkmodel %s failed", fname);
     eng_gguf *g;
     char err[512];
     cr_assert_eq(eng_gguf_open(out, &g, err, sizeof err), 0, "%s", err);
@@ -1432,14 +1399,14 @@ Test(mkmodel, bad_options_fail_without_writing) {
         {"mkmodel", "-o", out, "--seed", "-1", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        cr_assert_eq(run_kvserve(dir, bad[i]), 2, "case %zu should be a usage error", i);
+        cr_assert_eq(kvt_run_kvserve(dir, bad[i], NULL), 2, "case %zu should be a usage error", i);
         cr_assert(!file_exists(out), "case %zu wrote a file", i);
     }
     const char *missing_vocab[] = {"mkmodel", "-o", out, "--preset", "tiny", "--vocab-from", "/nonexistent.gguf", NULL};
-    cr_assert_eq(run_kvserve(dir, missing_vocab), 1);
+    cr_assert_eq(kvt_run_kvserve(dir, missing_vocab, NULL), 1);
     cr_assert(!file_exists(out));
     const char *help[] = {"mkmodel", "--help", NULL};
-    cr_assert_eq(run_kvserve(dir, help), 0);
+    cr_assert_eq(kvt_run_kvserve(dir, help, NULL), 0);
     rmdir(dir);
     free(dir);
 }
