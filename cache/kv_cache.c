@@ -66,12 +66,17 @@ static bool seq_ok(const kvc_cache *c, int32_t seq) {
     return c && seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
 }
 
+/* A capacity of at least need: cap doubled (first when cap is 0), at most INT32_MAX. */
+static int64_t grown_cap(int32_t cap, int32_t need, int32_t first) {
+    int64_t c = cap ? (int64_t)cap * 2 : first;
+    if (c < need) c = need;
+    return c > INT32_MAX ? INT32_MAX : c;
+}
+
 /* Grows a sequence's arrays to hold n_tokens tokens (table entries follow). All or nothing. */
 static int seq_reserve(kvc_seq *s, int32_t n_tokens, int32_t block_size) {
     if (n_tokens > s->tok_cap) {
-        int64_t cap = s->tok_cap ? (int64_t)s->tok_cap * 2 : 64;
-        if (cap < n_tokens) cap = n_tokens;
-        if (cap > INT32_MAX) cap = INT32_MAX;
+        int64_t cap = grown_cap(s->tok_cap, n_tokens, 64);
         int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
         if (!t) return KVC_ERR_NOMEM;
         s->tokens = t;
@@ -79,9 +84,7 @@ static int seq_reserve(kvc_seq *s, int32_t n_tokens, int32_t block_size) {
     }
     int32_t n_tab = ceil_div(n_tokens, block_size);
     if (n_tab > s->tab_cap) {
-        int64_t cap = s->tab_cap ? (int64_t)s->tab_cap * 2 : 8;
-        if (cap < n_tab) cap = n_tab;
-        if (cap > INT32_MAX) cap = INT32_MAX;
+        int64_t cap = grown_cap(s->tab_cap, n_tab, 8);
         int32_t *t = realloc(s->table, (size_t)cap * sizeof *t);
         if (!t) return KVC_ERR_NOMEM;
         s->table = t;

@@ -374,29 +374,14 @@ static void step(srv_sched *s) {
                 }
                 break;
             }
-            sched_req *victim = sched_pick_victim(s);
-            if (victim) {
-                sched_preempt(s, victim);
-                continue;
-            }
-            /* a single running request that cannot progress: it does not fit the pool */
-            sched_req *r = s->running.v[0];
-            sched_finish_no_room(s, r);
-            sched_emit_outputs(s, r);
+            sched_relieve_pool(s);
             continue;
         }
         eng_batch b = {.n = s->n_entries, .token = s->b_token, .pos = s->b_pos, .seq = s->b_seq,
                        .want_logits = s->b_logits};
         int rc = s->ops.decode(s->ops.ctx, &b);
         if (rc == ENG_ERR_KV_FULL) {
-            sched_req *victim = sched_pick_victim(s);
-            if (victim) {
-                sched_preempt(s, victim);
-                continue;
-            }
-            sched_req *r = s->running.v[0];
-            sched_finish_no_room(s, r);
-            sched_emit_outputs(s, r);
+            sched_relieve_pool(s);
             continue;
         }
         s->c_steps++;

@@ -36,20 +36,7 @@ static int bpe_word(const eng_vocab *v, work *w, const char *word, size_t len, i
         int32_t id = eng_vocab_find(v, t, n);
         if (id >= 0) return tok_ivec_push(out, id);
     }
-    if (tok_work_syms(w, n)) return ENG_ERR_NOMEM;
-    size_t off = 0;
-    while (off < n) {
-        size_t cl = utf8_len_lead((uint8_t)t[off]);
-        if (cl > n - off) cl = n - off;
-        sym *s = &w->s[w->ns];
-        s->off = (uint32_t)off;
-        s->n = (uint32_t)cl;
-        s->prev = (int32_t)w->ns - 1;
-        off += cl;
-        s->next = off == n ? -1 : (int32_t)w->ns + 1;
-        s->id = eng_vocab_find(v, t + s->off, cl);
-        w->ns++;
-    }
+    if (tok_split_chars(v, w, t, n)) return ENG_ERR_NOMEM;
     w->h.n = 0;
     w->h.spm = false;
     for (size_t i = 1; i < w->ns; i++)

@@ -78,6 +78,24 @@ int tok_work_syms(work *w, size_t n) {
     return ENG_OK;
 }
 
+int tok_split_chars(const eng_vocab *v, work *w, const char *text, size_t len) {
+    if (tok_work_syms(w, len)) return ENG_ERR_NOMEM;
+    size_t off = 0;
+    while (off < len) {
+        size_t n = utf8_len_lead((uint8_t)text[off]);
+        if (n > len - off) n = len - off;
+        sym *s = &w->s[w->ns];
+        s->off = (uint32_t)off;
+        s->n = (uint32_t)n;
+        s->prev = (int32_t)w->ns - 1;
+        off += n;
+        s->next = off == len ? -1 : (int32_t)w->ns + 1;
+        s->id = v ? eng_vocab_find(v, text + s->off, n) : -1;
+        w->ns++;
+    }
+    return ENG_OK;
+}
+
 /* ---- special-token partitioning and the tokenize entry point ---------------------------------------------- */
 
 typedef struct frag { size_t off, len; int32_t tok; /* -1: raw text */ } frag;
