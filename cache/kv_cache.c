@@ -300,19 +300,10 @@ void kvc_free(kvc_cache *c) {
     if (c->lay.base) c->alloc->free(c->alloc->ctx, c->lay.base);
     if (c->seqs) {
         for (int32_t s = 0; s < c->p.max_seqs; s++) {
-            free(c->seqs[s].tokens);
-            free(c->seqs[s].table);
-            free(c->seqs[s].pub_block);
-            free(c->seqs[s].pub_gen);
+            KVS_FREE_ALL(c->seqs[s].tokens, c->seqs[s].table, c->seqs[s].pub_block, c->seqs[s].pub_gen);
         }
     }
-    free(c->seqs);
-    free(c->batch_seqs);
-    free(c->blocks);
-    free(c->btok);
-    free(c->free_stack);
-    free(c->buckets);
-    free(c);
+    KVS_FREE_ALL(c->seqs, c->batch_seqs, c->blocks, c->btok, c->free_stack, c->buckets, c);
 }
 
 void kvc_get_layout(const kvc_cache *c, kvc_layout *out) {
@@ -359,10 +350,7 @@ int kvc_seq_free(kvc_cache *c, int32_t seq) {
     c->seqs_live--;
     /* Give back memory of very long sequences; small arrays are kept for reuse. */
     if (s->tok_cap > 65536) {
-        free(s->tokens);
-        free(s->table);
-        free(s->pub_block);
-        free(s->pub_gen);
+        KVS_FREE_ALL(s->tokens, s->table, s->pub_block, s->pub_gen);
         s->tokens = s->table = s->pub_block = NULL;
         s->pub_gen = NULL;
         s->tok_cap = s->tab_cap = 0;

@@ -83,11 +83,7 @@ static void req_free(srv_sched *s, sched_req *r) {
         }
         free(r->ch);
     }
-    free(r->end_ev);
-    free(r->done_ev);
-    free(r->prompt);
-    free(r->bias);
-    free(r);
+    KVS_FREE_ALL(r->end_ev, r->done_ev, r->prompt, r->bias, r);
 }
 
 /* The choice's known tokens as one array (scratch, valid until the next call); NULL on allocation failure. */
@@ -455,18 +451,8 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
-    free(s->incoming.v);
-    free(s->waiting.v);
-    free(s->running.v);
-    free(s->eog);
-    free(s->b_token);
-    free(s->b_pos);
-    free(s->b_seq);
-    free(s->b_logits);
-    free(s->groups);
-    free(s->logit_buf);
-    free(s->tok_buf);
-    free(s);
+    KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
+                 s->groups, s->logit_buf, s->tok_buf, s);
 }
 
 /* ---- API ------------------------------------------------------------------------------------------------------- */

@@ -74,11 +74,9 @@ typedef struct spanvec { span *a; size_t n, cap; } spanvec;
 static int span_push(spanvec *v, size_t off, size_t len) {
     if (len == 0) return ENG_OK;
     if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 64;
-        span *na = realloc(v->a, nc * sizeof *na);
+        span *na = kvs_grow(v->a, &v->cap, v->n + 1, sizeof *na, 64);
         if (!na) return ENG_ERR_NOMEM;
         v->a = na;
-        v->cap = nc;
     }
     v->a[v->n++] = (span){off, len};
     return ENG_OK;
