@@ -66,12 +66,17 @@ static bool seq_ok(const kvc_cache *c, int32_t seq) {
     return c && seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
 }
 
+/* A capacity of at least need: cap doubled (first when cap is 0), at most INT32_MAX. */
+static int64_t grown_cap(int32_t cap, int32_t need, int32_t first) {
+    int64_t c = cap ? (int64_t)cap * 2 : first;
+    if (c < need) c = need;
+    return c > INT32_MAX ? INT32_MAX : c;
+}
+
 /* Grows a sequence's arrays to hold n_tokens tokens (table entries follow). All or nothing. */
 static int seq_reserve(kvc_seq *s, int32_t n_tokens, int32_t block_size) {
     if (n_tokens > s->tok_cap) {
-        int64_t cap = s->tok_cap ? (int64_t)s->tok_cap * 2 : 64;
-        if (cap < n_tokens) cap = n_tokens;
-        if (cap > INT32_MAX) cap = INT32_MAX;
+        int64_t cap = grown_cap(s->tok_cap, n_tokens, 64);
         int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
         if (!t) return KVC_ERR_NOMEM;
         s->tokens = t;
@@ -79,9 +84,7 @@ static int seq_reserve(kvc_seq *s, int32_t n_tokens, int32_t block_size) {
     }
     int32_t n_tab = ceil_div(n_tokens, block_size);
     if (n_tab > s->tab_cap) {
-        int64_t cap = s->tab_cap ? (int64_t)s->tab_cap * 2 : 8;
-        if (cap < n_tab) cap = n_tab;
-        if (cap > INT32_MAX) cap = INT32_MAX;
+        int64_t cap = grown_cap(s->tab_cap, n_tab, 8);
         int32_t *t = realloc(s->table, (size_t)cap * sizeof *t);
         if (!t) return KVC_ERR_NOMEM;
         s->table = t;
@@ -297,19 +300,10 @@ void kvc_free(kvc_cache *c) {
     if (c->lay.base) c->alloc->free(c->alloc->ctx, c->lay.base);
     if (c->seqs) {
         for (int32_t s = 0; s < c->p.max_seqs; s++) {
-            free(c->seqs[s].tokens);
-            free(c->seqs[s].table);
-            free(c->seqs[s].pub_block);
-            free(c->seqs[s].pub_gen);
+            KVS_FREE_ALL(c->seqs[s].tokens, c->seqs[s].table, c->seqs[s].pub_block, c->seqs[s].pub_gen);
         }
     }
-    free(c->seqs);
-    free(c->batch_seqs);
-    free(c->blocks);
-    free(c->btok);
-    free(c->free_stack);
-    free(c->buckets);
-    free(c);
+    KVS_FREE_ALL(c->seqs, c->batch_seqs, c->blocks, c->btok, c->free_stack, c->buckets, c);
 }
 
 void kvc_get_layout(const kvc_cache *c, kvc_layout *out) {
@@ -356,10 +350,7 @@ int kvc_seq_free(kvc_cache *c, int32_t seq) {
     c->seqs_live--;
     /* Give back memory of very long sequences; small arrays are kept for reuse. */
     if (s->tok_cap > 65536) {
-        free(s->tokens);
-        free(s->table);
-        free(s->pub_block);
-        free(s->pub_gen);
+        KVS_FREE_ALL(s->tokens, s->table, s->pub_block, s->pub_gen);
         s->tokens = s->table = s->pub_block = NULL;
         s->pub_gen = NULL;
         s->tok_cap = s->tab_cap = 0;

@@ -1,6 +1,14 @@
 /*
  * kv_cache.h: the paged KV block pool shared by every sequence (kvserve's cache module, prefix kvc_).
  *
+ * What it is: the bookkeeping of the KV memory: blocks, per-sequence block tables, reference counts, the
+ * prefix-cache index, and the storage itself (one allocation through a kvc_allocator).
+ * Owns: the pool's storage and every table; nothing global. Files: kv_cache.c (the pool), kv_check.c (stats and
+ * the invariant checker), host_alloc.c (host memory), kvc_internal.h (the private layout).
+ * Must never: compute attention or know a model (it stores rows of head_dim values, whatever they mean),
+ * decide which request runs (the server's scheduler does, through server/block_manager.h), or allocate device
+ * memory itself (the engine hands it an allocator).
+ *
  * One pool of fixed-size blocks holds the keys and values of all sequences. Each sequence (a "slot", id 0 ..
  * max_seqs-1) owns an ordered block table: token i of a sequence lives in table[i / block_size] at offset
  * i % block_size. Blocks are reference counted, so sequences can share them (CopyPrefix, prefix caching);

@@ -1,4 +1,4 @@
-/* buf.c: kvs_buf, the one growable byte buffer. */
+/* buf.c: kvs_buf, the one growable byte buffer, and the growable-array and free helpers. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,4 +77,22 @@ void kvs_buf_free(kvs_buf *b) {
     size_t max = b->max;
     *b = (kvs_buf){0};
     b->max = max;
+}
+
+void *kvs_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return p;
+    size_t c = *cap ? *cap : (first ? first : 1);
+    while (c < need) {
+        if (c > SIZE_MAX / 2) return NULL;
+        c *= 2;
+    }
+    if (elem && c > SIZE_MAX / elem) return NULL;
+    void *np = realloc(p, c * elem);
+    if (!np) return NULL;
+    *cap = c;
+    return np;
+}
+
+void kvs_free_all(void *const *ptrs, size_t n) {
+    for (size_t i = 0; i < n; i++) free(ptrs[i]);
 }

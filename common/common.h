@@ -94,6 +94,17 @@ char *kvs_buf_take(kvs_buf *b);
 /* Frees the data; the buffer is empty and reusable. */
 void kvs_buf_free(kvs_buf *b);
 
+/* ---- arrays ------------------------------------------------------------------------------------------------ */
+
+/* Grows an array p of *cap elements of elem bytes so that it holds at least need elements: the capacity doubles
+ * (starting at first). Returns the (possibly moved) array with *cap updated, or NULL when the allocation or the
+ * size overflows (p is then untouched and still owned by the caller). */
+void *kvs_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first);
+
+/* free() of each of ptrs[0..n) (NULL entries allowed): a struct's arrays in one call. */
+void kvs_free_all(void *const *ptrs, size_t n);
+#define KVS_FREE_ALL(...) kvs_free_all((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
+
 /* ---- CPU features ------------------------------------------------------------------------------------------ */
 
 /* The SIMD level every CPU kernel chooses by. AVX2 means AVX2 + FMA + F16C with the OS saving YMM state;

@@ -1,6 +1,11 @@
 /*
  * cuda_engine.h: the GPU backend of kvserve's engine (prefix cud_).
  *
+ * What it is: the CUDA implementation of engine/gpu_backend.h plus the host-side logic its kernels use.
+ * Owns: everything in device memory (weights, activations, the KV pool's storage, cuBLAS handles, graphs).
+ * Must never: be included by engine/ (the engine sees only engine/gpu_backend.h), manage the KV bookkeeping
+ * (cache/ does, the engine drives it), or tokenize, sample or schedule.
+ *
  * Implements engine/gpu_backend.h (the model description, the batch and the backend's functions are declared
  * there: the engine includes no header of this module). This header adds the host-side logic the kernels
  * use and the tests check.

@@ -2,6 +2,17 @@
  * engine.h: kvserve's inference engine (prefix eng_): GGUF models, tokenizers, chat templates, sampling and a
  * multi-sequence forward pass over the paged KV cache (cache/kv_cache.h).
  *
+ * What it is, by folder: format/ (GGUF reading and writing, model loading: gguf*.c, model.c), text/ (the
+ * tokenizer: tok_load, tok_spm, tok_bpe, tok_detok, tokenizer.c; chat templates: chat*.c), kernels/ (quantized
+ * formats and dots: quant*.c; attention and norms: ops.c; sampler kernels), runtime/ (the forward pass:
+ * forward.c, its GPU path forward_cuda.c, batches, the thread pool, samplers, the KV pool of a context:
+ * kv_pool.c). This header is the module's public one (engine/gpu_backend.h is the interface a GPU backend
+ * implements); the others are internal to engine/ (tools and tests may include them).
+ * Owns: the mapped model, each context's threads, scratch and KV cache (created through cache/), samplers.
+ * Must never: parse HTTP or JSON requests, queue or schedule requests (server/ does), keep global state (CPU
+ * features are detected per context, common's kvs_cpu_detect), or include a cuda/ header: a GPU backend
+ * implements engine/gpu_backend.h.
+ *
  * Objects:
  *   eng_model    weights (mmapped GGUF), hyper-parameters, vocabulary, chat template. Read-only once loaded:
  *                any thread may call the const functions on it concurrently (tokenize, pieces, chat render).

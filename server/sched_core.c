@@ -83,11 +83,7 @@ static void req_free(srv_sched *s, sched_req *r) {
         }
         free(r->ch);
     }
-    free(r->end_ev);
-    free(r->done_ev);
-    free(r->prompt);
-    free(r->bias);
-    free(r);
+    KVS_FREE_ALL(r->end_ev, r->done_ev, r->prompt, r->bias, r);
 }
 
 /* The choice's known tokens as one array (scratch, valid until the next call); NULL on allocation failure. */
@@ -374,29 +370,14 @@ static void step(srv_sched *s) {
                 }
                 break;
             }
-            sched_req *victim = sched_pick_victim(s);
-            if (victim) {
-                sched_preempt(s, victim);
-                continue;
-            }
-            /* a single running request that cannot progress: it does not fit the pool */
-            sched_req *r = s->running.v[0];
-            sched_finish_no_room(s, r);
-            sched_emit_outputs(s, r);
+            sched_relieve_pool(s);
             continue;
         }
         eng_batch b = {.n = s->n_entries, .token = s->b_token, .pos = s->b_pos, .seq = s->b_seq,
                        .want_logits = s->b_logits};
         int rc = s->ops.decode(s->ops.ctx, &b);
         if (rc == ENG_ERR_KV_FULL) {
-            sched_req *victim = sched_pick_victim(s);
-            if (victim) {
-                sched_preempt(s, victim);
-                continue;
-            }
-            sched_req *r = s->running.v[0];
-            sched_finish_no_room(s, r);
-            sched_emit_outputs(s, r);
+            sched_relieve_pool(s);
             continue;
         }
         s->c_steps++;
@@ -470,18 +451,8 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
-    free(s->incoming.v);
-    free(s->waiting.v);
-    free(s->running.v);
-    free(s->eog);
-    free(s->b_token);
-    free(s->b_pos);
-    free(s->b_seq);
-    free(s->b_logits);
-    free(s->groups);
-    free(s->logit_buf);
-    free(s->tok_buf);
-    free(s);
+    KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
+                 s->groups, s->logit_buf, s->tok_buf, s);
 }
 
 /* ---- API ------------------------------------------------------------------------------------------------------- */

@@ -154,6 +154,9 @@ int sched_admit_head(srv_sched *s);
 void sched_finish_no_room(srv_sched *s, sched_req *r);
 sched_req *sched_pick_victim(srv_sched *s);
 void sched_preempt(srv_sched *s, sched_req *r);
+/* The pool cannot hold the next step: preempts the latest request that may be, or (one request running) ends
+ * the request that cannot fit even alone. */
+void sched_relieve_pool(srv_sched *s);
 
 /* sched_output.c: sampling, outputs, events and statistics */
 bool sched_emit_outputs(srv_sched *s, sched_req *r);

@@ -165,3 +165,15 @@ int sched_admit_head(srv_sched *s) {
     }
     return 1;
 }
+
+void sched_relieve_pool(srv_sched *s) {
+    sched_req *victim = sched_pick_victim(s);
+    if (victim) {
+        sched_preempt(s, victim);
+        return;
+    }
+    /* a single running request that cannot progress: it does not fit the pool */
+    sched_req *r = s->running.v[0];
+    sched_finish_no_room(s, r);
+    sched_emit_outputs(s, r);
+}

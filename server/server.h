@@ -1,6 +1,13 @@
 /*
  * server.h: the kvserve daemon (prefix srv_): configuration and the serve entry point.
  *
+ * What it is: the daemon around the engine. http.c (connections, HTTP/1.1, SSE), api_*.c (the OpenAI API:
+ * routes, parsing, generation, rendering), sched_*.c (the continuous-batching scheduler: core, policy, output),
+ * block_manager.c (the scheduler's view of the KV cache), stop.c (stop strings), metrics.c, config.c, serve.c.
+ * Owns: the event loop, connections, requests in flight, the scheduler thread; the engine only through
+ * srv_engine_ops. Must never: run kernels or touch the cache's internals (block_manager.h is the door), or
+ * choose an HTTP status outside the API layer (api_*.c).
+ *
  * The server is a libuv loop running the HTTP layer (server/http.h) and the OpenAI-compatible API
  * (server/api.h) on one thread, and the continuous-batching scheduler (server/scheduler.h) on its own thread
  * that owns the engine. Configuration comes from defaults, then a JSON file (--config), then the environment

@@ -52,12 +52,7 @@ nomem:
 void srv_stop_free(srv_stop *s) {
     if (!s) return;
     for (size_t i = 0; i < s->n; i++) free(s->stops[i]);
-    free(s->stops);
-    free(s->lens);
-    free(s->index);
-    free(s->buf);
-    free(s->out);
-    free(s);
+    KVS_FREE_ALL(s->stops, s->lens, s->index, s->buf, s->out, s);
 }
 
 static int reserve(char **p, size_t *cap, size_t need) {

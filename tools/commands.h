@@ -1,5 +1,9 @@
 /* commands.h: the kvserve subcommands (prefix kvs_). Each takes the arguments after the subcommand name
- * (argv[0] is the subcommand name) and returns the process exit status. */
+ * (argv[0] is the subcommand name) and returns the process exit status.
+ *
+ * What it is: the command line (kvserve.c dispatches to cmd_*.c). Owns: only what one command run needs.
+ * Must never: hold logic the daemon also needs: `generate` runs through the server's scheduler, `serve` through
+ * server/server.h; only `bench` drives the engine directly, to time the engine alone. */
 #ifndef KVSERVE_TOOLS_COMMANDS_H
 #define KVSERVE_TOOLS_COMMANDS_H
 

@@ -68,11 +68,9 @@ static int w_new_kv(eng_gguf_writer *w, const char *key, size_t key_len, uint32_
     for (size_t i = 0; i < w->n_kv; i++)
         if (w->kv[i].key_len == key_len && memcmp(w->kv[i].key, key, key_len) == 0) return ENG_ERR_INVALID;
     if (w->n_kv == w->cap_kv) {
-        size_t cap = w->cap_kv ? w->cap_kv * 2 : 16;
-        wkv *nk = realloc(w->kv, cap * sizeof *nk);
+        wkv *nk = kvs_grow(w->kv, &w->cap_kv, w->n_kv + 1, sizeof *nk, 16);
         if (!nk) return ENG_ERR_NOMEM;
         w->kv = nk;
-        w->cap_kv = cap;
     }
     wkv *kv = &w->kv[w->n_kv];
     memset(kv, 0, sizeof *kv);
@@ -243,11 +241,9 @@ static int w_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_
     for (size_t i = 0; i < w->n_t; i++)
         if (w->t[i].name_len == name_len && memcmp(w->t[i].name, name, name_len) == 0) return ENG_ERR_INVALID;
     if (w->n_t == w->cap_t) {
-        size_t cap = w->cap_t ? w->cap_t * 2 : 32;
-        wtensor *nt = realloc(w->t, cap * sizeof *nt);
+        wtensor *nt = kvs_grow(w->t, &w->cap_t, w->n_t + 1, sizeof *nt, 32);
         if (!nt) return ENG_ERR_NOMEM;
         w->t = nt;
-        w->cap_t = cap;
     }
     wtensor *t = &w->t[w->n_t];
     memset(t, 0, sizeof *t);

@@ -391,13 +391,7 @@ void eng_model_free(eng_model *m) {
             eng_layer *ly = &m->layers[l];
             eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) free(ms[i]->packed);
-            free(ly->attn_norm);
-            free(ly->ffn_norm);
-            free(ly->bq);
-            free(ly->bk);
-            free(ly->bv);
-            free(ly->q_norm);
-            free(ly->k_norm);
+            KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm);
         }
         free(m->layers);
     }

@@ -65,19 +65,8 @@ static cud_tensor vec_tensor(const float *v, int64_t n) {
 void eng_cuda_free(eng_cuda *g) {
     if (!g) return;
     cud_backend_free(g->be);
-    free(g->entries);
-    free(g->slots);
-    free(g->seq_index);
-    free(g->seq_map);
-    free(g->seq_ids);
-    free(g->tables);
-    free(g->n_blocks);
-    free(g->seq_len);
-    free(g->out_rows);
-    free(g->logit_idx);
-    free(g->shift_slots);
-    free(g->logits);
-    free(g);
+    KVS_FREE_ALL(g->entries, g->slots, g->seq_index, g->seq_map, g->seq_ids, g->tables, g->n_blocks, g->seq_len,
+                 g->out_rows, g->logit_idx, g->shift_slots, g->logits, g);
 }
 
 /* Which device a context gets: 1 = CUDA, 0 = the CPU (device cpu, or auto without a usable device), or an

@@ -34,19 +34,11 @@ int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, const kvc
     char msg[256];
     int rc = kvs_kv_plan(&q, &n_blocks, msg, sizeof msg);
     if (rc != 0) return kvs_errf(err, err_len, rc, "eng_ctx_create: %s", msg);
-    kvc_params kp;
-    kvc_params_default(&kp);
-    kp.n_layer = hp->n_layer;
-    kp.n_kv_head = hp->n_head_kv;
-    kp.head_dim = hp->head_dim;
-    kp.block_size = p->kv_block_size;
-    kp.n_blocks = n_blocks;
-    kp.max_seqs = p->max_seqs;
-    kp.max_batch_tokens = p->max_batch_tokens;
-    kp.max_seq_len = p->n_ctx;
-    kp.dtype = p->kv_dtype;
-    kp.prefix_caching = p->prefix_caching;
-    kp.allocator = alloc;
+    /* every field set; mem_bytes and sliding_window stay 0 as in kvc_params_default */
+    kvc_params kp = {.n_layer = hp->n_layer, .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim,
+                     .block_size = p->kv_block_size, .n_blocks = n_blocks, .max_seqs = p->max_seqs,
+                     .max_batch_tokens = p->max_batch_tokens, .max_seq_len = p->n_ctx, .dtype = p->kv_dtype,
+                     .prefix_caching = p->prefix_caching, .allocator = alloc};
     rc = kvc_create(&kp, out);
     if (rc == 0) return ENG_OK;
     int code = rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;

@@ -120,14 +120,7 @@ void eng_sampling_params_default(eng_sampling_params *p) {
 
 void eng_sampler_free(eng_sampler *s) {
     if (!s) return;
-    free(s->bias);
-    free(s->work);
-    free(s->idx);
-    free(s->count);
-    free(s->seen);
-    free(s->seen_pos);
-    free(s->ring);
-    free(s);
+    KVS_FREE_ALL(s->bias, s->work, s->idx, s->count, s->seen, s->seen_pos, s->ring, s);
 }
 
 int eng_sampler_create(const eng_sampling_params *params, int32_t n_vocab, eng_sampler **out) {

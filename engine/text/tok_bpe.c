@@ -36,20 +36,7 @@ static int bpe_word(const eng_vocab *v, work *w, const char *word, size_t len, i
         int32_t id = eng_vocab_find(v, t, n);
         if (id >= 0) return tok_ivec_push(out, id);
     }
-    if (tok_work_syms(w, n)) return ENG_ERR_NOMEM;
-    size_t off = 0;
-    while (off < n) {
-        size_t cl = utf8_len_lead((uint8_t)t[off]);
-        if (cl > n - off) cl = n - off;
-        sym *s = &w->s[w->ns];
-        s->off = (uint32_t)off;
-        s->n = (uint32_t)cl;
-        s->prev = (int32_t)w->ns - 1;
-        off += cl;
-        s->next = off == n ? -1 : (int32_t)w->ns + 1;
-        s->id = eng_vocab_find(v, t + s->off, cl);
-        w->ns++;
-    }
+    if (tok_split_chars(v, w, t, n)) return ENG_ERR_NOMEM;
     w->h.n = 0;
     w->h.spm = false;
     for (size_t i = 1; i < w->ns; i++)
@@ -87,11 +74,9 @@ typedef struct spanvec { span *a; size_t n, cap; } spanvec;
 static int span_push(spanvec *v, size_t off, size_t len) {
     if (len == 0) return ENG_OK;
     if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 64;
-        span *na = realloc(v->a, nc * sizeof *na);
+        span *na = kvs_grow(v->a, &v->cap, v->n + 1, sizeof *na, 64);
         if (!na) return ENG_ERR_NOMEM;
         v->a = na;
-        v->cap = nc;
     }
     v->a[v->n++] = (span){off, len};
     return ENG_OK;

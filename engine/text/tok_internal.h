@@ -162,6 +162,9 @@ typedef struct work {
 
 /* Makes room for n symbols and empties the list. */
 int tok_work_syms(work *w, size_t n);
+/* Fills w's symbol list with the UTF-8 characters of text[0..len), linked in order; each symbol's id is its
+ * token when v is given (BPE), else -1 (SPM). */
+int tok_split_chars(const eng_vocab *v, work *w, const char *text, size_t len);
 
 /* SPM over an already escaped text (tok_spm.c); byte-level BPE over raw text (tok_bpe.c). Append to *out. */
 int tok_spm_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out);

@@ -152,14 +152,7 @@ static void sort_specials(eng_vocab *v, int32_t *a, int32_t n, int32_t *tmp) {
 void eng_vocab_free(eng_vocab *v) {
     if (!v) return;
     for (int i = 0; i < v->n_regex; i++) pcre2_code_free(v->re[i]);
-    free(v->tok);
-    free(v->text);
-    free(v->tmap);
-    free(v->mkey);
-    free(v->mrank);
-    free(v->eog);
-    free(v->specials);
-    free(v);
+    KVS_FREE_ALL(v->tok, v->text, v->tmap, v->mkey, v->mrank, v->eog, v->specials, v);
 }
 
 static int build_merges(eng_vocab *v, const eng_gguf_str *m, uint64_t n, const char *name, char *err,

@@ -23,20 +23,7 @@ static int spm_emit_bytes(const eng_vocab *v, const char *p, size_t n, ivec *out
 /* SPM merging of one piece of escaped text. */
 static int spm_segment(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out) {
     if (len == 0) return ENG_OK;
-    if (tok_work_syms(w, len)) return ENG_ERR_NOMEM;
-    size_t off = 0;
-    while (off < len) {
-        size_t n = utf8_len_lead((uint8_t)text[off]);
-        if (n > len - off) n = len - off;
-        sym *s = &w->s[w->ns];
-        s->off = (uint32_t)off;
-        s->n = (uint32_t)n;
-        s->prev = (int32_t)w->ns - 1;
-        off += n;
-        s->next = off == len ? -1 : (int32_t)w->ns + 1;
-        s->id = -1;
-        w->ns++;
-    }
+    if (tok_split_chars(NULL, w, text, len)) return ENG_ERR_NOMEM;
     w->h.n = 0;
     w->h.spm = true;
     for (size_t i = 1; i < w->ns; i++)

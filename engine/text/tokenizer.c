@@ -11,11 +11,9 @@
 
 int tok_ivec_push(ivec *v, int32_t x) {
     if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 64;
-        int32_t *na = realloc(v->a, nc * sizeof *na);
+        int32_t *na = kvs_grow(v->a, &v->cap, v->n + 1, sizeof *na, 64);
         if (!na) return ENG_ERR_NOMEM;
         v->a = na;
-        v->cap = nc;
     }
     v->a[v->n++] = x;
     return ENG_OK;
@@ -34,11 +32,9 @@ static bool bg_before(const heap *h, const bigram *x, const bigram *y) {
 
 int tok_heap_push(heap *h, bigram b) {
     if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        bigram *na = realloc(h->a, nc * sizeof *na);
+        bigram *na = kvs_grow(h->a, &h->cap, h->n + 1, sizeof *na, 64);
         if (!na) return ENG_ERR_NOMEM;
         h->a = na;
-        h->cap = nc;
     }
     size_t i = h->n++;
     while (i > 0) {
@@ -78,6 +74,24 @@ int tok_work_syms(work *w, size_t n) {
     return ENG_OK;
 }
 
+int tok_split_chars(const eng_vocab *v, work *w, const char *text, size_t len) {
+    if (tok_work_syms(w, len)) return ENG_ERR_NOMEM;
+    size_t off = 0;
+    while (off < len) {
+        size_t n = utf8_len_lead((uint8_t)text[off]);
+        if (n > len - off) n = len - off;
+        sym *s = &w->s[w->ns];
+        s->off = (uint32_t)off;
+        s->n = (uint32_t)n;
+        s->prev = (int32_t)w->ns - 1;
+        off += n;
+        s->next = off == len ? -1 : (int32_t)w->ns + 1;
+        s->id = v ? eng_vocab_find(v, text + s->off, n) : -1;
+        w->ns++;
+    }
+    return ENG_OK;
+}
+
 /* ---- special-token partitioning and the tokenize entry point ---------------------------------------------- */
 
 typedef struct frag { size_t off, len; int32_t tok; /* -1: raw text */ } frag;
@@ -85,11 +99,9 @@ typedef struct fragvec { frag *a; size_t n, cap; } fragvec;
 
 static int frag_push(fragvec *f, frag x) {
     if (f->n == f->cap) {
-        size_t nc = f->cap ? f->cap * 2 : 16;
-        frag *na = realloc(f->a, nc * sizeof *na);
+        frag *na = kvs_grow(f->a, &f->cap, f->n + 1, sizeof *na, 16);
         if (!na) return ENG_ERR_NOMEM;
         f->a = na;
-        f->cap = nc;
     }
     f->a[f->n++] = x;
     return ENG_OK;
