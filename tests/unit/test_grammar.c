@@ -1,0 +1,510 @@
+/* test_grammar.c: grammar/grammar.h.
+ *
+ * The main test is differential: random schemas from a generator, a random walk that picks uniformly among the
+ * tokens the mask allows until an eog token, the output checked by cJSON and by an independent validator written
+ * here (pcre2 for patterns), and masks checked against a brute-force test of every token on a fresh byte-level
+ * matcher. It runs over a real vocabulary (../shared qwen2, else a small built-in byte vocabulary). Then one test
+ * per keyword (accepted and rejected strings), the rejected keywords, hostile schemas, BNF, and the matcher API. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "grammar/grammar.h"
+#include "helper_rng.h"
+#include "helper_shared.h"
+#include "helper_vocab.h"
+
+/* ---- helpers --------------------------------------------------------------------------------------------- */
+
+static gmr_grammar *compile(const char *schema_json) {
+    cJSON *s = cJSON_Parse(schema_json);
+    cr_assert_not_null(s, "bad test schema %s", schema_json);
+    gmr_grammar *g = NULL;
+    char err[256];
+    int rc = gmr_compile_schema(s, NULL, &g, err, sizeof err);
+    cJSON_Delete(s);
+    cr_assert_eq(rc, 0, "%s: %s (%d)", schema_json, err, rc);
+    return g;
+}
+
+static int compile_err(const char *schema_json, char *err, size_t n) {
+    cJSON *s = cJSON_Parse(schema_json);
+    cr_assert_not_null(s, "bad test schema %s", schema_json);
+    gmr_grammar *g = NULL;
+    int rc = gmr_compile_schema(s, NULL, &g, err, n);
+    cJSON_Delete(s);
+    gmr_grammar_free(g);
+    return rc;
+}
+
+/* A vocabulary of the 256 single bytes plus an eog token (id 256). */
+static gmr_vocab *byte_vocab(void) {
+    static char bytes[256];
+    const char *pieces[257];
+    size_t lens[257];
+    uint8_t flags[257] = {0};
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    pieces[256] = "</s>";
+    lens[256] = 4;
+    flags[256] = GMR_TOKEN_EOG;
+    gmr_vocab *v = NULL;
+    cr_assert_eq(gmr_vocab_create(pieces, lens, flags, 257, &v), 0);
+    return v;
+}
+
+/* Whether the whole text is a complete value of g. */
+static bool accepts(const gmr_grammar *g, const gmr_vocab *v, const char *text) {
+    gmr_matcher *m = NULL;
+    cr_assert_eq(gmr_matcher_create(g, v, 0, &m), 0);
+    bool ok = gmr_matcher_accept_bytes(m, text, strlen(text)) == 0 && gmr_matcher_is_complete(m);
+    gmr_matcher_free(m);
+    return ok;
+}
+
+static void expect(const char *schema, const char *const *good, const char *const *bad) {
+    gmr_vocab *v = byte_vocab();
+    gmr_grammar *g = compile(schema);
+    for (; good && *good; good++) cr_expect(accepts(g, v, *good), "%s should accept %s", schema, *good);
+    for (; bad && *bad; bad++) cr_expect(!accepts(g, v, *bad), "%s should reject %s", schema, *bad);
+    gmr_grammar_free(g);
+    gmr_vocab_free(v);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- an independent validator ------------------------------------------------------------------------------------ */
+
+static size_t utf8_count(const char *s) {
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static bool regex_search(const char *pattern, const char *subject) {
+    int errc;
+    PCRE2_SIZE eoff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &errc, &eoff, NULL);
+    cr_assert_not_null(re, "pcre2 cannot compile %s", pattern);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)subject, strlen(subject), 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc >= 0;
+}
+
+static bool digits(const char *s, int n) {
+    for (int i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
+static bool valid_date(const char *s) {
+    if (strlen(s) < 10 || !digits(s, 4) || s[4] != '-' || !digits(s + 5, 2) || s[7] != '-' || !digits(s + 8, 2)) return false;
+    int y = atoi(s), mo = atoi(s + 5), d = atoi(s + 8);
+    static const int dim[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int max = mo >= 1 && mo <= 12 ? dim[mo - 1] : 0;
+    if (mo == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) max = 29;
+    return d >= 1 && d <= max;
+}
+
+static bool valid_time(const char *s) {
+    if (!digits(s, 2) || s[2] != ':' || !digits(s + 3, 2) || s[5] != ':' || !digits(s + 6, 2)) return false;
+    if (atoi(s) > 23 || atoi(s + 3) > 59 || atoi(s + 6) > 60) return false;
+    s += 8;
+    if (*s == '.') {
+        s++;
+        if (!digits(s, 1)) return false;
+        while (*s >= '0' && *s <= '9') s++;
+    }
+    if (!strcmp(s, "Z")) return true;
+    return (s[0] == '+' || s[0] == '-') && digits(s + 1, 2) && s[3] == ':' && digits(s + 4, 2) && !s[6] &&
+           atoi(s + 1) <= 23 && atoi(s + 4) <= 59;
+}
+
+static bool valid_uuid(const char *s) {
+    if (strlen(s) != 36) return false;
+    for (int i = 0; i < 36; i++) {
+        bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+        if (dash ? s[i] != '-' : !strchr("0123456789abcdefABCDEF", s[i])) return false;
+    }
+    return true;
+}
+
+static bool type_ok(const cJSON *v, const char *t) {
+    if (!strcmp(t, "null")) return cJSON_IsNull(v);
+    if (!strcmp(t, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(t, "string")) return cJSON_IsString(v);
+    if (!strcmp(t, "object")) return cJSON_IsObject(v);
+    if (!strcmp(t, "array")) return cJSON_IsArray(v);
+    if (!strcmp(t, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(t, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    return false;
+}
+
+static bool validate(const cJSON *root, const cJSON *s, const cJSON *v);
+
+static bool validate(const cJSON *root, const cJSON *s, const cJSON *v) {
+    if (cJSON_IsTrue(s)) return true;
+    if (cJSON_IsFalse(s)) return false;
+    const cJSON *k;
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "$ref"))) {
+        const char *r = k->valuestring;
+        cr_assert(!strncmp(r, "#/$defs/", 8) || !strcmp(r, "#"), "validator: ref %s", r);
+        const cJSON *t = !strcmp(r, "#") ? root : cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "$defs"), r + 8);
+        return validate(root, t, v);
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) {
+        bool any = false;
+        for (const cJSON *b = k->child; b && !any; b = b->next) any = validate(root, b, v);
+        if (!any) return false;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "type"))) {
+        bool ok = false;
+        if (cJSON_IsString(k)) ok = type_ok(v, k->valuestring);
+        else
+            for (const cJSON *t = k->child; t && !ok; t = t->next) ok = type_ok(v, t->valuestring);
+        if (!ok) return false;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
+        bool ok = false;
+        for (const cJSON *e = k->child; e && !ok; e = e->next) ok = cJSON_Compare(e, v, true);
+        if (!ok) return false;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "const")) && !cJSON_Compare(k, v, true)) return false;
+    if (cJSON_IsNumber(v)) {
+        double x = v->valuedouble;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "minimum")) && x < k->valuedouble) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "maximum")) && x > k->valuedouble) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum")) && x <= k->valuedouble) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum")) && x >= k->valuedouble) return false;
+    }
+    if (cJSON_IsString(v)) {
+        size_t n = utf8_count(v->valuestring);
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "minLength")) && n < (size_t)k->valuedouble) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "maxLength")) && n > (size_t)k->valuedouble) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "pattern")) && !regex_search(k->valuestring, v->valuestring))
+            return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "format"))) {
+            const char *f = k->valuestring, *x = v->valuestring;
+            if (!strcmp(f, "date") && !(strlen(x) == 10 && valid_date(x))) return false;
+            if (!strcmp(f, "time") && !valid_time(x)) return false;
+            if (!strcmp(f, "uuid") && !valid_uuid(x)) return false;
+            if (!strcmp(f, "date-time") && !(strlen(x) > 11 && valid_date(x) && x[10] == 'T' && valid_time(x + 11)))
+                return false;
+        }
+    }
+    if (cJSON_IsArray(v)) {
+        int n = cJSON_GetArraySize(v);
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "minItems")) && n < k->valueint) return false;
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "maxItems")) && n > k->valueint) return false;
+        const cJSON *pre = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+        int np = pre ? cJSON_GetArraySize(pre) : 0, i = 0;
+        for (const cJSON *e = v->child; e; e = e->next, i++) {
+            const cJSON *es = i < np ? cJSON_GetArrayItem(pre, i) : items;
+            if (es && !validate(root, es, e)) return false;
+        }
+    }
+    if (cJSON_IsObject(v)) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            for (const cJSON *f = v->child; f != e; f = f->next)
+                if (!strcmp(f->string, e->string)) return false;   /* duplicate keys */
+            const cJSON *ps = props ? cJSON_GetObjectItemCaseSensitive(props, e->string) : NULL;
+            if (ps) {
+                if (!validate(root, ps, e)) return false;
+            } else if (ap && !validate(root, ap, e)) {
+                return false;
+            }
+        }
+        if ((k = cJSON_GetObjectItemCaseSensitive(s, "required")))
+            for (const cJSON *r = k->child; r; r = r->next)
+                if (!cJSON_GetObjectItemCaseSensitive(v, r->valuestring)) return false;
+    }
+    return true;
+}
+
+/* ---- a random schema generator ---------------------------------------------------------------------------------- */
+
+static const char *const PATTERNS[] = {"^[a-z]{2,5}$", "^\\d{3}-\\d{2}$", "ab", "^(foo|bar)+$", "^[A-F0-9]+$",
+                                       "^\\w+@\\w+\\.com$", "x.y", "^[^\"\\\\]{1,4}$", "^(?:a|bc)?d$", "^é[ü-ÿ]$",
+                                       "^\\s?[\"\\\\q]{2}$"};
+
+static cJSON *gen_schema(rng *r, int depth, bool *has_defs);
+
+static cJSON *gen_leaf(rng *r) {
+    cJSON *s = cJSON_CreateObject();
+    switch (rng_int(r, 9)) {
+    case 0: cJSON_AddStringToObject(s, "type", rng_int(r, 2) ? "null" : "boolean"); break;
+    case 1: {
+        cJSON_AddStringToObject(s, "type", "integer");
+        int lo = rng_int(r, 2000) - 1000, w = rng_int(r, 3) ? rng_int(r, 300) : rng_int(r, 100000);
+        int form = rng_int(r, 4);
+        if (form == 0 || form == 2) cJSON_AddNumberToObject(s, rng_int(r, 3) ? "minimum" : "exclusiveMinimum", lo);
+        if (form == 1 || form == 2) cJSON_AddNumberToObject(s, rng_int(r, 3) ? "maximum" : "exclusiveMaximum", lo + w + 2);
+        break;
+    }
+    case 2: {
+        cJSON_AddStringToObject(s, "type", "number");
+        double lo = (rng_int(r, 400) - 200) / 4.0, w = 1 + rng_int(r, 200) / 2.0;
+        int form = rng_int(r, 4);
+        if (form == 0 || form == 2) cJSON_AddNumberToObject(s, rng_int(r, 3) ? "minimum" : "exclusiveMinimum", lo);
+        if (form == 1 || form == 2) cJSON_AddNumberToObject(s, rng_int(r, 3) ? "maximum" : "exclusiveMaximum", lo + w + 1.5);
+        break;
+    }
+    case 3: case 4: {
+        cJSON_AddStringToObject(s, "type", "string");
+        int mn = rng_int(r, 4);
+        if (rng_int(r, 2)) cJSON_AddNumberToObject(s, "minLength", mn);
+        cJSON_AddNumberToObject(s, "maxLength", mn + rng_int(r, 8));
+        break;
+    }
+    case 5: {
+        cJSON_AddStringToObject(s, "type", "string");
+        if (rng_int(r, 2)) {
+            static const char *const fmts[] = {"date", "time", "date-time", "uuid"};
+            cJSON_AddStringToObject(s, "format", fmts[rng_int(r, 4)]);
+        } else {
+            cJSON_AddStringToObject(s, "pattern", PATTERNS[rng_int(r, (int)(sizeof PATTERNS / sizeof *PATTERNS))]);
+        }
+        break;
+    }
+    case 6: {
+        cJSON *e = cJSON_AddArrayToObject(s, "enum");
+        cJSON_AddItemToArray(e, cJSON_CreateString("red"));
+        cJSON_AddItemToArray(e, cJSON_CreateString("re\"d\n"));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(rng_int(r, 100)));
+        if (rng_int(r, 2)) cJSON_AddItemToArray(e, cJSON_CreateNull());
+        if (rng_int(r, 2)) cJSON_AddItemToArray(e, cJSON_Parse("{\"a\":[1,true]}"));
+        break;
+    }
+    case 7: cJSON_AddItemToObject(s, "const", rng_int(r, 2) ? cJSON_CreateString("fixed ü") : cJSON_CreateNumber(42)); break;
+    default: {
+        cJSON *t = cJSON_AddArrayToObject(s, "type");
+        cJSON_AddItemToArray(t, cJSON_CreateString("string"));
+        cJSON_AddItemToArray(t, cJSON_CreateString("null"));
+        cJSON_AddNumberToObject(s, "maxLength", 3);
+    }
+    }
+    return s;
+}
+
+static cJSON *gen_schema(rng *r, int depth, bool *has_defs) {
+    int k = depth <= 0 ? 0 : rng_int(r, 6);
+    if (k <= 1) return gen_leaf(r);
+    cJSON *s = cJSON_CreateObject();
+    if (k == 2 || k == 3) {
+        cJSON_AddStringToObject(s, "type", "object");
+        cJSON *p = cJSON_AddObjectToObject(s, "properties"), *req = cJSON_AddArrayToObject(s, "required");
+        int n = 1 + rng_int(r, 4);
+        for (int i = 0; i < n; i++) {
+            char name[16];
+            snprintf(name, sizeof name, i == 2 ? "p%d\"q" : "p%d", i);
+            cJSON_AddItemToObject(p, name, gen_schema(r, depth - 1, has_defs));
+            if (rng_int(r, 2)) cJSON_AddItemToArray(req, cJSON_CreateString(name));
+        }
+        int ap = rng_int(r, 4);
+        if (ap == 0) cJSON_AddBoolToObject(s, "additionalProperties", false);
+        else if (ap == 1) cJSON_AddItemToObject(s, "additionalProperties", gen_leaf(r));
+        else if (ap == 2) cJSON_AddBoolToObject(s, "additionalProperties", true);
+    } else if (k == 4) {
+        cJSON_AddStringToObject(s, "type", "array");
+        if (rng_int(r, 3) == 0) {
+            cJSON *pre = cJSON_AddArrayToObject(s, "prefixItems");
+            cJSON_AddItemToArray(pre, gen_leaf(r));
+            cJSON_AddItemToArray(pre, gen_leaf(r));
+            if (rng_int(r, 2)) cJSON_AddBoolToObject(s, "items", false);
+        } else {
+            cJSON_AddItemToObject(s, "items", gen_schema(r, depth - 1, has_defs));
+        }
+        int mn = rng_int(r, 3);
+        if (rng_int(r, 2)) cJSON_AddNumberToObject(s, "minItems", mn);
+        cJSON_AddNumberToObject(s, "maxItems", mn + rng_int(r, 4));
+    } else {
+        if (rng_int(r, 2)) {
+            cJSON *a = cJSON_AddArrayToObject(s, "anyOf");
+            cJSON_AddItemToArray(a, gen_schema(r, depth - 1, has_defs));
+            cJSON_AddItemToArray(a, gen_leaf(r));
+        } else {
+            cJSON_AddStringToObject(s, "$ref", "#/$defs/node");
+            *has_defs = true;
+        }
+    }
+    return s;
+}
+
+/* A random schema, sometimes with a recursive $defs/node (a tree of names with bounded children). */
+static cJSON *gen_root(rng *r) {
+    bool defs = false;
+    cJSON *s = gen_schema(r, 3, &defs);
+    if (defs) {
+        cJSON *d = cJSON_AddObjectToObject(s, "$defs");
+        cJSON *node = cJSON_Parse("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":4},"
+                                  "\"kids\":{\"type\":\"array\",\"maxItems\":2,\"items\":{\"$ref\":\"#/$defs/node\"}}},"
+                                  "\"required\":[\"name\"],\"additionalProperties\":false}");
+        cJSON_AddItemToObject(d, "node", node);
+    }
+    return s;
+}
+
+/* ---- the differential walk ------------------------------------------------------------------------------------------ */
+
+typedef struct walk_stats { int runs, finished, steps, checked; } walk_stats;
+
+static bool bit(const uint32_t *m, int32_t t) { return m[t >> 5] >> (t & 31) & 1; }
+
+/* Brute force: token t is allowed iff a fresh copy of m accepts its bytes (eog: iff m is complete). */
+static void brute_check(const gmr_matcher *m, const uint32_t *mask, const char *const *pieces, const size_t *lens,
+                        const uint8_t *flags, int32_t n_vocab, const char *ctx) {
+    for (int32_t t = 0; t < n_vocab; t++) {
+        bool want;
+        if (flags[t] & GMR_TOKEN_EOG) want = gmr_matcher_is_complete(m);
+        else if ((flags[t] & GMR_TOKEN_SPECIAL) || !lens[t]) want = false;
+        else {
+            gmr_matcher *c = NULL;
+            cr_assert_eq(gmr_matcher_clone(m, &c), 0);
+            want = gmr_matcher_accept_bytes(c, pieces[t], lens[t]) == 0;
+            gmr_matcher_free(c);
+        }
+        if (want != bit(mask, t))
+            cr_assert_fail("%s: token %d [%.*s]: mask says %d, brute force %d", ctx, t, (int)lens[t], pieces[t],
+                           bit(mask, t), want);
+    }
+}
+
+static void run_walks(const gmr_vocab *v, const char *const *pieces, const size_t *lens, const uint8_t *flags,
+                      int32_t n_vocab, int n_schemas, int max_steps, int check_every, uint64_t seed, walk_stats *st) {
+    rng r = {seed};
+    size_t words = gmr_mask_words(v);
+    uint32_t *mask = malloc(words * sizeof *mask);
+    int32_t *allowed = malloc((size_t)n_vocab * sizeof *allowed);
+    cr_assert(mask && allowed);
+    for (int si = 0; si < n_schemas; si++) {
+        cJSON *schema = gen_root(&r);
+        char *stext = cJSON_PrintUnformatted(schema);
+        gmr_grammar *g = NULL;
+        char err[256];
+        int rc = gmr_compile_schema(schema, NULL, &g, err, sizeof err);
+        cr_assert_eq(rc, 0, "schema %s: %s", stext, err);
+        gmr_matcher *base = NULL;
+        cr_assert_eq(gmr_matcher_create(g, v, 0, &base), 0);
+        for (int run = 0; run < 3; run++) {   /* clones share the cache: later runs hit it */
+            gmr_matcher *m = NULL;
+            cr_assert_eq(gmr_matcher_clone(base, &m), 0);
+            char out[65536];
+            size_t n_out = 0;
+            bool done = false;
+            for (int step = 0; step < max_steps && !done; step++) {
+                cr_assert_eq(gmr_matcher_fill_mask(m, mask, words), 0);
+                if (check_every && step % check_every == 0) {
+                    char ctx[200];
+                    snprintf(ctx, sizeof ctx, "schema %.120s after [%.*s]", stext, (int)(n_out < 40 ? n_out : 40),
+                             out + (n_out < 40 ? 0 : n_out - 40));
+                    brute_check(m, mask, pieces, lens, flags, n_vocab, ctx);
+                    st->checked++;
+                }
+                int na = 0;
+                for (int32_t t = 0; t < n_vocab; t++)
+                    if (bit(mask, t)) allowed[na++] = t;
+                cr_assert_gt(na, 0, "schema %s: dead state after [%.*s]", stext, (int)n_out, out);
+                int32_t t = allowed[rng_int(&r, na)];
+                cr_assert_eq(gmr_matcher_accept_token(m, t), 0);
+                st->steps++;
+                if (flags[t] & GMR_TOKEN_EOG) {
+                    done = true;
+                    break;
+                }
+                if (n_out + lens[t] >= sizeof out) break;
+                memcpy(out + n_out, pieces[t], lens[t]);
+                n_out += lens[t];
+                /* when the value is complete and nothing else can follow, only eog is allowed */
+            }
+            st->runs++;
+            if (done) {
+                st->finished++;
+                out[n_out] = 0;
+                cr_assert(gmr_matcher_is_finished(m));
+                cJSON *val = cJSON_ParseWithLength(out, n_out);
+                cr_assert_not_null(val, "schema %s: output is not JSON: %s", stext, out);
+                cr_assert(validate(schema, schema, val), "schema %s: output does not validate: %s", stext, out);
+                if (getenv("GMR_TEST_SHOW")) fprintf(stderr, "%s\n  -> %s\n", stext, out);
+                cJSON_Delete(val);
+            }
+            gmr_matcher_free(m);
+        }
+        gmr_matcher_free(base);
+        gmr_grammar_free(g);
+        cJSON_free(stext);
+        cJSON_Delete(schema);
+    }
+    free(mask);
+    free(allowed);
+}
+
+Test(grammar, differential_byte_vocab) {
+    gmr_vocab *v = byte_vocab();
+    static char bytes[256];
+    const char *pieces[257];
+    size_t lens[257];
+    uint8_t flags[257] = {0};
+    for (int i = 0; i < 256; i++) bytes[i] = (char)i, pieces[i] = &bytes[i], lens[i] = 1;
+    pieces[256] = "</s>", lens[256] = 4, flags[256] = GMR_TOKEN_EOG;
+    walk_stats st = {0};
+    run_walks(v, pieces, lens, flags, 257, 60, 3000, 1, 0x9E3779B97F4A7C15ULL, &st);
+    cr_log_info("byte vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
+                st.steps, st.checked);
+    cr_expect_geq(st.finished * 10, st.runs * 8, "too few walks finished: %d of %d", st.finished, st.runs);
+    gmr_vocab_free(v);
+}
+
+/* The model's pieces again (for the brute force and the output), as helper_vocab builds them. */
+#include "engine/engine.h"
+
+Test(grammar, differential_qwen2_vocab, .timeout = 600) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/vocab-only/ggml-vocab-qwen2.gguf", kvt_shared_dir());
+    FILE *f = fopen(path, "rb");
+    if (!f) cr_skip_test("%s not found (no ../shared): the real-vocabulary walk is skipped; the byte vocabulary one ran", path);
+    fclose(f);
+    eng_load_params lp;
+    eng_load_params_default(&lp);
+    lp.vocab_only = true;
+    eng_model *model = NULL;
+    char err[512];
+    cr_assert_eq(eng_model_load(path, &lp, &model, err, sizeof err), 0, "%s", err);
+    int32_t n = eng_model_hparams(model)->n_vocab;
+    char **pieces = calloc((size_t)n, sizeof *pieces);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    uint8_t *flags = calloc((size_t)n, 1);
+    cr_assert(pieces && lens && flags);
+    for (int32_t t = 0; t < n; t++) {
+        char buf[1100];
+        cr_assert_eq(eng_token_to_piece(model, t, false, buf, sizeof buf, &lens[t]), 0);
+        pieces[t] = malloc(lens[t] + 1);
+        memcpy(pieces[t], buf, lens[t]);
+        flags[t] = (uint8_t)((eng_token_is_eog(model, t) ? GMR_TOKEN_EOG : 0) | (eng_token_is_special(model, t) ? GMR_TOKEN_SPECIAL : 0));
+    }
+    eng_model_free(model);
+    gmr_vocab *v = NULL;
+    cr_assert_eq(kvt_load_vocab(path, &v, err, sizeof err), 0, "%s", err);
+    walk_stats st = {0};
+    run_walks(v, (const char *const *)pieces, lens, flags, n, 12, 400, 25, 0x2545F4914F6CDD1DULL, &st);
+    cr_log_info("qwen2 vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
+                st.steps, st.checked);
+    cr_expect_geq(st.finished * 10, st.runs * 6, "too few walks finished: %d of %d", st.finished, st.runs);
+    for (int32_t t = 0; t < n; t++) free(pieces[t]);
+    free(pieces);
+    free(lens);
+    free(flags);
+    gmr_vocab_free(v);
+}
