@@ -498,7 +498,7 @@ Test(grammar, differential_qwen2_vocab, .timeout = 600) {
     gmr_vocab *v = NULL;
     cr_assert_eq(kvt_load_vocab(path, &v, err, sizeof err), 0, "%s", err);
     walk_stats st = {0};
-    run_walks(v, (const char *const *)pieces, lens, flags, n, 12, 400, 25, 0x2545F4914F6CDD1DULL, &st);
+    run_walks(v, (const char *const *)pieces, lens, flags, n, 8, 300, 40, 0x2545F4914F6CDD1DULL, &st);
     cr_log_info("qwen2 vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
                 st.steps, st.checked);
     cr_expect_geq(st.finished * 10, st.runs * 6, "too few walks finished: %d of %d", st.finished, st.runs);
@@ -507,4 +507,348 @@ Test(grammar, differential_qwen2_vocab, .timeout = 600) {
     free(lens);
     free(flags);
     gmr_vocab_free(v);
+}
+
+/* ---- keywords ------------------------------------------------------------------------------------------------------ */
+
+Test(grammar, types) {
+    expect("{\"type\":\"null\"}", L("null"), L("nul", "null ", " null", "0", "\"null\""));
+    expect("{\"type\":\"boolean\"}", L("true", "false"), L("tru", "True", "1"));
+    expect("{\"type\":[\"boolean\",\"null\"]}", L("true", "null"), L("0"));
+    expect("{\"type\":\"string\",\"nullable\":true}", L("\"x\"", "null"), L("1"));
+    expect("{\"type\":\"string\"}", L("\"\"", "\"a b\"", "\"\\n\\u00e9\\\"\"", "\"é☃😀\"", "\"\\/\""),
+           L("\"a", "\"\\x\"", "\"\\ud800\"", "\"\\u0000\"", "\"a\nb\"", "'a'", "\"\xff\"", "\"\xc3\""));
+    expect("{\"type\":\"integer\"}", L("0", "-7", "123456"), L("01", "-0", "1.5", "1e3", "+1", "-", "12345678901234567"));
+    expect("{\"type\":\"number\"}", L("0", "-7.25", "1e5", "1.5E-3", "0.0"), L("01", ".5", "1.", "1e", "--1", "NaN"));
+    expect("{}", L("{\"a\":[1,{\"b\":null}]}", "\"s\"", "1", "[]", "{ }"), L("{,}", "[1,]", "{\"a\"}"));
+    expect("true", L("1", "[]"), L("x"));
+}
+
+Test(grammar, objects) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"},"
+                    "\"c\":{\"type\":\"boolean\"}},\"required\":[\"b\"],\"additionalProperties\":false}";
+    expect(s, L("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}", "{ \"b\" : \"x\" , \"c\" : false }"),
+           L("{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}", "{\"b\":\"x\",}", "{\"b\":\"x\"} "));
+    /* additionalProperties absent / true: extra keys after the declared ones, never a declared name */
+    s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+    expect(s, L("{}", "{\"a\":1}", "{\"a\":1,\"zz\":[true]}", "{\"ab\":\"x\"}", "{\"\":1}", "{\"x\":{},\"y\":2}"),
+           L("{\"a\":\"x\"}", "{\"a\":1,\"a\":2}", "{\"zz\":1,\"a\":\"s\"}"));
+    s = "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}";
+    expect(s, L("{}", "{\"k\":1,\"j\":2}"), L("{\"k\":\"v\"}"));
+    /* required names not among properties: any value */
+    s = "{\"type\":\"object\",\"required\":[\"id\"]}";
+    expect(s, L("{\"id\":[1]}", "{\"id\":1,\"x\":2}"), L("{}", "{\"x\":2}"));
+}
+
+Test(grammar, required_but_forbidden_is_an_error) {
+    char err[256];
+    int rc = compile_err("{\"type\":\"object\",\"required\":[\"id\"],\"additionalProperties\":false}", err, sizeof err);
+    cr_assert_eq(rc, KVS_ERR_LIMIT, "%d %s", rc, err);
+    cr_assert(strstr(err, "no finite value"), "%s", err);
+}
+
+Test(grammar, arrays) {
+    const char *s = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}";
+    expect(s, L("[1]", "[1,2,3]", "[ 1 , 2 ]"), L("[]", "[1,2,3,4]", "[\"a\"]", "[1,]"));
+    s = "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"items\":false}";
+    expect(s, L("[]", "[\"a\"]", "[\"a\",1]"), L("[1]", "[\"a\",1,2]"));
+    s = "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},\"minItems\":2}";
+    expect(s, L("[\"a\",null]", "[\"a\",null,null]"), L("[\"a\"]", "[null,null]"));
+    expect("{\"type\":\"array\"}", L("[]", "[1,\"a\",[{}]]"), L("[", "[1 2]"));
+    expect("{\"type\":\"array\",\"maxItems\":0}", L("[]"), L("[1]"));
+}
+
+Test(grammar, strings) {
+    expect("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", L("\"ab\"", "\"abc\"", "\"é\\n\"", "\"😀😀\""),
+           L("\"a\"", "\"abcd\"", "\"\""));
+    expect("{\"type\":\"string\",\"pattern\":\"^[a-c]+x?$\"}", L("\"a\"", "\"abcx\""), L("\"\"", "\"ad\"", "\"x\""));
+    expect("{\"type\":\"string\",\"pattern\":\"b\\\\d\"}", L("\"b1\"", "\"ab9c\""), L("\"b\"", "\"ba\""));
+    expect("{\"type\":\"string\",\"pattern\":\"^a{2,3}(b|cd)*$\"}", L("\"aa\"", "\"aaacdb\""), L("\"a\"", "\"aaaa\""));
+    expect("{\"type\":\"string\",\"pattern\":\"^[^a-z]\\\\s\\\\W.$\"}", L("\"A !x\"", "\"\\\"\\t!\\\\\""), L("\"a !x\"", "\"A !\\n\""));
+    expect("{\"type\":\"string\",\"pattern\":\"^\\\"\\\\\\\\$\"}", L("\"\\\"\\\\\""), L("\"\\\"\""));
+    expect("{\"type\":\"string\",\"format\":\"date\"}", L("\"2024-02-28\"", "\"1999-12-31\""),
+           L("\"2024-02-30\"", "\"2024-13-01\"", "\"2024-04-31\"", "\"24-01-01\""));
+    expect("{\"type\":\"string\",\"format\":\"time\"}", L("\"23:59:59Z\"", "\"01:02:03.5+05:30\""), L("\"24:00:00Z\"", "\"01:02:03\""));
+    expect("{\"type\":\"string\",\"format\":\"date-time\"}", L("\"2024-01-01T00:00:00Z\""), L("\"2024-01-01 00:00:00Z\""));
+    expect("{\"type\":\"string\",\"format\":\"uuid\"}", L("\"123e4567-e89b-12d3-a456-426614174000\""),
+           L("\"123e4567e89b12d3a456426614174000\""));
+}
+
+Test(grammar, enum_const) {
+    expect("{\"enum\":[\"a\",\"ab\",1,null,{\"x\":[true]}]}", L("\"a\"", "\"ab\"", "1", "null", "{\"x\":[true]}"),
+           L("\"b\"", "2", "{\"x\":[false]}", "\"abc\""));
+    expect("{\"type\":\"string\",\"enum\":[\"a\",1]}", L("\"a\""), L("1"));
+    expect("{\"const\":\"é\\n\"}", L("\"é\\n\""), L("\"é\""));
+}
+
+Test(grammar, combinators) {
+    expect("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":1}]}", L("5", "\"a\""), L("\"ab\"", "true"));
+    expect("{\"oneOf\":[{\"type\":\"null\"},{\"type\":\"boolean\"}]}", L("null", "true"), L("0"));
+    expect("{\"type\":\"object\",\"required\":[\"k\"],\"anyOf\":[{\"properties\":{\"k\":{\"const\":1}}},"
+           "{\"properties\":{\"k\":{\"const\":2}}}],\"additionalProperties\":false}",
+           L("{\"k\":1}", "{\"k\":2}"), L("{\"k\":3}", "{}"));
+    expect("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+           "{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}",
+           L("{\"a\":1,\"b\":\"x\"}"), L("{\"a\":1}", "{\"b\":\"x\"}"));
+    expect("{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"$ref\":\"#/$defs/n\"}},"
+           "\"required\":[\"v\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/n\"}",
+           L("{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3}}}"), L("{\"v\":1,\"next\":{}}"));
+    expect("{\"definitions\":{\"a~b/c\":{\"type\":\"null\"}},\"$ref\":\"#/definitions/a~0b~1c\"}", L("null"), L("1"));
+    expect("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"maxItems\":2}", L("[]", "[[],[[]]]"), L("[1]"));
+}
+
+/* Every integer in [lo - 30, hi + 30] is accepted exactly when it is within the bounds. */
+Test(grammar, integer_bounds_exhaustive) {
+    gmr_vocab *v = byte_vocab();
+    rng r = {12345};
+    for (int k = 0; k < 40; k++) {
+        long lo = rng_int(&r, 4000) - 2000, hi = lo + rng_int(&r, k < 20 ? 30 : 3000);
+        int form = rng_int(&r, 3);   /* 0 both, 1 minimum only, 2 maximum only */
+        char sch[200];
+        bool exl = rng_int(&r, 2), exh = rng_int(&r, 2);
+        snprintf(sch, sizeof sch, "{\"type\":\"integer\"%s%s%ld%s%s%ld}", form != 2 ? "," : "",
+                 form != 2 ? (exl ? "\"exclusiveMinimum\":" : "\"minimum\":") : "", form != 2 ? lo : 0L,
+                 form != 1 ? "," : "", form != 1 ? (exh ? "\"exclusiveMaximum\":" : "\"maximum\":") : "", form != 1 ? hi : 0L);
+        /* drop the dangling number of an absent bound */
+        char clean[200];
+        if (form == 1) snprintf(clean, sizeof clean, "{\"type\":\"integer\",%s%ld}", exl ? "\"exclusiveMinimum\":" : "\"minimum\":", lo);
+        else if (form == 2) snprintf(clean, sizeof clean, "{\"type\":\"integer\",%s%ld}", exh ? "\"exclusiveMaximum\":" : "\"maximum\":", hi);
+        else snprintf(clean, sizeof clean, "%s", sch);
+        if (form == 0 && (exl || exh) && hi - lo < 2) continue;
+        gmr_grammar *g = compile(clean);
+        for (long x = lo - 30; x <= hi + 30; x++) {
+            bool in = (form == 2 || (exl ? x > lo : x >= lo)) && (form == 1 || (exh ? x < hi : x <= hi));
+            char t[32];
+            snprintf(t, sizeof t, "%ld", x);
+            cr_assert_eq(accepts(g, v, t), in, "%s: %ld", clean, x);
+        }
+        gmr_grammar_free(g);
+    }
+    gmr_vocab_free(v);
+}
+
+Test(grammar, number_bounds) {
+    gmr_vocab *v = byte_vocab();
+    rng r = {777};
+    for (int k = 0; k < 30; k++) {
+        double lo = (rng_int(&r, 80) - 40) / 4.0, hi = lo + 1 + rng_int(&r, 40) / 4.0;
+        bool exl = rng_int(&r, 2), exh = rng_int(&r, 2);
+        char sch[200];
+        snprintf(sch, sizeof sch, "{\"type\":\"number\",\"%s\":%g,\"%s\":%g}", exl ? "exclusiveMinimum" : "minimum", lo,
+                 exh ? "exclusiveMaximum" : "maximum", hi);
+        gmr_grammar *g = compile(sch);
+        int n_in = 0;
+        for (int i = -200; i <= 200; i++) {   /* x = i / 8 written plainly, and with one more decimal */
+            double x = i / 8.0;
+            char t[40];
+            snprintf(t, sizeof t, "%g", x);
+            bool in = (exl ? x > lo : x >= lo) && (exh ? x < hi : x <= hi);
+            if (accepts(g, v, t)) {
+                cr_assert(in, "%s accepts %s", sch, t);
+                n_in++;
+            }
+        }
+        cr_assert_gt(n_in, 0, "%s accepts nothing", sch);
+        gmr_grammar_free(g);
+    }
+    expect("{\"type\":\"number\",\"minimum\":0.5,\"maximum\":2.5}", L("1", "2", "1.5", "1.999"), L("0.5", "2.5", "3", "0", "1e0"));
+    gmr_vocab_free(v);
+}
+
+/* ---- rejected keywords and hostile schemas ---------------------------------------------------------------------------- */
+
+Test(grammar, rejected_keywords) {
+    static const char *const cases[][2] = {
+        {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
+        {"{\"type\":\"array\",\"contains\":{}}", "contains"},
+        {"{\"type\":\"object\",\"patternProperties\":{}}", "patternProperties"},
+        {"{\"type\":\"object\",\"propertyNames\":{}}", "propertyNames"},
+        {"{\"type\":\"object\",\"minProperties\":1}", "minProperties"},
+        {"{\"type\":\"object\",\"maxProperties\":1}", "maxProperties"},
+        {"{\"not\":{}}", "not"},
+        {"{\"if\":{},\"then\":{}}", "if"},
+        {"{\"type\":\"number\",\"multipleOf\":2}", "multipleOf"},
+        {"{\"type\":\"object\",\"dependentRequired\":{}}", "dependentRequired"},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "email"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreference"},
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "\\b"},
+        {"{\"type\":\"string\",\"pattern\":\"a^b\"}", "anchor"},
+        {"{\"type\":\"string\",\"pattern\":\"^a|b$\"}", "alternation"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "pattern"},
+        {"{\"$ref\":\"http://example.com/s.json\"}", "$ref"},
+        {"{\"type\":\"unicorn\"}", "unicorn"},
+        {"{\"type\":\"number\",\"minimum\":0.25,\"maximum\":0.75}", "minimum/maximum"},
+        {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "allOf"},
+        {"{\"$ref\":\"#/$defs/x\",\"type\":\"string\",\"$defs\":{\"x\":{}}}", "$ref"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char err[256] = "";
+        int rc = compile_err(cases[i][0], err, sizeof err);
+        cr_expect_eq(rc, KVS_ERR_UNSUPPORTED, "%s: %d (%s)", cases[i][0], rc, err);
+        cr_expect(strstr(err, cases[i][1]), "%s: message '%s' does not name %s", cases[i][0], err, cases[i][1]);
+    }
+    char err[256];
+    cr_expect_eq(compile_err("{\"type\":3}", err, sizeof err), KVS_ERR_FORMAT);
+    cr_expect_eq(compile_err("{\"$ref\":\"#/$defs/missing\"}", err, sizeof err), KVS_ERR_FORMAT);
+    cr_expect_eq(compile_err("{\"type\":\"string\",\"pattern\":\"(a\"}", err, sizeof err), KVS_ERR_SYNTAX);
+    cr_expect_eq(compile_err("{\"type\":\"string\",\"pattern\":\"(a*)*\"}", err, sizeof err), KVS_ERR_UNSUPPORTED);
+    cr_expect_eq(compile_err("[1]", err, sizeof err), KVS_ERR_FORMAT);
+}
+
+Test(grammar, hostile_schemas) {
+    char err[256];
+    /* deep nesting */
+    kvs_buf b = {0};
+    for (int i = 0; i < 500; i++) kvs_buf_puts(&b, "{\"type\":\"array\",\"items\":");
+    kvs_buf_puts(&b, "{}");
+    for (int i = 0; i < 500; i++) kvs_buf_puts(&b, "}");
+    cr_assert_eq(compile_err(b.data, err, sizeof err), KVS_ERR_LIMIT, "%s", err);
+    cr_assert(strstr(err, "deeper"), "%s", err);
+    /* a huge enum */
+    kvs_buf_clear(&b);
+    kvs_buf_puts(&b, "{\"enum\":[");
+    for (int i = 0; i < 20000; i++) kvs_buf_printf(&b, "%s%d", i ? "," : "", i);
+    kvs_buf_puts(&b, "]}");
+    cr_assert_eq(compile_err(b.data, err, sizeof err), KVS_ERR_LIMIT, "%s", err);
+    /* a large one that fits stays deterministic (a trie) */
+    kvs_buf_clear(&b);
+    kvs_buf_puts(&b, "{\"enum\":[");
+    for (int i = 0; i < 5000; i++) kvs_buf_printf(&b, "%s\"value-%d\"", i ? "," : "", i * 7);
+    kvs_buf_puts(&b, "]}");
+    gmr_grammar *g = compile(b.data);
+    gmr_vocab *v = byte_vocab();
+    cr_assert(accepts(g, v, "\"value-34993\""));
+    cr_assert(!accepts(g, v, "\"value-34994\""));
+    gmr_grammar_free(g);
+    /* huge counts: minimums refused, maximums cost nothing */
+    cr_assert_eq(compile_err("{\"type\":\"array\",\"minItems\":1000000000}", err, sizeof err), KVS_ERR_LIMIT);
+    cr_assert_eq(compile_err("{\"type\":\"string\",\"minLength\":1000000000}", err, sizeof err), KVS_ERR_LIMIT);
+    g = compile("{\"type\":\"string\",\"maxLength\":4000000000}");
+    cr_assert(accepts(g, v, "\"abc\""));
+    gmr_grammar_free(g);
+    /* recursion without a base case */
+    cr_assert_eq(compile_err("{\"$ref\":\"#\"}", err, sizeof err), KVS_ERR_LIMIT, "%s", err);
+    cr_assert_eq(compile_err("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", err,
+                             sizeof err), KVS_ERR_LIMIT, "%s", err);
+    cr_assert(strstr(err, "no finite value"), "%s", err);
+    cr_assert_eq(compile_err("{\"anyOf\":[{\"$ref\":\"#\"}]}", err, sizeof err), KVS_ERR_LIMIT, "%s", err);
+    /* json_object: deep nesting is cut at the stack limit, with bounded work */
+    cr_assert_eq(gmr_compile_json_object(NULL, &g, err, sizeof err), 0, "%s", err);
+    gmr_matcher *m = NULL;
+    cr_assert_eq(gmr_matcher_create(g, v, 0, &m), 0);
+    cr_assert_eq(gmr_matcher_accept_bytes(m, "{\"a\":", 5), 0);
+    int depth = 0;
+    while (depth < 5000 && gmr_matcher_accept_bytes(m, "[", 1) == 0) depth++;
+    cr_assert_lt(depth, 5000, "nesting was not bounded");
+    uint32_t mask[9];
+    cr_assert_eq(gmr_matcher_fill_mask(m, mask, 9), 0);
+    gmr_matcher_free(m);
+    gmr_grammar_free(g);
+    gmr_vocab_free(v);
+    kvs_buf_free(&b);
+}
+
+/* ---- BNF ------------------------------------------------------------------------------------------------------- */
+
+Test(grammar, bnf_tool_call) {
+    gmr_grammar *params = compile("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                                  "\"required\":[\"city\"],\"additionalProperties\":false}");
+    gmr_named_grammar named[1] = {{"get_weather", params}};
+    gmr_grammar *g = NULL;
+    char err[256];
+    const char *text = "# a Hermes tool call, one or more\n"
+                       "root ::= call (\"\\n\" call)*\n"
+                       "call ::= \"<tool_call>\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" @get_weather \"}\\n</tool_call>\"\n";
+    cr_assert_eq(gmr_compile_bnf(text, named, 1, &g, err, sizeof err), 0, "%s", err);
+    gmr_grammar_free(params);   /* copied */
+    gmr_vocab *v = byte_vocab();
+    cr_assert(accepts(g, v, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+    cr_assert(accepts(g, v, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"a\"}}\n</tool_call>\n"
+                            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"b\"}}\n</tool_call>"));
+    cr_assert(!accepts(g, v, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    gmr_grammar_free(g);
+    gmr_vocab_free(v);
+}
+
+Test(grammar, bnf_syntax) {
+    gmr_vocab *v = byte_vocab();
+    gmr_grammar *g = NULL;
+    char err[256];
+    cr_assert_eq(gmr_compile_bnf("root ::= [a-c]{2,3} x? | \"é\" .\nx ::= [^a-z0-9] (\"q\" | \"r\")+", NULL, 0, &g, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert(accepts(g, v, "ab"));
+    cr_assert(accepts(g, v, "abc!qrq"));
+    cr_assert(accepts(g, v, "é☃"));
+    cr_assert(!accepts(g, v, "a"));
+    cr_assert(!accepts(g, v, "abz"));
+    gmr_grammar_free(g);
+    static const struct { const char *t; int rc; } bad[] = {
+        {"root ::= \"a", KVS_ERR_SYNTAX},      {"root ::= b", KVS_ERR_NOT_FOUND},   {"r ::= \"a\"", KVS_ERR_NOT_FOUND},
+        {"root ::= root \"a\" | \"b\"", KVS_ERR_UNSUPPORTED}, {"root ::= (\"a\"?)*", KVS_ERR_UNSUPPORTED},
+        {"root ::= @nope", KVS_ERR_NOT_FOUND}, {"root ::= \"a\"\nroot ::= \"b\"", KVS_ERR_SYNTAX},
+        {"root ::= x\nx ::= \"(\" x \")\"", KVS_ERR_LIMIT}, {"root ::= [b-a]", KVS_ERR_SYNTAX},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = gmr_compile_bnf(bad[i].t, NULL, 0, &g, err, sizeof err);
+        cr_expect_eq(rc, bad[i].rc, "%s: %d (%s)", bad[i].t, rc, err);
+        gmr_grammar_free(g);
+    }
+    gmr_vocab_free(v);
+}
+
+/* ---- the matcher API ---------------------------------------------------------------------------------------------- */
+
+Test(grammar, matcher_api) {
+    const char *pieces[] = {"{", "}", "\"a\"", ":", "1", "12", " ", "</s>", "<|ctl|>", "", "\"a\":1}"};
+    size_t lens[11];
+    for (int i = 0; i < 11; i++) lens[i] = strlen(pieces[i]);
+    uint8_t flags[11] = {[7] = GMR_TOKEN_EOG, [8] = GMR_TOKEN_SPECIAL};
+    gmr_vocab *v = NULL;
+    cr_assert_eq(gmr_vocab_create(pieces, lens, flags, 11, &v), 0);
+    cr_assert_eq(gmr_mask_words(v), 1);
+    gmr_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false}");
+    gmr_matcher *m = NULL;
+    cr_assert_eq(gmr_matcher_create(g, v, 0, &m), 0);
+    uint32_t mask;
+    cr_assert_eq(gmr_matcher_fill_mask(m, &mask, 1), 0);
+    cr_assert_eq(mask, 1u << 0, "start: only {, got %x", mask);
+    cr_assert_eq(gmr_matcher_accept_token(m, 1), KVS_ERR_INVALID);   /* } not allowed: unchanged */
+    cr_assert_eq(gmr_matcher_accept_token(m, 0), 0);
+    cr_assert_eq(gmr_matcher_fill_mask(m, &mask, 1), 0);
+    cr_assert_eq(mask, (1u << 1) | (1u << 2) | (1u << 6) | (1u << 10), "after {: %x", mask);
+    gmr_matcher *c = NULL;
+    cr_assert_eq(gmr_matcher_clone(m, &c), 0);
+    cr_assert_eq(gmr_matcher_accept_token(c, 10), 0);   /* "a":1} in one token */
+    cr_assert(gmr_matcher_is_complete(c));
+    cr_assert_eq(gmr_matcher_fill_mask(c, &mask, 1), 0);
+    cr_assert_eq(mask, 1u << 7, "complete, nothing can follow: only eog, got %x", mask);
+    cr_assert_eq(gmr_matcher_accept_token(c, 7), 0);
+    cr_assert(gmr_matcher_is_finished(c));
+    cr_assert_eq(gmr_matcher_fill_mask(c, &mask, 1), 0);
+    cr_assert_eq(mask, 0);
+    cr_assert_eq(gmr_matcher_accept_token(c, 1), KVS_ERR_INVALID);
+    /* the original did not move */
+    cr_assert(!gmr_matcher_is_complete(m));
+    cr_assert_eq(gmr_matcher_accept_token(m, 7), KVS_ERR_INVALID);
+    cr_assert_eq(gmr_matcher_accept_token(m, 8), KVS_ERR_INVALID);
+    cr_assert_eq(gmr_matcher_accept_token(m, 9), KVS_ERR_INVALID);
+    cr_assert_eq(gmr_matcher_accept_token(m, 11), KVS_ERR_INVALID);
+    cr_assert_eq(gmr_matcher_fill_mask(m, &mask, 0), KVS_ERR_INVALID);
+    gmr_matcher_reset(c);
+    cr_assert(!gmr_matcher_is_finished(c));
+    cr_assert_eq(gmr_matcher_fill_mask(c, &mask, 1), 0);
+    cr_assert_eq(mask, 1u << 0);
+    uint64_t computed, hits;
+    gmr_matcher_cache_stats(m, &computed, &hits);
+    cr_assert_geq(hits, 1, "the reset clone's start mask should come from the shared cache");
+    float logits[11] = {0};
+    gmr_mask_apply(&mask, logits, 11);
+    cr_assert(logits[0] == 0 && isinf(logits[1]) && logits[1] < 0);
+    gmr_matcher_free(c);
+    gmr_matcher_free(m);
+    gmr_grammar_free(g);
+    gmr_vocab_free(v);
+    cr_assert_eq(gmr_vocab_create(pieces, lens, flags, 0, &v), KVS_ERR_INVALID);
+    cr_assert_eq(gmr_matcher_create(NULL, NULL, 0, &m), KVS_ERR_INVALID);
 }
