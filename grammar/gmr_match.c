@@ -22,20 +22,33 @@
 
 /* ---- vocabulary ------------------------------------------------------------------------------------------- */
 
-struct gmr_vocab {
-    int32_t n_vocab;
-    uint32_t n_nodes;     /* trie nodes in preorder, the root excluded */
+/* A token trie in preorder, the root excluded. */
+typedef struct trie {
+    uint32_t n_nodes;
     uint32_t max_depth;
     uint8_t *nbyte;       /* [n_nodes] the byte on the edge into the node */
     uint16_t *ndepth;     /* [n_nodes] 1 + depth of the parent */
     uint32_t *nskip;      /* [n_nodes] the first node after the subtree */
-    int32_t *ntok;        /* [n_nodes] a token with exactly these bytes, or -1 */
+    int32_t *ntok;        /* [n_nodes] a token with exactly these bytes, or -1 (more: tok_next) */
+} trie;
+
+/* Tokens longer than this many bytes also sit in a second trie: a cached mask may be keyed on repetition counts
+ * clamped at LONG_TOKEN (a token this short cannot tell a larger count from another), and then the long tokens
+ * are checked on every use. */
+#define LONG_TOKEN 16u
+
+struct gmr_vocab {
+    int32_t n_vocab;
+    trie all;             /* every token but eog, special and empty ones */
+    trie lng;             /* those longer than LONG_TOKEN bytes */
     int32_t *tok_next;    /* [n_vocab] the next token with the same bytes, or -1 */
     uint8_t *flags;       /* [n_vocab] */
     char *bytes;          /* all pieces */
     uint32_t *off;        /* [n_vocab + 1] */
     int32_t *eog;         /* the eog tokens */
     int32_t n_eog;
+    int32_t *long_tok;    /* the tokens of lng */
+    int32_t n_long;
 };
 
 typedef struct tokref { const char *p; uint32_t n; int32_t id; } tokref;
@@ -49,18 +62,66 @@ static int tokref_cmp(const void *x, const void *y) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
+static void trie_free(trie *t) {
+    free(t->nbyte);
+    free(t->ndepth);
+    free(t->nskip);
+    free(t->ntok);
+}
+
 void gmr_vocab_free(gmr_vocab *v) {
     if (!v) return;
-    free(v->nbyte);
-    free(v->ndepth);
-    free(v->nskip);
-    free(v->ntok);
+    trie_free(&v->all);
+    trie_free(&v->lng);
     free(v->tok_next);
     free(v->flags);
     free(v->bytes);
     free(v->off);
     free(v->eog);
+    free(v->long_tok);
     free(v);
+}
+
+/* Builds the trie of tr[0..n) (sorted by bytes); chains tokens with equal bytes through tok_next. */
+static int trie_build(trie *T, const tokref *tr, size_t n_tr, int32_t *tok_next) {
+    size_t n_max = 0;
+    for (size_t i = 0; i < n_tr; i++) n_max += tr[i].n;
+    T->nbyte = malloc(n_max + 1);
+    T->ndepth = malloc((n_max + 1) * sizeof *T->ndepth);
+    T->nskip = malloc((n_max + 1) * sizeof *T->nskip);
+    T->ntok = malloc((n_max + 1) * sizeof *T->ntok);
+    uint32_t *open = malloc(1026 * sizeof *open);    /* the node at each depth on the current path */
+    if (!T->nbyte || !T->ndepth || !T->nskip || !T->ntok || !open) {
+        free(open);
+        return KVS_ERR_NOMEM;
+    }
+    uint32_t n = 0, n_open = 0;
+    for (size_t i = 0; i < n_tr; i++) {
+        uint32_t l = 0;
+        if (i > 0) {
+            const tokref *p = &tr[i - 1];
+            while (l < p->n && l < tr[i].n && p->p[l] == tr[i].p[l]) l++;
+        }
+        /* close the nodes deeper than the common prefix */
+        while (n_open > l) T->nskip[open[--n_open]] = n;
+        if (l == tr[i].n) {   /* same bytes as the previous token: chain it */
+            int32_t t = T->ntok[open[l - 1]];
+            while (tok_next[t] >= 0) t = tok_next[t];
+            tok_next[t] = tr[i].id;
+            continue;
+        }
+        for (uint32_t d = l; d < tr[i].n; d++) {
+            T->nbyte[n] = (uint8_t)tr[i].p[d];
+            T->ndepth[n] = (uint16_t)(d + 1);
+            T->ntok[n] = d + 1 == tr[i].n ? tr[i].id : -1;
+            if (d + 1 > T->max_depth) T->max_depth = d + 1;
+            open[n_open++] = n++;
+        }
+    }
+    while (n_open > 0) T->nskip[open[--n_open]] = n;
+    free(open);
+    T->n_nodes = n;
+    return 0;
 }
 
 int gmr_vocab_create(const char *const *pieces, const size_t *lens, const uint8_t *flags, int32_t n_vocab,
@@ -82,8 +143,9 @@ int gmr_vocab_create(const char *const *pieces, const size_t *lens, const uint8_
     v->off = malloc(((size_t)n_vocab + 1) * sizeof *v->off);
     v->tok_next = malloc((size_t)n_vocab * sizeof *v->tok_next);
     v->eog = malloc((size_t)n_vocab * sizeof *v->eog);
-    if (!v->flags || !v->bytes || !v->off || !v->tok_next || !v->eog) goto oom;
-    size_t o = 0, n_tr = 0, n_nodes_max = 0;
+    v->long_tok = malloc((size_t)n_vocab * sizeof *v->long_tok);
+    if (!v->flags || !v->bytes || !v->off || !v->tok_next || !v->eog || !v->long_tok) goto oom;
+    size_t o = 0, n_tr = 0;
     for (int32_t t = 0; t < n_vocab; t++) {
         v->off[t] = (uint32_t)o;
         if (lens[t]) memcpy(v->bytes + o, pieces[t], lens[t]);
@@ -91,48 +153,24 @@ int gmr_vocab_create(const char *const *pieces, const size_t *lens, const uint8_
         v->flags[t] = flags ? flags[t] : 0;
         v->tok_next[t] = -1;
         if (v->flags[t] & GMR_TOKEN_EOG) v->eog[v->n_eog++] = t;
-        else if (!(v->flags[t] & GMR_TOKEN_SPECIAL) && lens[t]) {
-            tr[n_tr++] = (tokref){v->bytes + v->off[t], (uint32_t)lens[t], t};
-            n_nodes_max += lens[t];
-        }
+        else if (!(v->flags[t] & GMR_TOKEN_SPECIAL) && lens[t]) tr[n_tr++] = (tokref){v->bytes + v->off[t], (uint32_t)lens[t], t};
     }
     v->off[n_vocab] = (uint32_t)o;
     qsort(tr, n_tr, sizeof *tr, tokref_cmp);
-    v->nbyte = malloc(n_nodes_max + 1);
-    v->ndepth = malloc((n_nodes_max + 1) * sizeof *v->ndepth);
-    v->nskip = malloc((n_nodes_max + 1) * sizeof *v->nskip);
-    v->ntok = malloc((n_nodes_max + 1) * sizeof *v->ntok);
-    uint32_t *open = malloc(1026 * sizeof *open);    /* the node at each depth on the current path */
-    if (!v->nbyte || !v->ndepth || !v->nskip || !v->ntok || !open) {
-        free(open);
-        goto oom;
-    }
-    uint32_t n = 0, n_open = 0;
-    for (size_t i = 0; i < n_tr; i++) {
-        uint32_t l = 0;
-        if (i > 0) {
-            const tokref *p = &tr[i - 1];
-            while (l < p->n && l < tr[i].n && p->p[l] == tr[i].p[l]) l++;
+    if (trie_build(&v->all, tr, n_tr, v->tok_next)) goto oom;
+    size_t n_long = 0;
+    for (size_t i = 0; i < n_tr; i++)
+        if (tr[i].n > LONG_TOKEN) {
+            tr[n_long++] = tr[i];
+            v->long_tok[v->n_long++] = tr[i].id;
         }
-        /* close the nodes deeper than the common prefix */
-        while (n_open > l) v->nskip[open[--n_open]] = n;
-        if (l == tr[i].n) {   /* same bytes as the previous token: chain it */
-            int32_t t = v->ntok[open[l - 1]];
-            while (v->tok_next[t] >= 0) t = v->tok_next[t];
-            v->tok_next[t] = tr[i].id;
-            continue;
-        }
-        for (uint32_t d = l; d < tr[i].n; d++) {
-            v->nbyte[n] = (uint8_t)tr[i].p[d];
-            v->ndepth[n] = (uint16_t)(d + 1);
-            v->ntok[n] = d + 1 == tr[i].n ? tr[i].id : -1;
-            if (d + 1 > v->max_depth) v->max_depth = d + 1;
-            open[n_open++] = n++;
-        }
-    }
-    while (n_open > 0) v->nskip[open[--n_open]] = n;
-    free(open);
-    v->n_nodes = n;
+    /* the chains of equal bytes were made by the first build (equal bytes have equal lengths) */
+    int32_t *scratch_next = malloc((size_t)n_vocab * sizeof *scratch_next);
+    if (!scratch_next) goto oom;
+    for (int32_t t = 0; t < n_vocab; t++) scratch_next[t] = -1;
+    int rc = trie_build(&v->lng, tr, n_long, scratch_next);
+    free(scratch_next);
+    if (rc) goto oom;
     free(tr);
     *out = v;
     return 0;
@@ -266,6 +304,7 @@ struct gmr_matcher {
     uint32_t *st; uint32_t n_st, cap_st;   /* the current state, flattened (also the cache key) */
     bool complete, finished;
     scratch sc;
+    uint32_t *key; uint32_t cap_key;       /* the cache key of the current state */
     uint32_t *lv;                          /* walk levels: [max_depth + 1][4] top offset, top count, marks */
 };
 
@@ -454,7 +493,7 @@ static int matcher_alloc(const gmr_grammar *g, const gmr_vocab *v, gmr_matcher *
     if (!m) return KVS_ERR_NOMEM;
     m->g = g;
     m->v = v;
-    m->lv = malloc(((size_t)v->max_depth + 1) * 4 * sizeof *m->lv);
+    m->lv = malloc(((size_t)v->all.max_depth + 1) * 4 * sizeof *m->lv);
     if (!m->lv || st_reserve(m, 64)) {
         free(m->lv);
         free(m->st);
@@ -521,6 +560,7 @@ void gmr_matcher_free(gmr_matcher *m) {
     free(m->sc.nd);
     free(m->sc.tp);
     free(m->lv);
+    free(m->key);
     free(m);
 }
 
@@ -563,8 +603,8 @@ int gmr_matcher_accept_token(gmr_matcher *m, int32_t token) {
     return gmr_matcher_accept_bytes(m, v->bytes + v->off[token], len);
 }
 
-/* The mask of the loaded state by a preorder walk of the trie. */
-static int compute_mask(gmr_matcher *m, uint32_t *mask) {
+/* ORs into mask the tokens of trie T that the current state accepts, by a preorder walk. */
+static int walk_trie(gmr_matcher *m, const trie *T, uint32_t *mask) {
     const gmr_vocab *v = m->v;
     scratch *sc = &m->sc;
     uint32_t n0 = load_state(m);
@@ -573,19 +613,19 @@ static int compute_mask(gmr_matcher *m, uint32_t *mask) {
     lv[1] = n0;
     lv[2] = sc->nn;
     lv[3] = sc->nt;
-    for (uint32_t i = 0; i < v->n_nodes;) {
-        uint32_t d = v->ndepth[i];
+    for (uint32_t i = 0; i < T->n_nodes;) {
+        uint32_t d = T->ndepth[i];
         uint32_t *pl = &lv[4 * (d - 1)];
         sc->nn = pl[2];
         sc->nt = pl[3];
         uint32_t start = sc->nt;
-        advance(m->g, sc, pl[0], pl[1], v->nbyte[i]);
+        advance(m->g, sc, pl[0], pl[1], T->nbyte[i]);
         uint32_t cnt = sc->nt - start;
         if (!cnt) {
-            i = v->nskip[i];
+            i = T->nskip[i];
             continue;
         }
-        for (int32_t t = v->ntok[i]; t >= 0; t = v->tok_next[t]) mask[t >> 5] |= 1u << (t & 31);
+        for (int32_t t = T->ntok[i]; t >= 0; t = v->tok_next[t]) mask[t >> 5] |= 1u << (t & 31);
         uint32_t *l = &lv[4 * d];
         l[0] = start;
         l[1] = cnt;
@@ -596,21 +636,58 @@ static int compute_mask(gmr_matcher *m, uint32_t *mask) {
     return sc->oom ? KVS_ERR_NOMEM : 0;
 }
 
+/* The cache key of the state: the flattened state with the count of every repetition frame replaced by what a
+ * token of at most LONG_TOKEN bytes can observe: the iterations still needed and still allowed, each clamped at
+ * LONG_TOKEN + 1 (every iteration takes at least one byte). Returns whether anything was clamped: the cached
+ * mask is then exact for short tokens only. */
+static bool make_key(gmr_matcher *m) {
+    const gmr_grammar *g = m->g;
+    bool clamped = false;
+    memcpy(m->key, m->st, m->n_st * sizeof *m->key);
+    uint32_t ns = m->key[0], p = 1;
+    for (uint32_t s = 0; s < ns; s++) {
+        uint32_t len = m->key[p++];
+        for (uint32_t k = 0; k < len; k++, p += 2) {
+            const gmr_el *e = &g->el[m->key[p]];
+            if (e->kind != GK_REPEAT) continue;
+            uint32_t cnt = m->key[p + 1];
+            uint32_t need = cnt < e->min ? e->min - cnt : 0, rem = e->max == GMR_INF ? 0xFFFFu : e->max - cnt;
+            if (need > LONG_TOKEN) need = LONG_TOKEN + 1, clamped = true;
+            if (rem != 0xFFFFu && rem > LONG_TOKEN) rem = LONG_TOKEN + 1, clamped = true;
+            m->key[p + 1] = need << 16 | rem;
+        }
+    }
+    return clamped;
+}
+
 int gmr_matcher_fill_mask(gmr_matcher *m, uint32_t *mask, size_t n_words) {
     if (!m || !mask || n_words < gmr_mask_words(m->v)) return KVS_ERR_INVALID;
-    size_t words = gmr_mask_words(m->v);
+    const gmr_vocab *v = m->v;
     memset(mask, 0, n_words * sizeof *mask);
     if (m->finished) return 0;
-    uint64_t h = key_hash(m->st, m->n_st);
-    if (cache_get(m->c, m->st, m->n_st, h, mask)) return 0;
-    int rc = compute_mask(m, mask);
-    if (rc) {
-        memset(mask, 0, n_words * sizeof *mask);
-        return rc;
+    if (m->n_st > m->cap_key) {
+        uint32_t *k = realloc(m->key, m->cap_st * sizeof *k);
+        if (!k) return KVS_ERR_NOMEM;
+        m->key = k;
+        m->cap_key = m->cap_st;
     }
-    if (m->complete)
-        for (int32_t k = 0; k < m->v->n_eog; k++) mask[m->v->eog[k] >> 5] |= 1u << (m->v->eog[k] & 31);
-    cache_put(m->c, m->st, m->n_st, h, mask);
-    (void)words;
-    return 0;
+    bool clamped = make_key(m);
+    uint64_t h = key_hash(m->key, m->n_st);
+    int rc = 0;
+    if (cache_get(m->c, m->key, m->n_st, h, mask)) {
+        if (clamped) rc = walk_trie(m, &v->lng, mask);   /* the long tokens against the exact counts */
+    } else {
+        rc = walk_trie(m, &v->all, mask);
+        if (!rc && m->complete)
+            for (int32_t k = 0; k < v->n_eog; k++) mask[v->eog[k] >> 5] |= 1u << (v->eog[k] & 31);
+        if (!rc && clamped) {   /* cache the part that holds for every count with this key */
+            for (int32_t k = 0; k < v->n_long; k++) mask[v->long_tok[k] >> 5] &= ~(1u << (v->long_tok[k] & 31));
+            cache_put(m->c, m->key, m->n_st, h, mask);
+            rc = walk_trie(m, &v->lng, mask);
+        } else if (!rc) {
+            cache_put(m->c, m->key, m->n_st, h, mask);
+        }
+    }
+    if (rc) memset(mask, 0, n_words * sizeof *mask);
+    return rc;
 }

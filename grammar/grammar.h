@@ -60,7 +60,7 @@ void gmr_schema_options_default(gmr_schema_options *o);
  *
  * Supported: type (object, array, string, number, integer, boolean, null, and arrays of them), OpenAPI
  * nullable, properties, required, additionalProperties (false; true/absent/a schema: extra keys after the
- * declared ones, keys of printable ASCII other than the declared names), enum, const, anyOf, oneOf (as anyOf:
+ * declared ones, keys of printable ASCII other than the declared names; an extra key may repeat), enum, const, anyOf, oneOf (as anyOf:
  * branches are not checked for overlap), allOf (merged when the branches' keywords do not conflict), $ref to "#",
  * "#/$defs/..." and "#/definitions/..." (recursion included), items, prefixItems, minItems, maxItems, minLength,
  * maxLength, pattern (a regex subset: literals, ., classes, \d \w \s \D \W \S, groups, |, ?, *, +, {m,n},
