@@ -73,19 +73,7 @@ static bname *lookup(bnf *x, bname **arr, size_t *n, size_t *cap, const char *s,
     return e;
 }
 
-static int utf8_put(char *o, uint32_t c) {
-    if (c < 0x80) { o[0] = (char)c; return 1; }
-    if (c < 0x800) { o[0] = (char)(0xC0 | (c >> 6)); o[1] = (char)(0x80 | (c & 63)); return 2; }
-    if (c < 0x10000) {
-        o[0] = (char)(0xE0 | (c >> 12)); o[1] = (char)(0x80 | ((c >> 6) & 63)); o[2] = (char)(0x80 | (c & 63));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (c >> 18)); o[1] = (char)(0x80 | ((c >> 12) & 63));
-    o[2] = (char)(0x80 | ((c >> 6) & 63)); o[3] = (char)(0x80 | (c & 63));
-    return 4;
-}
-
-/* One (possibly escaped) code point of a literal or class; *raw_len > 0 gives raw bytes to copy instead. */
+/* One (possibly escaped) code point of a literal or class. */
 static int read_char(bnf *x, uint32_t *cp) {
     const unsigned char *s = (const unsigned char *)x->p;
     if (!s[x->i] || s[x->i] == '\n') return bfail(x, KVS_ERR_SYNTAX, "unterminated literal or class");
@@ -116,7 +104,7 @@ static int read_char(bnf *x, uint32_t *cp) {
     uint32_t v = 0;
     for (int k = 0; k < nd; k++) {
         char h = x->p[x->i++];
-        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        int d = gmr_hexval(h);
         if (d < 0) return bfail(x, KVS_ERR_SYNTAX, "bad hex escape");
         v = v * 16 + (uint32_t)d;
     }
@@ -135,9 +123,13 @@ static uint32_t b_item(bnf *x) {
         while (x->p[x->i] != '"' && !b->err) {
             uint32_t cp;
             if (read_char(x, &cp)) break;
-            char o[4];
-            int n = utf8_put(o, cp);
-            gb_lit(b, &q, o, (size_t)n);
+            if (cp > 0x10FFFF) {
+                bfail(x, KVS_ERR_SYNTAX, "code point out of range");
+                break;
+            }
+            uint8_t o[4];
+            int n = gmr_utf8_encode(cp, o);
+            gb_lit(b, &q, (const char *)o, (size_t)n);
         }
         if (!b->err) x->i++;
         return gb_rule_of(b, &q);

@@ -32,6 +32,13 @@ void gb_free(gb *b) {
     b->n_rules = b->n_cls = 0;
 }
 
+int gmr_hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 int gb_fail(gb *b, int code, const char *fmt, ...) {
     if (b->err) return b->err;
     b->err = code;
@@ -244,7 +251,7 @@ uint32_t gb_rule_lits(gb *b, const char *const *strs, const size_t *lens, size_t
 
 /* ---- code points as UTF-8 ----------------------------------------------------------------------------------- */
 
-static int utf8_enc(uint32_t c, uint8_t *o) {
+int gmr_utf8_encode(uint32_t c, uint8_t *o) {
     if (c < 0x80) { o[0] = (uint8_t)c; return 1; }
     if (c < 0x800) { o[0] = (uint8_t)(0xC0 | (c >> 6)); o[1] = (uint8_t)(0x80 | (c & 63)); return 2; }
     if (c < 0x10000) {
@@ -281,8 +288,8 @@ static void utf8_range(gb *b, uint32_t r, uint32_t lo, uint32_t hi, uint8_t asci
         return;
     }
     uint8_t el[4], eh[4];
-    int n = utf8_enc(lo, el);
-    utf8_enc(hi, eh);
+    int n = gmr_utf8_encode(lo, el);
+    gmr_utf8_encode(hi, eh);
     for (int i = 1; i < n; i++) {
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {

@@ -85,6 +85,11 @@ uint32_t gb_import(gb *b, const gmr_grammar *g);
  * finish and flattens into *out. b is left reusable only for gb_free. */
 int gb_finish(gb *b, uint32_t root, gmr_grammar **out);
 
+/* Writes code point c (<= 0x10FFFF) as UTF-8 into o (4 bytes of room); returns the length. */
+int gmr_utf8_encode(uint32_t c, uint8_t *o);
+/* The value of a hex digit, or -1. */
+int gmr_hexval(char c);
+
 /* Code point sets as range lists (sorted, disjoint). */
 typedef struct gmr_cpset { uint32_t *r; size_t n, cap; } gmr_cpset;
 int cps_add(gmr_cpset *s, uint32_t lo, uint32_t hi);   /* unsorted; cps_norm sorts and merges */

@@ -99,13 +99,6 @@ static uint32_t rx_cp(rx *x) {
     return c;
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static int add_space(gmr_cpset *s) {
     static const uint32_t sp[] = {9, 13, 32, 32, 0xA0, 0xA0, 0x1680, 0x1680, 0x2000, 0x200A, 0x2028, 0x2029,
                                   0x202F, 0x202F, 0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
@@ -142,7 +135,7 @@ static int rx_escape(rx *x, gmr_cpset *s, bool in_class) {
         if (x->i + (size_t)nd > x->n) return rx_fail(x, KVS_ERR_SYNTAX, "short \\x or \\u escape");
         uint32_t v = 0;
         for (int k = 0; k < nd; k++) {
-            int h = hexval(x->p[x->i + k]);
+            int h = gmr_hexval(x->p[x->i + k]);
             if (h < 0) return rx_fail(x, KVS_ERR_SYNTAX, "bad hex digit in an escape");
             v = v * 16 + (uint32_t)h;
         }

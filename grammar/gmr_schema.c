@@ -343,56 +343,48 @@ static uint32_t number_rule(sctx *s, const bounds *bd) {
 
 /* ---- any JSON value ---------------------------------------------------------------------------------------- */
 
+/* The rule "," ws x. */
+static uint32_t comma_then(sctx *s, uint32_t x) {
+    gb_seq q = {0};
+    gb_byte(s->b, &q, ',');
+    ws(s, &q);
+    gb_ref(s->b, &q, x);
+    return gb_rule_of(s->b, &q);
+}
+
+/* Adds to v the alternative: open ws [elem ("," ws elem)*] close. */
+static void any_container(sctx *s, uint32_t v, char open, uint32_t elem, char close) {
+    gb *b = s->b;
+    gb_seq body = {0};
+    gb_ref(b, &body, elem);
+    gb_repeat(b, &body, comma_then(s, elem), 0, GMR_INF);
+    uint32_t body_r = gb_rule_of(b, &body);
+    gb_seq o = {0};
+    gb_byte(b, &o, (uint8_t)open);
+    ws(s, &o);
+    gb_repeat(b, &o, body_r, 0, 1);
+    gb_byte(b, &o, (uint8_t)close);
+    gb_alt(b, v, &o);
+}
+
 static uint32_t any_value(sctx *s) {
     if (s->r_value != UINT32_MAX) return s->r_value;
     gb *b = s->b;
     uint32_t v = gb_rule_new(b);
     s->r_value = v;
     uint32_t str = s->r_string != UINT32_MAX ? s->r_string : (s->r_string = string_rule(s, 0, GMR_INF));
-    /* object */
-    gb_seq m = {0};
+    gb_seq m = {0};   /* object */
     gb_ref(b, &m, str);
     ws(s, &m);
     gb_byte(b, &m, ':');
     ws(s, &m);
     gb_ref(b, &m, v);
     ws(s, &m);
-    uint32_t member = gb_rule_of(b, &m);
-    gb_seq more = {0};
-    gb_byte(b, &more, ',');
-    ws(s, &more);
-    gb_ref(b, &more, member);
-    uint32_t more_r = gb_rule_of(b, &more);
-    gb_seq body = {0};
-    gb_ref(b, &body, member);
-    gb_repeat(b, &body, more_r, 0, GMR_INF);
-    uint32_t body_r = gb_rule_of(b, &body);
-    gb_seq o = {0};
-    gb_byte(b, &o, '{');
-    ws(s, &o);
-    gb_repeat(b, &o, body_r, 0, 1);
-    gb_byte(b, &o, '}');
-    gb_alt(b, v, &o);
-    /* array */
-    gb_seq it = {0};
+    any_container(s, v, '{', gb_rule_of(b, &m), '}');
+    gb_seq it = {0};   /* array */
     gb_ref(b, &it, v);
     ws(s, &it);
-    uint32_t item = gb_rule_of(b, &it);
-    gb_seq mi = {0};
-    gb_byte(b, &mi, ',');
-    ws(s, &mi);
-    gb_ref(b, &mi, item);
-    uint32_t mi_r = gb_rule_of(b, &mi);
-    gb_seq ab = {0};
-    gb_ref(b, &ab, item);
-    gb_repeat(b, &ab, mi_r, 0, GMR_INF);
-    uint32_t ab_r = gb_rule_of(b, &ab);
-    gb_seq a = {0};
-    gb_byte(b, &a, '[');
-    ws(s, &a);
-    gb_repeat(b, &a, ab_r, 0, 1);
-    gb_byte(b, &a, ']');
-    gb_alt(b, v, &a);
+    any_container(s, v, '[', gb_rule_of(b, &it), ']');
     gb_seq q = {0};
     gb_ref(b, &q, str);
     gb_alt(b, v, &q);
@@ -787,10 +779,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         gb_ref(b, &q, cJSON_IsObject(ap) ? c_schema(s, ap) : any_value(s));
         ws(s, &q);
         uint32_t xm = gb_rule_of(b, &q);
-        gb_byte(b, &q, ',');
-        ws(s, &q);
-        gb_ref(b, &q, xm);
-        uint32_t more = gb_rule_of(b, &q);
+        uint32_t more = comma_then(s, xm);
         gb_repeat(b, &q, more, 0, GMR_INF);
         gb_alt(b, tail[1], &q);
         gb_alt(b, tail[0], &q);   /* empty */
@@ -870,10 +859,7 @@ static uint32_t array_rule(sctx *s, const cJSON *sch) {
         gb_ref(b, &q, iv);
         ws(s, &q);
         uint32_t item = gb_rule_of(b, &q);
-        gb_byte(b, &q, ',');
-        ws(s, &q);
-        gb_ref(b, &q, item);
-        uint32_t more = gb_rule_of(b, &q);
+        uint32_t more = comma_then(s, item);
         gb_repeat(b, &q, more, rmin, rmax);
         gb_alt(b, tail[1], &q);
         if (rmin == 0) gb_alt(b, tail[0], &q);   /* empty */
