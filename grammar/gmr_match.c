@@ -6,8 +6,9 @@
  * that advancing one byte creates only the few frames that change; a state is the list of its top nodes.
  * Stepping over a byte expands rules lazily, entering only the alternatives whose FIRST set holds the byte (or
  * that can be empty). Between tokens a matcher keeps its state flattened (the serialization is also the key
- * of the mask cache). A mask is computed by walking the vocabulary trie in preorder: each trie node advances
- * its parent's state by one byte, and a node whose state dies skips its whole subtree.
+ * of the mask cache, with repetition counts clamped: see make_key). A mask is computed by walking the vocabulary
+ * trie in preorder: each trie node advances its parent's state by one byte, and a node whose state dies skips its
+ * whole subtree.
  */
 #include <math.h>
 #include <pthread.h>

@@ -997,6 +997,10 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
     if (en || cn) {
         if (en && !cJSON_IsArray(en)) return gb_fail(b, KVS_ERR_FORMAT, "enum must be an array"), UINT32_MAX;
         if (en && cn) return gb_fail(b, KVS_ERR_UNSUPPORTED, "enum together with const"), UINT32_MAX;
+        for (const cJSON *c = sch->child; c; c = c->next)   /* the values are not checked against other keywords */
+            if (c->string && !is_annotation(c->string) && strcmp(c->string, "enum") && strcmp(c->string, "const") &&
+                strcmp(c->string, "type") && strcmp(c->string, "nullable"))
+                return gb_fail(b, KVS_ERR_UNSUPPORTED, "%s together with '%s'", en ? "enum" : "const", c->string), UINT32_MAX;
         const cJSON *vals = en ? en->child : cn;
         int n = en ? cJSON_GetArraySize(en) : 1;
         if (cn) {   /* one value: print it alone */

@@ -73,6 +73,7 @@ void gmr_schema_options_default(gmr_schema_options *o);
  * exponent; its integer part is bounded exactly and a fraction is allowed only where the whole unit interval
  * lies within the bounds (sound, not complete: bounds narrower than one unit around a non-integer fail with
  * KVS_ERR_UNSUPPORTED). Strings carry no \u escapes for surrogates or NUL.
+ * enum and const go with type/nullable only (their values are not checked against other keywords).
  * Anything else (uniqueItems, contains, patternProperties, propertyNames, min/maxProperties, not, if/then/else,
  * dependent*, multipleOf, unknown keywords, other formats, ...) is KVS_ERR_UNSUPPORTED with the keyword named. */
 int gmr_compile_schema(const cJSON *schema, const gmr_schema_options *opts, gmr_grammar **out, char *err,

@@ -710,6 +710,7 @@ Test(grammar, rejected_keywords) {
         {"{\"type\":\"number\",\"minimum\":0.25,\"maximum\":0.75}", "minimum/maximum"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "allOf"},
         {"{\"$ref\":\"#/$defs/x\",\"type\":\"string\",\"$defs\":{\"x\":{}}}", "$ref"},
+        {"{\"type\":\"string\",\"enum\":[\"abc\"],\"maxLength\":2}", "maxLength"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char err[256] = "";
