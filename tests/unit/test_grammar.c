@@ -882,3 +882,63 @@ Test(grammar, matcher_api) {
     cr_assert_eq(gmr_vocab_create(pieces, lens, flags, 0, &v), KVS_ERR_INVALID);
     cr_assert_eq(gmr_matcher_create(NULL, NULL, 0, &m), KVS_ERR_INVALID);
 }
+
+/* Random patterns and BNF texts: every one compiles or fails with an error, never crashes or hangs; what compiles
+ * drives a short random walk whose every mask is checked by brute force. */
+Test(grammar, fuzz_parsers) {
+    static const char rx_alpha[] = "ab()[]^$|?*+{},-\\.dws09\"";
+    static const char bnf_alpha[] = "root ::= x\"a\\[]^-()|?*+{1,2}.@#\n";
+    gmr_vocab *v = byte_vocab();
+    const char *pieces[BYTE_VOCAB];
+    size_t lens[BYTE_VOCAB];
+    uint8_t flags[BYTE_VOCAB];
+    byte_pieces(pieces, lens, flags);
+    rng r = {4242};
+    int ok = 0;
+    uint32_t mask[(BYTE_VOCAB + 31) / 32];
+    for (int it = 0; it < 3000; it++) {
+        char text[40];
+        int n = 1 + rng_int(&r, 24);
+        bool is_bnf = it % 2;
+        for (int i = 0; i < n; i++)
+            text[i] = is_bnf ? bnf_alpha[rng_int(&r, (int)sizeof bnf_alpha - 1)] : rx_alpha[rng_int(&r, (int)sizeof rx_alpha - 1)];
+        text[n] = 0;
+        gmr_grammar *g = NULL;
+        char err[256];
+        int rc;
+        if (is_bnf) {
+            char full[64];
+            snprintf(full, sizeof full, "root ::= %s", text);
+            rc = gmr_compile_bnf(full, NULL, 0, &g, err, sizeof err);
+        } else {
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddStringToObject(s, "type", "string");
+            cJSON_AddStringToObject(s, "pattern", text);
+            rc = gmr_compile_schema(s, NULL, &g, err, sizeof err);
+            cJSON_Delete(s);
+        }
+        if (rc) {
+            cr_assert(rc == KVS_ERR_SYNTAX || rc == KVS_ERR_UNSUPPORTED || rc == KVS_ERR_LIMIT || rc == KVS_ERR_NOT_FOUND,
+                      "[%s]: %d", text, rc);
+            cr_assert_gt(strlen(err), 0, "[%s]: no message", text);
+            continue;
+        }
+        ok++;
+        gmr_matcher *m = NULL;
+        cr_assert_eq(gmr_matcher_create(g, v, 0, &m), 0);
+        for (int step = 0; step < 12 && !gmr_matcher_is_finished(m); step++) {
+            cr_assert_eq(gmr_matcher_fill_mask(m, mask, sizeof mask / sizeof *mask), 0);
+            brute_check(m, mask, pieces, lens, flags, BYTE_VOCAB, text);
+            int32_t allowed[BYTE_VOCAB], na = 0;
+            for (int32_t t = 0; t < BYTE_VOCAB; t++)
+                if (bit(mask, t)) allowed[na++] = t;
+            cr_assert_gt(na, 0, "[%s]: dead state", text);
+            cr_assert_eq(gmr_matcher_accept_token(m, allowed[rng_int(&r, na)]), 0);
+        }
+        gmr_matcher_free(m);
+        gmr_grammar_free(g);
+    }
+    cr_log_info("fuzz: %d of 3000 texts compiled", ok);
+    cr_assert_gt(ok, 100);
+    gmr_vocab_free(v);
+}
