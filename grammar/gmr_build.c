@@ -575,7 +575,7 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
             !g->cls) {
             rc = gb_fail(b, KVS_ERR_NOMEM, "out of memory");
         } else {
-            memcpy(g->cls, b->cls, b->n_cls * sizeof *g->cls);
+            if (b->n_cls) memcpy(g->cls, b->cls, b->n_cls * sizeof *g->cls);
             memcpy(g->rule_null, rn, R);
             g->el[0] = (gmr_el){GK_RULE, root, 0, 0};
             g->el[1] = (gmr_el){GK_END, 0, 0, 0};

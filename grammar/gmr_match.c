@@ -575,17 +575,24 @@ void gmr_matcher_cache_stats(const gmr_matcher *m, uint64_t *computed, uint64_t 
     pthread_mutex_unlock(&m->c->mu);
 }
 
+/* Loads the state and advances it by bytes[0..n): the resulting tops are tp[*off .. *off + return value). */
+static uint32_t run_bytes(gmr_matcher *m, const char *bytes, size_t n, uint32_t *off) {
+    uint32_t cnt = load_state(m);
+    *off = 0;
+    for (size_t i = 0; i < n && cnt; i++) {
+        uint32_t start = m->sc.nt;
+        advance(m->g, &m->sc, *off, cnt, (uint8_t)bytes[i]);
+        *off = start;
+        cnt = m->sc.nt - start;
+    }
+    return cnt;
+}
+
 int gmr_matcher_accept_bytes(gmr_matcher *m, const char *bytes, size_t n) {
     if (!m || (n && !bytes)) return KVS_ERR_INVALID;
     if (m->finished) return n ? KVS_ERR_INVALID : 0;
     if (!n) return 0;
-    uint32_t off = 0, cnt = load_state(m);
-    for (size_t i = 0; i < n && cnt; i++) {
-        uint32_t start = m->sc.nt;
-        advance(m->g, &m->sc, off, cnt, (uint8_t)bytes[i]);
-        off = start;
-        cnt = m->sc.nt - start;
-    }
+    uint32_t off, cnt = run_bytes(m, bytes, n, &off);
     if (m->sc.oom) return KVS_ERR_NOMEM;
     if (!cnt) return KVS_ERR_INVALID;
     return store_state(m, off, cnt);
@@ -602,6 +609,16 @@ int gmr_matcher_accept_token(gmr_matcher *m, int32_t token) {
     uint32_t len = v->off[token + 1] - v->off[token];
     if ((v->flags[token] & GMR_TOKEN_SPECIAL) || !len) return KVS_ERR_INVALID;
     return gmr_matcher_accept_bytes(m, v->bytes + v->off[token], len);
+}
+
+bool gmr_matcher_allows(gmr_matcher *m, int32_t token) {
+    if (!m || token < 0 || token >= m->v->n_vocab || m->finished) return false;
+    const gmr_vocab *v = m->v;
+    if (v->flags[token] & GMR_TOKEN_EOG) return m->complete;
+    uint32_t len = v->off[token + 1] - v->off[token];
+    if ((v->flags[token] & GMR_TOKEN_SPECIAL) || !len) return false;
+    uint32_t off;
+    return run_bytes(m, v->bytes + v->off[token], len, &off) > 0 && !m->sc.oom;
 }
 
 /* ORs into mask the tokens of trie T that the current state accepts, by a preorder walk. */

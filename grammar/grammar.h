@@ -138,6 +138,12 @@ int gmr_matcher_fill_mask(gmr_matcher *m, uint32_t *mask, size_t n_words);
 /* Advances by one token. KVS_ERR_INVALID when the token is out of range or not allowed (the state is then
  * unchanged); accepting an eog token when complete finishes the matcher. */
 int gmr_matcher_accept_token(gmr_matcher *m, int32_t token);
+/* Whether the token would be accepted now, without changing the state (an eog token: iff complete). It costs
+ * one token's bytes instead of a mask: a sampler may sample from the unmasked logits, keep the token when it is
+ * allowed, and compute the mask only when it is not (then sample again from the masked logits). That draws from
+ * the masked distribution exactly for greedy and plain temperature sampling; with top-k/top-p/min-p the
+ * truncation then applies before the mask instead of after. false for an out-of-range token. */
+bool gmr_matcher_allows(gmr_matcher *m, int32_t token);
 /* Advances by raw bytes (for a prefill or a forced prefix); KVS_ERR_INVALID and no change when the grammar rejects
  * them. */
 int gmr_matcher_accept_bytes(gmr_matcher *m, const char *bytes, size_t n);

@@ -407,7 +407,7 @@ typedef struct walk_stats { int runs, finished, steps, checked; } walk_stats;
 static bool bit(const uint32_t *m, int32_t t) { return m[t >> 5] >> (t & 31) & 1; }
 
 /* Brute force: token t is allowed iff a fresh copy of m accepts its bytes (eog: iff m is complete). */
-static void brute_check(const gmr_matcher *m, const uint32_t *mask, const char *const *pieces, const size_t *lens,
+static void brute_check(gmr_matcher *m, const uint32_t *mask, const char *const *pieces, const size_t *lens,
                         const uint8_t *flags, int32_t n_vocab, const char *ctx) {
     for (int32_t t = 0; t < n_vocab; t++) {
         bool want;
@@ -419,6 +419,9 @@ static void brute_check(const gmr_matcher *m, const uint32_t *mask, const char *
             want = gmr_matcher_accept_bytes(c, pieces[t], lens[t]) == 0;
             gmr_matcher_free(c);
         }
+        if (gmr_matcher_allows(m, t) != want)
+            cr_assert_fail("%s: token %d [%.*s]: allows says %d, brute force %d", ctx, t, (int)lens[t], pieces[t],
+                           !want, want);
         if (want != bit(mask, t))
             cr_assert_fail("%s: token %d [%.*s]: mask says %d, brute force %d", ctx, t, (int)lens[t], pieces[t],
                            bit(mask, t), want);
