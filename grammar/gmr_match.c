@@ -292,9 +292,19 @@ static void cache_put(gcache *c, const uint32_t *key, uint32_t klen, uint64_t h,
 
 typedef struct mnode { uint32_t elem, cnt; int32_t parent; uint32_t depth; } mnode;
 
+/* Frames are interned (equal frames, equal ids), so equal stacks have equal top ids; a mask walk also interns
+ * its states (lists of tops) and remembers each state's transition by each byte, so that the trie nodes below a
+ * state that recurs (the inside of a string) cost one table lookup. */
+#define MEMO_STATES 2048u      /* states with a transition table in one walk */
+#define SCRATCH_KEEP 4096u     /* hash tables larger than this are freed when the scratch is reset */
+
 typedef struct scratch {
     mnode *nd; uint32_t nn, capn;
+    uint32_t *nh; uint32_t nh_cap;     /* frame intern table: id + 1, 0 empty */
     uint32_t *tp; uint32_t nt, capt;   /* top lists of states */
+    uint32_t *s_off, *s_n; uint32_t ns, cap_s;   /* interned states: tops tp[s_off .. s_off + s_n) */
+    uint32_t *sh; uint32_t sh_cap;     /* state intern table: id + 1 */
+    uint32_t *tr; uint32_t tr_states;  /* [tr_states][256]: 0 unknown, 1 dead, k + 2 state k */
     bool oom;
 } scratch;
 
@@ -306,12 +316,44 @@ struct gmr_matcher {
     bool complete, finished;
     scratch sc;
     uint32_t *key; uint32_t cap_key;       /* the cache key of the current state */
-    uint32_t *lv;                          /* walk levels: [max_depth + 1][4] top offset, top count, marks */
+    uint32_t *lv;                          /* walk levels: [max_depth + 1] state ids */
 };
 
+static inline uint32_t node_hash(uint32_t elem, uint32_t cnt, int32_t parent) {
+    uint32_t h = elem * 0x9E3779B1u ^ cnt * 0x85EBCA77u ^ (uint32_t)parent * 0xC2B2AE3Du;
+    return h ^ h >> 15;
+}
+
+static bool node_rehash(scratch *sc) {
+    uint32_t cap = sc->nh_cap ? sc->nh_cap * 2 : 1024;
+    uint32_t *t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (uint32_t id = 0; id < sc->nn; id++) {
+        const mnode *x = &sc->nd[id];
+        uint32_t h = node_hash(x->elem, x->cnt, x->parent) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = id + 1;
+    }
+    free(sc->nh);
+    sc->nh = t;
+    sc->nh_cap = cap;
+    return true;
+}
+
+/* The id of the frame (elem, cnt) on parent, created when new; -2 when the stack would be too deep or memory
+ * ran out. */
 static int32_t node_new(scratch *sc, uint32_t elem, uint32_t cnt, int32_t parent) {
     uint32_t depth = parent < 0 ? 1 : sc->nd[parent].depth + 1;
     if (depth > MAX_STACK_DEPTH) return -2;
+    if ((sc->nn + 1) * 2 > sc->nh_cap && !node_rehash(sc)) {
+        sc->oom = true;
+        return -2;
+    }
+    uint32_t h = node_hash(elem, cnt, parent) & (sc->nh_cap - 1);
+    for (uint32_t e; (e = sc->nh[h]) != 0; h = (h + 1) & (sc->nh_cap - 1)) {
+        const mnode *x = &sc->nd[e - 1];
+        if (x->elem == elem && x->cnt == cnt && x->parent == parent) return (int32_t)(e - 1);
+    }
     if (sc->nn == sc->capn) {
         uint32_t cap = sc->capn ? sc->capn * 2 : 1024;
         mnode *n = realloc(sc->nd, cap * sizeof *n);
@@ -323,6 +365,7 @@ static int32_t node_new(scratch *sc, uint32_t elem, uint32_t cnt, int32_t parent
         sc->capn = cap;
     }
     sc->nd[sc->nn] = (mnode){elem, cnt, parent, depth};
+    sc->nh[h] = sc->nn + 1;
     return (int32_t)sc->nn++;
 }
 
@@ -426,11 +469,92 @@ static void advance(const gmr_grammar *g, scratch *sc, uint32_t off, uint32_t n,
     sc->nt = m;
 }
 
+/* Empties the scratch; tables a large walk grew are freed rather than cleared. */
+static void scratch_reset(scratch *sc) {
+    sc->nn = sc->nt = sc->ns = 0;
+    sc->oom = false;
+    if (sc->nh_cap > SCRATCH_KEEP) {
+        free(sc->nh);
+        sc->nh = NULL;
+        sc->nh_cap = 0;
+    } else if (sc->nh) {
+        memset(sc->nh, 0, sc->nh_cap * sizeof *sc->nh);
+    }
+    if (sc->sh_cap > SCRATCH_KEEP) {
+        free(sc->sh);
+        sc->sh = NULL;
+        sc->sh_cap = 0;
+    } else if (sc->sh) {
+        memset(sc->sh, 0, sc->sh_cap * sizeof *sc->sh);
+    }
+    if (sc->tr_states > 64) {
+        free(sc->tr);
+        sc->tr = NULL;
+        sc->tr_states = 0;
+    } else if (sc->tr) {
+        memset(sc->tr, 0, (size_t)sc->tr_states * 256 * sizeof *sc->tr);
+    }
+}
+
+static uint32_t state_hash(const uint32_t *t, uint32_t n) {
+    uint32_t h = n * 0x9E3779B1u;
+    for (uint32_t i = 0; i < n; i++) h = (h ^ t[i]) * 0x85EBCA77u;
+    return h ^ h >> 16;
+}
+
+static bool state_rehash(scratch *sc) {
+    uint32_t cap = sc->sh_cap ? sc->sh_cap * 2 : 256;
+    uint32_t *t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (uint32_t id = 0; id < sc->ns; id++) {
+        uint32_t h = state_hash(sc->tp + sc->s_off[id], sc->s_n[id]) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = id + 1;
+    }
+    free(sc->sh);
+    sc->sh = t;
+    sc->sh_cap = cap;
+    return true;
+}
+
+/* The id of the state whose tops were just appended at tp[start .. start + n) (dropped again when the state
+ * is known); UINT32_MAX when memory ran out. */
+static uint32_t state_intern(scratch *sc, uint32_t start, uint32_t n) {
+    if ((sc->ns + 1) * 2 > sc->sh_cap && !state_rehash(sc)) return sc->oom = true, UINT32_MAX;
+    uint32_t h = state_hash(sc->tp + start, n) & (sc->sh_cap - 1);
+    for (uint32_t e; (e = sc->sh[h]) != 0; h = (h + 1) & (sc->sh_cap - 1))
+        if (sc->s_n[e - 1] == n && !memcmp(sc->tp + sc->s_off[e - 1], sc->tp + start, n * sizeof *sc->tp)) {
+            sc->nt = start;
+            return e - 1;
+        }
+    if (sc->ns == sc->cap_s) {
+        uint32_t cap = sc->cap_s ? sc->cap_s * 2 : 256;
+        uint32_t *a = realloc(sc->s_off, cap * sizeof *a);
+        if (a) sc->s_off = a;
+        uint32_t *b = a ? realloc(sc->s_n, cap * sizeof *b) : NULL;
+        if (!b) return sc->oom = true, UINT32_MAX;
+        sc->s_n = b;
+        sc->cap_s = cap;
+    }
+    if (sc->ns >= sc->tr_states && sc->tr_states < MEMO_STATES) {   /* room for its transitions */
+        uint32_t cap = sc->tr_states ? sc->tr_states * 2 : 16;
+        uint32_t *t = realloc(sc->tr, (size_t)cap * 256 * sizeof *t);
+        if (t) {
+            memset(t + (size_t)sc->tr_states * 256, 0, (size_t)(cap - sc->tr_states) * 256 * sizeof *t);
+            sc->tr = t;
+            sc->tr_states = cap;
+        }
+    }
+    sc->s_off[sc->ns] = start;
+    sc->s_n[sc->ns] = n;
+    sc->sh[h] = sc->ns + 1;
+    return sc->ns++;
+}
+
 /* Loads the flattened state into the (emptied) scratch: its tops are tp[0 .. return value). */
 static uint32_t load_state(gmr_matcher *m) {
     scratch *sc = &m->sc;
-    sc->nn = sc->nt = 0;
-    sc->oom = false;
+    scratch_reset(sc);
     uint32_t ns = m->st[0], p = 1;
     for (uint32_t s = 0; s < ns; s++) {
         uint32_t len = m->st[p++];
@@ -494,7 +618,7 @@ static int matcher_alloc(const gmr_grammar *g, const gmr_vocab *v, gmr_matcher *
     if (!m) return KVS_ERR_NOMEM;
     m->g = g;
     m->v = v;
-    m->lv = malloc(((size_t)v->all.max_depth + 1) * 4 * sizeof *m->lv);
+    m->lv = malloc(((size_t)v->all.max_depth + 1) * sizeof *m->lv);
     if (!m->lv || st_reserve(m, 64)) {
         free(m->lv);
         free(m->st);
@@ -559,7 +683,12 @@ void gmr_matcher_free(gmr_matcher *m) {
     cache_unref(m->c);
     free(m->st);
     free(m->sc.nd);
+    free(m->sc.nh);
     free(m->sc.tp);
+    free(m->sc.s_off);
+    free(m->sc.s_n);
+    free(m->sc.sh);
+    free(m->sc.tr);
     free(m->lv);
     free(m->key);
     free(m);
@@ -626,29 +755,29 @@ static int walk_trie(gmr_matcher *m, const trie *T, uint32_t *mask) {
     const gmr_vocab *v = m->v;
     scratch *sc = &m->sc;
     uint32_t n0 = load_state(m);
-    uint32_t *lv = m->lv;   /* per depth: top offset, top count, node mark, top mark */
-    lv[0] = 0;
-    lv[1] = n0;
-    lv[2] = sc->nn;
-    lv[3] = sc->nt;
+    uint32_t *lv = m->lv;   /* the state at each depth */
+    lv[0] = state_intern(sc, 0, n0);
+    if (lv[0] == UINT32_MAX) return KVS_ERR_NOMEM;
     for (uint32_t i = 0; i < T->n_nodes;) {
-        uint32_t d = T->ndepth[i];
-        uint32_t *pl = &lv[4 * (d - 1)];
-        sc->nn = pl[2];
-        sc->nt = pl[3];
-        uint32_t start = sc->nt;
-        advance(m->g, sc, pl[0], pl[1], T->nbyte[i]);
-        uint32_t cnt = sc->nt - start;
-        if (!cnt) {
+        uint32_t d = T->ndepth[i], ps = lv[d - 1], ns;
+        uint8_t b = T->nbyte[i];
+        uint32_t *slot = ps < sc->tr_states ? &sc->tr[(size_t)ps * 256 + b] : NULL;
+        if (slot && *slot) {
+            ns = *slot == 1 ? UINT32_MAX : *slot - 2;
+        } else {
+            uint32_t start = sc->nt;
+            advance(m->g, sc, sc->s_off[ps], sc->s_n[ps], b);
+            if (sc->oom) return KVS_ERR_NOMEM;
+            ns = sc->nt > start ? state_intern(sc, start, sc->nt - start) : UINT32_MAX;
+            if (sc->oom) return KVS_ERR_NOMEM;
+            if (slot) *slot = ns == UINT32_MAX ? 1 : ns + 2;
+        }
+        if (ns == UINT32_MAX) {
             i = T->nskip[i];
             continue;
         }
         for (int32_t t = T->ntok[i]; t >= 0; t = v->tok_next[t]) mask[t >> 5] |= 1u << (t & 31);
-        uint32_t *l = &lv[4 * d];
-        l[0] = start;
-        l[1] = cnt;
-        l[2] = sc->nn;
-        l[3] = sc->nt;
+        lv[d] = ns;
         i++;
     }
     return sc->oom ? KVS_ERR_NOMEM : 0;
