@@ -761,16 +761,17 @@ static int walk_trie(gmr_matcher *m, const trie *T, uint32_t *mask) {
     for (uint32_t i = 0; i < T->n_nodes;) {
         uint32_t d = T->ndepth[i], ps = lv[d - 1], ns;
         uint8_t b = T->nbyte[i];
-        uint32_t *slot = ps < sc->tr_states ? &sc->tr[(size_t)ps * 256 + b] : NULL;
-        if (slot && *slot) {
-            ns = *slot == 1 ? UINT32_MAX : *slot - 2;
+        bool memo = ps < sc->tr_states;
+        uint32_t known = memo ? sc->tr[(size_t)ps * 256 + b] : 0;
+        if (known) {
+            ns = known == 1 ? UINT32_MAX : known - 2;
         } else {
             uint32_t start = sc->nt;
             advance(m->g, sc, sc->s_off[ps], sc->s_n[ps], b);
             if (sc->oom) return KVS_ERR_NOMEM;
             ns = sc->nt > start ? state_intern(sc, start, sc->nt - start) : UINT32_MAX;
             if (sc->oom) return KVS_ERR_NOMEM;
-            if (slot) *slot = ns == UINT32_MAX ? 1 : ns + 2;
+            if (memo) sc->tr[(size_t)ps * 256 + b] = ns == UINT32_MAX ? 1 : ns + 2;   /* (tr may have moved) */
         }
         if (ns == UINT32_MAX) {
             i = T->nskip[i];
