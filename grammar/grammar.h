@@ -17,6 +17,11 @@
  * follow, only eog tokens are allowed. An all-zero mask (a dead state: only after a grammar limit such as the
  * nesting depth cut every stack) means the sequence must be ended by the caller (finish_reason "length").
  * Special/control tokens are never allowed except eog ones; tokens whose piece is empty never are.
+ * The mask depends only on the matcher's state, so it can be computed while the forward pass runs.
+ * Masks are cached per grammar state in the cache a matcher shares with its clones: to keep it across requests
+ * with the same schema, keep one matcher per (schema, model) as a template and clone it for each sequence.
+ * Limits: a stack deeper than 2048 frames or a state of more than 512 parse stacks (ambiguity) drops the excess
+ * (the language shrinks, it never grows), so work per byte stays bounded.
  *
  * Errors (kvs_err from common/common.h): KVS_ERR_INVALID (bad argument), KVS_ERR_NOMEM, KVS_ERR_FORMAT (the schema
  * is not a schema: a non-object where a schema must be, a bad $ref), KVS_ERR_SYNTAX (BNF or regex syntax),
