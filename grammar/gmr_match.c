@@ -20,6 +20,8 @@
 #define MAX_STACK_DEPTH 2048u  /* frames in one stack (JSON nesting), deeper stacks are dropped */
 #define MAX_STACKS 512u        /* stacks in one state (ambiguity), more are dropped */
 #define MAX_STEP_DEPTH 512     /* nested rule entries while stepping one byte */
+#define MAX_FRAMES (1u << 22)  /* frames in one scratch (a mask walk): beyond, the call fails with NOMEM */
+#define MAX_TOPS (1u << 24)    /* top ids in one scratch */
 
 /* ---- vocabulary ------------------------------------------------------------------------------------------- */
 
@@ -345,7 +347,7 @@ static bool node_rehash(scratch *sc) {
 static int32_t node_new(scratch *sc, uint32_t elem, uint32_t cnt, int32_t parent) {
     uint32_t depth = parent < 0 ? 1 : sc->nd[parent].depth + 1;
     if (depth > MAX_STACK_DEPTH) return -2;
-    if ((sc->nn + 1) * 2 > sc->nh_cap && !node_rehash(sc)) {
+    if (sc->nn >= MAX_FRAMES || ((sc->nn + 1) * 2 > sc->nh_cap && !node_rehash(sc))) {
         sc->oom = true;
         return -2;
     }
@@ -370,6 +372,10 @@ static int32_t node_new(scratch *sc, uint32_t elem, uint32_t cnt, int32_t parent
 }
 
 static void top_push(scratch *sc, uint32_t id) {
+    if (sc->nt >= MAX_TOPS) {
+        sc->oom = true;
+        return;
+    }
     if (sc->nt == sc->capt) {
         uint32_t cap = sc->capt ? sc->capt * 2 : 1024;
         uint32_t *n = realloc(sc->tp, cap * sizeof *n);

@@ -138,7 +138,8 @@ void gmr_matcher_free(gmr_matcher *m);
 void gmr_matcher_reset(gmr_matcher *m);
 
 /* Writes the allowed-token mask (n_words >= gmr_mask_words, else KVS_ERR_INVALID). After an eog token was
- * accepted the mask is all zero. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM. */
+ * accepted the mask is all zero. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM (also when one walk would need more than
+ * 4M parse frames: a grammar too ambiguous to mask within bounded memory; end the sequence). */
 int gmr_matcher_fill_mask(gmr_matcher *m, uint32_t *mask, size_t n_words);
 /* Advances by one token. KVS_ERR_INVALID when the token is out of range or not allowed (the state is then
  * unchanged); accepting an eog token when complete finishes the matcher. */
