@@ -61,31 +61,31 @@ static const char *const LONG_PIECES[BYTE_VOCAB - 257] = {
     "aaaaaaaaaaaaaaaaaaaa", "\"abcdefghijklmnopqrs\"", "                 ", "12345678901234567",
     "xyzxyzxyzxyzxyzxyzxyz\",", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"};
 
-static void byte_pieces(const char **pieces, size_t *lens, uint8_t *flags) {
+typedef struct bytevoc { const char *pieces[BYTE_VOCAB]; size_t lens[BYTE_VOCAB]; uint8_t flags[BYTE_VOCAB]; } bytevoc;
+
+static void byte_pieces(bytevoc *bv) {
     static char bytes[256];
     for (int i = 0; i < 256; i++) {
         bytes[i] = (char)i;
-        pieces[i] = &bytes[i];
-        lens[i] = 1;
-        flags[i] = 0;
+        bv->pieces[i] = &bytes[i];
+        bv->lens[i] = 1;
+        bv->flags[i] = 0;
     }
-    pieces[256] = "</s>";
-    lens[256] = 4;
-    flags[256] = GMR_TOKEN_EOG;
+    bv->pieces[256] = "</s>";
+    bv->lens[256] = 4;
+    bv->flags[256] = GMR_TOKEN_EOG;
     for (int i = 257; i < BYTE_VOCAB; i++) {
-        pieces[i] = LONG_PIECES[i - 257];
-        lens[i] = strlen(pieces[i]);
-        flags[i] = 0;
+        bv->pieces[i] = LONG_PIECES[i - 257];
+        bv->lens[i] = strlen(bv->pieces[i]);
+        bv->flags[i] = 0;
     }
 }
 
 static gmr_vocab *byte_vocab(void) {
-    const char *pieces[BYTE_VOCAB];
-    size_t lens[BYTE_VOCAB];
-    uint8_t flags[BYTE_VOCAB];
-    byte_pieces(pieces, lens, flags);
+    bytevoc bv;
+    byte_pieces(&bv);
     gmr_vocab *v = NULL;
-    cr_assert_eq(gmr_vocab_create(pieces, lens, flags, BYTE_VOCAB, &v), 0);
+    cr_assert_eq(gmr_vocab_create(bv.pieces, bv.lens, bv.flags, BYTE_VOCAB, &v), 0);
     return v;
 }
 
@@ -499,12 +499,10 @@ static void run_walks(const gmr_vocab *v, const char *const *pieces, const size_
 
 Test(grammar, differential_byte_vocab) {
     gmr_vocab *v = byte_vocab();
-    const char *pieces[BYTE_VOCAB];
-    size_t lens[BYTE_VOCAB];
-    uint8_t flags[BYTE_VOCAB];
-    byte_pieces(pieces, lens, flags);
+    bytevoc bv;
+    byte_pieces(&bv);
     walk_stats st = {0};
-    run_walks(v, pieces, lens, flags, BYTE_VOCAB, SAN_BUILD ? 30 : 80, 3000, 1, 0x9E3779B97F4A7C15ULL, &st);
+    run_walks(v, bv.pieces, bv.lens, bv.flags, BYTE_VOCAB, SAN_BUILD ? 30 : 80, 3000, 1, 0x9E3779B97F4A7C15ULL, &st);
     cr_log_info("byte vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
                 st.steps, st.checked);
     cr_expect_geq(st.finished * 10, st.runs * 8, "too few walks finished: %d of %d", st.finished, st.runs);
@@ -785,17 +783,15 @@ Test(grammar, hostile_schemas) {
     kvs_buf_puts(&b, "]}");
     g = compile(b.data);
     {
-        const char *pieces[BYTE_VOCAB];
-        size_t lens[BYTE_VOCAB];
-        uint8_t flags[BYTE_VOCAB];
-        byte_pieces(pieces, lens, flags);
+        bytevoc bv;
+        byte_pieces(&bv);
         gmr_matcher *a = NULL;
         cr_assert_eq(gmr_matcher_create(g, v, 0, &a), 0);
         uint32_t am[(BYTE_VOCAB + 31) / 32];
         const char *text = "\"abcdefghijklmnopqrstuvwxyz0123456789ABCDE";
         for (int k = 0; k < 41; k++) {   /* the quote and 40 characters */
             cr_assert_eq(gmr_matcher_fill_mask(a, am, sizeof am / sizeof *am), 0);
-            if (k % 10 == 0) brute_check(a, am, pieces, lens, flags, BYTE_VOCAB, "600 branches");
+            if (k % 10 == 0) brute_check(a, am, bv.pieces, bv.lens, bv.flags, BYTE_VOCAB, "600 branches");
             cr_assert_eq(gmr_matcher_accept_bytes(a, text + k, 1), 0, "step %d", k);
         }
         cr_assert(!gmr_matcher_allows(a, 'x'), "40 characters: the string must close");
@@ -928,10 +924,8 @@ Test(grammar, fuzz_parsers) {
     static const char rx_alpha[] = "ab()[]^$|?*+{},-\\.dws09\"";
     static const char bnf_alpha[] = "root ::= x\"a\\[]^-()|?*+{1,2}.@#\n";
     gmr_vocab *v = byte_vocab();
-    const char *pieces[BYTE_VOCAB];
-    size_t lens[BYTE_VOCAB];
-    uint8_t flags[BYTE_VOCAB];
-    byte_pieces(pieces, lens, flags);
+    bytevoc bv;
+    byte_pieces(&bv);
     rng r = {4242};
     int ok = 0;
     uint32_t mask[(BYTE_VOCAB + 31) / 32];
@@ -967,7 +961,7 @@ Test(grammar, fuzz_parsers) {
         cr_assert_eq(gmr_matcher_create(g, v, 0, &m), 0);
         for (int step = 0; step < 12 && !gmr_matcher_is_finished(m); step++) {
             cr_assert_eq(gmr_matcher_fill_mask(m, mask, sizeof mask / sizeof *mask), 0);
-            brute_check(m, mask, pieces, lens, flags, BYTE_VOCAB, text);
+            brute_check(m, mask, bv.pieces, bv.lens, bv.flags, BYTE_VOCAB, text);
             int32_t allowed[BYTE_VOCAB], na = 0;
             for (int32_t t = 0; t < BYTE_VOCAB; t++)
                 if (bit(mask, t)) allowed[na++] = t;
