@@ -1,0 +1,1249 @@
+/* tpl_parse.c: template text to syntax tree. The lexer applies whitespace control as jinja2 does with
+ * trim_blocks and lstrip_blocks (a block or comment tag alone on its line takes its indentation and its newline
+ * away; `-` strips all whitespace on its side, `+` keeps it); the parser is recursive descent with jinja2's
+ * operator precedence, bounded by max_parse_depth. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "template/tpl_internal.h"
+
+/* ---- arena ----------------------------------------------------------------------------------------------- */
+
+typedef struct arena_blk {
+    struct arena_blk *next;
+    size_t used, cap;
+    max_align_t data[];
+} arena_blk;
+
+void *tpl_arena_alloc(void **arena, size_t n) {
+    arena_blk *b = *arena;
+    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > 65536 ? n : 65536;
+        arena_blk *nb = malloc(sizeof *nb + cap);
+        if (!nb) return NULL;
+        nb->next = b;
+        nb->used = 0;
+        nb->cap = cap;
+        *arena = b = nb;
+    }
+    void *p = (char *)b->data + b->used;
+    b->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+void tpl_arena_free(void *arena) {
+    for (arena_blk *b = arena; b;) {
+        arena_blk *next = b->next;
+        free(b);
+        b = next;
+    }
+}
+
+/* ---- tokens ---------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF
+} ttype;
+
+typedef struct tok {
+    uint8_t type;
+    int line, col;
+    const char *s;   /* T_TEXT, T_NAME, T_OP: source text; T_STRING: unescaped (arena) */
+    size_t len;
+    int64_t iv;
+    double fv;
+} tok;
+
+typedef struct parser {
+    tpl_template *t;
+    tpl_error *err;
+    const char *src;
+    size_t n;
+    tok *toks;
+    size_t ntok, cap, pos;
+    int depth;
+    int loops;       /* for loops around the statement being parsed */
+    int code;
+} parser;
+
+static int perr(parser *p, int line, int col, int code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int perr(parser *p, int line, int col, int code, const char *fmt, ...) {
+    if (p->code) return p->code;
+    p->code = code;
+    if (p->err) {
+        char m[200];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(m, sizeof m, fmt, ap);
+        va_end(ap);
+        p->err->code = code;
+        p->err->line = line;
+        p->err->col = col;
+        snprintf(p->err->msg, sizeof p->err->msg, "template line %d:%d: %s", line, col, m);
+    }
+    return code;
+}
+
+static void *palloc(parser *p, size_t n) {
+    void *r = tpl_arena_alloc(&p->t->arena, n);
+    if (!r) perr(p, 0, 0, KVS_ERR_NOMEM, "out of memory");
+    return r;
+}
+
+static char *pstrdup(parser *p, const char *s, size_t n) {
+    char *r = palloc(p, n + 1);
+    if (r) memcpy(r, s, n);
+    return r;
+}
+
+static void place(parser *p, size_t off, int *line, int *col) {
+    /* called rarely enough (once per token) that a running counter is kept by the lexer instead */
+    (void)p; (void)off; (void)line; (void)col;
+}
+
+static int push(parser *p, tok t) {
+    if (p->ntok == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 256;
+        tok *nt = realloc(p->toks, nc * sizeof *nt);
+        if (!nt) return perr(p, t.line, t.col, KVS_ERR_NOMEM, "out of memory");
+        p->toks = nt;
+        p->cap = nc;
+    }
+    p->toks[p->ntok++] = t;
+    return 0;
+}
+
+typedef struct lexpos {
+    size_t i;
+    int line;
+    size_t line_start;
+} lexpos;
+
+static void adv(parser *p, lexpos *lp, size_t to) {
+    for (; lp->i < to; lp->i++)
+        if (p->src[lp->i] == '\n') { lp->line++; lp->line_start = lp->i + 1; }
+}
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static bool is_id0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+static bool is_dig(char c) { return c >= '0' && c <= '9'; }
+
+static void put_utf8(char *o, size_t *k, uint32_t cp) {
+    if (cp < 0x80) o[(*k)++] = (char)cp;
+    else if (cp < 0x800) { o[(*k)++] = (char)(0xC0 | cp >> 6); o[(*k)++] = (char)(0x80 | (cp & 0x3F)); }
+    else if (cp < 0x10000) {
+        o[(*k)++] = (char)(0xE0 | cp >> 12); o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        o[(*k)++] = (char)(0xF0 | cp >> 18); o[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[(*k)++] = (char)(0x80 | (cp & 0x3F));
+    }
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Python's string-literal escapes (as jinja2 decodes them). */
+static char *unescape(parser *p, const char *s, size_t n, size_t *outlen) {
+    char *o = palloc(p, n + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 >= n) { o[k++] = s[i]; continue; }
+        char e = s[++i];
+        switch (e) {
+        case '\n': break;
+        case '\\': o[k++] = '\\'; break;
+        case '\'': o[k++] = '\''; break;
+        case '"': o[k++] = '"'; break;
+        case 'a': o[k++] = 7; break;
+        case 'b': o[k++] = 8; break;
+        case 'f': o[k++] = 12; break;
+        case 'n': o[k++] = 10; break;
+        case 'r': o[k++] = 13; break;
+        case 't': o[k++] = 9; break;
+        case 'v': o[k++] = 11; break;
+        case 'x': case 'u': case 'U': {
+            int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+            uint32_t cp = 0;
+            int d = 0;
+            for (; d < nd && i + 1 + d < n && hexval(s[i + 1 + d]) >= 0; d++) cp = cp * 16 + (uint32_t)hexval(s[i + 1 + d]);
+            if (d < nd || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) { o[k++] = '\\'; o[k++] = e; break; }
+            put_utf8(o, &k, cp);   /* at most 4 bytes for 3..10 source bytes */
+            i += (size_t)nd;
+            break;
+        }
+        default:
+            if (e >= '0' && e <= '7') {
+                uint32_t cp = 0;
+                int d = 0;
+                for (; d < 3 && i + d < n && s[i + d] >= '0' && s[i + d] <= '7'; d++) cp = cp * 8 + (uint32_t)(s[i + d] - '0');
+                if (d > 1 && cp >= 0x80) { /* at most 2 bytes from 3 source bytes */ }
+                put_utf8(o, &k, cp);
+                i += (size_t)d - 1;
+            } else {
+                o[k++] = '\\';
+                o[k++] = e;
+            }
+        }
+    }
+    o[k] = 0;
+    *outlen = k;
+    return o;
+}
+
+/* Lexes the inside of a {{ }} or {% %} tag starting at lp->i; stops after the end marker. Sets *strip_after
+ * (the end had `-`) and *plus_end (the end had `+`, block tags only). */
+static int lex_tag(parser *p, lexpos *lp, bool block, bool *strip_after, bool *plus_end) {
+    int balance = 0;
+    const char *s = p->src;
+    size_t n = p->n;
+    for (;;) {
+        while (lp->i < n && is_ws(s[lp->i])) adv(p, lp, lp->i + 1);
+        size_t i = lp->i;
+        int col = (int)(i - lp->line_start) + 1;
+        if (i >= n) return perr(p, lp->line, col, KVS_ERR_SYNTAX, "unexpected end of template inside a tag");
+        if (balance == 0) {
+            const char *end = block ? "%}" : "}}";
+            size_t e = 0;
+            bool minus = false, plus = false;
+            if (s[i] == '-' && i + 2 < n && !memcmp(s + i + 1, end, 2)) { e = 3; minus = true; }
+            else if (block && s[i] == '+' && i + 2 < n && !memcmp(s + i + 1, end, 2)) { e = 3; plus = true; }
+            else if (i + 1 < n && !memcmp(s + i, end, 2)) e = 2;
+            if (e) {
+                tok t = {.type = block ? T_BLOCK_END : T_VAR_END, .line = lp->line, .col = col};
+                if (push(p, t)) return p->code;
+                adv(p, lp, i + e);
+                *strip_after = minus;
+                *plus_end = plus;
+                return 0;
+            }
+        }
+        tok t = {.line = lp->line, .col = col, .s = s + i};
+        if (is_id0(s[i])) {
+            size_t j = i + 1;
+            while (j < n && (is_id0(s[j]) || is_dig(s[j]))) j++;
+            t.type = T_NAME;
+            t.len = j - i;
+            adv(p, lp, j);
+        } else if (is_dig(s[i])) {
+            size_t j = i;
+            bool isf = false;
+            char num[64];
+            size_t k = 0;
+            while (j < n && (is_dig(s[j]) || (s[j] == '_' && j + 1 < n && is_dig(s[j + 1])))) {
+                if (s[j] != '_' && k < sizeof num - 1) num[k++] = s[j];
+                j++;
+            }
+            if (j + 1 < n && s[j] == '.' && is_dig(s[j + 1])) {
+                isf = true;
+                if (k < sizeof num - 1) num[k++] = '.';
+                j++;
+                while (j < n && (is_dig(s[j]) || (s[j] == '_' && j + 1 < n && is_dig(s[j + 1])))) {
+                    if (s[j] != '_' && k < sizeof num - 1) num[k++] = s[j];
+                    j++;
+                }
+            }
+            if (j < n && (s[j] == 'e' || s[j] == 'E')) {
+                size_t q = j + 1;
+                if (q < n && (s[q] == '+' || s[q] == '-')) q++;
+                if (q < n && is_dig(s[q])) {
+                    isf = true;
+                    if (k < sizeof num - 1) num[k++] = 'e';
+                    if (s[j + 1] == '-' && k < sizeof num - 1) num[k++] = '-';
+                    j = q;
+                    while (j < n && is_dig(s[j])) { if (k < sizeof num - 1) num[k++] = s[j]; j++; }
+                }
+            }
+            num[k] = 0;
+            if (isf) {
+                t.type = T_FLOAT;
+                t.fv = strtod(num, NULL);
+            } else {
+                errno = 0;
+                long long v = strtoll(num, NULL, 10);
+                if (errno || k >= sizeof num - 1)
+                    return perr(p, t.line, t.col, KVS_ERR_UNSUPPORTED, "integer literal too large");
+                t.type = T_INT;
+                t.iv = v;
+            }
+            t.len = j - i;
+            adv(p, lp, j);
+        } else if (s[i] == '\'' || s[i] == '"') {
+            char q = s[i];
+            size_t j = i + 1;
+            while (j < n && s[j] != q) j += s[j] == '\\' && j + 1 < n ? 2 : 1;
+            if (j >= n) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unterminated string literal");
+            t.type = T_STRING;
+            t.s = unescape(p, s + i + 1, j - i - 1, &t.len);
+            if (!t.s) return p->code;
+            adv(p, lp, j + 1);
+        } else {
+            static const char *ops2[] = {"//", "**", "==", "!=", "<=", ">="};
+            size_t len = 0;
+            for (size_t k = 0; k < sizeof ops2 / sizeof *ops2; k++)
+                if (i + 1 < n && s[i] == ops2[k][0] && s[i + 1] == ops2[k][1]) len = 2;
+            if (!len && strchr("+-/*%~[](){}<>=.:|,;", s[i]) && s[i]) len = 1;
+            if (!len) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unexpected character '%c'", s[i]);
+            if (len == 1 && (s[i] == '(' || s[i] == '[' || s[i] == '{')) balance++;
+            if (len == 1 && (s[i] == ')' || s[i] == ']' || s[i] == '}')) {
+                if (balance == 0) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unexpected '%c'", s[i]);
+                balance--;
+            }
+            t.type = T_OP;
+            t.len = len;
+            adv(p, lp, i + len);
+        }
+        if (push(p, t)) return p->code;
+    }
+}
+
+static int lex(parser *p) {
+    const char *s = p->src;
+    size_t n = p->n;
+    lexpos lp = {0, 1, 0};
+    bool line_starting = true, strip_next = false;
+    while (lp.i < n) {
+        size_t start = lp.i;
+        if (strip_next) while (start < n && is_ws(s[start])) start++;
+        strip_next = false;
+        /* find the next tag */
+        size_t j = start;
+        int kind = 0;   /* 1 var, 2 block, 3 comment */
+        for (; j + 1 < n; j++) {
+            if (s[j] != '{') continue;
+            if (s[j + 1] == '{') { kind = 1; break; }
+            if (s[j + 1] == '%') { kind = 2; break; }
+            if (s[j + 1] == '#') { kind = 3; break; }
+        }
+        if (!kind) j = n;
+        size_t tend = j;   /* end of the text before the tag */
+        char mod = kind && j + 2 < n ? s[j + 2] : 0;
+        if (kind && mod == '-') {
+            while (tend > start && is_ws(s[tend - 1])) tend--;
+        } else if (kind >= 2 && mod != '+') {
+            /* lstrip_blocks: only spaces and tabs between the line's start and the tag */
+            size_t l = tend;
+            while (l > start && s[l - 1] != '\n') l--;
+            bool at_line_start = l > start || (l == start && (line_starting || start == 0));
+            if (l > start || line_starting) {
+                bool blank = true;
+                for (size_t q = l; q < tend; q++)
+                    if (s[q] != ' ' && s[q] != '\t') { blank = false; break; }
+                if (blank && at_line_start) tend = l;
+            }
+        }
+        adv(p, &lp, start);
+        if (tend > start) {
+            tok t = {.type = T_TEXT, .line = lp.line, .col = (int)(start - lp.line_start) + 1, .s = s + start,
+                     .len = tend - start};
+            if (push(p, t)) return p->code;
+        }
+        adv(p, &lp, j);
+        if (!kind) break;
+        int tline = lp.line, tcol = (int)(j - lp.line_start) + 1;
+        size_t body = j + 2 + (mod == '-' || mod == '+' ? 1 : 0);
+        if (kind == 3) {
+            size_t e = body;
+            while (e + 1 < n && !(s[e] == '#' && s[e + 1] == '}')) e++;
+            if (e + 1 >= n) return perr(p, tline, tcol, KVS_ERR_SYNTAX, "unterminated comment");
+            bool minus = e > body && s[e - 1] == '-';
+            bool plus = e > body && s[e - 1] == '+';
+            size_t after = e + 2;
+            if (!minus && !plus && after < n && s[after] == '\n') after++;
+            adv(p, &lp, after);
+            strip_next = minus;
+            line_starting = after > 0 && s[after - 1] == '\n';
+            continue;
+        }
+        tok b = {.type = kind == 1 ? T_VAR_BEGIN : T_BLOCK_BEGIN, .line = tline, .col = tcol};
+        if (push(p, b)) return p->code;
+        adv(p, &lp, body);
+        bool minus = false, plus = false;
+        if (lex_tag(p, &lp, kind == 2, &minus, &plus)) return p->code;
+        if (kind == 2 && !minus && !plus && lp.i < n && s[lp.i] == '\n') adv(p, &lp, lp.i + 1);
+        strip_next = minus;
+        line_starting = lp.i > 0 && s[lp.i - 1] == '\n';
+    }
+    tok e = {.type = T_EOF, .line = lp.line, .col = (int)(lp.i - lp.line_start) + 1};
+    return push(p, e);
+}
+
+/* ---- parser ---------------------------------------------------------------------------------------------- */
+
+static tok *cur(parser *p) { return &p->toks[p->pos]; }
+static tok *peekt(parser *p, size_t k) { return &p->toks[p->pos + k < p->ntok ? p->pos + k : p->ntok - 1]; }
+static void next(parser *p) { if (p->pos + 1 < p->ntok) p->pos++; }
+
+static bool is_op(const tok *t, const char *op) {
+    return t->type == T_OP && t->len == strlen(op) && !memcmp(t->s, op, t->len);
+}
+static bool is_name(const tok *t, const char *nm) {
+    return t->type == T_NAME && t->len == strlen(nm) && !memcmp(t->s, nm, t->len);
+}
+static bool skip_op(parser *p, const char *op) {
+    if (!is_op(cur(p), op)) return false;
+    next(p);
+    return true;
+}
+static bool skip_name(parser *p, const char *nm) {
+    if (!is_name(cur(p), nm)) return false;
+    next(p);
+    return true;
+}
+
+static const char *tokdesc(const tok *t, char *buf, size_t cap) {
+    switch (t->type) {
+    case T_EOF: return "end of template";
+    case T_VAR_END: return "end of print statement";
+    case T_BLOCK_END: return "end of statement block";
+    case T_STRING: return "string";
+    case T_INT: case T_FLOAT: return "number";
+    default:
+        snprintf(buf, cap, "'%.*s'", (int)(t->len < 40 ? t->len : 40), t->s);
+        return buf;
+    }
+}
+
+static int expect_op(parser *p, const char *op) {
+    if (skip_op(p, op)) return 0;
+    char b[64];
+    return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected '%s', got %s", op, tokdesc(cur(p), b, sizeof b));
+}
+
+static node *mk(parser *p, int kind, const tok *at) {
+    node *n = palloc(p, sizeof *n);
+    if (!n) return NULL;
+    n->kind = (uint8_t)kind;
+    n->line = at->line;
+    n->col = at->col;
+    return n;
+}
+
+typedef struct nvec {
+    node **v;
+    int n, cap;
+} nvec;
+
+static int nv_push(parser *p, nvec *v, node *x) {
+    if (v->n == v->cap) {
+        int nc = v->cap ? v->cap * 2 : 4;
+        node **nn = palloc(p, (size_t)nc * sizeof *nn);
+        if (!nn) return p->code;
+        if (v->n) memcpy(nn, v->v, (size_t)v->n * sizeof *nn);
+        v->v = nn;
+        v->cap = nc;
+    }
+    v->v[v->n++] = x;
+    return 0;
+}
+
+static const char *tokname(parser *p, const tok *t) { return pstrdup(p, t->s, t->len); }
+
+static tstr *static_str(parser *p, const char *s, size_t len) {
+    tstr *r = palloc(p, sizeof *r + len + 1);
+    if (!r) return NULL;
+    r->rc = -1;
+    r->len = len;
+    memcpy(r->data, s, len);
+    return r;
+}
+
+static node *parse_expr(parser *p);
+static node *parse_or(parser *p);
+static node *parse_unary(parser *p, bool with_filter);
+static node *parse_primary(parser *p);
+
+static int enter(parser *p) {
+    if (++p->depth > p->t->lim.max_parse_depth)
+        return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_LIMIT, "nesting deeper than %d", p->t->lim.max_parse_depth);
+    return 0;
+}
+
+/* call arguments after '(' up to ')': positional first, then name=value */
+static int parse_args(parser *p, node *call) {
+    nvec v = {0};
+    bool kw_seen = false;
+    while (!is_op(cur(p), ")")) {
+        if (v.n) {
+            if (expect_op(p, ",")) return p->code;
+            if (is_op(cur(p), ")")) break;
+        }
+        tok *t = cur(p);
+        node *a;
+        if (t->type == T_NAME && is_op(peekt(p, 1), "=")) {
+            a = mk(p, N_KW, t);
+            if (!a) return p->code;
+            a->name = tokname(p, t);
+            next(p);
+            next(p);
+            a->a = parse_expr(p);
+            if (!a->a) return p->code;
+            kw_seen = true;
+        } else {
+            if (is_op(t, "*") || is_op(t, "**"))
+                return perr(p, t->line, t->col, KVS_ERR_UNSUPPORTED, "*args and **kwargs are not supported");
+            if (kw_seen) return perr(p, t->line, t->col, KVS_ERR_SYNTAX, "positional argument after keyword argument");
+            a = parse_expr(p);
+            if (!a) return p->code;
+        }
+        if (nv_push(p, &v, a)) return p->code;
+    }
+    next(p);
+    call->v = v.v;
+    call->nv = v.n;
+    return 0;
+}
+
+static node *parse_postfix(parser *p, node *n) {
+    for (;;) {
+        tok *t = cur(p);
+        if (is_op(t, ".")) {
+            next(p);
+            tok *nt = cur(p);
+            node *a = mk(p, N_ATTR, t);
+            if (!a) return NULL;
+            a->a = n;
+            if (nt->type == T_NAME) a->name = tokname(p, nt);
+            else if (nt->type == T_INT) {   /* x.0 is x[0] */
+                a->kind = N_ITEM;
+                a->b = mk(p, N_CONST, nt);
+                if (!a->b) return NULL;
+                a->b->k = tv_int(nt->iv);
+            } else {
+                char b[64];
+                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a name after '.', got %s", tokdesc(nt, b, sizeof b));
+                return NULL;
+            }
+            next(p);
+            n = a;
+        } else if (is_op(t, "[")) {
+            next(p);
+            node *lo = NULL, *hi = NULL, *st = NULL;
+            bool slice = false;
+            if (!is_op(cur(p), ":")) { lo = parse_expr(p); if (!lo) return NULL; }
+            if (skip_op(p, ":")) {
+                slice = true;
+                if (!is_op(cur(p), "]") && !is_op(cur(p), ":")) { hi = parse_expr(p); if (!hi) return NULL; }
+                if (skip_op(p, ":") && !is_op(cur(p), "]")) { st = parse_expr(p); if (!st) return NULL; }
+            }
+            if (expect_op(p, "]")) return NULL;
+            node *a = mk(p, slice ? N_SLICE : N_ITEM, t);
+            if (!a) return NULL;
+            a->a = n;
+            a->b = lo;
+            if (slice) { a->c = hi; a->d = st; }
+            n = a;
+        } else if (is_op(t, "(")) {
+            next(p);
+            node *a = mk(p, N_CALL, t);
+            if (!a) return NULL;
+            a->a = n;
+            if (parse_args(p, a)) return NULL;
+            n = a;
+        } else {
+            return n;
+        }
+    }
+}
+
+/* `| name(args)` chains, `is [not] test args` and calls, after a unary expression */
+static node *parse_filters(parser *p, node *n) {
+    for (;;) {
+        tok *t = cur(p);
+        if (is_op(t, "|")) {
+            next(p);
+            tok *nt = cur(p);
+            if (nt->type != T_NAME) {
+                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a filter name after '|'");
+                return NULL;
+            }
+            node *f = mk(p, N_FILTER, nt);
+            if (!f) return NULL;
+            f->name = tokname(p, nt);
+            next(p);
+            /* dotted filter names are jinja2 syntax but never used by templates */
+            if (skip_op(p, "(") && parse_args(p, f)) return NULL;
+            f->a = n;
+            n = f;
+        } else if (is_name(t, "is")) {
+            next(p);
+            node *f = mk(p, N_TEST, t);
+            if (!f) return NULL;
+            if (skip_name(p, "not")) f->op = 1;
+            tok *nt = cur(p);
+            if (nt->type != T_NAME) {
+                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a test name after 'is'");
+                return NULL;
+            }
+            f->name = tokname(p, nt);
+            next(p);
+            tok *at = cur(p);
+            if (skip_op(p, "(")) {
+                if (parse_args(p, f)) return NULL;
+            } else if ((at->type == T_NAME || at->type == T_STRING || at->type == T_INT || at->type == T_FLOAT ||
+                        is_op(at, "[") || is_op(at, "{")) &&
+                       !is_name(at, "else") && !is_name(at, "or") && !is_name(at, "and")) {
+                if (is_name(at, "is")) {
+                    perr(p, at->line, at->col, KVS_ERR_SYNTAX, "unexpected 'is'");
+                    return NULL;
+                }
+                node *arg = parse_primary(p);
+                if (!arg) return NULL;
+                arg = parse_postfix(p, arg);
+                if (!arg) return NULL;
+                f->v = palloc(p, sizeof *f->v);
+                if (!f->v) return NULL;
+                f->v[0] = arg;
+                f->nv = 1;
+            }
+            f->a = n;
+            n = f;
+        } else if (is_op(t, "(")) {
+            next(p);
+            node *a = mk(p, N_CALL, t);
+            if (!a) return NULL;
+            a->a = n;
+            if (parse_args(p, a)) return NULL;
+            n = a;
+        } else {
+            return n;
+        }
+    }
+}
+
+static node *parse_primary(parser *p) {
+    if (enter(p)) return NULL;
+    tok *t = cur(p);
+    node *n = NULL;
+    if (t->type == T_NAME) {
+        n = mk(p, N_CONST, t);
+        if (!n) return NULL;
+        if (is_name(t, "true") || is_name(t, "True")) n->k = tv_bool(true);
+        else if (is_name(t, "false") || is_name(t, "False")) n->k = tv_bool(false);
+        else if (is_name(t, "none") || is_name(t, "None")) n->k = tv_none();
+        else {
+            n->kind = N_NAME;
+            n->name = tokname(p, t);
+        }
+        next(p);
+    } else if (t->type == T_STRING) {
+        /* adjacent literals join */
+        size_t total = 0, k = p->pos;
+        while (p->toks[k].type == T_STRING) total += p->toks[k++].len;
+        char *buf = palloc(p, total + 1);
+        if (!buf) return NULL;
+        size_t o = 0;
+        while (cur(p)->type == T_STRING) {
+            memcpy(buf + o, cur(p)->s, cur(p)->len);
+            o += cur(p)->len;
+            next(p);
+        }
+        n = mk(p, N_CONST, t);
+        if (!n) return NULL;
+        tstr *s = static_str(p, buf, total);
+        if (!s) return NULL;
+        n->k = tv_str(s);
+    } else if (t->type == T_INT || t->type == T_FLOAT) {
+        n = mk(p, N_CONST, t);
+        if (!n) return NULL;
+        n->k = t->type == T_INT ? tv_int(t->iv) : tv_float(t->fv);
+        next(p);
+    } else if (is_op(t, "(")) {
+        next(p);
+        if (skip_op(p, ")")) {
+            n = mk(p, N_TUPLE, t);
+        } else {
+            node *e = parse_expr(p);
+            if (!e) return NULL;
+            if (is_op(cur(p), ",")) {
+                nvec v = {0};
+                if (nv_push(p, &v, e)) return NULL;
+                while (skip_op(p, ",")) {
+                    if (is_op(cur(p), ")")) break;
+                    node *x = parse_expr(p);
+                    if (!x || nv_push(p, &v, x)) return NULL;
+                }
+                n = mk(p, N_TUPLE, t);
+                if (!n) return NULL;
+                n->v = v.v;
+                n->nv = v.n;
+            } else {
+                n = e;
+            }
+            if (expect_op(p, ")")) return NULL;
+        }
+    } else if (is_op(t, "[")) {
+        next(p);
+        nvec v = {0};
+        while (!is_op(cur(p), "]")) {
+            if (v.n && expect_op(p, ",")) return NULL;
+            if (is_op(cur(p), "]")) break;
+            node *x = parse_expr(p);
+            if (!x || nv_push(p, &v, x)) return NULL;
+        }
+        next(p);
+        n = mk(p, N_LIST, t);
+        if (!n) return NULL;
+        n->v = v.v;
+        n->nv = v.n;
+    } else if (is_op(t, "{")) {
+        next(p);
+        nvec v = {0};
+        while (!is_op(cur(p), "}")) {
+            if (v.n && expect_op(p, ",")) return NULL;
+            if (is_op(cur(p), "}")) break;
+            node *k = parse_expr(p);
+            if (!k || expect_op(p, ":")) return NULL;
+            node *x = parse_expr(p);
+            if (!x || nv_push(p, &v, k) || nv_push(p, &v, x)) return NULL;
+        }
+        next(p);
+        n = mk(p, N_DICT, t);
+        if (!n) return NULL;
+        n->v = v.v;
+        n->nv = v.n;
+    } else {
+        char b[64];
+        perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
+        return NULL;
+    }
+    p->depth--;
+    return n;
+}
+
+static node *parse_unary(parser *p, bool with_filter) {
+    if (enter(p)) return NULL;
+    tok *t = cur(p);
+    node *n;
+    if (is_op(t, "-") || is_op(t, "+")) {
+        next(p);
+        n = mk(p, is_op(t, "-") ? N_NEG : N_POS, t);
+        if (!n) return NULL;
+        n->a = parse_unary(p, false);
+        if (!n->a) return NULL;
+    } else {
+        n = parse_primary(p);
+    }
+    if (n) n = parse_postfix(p, n);
+    if (n && with_filter) n = parse_filters(p, n);
+    p->depth--;
+    return n;
+}
+
+static node *binop(parser *p, const tok *t, int op, node *a, node *b) {
+    if (!a || !b) return NULL;
+    node *n = mk(p, N_BIN, t);
+    if (!n) return NULL;
+    n->op = (uint8_t)op;
+    n->a = a;
+    n->b = b;
+    return n;
+}
+
+static node *parse_pow(parser *p) {
+    node *l = parse_unary(p, true);
+    while (l && is_op(cur(p), "**")) {
+        tok *t = cur(p);
+        next(p);
+        l = binop(p, t, OP_POW, l, parse_unary(p, true));
+    }
+    return l;
+}
+
+static node *parse_math2(parser *p) {
+    node *l = parse_pow(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
+        if (!l || op < 0) return l;
+        next(p);
+        l = binop(p, t, op, l, parse_pow(p));
+    }
+}
+
+static node *parse_concat(parser *p) {
+    node *l = parse_math2(p);
+    if (!l || !is_op(cur(p), "~")) return l;
+    node *n = mk(p, N_CONCAT, cur(p));
+    nvec v = {0};
+    if (!n || nv_push(p, &v, l)) return NULL;
+    while (skip_op(p, "~")) {
+        node *x = parse_math2(p);
+        if (!x || nv_push(p, &v, x)) return NULL;
+    }
+    n->v = v.v;
+    n->nv = v.n;
+    return n;
+}
+
+static node *parse_math1(parser *p) {
+    node *l = parse_concat(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
+        if (!l || op < 0) return l;
+        next(p);
+        l = binop(p, t, op, l, parse_concat(p));
+    }
+}
+
+static node *parse_compare(parser *p) {
+    node *l = parse_math1(p);
+    if (!l) return NULL;
+    nvec v = {0};
+    tok *first = cur(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = is_op(t, "==") ? OP_EQ : is_op(t, "!=") ? OP_NE : is_op(t, "<") ? OP_LT : is_op(t, "<=") ? OP_LE
+               : is_op(t, ">") ? OP_GT : is_op(t, ">=") ? OP_GE : is_name(t, "in") ? OP_IN : -1;
+        if (op >= 0) next(p);
+        else if (is_name(t, "not") && is_name(peekt(p, 1), "in")) { next(p); next(p); op = OP_NOTIN; }
+        else break;
+        node *o = mk(p, N_BIN, t);
+        if (!o) return NULL;
+        o->op = (uint8_t)op;
+        o->a = parse_math1(p);
+        if (!o->a || nv_push(p, &v, o)) return NULL;
+    }
+    if (!v.n) return l;
+    node *n = mk(p, N_CMP, first);
+    if (!n) return NULL;
+    n->a = l;
+    n->v = v.v;
+    n->nv = v.n;
+    return n;
+}
+
+static node *parse_not(parser *p) {
+    tok *t = cur(p);
+    if (is_name(t, "not")) {
+        if (enter(p)) return NULL;
+        next(p);
+        node *n = mk(p, N_NOT, t);
+        if (!n) return NULL;
+        n->a = parse_not(p);
+        p->depth--;
+        return n->a ? n : NULL;
+    }
+    return parse_compare(p);
+}
+
+static node *parse_and(parser *p) {
+    node *l = parse_not(p);
+    while (l && is_name(cur(p), "and")) {
+        tok *t = cur(p);
+        next(p);
+        node *r = parse_not(p);
+        node *n = r ? mk(p, N_AND, t) : NULL;
+        if (!n) return NULL;
+        n->a = l;
+        n->b = r;
+        l = n;
+    }
+    return l;
+}
+
+static node *parse_or(parser *p) {
+    node *l = parse_and(p);
+    while (l && is_name(cur(p), "or")) {
+        tok *t = cur(p);
+        next(p);
+        node *r = parse_and(p);
+        node *n = r ? mk(p, N_OR, t) : NULL;
+        if (!n) return NULL;
+        n->a = l;
+        n->b = r;
+        l = n;
+    }
+    return l;
+}
+
+static node *parse_expr(parser *p) {
+    if (enter(p)) return NULL;
+    node *e = parse_or(p);
+    while (e && is_name(cur(p), "if")) {
+        tok *t = cur(p);
+        next(p);
+        node *n = mk(p, N_COND, t);
+        if (!n) return NULL;
+        n->b = e;
+        n->a = parse_or(p);
+        if (!n->a) return NULL;
+        if (skip_name(p, "else")) {
+            n->c = parse_expr(p);
+            if (!n->c) return NULL;
+        }
+        e = n;
+    }
+    p->depth--;
+    return e;
+}
+
+/* ---- statements ------------------------------------------------------------------------------------------ */
+
+static int expect_block_end(parser *p) {
+    if (cur(p)->type == T_BLOCK_END) { next(p); return 0; }
+    char b[64];
+    return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of statement block, got %s",
+                tokdesc(cur(p), b, sizeof b));
+}
+
+/* Parses statements until a block tag whose name is in `ends` (NULL-terminated); leaves the position on that
+ * name (after {%). *which gets its index. ends == NULL: until end of template. */
+static node *parse_body(parser *p, const char *const *ends, int *which, const tok *opener);
+
+static int parse_targets(parser *p, nvec *names_out) {
+    bool paren = skip_op(p, "(");
+    for (;;) {
+        tok *t = cur(p);
+        if (t->type != T_NAME) return perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a variable name");
+        const char *nm = tokname(p, t);
+        if (!nm || nv_push(p, names_out, (node *)(void *)nm)) return p->code;
+        next(p);
+        if (!skip_op(p, ",")) break;
+        if (paren && is_op(cur(p), ")")) break;
+    }
+    if (paren && expect_op(p, ")")) return p->code;
+    return 0;
+}
+
+static node *parse_stmt(parser *p) {
+    tok *bt = cur(p);   /* the name after {% */
+    if (bt->type != T_NAME) {
+        perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "expected a statement name");
+        return NULL;
+    }
+    if (enter(p)) return NULL;
+    node *n = NULL;
+    if (is_name(bt, "if")) {
+        next(p);
+        n = mk(p, N_IF, bt);
+        if (!n || !(n->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+        node *ifn = n;
+        for (;;) {
+            static const char *const ends[] = {"elif", "else", "endif", NULL};
+            int w = -1;
+            node *body = parse_body(p, ends, &w, bt);
+            if (!body) return NULL;
+            ifn->b = body;
+            if (w == 0) {
+                tok *et = cur(p);
+                next(p);
+                node *el = mk(p, N_IF, et);
+                if (!el || !(el->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+                ifn->c = el;
+                ifn = el;
+                continue;
+            }
+            if (w == 1) {
+                next(p);
+                if (expect_block_end(p)) return NULL;
+                static const char *const ends2[] = {"endif", NULL};
+                node *eb = parse_body(p, ends2, &w, bt);
+                if (!eb) return NULL;
+                ifn->c = eb;
+            }
+            next(p);
+            if (expect_block_end(p)) return NULL;
+            break;
+        }
+    } else if (is_name(bt, "for")) {
+        next(p);
+        n = mk(p, N_FOR, bt);
+        nvec names = {0};
+        if (!n || parse_targets(p, &names)) return NULL;
+        n->names = (const char **)(void *)names.v;
+        n->nnames = names.n;
+        if (!skip_name(p, "in")) {
+            perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected 'in' in for loop");
+            return NULL;
+        }
+        /* the iterable: no conditional expression (its `if` is the loop filter) */
+        if (!(n->a = parse_or(p))) return NULL;
+        if (skip_name(p, "if")) {
+            if (!(n->b = parse_expr(p))) return NULL;
+        }
+        if (is_name(cur(p), "recursive")) {
+            perr(p, cur(p)->line, cur(p)->col, KVS_ERR_UNSUPPORTED, "recursive loops are not supported");
+            return NULL;
+        }
+        if (expect_block_end(p)) return NULL;
+        static const char *const ends[] = {"else", "endfor", NULL};
+        int w = -1;
+        p->loops++;
+        node *body = parse_body(p, ends, &w, bt);
+        p->loops--;
+        if (!body) return NULL;
+        n->v = body->v;
+        n->nv = body->nv;
+        if (w == 0) {
+            next(p);
+            if (expect_block_end(p)) return NULL;
+            static const char *const ends2[] = {"endfor", NULL};
+            int saved = p->loops;
+            p->loops = 0;
+            n->c = parse_body(p, ends2, &w, bt);
+            p->loops = saved;
+            if (!n->c) return NULL;
+        }
+        next(p);
+        if (expect_block_end(p)) return NULL;
+    } else if (is_name(bt, "set")) {
+        next(p);
+        n = mk(p, N_SET, bt);
+        if (!n) return NULL;
+        tok *t = cur(p);
+        if (t->type == T_NAME && is_op(peekt(p, 1), ".")) {
+            tok *at = peekt(p, 2);
+            if (at->type != T_NAME) {
+                perr(p, at->line, at->col, KVS_ERR_SYNTAX, "expected an attribute name");
+                return NULL;
+            }
+            n->b = mk(p, N_NAME, t);
+            if (!n->b) return NULL;
+            n->b->name = tokname(p, t);
+            n->name = tokname(p, at);
+            next(p); next(p); next(p);
+        } else {
+            nvec names = {0};
+            if (parse_targets(p, &names)) return NULL;
+            n->names = (const char **)(void *)names.v;
+            n->nnames = names.n;
+        }
+        if (skip_op(p, "=")) {
+            node *e = parse_expr(p);
+            if (!e) return NULL;
+            if (is_op(cur(p), ",")) {   /* implicit tuple */
+                nvec v = {0};
+                if (nv_push(p, &v, e)) return NULL;
+                while (skip_op(p, ",")) {
+                    node *x = parse_expr(p);
+                    if (!x || nv_push(p, &v, x)) return NULL;
+                }
+                node *tn = mk(p, N_TUPLE, t);
+                if (!tn) return NULL;
+                tn->v = v.v;
+                tn->nv = v.n;
+                e = tn;
+            }
+            n->a = e;
+            if (expect_block_end(p)) return NULL;
+        } else {
+            if (n->b || n->nnames != 1) {
+                perr(p, t->line, t->col, KVS_ERR_SYNTAX, "a set block assigns one plain name");
+                return NULL;
+            }
+            n->kind = N_SETBLOCK;
+            if (is_op(cur(p), "|")) {   /* {% set x | filter %} */
+                node *f = parse_filters(p, NULL);
+                if (!f) return NULL;
+                n->a = f;
+            }
+            if (expect_block_end(p)) return NULL;
+            static const char *const ends[] = {"endset", NULL};
+            int w;
+            node *body = parse_body(p, ends, &w, bt);
+            if (!body) return NULL;
+            n->c = body;
+            next(p);
+            if (expect_block_end(p)) return NULL;
+        }
+    } else if (is_name(bt, "macro")) {
+        next(p);
+        n = mk(p, N_MACRO, bt);
+        tok *t = cur(p);
+        if (!n) return NULL;
+        if (t->type != T_NAME) {
+            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a macro name");
+            return NULL;
+        }
+        n->name = tokname(p, t);
+        next(p);
+        if (expect_op(p, "(")) return NULL;
+        nvec names = {0}, defs = {0};
+        while (!is_op(cur(p), ")")) {
+            if (names.n && expect_op(p, ",")) return NULL;
+            if (is_op(cur(p), ")")) break;
+            tok *pt = cur(p);
+            if (pt->type != T_NAME) {
+                perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "expected a parameter name");
+                return NULL;
+            }
+            const char *pn = tokname(p, pt);
+            next(p);
+            node *def = NULL;
+            if (skip_op(p, "=")) {
+                if (!(def = parse_expr(p))) return NULL;
+            } else if (defs.n && defs.v[defs.n - 1]) {
+                perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "non-default argument follows default argument");
+                return NULL;
+            }
+            if (nv_push(p, &names, (node *)(void *)pn) || nv_push(p, &defs, def)) return NULL;
+        }
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        n->names = (const char **)(void *)names.v;
+        n->nnames = names.n;
+        n->d = palloc(p, sizeof *n->d);   /* holder of the defaults */
+        if (!n->d) return NULL;
+        n->d->v = defs.v;
+        n->d->nv = defs.n;
+        static const char *const ends[] = {"endmacro", NULL};
+        int w, saved = p->loops;
+        p->loops = 0;
+        node *body = parse_body(p, ends, &w, bt);
+        p->loops = saved;
+        if (!body) return NULL;
+        n->c = body;
+        next(p);
+        if (expect_block_end(p)) return NULL;
+    } else if (is_name(bt, "filter")) {
+        next(p);
+        n = mk(p, N_FILTERBLOCK, bt);
+        if (!n) return NULL;
+        /* a filter chain applied to a placeholder input */
+        tok *t = cur(p);
+        if (t->type != T_NAME) {
+            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a filter name");
+            return NULL;
+        }
+        node *f = mk(p, N_FILTER, t);
+        if (!f) return NULL;
+        f->name = tokname(p, t);
+        next(p);
+        if (skip_op(p, "(") && parse_args(p, f)) return NULL;
+        n->a = parse_filters(p, f);
+        if (!n->a || expect_block_end(p)) return NULL;
+        static const char *const ends[] = {"endfilter", NULL};
+        int w;
+        n->c = parse_body(p, ends, &w, bt);
+        if (!n->c) return NULL;
+        next(p);
+        if (expect_block_end(p)) return NULL;
+    } else if (is_name(bt, "generation")) {
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        static const char *const ends[] = {"endgeneration", NULL};
+        int w;
+        n = parse_body(p, ends, &w, bt);
+        if (!n) return NULL;
+        next(p);
+        if (expect_block_end(p)) return NULL;
+    } else if (is_name(bt, "break") || is_name(bt, "continue")) {
+        if (!p->loops) {
+            perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "'%.*s' outside a loop", (int)bt->len, bt->s);
+            return NULL;
+        }
+        n = mk(p, is_name(bt, "break") ? N_BREAK : N_CONTINUE, bt);
+        next(p);
+        if (!n || expect_block_end(p)) return NULL;
+    } else {
+        static const char *unsup[] = {"call", "raw", "include", "import", "from", "extends", "block", "do", "with",
+                                      "autoescape", "trans", NULL};
+        for (int i = 0; unsup[i]; i++)
+            if (is_name(bt, unsup[i])) {
+                perr(p, bt->line, bt->col, KVS_ERR_UNSUPPORTED, "the '%s' tag is not supported", unsup[i]);
+                return NULL;
+            }
+        perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "unknown tag '%.*s'", (int)(bt->len < 40 ? bt->len : 40), bt->s);
+        return NULL;
+    }
+    p->depth--;
+    return n;
+}
+
+static node *parse_body(parser *p, const char *const *ends, int *which, const tok *opener) {
+    nvec v = {0};
+    node *body = mk(p, N_BODY, cur(p));
+    if (!body) return NULL;
+    for (;;) {
+        tok *t = cur(p);
+        if (t->type == T_EOF) {
+            if (ends) {
+                perr(p, opener->line, opener->col, KVS_ERR_SYNTAX, "unclosed '%.*s' block (expected '%s')",
+                     (int)opener->len, opener->s, ends[0]);
+                return NULL;
+            }
+            break;
+        }
+        if (t->type == T_TEXT) {
+            node *n = mk(p, N_TEXT, t);
+            tstr *s = n ? static_str(p, t->s, t->len) : NULL;
+            if (!s) return NULL;
+            n->k = tv_str(s);
+            if (nv_push(p, &v, n)) return NULL;
+            next(p);
+        } else if (t->type == T_VAR_BEGIN) {
+            next(p);
+            node *n = mk(p, N_OUT, t);
+            if (!n || !(n->a = parse_expr(p))) return NULL;
+            if (cur(p)->type != T_VAR_END) {
+                char b[64];
+                perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of print statement, got %s",
+                     tokdesc(cur(p), b, sizeof b));
+                return NULL;
+            }
+            next(p);
+            if (nv_push(p, &v, n)) return NULL;
+        } else if (t->type == T_BLOCK_BEGIN) {
+            next(p);
+            tok *nt = cur(p);
+            if (ends)
+                for (int i = 0; ends[i]; i++)
+                    if (is_name(nt, ends[i])) {
+                        *which = i;
+                        body->v = v.v;
+                        body->nv = v.n;
+                        return body;
+                    }
+            if (nt->type == T_NAME && nt->len > 3 && (!memcmp(nt->s, "end", 3) || is_name(nt, "elif") || is_name(nt, "else"))) {
+                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "unexpected '%.*s'", (int)(nt->len < 40 ? nt->len : 40), nt->s);
+                return NULL;
+            }
+            node *n = parse_stmt(p);
+            if (!n || nv_push(p, &v, n)) return NULL;
+        } else {
+            char b[64];
+            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
+            return NULL;
+        }
+    }
+    body->v = v.v;
+    body->nv = v.n;
+    return body;
+}
+
+int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
+    parser p = {.t = t, .err = err};
+    (void)place;
+    /* newlines normalized to \n, one trailing newline dropped (jinja2's keep_trailing_newline=False) */
+    char *s = tpl_arena_alloc(&t->arena, len + 1);
+    if (!s) return perr(&p, 0, 0, KVS_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            s[k++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            s[k++] = src[i];
+        }
+    }
+    if (k && s[k - 1] == '\n') k--;
+    s[k] = 0;
+    p.src = s;
+    p.n = k;
+    int rc = lex(&p);
+    if (!rc) {
+        t->root = parse_body(&p, NULL, NULL, NULL);
+        rc = t->root ? 0 : p.code ? p.code : KVS_ERR_SYNTAX;
+    }
+    free(p.toks);
+    return rc;
+}
