@@ -861,6 +861,9 @@ static int exec_for(tctx *c, const node *n) {
         lv.loop = lp;
         for (size_t i = 0; i < items.c->n && !rc; i++) {
             if ((rc = tpl_step(c, n))) break;
+            /* each iteration starts from a fresh scope: what the body set last time is gone (jinja2) */
+            for (size_t k = 0; k < f.n; k++) tv_decref(c, f.vals[k]);
+            f.n = 0;
             tv x = items.c->items[i];
             tv_incref(x);
             if ((rc = assign(c, n, &f, n->names, n->nnames, x))) break;

@@ -417,14 +417,15 @@ static int expect_op(parser *p, const char *op) {
     return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected '%s', got %s", op, tokdesc(cur(p), b, sizeof b));
 }
 
-static node *mk(parser *p, int kind, const tok *at) {
+static node *mk_at(parser *p, int kind, int line, int col) {
     node *n = palloc(p, sizeof *n);
     if (!n) return NULL;
     n->kind = (uint8_t)kind;
-    n->line = at->line;
-    n->col = at->col;
+    n->line = line;
+    n->col = col;
     return n;
 }
+#define mk(p, kind, at) mk_at((p), (kind), (at)->line, (at)->col)
 
 typedef struct nvec {
     node **v;
@@ -542,7 +543,7 @@ static node *parse_postfix(parser *p, node *n) {
             n = a;
         } else if (is_op(t, "(")) {
             next(p);
-            node *a = mk(p, N_CALL, t);
+            node *a = mk(p, N_CALL, n);
             if (!a) return NULL;
             a->a = n;
             if (parse_args(p, a)) return NULL;
