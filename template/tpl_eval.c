@@ -7,7 +7,7 @@
 #include "template/tpl_internal.h"
 
 /* Nesting of evaluation (statements and expressions, across macro calls): bounds the C stack a render uses. */
-#define TPL_MAX_EVAL_NEST 3000
+#define TPL_MAX_EVAL_NEST 1000
 
 void tpl_limits_default(tpl_limits *lim) {
     lim->max_steps = 5000000;

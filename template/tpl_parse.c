@@ -502,9 +502,22 @@ static int parse_args(parser *p, node *call) {
     return 0;
 }
 
+/* Chains (a.b.c, x|f|g, 1+2+3) nest the tree one level per link: each link counts against max_parse_depth, so
+ * that evaluating the tree recurses no deeper than the parser allowed. */
+#define LINK(p, wraps) do { if (enter(p)) return NULL; (wraps)++; } while (0)
+
+static node *parse_postfix_(parser *p, node *n, int *wraps);
 static node *parse_postfix(parser *p, node *n) {
+    int wraps = 0;
+    node *r = parse_postfix_(p, n, &wraps);
+    p->depth -= wraps;
+    return r;
+}
+
+static node *parse_postfix_(parser *p, node *n, int *wraps) {
     for (;;) {
         tok *t = cur(p);
+        if (is_op(t, ".") || is_op(t, "[") || is_op(t, "(")) LINK(p, *wraps);
         if (is_op(t, ".")) {
             next(p);
             tok *nt = cur(p);
@@ -555,9 +568,18 @@ static node *parse_postfix(parser *p, node *n) {
 }
 
 /* `| name(args)` chains, `is [not] test args` and calls, after a unary expression */
+static node *parse_filters_(parser *p, node *n, int *wraps);
 static node *parse_filters(parser *p, node *n) {
+    int wraps = 0;
+    node *r = parse_filters_(p, n, &wraps);
+    p->depth -= wraps;
+    return r;
+}
+
+static node *parse_filters_(parser *p, node *n, int *wraps) {
     for (;;) {
         tok *t = cur(p);
+        if (is_op(t, "|") || is_name(t, "is") || is_op(t, "(")) LINK(p, *wraps);
         if (is_op(t, "|")) {
             next(p);
             tok *nt = cur(p);
@@ -750,20 +772,25 @@ static node *binop(parser *p, const tok *t, int op, node *a, node *b) {
 
 static node *parse_pow(parser *p) {
     node *l = parse_unary(p, true);
+    int wraps = 0;
     while (l && is_op(cur(p), "**")) {
         tok *t = cur(p);
+        LINK(p, wraps);
         next(p);
         l = binop(p, t, OP_POW, l, parse_unary(p, true));
     }
+    p->depth -= wraps;
     return l;
 }
 
 static node *parse_math2(parser *p) {
     node *l = parse_pow(p);
+    int wraps = 0;
     for (;;) {
         tok *t = cur(p);
         int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
-        if (!l || op < 0) return l;
+        if (!l || op < 0) { p->depth -= wraps; return l; }
+        LINK(p, wraps);
         next(p);
         l = binop(p, t, op, l, parse_pow(p));
     }
@@ -786,10 +813,12 @@ static node *parse_concat(parser *p) {
 
 static node *parse_math1(parser *p) {
     node *l = parse_concat(p);
+    int wraps = 0;
     for (;;) {
         tok *t = cur(p);
         int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
-        if (!l || op < 0) return l;
+        if (!l || op < 0) { p->depth -= wraps; return l; }
+        LINK(p, wraps);
         next(p);
         l = binop(p, t, op, l, parse_concat(p));
     }
@@ -838,8 +867,10 @@ static node *parse_not(parser *p) {
 
 static node *parse_and(parser *p) {
     node *l = parse_not(p);
+    int wraps = 0;
     while (l && is_name(cur(p), "and")) {
         tok *t = cur(p);
+        LINK(p, wraps);
         next(p);
         node *r = parse_not(p);
         node *n = r ? mk(p, N_AND, t) : NULL;
@@ -848,13 +879,16 @@ static node *parse_and(parser *p) {
         n->b = r;
         l = n;
     }
+    p->depth -= wraps;
     return l;
 }
 
 static node *parse_or(parser *p) {
     node *l = parse_and(p);
+    int wraps = 0;
     while (l && is_name(cur(p), "or")) {
         tok *t = cur(p);
+        LINK(p, wraps);
         next(p);
         node *r = parse_and(p);
         node *n = r ? mk(p, N_OR, t) : NULL;
@@ -863,14 +897,17 @@ static node *parse_or(parser *p) {
         n->b = r;
         l = n;
     }
+    p->depth -= wraps;
     return l;
 }
 
 static node *parse_expr(parser *p) {
     if (enter(p)) return NULL;
     node *e = parse_or(p);
+    int wraps = 0;
     while (e && is_name(cur(p), "if")) {
         tok *t = cur(p);
+        LINK(p, wraps);
         next(p);
         node *n = mk(p, N_COND, t);
         if (!n) return NULL;
@@ -883,7 +920,7 @@ static node *parse_expr(parser *p) {
         }
         e = n;
     }
-    p->depth--;
+    p->depth -= wraps + 1;
     return e;
 }
 

@@ -696,11 +696,27 @@ Test(template, hostile_templates_hit_limits) {
     k += (size_t)sprintf(src + k, "{{ x");
     for (size_t i = 0; i < n / 4; i++) k += (size_t)sprintf(src + k, "|trim");
     k += (size_t)sprintf(src + k, " }}");
-    cr_assert_eq(render_ex(src, k, NULL, NULL, &out, &err), 0);   /* long chains are not deep in the parser... */
-    free(out);
-    free(src);
-    /* ...and a small limit bounds steps, depth and output as configured */
+    cr_assert_eq(render_ex(src, k, NULL, NULL, &out, &err), KVS_ERR_LIMIT);   /* each link of a chain nests */
+    k = 0;
+    for (size_t i = 0; i < n / 4; i++) k += (size_t)sprintf(src + k, "1 + ");
+    k += (size_t)sprintf(src + k, "1");
+    memmove(src + 3, src, k);
+    memcpy(src, "{{ ", 3);
+    k += 3;
+    k += (size_t)sprintf(src + k, " }}");
+    cr_assert_eq(render_ex(src, k, NULL, NULL, &out, &err), KVS_ERR_LIMIT);
+    /* as deep as the limits allow, through macros: no stack overflow (ASan's frames are the largest) */
+    const char *deep = "{% macro f(n) %}{% if n > 0 %}{% for i in [1] %}{% if true %}{{ (((((((((f(n - 1))))))))))|trim }}"
+                       "{% endif %}{% endfor %}{% endif %}{% endmacro %}{{ f(1000) }}";
+    cr_assert_eq(render_ex(deep, strlen(deep), NULL, NULL, &out, &err), KVS_ERR_LIMIT);
     tpl_limits lim;
+    tpl_limits_default(&lim);
+    lim.max_depth = 10000;
+    lim.max_parse_depth = 10000;
+    cr_assert_eq(render_ex(deep, strlen(deep), NULL, &lim, &out, &err), KVS_ERR_LIMIT);
+    cr_expect(strstr(err.msg, "nested deeper"), "%s", err.msg);
+    free(src);
+    /* a small limit bounds steps, depth and output as configured */
     tpl_limits_default(&lim);
     lim.max_steps = 1000;
     cr_assert_eq(render_ex("{% for i in range(2000) %}{% endfor %}", 38, NULL, &lim, &out, &err), KVS_ERR_LIMIT);
