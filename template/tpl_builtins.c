@@ -48,19 +48,6 @@ static int undef_err(tctx *c, const node *n, tv v) {
 
 /* ---- UTF-8 and Python whitespace ---------------------------------------------------------------------------- */
 
-static size_t dec(const char *s, size_t n, uint32_t *cp) {
-    const unsigned char *p = (const unsigned char *)s;
-    if (p[0] < 0x80) { *cp = p[0]; return 1; }
-    size_t len = p[0] >= 0xF0 ? 4 : p[0] >= 0xE0 ? 3 : p[0] >= 0xC0 ? 2 : 1;
-    if (len == 1 || len > n) { *cp = p[0]; return 1; }
-    uint32_t v = p[0] & (0x7F >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80) { *cp = p[0]; return 1; }
-        v = v << 6 | (p[i] & 0x3F);
-    }
-    *cp = v;
-    return len;
-}
 
 /* start of the code point ending at s[end) */
 static size_t prev_cp(const char *s, size_t end) {
@@ -78,7 +65,7 @@ static bool py_space(uint32_t cp) {
 static bool in_chars(uint32_t cp, const tstr *chars) {
     for (size_t i = 0; i < chars->len;) {
         uint32_t x;
-        i += dec(chars->data + i, chars->len - i, &x);
+        i += tpl_u8_dec(chars->data + i, chars->len - i, &x);
         if (x == cp) return true;
     }
     return false;
@@ -90,7 +77,7 @@ static int do_strip(tctx *c, const node *n, tstr *s, const tstr *chars, int whic
     if (which & 1)
         while (a < b) {
             uint32_t cp;
-            size_t l = dec(s->data + a, b - a, &cp);
+            size_t l = tpl_u8_dec(s->data + a, b - a, &cp);
             if (chars ? !in_chars(cp, chars) : !py_space(cp)) break;
             a += l;
         }
@@ -99,7 +86,7 @@ static int do_strip(tctx *c, const node *n, tstr *s, const tstr *chars, int whic
             size_t p = prev_cp(s->data, b);
             if (p < a) p = a;
             uint32_t cp;
-            dec(s->data + p, b - p, &cp);
+            tpl_u8_dec(s->data + p, b - p, &cp);
             if (chars ? !in_chars(cp, chars) : !py_space(cp)) break;
             b = p;
         }
@@ -164,7 +151,7 @@ int tpl_iter_list(tctx *c, const node *n, tv v, tv *out) {
         if ((rc = tcont_new(c, n, TC_LIST, 0, out))) return rc;
         for (size_t i = 0; i < v.s->len;) {
             uint32_t cp;
-            size_t l = dec(v.s->data + i, v.s->len - i, &cp);
+            size_t l = tpl_u8_dec(v.s->data + i, v.s->len - i, &cp);
             tv ch;
             if ((rc = tpl_step(c, n)) || (rc = tstr_sub(c, n, v.s, i, l, &ch)) || (rc = tlist_push(c, n, out->c, ch))) return rc;
             i += l;
@@ -449,7 +436,7 @@ static int do_replace(tctx *c, const node *n, tstr *s, tstr *old, tstr *new, int
             if (count < 0 || done < count) { kvs_buf_append(&b, new->data, new->len); done++; }
             if (i >= s->len) break;
             uint32_t cp;
-            size_t l = dec(s->data + i, s->len - i, &cp);
+            size_t l = tpl_u8_dec(s->data + i, s->len - i, &cp);
             kvs_buf_append(&b, s->data + i, l);
             i += l;
             if (b.len > c->t->lim.max_output) rc = tpl_fail(c, n, KVS_ERR_LIMIT, "string too long");
@@ -945,17 +932,17 @@ static int str_split(tctx *c, const node *n, tstr *s, tstr *sep, int64_t maxspli
             int64_t done = 0;
             for (;;) {
                 uint32_t cp;
-                while (i < s->len) { size_t l = dec(s->data + i, s->len - i, &cp); if (!py_space(cp)) break; i += l; }
+                while (i < s->len) { size_t l = tpl_u8_dec(s->data + i, s->len - i, &cp); if (!py_space(cp)) break; i += l; }
                 if (i >= s->len) break;
                 size_t j = i;
                 if (maxsplit >= 0 && done >= maxsplit) {
                     /* the rest, with trailing whitespace stripped */
                     size_t e = s->len;
-                    while (e > i) { size_t p = prev_cp(s->data, e); dec(s->data + p, e - p, &cp); if (!py_space(cp)) break; e = p; }
+                    while (e > i) { size_t p = prev_cp(s->data, e); tpl_u8_dec(s->data + p, e - p, &cp); if (!py_space(cp)) break; e = p; }
                     if ((rc = tstr_sub(c, n, s, i, e - i, &piece)) || (rc = tlist_push(c, n, out->c, piece))) return rc;
                     break;
                 }
-                while (j < s->len) { size_t l = dec(s->data + j, s->len - j, &cp); if (py_space(cp)) break; j += l; }
+                while (j < s->len) { size_t l = tpl_u8_dec(s->data + j, s->len - j, &cp); if (py_space(cp)) break; j += l; }
                 if ((rc = tpl_step(c, n)) || (rc = tstr_sub(c, n, s, i, j - i, &piece)) || (rc = tlist_push(c, n, out->c, piece))) return rc;
                 done++;
                 i = j;
@@ -969,16 +956,16 @@ static int str_split(tctx *c, const node *n, tstr *s, tstr *sep, int64_t maxspli
         if ((rc = tcont_new(c, n, TC_LIST, 0, &rev))) return rc;
         for (;;) {
             uint32_t cp;
-            while (e > 0) { size_t p = prev_cp(s->data, e); dec(s->data + p, e - p, &cp); if (!py_space(cp)) break; e = p; }
+            while (e > 0) { size_t p = prev_cp(s->data, e); tpl_u8_dec(s->data + p, e - p, &cp); if (!py_space(cp)) break; e = p; }
             if (e == 0) break;
             size_t b = e;
             if (maxsplit >= 0 && done >= maxsplit) {
                 size_t i = 0;
-                while (i < e) { size_t l = dec(s->data + i, e - i, &cp); if (!py_space(cp)) break; i += l; }
+                while (i < e) { size_t l = tpl_u8_dec(s->data + i, e - i, &cp); if (!py_space(cp)) break; i += l; }
                 if ((rc = tstr_sub(c, n, s, i, e - i, &piece)) || (rc = tlist_push(c, n, rev.c, piece))) break;
                 break;
             }
-            while (b > 0) { size_t p = prev_cp(s->data, b); dec(s->data + p, b - p, &cp); if (py_space(cp)) break; b = p; }
+            while (b > 0) { size_t p = prev_cp(s->data, b); tpl_u8_dec(s->data + p, b - p, &cp); if (py_space(cp)) break; b = p; }
             if ((rc = tpl_step(c, n)) || (rc = tstr_sub(c, n, s, b, e - b, &piece)) || (rc = tlist_push(c, n, rev.c, piece))) break;
             done++;
             e = b;

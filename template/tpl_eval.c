@@ -1,5 +1,6 @@
 /* tpl_eval.c: compile/render entry points and the interpreter: statements, expressions, scopes, macros. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,12 @@ void tpl_limits_default(tpl_limits *lim) {
     lim->max_parse_depth = 200;
 }
 
-static void set_err(tpl_error *err, int code, const char *msg) {
-    if (!err) return;
-    err->code = code;
-    err->line = err->col = 0;
-    snprintf(err->msg, sizeof err->msg, "template: %s", msg);
+static void set_err(tpl_error *err, int code, const char *msg, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(tpl_error *err, int code, const char *msg, ...) {
+    va_list ap;
+    va_start(ap, msg);
+    tpl_set_error(err, code, 0, 0, msg, ap);
+    va_end(ap);
 }
 
 int tpl_compile(const char *src, size_t len, const tpl_limits *lim, tpl_template **out, tpl_error *err) {

@@ -3,6 +3,7 @@
 #ifndef KVSERVE_TPL_INTERNAL_H
 #define KVSERVE_TPL_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdint.h>
 
 #include "template/template.h"
@@ -138,6 +139,8 @@ typedef struct tctx {
     int errcode;
 } tctx;
 
+/* fills err (when not NULL): code, place (line 0 = none) and the message "template line L:C: ..." */
+void tpl_set_error(tpl_error *err, int code, int line, int col, const char *fmt, va_list ap);
 /* errors: record the first error (code, node's place, message) and return the code */
 int tpl_fail(tctx *c, const node *n, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
@@ -197,6 +200,8 @@ void tsink_free(tsink *s);
 size_t tpl_u8_len(const char *s, size_t n);                  /* code points */
 size_t tpl_u8_off(const char *s, size_t n, size_t cp);       /* byte offset of code point cp (n if past) */
 bool tpl_is_ascii(const char *s, size_t n);
+/* decodes the code point at s (n > 0 bytes left) into *cp; returns its length (1 and the byte for a bad one) */
+size_t tpl_u8_dec(const char *s, size_t n, uint32_t *cp);
 
 /* builtins (tpl_builtins.c) */
 enum { FN_RANGE = 1, FN_NAMESPACE, FN_RAISE, FN_STRFTIME, FN_DICT, FN_LOOP_CYCLE };

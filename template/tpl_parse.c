@@ -75,17 +75,10 @@ static int perr(parser *p, int line, int col, int code, const char *fmt, ...) __
 static int perr(parser *p, int line, int col, int code, const char *fmt, ...) {
     if (p->code) return p->code;
     p->code = code;
-    if (p->err) {
-        char m[200];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(m, sizeof m, fmt, ap);
-        va_end(ap);
-        p->err->code = code;
-        p->err->line = line;
-        p->err->col = col;
-        snprintf(p->err->msg, sizeof p->err->msg, "template line %d:%d: %s", line, col, m);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tpl_set_error(p->err, code, line, col, fmt, ap);
+    va_end(ap);
     return code;
 }
 
@@ -99,11 +92,6 @@ static char *pstrdup(parser *p, const char *s, size_t n) {
     char *r = palloc(p, n + 1);
     if (r) memcpy(r, s, n);
     return r;
-}
-
-static void place(parser *p, size_t off, int *line, int *col) {
-    /* called rarely enough (once per token) that a running counter is kept by the lexer instead */
-    (void)p; (void)off; (void)line; (void)col;
 }
 
 static int push(parser *p, tok t) {
@@ -460,6 +448,8 @@ static node *parse_expr(parser *p);
 static node *parse_or(parser *p);
 static node *parse_unary(parser *p, bool with_filter);
 static node *parse_primary(parser *p);
+static node *parse_postfix(parser *p, node *n);
+static node *parse_filters(parser *p, node *n);
 
 static int enter(parser *p) {
     if (++p->depth > p->t->lim.max_parse_depth)
@@ -506,19 +496,35 @@ static int parse_args(parser *p, node *call) {
  * that evaluating the tree recurses no deeper than the parser allowed. */
 #define LINK(p, wraps) do { if (enter(p)) return NULL; (wraps)++; } while (0)
 
-static node *parse_postfix_(parser *p, node *n, int *wraps);
-static node *parse_postfix(parser *p, node *n) {
-    int wraps = 0;
-    node *r = parse_postfix_(p, n, &wraps);
-    p->depth -= wraps;
-    return r;
+/* `name` or `name(args)` at the current token: a filter applied to `input` */
+static node *parse_one_filter(parser *p, node *input) {
+    tok *nt = cur(p);
+    if (nt->type != T_NAME) {
+        perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a filter name");
+        return NULL;
+    }
+    node *f = mk(p, N_FILTER, nt);
+    if (!f) return NULL;
+    f->name = tokname(p, nt);
+    next(p);
+    /* dotted filter names are jinja2 syntax but never used by templates */
+    if (skip_op(p, "(") && parse_args(p, f)) return NULL;
+    f->a = input;
+    return f;
 }
 
-static node *parse_postfix_(parser *p, node *n, int *wraps) {
+/* The links after a primary: `.name`, `[index]`, `[a:b:c]` and calls; with `filters`, then also `| filter(args)`
+ * and `is [not] test args` (after which, as in jinja2, only more filters, tests and calls may follow). */
+static node *parse_chain(parser *p, node *n, bool filters) {
+    int wraps = 0;
+    bool filtered = false;
     for (;;) {
         tok *t = cur(p);
-        if (is_op(t, ".") || is_op(t, "[") || is_op(t, "(")) LINK(p, *wraps);
-        if (is_op(t, ".")) {
+        bool sub = !filtered && (is_op(t, ".") || is_op(t, "["));
+        bool filt = filters && (is_op(t, "|") || is_name(t, "is"));
+        if (!sub && !filt && !is_op(t, "(")) break;
+        LINK(p, wraps);
+        if (sub && is_op(t, ".")) {
             next(p);
             tok *nt = cur(p);
             node *a = mk(p, N_ATTR, t);
@@ -537,7 +543,7 @@ static node *parse_postfix_(parser *p, node *n, int *wraps) {
             }
             next(p);
             n = a;
-        } else if (is_op(t, "[")) {
+        } else if (sub) {
             next(p);
             node *lo = NULL, *hi = NULL, *st = NULL;
             bool slice = false;
@@ -554,48 +560,10 @@ static node *parse_postfix_(parser *p, node *n, int *wraps) {
             a->b = lo;
             if (slice) { a->c = hi; a->d = st; }
             n = a;
-        } else if (is_op(t, "(")) {
+        } else if (filt && is_op(t, "|")) {
             next(p);
-            node *a = mk(p, N_CALL, n);
-            if (!a) return NULL;
-            a->a = n;
-            if (parse_args(p, a)) return NULL;
-            n = a;
-        } else {
-            return n;
-        }
-    }
-}
-
-/* `| name(args)` chains, `is [not] test args` and calls, after a unary expression */
-static node *parse_filters_(parser *p, node *n, int *wraps);
-static node *parse_filters(parser *p, node *n) {
-    int wraps = 0;
-    node *r = parse_filters_(p, n, &wraps);
-    p->depth -= wraps;
-    return r;
-}
-
-static node *parse_filters_(parser *p, node *n, int *wraps) {
-    for (;;) {
-        tok *t = cur(p);
-        if (is_op(t, "|") || is_name(t, "is") || is_op(t, "(")) LINK(p, *wraps);
-        if (is_op(t, "|")) {
-            next(p);
-            tok *nt = cur(p);
-            if (nt->type != T_NAME) {
-                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a filter name after '|'");
-                return NULL;
-            }
-            node *f = mk(p, N_FILTER, nt);
-            if (!f) return NULL;
-            f->name = tokname(p, nt);
-            next(p);
-            /* dotted filter names are jinja2 syntax but never used by templates */
-            if (skip_op(p, "(") && parse_args(p, f)) return NULL;
-            f->a = n;
-            n = f;
-        } else if (is_name(t, "is")) {
+            if (!(n = parse_one_filter(p, n))) return NULL;
+        } else if (filt) {
             next(p);
             node *f = mk(p, N_TEST, t);
             if (!f) return NULL;
@@ -628,18 +596,22 @@ static node *parse_filters_(parser *p, node *n, int *wraps) {
             }
             f->a = n;
             n = f;
-        } else if (is_op(t, "(")) {
+        } else {
             next(p);
-            node *a = mk(p, N_CALL, t);
+            node *a = mk(p, N_CALL, n);
             if (!a) return NULL;
             a->a = n;
             if (parse_args(p, a)) return NULL;
             n = a;
-        } else {
-            return n;
         }
+        if (filt) filtered = true;
     }
+    p->depth -= wraps;
+    return n;
 }
+
+static node *parse_postfix(parser *p, node *n) { return parse_chain(p, n, false); }
+static node *parse_filters(parser *p, node *n) { return parse_chain(p, n, true); }
 
 static node *parse_primary(parser *p) {
     if (enter(p)) return NULL;
@@ -865,15 +837,17 @@ static node *parse_not(parser *p) {
     return parse_compare(p);
 }
 
-static node *parse_and(parser *p) {
-    node *l = parse_not(p);
+/* `a and b and ...` (kind N_AND over parse_not) or `a or b or ...` (N_OR over the and-level) */
+static node *parse_logic(parser *p, int kind) {
+    const char *word = kind == N_AND ? "and" : "or";
+    node *l = kind == N_AND ? parse_not(p) : parse_logic(p, N_AND);
     int wraps = 0;
-    while (l && is_name(cur(p), "and")) {
+    while (l && is_name(cur(p), word)) {
         tok *t = cur(p);
         LINK(p, wraps);
         next(p);
-        node *r = parse_not(p);
-        node *n = r ? mk(p, N_AND, t) : NULL;
+        node *r = kind == N_AND ? parse_not(p) : parse_logic(p, N_AND);
+        node *n = r ? mk(p, kind, t) : NULL;
         if (!n) return NULL;
         n->a = l;
         n->b = r;
@@ -883,23 +857,7 @@ static node *parse_and(parser *p) {
     return l;
 }
 
-static node *parse_or(parser *p) {
-    node *l = parse_and(p);
-    int wraps = 0;
-    while (l && is_name(cur(p), "or")) {
-        tok *t = cur(p);
-        LINK(p, wraps);
-        next(p);
-        node *r = parse_and(p);
-        node *n = r ? mk(p, N_OR, t) : NULL;
-        if (!n) return NULL;
-        n->a = l;
-        n->b = r;
-        l = n;
-    }
-    p->depth -= wraps;
-    return l;
-}
+static node *parse_or(parser *p) { return parse_logic(p, N_OR); }
 
 static node *parse_expr(parser *p) {
     if (enter(p)) return NULL;
@@ -1146,17 +1104,9 @@ static node *parse_stmt(parser *p) {
         next(p);
         n = mk(p, N_FILTERBLOCK, bt);
         if (!n) return NULL;
-        /* a filter chain applied to a placeholder input */
-        tok *t = cur(p);
-        if (t->type != T_NAME) {
-            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a filter name");
-            return NULL;
-        }
-        node *f = mk(p, N_FILTER, t);
+        /* a filter chain applied to a placeholder input (NULL) */
+        node *f = parse_one_filter(p, NULL);
         if (!f) return NULL;
-        f->name = tokname(p, t);
-        next(p);
-        if (skip_op(p, "(") && parse_args(p, f)) return NULL;
         n->a = parse_filters(p, f);
         if (!n->a || expect_block_end(p)) return NULL;
         static const char *const ends[] = {"endfilter", NULL};
@@ -1260,7 +1210,6 @@ static node *parse_body(parser *p, const char *const *ends, int *which, const to
 
 int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
     parser p = {.t = t, .err = err};
-    (void)place;
     /* newlines normalized to \n, one trailing newline dropped (jinja2's keep_trailing_newline=False) */
     char *s = tpl_arena_alloc(&t->arena, len + 1);
     if (!s) return perr(&p, 0, 0, KVS_ERR_NOMEM, "out of memory");

@@ -9,21 +9,24 @@
 
 #include "template/tpl_internal.h"
 
+void tpl_set_error(tpl_error *err, int code, int line, int col, const char *fmt, va_list ap) {
+    if (!err) return;
+    char m[220];
+    vsnprintf(m, sizeof m, fmt, ap);
+    err->code = code;
+    err->line = line;
+    err->col = col;
+    if (line) snprintf(err->msg, sizeof err->msg, "template line %d:%d: %s", line, col, m);
+    else snprintf(err->msg, sizeof err->msg, "template: %s", m);
+}
+
 int tpl_fail(tctx *c, const node *n, int code, const char *fmt, ...) {
     if (c->errcode) return c->errcode;
     c->errcode = code;
-    if (c->err) {
-        char m[220];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(m, sizeof m, fmt, ap);
-        va_end(ap);
-        c->err->code = code;
-        c->err->line = n ? n->line : 0;
-        c->err->col = n ? n->col : 0;
-        if (n) snprintf(c->err->msg, sizeof c->err->msg, "template line %d:%d: %s", n->line, n->col, m);
-        else snprintf(c->err->msg, sizeof c->err->msg, "template: %s", m);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tpl_set_error(c->err, code, n ? n->line : 0, n ? n->col : 0, fmt, ap);
+    va_end(ap);
     return code;
 }
 
@@ -546,8 +549,8 @@ void tpl_format_float(double f, char *buf, size_t cap) {
     snprintf(buf, cap, "%s", out);
 }
 
-/* decodes one code point at s (n bytes left); returns its length (1 for a bad byte, cp = the byte) */
-static size_t u8_dec(const unsigned char *s, size_t n, uint32_t *cp) {
+size_t tpl_u8_dec(const char *str, size_t n, uint32_t *cp) {
+    const unsigned char *s = (const unsigned char *)str;
     if (s[0] < 0x80) { *cp = s[0]; return 1; }
     size_t len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC0 ? 2 : 1;
     if (len == 1 || len > n) { *cp = s[0]; return 1; }
@@ -574,7 +577,7 @@ static void repr_str(kvs_buf *b, const char *s, size_t n) {
     kvs_buf_putc(b, q);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = u8_dec((const unsigned char *)s + i, n - i, &cp);
+        size_t l = tpl_u8_dec(s + i, n - i, &cp);
         if (cp == '\\' || (char)cp == q) { kvs_buf_putc(b, '\\'); kvs_buf_putc(b, (char)cp); }
         else if (cp == '\n') kvs_buf_puts(b, "\\n");
         else if (cp == '\r') kvs_buf_puts(b, "\\r");
@@ -746,19 +749,14 @@ static int json_str(tctx *c, const node *n, tsink *s, const tstr *str) {
     return rc ? rc : tsink_put(c, n, s, "\"", 1, false);
 }
 
-/* json.dumps turns int, float, bool and None keys into strings */
+static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *s);
+
+/* json.dumps turns int, float, bool and None keys into strings: their JSON text, quoted */
 static int json_key(tctx *c, const node *n, tsink *s, tv k) {
     if (k.t == TV_STR) return json_str(c, n, s, k.s);
-    char num[48];
-    if (k.t == TV_INT) snprintf(num, sizeof num, "\"%lld\"", (long long)k.i);
-    else if (k.t == TV_BOOL) snprintf(num, sizeof num, "\"%s\"", k.b ? "true" : "false");
-    else if (k.t == TV_NONE) snprintf(num, sizeof num, "\"null\"");
-    else {
-        char f[40];
-        tpl_format_float(k.f, f, sizeof f);
-        snprintf(num, sizeof num, "\"%s\"", isnan(k.f) ? "NaN" : isinf(k.f) ? (k.f < 0 ? "-Infinity" : "Infinity") : f);
-    }
-    return tsink_put(c, n, s, num, strlen(num), false);
+    int rc = tsink_put(c, n, s, "\"", 1, false);
+    if (!rc) rc = json_val(c, n, k, -1, 0, s);
+    return rc ? rc : tsink_put(c, n, s, "\"", 1, false);
 }
 
 static int json_indent(tctx *c, const node *n, tsink *s, int indent, int level) {
@@ -782,30 +780,22 @@ static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *
         else tpl_format_float(v.f, num, sizeof num);
         return tsink_put(c, n, s, num, strlen(num), false);
     case TV_STR: return json_str(c, n, s, v.s);
-    case TV_LIST:
-        if (v.c->kind == TC_GEN) break;
-        if (!v.c->n) return tsink_put(c, n, s, "[]", 2, false);
-        rc = tsink_put(c, n, s, "[", 1, false);
+    case TV_LIST: case TV_DICT: {
+        bool dict = v.t == TV_DICT;
+        if (v.c->kind == TC_GEN || v.c->kind == TC_NS) break;
+        const char *br = dict ? "{}" : "[]";
+        if (!v.c->n) return tsink_put(c, n, s, br, 2, false);
+        rc = tsink_put(c, n, s, br, 1, false);
         for (size_t i = 0; !rc && i < v.c->n; i++) {
             if (i) rc = indent >= 0 ? tsink_put(c, n, s, ",", 1, false) : tsink_put(c, n, s, ", ", 2, false);
             if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level + 1);
+            if (!rc && dict) rc = json_key(c, n, s, v.c->keys[i]);
+            if (!rc && dict) rc = tsink_put(c, n, s, ": ", 2, false);
             if (!rc) rc = json_val(c, n, v.c->items[i], indent, level + 1, s);
         }
         if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level);
-        return rc ? rc : tsink_put(c, n, s, "]", 1, false);
-    case TV_DICT:
-        if (v.c->kind == TC_NS) break;
-        if (!v.c->n) return tsink_put(c, n, s, "{}", 2, false);
-        rc = tsink_put(c, n, s, "{", 1, false);
-        for (size_t i = 0; !rc && i < v.c->n; i++) {
-            if (i) rc = indent >= 0 ? tsink_put(c, n, s, ",", 1, false) : tsink_put(c, n, s, ", ", 2, false);
-            if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level + 1);
-            if (!rc) rc = json_key(c, n, s, v.c->keys[i]);
-            if (!rc) rc = tsink_put(c, n, s, ": ", 2, false);
-            if (!rc) rc = json_val(c, n, v.c->items[i], indent, level + 1, s);
-        }
-        if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level);
-        return rc ? rc : tsink_put(c, n, s, "}", 1, false);
+        return rc ? rc : tsink_put(c, n, s, br + 1, 1, false);
+    }
     default: break;
     }
     return tpl_fail(c, n, KVS_ERR_TYPE, "Object of type %s is not JSON serializable", tv_typename(v));
