@@ -357,7 +357,7 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
     else if (!strcmp(name, "true")) *out = v.t == TV_BOOL && v.b;
     else if (!strcmp(name, "false")) *out = v.t == TV_BOOL && !v.b;
     else if (!strcmp(name, "mapping")) *out = v.t == TV_DICT && v.c->kind == TC_DICT;
-    else if (!strcmp(name, "sequence")) *out = v.t == TV_STR || (v.t == TV_LIST && v.c->kind != TC_GEN) || (v.t == TV_DICT && v.c->kind == TC_DICT);
+    else if (!strcmp(name, "sequence")) *out = v.t == TV_STR || v.t == TV_UNDEF || (v.t == TV_LIST && v.c->kind != TC_GEN) || (v.t == TV_DICT && v.c->kind == TC_DICT);
     else if (!strcmp(name, "iterable")) *out = v.t == TV_STR || v.t == TV_LIST || v.t == TV_UNDEF || (v.t == TV_DICT && v.c->kind == TC_DICT);
     else if (!strcmp(name, "callable")) *out = v.t == TV_FUNC || v.t == TV_MACRO;
     else if (!strcmp(name, "escaped")) *out = false;
@@ -368,8 +368,16 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
         bool odd = fmod(fabs(x), 2.0) == 1.0;
         *out = name[0] == 'o' ? odd : !odd && fmod(x, 1.0) == 0;
     } else if (!strcmp(name, "divisibleby")) {
-        if (!is_intlike(v) || !is_intlike(a0) || ival(a0) == 0) return tpl_fail(c, n, KVS_ERR_TYPE, "divisibleby needs integers");
-        *out = ival(v) % ival(a0) == 0;
+        bool vn = is_intlike(v) || v.t == TV_FLOAT, an = is_intlike(a0) || a0.t == TV_FLOAT;
+        if (!vn || !an) return tpl_fail(c, n, KVS_ERR_TYPE, "divisibleby needs numbers");
+        if (is_intlike(v) && is_intlike(a0)) {
+            if (ival(a0) == 0) return tpl_fail(c, n, KVS_ERR_INVALID, "integer division or modulo by zero");
+            *out = ival(a0) == -1 || ival(v) % ival(a0) == 0;
+        } else {
+            double x = v.t == TV_FLOAT ? v.f : (double)ival(v), y = a0.t == TV_FLOAT ? a0.f : (double)ival(a0);
+            if (y == 0) return tpl_fail(c, n, KVS_ERR_INVALID, "float modulo by zero");
+            *out = fmod(x, y) == 0;
+        }
     } else if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") || !strcmp(name, "sameas")) *out = tv_equal(v, a0);
     else if (!strcmp(name, "ne") || !strcmp(name, "!=")) *out = !tv_equal(v, a0);
     else if (!strcmp(name, "lt") || !strcmp(name, "lessthan") || !strcmp(name, "<")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r < 0; }
@@ -643,6 +651,11 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
             memset(sp, ' ', (size_t)width);
             if ((rc = tstr_new(c, n, sp, (size_t)width, &indv))) return rc;
         }
+        if (in.t != TV_STR) {   /* jinja2 appends "\n" to the value: only strings survive that */
+            tv_decref(c, indv);
+            return in.t == TV_UNDEF ? undef_err(c, n, in)
+                                    : tpl_fail(c, n, KVS_ERR_TYPE, "unsupported operand type(s) for +=: '%s' and 'str'", tv_typename(in));
+        }
         if ((rc = to_str(c, n, in, &s))) { tv_decref(c, indv); return rc; }
         rc = do_indent(c, n, s.s, indv.s, arg_bool(&a, 1, "first", false), arg_bool(&a, 2, "blank", false), out);
         tv_decref(c, s);
@@ -681,6 +694,21 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
         if (in.t == TV_UNDEF) return tcont_new(c, n, TC_LIST, 0, out);
         if (in.t != TV_DICT || in.c->kind != TC_DICT) return tpl_fail(c, n, KVS_ERR_TYPE, "can only get item pairs from a mapping");
         return tpl_method(c, n, in, "items", NULL, 0, NULL, NULL, 0, out);
+    }
+    if ((!strcmp(name, "int") || !strcmp(name, "float")) && in.t == TV_UNDEF) return undef_err(c, n, in);
+    if (!strcmp(name, "wordcount")) {
+        if ((rc = to_str(c, n, in, &s))) return rc;
+        int64_t words = 0;
+        bool inword = false;
+        for (size_t i = 0; i < s.s->len; i++) {
+            unsigned char ch = (unsigned char)s.s->data[i];
+            bool w = isalnum(ch) || ch == '_' || ch >= 0x80;
+            if (w && !inword) words++;
+            inword = w;
+        }
+        tv_decref(c, s);
+        *out = tv_int(words);
+        return 0;
     }
     if (!strcmp(name, "int")) {
         tv *dv = arg(&a, 0, "default");
@@ -725,6 +753,7 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
             double t = v * m, fl = floor(t), diff = t - fl;
             r = diff > 0.5 ? fl + 1 : diff < 0.5 ? fl : (fmod(fl, 2.0) == 0 ? fl : fl + 1);   /* half to even */
             r /= m;
+            r = copysign(r, v);   /* round(-0.4) is -0.0 */
         } else return tpl_fail(c, n, KVS_ERR_INVALID, "method must be common, ceil or floor");
         if (in.t != TV_FLOAT && !strcmp(method, "common")) *out = tv_int((int64_t)r);
         else *out = tv_float(r);

@@ -331,6 +331,7 @@ static int do_slice(tctx *c, const node *n, tv obj, tv lo, tv hi, tv st, tv *out
         kvs_buf_free(&buf);
         return rc;
     }
+    /* jinja2 compiles slices to Python's own (no getitem fallback to undefined) */
     return tpl_fail(c, n, KVS_ERR_TYPE, "'%s' object is not subscriptable", tv_typename(obj));
 }
 
@@ -363,7 +364,7 @@ static int repeat(tctx *c, const node *n, tv seq, int64_t times, tv *out) {
         *out = tv_str(r);
         return 0;
     }
-    if ((rc = tcont_new(c, n, TC_LIST, 0, out))) return rc;
+    if ((rc = tcont_new(c, n, seq.c->kind, 0, out))) return rc;
     for (int64_t i = 0; i < times; i++)
         for (size_t k = 0; k < seq.c->n; k++) {
             if ((rc = tpl_step(c, n))) return rc;
@@ -417,7 +418,8 @@ int tpl_str_mod(tctx *c, const node *n, tstr *fmt, tv args, tv *out) {
         }
         if (b.len > c->t->lim.max_output) rc = tpl_fail(c, n, KVS_ERR_LIMIT, "string too long");
     }
-    if (!rc && ai < na && args.t == TV_LIST && args.c->kind == TC_TUPLE)
+    /* Python: a lone argument that is a mapping (dict, list) may go unused; a str, number or tuple may not */
+    if (!rc && ai < na && args.t != TV_DICT && !(args.t == TV_LIST && args.c->kind != TC_TUPLE))
         rc = tpl_fail(c, n, KVS_ERR_TYPE, "not all arguments converted during string formatting");
     if (!rc && b.oom) rc = tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
     if (!rc) rc = tstr_new(c, n, b.data ? b.data : "", b.len, out);
@@ -445,6 +447,7 @@ static int binop(tctx *c, const node *n, int op, tv a, tv b, tv *out) {
                 if (op == OP_MOD && r != 0 && ((r < 0) != (y < 0))) r += y;
                 break;
             case OP_POW:
+                if (y < 0 && x == 0) return tpl_fail(c, n, KVS_ERR_INVALID, "0.0 cannot be raised to a negative power");
                 if (y < 0) { *out = tv_float(pow((double)x, (double)y)); return 0; }
                 r = 1;
                 for (int64_t e = y, base = x; e && !of; e >>= 1) {
@@ -469,7 +472,12 @@ static int binop(tctx *c, const node *n, int op, tv a, tv b, tv *out) {
             r = fmod(x, y);
             if (r != 0 && ((r < 0) != (y < 0))) r += y;
             break;
-        case OP_POW: r = pow(x, y); break;
+        case OP_POW:
+            if (x == 0 && y < 0) return tpl_fail(c, n, KVS_ERR_INVALID, "0.0 cannot be raised to a negative power");
+            if (x < 0 && y != floor(y)) return tpl_fail(c, n, KVS_ERR_UNSUPPORTED, "complex results are not supported");
+            r = pow(x, y);
+            if (isinf(r) && isfinite(x) && isfinite(y)) return tpl_fail(c, n, KVS_ERR_LIMIT, "numerical result out of range");
+            break;
         }
         *out = tv_float(r);
         return 0;
@@ -523,6 +531,7 @@ static int contains(tctx *c, const node *n, tv item, tv seq, bool *res) {
         return 0;
     case TV_DICT:
         if (seq.c->kind == TC_NS) break;
+        if (!tv_hashable(item)) return tpl_fail(c, n, KVS_ERR_TYPE, "unhashable type: '%s'", tv_typename(item));
         *res = tdict_getv(seq.c, item) != NULL;
         return 0;
     default: break;

@@ -220,7 +220,7 @@ static uint32_t hkey(const char *s, size_t n) {
 }
 
 bool tv_hashable(tv v) {
-    return v.t == TV_STR || v.t == TV_INT || v.t == TV_BOOL || v.t == TV_FLOAT || v.t == TV_NONE;
+    return v.t == TV_STR || v.t == TV_INT || v.t == TV_BOOL || v.t == TV_FLOAT || v.t == TV_NONE || v.t == TV_UNDEF;
 }
 
 /* equal keys hash equally: 1, 1.0 and True are one key, as in Python */
@@ -269,7 +269,7 @@ static size_t dict_find(const tcont *d, const char *key, size_t klen) {
 
 static size_t dict_findv(const tcont *d, tv key) {
     if (key.t == TV_STR) return dict_find(d, key.s->data, key.s->len);
-    if (!tv_hashable(key)) return (size_t)-1;
+    if (!tv_hashable(key) || key.t == TV_UNDEF) return (size_t)-1;
     if (d->index) {
         size_t h = hval(key) & (d->icap - 1);
         for (; d->index[h]; h = (h + 1) & (d->icap - 1))
@@ -292,7 +292,7 @@ tv *tdict_getv(const tcont *d, tv key) {
 }
 
 int tdict_set(tctx *c, const node *n, tcont *d, tv key, tv v) {
-    if (!tv_hashable(key)) {
+    if (!tv_hashable(key) || key.t == TV_UNDEF) {
         tv_decref(c, v);
         return tpl_fail(c, n, KVS_ERR_TYPE, "unhashable type: '%s'", tv_typename(key));
     }
