@@ -817,11 +817,17 @@ static int assign(tctx *c, const node *n, tframe *f, const char **names, int nna
     return rc;
 }
 
+/* renders a block body (set block, filter block, generation) into a string, in a scope of its own as jinja2
+ * does: what the body sets stays inside */
 static int render_body(tctx *c, const node *body, tv *out) {
     tsink sink = {0};
     tsink *saved = c->out;
+    tframe f = {.parent = c->frame}, *saved_frame = c->frame;
     c->out = &sink;
+    c->frame = &f;
     int rc = exec_body(c, body);
+    c->frame = saved_frame;
+    frame_clear(c, &f);
     c->out = saved;
     if (!rc) rc = tsink_take(c, body, &sink, out);
     tsink_free(&sink);
@@ -958,10 +964,12 @@ static int exec_stmt(tctx *c, const node *n) {
     }
     case N_FILTERBLOCK: {
         if ((rc = render_body(c, n->c, &v))) return rc;
-        tv f;
-        rc = eval_filter(c, n->a, &v, &f);
-        tv_decref(c, v);
-        if (rc) return rc;
+        tv f = v;
+        if (n->a) {   /* a generation block has no filter */
+            rc = eval_filter(c, n->a, &v, &f);
+            tv_decref(c, v);
+            if (rc) return rc;
+        }
         rc = tv_print(c, n, f, c->out);
         tv_decref(c, f);
         return rc;
@@ -1054,6 +1062,7 @@ int tpl_render(const tpl_template *t, const tpl_render_params *p, tpl_output *ou
             }
         }
     }
+    for (int i = 0; i < t->n_root_undef && !rc; i++) rc = frame_set(&c, NULL, &root, t->root_undef[i], tv_undef(t->root_undef[i]));
     if (!rc) rc = exec_body(&c, t->root);
     frame_clear(&c, &root);
     tv_decref(&c, g);

@@ -87,6 +87,11 @@ typedef struct node {
 struct tpl_template {
     tpl_limits lim;
     node *root;
+    /* names the template's top level assigns before (in source order) it ever reads them: jinja2 makes them
+     * template variables from the start, undefined until assigned, so that loops and macros reading them early
+     * see undefined rather than an input variable of the same name */
+    const char **root_undef;
+    int n_root_undef;
     void *arena;        /* every allocation of the compiled template */
 };
 

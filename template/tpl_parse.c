@@ -1120,8 +1120,8 @@ static node *parse_stmt(parser *p) {
         if (expect_block_end(p)) return NULL;
         static const char *const ends[] = {"endgeneration", NULL};
         int w;
-        n = parse_body(p, ends, &w, bt);
-        if (!n) return NULL;
+        n = mk(p, N_FILTERBLOCK, bt);   /* a filter block without a filter: its body, in its own scope */
+        if (!n || !(n->c = parse_body(p, ends, &w, bt))) return NULL;
         next(p);
         if (expect_block_end(p)) return NULL;
     } else if (is_name(bt, "break") || is_name(bt, "continue")) {
@@ -1208,6 +1208,94 @@ static node *parse_body(parser *p, const char *const *ends, int *which, const to
     return body;
 }
 
+/* ---- the top level's first references (jinja2's symbol analysis of the root frame) ------------------------- */
+
+typedef struct refs {
+    const char **names;
+    bool *stored_first;
+    int n, cap;
+} refs;
+
+/* the first reference to `name` decides: a load (or a store inside an if branch) means "read the input until
+ * assigned", a plain store means "undefined until assigned" */
+static int ref_note(parser *p, refs *r, const char *name, bool store) {
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(r->names[i], name)) return 0;
+    if (r->n == r->cap) {
+        int nc = r->cap ? r->cap * 2 : 16;
+        const char **nn = palloc(p, (size_t)nc * sizeof *nn);
+        bool *ns = palloc(p, (size_t)nc * sizeof *ns);
+        if (!nn || !ns) return p->code;
+        if (r->n) {
+            memcpy(nn, r->names, (size_t)r->n * sizeof *nn);
+            memcpy(ns, r->stored_first, (size_t)r->n * sizeof *ns);
+        }
+        r->names = nn;
+        r->stored_first = ns;
+        r->cap = nc;
+    }
+    r->names[r->n] = name;
+    r->stored_first[r->n++] = store;
+    return 0;
+}
+
+static int ref_loads(parser *p, refs *r, const node *e) {
+    if (!e) return 0;
+    if (e->kind == N_NAME) return ref_note(p, r, e->name, false);
+    int rc = 0;
+    const node *kids[4] = {e->a, e->b, e->c, e->d};
+    for (int i = 0; i < 4 && !rc; i++) rc = ref_loads(p, r, kids[i]);
+    for (int i = 0; i < e->nv && !rc; i++) rc = ref_loads(p, r, e->v[i]);
+    return rc;
+}
+
+static int ref_body(parser *p, refs *r, const node *body, bool branch);
+
+static int ref_stmt(parser *p, refs *r, const node *n, bool branch) {
+    int rc = 0;
+    switch (n->kind) {
+    case N_OUT: return ref_loads(p, r, n->a);
+    case N_IF:
+        for (const node *b = n; b && !rc;) {
+            if (b->kind != N_IF) return ref_body(p, r, b, true);
+            if (!(rc = ref_loads(p, r, b->a))) rc = ref_body(p, r, b->b, true);
+            b = b->c;
+        }
+        return rc;
+    case N_FOR: return ref_loads(p, r, n->a);
+    case N_SET:
+        if ((rc = ref_loads(p, r, n->a))) return rc;
+        if (n->b) return ref_note(p, r, n->b->name, false);
+        for (int i = 0; i < n->nnames && !rc; i++) rc = ref_note(p, r, n->names[i], !branch);
+        return rc;
+    case N_SETBLOCK: return ref_note(p, r, n->names[0], !branch);
+    case N_MACRO: return ref_note(p, r, n->name, !branch);
+    case N_FILTERBLOCK: return ref_loads(p, r, n->a);
+    case N_BODY: return ref_body(p, r, n, branch);
+    default: return 0;
+    }
+}
+
+static int ref_body(parser *p, refs *r, const node *body, bool branch) {
+    int rc = 0;
+    for (int i = 0; body && i < body->nv && !rc; i++) rc = ref_stmt(p, r, body->v[i], branch);
+    return rc;
+}
+
+static int root_undef(parser *p, tpl_template *t) {
+    refs r = {0};
+    int rc = ref_body(p, &r, t->root, false);
+    if (rc) return rc;
+    int k = 0;
+    for (int i = 0; i < r.n; i++) k += r.stored_first[i];
+    if (!k) return 0;
+    t->root_undef = palloc(p, (size_t)k * sizeof *t->root_undef);
+    if (!t->root_undef) return p->code;
+    for (int i = 0; i < r.n; i++)
+        if (r.stored_first[i]) t->root_undef[t->n_root_undef++] = r.names[i];
+    return 0;
+}
+
 int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
     parser p = {.t = t, .err = err};
     /* newlines normalized to \n, one trailing newline dropped (jinja2's keep_trailing_newline=False) */
@@ -1229,7 +1317,7 @@ int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
     int rc = lex(&p);
     if (!rc) {
         t->root = parse_body(&p, NULL, NULL, NULL);
-        rc = t->root ? 0 : p.code ? p.code : KVS_ERR_SYNTAX;
+        rc = t->root ? root_undef(&p, t) : p.code ? p.code : KVS_ERR_SYNTAX;
     }
     free(p.toks);
     return rc;
