@@ -583,14 +583,26 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
         return 0;
     }
     if (!strcmp(name, "tojson")) {
-        tv *iv = arg(&a, 0, "indent");
-        int indent = -1;
+        /* transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+        tv *av = arg(&a, 0, "ensure_ascii"), *iv = arg(&a, 1, "indent"), *sv = arg(&a, 2, "separators");
+        tpl_json_opts o = {.indent = -1, .item_sep = ", ", .key_sep = ": ", .sort_keys = arg_bool(&a, 3, "sort_keys", false),
+                           .ensure_ascii = av && tv_truthy(*av)};
+        char seps[2][16];
         if (iv && iv->t != TV_NONE) {
             if (!is_intlike(*iv)) return tpl_fail(c, n, KVS_ERR_UNSUPPORTED, "tojson indent must be an integer");
-            indent = ival(*iv) < 0 ? 0 : ival(*iv) > 64 ? 64 : (int)ival(*iv);
+            o.indent = ival(*iv) < 0 ? 0 : ival(*iv) > 64 ? 64 : (int)ival(*iv);
+            o.item_sep = ",";
+        }
+        if (sv && sv->t != TV_NONE) {
+            if (sv->t != TV_LIST || sv->c->n != 2 || sv->c->items[0].t != TV_STR || sv->c->items[1].t != TV_STR ||
+                sv->c->items[0].s->len >= sizeof seps[0] || sv->c->items[1].s->len >= sizeof seps[1])
+                return tpl_fail(c, n, KVS_ERR_UNSUPPORTED, "tojson separators must be two short strings");
+            for (int k = 0; k < 2; k++) memcpy(seps[k], sv->c->items[k].s->data, sv->c->items[k].s->len + 1);
+            o.item_sep = seps[0];
+            o.key_sep = seps[1];
         }
         tsink sk = {0};
-        rc = tv_tojson(c, n, in, indent, &sk);
+        rc = tv_tojson(c, n, in, &o, &sk);
         if (!rc) rc = tsink_take(c, n, &sk, out);
         tsink_free(&sk);
         return rc;

@@ -186,8 +186,14 @@ int tv_print(tctx *c, const node *n, tv v, tsink *s);
 int tv_repr(tctx *c, const node *n, tv v, kvs_buf *b, int depth);
 /* str(v) as a new string value (strings returned as they are, with a new reference) */
 int tv_tostr(tctx *c, const node *n, tv v, tv *out);
-/* json.dumps(v, ensure_ascii=False, indent) into a sink (indent < 0: none) */
-int tv_tojson(tctx *c, const node *n, tv v, int indent, tsink *s);
+/* json.dumps(v, ensure_ascii, indent, separators, sort_keys) into a sink */
+typedef struct tpl_json_opts {
+    int indent;              /* < 0: none (one line) */
+    const char *item_sep;    /* ", " (or "," with an indent) unless given */
+    const char *key_sep;     /* ": " unless given */
+    bool sort_keys, ensure_ascii;
+} tpl_json_opts;
+int tv_tojson(tctx *c, const node *n, tv v, const tpl_json_opts *o, tsink *s);
 /* markupsafe's escape of s (& < > " ') as a new safe string */
 int tpl_html_escape(tctx *c, const node *n, tstr *s, tv *out);
 /* Python's `fmt % args` */

@@ -709,10 +709,10 @@ int tv_print(tctx *c, const node *n, tv v, tsink *s) {
 
 /* ---- JSON ------------------------------------------------------------------------------------------------- */
 
-static int json_str(tctx *c, const node *n, tsink *s, const tstr *str) {
+static int json_str(tctx *c, const node *n, tsink *s, const tstr *str, bool ascii) {
     kvs_buf b = {0};
     const char *p = str->data;
-    /* escaped bytes of each marked range are marked: map offsets as they are escaped */
+    /* the escaped bytes of each marked range are marked */
     size_t spi = 0;
     int rc = tsink_put(c, n, s, "\"", 1, false);
     if (rc) return rc;
@@ -727,8 +727,17 @@ static int json_str(tctx *c, const node *n, tsink *s, const tstr *str) {
             else end = str->spans[spi].off;
         }
         kvs_buf_clear(&b);
-        for (; i < end; i++) {
+        while (i < end) {
             unsigned char ch = (unsigned char)p[i];
+            if (ascii && ch >= 0x7F) {   /* ensure_ascii: \uXXXX, surrogate pairs above the BMP */
+                uint32_t cp;
+                size_t l = tpl_u8_dec(p + i, end - i, &cp);
+                if (l == 1 && cp >= 0x80) cp = 0xDC00 | cp;   /* a stray byte: Python's surrogateescape */
+                if (cp >= 0x10000) kvs_buf_printf(&b, "\\u%04x\\u%04x", 0xD800 | ((cp - 0x10000) >> 10), 0xDC00 | ((cp - 0x10000) & 0x3FF));
+                else kvs_buf_printf(&b, "\\u%04x", cp);
+                i += l;
+                continue;
+            }
             switch (ch) {
             case '"': kvs_buf_puts(&b, "\\\""); break;
             case '\\': kvs_buf_puts(&b, "\\\\"); break;
@@ -741,6 +750,7 @@ static int json_str(tctx *c, const node *n, tsink *s, const tstr *str) {
                 if (ch < 0x20) kvs_buf_printf(&b, "\\u%04x", ch);
                 else kvs_buf_putc(&b, (char)ch);
             }
+            i++;
         }
         if (b.oom) rc = tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
         else if (b.len) rc = tsink_put(c, n, s, b.data, b.len, marked);
@@ -749,13 +759,13 @@ static int json_str(tctx *c, const node *n, tsink *s, const tstr *str) {
     return rc ? rc : tsink_put(c, n, s, "\"", 1, false);
 }
 
-static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *s);
+static int json_val(tctx *c, const node *n, tv v, const tpl_json_opts *o, int level, tsink *s);
 
 /* json.dumps turns int, float, bool and None keys into strings: their JSON text, quoted */
-static int json_key(tctx *c, const node *n, tsink *s, tv k) {
-    if (k.t == TV_STR) return json_str(c, n, s, k.s);
+static int json_key(tctx *c, const node *n, tsink *s, tv k, const tpl_json_opts *o) {
+    if (k.t == TV_STR) return json_str(c, n, s, k.s, o->ensure_ascii);
     int rc = tsink_put(c, n, s, "\"", 1, false);
-    if (!rc) rc = json_val(c, n, k, -1, 0, s);
+    if (!rc) rc = json_val(c, n, k, o, 0, s);
     return rc ? rc : tsink_put(c, n, s, "\"", 1, false);
 }
 
@@ -765,7 +775,23 @@ static int json_indent(tctx *c, const node *n, tsink *s, int indent, int level) 
     return rc;
 }
 
-static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *s) {
+/* the positions of a dict's keys in sort_keys order (Python sorts the keys themselves; mixed types fail) */
+static int json_sorted(tctx *c, const node *n, const tcont *d, size_t **order) {
+    size_t *ix = malloc((d->n ? d->n : 1) * sizeof *ix);
+    if (!ix) return tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < d->n; i++) ix[i] = i;
+    for (size_t i = 1; i < d->n; i++)   /* insertion sort: stable, dicts in templates are small */
+        for (size_t j = i; j > 0; j--) {
+            int r;
+            if (tv_compare(c, n, d->keys[ix[j - 1]], d->keys[ix[j]], &r)) { free(ix); return c->errcode; }
+            if (r <= 0) break;
+            size_t t = ix[j]; ix[j] = ix[j - 1]; ix[j - 1] = t;
+        }
+    *order = ix;
+    return 0;
+}
+
+static int json_val(tctx *c, const node *n, tv v, const tpl_json_opts *o, int level, tsink *s) {
     if (level > c->t->lim.max_depth) return tpl_fail(c, n, KVS_ERR_LIMIT, "value nested deeper than %d", c->t->lim.max_depth);
     int rc = tpl_step(c, n);
     if (rc) return rc;
@@ -779,21 +805,25 @@ static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *
         else if (isinf(v.f)) snprintf(num, sizeof num, v.f < 0 ? "-Infinity" : "Infinity");
         else tpl_format_float(v.f, num, sizeof num);
         return tsink_put(c, n, s, num, strlen(num), false);
-    case TV_STR: return json_str(c, n, s, v.s);
+    case TV_STR: return json_str(c, n, s, v.s, o->ensure_ascii);
     case TV_LIST: case TV_DICT: {
         bool dict = v.t == TV_DICT;
         if (v.c->kind == TC_GEN || v.c->kind == TC_NS) break;
         const char *br = dict ? "{}" : "[]";
         if (!v.c->n) return tsink_put(c, n, s, br, 2, false);
+        size_t *order = NULL;
+        if (dict && o->sort_keys && (rc = json_sorted(c, n, v.c, &order))) return rc;
         rc = tsink_put(c, n, s, br, 1, false);
-        for (size_t i = 0; !rc && i < v.c->n; i++) {
-            if (i) rc = indent >= 0 ? tsink_put(c, n, s, ",", 1, false) : tsink_put(c, n, s, ", ", 2, false);
-            if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level + 1);
-            if (!rc && dict) rc = json_key(c, n, s, v.c->keys[i]);
-            if (!rc && dict) rc = tsink_put(c, n, s, ": ", 2, false);
-            if (!rc) rc = json_val(c, n, v.c->items[i], indent, level + 1, s);
+        for (size_t k = 0; !rc && k < v.c->n; k++) {
+            size_t i = order ? order[k] : k;
+            if (k) rc = tsink_put(c, n, s, o->item_sep, strlen(o->item_sep), false);
+            if (!rc && o->indent >= 0) rc = json_indent(c, n, s, o->indent, level + 1);
+            if (!rc && dict) rc = json_key(c, n, s, v.c->keys[i], o);
+            if (!rc && dict) rc = tsink_put(c, n, s, o->key_sep, strlen(o->key_sep), false);
+            if (!rc) rc = json_val(c, n, v.c->items[i], o, level + 1, s);
         }
-        if (!rc && indent >= 0) rc = json_indent(c, n, s, indent, level);
+        free(order);
+        if (!rc && o->indent >= 0) rc = json_indent(c, n, s, o->indent, level);
         return rc ? rc : tsink_put(c, n, s, br + 1, 1, false);
     }
     default: break;
@@ -801,7 +831,7 @@ static int json_val(tctx *c, const node *n, tv v, int indent, int level, tsink *
     return tpl_fail(c, n, KVS_ERR_TYPE, "Object of type %s is not JSON serializable", tv_typename(v));
 }
 
-int tv_tojson(tctx *c, const node *n, tv v, int indent, tsink *s) { return json_val(c, n, v, indent, 0, s); }
+int tv_tojson(tctx *c, const node *n, tv v, const tpl_json_opts *o, tsink *s) { return json_val(c, n, v, o, 0, s); }
 
 int tv_from_json(tctx *c, const cJSON *j, int mark, int depth, tv *out) {
     if (depth > 10000) return tpl_fail(c, NULL, KVS_ERR_LIMIT, "input nested too deeply");

@@ -311,6 +311,12 @@ static const struct { const char *src, *vars, *want; } features[] = {
     {"{{ {'b':1, 'a':2}|tojson }}{{ {'x': [1, {'y': []}]}|tojson(indent=1) }}",
      NULL,
      "{\"b\": 1, \"a\": 2}{\n \"x\": [\n  1,\n  {\n   \"y\": []\n  }\n ]\n}"},
+    {"{{ {'b': 1, 'a': [1, 'é😀\177']}|tojson(sort_keys=true) }}|{{ {'b': 1, 'a': 'é'}|tojson(true) }}|{{ [1, {'x': 2}]|tojson(separators=(',', ':')) }}|{{ {'a': [1]}|tojson(indent=2, separators=(', ', ' = ')) }}|{{ [1]|tojson(false, 1) }}|{{ {'a': 1}|tojson(ensure_ascii=true, indent=0) }}",
+     NULL,
+     "{\"a\": [1, \"é😀\177\"], \"b\": 1}|{\"b\": 1, \"a\": \"\\u00e9\"}|[1,{\"x\":2}]|{\n  \"a\" = [\n    1\n  ]\n}|[\n 1\n]|{\n\"a\": 1\n}"},
+    {"{{ {2: 1, 1: 2}|tojson(sort_keys=true) }}",
+     NULL,
+     "{\"1\": 2, \"2\": 1}"},
 };
 
 Test(template, language_features_match_jinja2) {
@@ -319,6 +325,7 @@ Test(template, language_features_match_jinja2) {
 
 /* jinja2 raised for each of these */
 static const char *const failing[] = {
+    "{{ {'a': 1, 1: 2}|tojson(sort_keys=true) }}",
     "{{ x.y }}",
     "{{ x['y'] }}",
     "{{ x + 1 }}",
