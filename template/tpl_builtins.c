@@ -378,8 +378,8 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
             if (y == 0) return tpl_fail(c, n, KVS_ERR_INVALID, "float modulo by zero");
             *out = fmod(x, y) == 0;
         }
-    } else if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") || !strcmp(name, "sameas")) *out = tv_equal(v, a0);
-    else if (!strcmp(name, "ne") || !strcmp(name, "!=")) *out = !tv_equal(v, a0);
+    } else if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") || !strcmp(name, "sameas")) return tpl_equal(c, n, v, a0, out);
+    else if (!strcmp(name, "ne") || !strcmp(name, "!=")) { if ((rc = tpl_equal(c, n, v, a0, out))) return rc; *out = !*out; }
     else if (!strcmp(name, "lt") || !strcmp(name, "lessthan") || !strcmp(name, "<")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r < 0; }
     else if (!strcmp(name, "le") || !strcmp(name, "<=")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r <= 0; }
     else if (!strcmp(name, "gt") || !strcmp(name, "greaterthan") || !strcmp(name, ">")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r > 0; }
@@ -387,7 +387,7 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
     else if (!strcmp(name, "in")) {
         *out = false;
         if (a0.t == TV_STR && v.t == TV_STR) *out = !v.s->len || memmem(a0.s->data, a0.s->len, v.s->data, v.s->len);
-        else if (a0.t == TV_LIST) { for (size_t i = 0; i < a0.c->n && !*out; i++) *out = tv_equal(a0.c->items[i], v); }
+        else if (a0.t == TV_LIST) { for (size_t i = 0; i < a0.c->n && !*out; i++) if ((rc = tpl_equal(c, n, a0.c->items[i], v, out))) return rc; }
         else if (a0.t == TV_DICT) *out = tdict_getv(a0.c, v) != NULL;
         else if (a0.t != TV_UNDEF) return tpl_fail(c, n, KVS_ERR_TYPE, "argument of type '%s' is not iterable", tv_typename(a0));
     } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
@@ -853,8 +853,7 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
                     }
                     bool dup = false;
                     for (size_t j = 0; j < seen.c->n && !dup; j++) {
-                        if ((rc = tpl_step(c, n))) break;
-                        dup = tv_equal(seen.c->items[j], k);
+                        if ((rc = tpl_equal(c, n, seen.c->items[j], k, &dup))) break;
                     }
                     if (rc) { tv_decref(c, k); break; }
                     if (dup) { tv_decref(c, k); continue; }
@@ -1266,7 +1265,9 @@ static int list_method(tctx *c, const node *n, tcont *l, const char *name, fargs
         if (!x) return tpl_fail(c, n, KVS_ERR_TYPE, "%s() takes exactly one argument", name);
         int64_t k = 0;
         for (size_t i = 0; i < l->n; i++) {
-            if (!tv_equal(l->items[i], *x)) continue;
+            bool eq;
+            if ((rc = tpl_equal(c, n, l->items[i], *x, &eq))) return rc;
+            if (!eq) continue;
             if (name[0] == 'i') { *out = tv_int((int64_t)i); return 0; }
             if (name[0] == 'r') {
                 tv old = l->items[i];
@@ -1385,9 +1386,14 @@ static int dict_method(tctx *c, const node *n, tcont *d, const char *name, fargs
 int tpl_method(tctx *c, const node *n, tv obj, const char *name, tv *pos, int npos, const char **kwn, tv *kwv,
                int nkw, tv *out) {
     fargs a = {pos, npos, kwn, kwv, nkw};
+    int rc;
     switch (obj.t) {
-    case TV_STR: return str_method(c, n, obj.s, name, &a, out);
-    case TV_LIST: return list_method(c, n, obj.c, name, &a, out);
+    case TV_STR:   /* scans of the whole string (find, count, strip, split...) cost by its size */
+        if ((rc = tpl_charge(c, n, obj.s->len / TPL_BYTES_PER_STEP))) return rc;
+        return str_method(c, n, obj.s, name, &a, out);
+    case TV_LIST:   /* and of the whole list (insert, pop(0), remove...) */
+        if ((rc = tpl_charge(c, n, obj.c->n / 16))) return rc;
+        return list_method(c, n, obj.c, name, &a, out);
     case TV_DICT: return dict_method(c, n, obj.c, name, &a, out);
     case TV_LOOP:
         if (!npos) return tpl_fail(c, n, KVS_ERR_TYPE, "no items for cycling given");

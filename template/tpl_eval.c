@@ -7,8 +7,6 @@
 
 #include "template/tpl_internal.h"
 
-/* Nesting of evaluation (statements and expressions, across macro calls): bounds the C stack a render uses. */
-#define TPL_MAX_EVAL_NEST 1000
 
 void tpl_limits_default(tpl_limits *lim) {
     lim->max_steps = 5000000;
@@ -117,10 +115,20 @@ static tv lookup(tctx *c, tframe *f, const char *name) {
 
 /* ---- helpers --------------------------------------------------------------------------------------------- */
 
-int tpl_step(tctx *c, const node *n) {
-    if (++c->steps > c->t->lim.max_steps)
+int tpl_step(tctx *c, const node *n) { return tpl_charge(c, n, 1); }
+
+int tpl_charge(tctx *c, const node *n, uint64_t units) {
+    c->steps = units > UINT64_MAX - c->steps ? UINT64_MAX : c->steps + units;
+    if (c->steps > c->t->lim.max_steps)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "step limit of %llu reached", (unsigned long long)c->t->lim.max_steps);
     return 0;
+}
+
+int tpl_equal(tctx *c, const node *n, tv a, tv b, bool *res) {
+    tv_eqw w = {0};
+    *res = tv_equal_w(a, b, &w);
+    if (w.deep) return tpl_fail(c, n, KVS_ERR_LIMIT, "values nested deeper than %d compared", TPL_MAX_EVAL_NEST);
+    return tpl_charge(c, n, w.work);
 }
 
 static int undef_err(tctx *c, const node *n, tv v) {
@@ -387,7 +395,14 @@ int tpl_str_mod(tctx *c, const node *n, tstr *fmt, tv args, tv *out) {
         size_t j = i + 1;
         char spec[32] = "%";
         size_t k = 1;
-        while (j < fmt->len && strchr("-+ #0123456789.", fmt->data[j]) && k < 20) spec[k++] = fmt->data[j++];
+        long num = 0;
+        while (j < fmt->len && strchr("-+ #0123456789.", fmt->data[j]) && k < 20) {
+            char d = fmt->data[j];
+            num = d >= '0' && d <= '9' ? num * 10 + (d - '0') : 0;
+            if (num > 4096) break;   /* widths and precisions stay small: no giant padding */
+            spec[k++] = fmt->data[j++];
+        }
+        if (num > 4096 || k >= 20) { rc = tpl_fail(c, n, KVS_ERR_LIMIT, "format width or precision too large"); break; }
         if (j >= fmt->len) { rc = tpl_fail(c, n, KVS_ERR_INVALID, "incomplete format"); break; }
         char conv = fmt->data[j];
         i = j;
@@ -517,18 +532,20 @@ static int binop(tctx *c, const node *n, int op, tv a, tv b, tv *out) {
 
 static int contains(tctx *c, const node *n, tv item, tv seq, bool *res) {
     *res = false;
+    int rc;
     switch (seq.t) {
     case TV_UNDEF: return 0;
     case TV_STR:
         if (item.t != TV_STR)
             return tpl_fail(c, n, KVS_ERR_TYPE, "'in <string>' requires string as left operand, not %s", tv_typename(item));
         if (!item.s->len) { *res = true; return 0; }
+        if ((rc = tpl_charge(c, n, seq.s->len / TPL_BYTES_PER_STEP))) return rc;
         *res = item.s->len <= seq.s->len && memmem(seq.s->data, seq.s->len, item.s->data, item.s->len) != NULL;
         return 0;
     case TV_LIST:
-        for (size_t i = 0; i < seq.c->n; i++)
-            if (tv_equal(seq.c->items[i], item)) { *res = true; break; }
-        return 0;
+        for (size_t i = 0; i < seq.c->n && !*res; i++)
+            if ((rc = tpl_equal(c, n, seq.c->items[i], item, res))) return rc;
+        return tpl_charge(c, n, seq.c->n);
     case TV_DICT:
         if (seq.c->kind == TC_NS) break;
         if (!tv_hashable(item)) return tpl_fail(c, n, KVS_ERR_TYPE, "unhashable type: '%s'", tv_typename(item));
@@ -737,8 +754,8 @@ static int eval_inner(tctx *c, const node *n, tv *out) {
             if ((rc = eval(c, o->a, &b))) { tv_decref(c, a); return rc; }
             int cmp = 0;
             switch (o->op) {
-            case OP_EQ: res = tv_equal(a, b); break;
-            case OP_NE: res = !tv_equal(a, b); break;
+            case OP_EQ: rc = tpl_equal(c, o, a, b, &res); break;
+            case OP_NE: rc = tpl_equal(c, o, a, b, &res); res = !res; break;
             case OP_IN: rc = contains(c, o, a, b, &res); break;
             case OP_NOTIN: rc = contains(c, o, a, b, &res); res = !res; break;
             default:

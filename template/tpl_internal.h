@@ -177,7 +177,17 @@ int tpl_mem(tctx *c, const node *n, size_t add);
 static inline void tpl_unmem(tctx *c, size_t sub) { c->mem -= sub < c->mem ? sub : c->mem; }
 
 bool tv_truthy(tv v);
+/* Python ==. tv_equal_w also counts the values it visits into w->work and gives up (w->deep set, result false)
+ * on values nested deeper than TPL_MAX_EVAL_NEST; tv_equal is for scalars and keys. */
+typedef struct tv_eqw {
+    uint64_t work;
+    int depth;
+    bool deep;
+} tv_eqw;
+bool tv_equal_w(tv a, tv b, tv_eqw *w);
 bool tv_equal(tv a, tv b);
+/* == inside a render: the work is charged as steps; KVS_ERR_LIMIT when too deep or over the budget */
+int tpl_equal(tctx *c, const node *n, tv a, tv b, bool *res);
 /* <0, 0, >0; KVS_ERR_TYPE when not ordered (returned through *rc) */
 int tv_compare(tctx *c, const node *n, tv a, tv b, int *res);
 const char *tv_typename(tv v);
@@ -230,6 +240,12 @@ int tpl_iter_list(tctx *c, const node *n, tv v, tv *out);
 int tpl_getattr(tctx *c, const node *n, tv obj, const char *name, tv *out);
 int tpl_getitem(tctx *c, const node *n, tv obj, tv key, tv *out);
 int tpl_step(tctx *c, const node *n);
+/* charges `units` steps at once (work proportional to a size: bytes / TPL_BYTES_PER_STEP, elements) */
+int tpl_charge(tctx *c, const node *n, uint64_t units);
+#define TPL_BYTES_PER_STEP 256
+/* Nesting of evaluation (statements and expressions, across macro calls, and of values compared): bounds the C
+ * stack a render uses. */
+#define TPL_MAX_EVAL_NEST 1000
 /* calls a macro value */
 int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, const char **kwn, tv *kwv, int nkw,
                    tv *out);

@@ -67,7 +67,8 @@ size_t tpl_u8_off(const char *s, size_t n, size_t cp) {
 int tstr_alloc(tctx *c, const node *n, size_t len, tstr **out) {
     if (len > c->t->lim.max_output)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "string longer than the output limit of %zu bytes", c->t->lim.max_output);
-    int rc = tpl_mem(c, n, sizeof(tstr) + len + 1);
+    int rc = tpl_charge(c, n, len / TPL_BYTES_PER_STEP);
+    if (!rc) rc = tpl_mem(c, n, sizeof(tstr) + len + 1);
     if (rc) return rc;
     tstr *s = malloc(sizeof *s + len + 1);
     if (!s) {
@@ -427,6 +428,12 @@ static double num_f(tv v) { return v.t == TV_FLOAT ? v.f : v.t == TV_INT ? (doub
 static int64_t num_i(tv v) { return v.t == TV_INT ? v.i : (int64_t)v.b; }
 
 bool tv_equal(tv a, tv b) {
+    tv_eqw w = {0};
+    return tv_equal_w(a, b, &w);
+}
+
+bool tv_equal_w(tv a, tv b, tv_eqw *w) {
+    w->work++;
     if (is_num(a) && is_num(b)) {
         if (a.t == TV_FLOAT || b.t == TV_FLOAT) return num_f(a) == num_f(b);
         return num_i(a) == num_i(b);
@@ -435,21 +442,18 @@ bool tv_equal(tv a, tv b) {
     switch (a.t) {
     case TV_UNDEF: case TV_NONE: return true;
     case TV_STR: return a.s->len == b.s->len && !memcmp(a.s->data, b.s->data, a.s->len);
-    case TV_LIST:
+    case TV_LIST: case TV_DICT: {
         if (a.c == b.c) return true;
-        if (a.c->kind == TC_GEN || b.c->kind == TC_GEN) return false;
-        if ((a.c->kind == TC_TUPLE) != (b.c->kind == TC_TUPLE) || a.c->n != b.c->n) return false;
-        for (size_t i = 0; i < a.c->n; i++)
-            if (!tv_equal(a.c->items[i], b.c->items[i])) return false;
-        return true;
-    case TV_DICT:
-        if (a.c == b.c) return true;
-        if (a.c->kind == TC_NS || b.c->kind == TC_NS || a.c->n != b.c->n) return false;
-        for (size_t i = 0; i < a.c->n; i++) {
-            tv *o = tdict_getv(b.c, a.c->keys[i]);
-            if (!o || !tv_equal(a.c->items[i], *o)) return false;
+        if (a.c->kind != b.c->kind || a.c->kind == TC_GEN || a.c->kind == TC_NS || a.c->n != b.c->n) return false;
+        if (w->deep || ++w->depth > TPL_MAX_EVAL_NEST) { w->deep = true; return false; }
+        bool eq = true;
+        for (size_t i = 0; i < a.c->n && eq; i++) {
+            tv *o = a.t == TV_LIST ? &b.c->items[i] : tdict_getv(b.c, a.c->keys[i]);
+            eq = o && tv_equal_w(a.c->items[i], *o, w);
         }
-        return true;
+        w->depth--;
+        return eq && !w->deep;
+    }
     case TV_FUNC: return a.sub == b.sub;
     case TV_MACRO: return a.m == b.m;
     case TV_LOOP: return a.loop == b.loop;
@@ -491,8 +495,14 @@ int tv_compare(tctx *c, const node *n, tv a, tv b, int *res) {
     }
     if (a.t == TV_LIST && b.t == TV_LIST && a.c->kind == b.c->kind && a.c->kind != TC_GEN) {
         for (size_t i = 0; i < a.c->n && i < b.c->n; i++) {
-            if (tv_equal(a.c->items[i], b.c->items[i])) continue;
-            return tv_compare(c, n, a.c->items[i], b.c->items[i], res);
+            bool eq;
+            int rc = tpl_equal(c, n, a.c->items[i], b.c->items[i], &eq);
+            if (rc) return rc;
+            if (eq) continue;
+            if (++c->nest > TPL_MAX_EVAL_NEST) { c->nest--; return tpl_fail(c, n, KVS_ERR_LIMIT, "values nested too deeply"); }
+            rc = tv_compare(c, n, a.c->items[i], b.c->items[i], res);
+            c->nest--;
+            return rc;
         }
         *res = a.c->n < b.c->n ? -1 : a.c->n > b.c->n ? 1 : 0;
         return 0;
@@ -649,6 +659,7 @@ int tv_tostr(tctx *c, const node *n, tv v, tv *out) {
     }
     kvs_buf b = {0};
     int rc = tv_repr(c, n, v, &b, 0);
+    if (!rc) rc = tpl_charge(c, n, b.len / TPL_BYTES_PER_STEP);
     if (!rc) rc = tstr_new(c, n, b.data ? b.data : "", b.len, out);
     kvs_buf_free(&b);
     return rc;
@@ -660,6 +671,10 @@ int tsink_put(tctx *c, const node *n, tsink *s, const char *p, size_t len, bool 
     size_t off = s->buf.len;
     if (len > c->t->lim.max_output || off > c->t->lim.max_output - len)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "output longer than the limit of %zu bytes", c->t->lim.max_output);
+    if (len >= TPL_BYTES_PER_STEP) {
+        int rc = tpl_charge(c, n, len / TPL_BYTES_PER_STEP);
+        if (rc) return rc;
+    }
     if (kvs_buf_append(&s->buf, p, len)) return tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
     if (marked && spans_add(&s->spans, &s->nspans, &s->cap, off, len)) return tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
     return 0;

@@ -1222,6 +1222,14 @@ Test(template, hostile_templates_hit_limits) {
     expect_fail("{{ 'x' * 1000000000 }}", NULL, KVS_ERR_LIMIT);
     expect_fail("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", NULL,
                 KVS_ERR_LIMIT);
+    /* work proportional to sizes counts: scans of big strings and lists in a loop, deep comparisons */
+    expect_fail("{% set big = 'a' * 4000000 %}{% for i in range(1000000) %}{% if 'x' in big %}{% endif %}{% endfor %}", NULL, KVS_ERR_LIMIT);
+    expect_fail("{% set big = 'a' * 4000000 %}{% for i in range(1000000) %}{% set _ = big.find('x') %}{% endfor %}", NULL, KVS_ERR_LIMIT);
+    expect_fail("{% set l = range(100000)|list %}{% for i in range(100000) %}{% if -1 in l %}{% endif %}{% endfor %}", NULL, KVS_ERR_LIMIT);
+    expect_fail("{% set ns = namespace(a=[], b=[]) %}{% for i in range(5000) %}{% set ns.a = [ns.a] %}{% set ns.b = [ns.b] %}{% endfor %}"
+                "{{ ns.a == ns.b }}", NULL, KVS_ERR_LIMIT);
+    expect_fail("{{ '%999999999d' % 1 }}", NULL, KVS_ERR_LIMIT);
+    expect("{{ '%5d|%-4s|%.2f' % (42, 'ab', 3.14159) }}", NULL, "   42|ab  |3.14");
     /* output growth */
     expect_fail("{% for i in range(4000000) %}xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx{% endfor %}", NULL, KVS_ERR_LIMIT);
     /* a list that holds itself: printing stops at the depth limit, nothing leaks */
@@ -1353,12 +1361,15 @@ Test(template, random_mutations_never_crash, .timeout = 600) {
     lim.max_steps = 200000;
     lim.max_output = 1 << 16;
     lim.max_memory = 8 << 20;
-    rng r = {0x5eed1234abcdULL};
+    const char *env_seed = getenv("KVSERVE_FUZZ_SEED");
+    rng r = {env_seed && strtoull(env_seed, NULL, 0) ? strtoull(env_seed, NULL, 0) : 0x5eed1234abcdULL};
     static const char *frags[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "+", "(", ")", "[", "]", "{", "}", "|",
                                   "'", "\"", "\\", ".", ",", ":", "~", "*", "**", "//", "%", "if", "for", "in", "not",
                                   "endif", "endfor", "macro", "endmacro", "set", "loop", "range(99999)", "\n", " ",
                                   "\xff", "\xc3", "\0", "9999999999999999999", "1e400", "-1", "recursive", "else"};
-    int iters = 3000;
+    /* KVSERVE_FUZZ_ITERS makes a longer run (default 3000 mutations and 3000 token soups) */
+    const char *env_iters = getenv("KVSERVE_FUZZ_ITERS");
+    int iters = env_iters && atoi(env_iters) > 0 ? atoi(env_iters) : 3000;
     for (int it = 0; it < iters; it++) {
         int which = rng_int(&r, ns);
         size_t len = lens[which];
@@ -1390,7 +1401,7 @@ Test(template, random_mutations_never_crash, .timeout = 600) {
         free(m);
     }
     /* token soups */
-    for (int it = 0; it < 3000; it++) {
+    for (int it = 0; it < iters; it++) {
         char buf[512];
         size_t len = 0;
         int nt = 1 + rng_int(&r, 40);
