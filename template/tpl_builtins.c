@@ -100,7 +100,7 @@ enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAP, CASE_JTITLE };
 static bool jtitle_sep(char ch) { return isspace((unsigned char)ch) || strchr("-({[<", ch); }
 
 static int do_case(tctx *c, const node *n, tstr *s, int mode, tv *out) {
-    tstr *r;
+    tstr *r = NULL;
     int rc = tstr_alloc(c, n, s->len, &r);
     if (rc) return rc;
     bool prev_cased = false, first = true;
@@ -559,7 +559,7 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
     fargs a = {pos, npos, kwn, kwv, nkw};
     int rc;
     tv s;
-    tstr *x;
+    tstr *x = NULL;
     if (!strcmp(name, "safe")) {
         if ((rc = to_str(c, n, in, &s))) return rc;
         if (s.s->safe) { *out = s; return 0; }
@@ -772,7 +772,7 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
         return 0;
     }
     if (!strcmp(name, "attr")) {
-        tstr *an;
+        tstr *an = NULL;
         if ((rc = need_str(c, n, arg(&a, 0, "name"), "attr's name", &an))) return rc;
         char nm[128];
         size_t l = an->len < sizeof nm - 1 ? an->len : sizeof nm - 1;
@@ -1133,7 +1133,7 @@ static int str_method(tctx *c, const node *n, tstr *s, const char *name, fargs *
     if (!strcmp(name, "title")) return do_case(c, n, s, CASE_TITLE, out);
     if (!strcmp(name, "capitalize")) return do_case(c, n, s, CASE_CAP, out);
     if (!strcmp(name, "swapcase")) {
-        tstr *r;
+        tstr *r = NULL;
         if ((rc = tstr_alloc(c, n, s->len, &r))) return rc;
         for (size_t i = 0; i < s->len; i++) {
             unsigned char ch = (unsigned char)s->data[i];

@@ -366,7 +366,7 @@ static int repeat(tctx *c, const node *n, tv seq, int64_t times, tv *out) {
     if (seq.t == TV_STR) {
         if (seq.s->len && (uint64_t)times > c->t->lim.max_output / seq.s->len)
             return tpl_fail(c, n, KVS_ERR_LIMIT, "string longer than the output limit of %zu bytes", c->t->lim.max_output);
-        tstr *r;
+        tstr *r = NULL;
         if ((rc = tstr_alloc(c, n, seq.s->len * (size_t)times, &r))) return rc;
         for (int64_t i = 0; i < times; i++) memcpy(r->data + (size_t)i * seq.s->len, seq.s->data, seq.s->len);
         *out = tv_str(r);

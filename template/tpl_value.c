@@ -86,7 +86,7 @@ int tstr_alloc(tctx *c, const node *n, size_t len, tstr **out) {
 }
 
 int tstr_new(tctx *c, const node *n, const char *p, size_t len, tv *out) {
-    tstr *s;
+    tstr *s = NULL;
     int rc = tstr_alloc(c, n, len, &s);
     if (rc) return rc;
     if (len) memcpy(s->data, p, len);
@@ -125,7 +125,7 @@ int tstr_sub(tctx *c, const node *n, tstr *s, size_t off, size_t len, tv *out) {
         *out = v;
         return 0;
     }
-    tstr *r;
+    tstr *r = NULL;
     int rc = tstr_alloc(c, n, len, &r);
     if (rc) return rc;
     memcpy(r->data, s->data + off, len);
@@ -690,7 +690,7 @@ int tsink_putstr(tctx *c, const node *n, tsink *s, const tstr *str) {
 }
 
 int tsink_take(tctx *c, const node *n, tsink *s, tv *out) {
-    tstr *r;
+    tstr *r = NULL;
     int rc = tstr_alloc(c, n, s->buf.len, &r);
     if (rc) return rc;
     if (s->buf.len) memcpy(r->data, s->buf.data, s->buf.len);
