@@ -8,7 +8,7 @@
  * arithmetic is Python's (int vs float, `/` gives a float, `//` and `%` floor, `**`). Undefined is jinja2's
  * default Undefined: prints empty, is falsy, iterates as empty; an attribute, item, call or arithmetic on it is an
  * error. Not supported (a syntax error names them): call blocks and `caller`, recursive loops, include/import/
- * extends, raw blocks, `{% do %}`; filters outside the list in template.c fail at run time as jinja2's unknown
+ * extends, `{% do %}`; filters outside the list in template.c fail at run time as jinja2's unknown
  * filters do. Case mapping (upper/lower/title/capitalize) changes ASCII letters only.
  *
  * Sandbox: a template comes from a model file and is untrusted. Compiling and rendering never crash, never run

@@ -292,6 +292,19 @@ static int lex_tag(parser *p, lexpos *lp, bool block, bool *strip_after, bool *p
     }
 }
 
+/* At s[i] (after `{%` and its modifier): whitespace, `word`, whitespace, then `-%}` or `%}` (or `+%}` when
+ * plus_ok). Returns the offset just past the `%}`, or 0. */
+static size_t raw_tag(const char *s, size_t n, size_t i, const char *word, bool plus_ok) {
+    while (i < n && is_ws(s[i])) i++;
+    size_t wl = strlen(word);
+    if (i + wl > n || memcmp(s + i, word, wl)) return 0;
+    i += wl;
+    if (i < n && (is_id0(s[i]) || is_dig(s[i]))) return 0;
+    while (i < n && is_ws(s[i])) i++;
+    if (i < n && (s[i] == '-' || (plus_ok && s[i] == '+'))) i++;
+    return i + 1 < n && s[i] == '%' && s[i + 1] == '}' ? i + 2 : 0;
+}
+
 static int lex(parser *p) {
     const char *s = p->src;
     size_t n = p->n;
@@ -347,6 +360,36 @@ static int lex(parser *p) {
             if (!minus && !plus && after < n && s[after] == '\n') after++;
             adv(p, &lp, after);
             strip_next = minus;
+            line_starting = after > 0 && s[after - 1] == '\n';
+            continue;
+        }
+        size_t rawend;
+        if (kind == 2 && (rawend = raw_tag(s, n, body, "raw", false))) {
+            /* {% raw %}...{% endraw %}: the text between, as it is */
+            size_t cstart = rawend, k = cstart, cend = 0, after = 0;
+            for (; k + 1 < n; k++)
+                if (s[k] == '{' && s[k + 1] == '%' && (after = raw_tag(s, n, k + 2 + (s[k + 2] == '-' || s[k + 2] == '+'), "endraw", true))) {
+                    cend = k;
+                    break;
+                }
+            if (!after) return perr(p, tline, tcol, KVS_ERR_SYNTAX, "unclosed 'raw' block (expected 'endraw')");
+            if (s[rawend - 3] == '-') while (cstart < cend && is_ws(s[cstart])) cstart++;
+            size_t tend2 = cend;
+            if (s[cend + 2] == '-') while (tend2 > cstart && is_ws(s[tend2 - 1])) tend2--;
+            else if (s[cend + 2] != '+') {   /* lstrip_blocks before {% endraw %} alone on its line */
+                size_t l = tend2;
+                while (l > cstart && (s[l - 1] == ' ' || s[l - 1] == '\t')) l--;
+                if (l > cstart && s[l - 1] == '\n') tend2 = l;
+            }
+            adv(p, &lp, cstart);
+            if (tend2 > cstart) {
+                tok t = {.type = T_TEXT, .line = lp.line, .col = (int)(cstart - lp.line_start) + 1, .s = s + cstart, .len = tend2 - cstart};
+                if (push(p, t)) return p->code;
+            }
+            bool em = s[after - 3] == '-', ep = s[after - 3] == '+';
+            if (!em && !ep && after < n && s[after] == '\n') after++;
+            adv(p, &lp, after);
+            strip_next = em;
             line_starting = after > 0 && s[after - 1] == '\n';
             continue;
         }
@@ -1133,7 +1176,7 @@ static node *parse_stmt(parser *p) {
         next(p);
         if (!n || expect_block_end(p)) return NULL;
     } else {
-        static const char *unsup[] = {"call", "raw", "include", "import", "from", "extends", "block", "do", "with",
+        static const char *unsup[] = {"call", "include", "import", "from", "extends", "block", "do", "with",
                                       "autoescape", "trans", NULL};
         for (int i = 0; unsup[i]; i++)
             if (is_name(bt, unsup[i])) {

@@ -317,6 +317,24 @@ static const struct { const char *src, *vars, *want; } features[] = {
     {"{{ {2: 1, 1: 2}|tojson(sort_keys=true) }}",
      NULL,
      "{\"1\": 2, \"2\": 1}"},
+    {"a {% raw %}{{ x }}{% if %}{% endraw %} b",
+     NULL,
+     "a {{ x }}{% if %} b"},
+    {"x\n  {% raw %}\n  {{ y }}\n  {% endraw %}\nz",
+     NULL,
+     "x\n\n  {{ y }}\nz"},
+    {"x {%- raw -%}  {{ y }}  {%- endraw -%}  z",
+     NULL,
+     "x{{ y }}z"},
+    {"{% raw %} a {%+ endraw +%}\n b",
+     NULL,
+     " a \n b"},
+    {"{%raw%}{{%endraw%}",
+     NULL,
+     "{"},
+    {"{% raw %}{% endraw x %}{% endraw %}",
+     NULL,
+     "{% endraw x %}"},
 };
 
 Test(template, language_features_match_jinja2) {
@@ -325,6 +343,7 @@ Test(template, language_features_match_jinja2) {
 
 /* jinja2 raised for each of these */
 static const char *const failing[] = {
+    "{% raw %}unclosed",
     "{{ {'a': 1, 1: 2}|tojson(sort_keys=true) }}",
     "{{ x.y }}",
     "{{ x['y'] }}",
@@ -1081,6 +1100,7 @@ Test(template, error_codes_and_places) {
     cr_assert_eq(render("{# open", NULL, &out, &err), KVS_ERR_SYNTAX);
     cr_assert_eq(render("{% break %}", NULL, &out, &err), KVS_ERR_SYNTAX);
     cr_assert_eq(render("{% call m() %}x{% endcall %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
+    cr_assert_eq(render("{% include 'x' %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
     cr_assert_eq(render("{% for x in y recursive %}{% endfor %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
     cr_assert_eq(render("\n\n  {{ raise_exception('no system role') }}", NULL, &out, &err), KVS_ERR_RAISED);
     cr_expect(strstr(err.msg, "no system role"), "%s", err.msg);
