@@ -7,9 +7,14 @@
  * rendering its body. Values print as Python prints them (True/False/None, lists as ['a', 1], floats as repr);
  * arithmetic is Python's (int vs float, `/` gives a float, `//` and `%` floor, `**`). Undefined is jinja2's
  * default Undefined: prints empty, is falsy, iterates as empty; an attribute, item, call or arithmetic on it is an
- * error. Not supported (a syntax error names them): call blocks and `caller`, recursive loops, include/import/
- * extends, `{% do %}`; filters outside the list in template.c fail at run time as jinja2's unknown
- * filters do. Case mapping (upper/lower/title/capitalize) changes ASCII letters only.
+ * error. Scopes are jinja2's: for-loop bodies (fresh each iteration), macros, set blocks, filter and generation
+ * blocks keep their assignments (namespace() carries values out); a name the top level assigns before it reads
+ * it is undefined, not the input variable of that name, until assigned. Markup from `safe` is kept only as far
+ * as `+` needs it (a plain string added to it is HTML-escaped).
+ * Not supported: call blocks and `caller`, recursive loops, include/import/extends, `{% do %}`, `{% with %}` (a
+ * compile error names them); integers beyond 64 bits (KVS_ERR_LIMIT); format specs in str.format; filters
+ * outside the list in tpl_builtins.c fail at run time, as jinja2's unknown filters do. Case mapping (upper,
+ * lower, title, capitalize) changes ASCII letters only. Dict views and range() print as lists.
  *
  * Sandbox: a template comes from a model file and is untrusted. Compiling and rendering never crash, never run
  * more than `max_steps` evaluation steps, never nest macro calls, statements, expressions or printed values
@@ -18,6 +23,9 @@
  *
  * Threads: a compiled tpl_template is immutable after tpl_compile returns; any number of threads may call
  * tpl_render on the same template at once (each render has its own state). tpl_free must not race a render.
+ * A render uses up to about 256 KiB of C stack in an optimized build (1 MiB under ASan); give rendering threads
+ * at least 512 KiB:
+ * evaluation nesting (statements, expressions, macro calls together) is capped at 500 whatever the limits.
  *
  * Errors: every failing call returns a negative kvs_err code and fills the tpl_error it is given (when not NULL)
  * with the code, the template line and column (1-based; 0 when not tied to a place) and a message.

@@ -245,7 +245,7 @@ int tpl_charge(tctx *c, const node *n, uint64_t units);
 #define TPL_BYTES_PER_STEP 256
 /* Nesting of evaluation (statements and expressions, across macro calls, and of values compared): bounds the C
  * stack a render uses. */
-#define TPL_MAX_EVAL_NEST 1000
+#define TPL_MAX_EVAL_NEST 500
 /* calls a macro value */
 int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, const char **kwn, tv *kwv, int nkw,
                    tv *out);

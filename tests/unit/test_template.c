@@ -1301,6 +1301,11 @@ Test(template, hostile_templates_hit_limits) {
     lim.max_parse_depth = 10000;
     cr_assert_eq(render_ex(deep, strlen(deep), NULL, &lim, &out, &err), KVS_ERR_LIMIT);
     cr_expect(strstr(err.msg, "nested deeper"), "%s", err.msg);
+    const char *deep2 = "{% macro f(n) %}{% if n > 0 %}{% if 1 %}{% if 1 %}{% if 1 %}{% if 1 %}{% if 1 %}{% for i in [1] %}{% if true %}"
+                        "{{ ((((((((((((f(n - 1)|trim)|trim)|trim)|trim)|trim)|trim))))))) }}{% endif %}{% endfor %}{% endif %}"
+                        "{% endif %}{% endif %}{% endif %}{% endif %}{% endif %}{% endmacro %}{{ f(1000) }}";
+    cr_assert_eq(render_ex(deep2, strlen(deep2), NULL, NULL, &out, &err), KVS_ERR_LIMIT);
+    cr_expect(strstr(err.msg, "nested deeper"), "%s", err.msg);
     free(src);
     /* a small limit bounds steps, depth and output as configured */
     tpl_limits_default(&lim);
