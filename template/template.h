@@ -14,7 +14,8 @@
  * Not supported: call blocks and `caller`, recursive loops, include/import/extends, `{% do %}`, `{% with %}` (a
  * compile error names them); integers beyond 64 bits (KVS_ERR_LIMIT); format specs in str.format; filters
  * outside the list in tpl_builtins.c fail at run time, as jinja2's unknown filters do. Case mapping (upper,
- * lower, title, capitalize) changes ASCII letters only. Dict views and range() print as lists.
+ * lower, title, capitalize) knows ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (U+0400..U+045F) letters;
+ * other letters stay as they are. Dict views and range() print as lists.
  *
  * Sandbox: a template comes from a model file and is untrusted. Compiling and rendering never crash, never run
  * more than `max_steps` evaluation steps, never nest macro calls, statements, expressions or printed values

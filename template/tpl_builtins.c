@@ -97,38 +97,127 @@ static int do_strip(tctx *c, const node *n, tstr *s, const tstr *chars, int whic
 
 enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAP, CASE_JTITLE };
 
-static bool jtitle_sep(char ch) { return isspace((unsigned char)ch) || strchr("-({[<", ch); }
+/* Simple case mappings of ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (U+0400..U+045F); other code
+ * points map to themselves and count as uncased. 0 in *extra unless the mapping is two code points. */
+static uint32_t cp_upper(uint32_t cp, uint32_t *extra) {
+    *extra = 0;
+    if (cp >= 'a' && cp <= 'z') return cp - 32;
+    if (cp < 0x80) return cp;
+    if (cp == 0x149) { *extra = 'N'; return 0x2BC; }
+    if (cp == 0xB5) return 0x39C;
+    if (cp == 0xDF) { *extra = 'S'; return 'S'; }
+    if (cp >= 0xE0 && cp <= 0xFE && cp != 0xF7) return cp - 32;
+    if (cp == 0xFF) return 0x178;
+    if (cp == 0x131) return 'I';
+    if (cp == 0x17F) return 'S';
+    if ((cp >= 0x100 && cp <= 0x12F) || (cp >= 0x132 && cp <= 0x137) || (cp >= 0x14A && cp <= 0x177))
+        return cp & 1 ? cp - 1 : cp;
+    if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return cp & 1 ? cp : cp - 1;
+    if (cp == 0x3C2) return 0x3A3;
+    if ((cp >= 0x3B1 && cp <= 0x3C1) || (cp >= 0x3C3 && cp <= 0x3CB)) return cp - 32;
+    if (cp == 0x3AC) return 0x386;
+    if (cp >= 0x3AD && cp <= 0x3AF) return cp - 37;
+    if (cp == 0x3CC) return 0x38C;
+    if (cp == 0x3CD || cp == 0x3CE) return cp - 63;
+    if (cp >= 0x430 && cp <= 0x44F) return cp - 32;
+    if (cp >= 0x450 && cp <= 0x45F) return cp - 80;
+    return cp;
+}
 
+static uint32_t cp_lower(uint32_t cp, uint32_t *extra) {
+    *extra = 0;
+    if (cp >= 'A' && cp <= 'Z') return cp + 32;
+    if (cp < 0x80) return cp;
+    if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 32;
+    if (cp == 0x178) return 0xFF;
+    if (cp == 0x130) { *extra = 0x307; return 'i'; }
+    if ((cp >= 0x100 && cp <= 0x12F) || (cp >= 0x132 && cp <= 0x137) || (cp >= 0x14A && cp <= 0x177))
+        return cp & 1 ? cp : cp + 1;
+    if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return cp & 1 ? cp + 1 : cp;
+    if ((cp >= 0x391 && cp <= 0x3A1) || (cp >= 0x3A3 && cp <= 0x3AB)) return cp + 32;
+    if (cp == 0x386) return 0x3AC;
+    if (cp >= 0x388 && cp <= 0x38A) return cp + 37;
+    if (cp == 0x38C) return 0x3CC;
+    if (cp == 0x38E || cp == 0x38F) return cp + 63;
+    if (cp >= 0x410 && cp <= 0x42F) return cp + 32;
+    if (cp >= 0x400 && cp <= 0x40F) return cp + 80;
+    return cp;
+}
+
+/* Python's "cased": the letters of the covered blocks that have case (ª and º included, as Unicode says) */
+static bool cp_cased(uint32_t cp) {
+    if (cp < 0x80) return (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z');
+    return cp == 0xAA || cp == 0xB5 || cp == 0xBA || (cp >= 0xC0 && cp <= 0x17F && cp != 0xD7 && cp != 0xF7) ||
+           cp == 0x386 || (cp >= 0x388 && cp <= 0x3CE && cp != 0x38B && cp != 0x38D && cp != 0x3A2) ||
+           (cp >= 0x400 && cp <= 0x45F);
+}
+
+/* a letter followed (after case-ignorable marks, none handled here) by no further cased letter: Python's final
+ * sigma rule for lower() */
+static bool final_sigma(const tstr *s, size_t at, size_t len, bool prev_cased) {
+    if (!prev_cased) return false;
+    size_t j = at + len;
+    if (j >= s->len) return true;
+    uint32_t nx;
+    tpl_u8_dec(s->data + j, s->len - j, &nx);
+    return !cp_cased(nx);
+}
+
+static void put_cp(kvs_buf *b, uint32_t cp) {
+    char u[4];
+    size_t k = 0;
+    if (cp < 0x80) u[k++] = (char)cp;
+    else if (cp < 0x800) { u[k++] = (char)(0xC0 | cp >> 6); u[k++] = (char)(0x80 | (cp & 0x3F)); }
+    else if (cp < 0x10000) { u[k++] = (char)(0xE0 | cp >> 12); u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F)); u[k++] = (char)(0x80 | (cp & 0x3F)); }
+    else { u[k++] = (char)(0xF0 | cp >> 18); u[k++] = (char)(0x80 | ((cp >> 12) & 0x3F)); u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F)); u[k++] = (char)(0x80 | (cp & 0x3F)); }
+    kvs_buf_append(b, u, k);
+}
+
+/* upper / lower / str.title / capitalize / jinja2's title filter (words split at whitespace and -({[<) */
 static int do_case(tctx *c, const node *n, tstr *s, int mode, tv *out) {
-    tstr *r = NULL;
-    int rc = tstr_alloc(c, n, s->len, &r);
-    if (rc) return rc;
+    kvs_buf b = {0};
     bool prev_cased = false, first = true;
-    for (size_t i = 0; i < s->len; i++) {
-        unsigned char ch = (unsigned char)s->data[i];
-        bool letter = isalpha(ch) && ch < 0x80;
-        char o = (char)ch;
-        switch (mode) {
-        case CASE_UPPER: o = (char)toupper(ch); break;
-        case CASE_LOWER: o = (char)tolower(ch); break;
-        case CASE_TITLE:
-            if (letter) o = (char)(prev_cased ? tolower(ch) : toupper(ch));
-            prev_cased = letter || ch >= 0x80;
-            break;
-        case CASE_CAP: o = (char)(first ? toupper(ch) : tolower(ch)); break;
-        case CASE_JTITLE:
-            o = (char)(first ? toupper(ch) : tolower(ch));
+    for (size_t i = 0; i < s->len;) {
+        uint32_t cp, extra = 0, o;
+        size_t l = tpl_u8_dec(s->data + i, s->len - i, &cp);
+        if (l == 1 && cp >= 0x80) {   /* a stray byte stays as it is */
+            kvs_buf_putc(&b, s->data[i]);
+            i++;
+            prev_cased = false;
             first = false;
-            if (jtitle_sep((char)ch)) first = true;
-            if (ch < 0x80 || (ch & 0xC0) != 0x80) {}
-            r->data[i] = o;
             continue;
         }
-        if (!(ch & 0x80) || (ch & 0xC0) == 0xC0) first = false;
-        r->data[i] = ch < 0x80 ? o : (char)ch;
+        bool cased = cp_cased(cp), up;
+        switch (mode) {
+        case CASE_UPPER: up = true; break;
+        case CASE_LOWER: up = false; break;
+        case CASE_TITLE: up = !prev_cased; break;
+        case CASE_CAP: up = first; break;
+        default: up = first; break;
+        }
+        if (up) {
+            o = cp_upper(cp, &extra);
+            if (cp == 0xDF && (mode == CASE_TITLE || mode == CASE_CAP)) extra = 's';   /* titlecase of ß is Ss */
+        } else if (cp == 0x3A3 && final_sigma(s, i, l, prev_cased)) {
+            o = 0x3C2;
+        } else {
+            o = cp_lower(cp, &extra);
+        }
+        if (up && (cp == 0x390 || cp == 0x3B0)) {   /* ΐ and ΰ have no single capital: three code points */
+            put_cp(&b, cp == 0x390 ? 0x399 : 0x3A5);
+            put_cp(&b, 0x308);
+            put_cp(&b, 0x301);
+        } else {
+            put_cp(&b, o);
+            if (extra) put_cp(&b, extra);
+        }
+        prev_cased = cased && !(mode == CASE_JTITLE && first);   /* jinja2 lowers each word's tail on its own */
+        first = mode == CASE_JTITLE ? (py_space(cp) || (cp < 0x80 && strchr("-({[<", (int)cp))) : false;
+        i += l;
     }
-    *out = tv_str(r);
-    return 0;
+    int rc = b.oom ? tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory") : tstr_new(c, n, b.data ? b.data : "", b.len, out);
+    kvs_buf_free(&b);
+    return rc;
 }
 
 /* ---- iteration -------------------------------------------------------------------------------------------- */
