@@ -11,7 +11,8 @@
  * blocks keep their assignments (namespace() carries values out); a name the top level assigns before it reads
  * it is undefined, not the input variable of that name, until assigned. Markup from `safe` is kept only as far
  * as `+` needs it (a plain string added to it is HTML-escaped).
- * Not supported: call blocks and `caller`, recursive loops, include/import/extends, `{% do %}`, `{% with %}` (a
+ * Call blocks pass their body to the macro as `caller`; a caller kept and called after its block has ended is
+ * refused (KVS_ERR_STATE). Not supported: recursive loops, include/import/extends, `{% do %}`, `{% with %}` (a
  * compile error names them); integers beyond 64 bits (KVS_ERR_LIMIT); format specs in str.format; filters
  * outside the list in tpl_builtins.c fail at run time, as jinja2's unknown filters do. Case mapping (upper,
  * lower, title, capitalize) knows ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (U+0400..U+045F) letters;
@@ -65,7 +66,8 @@ typedef struct tpl_error {
 /* Compiles template text `src[0..len)` (UTF-8, may contain NULs) under `lim` (NULL: defaults; the limits are
  * copied into the template and used by every render). On success *out owns the compiled template (free with
  * tpl_free). Errors: KVS_ERR_INVALID (NULL src/out, bad limits), KVS_ERR_SYNTAX (malformed template, an unknown
- * or unsupported tag, an unclosed block), KVS_ERR_LIMIT (nesting deeper than max_parse_depth), KVS_ERR_NOMEM. */
+ * tag, an unclosed block), KVS_ERR_UNSUPPORTED (a tag or syntax this engine does not implement: recursive loops,
+ * include, *args...), KVS_ERR_LIMIT (nesting deeper than max_parse_depth), KVS_ERR_NOMEM. */
 int tpl_compile(const char *src, size_t len, const tpl_limits *lim, tpl_template **out, tpl_error *err);
 
 /* Frees a template; NULL is a no-op. */
@@ -103,7 +105,8 @@ typedef struct tpl_output {
  * KVS_ERR_RAISED (the template called raise_exception: the message is its argument), KVS_ERR_LIMIT (a sandbox
  * limit), KVS_ERR_TYPE (an operation on values of the wrong type, an undefined value used where jinja2 raises,
  * an unknown filter, test or method), KVS_ERR_INVALID (a bad argument value: division by zero, a bad index),
- * KVS_ERR_NOMEM. */
+ * KVS_ERR_NOT_FOUND (dict.pop of a missing key), KVS_ERR_UNSUPPORTED (a format spec, a non-string tojson
+ * separator...), KVS_ERR_STATE (a caller called after its call block ended), KVS_ERR_NOMEM. */
 int tpl_render(const tpl_template *t, const tpl_render_params *p, tpl_output *out, tpl_error *err);
 
 /* Frees the output's memory and empties it; an empty output is a no-op. */

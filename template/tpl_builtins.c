@@ -448,7 +448,7 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
     else if (!strcmp(name, "mapping")) *out = v.t == TV_DICT && v.c->kind == TC_DICT;
     else if (!strcmp(name, "sequence")) *out = v.t == TV_STR || v.t == TV_UNDEF || (v.t == TV_LIST && v.c->kind != TC_GEN) || (v.t == TV_DICT && v.c->kind == TC_DICT);
     else if (!strcmp(name, "iterable")) *out = v.t == TV_STR || v.t == TV_LIST || v.t == TV_UNDEF || (v.t == TV_DICT && v.c->kind == TC_DICT);
-    else if (!strcmp(name, "callable")) *out = v.t == TV_FUNC || v.t == TV_MACRO;
+    else if (!strcmp(name, "callable")) *out = v.t == TV_FUNC || v.t == TV_MACRO || v.t == TV_CALLER;
     else if (!strcmp(name, "escaped")) *out = false;
     else if (!strcmp(name, "odd") || !strcmp(name, "even")) {
         if (v.t == TV_UNDEF) return undef_err(c, n, v);

@@ -558,8 +558,8 @@ static int contains(tctx *c, const node *n, tv item, tv seq, bool *res) {
 
 /* ---- macros ------------------------------------------------------------------------------------------------ */
 
-int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, const char **kwn, tv *kwv, int nkw,
-                   tv *out) {
+int tpl_call_macro(tctx *c, const node *n, const node *m, tframe *scope, tv *args, int nargs, const char **kwn, tv *kwv,
+                   int nkw, tv *out) {
     if (c->depth >= c->t->lim.max_depth)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "macro calls nested deeper than %d", c->t->lim.max_depth);
     if (nargs > m->nnames)
@@ -567,10 +567,11 @@ int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, c
     for (int k = 0; k < nkw; k++) {
         int p = 0;
         while (p < m->nnames && strcmp(m->names[p], kwn[k])) p++;
+        if (p == m->nnames && !strcmp(kwn[k], "caller")) continue;   /* from a call block */
         if (p == m->nnames) return tpl_fail(c, n, KVS_ERR_TYPE, "macro '%s' takes no keyword argument '%s'", m->name, kwn[k]);
         if (p < nargs) return tpl_fail(c, n, KVS_ERR_TYPE, "macro '%s' got multiple values for argument '%s'", m->name, kwn[k]);
     }
-    tframe f = {.parent = c->root};
+    tframe f = {.parent = scope};
     tframe *saved_frame = c->frame;
     tsink *saved_out = c->out;
     tsink sink = {0};
@@ -587,6 +588,11 @@ int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, c
         if (!have && m->d->v[p]) rc = eval(c, m->d->v[p], &v);
         if (!rc) rc = frame_set(c, n, &f, m->names[p], v);
     }
+    for (int k = 0; k < nkw && !rc; k++)
+        if (!strcmp(kwn[k], "caller")) {
+            tv_incref(kwv[k]);
+            rc = frame_set(c, n, &f, "caller", kwv[k]);
+        }
     c->out = &sink;
     c->brk = 0;
     if (!rc) rc = exec_body(c, m->c);
@@ -603,7 +609,10 @@ int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, c
 static int call_value(tctx *c, const node *n, tv fnv, targs *a, tv *out) {
     switch (fnv.t) {
     case TV_FUNC: return tpl_call_global(c, n, fnv.sub, a->pos, a->npos, a->kwn, a->kwv, a->nkw, out);
-    case TV_MACRO: return tpl_call_macro(c, n, fnv.m, a->pos, a->npos, a->kwn, a->kwv, a->nkw, out);
+    case TV_MACRO: return tpl_call_macro(c, n, fnv.m, c->root, a->pos, a->npos, a->kwn, a->kwv, a->nkw, out);
+    case TV_CALLER:
+        if (!fnv.cl->frame) return tpl_fail(c, n, KVS_ERR_STATE, "caller used after its call block ended");
+        return tpl_call_macro(c, n, fnv.cl->m, fnv.cl->frame, a->pos, a->npos, a->kwn, a->kwv, a->nkw, out);
     case TV_UNDEF: return undef_err(c, n, fnv);
     default: return tpl_fail(c, n, KVS_ERR_TYPE, "'%s' object is not callable", tv_typename(fnv));
     }
@@ -929,6 +938,54 @@ static int exec_for(tctx *c, const node *n) {
     return rc;
 }
 
+/* {% call m(args) %}body{% endcall %}: m(args, caller=<the body>), printed */
+static int exec_callblock(tctx *c, const node *n) {
+    const node *call = n->a;
+    tv fnv, res;
+    int rc = eval(c, call->a, &fnv);
+    if (rc) return rc;
+    if (fnv.t != TV_MACRO) {
+        rc = fnv.t == TV_UNDEF ? undef_err(c, call, fnv) : tpl_fail(c, call, KVS_ERR_TYPE, "a call block needs a macro");
+        tv_decref(c, fnv);
+        return rc;
+    }
+    targs a;
+    if ((rc = args_eval(c, call, &a))) return rc;
+    tcaller *cl = NULL;
+    if (!(rc = tpl_mem(c, n, sizeof *cl)) && !(cl = calloc(1, sizeof *cl))) {
+        tpl_unmem(c, sizeof *cl);
+        rc = tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
+    }
+    if (!rc) {
+        cl->rc = 1;
+        cl->m = n->d;
+        cl->frame = c->frame;
+        tv cv = {.t = TV_CALLER};
+        cv.cl = cl;
+        /* the arguments plus caller= */
+        int nk = a.nkw + 1;
+        const char **kwn = malloc((size_t)nk * sizeof *kwn);
+        tv *kwv = malloc((size_t)nk * sizeof *kwv);
+        if (!kwn || !kwv) rc = tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
+        else {
+            for (int k = 0; k < a.nkw; k++) { kwn[k] = a.kwn[k]; kwv[k] = a.kwv[k]; }
+            kwn[a.nkw] = "caller";
+            kwv[a.nkw] = cv;
+            rc = tpl_call_macro(c, call, fnv.m, c->root, a.pos, a.npos, kwn, kwv, nk, &res);
+        }
+        free(kwn);
+        free(kwv);
+        cl->frame = NULL;   /* copies kept past the block fail when called */
+        tv_decref(c, cv);
+        if (!rc) {
+            rc = tv_print(c, n, res, c->out);
+            tv_decref(c, res);
+        }
+    }
+    args_free(c, &a);
+    return rc;
+}
+
 static int exec_stmt(tctx *c, const node *n) {
     int rc = tpl_step(c, n);
     if (rc) return rc;
@@ -991,6 +1048,8 @@ static int exec_stmt(tctx *c, const node *n) {
         tv_decref(c, f);
         return rc;
     }
+    case N_CALLBLOCK:
+        return exec_callblock(c, n);
     case N_BODY:
         return exec_body(c, n);
     case N_BREAK:

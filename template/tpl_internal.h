@@ -11,7 +11,7 @@
 /* ---- values ---------------------------------------------------------------------------------------------- */
 
 typedef enum tv_type {
-    TV_UNDEF, TV_NONE, TV_BOOL, TV_INT, TV_FLOAT, TV_STR, TV_LIST, TV_DICT, TV_FUNC, TV_MACRO, TV_LOOP,
+    TV_UNDEF, TV_NONE, TV_BOOL, TV_INT, TV_FLOAT, TV_STR, TV_LIST, TV_DICT, TV_FUNC, TV_MACRO, TV_LOOP, TV_CALLER,
 } tv_type;
 
 /* A string: immutable once built. rc < 0 marks a string owned by the compiled template (never counted, never
@@ -43,6 +43,7 @@ typedef struct tv {
         tcont *c;
         const struct node *m;   /* TV_MACRO */
         struct tloop *loop;     /* TV_LOOP */
+        struct tcaller *cl;     /* TV_CALLER: a call block's body, callable while the block runs */
         const char *uname;      /* TV_UNDEF: the missing name (template-owned, NUL-terminated) or NULL */
     };
 } tv;
@@ -62,7 +63,7 @@ struct tcont {
 
 typedef enum nkind {
     /* statements */
-    N_BODY, N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_FILTERBLOCK, N_BREAK, N_CONTINUE,
+    N_BODY, N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_CALLBLOCK,
     /* expressions */
     N_CONST, N_NAME, N_LIST, N_TUPLE, N_DICT, N_ATTR, N_ITEM, N_SLICE, N_CALL, N_KW, N_FILTER, N_TEST, N_BIN,
     N_NEG, N_POS, N_NOT, N_AND, N_OR, N_CMP, N_COND, N_CONCAT,
@@ -116,6 +117,13 @@ typedef struct tframe {
     tv *vals;
     size_t n, cap;
 } tframe;
+
+/* `caller` inside a macro called by {% call %}: the block's body as a macro whose scope is the block's own */
+typedef struct tcaller {
+    int32_t rc;
+    const struct node *m;     /* N_MACRO node of the body */
+    struct tframe *frame;     /* the scope around the call block; NULL once the block has ended */
+} tcaller;
 
 typedef struct tloop {
     int32_t rc;
@@ -247,7 +255,7 @@ int tpl_charge(tctx *c, const node *n, uint64_t units);
  * stack a render uses. */
 #define TPL_MAX_EVAL_NEST 500
 /* calls a macro value */
-int tpl_call_macro(tctx *c, const node *n, const node *m, tv *args, int nargs, const char **kwn, tv *kwv, int nkw,
-                   tv *out);
+int tpl_call_macro(tctx *c, const node *n, const node *m, tframe *scope, tv *args, int nargs, const char **kwn, tv *kwv,
+                   int nkw, tv *out);
 
 #endif

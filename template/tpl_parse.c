@@ -953,6 +953,28 @@ static int parse_targets(parser *p, nvec *names_out) {
     return 0;
 }
 
+/* `(name, name=default, ...)` of a macro or call block: names and defaults (NULL where none) */
+static int parse_params(parser *p, nvec *names, nvec *defs) {
+    if (expect_op(p, "(")) return p->code;
+    while (!is_op(cur(p), ")")) {
+        if (names->n && expect_op(p, ",")) return p->code;
+        if (is_op(cur(p), ")")) break;
+        tok *pt = cur(p);
+        if (pt->type != T_NAME) return perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "expected a parameter name");
+        const char *pn = tokname(p, pt);
+        next(p);
+        node *def = NULL;
+        if (skip_op(p, "=")) {
+            if (!(def = parse_expr(p))) return p->code;
+        } else if (defs->n && defs->v[defs->n - 1]) {
+            return perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "non-default argument follows default argument");
+        }
+        if (nv_push(p, names, (node *)(void *)pn) || nv_push(p, defs, def)) return p->code;
+    }
+    next(p);
+    return 0;
+}
+
 static node *parse_stmt(parser *p) {
     tok *bt = cur(p);   /* the name after {% */
     if (bt->type != T_NAME) {
@@ -1105,28 +1127,8 @@ static node *parse_stmt(parser *p) {
         }
         n->name = tokname(p, t);
         next(p);
-        if (expect_op(p, "(")) return NULL;
         nvec names = {0}, defs = {0};
-        while (!is_op(cur(p), ")")) {
-            if (names.n && expect_op(p, ",")) return NULL;
-            if (is_op(cur(p), ")")) break;
-            tok *pt = cur(p);
-            if (pt->type != T_NAME) {
-                perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "expected a parameter name");
-                return NULL;
-            }
-            const char *pn = tokname(p, pt);
-            next(p);
-            node *def = NULL;
-            if (skip_op(p, "=")) {
-                if (!(def = parse_expr(p))) return NULL;
-            } else if (defs.n && defs.v[defs.n - 1]) {
-                perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "non-default argument follows default argument");
-                return NULL;
-            }
-            if (nv_push(p, &names, (node *)(void *)pn) || nv_push(p, &defs, def)) return NULL;
-        }
-        next(p);
+        if (parse_params(p, &names, &defs)) return NULL;
         if (expect_block_end(p)) return NULL;
         n->names = (const char **)(void *)names.v;
         n->nnames = names.n;
@@ -1167,6 +1169,37 @@ static node *parse_stmt(parser *p) {
         if (!n || !(n->c = parse_body(p, ends, &w, bt))) return NULL;
         next(p);
         if (expect_block_end(p)) return NULL;
+    } else if (is_name(bt, "call")) {
+        /* {% call [(params)] macro(args) %}body{% endcall %}: the body becomes an anonymous macro, `caller` */
+        next(p);
+        n = mk(p, N_CALLBLOCK, bt);
+        node *m = mk(p, N_MACRO, bt);
+        if (!n || !m) return NULL;
+        m->name = "caller";
+        nvec names = {0}, defs = {0};
+        if (is_op(cur(p), "(") && parse_params(p, &names, &defs)) return NULL;
+        m->names = (const char **)(void *)names.v;
+        m->nnames = names.n;
+        if (!(m->d = palloc(p, sizeof *m->d))) return NULL;
+        m->d->v = defs.v;
+        m->d->nv = defs.n;
+        node *e = parse_expr(p);
+        if (!e) return NULL;
+        if (e->kind != N_CALL) {
+            perr(p, e->line, e->col, KVS_ERR_SYNTAX, "a call block needs a macro call");
+            return NULL;
+        }
+        if (expect_block_end(p)) return NULL;
+        static const char *const ends[] = {"endcall", NULL};
+        int w, saved = p->loops;
+        p->loops = 0;
+        m->c = parse_body(p, ends, &w, bt);
+        p->loops = saved;
+        if (!m->c) return NULL;
+        n->a = e;
+        n->d = m;
+        next(p);
+        if (expect_block_end(p)) return NULL;
     } else if (is_name(bt, "break") || is_name(bt, "continue")) {
         if (!p->loops) {
             perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "'%.*s' outside a loop", (int)bt->len, bt->s);
@@ -1176,7 +1209,7 @@ static node *parse_stmt(parser *p) {
         next(p);
         if (!n || expect_block_end(p)) return NULL;
     } else {
-        static const char *unsup[] = {"call", "include", "import", "from", "extends", "block", "do", "with",
+        static const char *unsup[] = {"include", "import", "from", "extends", "block", "do", "with",
                                       "autoescape", "trans", NULL};
         for (int i = 0; unsup[i]; i++)
             if (is_name(bt, unsup[i])) {
@@ -1314,6 +1347,7 @@ static int ref_stmt(parser *p, refs *r, const node *n, bool branch) {
     case N_SETBLOCK: return ref_note(p, r, n->names[0], !branch);
     case N_MACRO: return ref_note(p, r, n->name, !branch);
     case N_FILTERBLOCK: return ref_loads(p, r, n->a);
+    case N_CALLBLOCK: return ref_loads(p, r, n->a);
     case N_BODY: return ref_body(p, r, n, branch);
     default: return 0;
     }

@@ -361,6 +361,7 @@ void tv_incref(tv v) {
     if (v.t == TV_STR && v.s->rc >= 0) v.s->rc++;
     else if (v.t == TV_LIST || v.t == TV_DICT) v.c->rc++;
     else if (v.t == TV_LOOP) v.loop->rc++;
+    else if (v.t == TV_CALLER) v.cl->rc++;
 }
 
 /* Containers freed by a chain of decrefs deeper than this stay on the live list until the render ends (the C
@@ -381,6 +382,11 @@ void tv_decref(tctx *c, tv v) {
         }
         cont_release(c, k);
         c->free_depth--;
+    } else if (v.t == TV_CALLER) {
+        if (--v.cl->rc == 0) {
+            tpl_unmem(c, sizeof(tcaller));
+            free(v.cl);
+        }
     } else if (v.t == TV_LOOP) {
         if (--v.loop->rc == 0) {
             tv_decref(c, v.loop->prev);
@@ -457,6 +463,7 @@ bool tv_equal_w(tv a, tv b, tv_eqw *w) {
     case TV_FUNC: return a.sub == b.sub;
     case TV_MACRO: return a.m == b.m;
     case TV_LOOP: return a.loop == b.loop;
+    case TV_CALLER: return a.cl == b.cl;
     default: return false;
     }
 }
@@ -472,6 +479,7 @@ const char *tv_typename(tv v) {
     case TV_LIST: return v.c->kind == TC_TUPLE ? "tuple" : v.c->kind == TC_GEN ? "generator" : "list";
     case TV_DICT: return v.c->kind == TC_NS ? "Namespace" : "dict";
     case TV_LOOP: return "LoopContext";
+    case TV_CALLER: return "Macro";
     default: return "function";
     }
 }
@@ -643,6 +651,7 @@ int tv_repr(tctx *c, const node *n, tv v, kvs_buf *b, int depth) {
         break;
     case TV_LOOP: kvs_buf_puts(b, "<LoopContext>"); break;
     case TV_MACRO: kvs_buf_printf(b, "<Macro '%s'>", v.m->name); break;
+    case TV_CALLER: kvs_buf_puts(b, "<Macro 'caller'>"); break;
     default: kvs_buf_puts(b, "<built-in function>"); break;
     }
     if (b->len > c->t->lim.max_output)

@@ -456,6 +456,22 @@ static const struct { const char *src, *vars, *want; } features[] = {
     {"{{ '¶уŪĭÑºАa4Ŗ¨'|upper }}|{{ '¶уŪĭÑºАa4Ŗ¨'|lower }}|{{ '¶уŪĭÑºАa4Ŗ¨'|title }}|{{ '¶уŪĭÑºАa4Ŗ¨'|capitalize }}|{{ '¶уŪĭÑºАa4Ŗ¨'.title() }}|{{ '¶уŪĭÑºАa4Ŗ¨'.upper() }}|{{ '¶уŪĭÑºАa4Ŗ¨'.lower() }}",
      NULL,
      "¶УŪĬÑºАA4Ŗ¨|¶уūĭñºаa4ŗ¨|¶уūĭñºаa4ŗ¨|¶уūĭñºаa4ŗ¨|¶Уūĭñºаa4Ŗ¨|¶УŪĬÑºАA4Ŗ¨|¶уūĭñºаa4ŗ¨"},
+    /* call blocks and caller */
+    {"{% macro box(title) %}[{{ title }}:{{ caller() }}]{% endmacro %}{% call box('t') %}body {{ 1 + 1 }}{% endcall %}",
+     NULL,
+     "[t:body 2]"},
+    {"{% macro each(items) %}{% for i in items %}{{ caller(i) }},{% endfor %}{% endmacro %}{% set p = 'P' %}{% call(x) each([1, 2]) %}{{ p }}{{ x * 10 }}{% endcall %}",
+     NULL,
+     "P10,P20,"},
+    {"{% macro m() %}{{ caller is defined }}{% endmacro %}{{ m() }}|{% call m() %}x{% endcall %}",
+     NULL,
+     "False|True"},
+    {"{% for j in ['a', 'b'] %}{% macro w() %}<{{ caller() }}>{% endmacro %}{% call w() %}{{ j }}{{ loop.index }}{% endcall %}{% endfor %}",
+     NULL,
+     "<a1><b2>"},
+    {"{% macro d(a, b=2) %}{{ a }}{{ b }}{{ caller(b=5) }}{% endmacro %}{% call(a=1, b=1) d(7) %}{{ a }}-{{ b }}{% endcall %}",
+     NULL,
+     "721-5"},
 };
 
 Test(template, language_features_match_jinja2) {
@@ -464,6 +480,8 @@ Test(template, language_features_match_jinja2) {
 
 /* jinja2 raised for each of these */
 static const char *const failing[] = {
+    "{% call nosuch() %}x{% endcall %}",
+    "{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}",
     "{% raw %}unclosed",
     "{{ {'a': 1, 1: 2}|tojson(sort_keys=true) }}",
     "{{ x.y }}",
@@ -1220,7 +1238,10 @@ Test(template, error_codes_and_places) {
     cr_assert_eq(render("{{ 'abc }}", NULL, &out, &err), KVS_ERR_SYNTAX);
     cr_assert_eq(render("{# open", NULL, &out, &err), KVS_ERR_SYNTAX);
     cr_assert_eq(render("{% break %}", NULL, &out, &err), KVS_ERR_SYNTAX);
-    cr_assert_eq(render("{% call m() %}x{% endcall %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
+    /* a caller kept past its call block is refused (jinja2 would still run it) */
+    cr_assert_eq(render("{% set ns = namespace(c=none) %}{% macro keep() %}{% set ns.c = caller %}{% endmacro %}"
+                        "{% call keep() %}x{% endcall %}{{ ns.c() }}", NULL, &out, &err), KVS_ERR_STATE);
+    cr_assert_eq(render("{% call 'x' %}{% endcall %}", NULL, &out, &err), KVS_ERR_SYNTAX);
     cr_assert_eq(render("{% include 'x' %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
     cr_assert_eq(render("{% for x in y recursive %}{% endfor %}", NULL, &out, &err), KVS_ERR_UNSUPPORTED);
     cr_assert_eq(render("\n\n  {{ raise_exception('no system role') }}", NULL, &out, &err), KVS_ERR_RAISED);
@@ -1512,7 +1533,8 @@ Test(template, random_mutations_never_crash, .timeout = 600) {
     static const char *frags[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "+", "(", ")", "[", "]", "{", "}", "|",
                                   "'", "\"", "\\", ".", ",", ":", "~", "*", "**", "//", "%", "if", "for", "in", "not",
                                   "endif", "endfor", "macro", "endmacro", "set", "loop", "range(99999)", "\n", " ",
-                                  "\xff", "\xc3", "\0", "9999999999999999999", "1e400", "-1", "recursive", "else"};
+                                  "\xff", "\xc3", "\0", "9999999999999999999", "1e400", "-1", "recursive", "else",
+                                  "call", "endcall", "caller()", "raw", "endraw", "namespace(", "filter", "endfilter"};
     /* KVSERVE_FUZZ_ITERS makes a longer run (default 3000 mutations and 3000 token soups) */
     const char *env_iters = getenv("KVSERVE_FUZZ_ITERS");
     int iters = env_iters && atoi(env_iters) > 0 ? atoi(env_iters) : 3000;
