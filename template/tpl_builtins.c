@@ -907,8 +907,6 @@ int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npo
                 if (attr && attr->t == TV_STR) rc = attr_path(c, n, v, attr->s, &k);
                 else { k = v; tv_incref(k); }
                 if (rc) break;
-                const node fake = {.kind = N_BIN, .line = n->line, .col = n->col};
-                (void)fake;
                 if (!((k.t == TV_INT || k.t == TV_FLOAT || k.t == TV_BOOL) && (acc.t == TV_INT || acc.t == TV_FLOAT || acc.t == TV_BOOL)))
                     rc = tpl_fail(c, n, KVS_ERR_TYPE, "unsupported operand type(s) for +: '%s' and '%s'", tv_typename(acc), tv_typename(k));
                 else if (acc.t == TV_FLOAT || k.t == TV_FLOAT) r = tv_float((acc.t == TV_FLOAT ? acc.f : (double)ival(acc)) + (k.t == TV_FLOAT ? k.f : (double)ival(k)));

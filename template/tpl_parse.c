@@ -785,40 +785,37 @@ static node *binop(parser *p, const tok *t, int op, node *a, node *b) {
     return n;
 }
 
-static node *parse_pow(parser *p) {
-    node *l = parse_unary(p, true);
-    int wraps = 0;
-    while (l && is_op(cur(p), "**")) {
-        tok *t = cur(p);
-        LINK(p, wraps);
-        next(p);
-        l = binop(p, t, OP_POW, l, parse_unary(p, true));
-    }
-    p->depth -= wraps;
-    return l;
+/* The left-associative arithmetic levels: 0 is `+ -` over concatenation, 1 is `* / // %`, 2 is `**` over unary
+ * expressions (jinja2's precedence; its `**` is left-associative too). */
+static node *parse_concat(parser *p);
+
+static int arith_op(const tok *t, int level) {
+    if (level == 0) return is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
+    if (level == 1) return is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
+    return is_op(t, "**") ? OP_POW : -1;
 }
 
-static node *parse_math2(parser *p) {
-    node *l = parse_pow(p);
+static node *parse_arith(parser *p, int level) {
+    node *l = level == 0 ? parse_concat(p) : level == 1 ? parse_arith(p, 2) : parse_unary(p, true);
     int wraps = 0;
     for (;;) {
         tok *t = cur(p);
-        int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
+        int op = arith_op(t, level);
         if (!l || op < 0) { p->depth -= wraps; return l; }
         LINK(p, wraps);
         next(p);
-        l = binop(p, t, op, l, parse_pow(p));
+        l = binop(p, t, op, l, level == 0 ? parse_concat(p) : level == 1 ? parse_arith(p, 2) : parse_unary(p, true));
     }
 }
 
 static node *parse_concat(parser *p) {
-    node *l = parse_math2(p);
+    node *l = parse_arith(p, 1);
     if (!l || !is_op(cur(p), "~")) return l;
     node *n = mk(p, N_CONCAT, cur(p));
     nvec v = {0};
     if (!n || nv_push(p, &v, l)) return NULL;
     while (skip_op(p, "~")) {
-        node *x = parse_math2(p);
+        node *x = parse_arith(p, 1);
         if (!x || nv_push(p, &v, x)) return NULL;
     }
     n->v = v.v;
@@ -826,18 +823,7 @@ static node *parse_concat(parser *p) {
     return n;
 }
 
-static node *parse_math1(parser *p) {
-    node *l = parse_concat(p);
-    int wraps = 0;
-    for (;;) {
-        tok *t = cur(p);
-        int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
-        if (!l || op < 0) { p->depth -= wraps; return l; }
-        LINK(p, wraps);
-        next(p);
-        l = binop(p, t, op, l, parse_concat(p));
-    }
-}
+static node *parse_math1(parser *p) { return parse_arith(p, 0); }
 
 static node *parse_compare(parser *p) {
     node *l = parse_math1(p);
@@ -975,6 +961,30 @@ static int parse_params(parser *p, nvec *names, nvec *defs) {
     return 0;
 }
 
+/* a macro's parameters into m->names and its defaults into m->d->v (when `present`; else none) */
+static int macro_params(parser *p, node *m, bool present) {
+    nvec names = {0}, defs = {0};
+    if (present && parse_params(p, &names, &defs)) return p->code;
+    m->names = (const char **)(void *)names.v;
+    m->nnames = names.n;
+    if (!(m->d = palloc(p, sizeof *m->d))) return p->code;   /* holder of the defaults */
+    m->d->v = defs.v;
+    m->d->nv = defs.n;
+    return 0;
+}
+
+/* the statements up to {% end %}, which is consumed; fresh_loops: a macro body (break/continue do not reach out) */
+static node *parse_until(parser *p, const char *end, const tok *opener, bool fresh_loops) {
+    const char *ends[] = {end, NULL};
+    int w, saved = p->loops;
+    if (fresh_loops) p->loops = 0;
+    node *body = parse_body(p, ends, &w, opener);
+    p->loops = saved;
+    if (!body) return NULL;
+    next(p);
+    return expect_block_end(p) ? NULL : body;
+}
+
 static node *parse_stmt(parser *p) {
     tok *bt = cur(p);   /* the name after {% */
     if (bt->type != T_NAME) {
@@ -1108,13 +1118,7 @@ static node *parse_stmt(parser *p) {
                 n->a = f;
             }
             if (expect_block_end(p)) return NULL;
-            static const char *const ends[] = {"endset", NULL};
-            int w;
-            node *body = parse_body(p, ends, &w, bt);
-            if (!body) return NULL;
-            n->c = body;
-            next(p);
-            if (expect_block_end(p)) return NULL;
+            if (!(n->c = parse_until(p, "endset", bt, false))) return NULL;
         }
     } else if (is_name(bt, "macro")) {
         next(p);
@@ -1127,24 +1131,8 @@ static node *parse_stmt(parser *p) {
         }
         n->name = tokname(p, t);
         next(p);
-        nvec names = {0}, defs = {0};
-        if (parse_params(p, &names, &defs)) return NULL;
-        if (expect_block_end(p)) return NULL;
-        n->names = (const char **)(void *)names.v;
-        n->nnames = names.n;
-        n->d = palloc(p, sizeof *n->d);   /* holder of the defaults */
-        if (!n->d) return NULL;
-        n->d->v = defs.v;
-        n->d->nv = defs.n;
-        static const char *const ends[] = {"endmacro", NULL};
-        int w, saved = p->loops;
-        p->loops = 0;
-        node *body = parse_body(p, ends, &w, bt);
-        p->loops = saved;
-        if (!body) return NULL;
-        n->c = body;
-        next(p);
-        if (expect_block_end(p)) return NULL;
+        if (macro_params(p, n, true) || expect_block_end(p)) return NULL;
+        if (!(n->c = parse_until(p, "endmacro", bt, true))) return NULL;
     } else if (is_name(bt, "filter")) {
         next(p);
         n = mk(p, N_FILTERBLOCK, bt);
@@ -1154,21 +1142,12 @@ static node *parse_stmt(parser *p) {
         if (!f) return NULL;
         n->a = parse_filters(p, f);
         if (!n->a || expect_block_end(p)) return NULL;
-        static const char *const ends[] = {"endfilter", NULL};
-        int w;
-        n->c = parse_body(p, ends, &w, bt);
-        if (!n->c) return NULL;
-        next(p);
-        if (expect_block_end(p)) return NULL;
+        if (!(n->c = parse_until(p, "endfilter", bt, false))) return NULL;
     } else if (is_name(bt, "generation")) {
         next(p);
         if (expect_block_end(p)) return NULL;
-        static const char *const ends[] = {"endgeneration", NULL};
-        int w;
         n = mk(p, N_FILTERBLOCK, bt);   /* a filter block without a filter: its body, in its own scope */
-        if (!n || !(n->c = parse_body(p, ends, &w, bt))) return NULL;
-        next(p);
-        if (expect_block_end(p)) return NULL;
+        if (!n || !(n->c = parse_until(p, "endgeneration", bt, false))) return NULL;
     } else if (is_name(bt, "call")) {
         /* {% call [(params)] macro(args) %}body{% endcall %}: the body becomes an anonymous macro, `caller` */
         next(p);
@@ -1176,13 +1155,7 @@ static node *parse_stmt(parser *p) {
         node *m = mk(p, N_MACRO, bt);
         if (!n || !m) return NULL;
         m->name = "caller";
-        nvec names = {0}, defs = {0};
-        if (is_op(cur(p), "(") && parse_params(p, &names, &defs)) return NULL;
-        m->names = (const char **)(void *)names.v;
-        m->nnames = names.n;
-        if (!(m->d = palloc(p, sizeof *m->d))) return NULL;
-        m->d->v = defs.v;
-        m->d->nv = defs.n;
+        if (macro_params(p, m, is_op(cur(p), "("))) return NULL;
         node *e = parse_expr(p);
         if (!e) return NULL;
         if (e->kind != N_CALL) {
@@ -1190,16 +1163,9 @@ static node *parse_stmt(parser *p) {
             return NULL;
         }
         if (expect_block_end(p)) return NULL;
-        static const char *const ends[] = {"endcall", NULL};
-        int w, saved = p->loops;
-        p->loops = 0;
-        m->c = parse_body(p, ends, &w, bt);
-        p->loops = saved;
-        if (!m->c) return NULL;
+        if (!(m->c = parse_until(p, "endcall", bt, true))) return NULL;
         n->a = e;
         n->d = m;
-        next(p);
-        if (expect_block_end(p)) return NULL;
     } else if (is_name(bt, "break") || is_name(bt, "continue")) {
         if (!p->loops) {
             perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "'%.*s' outside a loop", (int)bt->len, bt->s);
