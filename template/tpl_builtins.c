@@ -467,7 +467,9 @@ int tpl_test(tctx *c, const node *n, const char *name, tv v, tv *args, int nargs
             if (y == 0) return tpl_fail(c, n, KVS_ERR_INVALID, "float modulo by zero");
             *out = fmod(x, y) == 0;
         }
-    } else if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") || !strcmp(name, "sameas")) return tpl_equal(c, n, v, a0, out);
+    } else if (!strcmp(name, "sameas")) {   /* identity: containers by address, scalars of one type by value */
+        *out = v.t == a0.t && ((v.t != TV_LIST && v.t != TV_DICT) ? tv_equal(v, a0) : v.c == a0.c);
+    } else if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==")) return tpl_equal(c, n, v, a0, out);
     else if (!strcmp(name, "ne") || !strcmp(name, "!=")) { if ((rc = tpl_equal(c, n, v, a0, out))) return rc; *out = !*out; }
     else if (!strcmp(name, "lt") || !strcmp(name, "lessthan") || !strcmp(name, "<")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r < 0; }
     else if (!strcmp(name, "le") || !strcmp(name, "<=")) { if ((rc = tv_compare(c, n, v, a0, &r))) return rc; *out = r <= 0; }
