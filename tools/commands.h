@@ -13,6 +13,7 @@ int kvs_cmd_tokenize(int argc, char **argv);
 int kvs_cmd_mkmodel(int argc, char **argv);
 int kvs_cmd_bench(int argc, char **argv);
 int kvs_cmd_quantize(int argc, char **argv);
+int kvs_cmd_render_template(int argc, char **argv);
 
 #include <stdbool.h>
 /* Parses a --device value: "auto", "cpu" or "cuda" ("gpu" is accepted for cuda) into an eng_device. */

@@ -26,6 +26,7 @@ static const kvs_command commands[] = {
     {"generate", kvs_cmd_generate, "generate completions for one prompt or a batch of prompts"},
     {"mkmodel", kvs_cmd_mkmodel, "write a deterministic random-weight GGUF model"},
     {"quantize", kvs_cmd_quantize, "convert a f32/f16/bf16 GGUF model to Q4_0, Q8_0 or a K-quant mixture"},
+    {"render-template", kvs_cmd_render_template, "render a chat template (Jinja) for a conversation"},
     {"serve", kvs_cmd_serve, "run the HTTP server (default)"},
     {"tokenize", kvs_cmd_tokenize, "tokenize text with a model's vocabulary"},
     {"version", cmd_version, "print the version"},
@@ -35,7 +36,7 @@ static void usage(FILE *f) {
     fprintf(f, "kvserve %s: a multi-sequence LLM inference server\n\nusage: kvserve [COMMAND] [OPTIONS]\n\n"
                "commands:\n", KVSERVE_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`kvserve COMMAND --help` describes a command's options. Without a command, `serve` runs.\n");
 }
 

@@ -1,0 +1,132 @@
+/*
+ * cmd_render_template.c: `kvserve render-template -t TEMPLATE.jinja -i CONVERSATION.json`
+ *
+ * Renders a chat template the way the server will: CONVERSATION.json is an object whose members become the
+ * template's variables (messages, tools, add_generation_prompt, bos_token, eos_token, anything else); `now`
+ * (YYYY-MM-DDTHH:MM:SS, local time) is the time strftime_now formats, default the current time, and is not passed
+ * as a variable. The rendering goes to stdout exactly (nothing added), exit 0; an error goes to stderr, exit 1
+ * (2 for bad usage).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "template/template.h"
+#include "tools/commands.h"
+
+static void rt_usage(FILE *f) {
+    fprintf(f, "usage: kvserve render-template -t TEMPLATE.jinja -i CONVERSATION.json\n"
+               "  -t, --template FILE    the Jinja chat template\n"
+               "  -i, --input FILE       a JSON object: messages, tools, add_generation_prompt, bos_token,\n"
+               "                         eos_token, now (YYYY-MM-DDTHH:MM:SS), other template variables\n");
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    kvs_buf b = {0};
+    char chunk[65536];
+    size_t r;
+    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) kvs_buf_append(&b, chunk, r);
+    int bad = ferror(f);
+    fclose(f);
+    *len = b.len;
+    char *s = bad ? NULL : kvs_buf_take(&b);
+    kvs_buf_free(&b);
+    if (bad) errno = EIO;
+    return s;
+}
+
+/* YYYY-MM-DDTHH:MM:SS (a space instead of T is accepted) */
+static bool parse_now(const char *s, struct tm *tm) {
+    int y, mo, d, h, mi, sec;
+    char sep, extra;
+    if (sscanf(s, "%4d-%2d-%2d%c%2d:%2d:%2d%c", &y, &mo, &d, &sep, &h, &mi, &sec, &extra) != 7) return false;
+    if ((sep != 'T' && sep != ' ') || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60 || h < 0 ||
+        mi < 0 || sec < 0)
+        return false;
+    memset(tm, 0, sizeof *tm);
+    tm->tm_year = y - 1900;
+    tm->tm_mon = mo - 1;
+    tm->tm_mday = d;
+    tm->tm_hour = h;
+    tm->tm_min = mi;
+    tm->tm_sec = sec;
+    tm->tm_isdst = -1;
+    return true;
+}
+
+int kvs_cmd_render_template(int argc, char **argv) {
+    const char *tpath = NULL, *ipath = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_next = i + 1 < argc;
+        if ((!strcmp(a, "-t") || !strcmp(a, "--template")) && has_next) tpath = argv[++i];
+        else if ((!strcmp(a, "-i") || !strcmp(a, "--input")) && has_next) ipath = argv[++i];
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { rt_usage(stdout); return 0; }
+        else {
+            fprintf(stderr, "kvserve render-template: unknown or incomplete option '%s'\n", a);
+            rt_usage(stderr);
+            return 2;
+        }
+    }
+    if (!tpath || !ipath) {
+        fprintf(stderr, "kvserve render-template: need -t TEMPLATE and -i CONVERSATION\n");
+        rt_usage(stderr);
+        return 2;
+    }
+    size_t tlen = 0, ilen = 0;
+    char *tsrc = slurp(tpath, &tlen);
+    if (!tsrc) { fprintf(stderr, "kvserve render-template: cannot read %s: %s\n", tpath, strerror(errno)); return 1; }
+    char *isrc = slurp(ipath, &ilen);
+    if (!isrc) {
+        fprintf(stderr, "kvserve render-template: cannot read %s: %s\n", ipath, strerror(errno));
+        free(tsrc);
+        return 1;
+    }
+    int status = 1;
+    tpl_template *t = NULL;
+    tpl_output out = {0};
+    cJSON *vars = cJSON_ParseWithLength(isrc, ilen);
+    if (!vars || !cJSON_IsObject(vars)) {
+        fprintf(stderr, "kvserve render-template: %s is not a JSON object\n", ipath);
+        goto done;
+    }
+    struct tm now, *nowp = NULL;
+    cJSON *jn = cJSON_DetachItemFromObjectCaseSensitive(vars, "now");
+    if (jn) {
+        if (!cJSON_IsString(jn) || !parse_now(jn->valuestring, &now)) {
+            fprintf(stderr, "kvserve render-template: `now` must be a string YYYY-MM-DDTHH:MM:SS\n");
+            cJSON_Delete(jn);
+            goto done;
+        }
+        nowp = &now;
+        cJSON_Delete(jn);
+    }
+    tpl_error err;
+    int rc = tpl_compile(tsrc, tlen, NULL, &t, &err);
+    if (!rc) {
+        tpl_render_params p = {.vars = vars, .now = nowp};
+        rc = tpl_render(t, &p, &out, &err);
+    }
+    if (rc) {
+        fprintf(stderr, "kvserve render-template: %s (%s)\n", err.msg, kvs_strerror(rc));
+        goto done;
+    }
+    if (fwrite(out.text, 1, out.len, stdout) != out.len || fflush(stdout)) {
+        fprintf(stderr, "kvserve render-template: cannot write the output\n");
+        goto done;
+    }
+    status = 0;
+done:
+    tpl_output_free(&out);
+    tpl_free(t);
+    cJSON_Delete(vars);
+    free(tsrc);
+    free(isrc);
+    return status;
+}
