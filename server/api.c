@@ -154,6 +154,13 @@ static void reply(srv_api *api, srv_http_req *req, int status, const char *ctype
     log_request(api, method, path, status, u, ttft_ms, ms_since(t0));
 }
 
+/* srv_http_log_cb: the answers the HTTP layer sends itself are counted and logged like the routes' own. */
+void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns) {
+    srv_api *api = ud;
+    if (api->metrics) srv_metrics_count_http(api->metrics, status);
+    log_request(api, method, path, status, NULL, -1, ms_since(t_start_ns));
+}
+
 static void reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u,
                        double ttft_ms) {
     char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
@@ -268,6 +275,8 @@ static void route_metrics(srv_api *api, srv_http_req *req) {
 }
 
 static cJSON *parse_body_object(srv_api *api, srv_http_req *req) {
+    srv_api_error e;
+    if (srv_api_check_json(req->body, req->body_len, &e) != SRV_API_OK) { reply_error(api, req, &e, NULL); return NULL; }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
@@ -947,17 +956,7 @@ static void route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
-static bool auth_ok(const srv_api *api, const srv_http_req *req) {
-    if (!api->api_key || !api->api_key[0]) return true;
-    const char *h = srv_http_header_get(req, "authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
-    h += 7;
-    while (*h == ' ') h++;
-    size_t a = strlen(h), b = strlen(api->api_key);
-    unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < a; i++) diff |= (unsigned char)h[i] ^ (unsigned char)api->api_key[i % (b ? b : 1)];
-    return diff == 0;
-}
+static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
 typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;

@@ -9,6 +9,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "server/json_check.h"
+
 void srv_api_limits_default(srv_api_limits *l) {
     l->n_vocab = 0;
     l->max_n = 16;
@@ -354,6 +356,19 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     return 0;
 }
 
+int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
+    srv_json_check_result res;
+    if (len == 0 || !body) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty (expected a JSON object)");
+        return SRV_API_ERR_INVALID;
+    }
+    if (srv_json_check(body, len, SRV_JSON_MAX_DEPTH, &res) != 0) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not valid JSON: %s", res.message);
+        return SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim_in,
                       srv_api_gen *out, srv_api_error *err) {
     srv_api_limits lim;
@@ -364,6 +379,7 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty");
         return SRV_API_ERR_INVALID;
     }
+    if (srv_api_check_json(body, len, err) != SRV_API_OK) return SRV_API_ERR_INVALID;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
