@@ -52,6 +52,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
     cfg.log_format = SRV_LOG_NONE;
+    cfg.loop = &G->loop;
     if (srv_api_create(&cfg, NULL, &G->api) != 0) abort();
     srv_api_backend be;
     memset(&be, 0, sizeof be);

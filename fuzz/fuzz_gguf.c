@@ -1,6 +1,6 @@
 /*
- * fuzz_gguf.c: GGUF loading from memory (engine/gguf.h) and the vocabulary loader over whatever metadata it
- * yields (engine/tokenizer.h).
+ * fuzz_gguf.c: GGUF loading from memory (engine/format/gguf.h) and the vocabulary loader over whatever metadata it
+ * yields (engine/text/tokenizer.h).
  *
  * Input: the file bytes. Checks: eng_gguf_open_memory either fails with an error code and a message, or every
  * key and tensor it reports is readable and consistent (typed getters agree with the key's type, tensor data
@@ -8,8 +8,8 @@
  */
 #include "fuzz_util.h"
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 
 static volatile unsigned g_sink; /* reads whose only purpose is to let ASan see them */
 

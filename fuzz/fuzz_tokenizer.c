@@ -14,8 +14,8 @@
 #include "fuzz_util.h"
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 
 #ifndef FUZZ_DEFAULT_VOCAB
 #define FUZZ_DEFAULT_VOCAB ""
