@@ -111,7 +111,7 @@ static void encode(const eng_vocab *v, const char *text, size_t n, bool add_spec
     for (int32_t i = 0; i < got; i++) FZ_CHECK(ids[i] >= 0 && ids[i] < nv, "id %d of %d", ids[i], nv);
     if (add_special && eng_vocab_add_bos(v) && eng_vocab_bos(v) >= 0)
         FZ_CHECK(got > 0 && ids[0] == eng_vocab_bos(v), "no BOS first");
-    if (!add_special) {
+    if (!add_special && n > 0) {
         bool bpe = eng_vocab_get_type(v) == ENG_VOCAB_BPE;
         bool plain = !parse_special;
         for (size_t i = 0; plain && i < n; i++)
@@ -119,7 +119,7 @@ static void encode(const eng_vocab *v, const char *text, size_t n, bool add_spec
         if (bpe || plain) {
             size_t dl;
             char *d = decode_all(v, ids, got, &dl);
-            size_t off = (!bpe && eng_vocab_add_space_prefix(v) && n > 0) ? 1 : 0;
+            size_t off = (!bpe && eng_vocab_add_space_prefix(v)) ? 1 : 0;
             if (off) FZ_CHECK(dl >= 1 && d[0] == ' ', "SPM: no space prefix");
             FZ_CHECK(dl - off == n && memcmp(d + off, text, n) == 0, "round trip lost the text (%zu bytes -> %zu)", n,
                      dl - off);

@@ -1234,8 +1234,25 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert(strstr(jstr(o, "content"), "hello world"), "detokenized: '%s'", jstr(o, "content"));
     cJSON_Delete(o);
     tc_resp_free(&r);
+    /* issue 14 through the daemon's own wiring: a malformed request is counted and logged; HEAD /health answers
+     * without a body; a request followed by a half-close is answered */
+    cr_assert_eq(tc_roundtrip(port, "GARBAGE\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    int hfd = tc_connect(port);
+    cr_assert_eq(tc_sends(hfd, "HEAD /health HTTP/1.1\r\n\r\nPOST /tokenize HTTP/1.1\r\nContent-Length: 16\r\n\r\n{\"content\":\"hi\"}"), 0);
+    cr_assert_eq(shutdown(hfd, SHUT_WR), 0);
+    char hb[4096];
+    size_t hn = 0;
+    for (ssize_t k; hn + 1 < sizeof hb && (k = recv(hfd, hb + hn, sizeof hb - 1 - hn, 0)) > 0;) hn += (size_t)k;
+    hb[hn] = 0;
+    close(hfd);
+    const char *second = strstr(hb + 1, "HTTP/1.1 200 OK");
+    cr_assert(!strncmp(hb, "HTTP/1.1 200 OK", 15) && second, "HEAD + half-closed POST: %s", hb);
+    cr_assert(!strstr(hb, "{\"status\""), "HEAD carried a body: %s", hb);
+    cr_assert(strstr(second, "{\"tokens\":["), "%s", hb);
     cr_assert_eq(get(&shim, "/metrics", NULL, &r), 200);
     cr_assert(strstr(r.body, "kvserve:generation_tokens_total"));
+    cr_assert(strstr(r.body, "kvserve:http_requests_total{code=\"4xx\"} 2\n"), "%s", r.body); /* + the 400 above */
     tc_resp_free(&r);
     big_prompt_keeps_loop_responsive(port);
     kill(pid, SIGTERM);
@@ -1246,6 +1263,8 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d; log:\n%s", status, log);
     cr_assert(!strstr(log, "Sanitizer"), "sanitizer report in the server log:\n%s", log);
     cr_assert(strstr(log, "\"path\":\"/v1/completions\""), "no request log line:\n%s", log);
+    cr_assert(strstr(log, "\"method\":\"-\",\"path\":\"-\",\"status\":400"), "no log line of the 400:\n%s", log);
+    cr_assert(strstr(log, "\"method\":\"HEAD\",\"path\":\"/health\",\"status\":200"), "no HEAD log line:\n%s", log);
     free(log);
     unlink(model);
     unlink(logp);
