@@ -10,6 +10,7 @@ set -uo pipefail
 build=${1:?usage: fuzz/run.sh BUILD_DIR SECONDS [HARNESS...]}
 secs=${2:?usage: fuzz/run.sh BUILD_DIR SECONDS [HARNESS...]}
 shift 2
+build=$(cd "$build" && pwd) || exit 1
 src=$(cd "$(dirname "$0")" && pwd)
 if [ $# -gt 0 ]; then harnesses=("$@"); else
   harnesses=()

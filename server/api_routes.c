@@ -155,8 +155,9 @@ static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_err
     int i = 0;
     for (const cJSON *t = toks->child; t; t = t->next, i++) {
         double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
-        if (v < 0 || v != (double)(int64_t)v || (api->limits.n_vocab > 0 && v >= api->limits.n_vocab) ||
-            v > INT32_MAX) {
+        /* the range first: converting a double beyond int64 (1e54) is undefined (found by fuzz_api) */
+        if (!(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v ||
+            (api->limits.n_vocab > 0 && v >= api->limits.n_vocab)) {
             srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' item %d is not a valid token id", i);
             kvs_buf_free(&out);
             cJSON_Delete(root);
