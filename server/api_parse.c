@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "server/api_internal.h"
 #include "server/json_check.h"
 
 void srv_api_limits_default(srv_api_limits *l) {
@@ -35,10 +36,17 @@ char *srv_api_error_json(const srv_api_error *err) {
     cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
     if (!root || !e) { cJSON_Delete(root); cJSON_Delete(e); return NULL; }
     cJSON_AddItemToObject(root, "error", e);
-    cJSON_AddStringToObject(e, "message", err->message);
+    /* A message quoting the request may be cut inside a UTF-8 sequence (or quote a raw URL byte): the JSON must
+     * stay valid UTF-8 (found by fuzz_api). */
+    char *msg = api_utf8_sanitize(err->message, strlen(err->message));
+    char *param = api_utf8_sanitize(err->param, strlen(err->param));
+    if (!msg || !param) { free(msg); free(param); cJSON_Delete(root); return NULL; }
+    cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
-    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param); else cJSON_AddNullToObject(e, "param");
+    if (param[0]) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
     if (err->code) cJSON_AddStringToObject(e, "code", err->code); else cJSON_AddNullToObject(e, "code");
+    free(msg);
+    free(param);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
