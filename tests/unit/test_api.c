@@ -1024,9 +1024,7 @@ Test(api, layer_answers_counted_and_logged_head) {
     int fd = tc_connect(f->port);
     cr_assert_eq(tc_sends(fd, "HEAD /health HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
     char buf[2048];
-    size_t n = 0;
-    for (ssize_t k; n + 1 < sizeof buf && (k = recv(fd, buf + n, sizeof buf - 1 - n, 0)) > 0;) n += (size_t)k;
-    buf[n] = 0;
+    tc_read_to_eof(fd, buf, sizeof buf);
     close(fd);
     cr_assert(!strncmp(buf, "HTTP/1.1 200 OK\r\n", 17), "%s", buf);
     const char *end = strstr(buf, "\r\n\r\n");
@@ -1242,9 +1240,7 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert_eq(tc_sends(hfd, "HEAD /health HTTP/1.1\r\n\r\nPOST /tokenize HTTP/1.1\r\nContent-Length: 16\r\n\r\n{\"content\":\"hi\"}"), 0);
     cr_assert_eq(shutdown(hfd, SHUT_WR), 0);
     char hb[4096];
-    size_t hn = 0;
-    for (ssize_t k; hn + 1 < sizeof hb && (k = recv(hfd, hb + hn, sizeof hb - 1 - hn, 0)) > 0;) hn += (size_t)k;
-    hb[hn] = 0;
+    tc_read_to_eof(hfd, hb, sizeof hb);
     close(hfd);
     const char *second = strstr(hb + 1, "HTTP/1.1 200 OK");
     cr_assert(!strncmp(hb, "HTTP/1.1 200 OK", 15) && second, "HEAD + half-closed POST: %s", hb);

@@ -524,18 +524,6 @@ Test(http, conflicting_framing_400) {
     stop(s);
 }
 
-/* Reads until the server closes the connection (or 10 s pass: SO_RCVTIMEO); returns the bytes read. */
-static size_t read_to_eof(int fd, char *buf, size_t cap) {
-    size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    buf[n] = 0;
-    return n;
-}
-
 static int count_of(const char *hay, const char *needle) {
     int k = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) k++;
@@ -554,7 +542,7 @@ Test(http, half_close_still_answered) {
                               "POST /echo?d HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"), 0);
     cr_assert_eq(shutdown(fd, SHUT_WR), 0);
     char buf[4096];
-    read_to_eof(fd, buf, sizeof buf);
+    tc_read_to_eof(fd, buf, sizeof buf);
     cr_assert_eq(count_of(buf, "HTTP/1.1 200 OK"), 3, "%s", buf);
     const char *a = strstr(buf, "\r\n\r\nslow"), *b = strstr(buf, "POST /echo?b - 2:hi"),
                *c = strstr(buf, "POST /echo?c - 3:xyz");
@@ -565,7 +553,7 @@ Test(http, half_close_still_answered) {
     fd = tc_connect(s->port);
     cr_assert_eq(tc_sends(fd, "GET /echo HTTP/1.1\r\n\r\n"), 0);
     cr_assert_eq(shutdown(fd, SHUT_WR), 0);
-    read_to_eof(fd, buf, sizeof buf);
+    tc_read_to_eof(fd, buf, sizeof buf);
     cr_assert(strstr(buf, "HTTP/1.1 200 OK") && strstr(buf, "GET /echo? - 0:"), "%s", buf);
     close(fd);
     cr_assert_eq(atomic_load(&s->n_aborts), 0);
@@ -583,7 +571,7 @@ Test(http, head_like_get_without_body) {
                               "HEAD /echo HTTP/1.1\r\n\r\n"
                               "GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
     char buf[8192];
-    size_t n = read_to_eof(fd, buf, sizeof buf);
+    size_t n = tc_read_to_eof(fd, buf, sizeof buf);
     cr_assert_eq(count_of(buf, "HTTP/1.1 200 OK"), 4, "%s", buf);
     cr_assert(strstr(buf, "Content-Length: 100\r\n"), "%s", buf);
     cr_assert_null(strstr(buf, "abcdefg"), "a HEAD answer carried its body");
@@ -610,7 +598,7 @@ Test(http, auth_401_before_body) {
         snprintf(req, sizeof req, "POST /echo HTTP/1.1\r\n%sContent-Length: 10000000\r\n\r\n", bad[i]);
         cr_assert_eq(tc_sends(fd, req), 0); /* the 10 MB body never comes */
         char buf[2048];
-        read_to_eof(fd, buf, sizeof buf);
+        tc_read_to_eof(fd, buf, sizeof buf);
         cr_assert(strstr(buf, "HTTP/1.1 401 Unauthorized\r\n"), "case %zu: %s", i, buf);
         cr_assert(strstr(buf, "WWW-Authenticate: Bearer\r\n") && strstr(buf, "\"code\":\"invalid_api_key\""), "%s", buf);
         close(fd);
@@ -660,7 +648,7 @@ Test(http, body_memory_bounded_across_connections) {
         if (tc_send(b, chunk, (size_t)hl + 65538) != 0) break; /* the server may close mid-way */
     free(chunk);
     char buf[2048];
-    read_to_eof(b, buf, sizeof buf);
+    tc_read_to_eof(b, buf, sizeof buf);
     cr_assert(strstr(buf, "HTTP/1.1 503 "), "%s", buf);
     close(b);
     /* finish the first upload: answered; then a new large body fits again */
