@@ -2,12 +2,15 @@
 #   make run   installs what is missing, builds, starts kvserve on 127.0.0.1:8080 with the embedded model
 #   make test  installs what is missing, builds, runs every test (plain build, ASan+UBSan build, then the
 #              container image built with podman and smoke-tested, skipped with a message where no container can run)
+#   make fuzz  builds the libFuzzer harnesses with clang (build-fuzz/) and runs each for FUZZ_SECONDS (default 60)
 BUILD      ?= build
 BUILD_SAN  ?= build-san
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build build-san run test test-fast test-san test-docker clean
+.PHONY: all deps build build-san run test test-fast test-san test-docker fuzz clean
 
 all: build
 
@@ -40,5 +43,13 @@ test: test-fast test-san
 test-docker: deps
 	bash tests/docker/run.sh
 
+# libFuzzer harnesses (fuzz/): clang with ASan+UBSan, the libraries instrumented for coverage. FUZZ=NAME runs one.
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DKVSERVE_CUDA=OFF -DKVSERVE_SANITIZE=address,undefined \
+	  -DKVSERVE_FUZZ=ON -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link $(CMAKE_ARGS)
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz-all
+	bash fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ)
+
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what kvserve needs to build and test, with apt, only when something is missing.
+# With the argument "fuzz", also what `make fuzz` needs (clang and libFuzzer).
 # Uses sudo when not root. Does nothing (and touches no network) when everything is present.
 set -euo pipefail
 
@@ -8,6 +9,10 @@ pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev libcriterion-dev 
 # Wanted but not required: without them the tests that need them say SKIPPED (chromium: the chat page's
 # browser test). A failure to install them is a warning, not an error.
 optional=(chromium)
+# `install-deps.sh fuzz` (make fuzz): clang 14 and its sanitizer/libFuzzer runtimes as well.
+if [ "${1:-}" = "fuzz" ]; then
+  pkgs+=(clang libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -90,6 +90,10 @@ void srv_api_limits_default(srv_api_limits *l);
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
                       srv_api_gen *out, srv_api_error *err);
 void srv_api_gen_free(srv_api_gen *g);
+/* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
+ * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
+ * or SRV_API_ERR_INVALID with a 400 in *err whose message names the problem and its byte offset. */
+int srv_api_check_json(const char *body, size_t len, srv_api_error *err);
 
 /* Fills an error (printf-style message). */
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
@@ -140,6 +144,8 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
 /* The srv_http handler (ud = the srv_api). */
 void srv_api_handle(void *ud, srv_http_req *req);
+/* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */
+void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
 /* Cancels every generating request (shutdown after the grace period): streams end with an error event,

@@ -9,6 +9,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "server/api_internal.h"
+#include "server/json_check.h"
+
 void srv_api_limits_default(srv_api_limits *l) {
     l->n_vocab = 0;
     l->max_n = 16;
@@ -33,10 +36,17 @@ char *srv_api_error_json(const srv_api_error *err) {
     cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
     if (!root || !e) { cJSON_Delete(root); cJSON_Delete(e); return NULL; }
     cJSON_AddItemToObject(root, "error", e);
-    cJSON_AddStringToObject(e, "message", err->message);
+    /* A message quoting the request may be cut inside a UTF-8 sequence (or quote a raw URL byte): the JSON must
+     * stay valid UTF-8 (found by fuzz_api). */
+    char *msg = api_utf8_sanitize(err->message, strlen(err->message));
+    char *param = api_utf8_sanitize(err->param, strlen(err->param));
+    if (!msg || !param) { free(msg); free(param); cJSON_Delete(root); return NULL; }
+    cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
-    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param); else cJSON_AddNullToObject(e, "param");
+    if (param[0]) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
     if (err->code) cJSON_AddStringToObject(e, "code", err->code); else cJSON_AddNullToObject(e, "code");
+    free(msg);
+    free(param);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
@@ -354,6 +364,19 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     return 0;
 }
 
+int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
+    srv_json_check_result res;
+    if (len == 0 || !body) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty (expected a JSON object)");
+        return SRV_API_ERR_INVALID;
+    }
+    if (srv_json_check(body, len, SRV_JSON_MAX_DEPTH, &res) != 0) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not valid JSON: %s", res.message);
+        return SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim_in,
                       srv_api_gen *out, srv_api_error *err) {
     srv_api_limits lim;
@@ -364,6 +387,7 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty");
         return SRV_API_ERR_INVALID;
     }
+    if (srv_api_check_json(body, len, err) != SRV_API_OK) return SRV_API_ERR_INVALID;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {

@@ -88,6 +88,13 @@ void api_reply(srv_api *api, srv_http_req *req, int status, const char *ctype, c
     api_log_request(api, method, path, status, u, ttft_ms, api_ms_since(t0));
 }
 
+/* srv_http_log_cb: the answers the HTTP layer sends itself are counted and logged like the routes' own. */
+void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns) {
+    srv_api *api = ud;
+    if (api->metrics) srv_metrics_count_http(api->metrics, status);
+    api_log_request(api, method, path, status, NULL, -1, api_ms_since(t_start_ns));
+}
+
 void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u,
                        double ttft_ms) {
     char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;

@@ -81,6 +81,7 @@ typedef struct text_job {
 } text_job;
 
 static cJSON *parse_body_object(const srv_http_req *req, srv_api_error *e) {
+    if (srv_api_check_json(req->body, req->body_len, e) != SRV_API_OK) return NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
@@ -154,8 +155,9 @@ static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_err
     int i = 0;
     for (const cJSON *t = toks->child; t; t = t->next, i++) {
         double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
-        if (v < 0 || v != (double)(int64_t)v || (api->limits.n_vocab > 0 && v >= api->limits.n_vocab) ||
-            v > INT32_MAX) {
+        /* the range first: converting a double beyond int64 (1e54) is undefined (found by fuzz_api) */
+        if (!(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v ||
+            (api->limits.n_vocab > 0 && v >= api->limits.n_vocab)) {
             srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' item %d is not a valid token id", i);
             kvs_buf_free(&out);
             cJSON_Delete(root);
@@ -212,17 +214,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
-static bool auth_ok(const srv_api *api, const srv_http_req *req) {
-    if (!api->api_key || !api->api_key[0]) return true;
-    const char *h = srv_http_header_get(req, "authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
-    h += 7;
-    while (*h == ' ') h++;
-    size_t a = strlen(h), b = strlen(api->api_key);
-    unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < a; i++) diff |= (unsigned char)h[i] ^ (unsigned char)api->api_key[i % (b ? b : 1)];
-    return diff == 0;
-}
+static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
 typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;

@@ -53,6 +53,7 @@ static const key_def KEYS[] = {
     N(timeout_s, 0.001, 86400, "seconds a started request has to arrive completely (else 408)"),
     N(idle_timeout_s, 0.001, 86400, "seconds before an idle keep-alive connection is closed"),
     N(body_limit_mb, 0.000001, 4096, "largest request body in MiB (else 413)"),
+    N(body_total_mb, 0.000001, 1048576, "request-body MiB held across all connections (new bodies past it: 503)"),
     I(header_limit_kb, 1, 1048576, "largest request line + headers in KiB (else 431)"),
     I(max_connections, 1, 1000000, "most open connections (more get 503)"),
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
@@ -80,6 +81,7 @@ void srv_config_default(srv_config *c) {
     c->timeout_s = 30;
     c->idle_timeout_s = 60;
     c->body_limit_mb = 16;
+    c->body_total_mb = 256;
     c->header_limit_kb = 16;
     c->max_connections = 1024;
     c->write_buffer_kb = 4096;

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,10 +37,14 @@ struct srv_http {
     conn *conns;               /* doubly linked list of open connections */
     int32_t n_conns, n_active;
     bool stopping;
+    size_t body_bytes;         /* request-body memory reserved across all connections */
+    char *bearer_key;          /* header-time authentication (NULL: off) */
+    char **public_paths; int32_t n_public;
+    srv_http_log_cb log_cb; void *log_ud;
 };
 
 struct conn {
-    uv_tcp_t tcp;
+    union { uv_tcp_t tcp; uv_pipe_t pipe; } io; /* a TCP connection, or an adopted socket (srv_http_adopt_fd) */
     uv_timer_t timer;
     int handles_open;
     srv_http *srv;
@@ -59,7 +64,11 @@ struct conn {
     size_t header_bytes;
     sbuf body;
     int fail_status;           /* set by a parser callback to answer with this status */
+    size_t body_expect;        /* Content-Length of the request being read (0: none or chunked) */
+    size_t body_reserved;      /* this connection's share of srv->body_bytes */
     bool keep_alive, chunked_out, streaming, head_sent;
+    bool head_only;            /* a HEAD request: headers are sent, bodies are not */
+    bool peer_eof;             /* the client half-closed: answer what is buffered, then close */
     size_t pending_write;
     srv_http_abort_cb abort_cb; void *abort_ud;
 };
@@ -71,6 +80,8 @@ static void conn_process(conn *c);
 static void start_reading(conn *c);
 static void on_timer(uv_timer_t *t);
 
+static uv_stream_t *conn_stream(conn *c) { return (uv_stream_t *)&c->io; }
+
 void srv_http_limits_default(srv_http_limits *l) {
     l->body_limit = 16u << 20;
     l->header_limit = 16u << 10;
@@ -79,6 +90,7 @@ void srv_http_limits_default(srv_http_limits *l) {
     l->max_connections = 1024;
     l->max_pending_write = 4u << 20;
     l->max_headers = 100;
+    l->max_body_bytes_total = 256u << 20;
 }
 
 const char *srv_http_reason(int s) {
@@ -120,11 +132,35 @@ static int sb_add(sbuf *b, const char *p, size_t n) {
     b->p[b->len] = 0;
     return 0;
 }
+/* Grows the capacity to exactly cap bytes (no-op when already as large). */
+static int sb_reserve(sbuf *b, size_t cap) {
+    if (cap <= b->cap) return 0;
+    char *q = realloc(b->p, cap);
+    if (!q) return -1;
+    b->p = q; b->cap = cap;
+    return 0;
+}
 static void sb_free(sbuf *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
 static char *sb_take(sbuf *b) { /* returns a NUL-terminated malloc'd string (or NULL on OOM) */
     if (!b->p && sb_add(b, "", 0)) return NULL;
     char *p = b->p; b->p = NULL; b->len = b->cap = 0;
     return p;
+}
+
+/* Gives this connection's request-body reservation back to the server-wide budget. */
+static void body_release(conn *c) {
+    c->srv->body_bytes -= c->body_reserved;
+    c->body_reserved = 0;
+}
+
+/* Makes this connection's reservation cover cap bytes; false when the server-wide budget does not allow it. */
+static bool body_reserve(conn *c, size_t cap) {
+    if (cap <= c->body_reserved) return true;
+    size_t more = cap - c->body_reserved;
+    if (c->srv->body_bytes + more > c->srv->lim.max_body_bytes_total) return false;
+    c->srv->body_bytes += more;
+    c->body_reserved = cap;
+    return true;
 }
 
 static void req_clear(conn *c) {
@@ -135,6 +171,9 @@ static void req_clear(conn *c) {
     memset(r, 0, sizeof *r);
     r->conn = c;
     sb_free(&c->url); sb_free(&c->field); sb_free(&c->value); sb_free(&c->body);
+    body_release(c);
+    c->body_expect = 0;
+    c->head_only = false;
     c->last_was_value = false;
     c->hdr_cap = 0;
     c->header_bytes = 0;
@@ -154,7 +193,7 @@ static void on_shutdown(uv_shutdown_t *s, int status) {
     conn *c = s->data;
     free(s);
     if (c->state == C_CLOSED) return;
-    if (status < 0) { conn_close(c); return; }
+    if (status < 0 || c->peer_eof) { conn_close(c); return; } /* nothing more will come: no linger */
     c->state = C_LINGER;
     uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
 }
@@ -163,7 +202,13 @@ static void begin_shutdown(conn *c) {
     uv_shutdown_t *s = malloc(sizeof *s);
     if (!s) { conn_close(c); return; }
     s->data = c;
-    if (uv_shutdown(s, (uv_stream_t *)&c->tcp, on_shutdown) < 0) { free(s); conn_close(c); }
+    if (uv_shutdown(s, conn_stream(c), on_shutdown) < 0) { free(s); conn_close(c); }
+}
+
+/* The connection ends once the bytes queued are sent (write side shut down, then a short linger). */
+static void drain_and_close(conn *c) {
+    c->state = C_DRAINING;
+    if (c->pending_write == 0) begin_shutdown(c);
 }
 
 static void on_write(uv_write_t *w, int status) {
@@ -187,7 +232,7 @@ static int write_raw(conn *c, const char *a, size_t alen, const char *b, size_t 
     if (tlen) memcpy(q->data + alen + blen, t, tlen);
     q->c = c; q->len = n;
     uv_buf_t buf = uv_buf_init(q->data, (unsigned)n);
-    if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &buf, 1, on_write) < 0) {
+    if (uv_write(&q->w, conn_stream(c), &buf, 1, on_write) < 0) {
         free(q);
         conn_close(c);
         return SRV_HTTP_ERR_CLOSED;
@@ -205,25 +250,33 @@ static void hook_headers(conn *c, char *out) {
     if (n == 0 || n >= HOOK_CAP) out[0] = 0;
 }
 
-/* Queues an error answer from the layer itself and closes the connection once it is sent. */
-static void fail_and_close(conn *c, int status, const char *msg) {
-    char body[512], head[256 + HOOK_CAP], hook[HOOK_CAP];
+/* Queues an error answer from the layer itself and closes the connection once it is sent. msg and code are
+ * constant ASCII without quotes or backslashes (they go into the JSON as they are); code may be NULL. The
+ * answer is reported to the log callback (request counter and request log). */
+static void fail_and_close(conn *c, int status, const char *msg, const char *code) {
+    char body[512], head[256 + HOOK_CAP], hook[HOOK_CAP], codebuf[64] = "null";
+    if (code) snprintf(codebuf, sizeof codebuf, "\"%s\"", code);
+    bool server = status >= 500 && status != 503;
     int bl = snprintf(body, sizeof body,
-                      "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
-                      "\"code\":null}}", msg);
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":%s}}", msg,
+                      server ? "server_error" : "invalid_request_error", codebuf);
     hook_headers(c, hook);
     int hl = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %d\r\n%s%sConnection: close\r\n\r\n", status, srv_http_reason(status), bl,
-                      status == 503 ? "Retry-After: 1\r\n" : "", hook);
+                      "Content-Length: %d\r\n%s%s%sConnection: close\r\n\r\n", status, srv_http_reason(status), bl,
+                      status == 503 ? "Retry-After: 1\r\n" : "",
+                      status == 401 ? "WWW-Authenticate: Bearer\r\n" : "", hook);
+    if (c->srv->log_cb)
+        c->srv->log_cb(c->srv->log_ud, c->req.method_name ? c->req.method_name : "-",
+                       c->req.path ? c->req.path : "-", status, c->req.t_start_ns);
     if (c->state == C_HANDLING) { /* the handler's request dies with the connection */
         c->srv->n_active--;
         if (c->abort_cb) c->abort_cb(c->abort_ud, &c->req);
         c->abort_cb = NULL;
     }
     uv_timer_stop(&c->timer);
+    if (c->state != C_HANDLING) { sb_free(&c->body); body_release(c); } /* a body being read is dropped */
     if (write_raw(c, head, (size_t)hl, body, (size_t)bl, NULL, 0) != 0) return;
-    c->state = C_DRAINING;
-    if (c->pending_write == 0) begin_shutdown(c);
+    drain_and_close(c);
 }
 
 /* ---- the request is done: next one or close ------------------------------------------------------------ */
@@ -231,14 +284,13 @@ static void finish_request(conn *c, bool close_conn) {
     c->srv->n_active--;
     req_clear(c);
     if (close_conn || !c->keep_alive || c->srv->stopping) {
-        c->state = C_DRAINING;
-        if (c->pending_write == 0) begin_shutdown(c);
+        drain_and_close(c);
         return;
     }
     c->state = C_IDLE;
     llhttp_resume(&c->parser);
     uv_timer_start(&c->timer, on_timer, c->srv->lim.idle_timeout_ms, 0);
-    start_reading(c);
+    if (!c->peer_eof) start_reading(c);
     if (c->in_process) c->reprocess = true;
     else conn_process(c);
 }
@@ -301,16 +353,25 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n) {
     return 0;
 }
 
+/* Whether path (trailing slashes ignored) is one of the paths that need no API key. */
+static bool is_public_path(const srv_http *h, const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    for (int32_t i = 0; i < h->n_public; i++)
+        if (strlen(h->public_paths[i]) == n && !memcmp(h->public_paths[i], path, n)) return true;
+    return false;
+}
+
 static int on_headers_complete(llhttp_t *p) {
     conn *c = p->data;
     srv_http_req *r = &c->req;
     if (c->last_was_value && push_header(c)) return -1;
-    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->lim.body_limit) {
-        c->fail_status = 413;
-        return -1;
-    }
     r->method = p->method;
     r->method_name = llhttp_method_name((llhttp_method_t)p->method);
+    if (p->method == HTTP_HEAD) { /* answered like GET, without the body */
+        r->method = HTTP_GET;
+        c->head_only = true;
+    }
     char *url = sb_take(&c->url);
     if (!url) { c->fail_status = 500; return -1; }
     char *q = strchr(url, '?');
@@ -318,6 +379,22 @@ static int on_headers_complete(llhttp_t *p) {
     if (q) *q = 0;
     r->path = url;
     if (!r->query) { c->fail_status = 500; return -1; }
+    bool has_len = (p->flags & F_CONTENT_LENGTH) != 0, chunked = (p->flags & F_CHUNKED) != 0;
+    if (has_len && p->content_length > c->srv->lim.body_limit) {
+        c->fail_status = 413;
+        return -1;
+    }
+    /* A request that brings a body without the API key is refused before one byte of the body is read. */
+    bool has_body = chunked || (has_len && p->content_length > 0);
+    if (has_body && c->srv->bearer_key && !is_public_path(c->srv, r->path) &&
+        !srv_http_bearer_ok(r, c->srv->bearer_key)) {
+        c->fail_status = 401;
+        return -1;
+    }
+    if (has_len && p->content_length > 0) {
+        c->body_expect = (size_t)p->content_length;
+        if (!body_reserve(c, c->body_expect + 1)) { c->fail_status = 503; return -1; }
+    }
     const char *expect = srv_http_header_get(r, "expect");
     if (expect && !strcasecmp(expect, "100-continue") && p->http_major == 1 && p->http_minor >= 1) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -329,6 +406,14 @@ static int on_headers_complete(llhttp_t *p) {
 static int on_body(llhttp_t *p, const char *at, size_t n) {
     conn *c = p->data;
     if (c->body.len + n > c->srv->lim.body_limit) { c->fail_status = 413; return HPE_USER; }
+    size_t need = c->body.len + n + 1;
+    if (need > c->body.cap) { /* grow within the server-wide budget: to the announced length, else doubling */
+        size_t cap = c->body_expect ? c->body_expect + 1 : (c->body.cap ? c->body.cap : 4096);
+        while (cap < need) cap *= 2;
+        if (cap > c->srv->lim.body_limit + 1) cap = need > c->srv->lim.body_limit + 1 ? need : c->srv->lim.body_limit + 1;
+        if (!body_reserve(c, cap)) { c->fail_status = 503; return HPE_USER; }
+        if (sb_reserve(&c->body, cap)) { c->fail_status = 500; return HPE_USER; }
+    }
     if (sb_add(&c->body, at, n)) { c->fail_status = 500; return HPE_USER; }
     return 0;
 }
@@ -370,16 +455,21 @@ static void conn_process(conn *c) {
             int st = c->fail_status ? c->fail_status : 400;
             const char *msg = st == 413 ? "request body too large" :
                               st == 431 ? "request header fields too large" :
+                              st == 401 ? "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'" :
+                              st == 503 ? "too many request bodies in flight on this server; retry later" :
                               st == 500 ? "out of memory" : "malformed HTTP request";
             if (st == 400 && e == HPE_INVALID_METHOD) msg = "unknown HTTP method";
             c->in_off = c->in_len = 0;
-            fail_and_close(c, st, msg);
+            fail_and_close(c, st, msg, st == 401 ? "invalid_api_key" : NULL);
             break;
         }
     } while (c->reprocess && c->state != C_CLOSED);
     c->in_process = false;
+    /* The client half-closed and no complete request is left: close once the answers are sent. */
+    if (c->peer_eof && (c->state == C_IDLE || c->state == C_READING))
+        drain_and_close(c); /* the running idle/read timer still bounds a client that never reads */
     if (c->state == C_HANDLING && c->in_len - c->in_off > MAX_BUFFERED_WHILE_BUSY && c->reading) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        uv_read_stop(conn_stream(c));
         c->reading = false;
     }
 }
@@ -394,7 +484,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     (void)buf;
     conn *c = s->data;
     if (c->state == C_CLOSED) return;
-    if (nread < 0) { conn_close(c); return; } /* EOF or error: the client is gone */
+    if (nread == UV_EOF && (c->state == C_HANDLING || c->state == C_DRAINING || c->state == C_IDLE ||
+                            c->state == C_READING)) {
+        /* A half-close: the client sent everything it will send but may still read. Requests already
+         * buffered are answered; an incomplete one is dropped; then the connection closes. */
+        c->peer_eof = true;
+        uv_read_stop(conn_stream(c));
+        c->reading = false;
+        if ((c->state == C_IDLE || c->state == C_READING) && !c->in_process) conn_process(c);
+        return;
+    }
+    if (nread < 0) { conn_close(c); return; } /* an error, or EOF while lingering: the client is gone */
     if (nread == 0) return;
     if (c->state == C_LINGER || c->state == C_DRAINING) return; /* discard */
     if (c->in_len + (size_t)nread > c->in_cap) {
@@ -411,13 +511,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 static void start_reading(conn *c) {
     if (c->reading || c->state == C_CLOSED) return;
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
+    if (uv_read_start(conn_stream(c), on_alloc, on_read) == 0) c->reading = true;
 }
 
 static void on_timer(uv_timer_t *t) {
     conn *c = t->data;
     switch (c->state) {
-    case C_READING: fail_and_close(c, 408, "request not received in time"); break;
+    case C_READING: fail_and_close(c, 408, "request not received in time", NULL); break;
     case C_HANDLING: break;
     default: conn_close(c); break;
     }
@@ -444,24 +544,21 @@ static void conn_close(conn *c) {
         c->abort_cb = NULL;
     }
     c->state = C_CLOSED;
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->io, on_handle_closed);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
 
-static void on_connection(uv_stream_t *server, int status) {
-    srv_http *srv = server->data;
-    if (status < 0) return;
-    conn *c = calloc(1, sizeof *c);
-    if (!c) return;
+/* A new connection whose stream handle (TCP or pipe) the caller has already initialized in c->io; adds the
+ * timer and links it into the server. NULL-safe on failure: the stream is closed. */
+static conn *conn_link(srv_http *srv, conn *c) {
     c->srv = srv;
     c->req.conn = c;
-    if (uv_tcp_init(srv->loop, &c->tcp) != 0) { free(c); return; }
-    c->tcp.data = c;
+    c->io.tcp.data = c;
     c->handles_open = 1;
     if (uv_timer_init(srv->loop, &c->timer) != 0) {
         c->state = C_CLOSED;
-        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
-        return;
+        uv_close((uv_handle_t *)&c->io, (uv_close_cb)free);
+        return NULL;
     }
     c->timer.data = c;
     c->handles_open = 2;
@@ -469,17 +566,49 @@ static void on_connection(uv_stream_t *server, int status) {
     if (srv->conns) srv->conns->prev = c;
     srv->conns = c;
     srv->n_conns++;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) { conn_close(c); return; }
-    uv_tcp_nodelay(&c->tcp, 1);
+    return c;
+}
+
+/* Starts serving a linked connection whose stream is connected. */
+static void conn_start(conn *c) {
+    srv_http *srv = c->srv;
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->settings);
     c->parser.data = c;
     c->state = C_IDLE;
     start_reading(c);
     if (srv->n_conns > srv->lim.max_connections || srv->stopping) {
-        fail_and_close(c, 503, "too many connections");
+        fail_and_close(c, 503, "too many connections", NULL);
         return;
     }
     uv_timer_start(&c->timer, on_timer, srv->lim.idle_timeout_ms, 0);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+    srv_http *srv = server->data;
+    if (status < 0) return;
+    conn *c = calloc(1, sizeof *c);
+    if (!c) return;
+    if (uv_tcp_init(srv->loop, &c->io.tcp) != 0) { free(c); return; }
+    if (!conn_link(srv, c)) return;
+    if (uv_accept(server, conn_stream(c)) != 0) { conn_close(c); return; }
+    uv_tcp_nodelay(&c->io.tcp, 1);
+    conn_start(c);
+}
+
+int srv_http_adopt_fd(srv_http *h, int fd) {
+    if (!h || fd < 0) { if (fd >= 0) close(fd); return SRV_HTTP_ERR_INVALID; }
+    conn *c = calloc(1, sizeof *c);
+    if (!c) { close(fd); return SRV_HTTP_ERR_NOMEM; }
+    if (uv_pipe_init(h->loop, &c->io.pipe, 0) != 0) { free(c); close(fd); return SRV_HTTP_ERR_INVALID; }
+    if (uv_pipe_open(&c->io.pipe, fd) != 0) {
+        close(fd);
+        c->state = C_CLOSED;
+        uv_close((uv_handle_t *)&c->io, (uv_close_cb)free);
+        return SRV_HTTP_ERR_INVALID;
+    }
+    if (!conn_link(h, c)) return SRV_HTTP_ERR_NOMEM;
+    conn_start(c);
+    return SRV_HTTP_OK;
 }
 
 /* ---- server ------------------------------------------------------------------------------------------------ */
@@ -492,6 +621,7 @@ int srv_http_create(uv_loop_t *loop, const srv_http_limits *limits, srv_http_han
     if (limits) h->lim = *limits; else srv_http_limits_default(&h->lim);
     if (h->lim.max_connections < 1) h->lim.max_connections = 1;
     if (h->lim.max_headers < 1) h->lim.max_headers = 1;
+    if (h->lim.max_body_bytes_total < h->lim.body_limit + 1) h->lim.max_body_bytes_total = h->lim.body_limit + 1;
     h->handler = handler;
     h->ud = ud;
     llhttp_settings_init(&h->settings);
@@ -580,8 +710,52 @@ void srv_http_close(srv_http *h) {
 
 void srv_http_free(srv_http *h) {
     if (!h) return;
+    free(h->bearer_key);
+    for (int32_t i = 0; i < h->n_public; i++) free(h->public_paths[i]);
+    free(h->public_paths);
     free(h);
 }
+
+int srv_http_set_bearer_key(srv_http *h, const char *key, const char *const *public_paths, int32_t n_public) {
+    if (!h || n_public < 0 || (n_public > 0 && !public_paths)) return SRV_HTTP_ERR_INVALID;
+    char *k = key && key[0] ? strdup(key) : NULL;
+    char **pp = n_public ? calloc((size_t)n_public, sizeof *pp) : NULL;
+    bool oom = (key && key[0] && !k) || (n_public && !pp);
+    for (int32_t i = 0; !oom && i < n_public; i++) oom = !(pp[i] = strdup(public_paths[i] ? public_paths[i] : ""));
+    if (oom) {
+        free(k);
+        for (int32_t i = 0; pp && i < n_public; i++) free(pp[i]);
+        free(pp);
+        return SRV_HTTP_ERR_NOMEM;
+    }
+    free(h->bearer_key);
+    for (int32_t i = 0; i < h->n_public; i++) free(h->public_paths[i]);
+    free(h->public_paths);
+    h->bearer_key = k;
+    h->public_paths = pp;
+    h->n_public = n_public;
+    return SRV_HTTP_OK;
+}
+
+bool srv_http_bearer_ok(const srv_http_req *req, const char *key) {
+    if (!key || !key[0]) return true;
+    const char *v = srv_http_header_get(req, "authorization");
+    if (!v || strncasecmp(v, "Bearer ", 7)) return false;
+    v += 7;
+    while (*v == ' ') v++;
+    size_t a = strlen(v), b = strlen(key);
+    unsigned diff = (unsigned)(a ^ b); /* compares every byte whatever the first difference (timing) */
+    for (size_t i = 0; i < a; i++) diff |= (unsigned char)v[i] ^ (unsigned char)key[i % b];
+    return diff == 0;
+}
+
+void srv_http_set_log(srv_http *h, srv_http_log_cb cb, void *ud) {
+    if (!h) return;
+    h->log_cb = cb;
+    h->log_ud = ud;
+}
+
+size_t srv_http_body_bytes(const srv_http *h) { return h ? h->body_bytes : 0; }
 
 /* ---- answering ---------------------------------------------------------------------------------------------- */
 static conn *req_conn(const srv_http_req *req) {
@@ -614,7 +788,7 @@ int srv_http_respond(srv_http_req *req, int status, const char *ctype, const cha
     char hb[2048 + HOOK_CAP];
     int hl = head(c, status, ctype, extra, true, body_len, hb, sizeof hb);
     if (hl < 0) return SRV_HTTP_ERR_INVALID;
-    int r = write_raw(c, hb, (size_t)hl, body, body_len, NULL, 0);
+    int r = write_raw(c, hb, (size_t)hl, c->head_only ? NULL : body, c->head_only ? 0 : body_len, NULL, 0);
     if (c->state == C_CLOSED) return r ? r : SRV_HTTP_ERR_CLOSED;
     finish_request(c, r != 0);
     return r;
@@ -633,7 +807,7 @@ int srv_http_stream_begin(srv_http_req *req, int status, const char *ctype, cons
 int srv_http_stream_write(srv_http_req *req, const char *data, size_t len) {
     conn *c = req_conn(req);
     if (!c || !c->streaming) return SRV_HTTP_ERR_INVALID;
-    if (len == 0) return SRV_HTTP_OK; /* a zero-length chunk would end the stream */
+    if (len == 0 || c->head_only) return SRV_HTTP_OK; /* a zero-length chunk would end the stream */
     if (c->pending_write > c->srv->lim.max_pending_write) return SRV_HTTP_ERR_BACKPRESSURE;
     if (!c->chunked_out) return write_raw(c, data, len, NULL, 0, NULL, 0);
     char pre[32];
@@ -644,7 +818,7 @@ int srv_http_stream_write(srv_http_req *req, const char *data, size_t len) {
 int srv_http_stream_end(srv_http_req *req) {
     conn *c = req_conn(req);
     if (!c || !c->streaming) return SRV_HTTP_ERR_INVALID;
-    int r = c->chunked_out ? write_raw(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0) : 0;
+    int r = c->chunked_out && !c->head_only ? write_raw(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0) : 0;
     if (c->state == C_CLOSED) return r ? r : SRV_HTTP_ERR_CLOSED;
     finish_request(c, r != 0);
     return r;

@@ -12,7 +12,18 @@
  *   a request started but not complete within read_timeout_ms   -> 408, connection closed
  *   malformed HTTP                                              -> 400, connection closed
  *   more than max_connections open                              -> 503 to the new connection, closed
+ *   request bodies of all connections would hold more than max_body_bytes_total (reserved at the
+ *   Content-Length when announced, else as a chunked body grows) -> 503 with Retry-After, closed
+ *   with srv_http_set_bearer_key: a request announcing a body (Content-Length > 0 or chunked) to a
+ *   non-public path without "Authorization: Bearer <key>"        -> 401 when its headers are complete, before
+ *                                                                  any of the body is read; closed
  *   idle keep-alive connection for idle_timeout_ms               -> closed silently
+ * Every answer the layer sends itself is reported to the callback of srv_http_set_log (so that the request
+ * counter and the request log see 400/401/408/413/431/503 too).
+ * HEAD requests reach the handler as method HTTP_GET (method_name "HEAD"); the layer sends the handler's status
+ * and headers (Content-Length of the body it gave) without the body, and drops streamed chunks.
+ * Half-close: a client that shuts down its write side after sending requests still gets every answer to the
+ * complete requests it sent (an incomplete one is dropped); the connection closes after the last answer.
  * Writes: every write is queued with libuv (partial sends handled by libuv); the bytes queued but not yet
  * sent on a connection are tracked and streaming writes past max_pending_write are refused
  * (SRV_HTTP_ERR_BACKPRESSURE), so a client that stops reading cannot make the server buffer without bound.
@@ -53,6 +64,9 @@ typedef struct srv_http_limits {
     int32_t max_connections;    /* default 1024 */
     size_t max_pending_write;   /* unsent bytes per connection before streaming writes are refused; 4 MiB */
     int32_t max_headers;        /* number of header lines; default 100 (more: 431) */
+    size_t max_body_bytes_total;/* request-body bytes held across all connections (bodies being read and
+                                 * bodies of requests being handled); default 256 MiB; raised to
+                                 * body_limit + 1 when smaller, so that one largest body always fits */
 } srv_http_limits;
 
 void srv_http_limits_default(srv_http_limits *l);
@@ -121,6 +135,29 @@ void srv_http_abort(srv_http_req *req);
 void srv_http_set_abort(srv_http_req *req, srv_http_abort_cb cb, void *ud);
 /* Unsent bytes queued on the request's connection. */
 size_t srv_http_pending_write(const srv_http_req *req);
+
+/* ---- authentication, logging, tests ------------------------------------------------------------------------- */
+/* Header-time authentication. key NULL or "": off (the default). public_paths[0..n_public) are paths (compared
+ * with trailing slashes ignored, query excluded) that need no key. Copies everything. Requests without a body
+ * are never refused here: the handler answers them (it must check the key itself too). SRV_HTTP_ERR_NOMEM,
+ * SRV_HTTP_ERR_INVALID (n_public < 0, or paths NULL with n_public > 0). */
+int srv_http_set_bearer_key(srv_http *h, const char *key, const char *const *public_paths, int32_t n_public);
+/* Whether req carries "Authorization: Bearer <key>" (scheme case-insensitive, the key compared in time
+ * independent of where it differs). true when key is NULL or "". */
+bool srv_http_bearer_ok(const srv_http_req *req, const char *key);
+
+/* Called for every answer the layer sends itself (method and path "-" when the request line was not
+ * complete; t_start_ns 0 when no request had started), on the loop thread. */
+typedef void (*srv_http_log_cb)(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns);
+void srv_http_set_log(srv_http *h, srv_http_log_cb cb, void *ud);
+
+/* Request-body bytes reserved now across all connections (<= max_body_bytes_total). */
+size_t srv_http_body_bytes(const srv_http *h);
+
+/* Serves an already connected stream socket (e.g. one end of socketpair(AF_UNIX, SOCK_STREAM)) exactly like
+ * an accepted TCP connection: the whole HTTP path without a listener, for tests and fuzzing. Takes ownership
+ * of fd (closed with the connection, or at once on failure). SRV_HTTP_ERR_INVALID, SRV_HTTP_ERR_NOMEM. */
+int srv_http_adopt_fd(srv_http *h, int fd);
 
 /* Standard reason phrase ("OK", "Not Found", ...). */
 const char *srv_http_reason(int status);

@@ -238,6 +238,7 @@ int srv_main(const srv_config *cfg) {
     srv_http_limits hl;
     srv_http_limits_default(&hl);
     hl.body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
+    hl.max_body_bytes_total = (size_t)(cfg->body_total_mb * 1048576.0);
     hl.header_limit = (size_t)cfg->header_limit_kb << 10;
     hl.read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
     hl.idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
@@ -262,6 +263,12 @@ int srv_main(const srv_config *cfg) {
         goto out;
     }
     srv_http_set_header_hook(d->http, srv_cors_headers, d->cors);
+    static const char *const public_paths[] = {"/health"}; /* as the API's own check (srv_api_handle) */
+    srv_http_set_log(d->http, srv_api_log_http, d->api);
+    if (srv_http_set_bearer_key(d->http, cfg->api_key, public_paths, 1) != 0) {
+        fprintf(stderr, "kvserve: out of memory\n");
+        goto out;
+    }
     if (srv_http_listen(d->http, cfg->host, cfg->port, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;

@@ -65,6 +65,7 @@ typedef struct srv_config {
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */
     double body_limit_mb;       /* request bodies above this get 413, default 16 */
+    double body_total_mb;       /* request-body memory across all connections; beyond it 503, default 256 */
     int32_t header_limit_kb;    /* request line + headers above this get 431, default 16 */
     int32_t max_connections;    /* default 1024 */
     int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */

@@ -112,7 +112,7 @@ describe('basic API', () => {
     const stop = full.slice(start, start + 3);
     if (stop.length < 3) return; // a model that stops at once leaves nothing to test
     const cut = full.indexOf(stop);
-    const r = await complete(client, 'Once upon a time', { max_tokens: 40, stop: [stop, '\u0000never'] });
+    const r = await complete(client, 'Once upon a time', { max_tokens: 40, stop: [stop, '\u0001never'] });
     assert.equal(r.choices[0].text, full.slice(0, cut));
     assert.equal(r.choices[0].finish_reason, 'stop');
     const s = await streamText(client, 'Once upon a time', { max_tokens: 40, stop });
@@ -218,6 +218,11 @@ describe('errors', () => {
   test('SDK surfaces errors as APIError with the status', async () => {
     await assert.rejects(client.completions.create({ model: 'x', prompt: 'a', temperature: 9 }),
       (e) => e.status === 400);
+  });
+
+  test('a NUL in a prompt is refused with 400 naming it, never cut (issue 14)', async () => {
+    await assert.rejects(client.completions.create({ model: 'x', prompt: 'keep\u0000this', max_tokens: 1 }),
+      (e) => e.status === 400 && /NUL/.test(e.message));
   });
 });
 

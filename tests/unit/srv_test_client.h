@@ -186,6 +186,19 @@ static __attribute__((unused)) bool tc_has_header(const tc_resp *r, const char *
 }
 
 /* Whether the peer closed the connection (within timeout_ms): reads and discards. */
+/* Reads raw bytes until the server closes the connection (or SO_RCVTIMEO passes); NUL-terminates; returns the
+ * count. For answers the response parser cannot frame alone (HEAD, several at once). */
+static __attribute__((unused)) size_t tc_read_to_eof(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    return n;
+}
+
 static __attribute__((unused)) bool tc_wait_closed(int fd, int timeout_ms) {
     char b[4096];
     for (int waited = 0; waited <= timeout_ms; waited += 10) {

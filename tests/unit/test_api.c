@@ -101,6 +101,21 @@ static const vcase VCASES[] = {
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", 400, "max_completion_tokens", NULL},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", 400, "tools", NULL},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 0, NULL, NULL},
+    /* issue 14: \u escapes are checked before cJSON, which would read \u12zz as NUL and cut the string */
+    {C, "{\"prompt\":\"ab\\u12zzcd\"}", 400, "", "invalid \\u escape"},
+    {C, "{\"prompt\":\"ab\\u12\"}", 400, "", "invalid \\u escape"},
+    {C, "{\"prompt\":\"ab\\u0000cd\"}", 400, "", "\\u0000 (NUL) is not allowed"},
+    {C, "{\"prompt\":[\"ok\",\"x\\u0000\"]}", 400, "", "NUL"},
+    {C, "{\"prompt\":\"\\uD83D\"}", 400, "", "lone UTF-16 high surrogate"},
+    {C, "{\"prompt\":\"\\uD83Dx\\uDE00\"}", 400, "", "lone UTF-16 high surrogate"},
+    {C, "{\"prompt\":\"\\uDE00\"}", 400, "", "lone UTF-16 low surrogate"},
+    {C, "{\"prompt\":\"\\uD83D\\uDE00 \\u00e9\\u4e2d\"}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"a\\qb\"}", 400, "", "invalid escape '\\q'"},
+    {C, "{\"prompt\":\"a\tb\"}", 400, "", "raw control character 0x09"},
+    {C, "{\"prompt\":\"\xC3\x28\"}", 400, "", "invalid UTF-8"},
+    {C, "{\"prompt\":\"\xED\xA0\x80\"}", 400, "", "invalid UTF-8"},
+    {C, "{\"prompt\":\"x\",\"max_tokens\":01}", 400, "", "leading zeros"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\\u0000there\"}]}", 400, "", "at byte 41"},
 };
 
 Test(api_parse, table) {
@@ -443,7 +458,7 @@ static void on_cancel_all(uv_async_t *a) {
     srv_api_cancel_all(f->api);
 }
 
-typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; } fake_opts;
+typedef struct fake_opts { const char *api_key; int32_t n_ctx; bool no_backend; FILE *log; } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
     signal(SIGPIPE, SIG_IGN); /* as srv_main does */
@@ -457,7 +472,8 @@ static fake *fake_start(const fake_opts *o) {
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
     cfg.api_key = o ? o->api_key : NULL;
-    cfg.log_format = SRV_LOG_NONE;
+    cfg.log_format = o && o->log ? SRV_LOG_TEXT : SRV_LOG_NONE;
+    cfg.log_stream = o ? o->log : NULL;
     cfg.loop = &f->L.loop;
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
     f->cancel_all.data = f;
@@ -470,6 +486,9 @@ static fake *fake_start(const fake_opts *o) {
     srv_http_limits_default(&l);
     l.max_pending_write = 64 * 1024;
     cr_assert_eq(srv_http_create(&f->L.loop, &l, srv_api_handle, f->api, &f->h), 0);
+    static const char *const pub[] = {"/health"}; /* wired as serve.c does */
+    srv_http_set_log(f->h, srv_api_log_http, f->api);
+    cr_assert_eq(srv_http_set_bearer_key(f->h, cfg.api_key, pub, 1), 0);
     char err[256];
     cr_assert_eq(srv_http_listen(f->h, "127.0.0.1", 0, err, sizeof err), 0);
     f->port = srv_http_port(f->h);
@@ -820,7 +839,7 @@ Test(api, errors_and_routes) {
 }
 
 Test(api, context_length_exceeded) {
-    fake_opts opts = {NULL, 32, false};
+    fake_opts opts = {NULL, 32, false, NULL};
     fake *f = fake_start(&opts);
     tc_resp r;
     char body[256];
@@ -843,7 +862,7 @@ Test(api, context_length_exceeded) {
 }
 
 Test(api, auth) {
-    fake_opts opts = {"sekret", 0, false};
+    fake_opts opts = {"sekret", 0, false, NULL};
     fake *f = fake_start(&opts);
     tc_resp r;
     cr_assert_eq(get(f, "/v1/models", NULL, &r), 401);
@@ -867,7 +886,7 @@ Test(api, auth) {
 }
 
 Test(api, loading_state) {
-    fake_opts opts = {NULL, 0, true};
+    fake_opts opts = {NULL, 0, true, NULL};
     fake *f = fake_start(&opts);
     tc_resp r;
     cr_assert_eq(get(f, "/health", NULL, &r), 503);
@@ -984,6 +1003,61 @@ Test(api, metrics_endpoint) {
                           "kvserve:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert(strstr(r.body, want[i]), "missing '%s' in:\n%s", want[i], r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* Issue 14: answers of the HTTP layer itself (400, 413, 401 before the body) are in the request counter and
+ * the request log; HEAD /health answers like GET without the body. */
+Test(api, layer_answers_counted_and_logged_head) {
+    FILE *log = tmpfile();
+    cr_assert(log);
+    fake_opts opts = {"sekret", 0, false, log};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(f->port, "BLAH /x HTTP/1.1\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(f->port, "POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n", &r), 413);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(f->port, "POST /v1/completions HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", &r), 401);
+    tc_resp_free(&r);
+    int fd = tc_connect(f->port);
+    cr_assert_eq(tc_sends(fd, "HEAD /health HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
+    char buf[2048];
+    tc_read_to_eof(fd, buf, sizeof buf);
+    close(fd);
+    cr_assert(!strncmp(buf, "HTTP/1.1 200 OK\r\n", 17), "%s", buf);
+    const char *end = strstr(buf, "\r\n\r\n");
+    cr_assert(end && end[4] == 0 && strstr(buf, "Content-Length: 15\r\n"), "HEAD answer: %s", buf); /* {"status":"ok"} */
+    cr_assert_eq(get(f, "/metrics", "Authorization: Bearer sekret\r\n", &r), 200);
+    cr_assert(strstr(r.body, "kvserve:http_requests_total{code=\"4xx\"} 3\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "kvserve:http_requests_total{code=\"2xx\"} 1\n"), "%s", r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
+    rewind(log);
+    char text[4096];
+    size_t tl = fread(text, 1, sizeof text - 1, log);
+    text[tl] = 0;
+    fclose(log);
+    cr_assert(strstr(text, " - - 400 "), "log:\n%s", text);
+    cr_assert(strstr(text, " POST /v1/completions 413 "), "log:\n%s", text);
+    cr_assert(strstr(text, " POST /v1/completions 401 "), "log:\n%s", text);
+    cr_assert(strstr(text, " HEAD /health 200 "), "log:\n%s", text);
+}
+
+/* Issue 14: the strict JSON pass also guards /tokenize and /detokenize (through the route's own parse). */
+Test(api, tokenize_rejects_bad_escapes) {
+    fake *f = fake_start(NULL);
+    tc_resp r;
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\u12zzb\"}", NULL, &r), 400);
+    cr_assert(strstr(r.body, "invalid \\\\u escape"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\u0000b\"}", NULL, &r), 400);
+    cr_assert(strstr(r.body, "NUL"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[1,2]}  x", NULL, &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\u00e9b\"}", NULL, &r), 200);
     tc_resp_free(&r);
     fake_stop(f);
 }
@@ -1158,8 +1232,23 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert(strstr(jstr(o, "content"), "hello world"), "detokenized: '%s'", jstr(o, "content"));
     cJSON_Delete(o);
     tc_resp_free(&r);
+    /* issue 14 through the daemon's own wiring: a malformed request is counted and logged; HEAD /health answers
+     * without a body; a request followed by a half-close is answered */
+    cr_assert_eq(tc_roundtrip(port, "GARBAGE\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    int hfd = tc_connect(port);
+    cr_assert_eq(tc_sends(hfd, "HEAD /health HTTP/1.1\r\n\r\nPOST /tokenize HTTP/1.1\r\nContent-Length: 16\r\n\r\n{\"content\":\"hi\"}"), 0);
+    cr_assert_eq(shutdown(hfd, SHUT_WR), 0);
+    char hb[4096];
+    tc_read_to_eof(hfd, hb, sizeof hb);
+    close(hfd);
+    const char *second = strstr(hb + 1, "HTTP/1.1 200 OK");
+    cr_assert(!strncmp(hb, "HTTP/1.1 200 OK", 15) && second, "HEAD + half-closed POST: %s", hb);
+    cr_assert(!strstr(hb, "{\"status\""), "HEAD carried a body: %s", hb);
+    cr_assert(strstr(second, "{\"tokens\":["), "%s", hb);
     cr_assert_eq(get(&shim, "/metrics", NULL, &r), 200);
     cr_assert(strstr(r.body, "kvserve:generation_tokens_total"));
+    cr_assert(strstr(r.body, "kvserve:http_requests_total{code=\"4xx\"} 2\n"), "%s", r.body); /* + the 400 above */
     tc_resp_free(&r);
     big_prompt_keeps_loop_responsive(port);
     kill(pid, SIGTERM);
@@ -1170,6 +1259,8 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d; log:\n%s", status, log);
     cr_assert(!strstr(log, "Sanitizer"), "sanitizer report in the server log:\n%s", log);
     cr_assert(strstr(log, "\"path\":\"/v1/completions\""), "no request log line:\n%s", log);
+    cr_assert(strstr(log, "\"method\":\"-\",\"path\":\"-\",\"status\":400"), "no log line of the 400:\n%s", log);
+    cr_assert(strstr(log, "\"method\":\"HEAD\",\"path\":\"/health\",\"status\":200"), "no HEAD log line:\n%s", log);
     free(log);
     unlink(model);
     unlink(logp);

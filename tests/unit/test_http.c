@@ -1,6 +1,7 @@
 /* test_http.c: the HTTP connection layer over real sockets on 127.0.0.1 (ephemeral ports): keep-alive,
  * pipelining (also with random split points), limits (413, 431, 408, 400, 503), large responses read slowly,
- * streaming back-pressure and client disconnects. */
+ * streaming back-pressure and client disconnects, half-close, HEAD, header-time authentication, the bound on
+ * request-body memory across connections and the log callback of the layer's own answers. */
 #include <criterion/criterion.h>
 
 #include <signal.h>
@@ -13,7 +14,16 @@ typedef struct hsrv {
     srv_http *h;
     int port;
     atomic_int n_requests, n_aborts, n_backpressure, n_stream_done;
+    atomic_int n_logged, logged[32]; /* statuses reported to the log callback, in order */
 } hsrv;
+
+static void on_layer_log(void *ud, const char *method, const char *path, int status, uint64_t t0) {
+    (void)method; (void)path; (void)t0;
+    hsrv *s = ud;
+    int i = atomic_load(&s->n_logged);
+    if (i < 32) atomic_store(&s->logged[i], status);
+    atomic_store(&s->n_logged, i + 1);
+}
 
 typedef struct delayed {
     uv_timer_t t;
@@ -116,11 +126,14 @@ static void on_stop(uv_loop_t *loop, void *ud) {
     srv_http_close(((hsrv *)ud)->h);
 }
 
-static hsrv *start(const srv_http_limits *lim) {
+static hsrv *start_with_key(const srv_http_limits *lim, const char *key) {
     signal(SIGPIPE, SIG_IGN); /* as srv_main does: a write to a vanished client must not kill the process */
     hsrv *s = calloc(1, sizeof *s);
     cr_assert_eq(tc_loop_init(&s->L, on_stop, s), 0);
     cr_assert_eq(srv_http_create(&s->L.loop, lim, handler, s, &s->h), 0);
+    srv_http_set_log(s->h, on_layer_log, s);
+    static const char *const pub[] = {"/health"};
+    cr_assert_eq(srv_http_set_bearer_key(s->h, key, pub, 1), 0);
     char err[256];
     cr_assert_eq(srv_http_listen(s->h, "127.0.0.1", 0, err, sizeof err), 0, "%s", err);
     s->port = srv_http_port(s->h);
@@ -128,6 +141,8 @@ static hsrv *start(const srv_http_limits *lim) {
     cr_assert_eq(tc_loop_start(&s->L), 0);
     return s;
 }
+
+static hsrv *start(const srv_http_limits *lim) { return start_with_key(lim, NULL); }
 
 static void stop(hsrv *s) {
     tc_loop_stop(&s->L);
@@ -420,12 +435,16 @@ Test(http, stalled_stream_is_cut) {
     stop(s);
 }
 
+/* A connection reset while a request runs aborts it. (A plain close() looks like a half-close to the server
+ * until it writes: see half_close_still_answered; streams notice at their next write.) */
 Test(http, disconnect_runs_abort_callback) {
     srv_http_limits l = lim_default();
     hsrv *s = start(&l);
     int fd = tc_connect(s->port);
     cr_assert_eq(tc_sends(fd, "GET /hang HTTP/1.1\r\n\r\n"), 0);
     for (int i = 0; i < 300 && atomic_load(&s->n_requests) == 0; i++) usleep(10000);
+    struct linger lg = {1, 0}; /* close with a reset */
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd);
     for (int i = 0; i < 300 && atomic_load(&s->n_aborts) == 0; i++) usleep(10000);
     cr_assert_eq(atomic_load(&s->n_aborts), 1);
@@ -501,6 +520,184 @@ Test(http, conflicting_framing_400) {
     cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
                                        "0\r\n\r\n", &r), 400);
     tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&s->n_requests), 0);
+    stop(s);
+}
+
+static int count_of(const char *hay, const char *needle) {
+    int k = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) k++;
+    return k;
+}
+
+/* Issue 14: requests followed by shutdown(SHUT_WR) are all answered (a late one, an immediate one, a chunked
+ * one), an incomplete trailing request is dropped, and then the server closes. */
+Test(http, half_close_still_answered) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    cr_assert_eq(tc_sends(fd, "GET /slow HTTP/1.1\r\n\r\n"
+                              "POST /echo?b HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
+                              "POST /echo?c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
+                              "POST /echo?d HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"), 0);
+    cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+    char buf[4096];
+    tc_read_to_eof(fd, buf, sizeof buf);
+    cr_assert_eq(count_of(buf, "HTTP/1.1 200 OK"), 3, "%s", buf);
+    const char *a = strstr(buf, "\r\n\r\nslow"), *b = strstr(buf, "POST /echo?b - 2:hi"),
+               *c = strstr(buf, "POST /echo?c - 3:xyz");
+    cr_assert(a && b && c && a < b && b < c, "answers missing or out of order: %s", buf);
+    cr_assert_null(strstr(buf, "/echo?d"));
+    close(fd);
+    /* the simplest case: one request, then the half-close, answered immediately */
+    fd = tc_connect(s->port);
+    cr_assert_eq(tc_sends(fd, "GET /echo HTTP/1.1\r\n\r\n"), 0);
+    cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+    tc_read_to_eof(fd, buf, sizeof buf);
+    cr_assert(strstr(buf, "HTTP/1.1 200 OK") && strstr(buf, "GET /echo? - 0:"), "%s", buf);
+    close(fd);
+    cr_assert_eq(atomic_load(&s->n_aborts), 0);
+    stop(s);
+}
+
+/* Issue 14: HEAD is answered like GET (status, Content-Length of the GET body) without the body; streamed
+ * answers send headers only; the connection stays usable. */
+Test(http, head_like_get_without_body) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port);
+    cr_assert_eq(tc_sends(fd, "HEAD /big?100 HTTP/1.1\r\n\r\n"
+                              "HEAD /stream?2 HTTP/1.1\r\n\r\n"
+                              "HEAD /echo HTTP/1.1\r\n\r\n"
+                              "GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
+    char buf[8192];
+    size_t n = tc_read_to_eof(fd, buf, sizeof buf);
+    cr_assert_eq(count_of(buf, "HTTP/1.1 200 OK"), 4, "%s", buf);
+    cr_assert(strstr(buf, "Content-Length: 100\r\n"), "%s", buf);
+    cr_assert_null(strstr(buf, "abcdefg"), "a HEAD answer carried its body");
+    cr_assert_null(strstr(buf, "xxxx"), "a streamed HEAD answer carried chunks");
+    cr_assert(strstr(buf, "Content-Length: 16\r\n"), "%s", buf); /* the body "HEAD /echo? - 0:" not sent */
+    /* the handler saw GET with method_name HEAD; the last answer (a real GET) ends the bytes */
+    const char *last = strstr(buf, "GET /echo? - 0:");
+    cr_assert(last && last + strlen("GET /echo? - 0:") == buf + n, "%s", buf);
+    close(fd);
+    stop(s);
+}
+
+/* Issue 14: with a key set, a request announcing a body without the key gets 401 as soon as its headers are
+ * complete: the body is never sent here and the answer still comes, no handler runs. With the key, or on a
+ * public path, or without a body (the handler's own check), requests go through. */
+Test(http, auth_401_before_body) {
+    srv_http_limits l = lim_default();
+    hsrv *s = start_with_key(&l, "sekret");
+    const char *bad[] = {"", "Authorization: Bearer wrong\r\n", "Authorization: Basic c2VrcmV0\r\n",
+                         "Authorization: Bearer sekret2\r\n", "Authorization: Bearer sekre\r\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int fd = tc_connect(s->port);
+        char req[256];
+        snprintf(req, sizeof req, "POST /echo HTTP/1.1\r\n%sContent-Length: 10000000\r\n\r\n", bad[i]);
+        cr_assert_eq(tc_sends(fd, req), 0); /* the 10 MB body never comes */
+        char buf[2048];
+        tc_read_to_eof(fd, buf, sizeof buf);
+        cr_assert(strstr(buf, "HTTP/1.1 401 Unauthorized\r\n"), "case %zu: %s", i, buf);
+        cr_assert(strstr(buf, "WWW-Authenticate: Bearer\r\n") && strstr(buf, "\"code\":\"invalid_api_key\""), "%s", buf);
+        close(fd);
+    }
+    /* chunked without the key: refused the same way */
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", &r), 401);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&s->n_requests), 0);
+    /* with the key: served */
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nAuthorization: bearer  sekret\r\nContent-Length: 2\r\n\r\nok",
+                              &r), 200);
+    cr_assert_str_eq(r.body, "POST /echo? - 2:ok");
+    tc_resp_free(&r);
+    /* public path and bodyless requests reach the handler (which answers them as it likes) */
+    cr_assert_eq(tc_roundtrip(s->port, "POST /health/ HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", &r), 404);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\n\r\n", &r), 200);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&s->n_requests), 3);
+    stop(s);
+}
+
+/* Issue 14: request bodies across all connections are bounded. Two uploads each announce 0.6 MiB against a
+ * 1 MiB total: the second gets 503 at once; when the first is done, the budget is back. Chunked bodies are
+ * counted as they grow. */
+Test(http, body_memory_bounded_across_connections) {
+    srv_http_limits l = lim_default();
+    l.body_limit = 700000;
+    l.max_body_bytes_total = 1u << 20;
+    hsrv *s = start(&l);
+    int a = tc_connect(s->port);
+    cr_assert_eq(tc_sends(a, "POST /echo HTTP/1.1\r\nContent-Length: 600000\r\n\r\nstart"), 0);
+    usleep(50000);
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 600000\r\n\r\n", &r), 503);
+    cr_assert(tc_has_header(&r, "retry-after", "1"));
+    tc_resp_free(&r);
+    /* a chunked body past what is left: cut with 503 while it arrives */
+    int b = tc_connect(s->port);
+    cr_assert_eq(tc_sends(b, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 0);
+    char *chunk = malloc(65536 + 16);
+    int hl = snprintf(chunk, 16, "10000\r\n");
+    memset(chunk + hl, 'c', 65536);
+    memcpy(chunk + hl + 65536, "\r\n", 2);
+    for (int i = 0; i < 10; i++)
+        if (tc_send(b, chunk, (size_t)hl + 65538) != 0) break; /* the server may close mid-way */
+    free(chunk);
+    char buf[2048];
+    tc_read_to_eof(b, buf, sizeof buf);
+    cr_assert(strstr(buf, "HTTP/1.1 503 "), "%s", buf);
+    close(b);
+    /* finish the first upload: answered; then a new large body fits again */
+    char *rest = malloc(600000);
+    memset(rest, 'r', 600000);
+    cr_assert_eq(tc_send(a, rest, 600000 - 5), 0);
+    free(rest);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, a);
+    cr_assert_eq(tc_read(c, &r), 0);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(r.body_len, strlen("POST /echo? - 600000:") + 600000);
+    tc_resp_free(&r);
+    close(a);
+    free(c);
+    char *big = malloc(600100);
+    int n = snprintf(big, 100, "POST /echo HTTP/1.1\r\nContent-Length: 600000\r\n\r\n");
+    memset(big + n, 'z', 600000);
+    big[n + 600000] = 0;
+    cr_assert_eq(tc_roundtrip(s->port, big, &r), 200);
+    tc_resp_free(&r);
+    free(big);
+    stop(s);
+}
+
+/* Issue 14: every answer the layer sends itself goes to the log callback (request counter and log). */
+Test(http, layer_answers_are_logged) {
+    srv_http_limits l = lim_default();
+    l.body_limit = 100;
+    l.header_limit = 256;
+    l.read_timeout_ms = 200;
+    hsrv *s = start_with_key(&l, "k");
+    tc_resp r;
+    cr_assert_eq(tc_roundtrip(s->port, "GARBAGE\r\n\r\n", &r), 400);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 101\r\n\r\n", &r), 413);
+    tc_resp_free(&r);
+    char big[600];
+    snprintf(big, sizeof big, "GET /echo HTTP/1.1\r\nX-Long: %0400d\r\n\r\n", 7);
+    cr_assert_eq(tc_roundtrip(s->port, big, &r), 431);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\nHost: x", &r), 408);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nContent-Length: 3\r\n\r\n", &r), 401);
+    tc_resp_free(&r);
+    for (int i = 0; i < 100 && atomic_load(&s->n_logged) < 5; i++) usleep(10000);
+    cr_assert_eq(atomic_load(&s->n_logged), 5);
+    int want[] = {400, 413, 431, 408, 401};
+    for (int i = 0; i < 5; i++) cr_assert_eq(atomic_load(&s->logged[i]), want[i], "log entry %d", i);
     cr_assert_eq(atomic_load(&s->n_requests), 0);
     stop(s);
 }

@@ -10,8 +10,10 @@
  * passes, refcounts equal the table references counted from outside, stats agree. Failing calls must leave
  * everything unchanged (snapshots compared). A failure message names the seed and the operation index.
  */
+#ifndef KVCT_FUZZ /* fuzz/fuzz_kv_cache.c includes this file with its own assertions instead of Criterion's */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#endif
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,11 @@
 
 #ifndef KVCT_SUITE
 #define KVCT_SUITE kv_cache_random
+#endif
+/* Where the operations' choices come from: the seeded generator here; the fuzz harness draws them from its
+ * input instead (the streams' contents always come from the generator). */
+#ifndef KVCT_PICK
+#define KVCT_PICK(t, n) kvct_range(&(t)->rng, (n))
 #endif
 
 typedef struct rseq {
@@ -95,7 +102,7 @@ static int32_t rceil(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 /* The next token a sequence produces at pos: mostly its stream, sometimes something else. */
 static int32_t next_token(tctx *t, const rseq *r, int32_t pos) {
-    if (kvct_range(&t->rng, 100) < 3) return kvct_range(&t->rng, VOCAB);
+    if (KVCT_PICK(t, 100) < 3) return KVCT_PICK(t, VOCAB);
     return t->streams[r->stream][pos % STREAM_LEN];
 }
 
@@ -206,7 +213,7 @@ static int32_t pick_live(tctx *t) {
     int32_t ids[MAX_SEQS], n = 0;
     for (int32_t i = 0; i < t->cfg.max_seqs; i++)
         if (t->s[i].live) ids[n++] = i;
-    return n ? ids[kvct_range(&t->rng, n)] : -1;
+    return n ? ids[KVCT_PICK(t, n)] : -1;
 }
 
 static void ref_alloc(tctx *t, int32_t id) {
@@ -215,7 +222,7 @@ static void ref_alloc(tctx *t, int32_t id) {
     r->len = 0;
     r->dirty_from = INT32_MAX;
     r->released = 0;
-    r->stream = kvct_range(&t->rng, N_STREAM);
+    r->stream = KVCT_PICK(t, N_STREAM);
 }
 
 /* Applies the window release to the reference after a commit or an attach. */
@@ -251,8 +258,8 @@ static int32_t op_alloc(tctx *t) {
 }
 
 static void op_free(tctx *t) {
-    if (kvct_range(&t->rng, 5) == 0) { /* a dead or out-of-range id */
-        int32_t id = kvct_range(&t->rng, t->cfg.max_seqs + 2) - 1;
+    if (KVCT_PICK(t, 5) == 0) { /* a dead or out-of-range id */
+        int32_t id = KVCT_PICK(t, t->cfg.max_seqs + 2) - 1;
         if (id >= 0 && id < t->cfg.max_seqs && t->s[id].live) return;
         take_snap(t);
         REQ(kvc_seq_free(t->c, id) == KVC_ERR_BAD_SEQ, "free of dead id %d", id);
@@ -270,7 +277,7 @@ static void op_free(tctx *t) {
 static void op_forward(tctx *t) {
     int32_t bs = t->lay.block_size, W = t->cfg.window;
     int32_t ids[MAX_SEQS], nid = 0, cnt[MAX_SEQS] = {0};
-    int32_t want = 1 + kvct_range(&t->rng, 4);
+    int32_t want = 1 + KVCT_PICK(t, 4);
     for (int k = 0; k < 8 && nid < want; k++) {
         int32_t id = pick_live(t);
         if (id < 0) break;
@@ -281,10 +288,10 @@ static void op_forward(tctx *t) {
     if (nid == 0) return;
     int32_t total = 0;
     for (int j = 0; j < nid; j++) {
-        cnt[j] = kvct_range(&t->rng, 2) ? 1 : 1 + kvct_range(&t->rng, 3 * bs);
+        cnt[j] = KVCT_PICK(t, 2) ? 1 : 1 + KVCT_PICK(t, 3 * bs);
         total += cnt[j];
     }
-    int inject = kvct_range(&t->rng, 25); /* 0: bad position, 1: over max_batch_tokens */
+    int inject = KVCT_PICK(t, 25); /* 0: bad position, 1: over max_batch_tokens */
     if (inject == 1) {
         cnt[0] += t->cfg.max_batch + 1 - total;
         total = t->cfg.max_batch + 1;
@@ -300,7 +307,7 @@ static void op_forward(tctx *t) {
     }
     for (int32_t i = 0; i < total; i++) {
         int j;
-        do j = kvct_range(&t->rng, nid); while (left[j] == 0);
+        do j = KVCT_PICK(t, nid); while (left[j] == 0);
         rseq *r = &t->s[ids[j]];
         e[i].seq = ids[j];
         e[i].pos = next[j];
@@ -308,7 +315,7 @@ static void op_forward(tctx *t) {
         next[j]++;
         left[j]--;
     }
-    if (inject == 0) e[kvct_range(&t->rng, total)].pos += kvct_range(&t->rng, 2) ? 1 : -1;
+    if (inject == 0) e[KVCT_PICK(t, total)].pos += KVCT_PICK(t, 2) ? 1 : -1;
     /* expected outcome, in the contract's order */
     int expect = 0;
     if (total > t->cfg.max_batch) expect = KVC_ERR_TOO_LARGE;
@@ -366,7 +373,7 @@ static void op_forward(tctx *t) {
         kvc_block_table(t->c, ids[j], NULL, NULL, &len);
         REQ(len == t->s[ids[j]].len + cnt[j], "pending length %d, expected %d", len, t->s[ids[j]].len + cnt[j]);
     }
-    if (kvct_range(&t->rng, 20) == 0) {
+    if (KVCT_PICK(t, 20) == 0) {
         int32_t id;
         REQ(kvc_start_forward(t->c, e, total, slots) == KVC_ERR_STATE, "second start_forward");
         REQ(kvc_seq_alloc(t->c, &id) == KVC_ERR_STATE, "alloc while pending");
@@ -374,7 +381,7 @@ static void op_forward(tctx *t) {
         REQ(kvc_seq_free(t->c, ids[0]) == KVC_ERR_STATE, "free while pending");
     }
     for (int32_t i = 0; i < total; i++) kvct_write_slot(&t->lay, slots[i], e[i].token, e[i].pos);
-    bool ok = kvct_range(&t->rng, 10) != 0;
+    bool ok = KVCT_PICK(t, 10) != 0;
     REQ(kvc_finish_forward(t->c, ok) == 0, "finish_forward");
     if (!ok) {
         t->n_rollback++;
@@ -399,7 +406,7 @@ static void op_copy_prefix(tctx *t) {
     int32_t src = pick_live(t), bs = t->lay.block_size;
     if (src < 0) return;
     rseq *rs = &t->s[src];
-    int32_t len = kvct_range(&t->rng, rs->len + 1);
+    int32_t len = KVCT_PICK(t, rs->len + 1);
     take_snap(t);
     REQ(kvc_copy_prefix(t->c, src, src, len) == KVC_ERR_INVALID, "copy onto itself");
     if (rs->len > 0) {
@@ -454,7 +461,7 @@ static void op_attach(tctx *t) {
     int32_t id = op_alloc(t);
     if (id < 0) return;
     rseq *r = &t->s[id];
-    int32_t n = kvct_range(&t->rng, 12 * bs + 2);
+    int32_t n = KVCT_PICK(t, 12 * bs + 2);
     if (t->cfg.max_seq_len > 0 && n > t->cfg.max_seq_len) n = t->cfg.max_seq_len;
     int32_t *tokens = malloc((size_t)(n + 1) * sizeof *tokens);
     cr_assert(tokens);
@@ -465,7 +472,7 @@ static void op_attach(tctx *t) {
             tokens[i] = t->s[like].tok[i];
         else tokens[i] = t->streams[r->stream][i];
     }
-    if (n > 0 && kvct_range(&t->rng, 4) == 0) tokens[kvct_range(&t->rng, n)] = kvct_range(&t->rng, VOCAB);
+    if (n > 0 && KVCT_PICK(t, 4) == 0) tokens[KVCT_PICK(t, n)] = KVCT_PICK(t, VOCAB);
     int32_t m0 = -1, m = -1, lower = 0;
     REQ(kvc_prefix_match(t->c, tokens, n, &m0) == 0, "prefix_match");
     if (t->cfg.prefix)
@@ -509,15 +516,15 @@ static void op_remove(tctx *t, bool middle) {
     rseq *r = &t->s[id];
     kvc_shift sh = {-7, -7, -7};
     if (!middle || r->len < 2) {
-        int32_t begin = kvct_range(&t->rng, r->len + 2);
-        int32_t end = kvct_range(&t->rng, 2) ? INT32_MAX : begin > r->len ? begin : r->len + kvct_range(&t->rng, 3);
+        int32_t begin = KVCT_PICK(t, r->len + 2);
+        int32_t end = KVCT_PICK(t, 2) ? INT32_MAX : begin > r->len ? begin : r->len + KVCT_PICK(t, 3);
         REQ(kvc_remove(t->c, id, begin, end, &sh) == 0, "tail remove");
         REQ(sh.n == 0 && sh.pos == begin && sh.delta == 0, "tail shift");
         if (begin < r->len) ref_truncate(t, r, begin);
         return;
     }
-    int32_t begin = kvct_range(&t->rng, r->len - 1);
-    int32_t end = begin + 1 + kvct_range(&t->rng, r->len - 1 - begin);
+    int32_t begin = KVCT_PICK(t, r->len - 1);
+    int32_t end = begin + 1 + KVCT_PICK(t, r->len - 1 - begin);
     bool ok = r->released <= begin / bs;
     if (ok) {
         const int32_t *tab;
@@ -547,7 +554,7 @@ static void op_remove(tctx *t, bool middle) {
 static void op_probe(tctx *t) {
     int32_t id = pick_live(t), bs = t->lay.block_size, W = t->cfg.window;
     take_snap(t);
-    switch (kvct_range(&t->rng, 6)) {
+    switch (KVCT_PICK(t, 6)) {
     case 0: { /* can_resume against the reference */
         if (id < 0) break;
         rseq *r = &t->s[id];
@@ -583,7 +590,7 @@ static void op_probe(tctx *t) {
         break;
     case 4:
         if (id >= 0) {
-            int32_t n = kvct_range(&t->rng, 3 * bs), nb = kvc_blocks_needed(t->c, id, n);
+            int32_t n = KVCT_PICK(t, 3 * bs), nb = kvc_blocks_needed(t->c, id, n);
             rseq *r = &t->s[id];
             int32_t fresh = rceil(r->len + n, bs) - rceil(r->len, bs);
             REQ(nb == fresh || (n > 0 && r->len % bs != 0 && nb == fresh + 1), "blocks_needed");
@@ -628,7 +635,7 @@ static void run_random(const rcfg *cfg, long *ops_done) {
         for (int i = 0; i < STREAM_LEN; i++)
             t->streams[s][i] = (s > 0 && i < 8 * s) ? t->streams[0][i] : kvct_range(&t->rng, VOCAB);
     for (t->op = 0; t->op < cfg->ops; t->op++) {
-        int k = kvct_range(&t->rng, 100);
+        int k = KVCT_PICK(t, 100);
         if (k < 8) op_alloc(t);
         else if (k < 14) op_free(t);
         else if (k < 58) op_forward(t);
@@ -691,6 +698,7 @@ static void run_random(const rcfg *cfg, long *ops_done) {
     free(t);
 }
 
+#ifndef KVCT_FUZZ
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -739,3 +747,4 @@ Test(KVCT_SUITE, q8_0) {
     };
     run_set(cfgs, (int)(sizeof cfgs / sizeof cfgs[0]), "q8_0 set");
 }
+#endif /* KVCT_FUZZ */
