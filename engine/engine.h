@@ -78,6 +78,8 @@ typedef struct eng_hparams {
     float rope_freq_scale;  /* 1 / <arch>.rope.scale_linear (default 1) */
     float rms_eps;          /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
     bool tied_embeddings;   /* no output.weight: the output projection reuses token_embd.weight */
+    int32_t pooling_type;   /* <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean, 2 cls, 3 last,
+                               4 rank); -1 when absent */
     bool neox_rope;         /* rope on halves (qwen2/qwen3) instead of consecutive pairs (llama) */
 } eng_hparams;
 
@@ -242,6 +244,7 @@ typedef struct eng_batch {
     const int32_t *pos;
     const int32_t *seq;
     const bool *want_logits;
+    const bool *want_embd;   /* NULL, or [n]: entry i asks for its hidden state (eng_get_embeddings) */
 } eng_batch;
 
 /* Runs the batch: reserves cache slots (kvc_start_forward), writes K/V, attends through the block tables,
@@ -253,6 +256,13 @@ int eng_decode(eng_ctx *ctx, const eng_batch *batch);
 /* Logits [n_vocab] of batch entry i of the last eng_decode (i must have wanted logits), or NULL. Owned by the
  * context, valid until the next eng_decode. */
 float *eng_get_logits(eng_ctx *ctx, int32_t i);
+
+/* The last layer's hidden state of batch entry i of the last eng_decode, after the model's final norm
+ * (output_norm: the vector the output projection reads), [n_embd] floats, for entries whose want_embd was
+ * set; NULL otherwise (no want_embd, a failed decode, i out of range). Owned by the context, valid until the
+ * next eng_decode. A row's vector does not depend on the batch it ran in. CPU contexts only: on a CUDA
+ * context a batch with want_embd fails with ENG_ERR_UNSUPPORTED (nothing changed). */
+float *eng_get_embeddings(eng_ctx *ctx, int32_t i);
 
 /* Removes positions [begin, end) of seq (end INT32_MAX: to the end). From the middle, later positions move
  * down and their keys are re-rotated (context shift). ENG_ERR_UNSUPPORTED when the cache cannot (the

@@ -142,6 +142,8 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 /* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
  * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */
+void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd);
 /* The srv_http handler (ud = the srv_api). */
 void srv_api_handle(void *ud, srv_http_req *req);
 /* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */

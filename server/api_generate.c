@@ -20,7 +20,7 @@ static uint64_t rng_next(srv_api *api) {
     return x * 0x2545F4914F6CDD1DULL;
 }
 
-static void make_id(srv_api *api, const char *prefix, char *out, size_t cap) {
+void api_make_id(srv_api *api, const char *prefix, char *out, size_t cap) {
     snprintf(out, cap, "%s%016" PRIx64 "%08" PRIx32, prefix, rng_next(api), (uint32_t)rng_next(api));
 }
 
@@ -61,6 +61,7 @@ void api_call_free(api_call *c) {
     for (int32_t i = 0; c->prep_toks && i < c->n_subs; i++) free(c->prep_toks[i]);
     free(c->prep_toks);
     free(c->prep_ntok);
+    free(c->embd);
     srv_api_gen_free(&c->gen);
     free(c);
 }
@@ -293,7 +294,7 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
     c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
     c->method = req->method_name;
     c->path = kind == SRV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
-    make_id(api, kind == SRV_API_CHAT ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
+    api_make_id(api, kind == SRV_API_CHAT ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->created = (int64_t)time(NULL);
     c->req = req;
     srv_http_set_abort(req, on_abort, c);

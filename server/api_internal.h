@@ -5,6 +5,7 @@
  *   api_generate.c  completions and chat completions: prompts, submission to the scheduler, its events
  *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
  *   api_parse.c     request bodies -> srv_api_request (validation)
+ *   api_embed.c     /v1/embeddings: inputs as embedding requests of the scheduler, vectors as float or base64
  *
  * Everything here runs on the event-loop thread, except the preparation of generation requests and the
  * tokenize/detokenize routes (api_offload): those run on libuv's thread pool and may touch only their own
@@ -71,6 +72,10 @@ struct api_call {
     bool stream, shutdown;
     bool has_error; srv_api_error error;
     const char *method, *path;
+    /* /v1/embeddings (api_embed.c): one vector per input, submitted a window at a time */
+    float *embd;          /* [n_subs][n_embd] */
+    int32_t n_embd, next_sub;
+    bool embd_b64;
 };
 
 struct srv_api {
@@ -92,6 +97,8 @@ struct srv_api {
     bool closing;         /* srv_api_free is waiting for them */
     uint64_t rng;
     int64_t created;
+    srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
+    int32_t n_embd;
 };
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */
@@ -102,6 +109,14 @@ void api_cancel_subs(api_call *c);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
+
+/* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */
+cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
+
+/* api_embed.c */
+void api_route_embeddings(srv_api *api, srv_http_req *req);
+/* api_generate.c: a random id with the prefix ("chatcmpl-...") */
+void api_make_id(srv_api *api, const char *prefix, char *out, size_t cap);
 
 /* api_render.c */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);

@@ -80,7 +80,7 @@ typedef struct text_job {
     srv_api_error err;
 } text_job;
 
-static cJSON *parse_body_object(const srv_http_req *req, srv_api_error *e) {
+cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e) {
     if (srv_api_check_json(req->body, req->body_len, e) != SRV_API_OK) return NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
@@ -93,7 +93,7 @@ static cJSON *parse_body_object(const srv_http_req *req, srv_api_error *e) {
 }
 
 static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = parse_body_object(req, e), *o = NULL;
+    cJSON *root = api_parse_body_object(req, e), *o = NULL;
     if (!root) return NULL;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
@@ -143,7 +143,7 @@ static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error
 }
 
 static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = parse_body_object(req, e);
+    cJSON *root = api_parse_body_object(req, e);
     if (!root) return NULL;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(toks)) {
@@ -216,7 +216,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
 static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
@@ -228,6 +228,8 @@ static const route ROUTES[] = {
     {"/completions", HTTP_POST, R_COMPL, true},
     {"/v1/chat/completions", HTTP_POST, R_CHAT, true},
     {"/chat/completions", HTTP_POST, R_CHAT, true},
+    {"/v1/embeddings", HTTP_POST, R_EMBED, true},
+    {"/embeddings", HTTP_POST, R_EMBED, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
     {"/detokenize", HTTP_POST, R_DETOK, true},
     {"/props", HTTP_GET, R_PROPS, true},
@@ -313,6 +315,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_METRICS: route_metrics(api, req); break;
     case R_COMPL: api_route_generate(api, req, SRV_API_COMPLETION); break;
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
+    case R_EMBED: api_route_embeddings(api, req); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;
     case R_PROPS: case R_PAGE: route_web(api, req, rt->id); break;

@@ -59,6 +59,7 @@ static const key_def KEYS[] = {
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
     N(shutdown_grace_s, 0, 86400, "seconds running requests get to finish on SIGINT/SIGTERM"),
     S(log_format, "text|json|none", "request log format (stderr)"),
+    S(pooling, "|mean|cls|last", "embedding pooling (empty: the model's <arch>.pooling_type; none/absent: mean)"),
     S(chat_template, "|chatml|llama3|llama2|mistral|phi3|zephyr|gemma",
       "force a chat template family (empty: the model's own)"),
 };

@@ -83,7 +83,7 @@ static void req_free(srv_sched *s, sched_req *r) {
         }
         free(r->ch);
     }
-    KVS_FREE_ALL(r->end_ev, r->done_ev, r->prompt, r->bias, r);
+    KVS_FREE_ALL(r->end_ev, r->done_ev, r->prompt, r->bias, r->embd_acc, r->embd, r);
 }
 
 /* The choice's known tokens as one array (scratch, valid until the next call); NULL on allocation failure. */
@@ -119,7 +119,9 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
         s->b_pos[i] = pos;
         s->b_seq[i] = c->seq;
         s->b_logits[i] = logits && k == n - 1;
+        s->b_embd[i] = r->embed;
     }
+    s->batch_embd |= r->embed;
 }
 
 static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
@@ -133,7 +135,7 @@ static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
  * instead of computing them a second time. */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c) {
     int32_t n = known_len(r, c) - 1; /* attachable tokens */
-    if (n < s->block_size) return false;
+    if (n < s->block_size || r->embed) return false;
     for (int32_t i = 0; i < s->running.n; i++) {
         const sched_req *p = s->running.v[i];
         for (int32_t j = 0; j < p->n; j++) {
@@ -182,6 +184,12 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
     if (srv_bm_seq_open(&s->bm, &seq) != 0) return -1;
+    if (r->embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
+        memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
+        c->seq = seq;
+        c->n_cached = 0;
+        return 0;
+    }
     const int32_t *toks = known_tokens(s, r, c);
     if (!toks) {
         srv_bm_seq_close(&s->bm, seq);
@@ -244,7 +252,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
         int32_t want = rem < *budget ? rem : *budget, need;
         int32_t n = fit_tokens(s, c->seq, want, blocks_avail(s, *reserved), &need);
         if (n == 0) continue;
-        add_group(s, r, c, n, n == rem, true);
+        add_group(s, r, c, n, n == rem && !r->embed, true);
         *reserved += need;
         *budget -= n;
     }
@@ -311,6 +319,7 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
  * that cannot grow) and the batch must be rebuilt. */
 static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
+    s->batch_embd = false;
     int32_t reserved = 0, budget = s->p.batch_tokens;
     /* 1. decode tokens of running choices, FCFS */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
@@ -374,7 +383,7 @@ static void step(srv_sched *s) {
             continue;
         }
         eng_batch b = {.n = s->n_entries, .token = s->b_token, .pos = s->b_pos, .seq = s->b_seq,
-                       .want_logits = s->b_logits};
+                       .want_logits = s->b_logits, .want_embd = s->batch_embd ? s->b_embd : NULL};
         int rc = s->ops.decode(s->ops.ctx, &b);
         if (rc == ENG_ERR_KV_FULL) {
             sched_relieve_pool(s);
@@ -391,12 +400,14 @@ static void step(srv_sched *s) {
             batch_group *gr = &s->groups[g];
             sched_choice *c = gr->c;
             if (c->finished) continue;
+            int32_t pos0 = c->n_cached;
             c->n_cached += gr->n;
             if (gr->prompt) {
                 s->c_prompt_computed += (uint64_t)gr->n;
                 gr->r->timings.n_prompt_computed += gr->n;
             }
-            if (gr->logits) handle_logits(s, gr->r, c, gr->first + gr->n - 1);
+            if (gr->r->embed) sched_pool_rows(s, gr->r, c, gr->first, gr->n, pos0);
+            else if (gr->logits) handle_logits(s, gr->r, c, gr->first + gr->n - 1);
         }
         break;
     }
@@ -480,9 +491,10 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     s->b_pos = malloc(nb * sizeof *s->b_pos);
     s->b_seq = malloc(nb * sizeof *s->b_seq);
     s->b_logits = malloc(nb * sizeof *s->b_logits);
+    s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->groups = malloc(nb * sizeof *s->groups);
     s->logit_buf = malloc((size_t)ops->n_vocab * sizeof *s->logit_buf);
-    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->groups || !s->logit_buf) goto nomem;
+    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf) goto nomem;
     for (int32_t t = 0; t < ops->n_vocab; t++) {
         if (!ops->token_is_eog(ops->ctx, t)) continue;
         int32_t *e = realloc(s->eog, (size_t)(s->n_eog + 1) * sizeof *e);
@@ -570,8 +582,23 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     for (int32_t i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;
     if (s->p.n_ctx > 0 && req->n_prompt >= s->p.n_ctx) return SRV_SCHED_ERR_TOO_LONG;
+    if (req->embed && (req->n != 1 || (int)req->pooling < SRV_SCHED_POOL_MEAN || req->pooling > SRV_SCHED_POOL_LAST))
+        return SRV_SCHED_ERR_INVALID;
+    if (req->embed && (!s->ops.get_embd || s->ops.n_embd < 1)) return KVS_ERR_UNSUPPORTED;
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return SRV_SCHED_ERR_NOMEM;
+    if (req->embed) {
+        r->embed = true;
+        r->pooling = req->pooling;
+        r->embd_acc = calloc((size_t)s->ops.n_embd, sizeof *r->embd_acc);
+        r->embd = calloc((size_t)s->ops.n_embd, sizeof *r->embd);
+        if (!r->embd_acc || !r->embd) {
+            free(r->embd_acc);
+            free(r->embd);
+            free(r);
+            return SRV_SCHED_ERR_NOMEM;
+        }
+    }
     r->n = req->n;
     r->ch = calloc((size_t)req->n, sizeof *r->ch);
     r->prompt = malloc((size_t)req->n_prompt * sizeof *r->prompt);

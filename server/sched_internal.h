@@ -47,6 +47,10 @@ typedef struct sched_req {
     bool ignore_eos;
     bool penalize_prompt;
     bool report_eog;         /* srv_sched_request.report_eog */
+    bool embed;              /* srv_sched_request.embed */
+    srv_sched_pooling pooling;
+    double *embd_acc;        /* embed: [n_embd] the pooling accumulator (reset when the sequence restarts) */
+    float *embd;             /* embed: [n_embd] the final vector, filled when the prompt is done */
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */
@@ -121,6 +125,8 @@ struct srv_sched {
     int32_t seqs_reserved;   /* unfinished choices of running requests */
     int32_t *b_token, *b_pos, *b_seq;
     bool *b_logits;
+    bool *b_embd;            /* want_embd of the batch being built */
+    bool batch_embd;         /* some group of it belongs to an embedding request */
     kvc_entry *b_entries;
     batch_group *groups;
     int32_t n_entries, n_groups;
@@ -165,5 +171,8 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
 void sched_post_events(srv_sched *s, int32_t dropped_new);
 void sched_refresh_stats_locked(srv_sched *s);
 void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits);
+/* An embedding request's group just ran (rows first .. first + n - 1 at positions pos0 ..): pools the rows and,
+ * after the last prompt token, writes the vector and ends the choice. */
+void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0);
 
 #endif

@@ -175,6 +175,10 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     e->ev.error = error;
     e->ev.usage = r->usage;
     e->ev.timings = r->timings;
+    if (r->embed && overall == SRV_SCHED_FINISH_STOP) {
+        e->ev.embd = r->embd;
+        e->ev.n_embd = s->ops.n_embd;
+    }
     out_push(s, e);
     s->c_finished[overall]++;
     if (r->running) sched_vec_remove(&s->running, r);
@@ -302,4 +306,29 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
 
 void sched_fail_request(srv_sched *s, sched_req *r, const char *msg) {
     for (int32_t i = 0; i < r->n; i++) sched_finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, msg);
+}
+
+/* ---- embeddings ------------------------------------------------------------------------------------------- */
+void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0) {
+    const int32_t E = s->ops.n_embd;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t pos = pos0 + k;
+        bool take = r->pooling == SRV_SCHED_POOL_MEAN || (r->pooling == SRV_SCHED_POOL_CLS && pos == 0) ||
+                    (r->pooling == SRV_SCHED_POOL_LAST && pos == r->n_prompt - 1);
+        if (!take) continue;
+        const float *row = s->ops.get_embd(s->ops.ctx, first + k);
+        if (!row) {
+            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "the engine returned no hidden state");
+            return;
+        }
+        for (int32_t j = 0; j < E; j++) r->embd_acc[j] += row[j];
+    }
+    if (c->n_cached < r->n_prompt) return;
+    /* mean: the sum's direction is the mean's, so the L2 normalization below makes the division moot */
+    double ss = 0;
+    for (int32_t j = 0; j < E; j++) ss += r->embd_acc[j] * r->embd_acc[j];
+    double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
+    for (int32_t j = 0; j < E; j++) r->embd[j] = (float)(r->embd_acc[j] * inv);
+    if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
+    sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
 }

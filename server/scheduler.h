@@ -126,6 +126,11 @@ typedef struct srv_engine_ops {
     int (*sampler_sample)(void *ctx, void *sampler, float *logits, eng_sample *out);
     /* Optional (may be NULL): eng_sampler_accept, used to show prompt tokens to the penalties. */
     void (*sampler_accept)(void *ctx, void *sampler, int32_t token);
+    /* Optional (may be NULL: embedding requests are then refused with KVS_ERR_UNSUPPORTED): the normed final
+     * hidden state [n_embd] of batch entry i of the last decode, for entries whose want_embd was set
+     * (eng_get_embeddings semantics). */
+    float *(*get_embd)(void *ctx, int32_t i);
+    int32_t n_embd;          /* the hidden size (needed with get_embd) */
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
@@ -157,6 +162,13 @@ typedef enum {
     SRV_SCHED_FINISH_CANCELLED,  /* srv_sched_cancel or srv_sched_free */
     SRV_SCHED_FINISH_ERROR,      /* see the event's error message */
 } srv_sched_finish;
+
+/* How an embedding request pools its tokens' hidden states into one vector. */
+typedef enum {
+    SRV_SCHED_POOL_MEAN = 0, /* the mean over every prompt token */
+    SRV_SCHED_POOL_CLS = 1,  /* the first token's */
+    SRV_SCHED_POOL_LAST = 2, /* the last token's */
+} srv_sched_pooling;
 
 /* The finish_reason the API reports: "stop", "length", "abort" (cancelled), "error" ("" for NONE). */
 const char *srv_sched_finish_name(srv_sched_finish f);
@@ -205,6 +217,9 @@ typedef struct srv_sched_event {
     const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
     srv_sched_usage usage;    /* DONE */
     srv_sched_timings timings;/* DONE */
+    const float *embd;        /* DONE of an embedding request that finished with STOP: the pooled, L2-normalized
+                                 vector [n_embd] (valid during the callback only); NULL otherwise */
+    int32_t n_embd;
 } srv_sched_event;
 
 /* Called on the loop thread. Must not call srv_sched_free; may call srv_sched_submit / srv_sched_cancel. */
@@ -224,6 +239,12 @@ typedef struct srv_sched_request {
                                  ops.sampler_accept, ignored without it) */
     bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
                                  last DELTA (for callers that print token ids, like `kvserve generate`) */
+    bool embed;               /* an embedding request: the prompt is prefilled like any other (same batches,
+                                 token budget, KV pool and preemption; no prefix-cache attach, since every
+                                 token's hidden state is needed), nothing is sampled, the choice ends with
+                                 STOP after its last prompt token and DONE carries the pooled vector. Needs
+                                 n == 1 and ops.get_embd (else KVS_ERR_UNSUPPORTED); sampling fields ignored */
+    srv_sched_pooling pooling;/* embed: how the rows are pooled */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

@@ -137,6 +137,14 @@ static void load_done(uv_work_t *w, int status) {
         if (slash) id = slash + 1;
     }
     srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last);
+     * a generative model without one (or "none") gets mean */
+    srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS
+                             : !strcmp(c->pooling, "last") ? SRV_SCHED_POOL_LAST
+                             : !strcmp(c->pooling, "mean") ? SRV_SCHED_POOL_MEAN
+                             : hp->pooling_type == 2 ? SRV_SCHED_POOL_CLS
+                             : hp->pooling_type == 3 ? SRV_SCHED_POOL_LAST : SRV_SCHED_POOL_MEAN;
+    srv_api_set_pooling(d->api, pool, hp->n_embd);
     const char *tmpl = eng_model_chat_template(d->model);
     eng_chat_family fam = d->family != ENG_CHAT_AUTO ? d->family : eng_chat_detect(tmpl);
     srv_web_model wm = {

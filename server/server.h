@@ -61,6 +61,8 @@ typedef struct srv_config {
     int32_t max_n;              /* largest "n" a request may ask, default 16 */
     int32_t max_stop;           /* most stop strings per request, default 16 */
     char api_key[256];          /* "": no authentication */
+    char pooling[8];            /* /v1/embeddings pooling: "" (the model's pooling_type; none or absent: mean),
+                                   "mean", "cls", "last" */
     char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (cors.h) */
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */

@@ -64,7 +64,7 @@ static eng_batch prompt_batch(int32_t *tok, int32_t *pos, int32_t *seq, bool *wa
         seq[i] = s;
         want[i] = i == p - 1;
     }
-    return (eng_batch){p, tok, pos, seq, want};
+    return (eng_batch){p, tok, pos, seq, want, NULL};
 }
 
 /* Prefills a p-token prompt into a fresh sequence; returns seconds, or < 0 on error. */
@@ -110,7 +110,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
             seq[i] = ids[i];
             want[i] = true;
         }
-        eng_batch bt = {b, tok, pos, seq, want};
+        eng_batch bt = {b, tok, pos, seq, want, NULL};
         double t0 = kvs_now_s();
         int rc = eng_decode(ctx, &bt);
         if (rc != 0) {

@@ -173,6 +173,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     if ((rc = get_int(L, "feed_forward_length", !vocab_only, 0, &hp->n_ff)) != 0) return rc;
     if ((rc = get_int(L, "attention.head_count", !vocab_only, 0, &hp->n_head)) != 0) return rc;
     if ((rc = get_int(L, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) != 0) return rc;
+    if ((rc = get_int(L, "pooling_type", false, -1, &hp->pooling_type)) != 0) return rc;
     if (vocab_only) return 0;
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1 || hp->n_ctx_train < 1)
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: embedding_length, block_count, head_count, "

@@ -124,6 +124,10 @@ struct eng_ctx {
 
     float *logits;       /* [logits_cap][n_vocab] */
     int32_t logits_cap;
+    float *embd;         /* [max_batch][n_embd] normed final hidden states (allocated at the first batch that
+                            wants them) */
+    bool *embd_rows;     /* [max_batch] the want_embd flags of the last successful decode */
+    bool embd_valid;     /* the last successful decode filled embd for its embd_rows */
 
     /* the batch being run */
     const eng_batch *batch;
@@ -193,6 +197,8 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->th_units);
     free((void *)c->dyn);
     free(c->logits);
+    free(c->embd);
+    free(c->embd_rows);
     free(c);
 }
 
@@ -727,6 +733,19 @@ static void forward_worker(void *arg, int ith, int nth) {
         eng_pool_barrier(c->pool);
     }
 
+    /* hidden states asked for (want_embd): final residual and norm into embd, x left as it is; the barrier
+     * keeps the logit rows' in-place residual below from racing with these reads */
+    if (b->want_embd) {
+        for (int64_t r = rb; r < re; r++) {
+            if (!b->want_embd[r]) continue;
+            float *e = c->embd + r * E;
+            const float *x = xcur + r * E, *t = c->tmp + r * E;
+            for (int64_t j = 0; j < E; j++) e[j] = x[j] + t[j];
+            eng_rmsnorm(e, e, mdl->output_norm, E, hp->rms_eps);
+        }
+        eng_pool_barrier(c->pool);
+    }
+
     /* final residual, norm and output projection for the rows that want logits */
     if (c->n_logits == 0) return;
     const eng_matrix *outm[1] = {&mdl->output};
@@ -797,9 +816,22 @@ static void plan_attention(eng_ctx *c, const eng_batch *b) {
 
 int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (!c || !b) return ENG_ERR_INVALID;
+    if (c->cuda && b->want_embd) return ENG_ERR_UNSUPPORTED;
     if (c->cuda) return eng_cuda_decode(c->cuda, c->cache, b);
     c->last_n = 0;
     c->n_logits = 0;
+    c->embd_valid = false;
+    if (b->want_embd && !c->embd) {
+        c->embd = malloc((size_t)c->max_batch * (size_t)c->hp->n_embd * sizeof(float));
+        c->embd_rows = malloc((size_t)c->max_batch * sizeof(bool));
+        if (!c->embd || !c->embd_rows) {
+            free(c->embd);
+            free(c->embd_rows);
+            c->embd = NULL;
+            c->embd_rows = NULL;
+            return ENG_ERR_NOMEM;
+        }
+    }
     int32_t n_logits = 0;
     int rc = eng_batch_map(b, c->max_batch, c->hp->n_vocab, c->entries, c->logit_idx, c->logit_src, &n_logits,
                            &c->logits, &c->logits_cap);
@@ -828,7 +860,15 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
         return eng_kv_err(rc);
     }
     c->last_n = b->n;
+    if (b->want_embd) memcpy(c->embd_rows, b->want_embd, (size_t)b->n * sizeof(bool));
+    c->embd_valid = b->want_embd != NULL;
     return 0;
+}
+
+float *eng_get_embeddings(eng_ctx *c, int32_t i) {
+    if (!c || c->cuda || !c->embd_valid || i < 0 || i >= c->last_n || !c->embd_rows[i])
+        return NULL;
+    return c->embd + (size_t)i * (size_t)c->hp->n_embd;
 }
 
 float *eng_get_logits(eng_ctx *c, int32_t i) {

@@ -175,7 +175,7 @@ static void smoke_decode(eng_ctx *c) {
     cr_assert_eq(kvc_seq_alloc(eng_ctx_cache(c), &seq), KVC_OK);
     int32_t tok = 1, pos = 0;
     bool want = true;
-    eng_batch b = {1, &tok, &pos, &seq, &want};
+    eng_batch b = {1, &tok, &pos, &seq, &want, NULL};
     cr_assert_eq(eng_decode(c, &b), ENG_OK);
     cr_assert_not_null(eng_get_logits(c, 0));
     cr_assert_eq(kvc_seq_free(eng_ctx_cache(c), seq), KVC_OK);
@@ -290,7 +290,7 @@ static size_t run_script(eng_model *m, eng_device dev, kvc_dtype kv, uint64_t se
     size_t n_out = 0;
 #define RUN(n_)                                                                                                \
     do {                                                                                                       \
-        eng_batch b_ = {(n_), tok, pos, sq, want};                                                             \
+        eng_batch b_ = {(n_), tok, pos, sq, want, NULL};                                                             \
         cr_assert_eq(eng_decode(c, &b_), ENG_OK, "seed %llu", (unsigned long long)seed);                       \
         for (int32_t i_ = 0; i_ < (n_); i_++) {                                                                \
             if (!want[i_]) continue;                                                                           \

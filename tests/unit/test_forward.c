@@ -383,7 +383,7 @@ static double run_and_compare(engine *e, int32_t seq, const int32_t *tokens, int
     bool want[64];
     cr_assert(n <= 64);
     for (int32_t i = 0; i < n; i++) pos[i] = p0 + i, sq[i] = seq, want[i] = true;
-    eng_batch b = {n, tokens, pos, sq, want};
+    eng_batch b = {n, tokens, pos, sq, want, NULL};
     cr_assert_eq(eng_decode(e->ctx, &b), 0);
     double d = 0;
     for (int32_t i = 0; ref && i < n; i++) {
@@ -438,7 +438,7 @@ static void interleaved_vs_reference(cfg_kind kind, uint32_t wtype, kvc_dtype dt
             if (all) break;
             continue;
         }
-        eng_batch b = {n, bt, bp, bs, want};
+        eng_batch b = {n, bt, bp, bs, want, NULL};
         cr_assert_eq(eng_decode(e.ctx, &b), 0, "seed %llu", (unsigned long long)seed);
         for (int32_t i = 0; i < n; i++) {
             const float *lg = eng_get_logits(e.ctx, i);
@@ -572,7 +572,7 @@ static void mixed_vs_reference(cfg_kind kind, kvc_dtype dtype, double tol, uint6
             }
         }
         cr_assert_eq(n, total);
-        eng_batch b = {n, bt, bp, bs, want};
+        eng_batch b = {n, bt, bp, bs, want, NULL};
         cr_assert_eq(eng_decode(e.ctx, &b), 0, "seed %llu", (unsigned long long)seed);
         for (int32_t i = 0; i < n; i++) {
             if (!want[i]) continue;
@@ -633,7 +633,7 @@ Test(forward, fork_copy_prefix) {
         for (int i = P; i < P + C; i++) {
             int32_t t[2] = {a[i], b[i]}, p[2] = {i, i}, s[2] = {sa, sb};
             bool w[2] = {true, true};
-            eng_batch bt = {2, t, p, s, w};
+            eng_batch bt = {2, t, p, s, w, NULL};
             cr_assert_eq(eng_decode(e.ctx, &bt), 0);
             double da = max_abs_diff(eng_get_logits(e.ctx, 0), ra + (size_t)i * N_VOCAB, N_VOCAB);
             double db = max_abs_diff(eng_get_logits(e.ctx, 1), rb + (size_t)i * N_VOCAB, N_VOCAB);
@@ -758,7 +758,7 @@ Test(forward, batch_invariance) {
         bt[n] = other[i], bp[n] = i, bs[n] = s3, w[n] = false, n++;
         bt[n] = toks[i], bp[n] = i, bs[n] = s2, w[n] = true, n++;
     }
-    eng_batch b = {n, bt, bp, bs, w};
+    eng_batch b = {n, bt, bp, bs, w, NULL};
     cr_assert_eq(eng_decode(e2.ctx, &b), 0);
     double d = 0;
     for (int i = 0; i < T; i++) {
@@ -791,23 +791,23 @@ Test(forward, errors_leave_cache_unchanged) {
 
     int32_t bad_tok[2] = {toks[6], N_VOCAB}, pos[2] = {6, 7}, sq[2] = {s, s};
     bool w[2] = {true, true};
-    eng_batch b = {2, bad_tok, pos, sq, w};
+    eng_batch b = {2, bad_tok, pos, sq, w, NULL};
     cr_expect_eq(eng_decode(e.ctx, &b), ENG_ERR_INVALID);
     bad_tok[1] = -1;
     cr_expect_eq(eng_decode(e.ctx, &b), ENG_ERR_INVALID);
     cr_expect_null(eng_get_logits(e.ctx, 0));
     int32_t gap_pos[2] = {7, 8};
-    eng_batch g = {2, toks + 6, gap_pos, sq, w};
+    eng_batch g = {2, toks + 6, gap_pos, sq, w, NULL};
     int rc = eng_decode(e.ctx, &g);
     cr_expect(rc == ENG_ERR_KV || rc == ENG_ERR_INVALID, "gap in positions: %d", rc);
-    eng_batch empty = {0, toks, pos, sq, w};
+    eng_batch empty = {0, toks, pos, sq, w, NULL};
     cr_expect_eq(eng_decode(e.ctx, &empty), ENG_ERR_INVALID);
 
     /* 6 tokens held in 2 blocks; 11 more need 3 more blocks but only 2 are left */
     int32_t p11[11], s11[11];
     bool w11[11];
     for (int i = 0; i < 11; i++) p11[i] = 6 + i, s11[i] = s, w11[i] = true;
-    eng_batch full = {11, toks + 6, p11, s11, w11};
+    eng_batch full = {11, toks + 6, p11, s11, w11, NULL};
     cr_expect_eq(eng_decode(e.ctx, &full), ENG_ERR_KV_FULL);
     kvc_get_stats(e.kv, &after);
     cr_expect_eq(kvc_seq_len(e.kv, s), 6);

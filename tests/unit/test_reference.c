@@ -146,7 +146,7 @@ static void run_cases(eng_ctx *ctx, const ref_case *cases, int n_cases, int32_t 
                 n++;
             }
         }
-        eng_batch b = {n, tok, pos, seq, want};
+        eng_batch b = {n, tok, pos, seq, want, NULL};
         cr_assert_eq(eng_decode(ctx, &b), 0);
         for (int c = c0; c < c1; c++) {
             out[c].n = 0;
@@ -163,7 +163,7 @@ static void run_cases(eng_ctx *ctx, const ref_case *cases, int n_cases, int32_t 
                 row[c] = n++;
             }
             if (n == 0) break;
-            eng_batch d = {n, tok, pos, seq, want};
+            eng_batch d = {n, tok, pos, seq, want, NULL};
             cr_assert_eq(eng_decode(ctx, &d), 0, "decode step %d", step);
             for (int c = c0; c < c1; c++)
                 if (step < cases[c].n_steps)
@@ -339,7 +339,7 @@ Test(reference, stories260K_from_bos) {
     bool wl = true;
     int matched = 0;
     for (int32_t pos = 0; pos < 60; pos++) {
-        eng_batch b = {1, &tok, &pos, &seq, &wl};
+        eng_batch b = {1, &tok, &pos, &seq, &wl, NULL};
         cr_assert_eq(eng_decode(ctx, &b), 0);
         const float *lg = eng_get_logits(ctx, 0);
         int32_t best = 0;

@@ -1,0 +1,107 @@
+// End-to-end tests of /v1/embeddings, /v1/responses and fill-in-the-middle through the official openai SDK
+// against a real `kvserve serve`.
+import { test, before, after, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer, testModel } from './server.mjs';
+
+const model = testModel();
+let srv;
+let client;
+
+// llama.cpp's vectors for stories260K, mean pooling, L2-normalized, produced with
+//   llama-embedding -m stories260K.gguf -p "<prompt>" --pooling mean --embd-normalize 2 --embd-output-format json
+// (llama.cpp build at /work/llama.cpp, rounded to 6 decimals). kvserve must agree within cosine 0.9999.
+const LLAMA_CPP_MEAN = {
+  'Once upon a time': [-0.016447, -0.073052, -0.028495, -0.123013, 0.088191, -0.263961, 0.10684, -0.023528, -0.05415, 0.025969, 0.07498, -0.122255, -0.110664, 0.03142, -0.232637, -0.447129, -0.029394, -0.193641, 0.072334, -0.223932, -0.017336, 0.044037, 0.034576, 0.219737, -0.025476, 0.073239, 0.044963, 0.060518, -0.015261, -0.107921, 0.138735, 0.507298, 0.104145, 0.103586, -0.043783, -0.112778, 0.139356, 0.055488, 0.014805, 0.139611, 0.018458, 0.060207, -0.047113, -0.016269, 0.059475, 0.095036, -0.008985, 0.036836, 0.063631, -0.009543, -0.001068, 0.01518, -0.002895, -0.094196, 0.120427, 0.000774, 0.036198, -0.005352, 0.034617, -0.113327, -0.041681, -0.009628, -0.055822, -0.070569],
+  'Lily and Tom went to the park.': [0.029939, -0.115107, 0.005268, -0.003909, -0.019015, -0.277889, -0.020528, 0.05756, -0.031431, -0.083526, 0.06873, 0.081688, -0.086667, 0.05965, -0.112985, -0.386253, -0.032753, -0.163131, 0.05096, -0.190659, -0.060691, -0.007689, -0.076852, 0.068042, -0.073037, -0.003209, 0.13931, 0.064822, -4.8e-05, -0.107375, 0.110857, 0.500436, 0.147399, 0.003164, 0.174791, -0.242202, 0.0722, -0.208089, 0.010349, 0.080493, 0.191203, 0.035099, 0.034987, 0.017755, 0.005041, 0.098529, -0.049545, 0.029848, 0.011396, -0.001048, -0.044029, -0.035679, 0.098464, -0.144633, 0.12538, -0.060557, 0.109566, -0.117623, 0.044451, -0.161441, 0.010366, -0.024028, 0.031979, -0.024444],
+};
+
+function cosine(a, b) {
+  let d = 0, na = 0, nb = 0;
+  for (let i = 0; i < a.length; i++) { d += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i]; }
+  return d / Math.sqrt(na * nb);
+}
+const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+
+before(async () => {
+  srv = await startServer(model.path, ['--parallel', '8', '--threads', '2']);
+  client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+});
+
+after(async () => {
+  if (srv) assert.equal(await srv.stop(), 0, 'kvserve exits 0 on SIGTERM');
+});
+
+describe('embeddings', () => {
+  test('default (base64) and float encodings give the same unit vectors', async () => {
+    const input = ['Once upon a time', 'Lily and Tom went to the park.'];
+    const b = await client.embeddings.create({ model: 'x', input }); // the SDK asks for base64 and decodes it
+    const f = await client.embeddings.create({ model: 'x', input, encoding_format: 'float' });
+    assert.equal(b.object, 'list');
+    assert.equal(b.data.length, 2);
+    for (let i = 0; i < 2; i++) {
+      assert.equal(b.data[i].index, i);
+      assert.equal(b.data[i].object, 'embedding');
+      assert.equal(b.data[i].embedding.length, f.data[i].embedding.length);
+      for (let k = 0; k < f.data[i].embedding.length; k++)
+        assert.ok(Math.abs(b.data[i].embedding[k] - f.data[i].embedding[k]) < 1e-6);
+      assert.ok(Math.abs(norm(f.data[i].embedding) - 1) < 1e-4, 'L2-normalized');
+    }
+    assert.ok(f.usage.prompt_tokens > 2);
+    assert.equal(f.usage.total_tokens, f.usage.prompt_tokens);
+    assert.ok(cosine(f.data[0].embedding, f.data[1].embedding) < 0.9999, 'different texts, different vectors');
+  });
+
+  test('vectors equal llama.cpp (mean pooling) within cosine 0.9999', async (t) => {
+    if (!model.shared) return t.skip('stories260K not available');
+    for (const [text, ref] of Object.entries(LLAMA_CPP_MEAN)) {
+      const r = await client.embeddings.create({ model: 'x', input: text, encoding_format: 'float' });
+      const c = cosine(r.data[0].embedding, ref);
+      assert.ok(c > 0.9999, `cosine ${c} for ${JSON.stringify(text)}`);
+    }
+  });
+
+  test('token-id inputs equal the text they tokenize to; a vector does not depend on its batch', async () => {
+    const text = 'Once upon a time';
+    const tok = await (await fetch(`${srv.base}/tokenize`, {
+      method: 'POST', body: JSON.stringify({ content: text, add_special: true }),
+    })).json();
+    const a = await client.embeddings.create({ model: 'x', input: text, encoding_format: 'float' });
+    const b = await client.embeddings.create({ model: 'x', input: tok.tokens, encoding_format: 'float' });
+    const many = await client.embeddings.create({
+      model: 'x', input: [tok.tokens, [1, 2, 3], tok.tokens.concat(tok.tokens)], encoding_format: 'float',
+    });
+    assert.equal(b.usage.prompt_tokens, tok.tokens.length);
+    assert.ok(cosine(a.data[0].embedding, b.data[0].embedding) > 0.99999);
+    assert.ok(cosine(a.data[0].embedding, many.data[0].embedding) > 0.99999);
+    assert.equal(many.data.length, 3);
+  });
+
+  test('many inputs at once (more than the submission window) all come back in order', async () => {
+    const input = Array.from({ length: 40 }, (_, i) => `item number ${i} of the list`);
+    const r = await client.embeddings.create({ model: 'x', input, encoding_format: 'float' });
+    assert.equal(r.data.length, 40);
+    r.data.forEach((d, i) => assert.equal(d.index, i));
+    const one = await client.embeddings.create({ model: 'x', input: input[17], encoding_format: 'float' });
+    assert.ok(cosine(one.data[0].embedding, r.data[17].embedding) > 0.99999);
+  });
+
+  test('dimensions, empty input, bad ids and bad encoding are clear 400s', async () => {
+    const bad = async (body, param) => {
+      const r = await fetch(`${srv.base}/v1/embeddings`, { method: 'POST', body: JSON.stringify(body) });
+      assert.equal(r.status, 400);
+      const j = await r.json();
+      assert.equal(j.error.param, param);
+    };
+    await bad({ input: 'hi', dimensions: 3 }, 'dimensions');
+    await bad({ input: '' }, 'input');
+    await bad({ input: [] }, 'input');
+    await bad({}, 'input');
+    await bad({ input: [-1] }, 'input');
+    await bad({ input: [[1], 'x'] }, 'input');
+    await bad({ input: 'hi', encoding_format: 'int8' }, 'encoding_format');
+    const r = await fetch(`${srv.base}/embeddings`, { method: 'POST', body: JSON.stringify({ input: 'hi' }) });
+    assert.equal(r.status, 200, 'the alias without /v1');
+  });
+});
