@@ -50,6 +50,7 @@ int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap) {
 /* ---- generation ---------------------------------------------------------------------------------------------- */
 void api_call_free(api_call *c) {
     if (!c) return;
+    if (c->ext_free) c->ext_free(c);
     srv_api *api = c->api;
     if (c->prev) c->prev->next = c->next; else if (api->calls == c) api->calls = c->next;
     if (c->next) c->next->prev = c->prev;

@@ -5,6 +5,8 @@
  *   api_generate.c  completions and chat completions: prompts, submission to the scheduler, its events
  *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
  *   api_parse.c     request bodies -> srv_api_request (validation)
+ *   api_responses.c /v1/responses: input items -> chat messages -> the scheduler; Response objects and typed SSE
+ *                   events; the in-memory store behind previous_response_id
  *   api_embed.c     /v1/embeddings: inputs as embedding requests of the scheduler, vectors as float or base64
  *
  * Everything here runs on the event-loop thread, except the preparation of generation requests and the
@@ -20,6 +22,7 @@
 #include "server/api.h"
 
 typedef struct api_call api_call;
+typedef struct api_resp_store api_resp_store;
 
 typedef struct api_choice {
     kvs_buf text;                           /* non-stream: accumulated text */
@@ -76,6 +79,7 @@ struct api_call {
     float *embd;          /* [n_subs][n_embd] */
     int32_t n_embd, next_sub;
     bool embd_b64;
+    void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
 };
 
 struct srv_api {
@@ -98,6 +102,7 @@ struct srv_api {
     uint64_t rng;
     int64_t created;
     srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
+    api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
 };
 
@@ -112,6 +117,11 @@ int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, b
 
 /* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */
 cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
+
+/* api_responses.c */
+void api_route_responses(srv_api *api, srv_http_req *req);
+api_resp_store *api_resp_store_create(void); /* NULL on failure */
+void api_resp_store_free(api_resp_store *s);
 
 /* api_embed.c */
 void api_route_embeddings(srv_api *api, srv_http_req *req);

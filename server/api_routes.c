@@ -216,7 +216,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
 static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
@@ -228,6 +228,8 @@ static const route ROUTES[] = {
     {"/completions", HTTP_POST, R_COMPL, true},
     {"/v1/chat/completions", HTTP_POST, R_CHAT, true},
     {"/chat/completions", HTTP_POST, R_CHAT, true},
+    {"/v1/responses", HTTP_POST, R_RESP, true},
+    {"/responses", HTTP_POST, R_RESP, true},
     {"/v1/embeddings", HTTP_POST, R_EMBED, true},
     {"/embeddings", HTTP_POST, R_EMBED, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
@@ -316,6 +318,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_COMPL: api_route_generate(api, req, SRV_API_COMPLETION); break;
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_EMBED: api_route_embeddings(api, req); break;
+    case R_RESP: api_route_responses(api, req); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;
     case R_PROPS: case R_PAGE: route_web(api, req, rt->id); break;
@@ -366,6 +369,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;
     api->created = (int64_t)time(NULL);
+    if (!(api->resp_store = api_resp_store_create())) { srv_api_free(api); return SRV_API_ERR_NOMEM; }
     *out = api;
     return SRV_API_OK;
 }
@@ -377,6 +381,7 @@ void srv_api_free(srv_api *api) {
     api->closing = true;
     while (api->n_jobs > 0 && uv_run(api->loop, UV_RUN_ONCE) >= 0) {}
     while (api->calls) api_call_free(api->calls);
+    api_resp_store_free(api->resp_store);
     free(api->model_id);
     free(api->api_key);
     free(api);

@@ -105,3 +105,86 @@ describe('embeddings', () => {
     assert.equal(r.status, 200, 'the alias without /v1');
   });
 });
+
+describe('responses', () => {
+  test('plain: output_text, usage, status; equals the chat completion of the same messages', async () => {
+    const r = await client.responses.create({
+      model: 'x', instructions: 'You tell stories.', input: 'Once upon a time', max_output_tokens: 12, temperature: 0,
+    });
+    assert.match(r.id, /^resp_/);
+    assert.equal(r.object, 'response');
+    assert.ok(r.status === 'completed' || r.status === 'incomplete');
+    assert.equal(r.output[0].type, 'message');
+    assert.equal(r.output[0].role, 'assistant');
+    assert.equal(r.output[0].content[0].type, 'output_text');
+    assert.equal(typeof r.output_text, 'string');
+    assert.ok(r.usage.input_tokens > 0);
+    assert.ok(r.usage.output_tokens > 0 && r.usage.output_tokens <= 12);
+    assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+    const chat = await client.chat.completions.create({
+      model: 'x', messages: [{ role: 'system', content: 'You tell stories.' }, { role: 'user', content: 'Once upon a time' }],
+      max_tokens: 12, temperature: 0,
+    });
+    assert.equal(r.output_text, chat.choices[0].message.content);
+    assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+    if (r.usage.output_tokens === 12) {
+      assert.equal(r.status, 'incomplete');
+      assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+    }
+  });
+
+  test('streaming: typed events in order with increasing sequence_number; text equals the plain one', async () => {
+    const args = { model: 'x', input: [{ role: 'user', content: 'The little dog' }], max_output_tokens: 16, temperature: 0 };
+    const plain = await client.responses.create(args);
+    const stream = await client.responses.create({ ...args, stream: true });
+    const types = [];
+    let seq = -1, text = '', done = null, final = null;
+    for await (const ev of stream) {
+      types.push(ev.type);
+      assert.equal(ev.sequence_number, seq + 1);
+      seq = ev.sequence_number;
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      if (ev.type === 'response.output_text.done') done = ev.text;
+      if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+    }
+    assert.deepEqual(types.slice(0, 4), ['response.created', 'response.in_progress', 'response.output_item.added',
+      'response.content_part.added']);
+    assert.deepEqual(types.slice(-4, -1), ['response.output_text.done', 'response.content_part.done',
+      'response.output_item.done']);
+    assert.ok(types.includes('response.output_text.delta'));
+    assert.equal(text, plain.output_text);
+    assert.equal(done, text);
+    assert.equal(final.output[0].content[0].text, text);
+    assert.equal(final.usage.output_tokens, plain.usage.output_tokens);
+  });
+
+  test('previous_response_id continues the conversation and reuses the cached prefix', async () => {
+    const first = await client.responses.create({ model: 'x', input: 'Once upon a time there was a cat named Tom.', max_output_tokens: 20, temperature: 0 });
+    const second = await client.responses.create({
+      model: 'x', previous_response_id: first.id, input: 'What happened next?', max_output_tokens: 8, temperature: 0,
+    });
+    assert.equal(second.previous_response_id, first.id);
+    assert.ok(second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 2);
+    assert.ok(second.usage.input_tokens_details.cached_tokens > 0, 'the first turn came from the prefix cache');
+    const chat = await client.chat.completions.create({
+      model: 'x', max_tokens: 8, temperature: 0, messages: [
+        { role: 'user', content: 'Once upon a time there was a cat named Tom.' },
+        { role: 'assistant', content: first.output_text }, { role: 'user', content: 'What happened next?' }],
+    });
+    assert.equal(second.output_text, chat.choices[0].message.content);
+    const r = await fetch(`${srv.base}/v1/responses`, {
+      method: 'POST', body: JSON.stringify({ input: 'x', previous_response_id: 'resp_nope' }),
+    });
+    assert.equal(r.status, 404);
+  });
+
+  test('bad fields are 400s naming them', async () => {
+    for (const [body, param] of [[{}, 'input'], [{ input: 'x', temperature: 3 }, 'temperature'],
+      [{ input: 'x', max_output_tokens: 0 }, 'max_output_tokens'], [{ input: [{ type: 'function_call' }] }, 'input'],
+      [{ input: 'x', tools: [{ type: 'function', name: 'f' }] }, 'tools']]) {
+      const r = await fetch(`${srv.base}/v1/responses`, { method: 'POST', body: JSON.stringify(body) });
+      assert.equal(r.status, 400, JSON.stringify(body));
+      assert.equal((await r.json()).error.param, param);
+    }
+  });
+});
