@@ -106,6 +106,10 @@ const char *eng_model_chat_template(const eng_model *model);
 /* ---- tokens ------------------------------------------------------------------------------------------------ */
 int32_t eng_token_bos(const eng_model *model);   /* -1 when none */
 int32_t eng_token_eos(const eng_model *model);   /* -1 when none */
+/* The fill-in-the-middle tokens the metadata names (tokenizer.ggml.fim_pre_token_id, fim_suf_token_id,
+ * fim_mid_token_id): writes them to pre/suf/mid and returns 0, or ENG_ERR_NOT_FOUND when any is absent or not
+ * a token of the vocabulary (the outputs are then -1). */
+int eng_token_fim(const eng_model *model, int32_t *pre, int32_t *suf, int32_t *mid);
 /* Whether a token ends generation (EOS, EOT, <|im_end|>, <|eot_id|>, ... as the vocabulary marks them). */
 bool eng_token_is_eog(const eng_model *model, int32_t token);
 /* Whether the token is a control / user-defined special token (its text is not shown by default). */

@@ -80,6 +80,8 @@ typedef struct srv_api_gen {
     int32_t top_logprobs;       /* 0..KVS_MAX_TOP_LOGPROBS (completions: the logprobs value) */
     bool stream, include_usage, ignore_eos, echo;
     char *user;
+    char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
+                                   the model's FIM prompt (server/api_fim.c) */
 } srv_api_gen;
 
 void srv_api_limits_default(srv_api_limits *l);
@@ -142,6 +144,8 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 /* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
  * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* Fill-in-the-middle tokens of the model (eng_token_fim; -1: the model has none, `suffix` is then a 400). */
+void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid);
 /* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */
 void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd);
 /* The srv_http handler (ud = the srv_api). */

@@ -188,7 +188,9 @@ static int build_prompt(srv_api *api, api_call *c, int32_t i, int32_t **toks, in
         return 0;
     }
     srv_api_prompt *p = &g->prompts[i];
-    if (p->tokens) {
+    if (g->suffix) {
+        if (api_fim_prompt(api, p, g->suffix, toks, n, e) != 0) return -1;
+    } else if (p->tokens) {
         if (!(*toks = malloc((size_t)p->n_tokens * sizeof **toks))) goto oom;
         memcpy(*toks, p->tokens, (size_t)p->n_tokens * sizeof **toks);
         *n = p->n_tokens;

@@ -7,6 +7,7 @@
  *   api_parse.c     request bodies -> srv_api_request (validation)
  *   api_responses.c /v1/responses: input items -> chat messages -> the scheduler; Response objects and typed SSE
  *                   events; the in-memory store behind previous_response_id
+ *   api_fim.c       fill-in-the-middle prompts (`suffix` of /v1/completions)
  *   api_embed.c     /v1/embeddings: inputs as embedding requests of the scheduler, vectors as float or base64
  *
  * Everything here runs on the event-loop thread, except the preparation of generation requests and the
@@ -104,6 +105,7 @@ struct srv_api {
     srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
     api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
+    int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
 };
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */
@@ -122,6 +124,10 @@ cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
 void api_route_responses(srv_api *api, srv_http_req *req);
 api_resp_store *api_resp_store_create(void); /* NULL on failure */
 void api_resp_store_free(api_resp_store *s);
+
+/* api_fim.c: prompt p with the suffix in the model's FIM order (PSM); -1 with e set (400 without FIM tokens) */
+int api_fim_prompt(srv_api *api, const srv_api_prompt *p, const char *suffix, int32_t **toks, int32_t *n,
+                   srv_api_error *e);
 
 /* api_embed.c */
 void api_route_embeddings(srv_api *api, srv_http_req *req);

@@ -63,6 +63,7 @@ void srv_api_gen_free(srv_api_gen *g) {
     free(g->stop);
     free(g->logit_bias);
     free(g->user);
+    free(g->suffix);
     memset(g, 0, sizeof *g);
 }
 
@@ -349,8 +350,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         if ((r = get_int(root, "best_of", 1, lim->max_n, &d, err)) < 0) return r;
         name = "best_of";
         if (r && (int32_t)d != g->n) return BAD("'best_of' other than n is not supported");
-        name = "suffix";
-        if (field(root, "suffix")) return BAD("'suffix' is not supported");
+        if ((r = get_str(root, "suffix", &g->suffix, err)) < 0) return r;
     } else {
         if ((r = get_bool(root, "logprobs", &g->logprobs, err)) < 0) return r;
         if ((r = get_int(root, "top_logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;

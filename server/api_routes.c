@@ -369,6 +369,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;
     api->created = (int64_t)time(NULL);
+    api->fim[0] = api->fim[1] = api->fim[2] = -1;
     if (!(api->resp_store = api_resp_store_create())) { srv_api_free(api); return SRV_API_ERR_NOMEM; }
     *out = api;
     return SRV_API_OK;

@@ -145,6 +145,9 @@ static void load_done(uv_work_t *w, int status) {
                              : hp->pooling_type == 2 ? SRV_SCHED_POOL_CLS
                              : hp->pooling_type == 3 ? SRV_SCHED_POOL_LAST : SRV_SCHED_POOL_MEAN;
     srv_api_set_pooling(d->api, pool, hp->n_embd);
+    int32_t fim[3];
+    eng_token_fim(d->model, &fim[0], &fim[1], &fim[2]); /* -1 each when the model has none */
+    srv_api_set_fim(d->api, fim[0], fim[1], fim[2]);
     const char *tmpl = eng_model_chat_template(d->model);
     eng_chat_family fam = d->family != ENG_CHAT_AUTO ? d->family : eng_chat_detect(tmpl);
     srv_web_model wm = {

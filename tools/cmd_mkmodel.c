@@ -39,6 +39,8 @@ typedef struct mk_opts {
     double rms_eps;         /* < 0: the arch default (1e-5 llama, 1e-6 qwen2) */
     uint32_t wtype;         /* matrices: ENG_Q_F32, ENG_Q_F16 or ENG_Q_Q8_0 */
     bool tied;
+    bool fim;               /* built-in vocabulary: add <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> and their
+                               tokenizer.ggml.fim_{pre,suf,mid}_token_id keys */
     uint64_t seed;
     double std;             /* matrices and biases */
     double embd_std;        /* token_embd and output */
@@ -77,6 +79,9 @@ static void usage(FILE *f) {
         "  --type f32|f16|q8_0   type of the matrices and embeddings (norms and biases are always f32);\n"
         "                        q8_0 needs embd, heads*head-dim and ff to be multiples of 32\n"
         "  --tied / --untied     without / with a separate output.weight\n"
+        "  --fim                 (built-in vocabulary) add the fill-in-the-middle control tokens <|fim_prefix|>,\n"
+        "                        <|fim_suffix|>, <|fim_middle|> at the end and name them in\n"
+        "                        tokenizer.ggml.fim_pre/suf/mid_token_id\n"
         "  --vocab-from FILE     copy every tokenizer.* key from this GGUF (e.g. a vocab-only file); the\n"
         "                        vocabulary size follows it. Default: a built-in 'llama' (SPM) vocabulary\n"
         "  --seed N              random seed (default 42)\n"
@@ -175,10 +180,11 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         } else {
             snprintf(name, sizeof name, "%s", a);
         }
-        bool flag = !strcmp(name, "--tied") || !strcmp(name, "--untied");
+        bool flag = !strcmp(name, "--tied") || !strcmp(name, "--untied") || !strcmp(name, "--fim");
         if (flag) {
             if (val) { fprintf(stderr, "kvserve mkmodel: %s takes no value\n", name); return 2; }
-            o->tied = !strcmp(name, "--tied");
+            if (!strcmp(name, "--fim")) o->fim = true;
+            else o->tied = !strcmp(name, "--tied");
             continue;
         }
         if (!val) {
@@ -417,9 +423,13 @@ static const char k_chatml_template[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-static int add_builtin_vocab(eng_gguf_writer *w, int64_t *n_vocab) {
+static int add_builtin_vocab(eng_gguf_writer *w, bool fim, int64_t *n_vocab) {
+    static const char *const fim_tok[3] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
     mk_vocab v = {0};
     int rc = vocab_builtin(&v) ? ENG_ERR_NOMEM : 0;
+    size_t fim0 = v.n;
+    for (int i = 0; fim && !rc && i < 3; i++)
+        if (vocab_add(&v, fim_tok[i], strlen(fim_tok[i]), 3, 0.0f)) rc = ENG_ERR_NOMEM;
     eng_gguf_str *strs = NULL;
     if (!rc) {
         strs = malloc(v.n * sizeof *strs);
@@ -437,6 +447,9 @@ static int add_builtin_vocab(eng_gguf_writer *w, int64_t *n_vocab) {
         if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.eot_token_id", 4);
         if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", true);
         if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_eos_token", false);
+        if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_pre_token_id", (uint32_t)fim0);
+        if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_suf_token_id", (uint32_t)fim0 + 1);
+        if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_mid_token_id", (uint32_t)fim0 + 2);
         if (!rc) rc = eng_gguf_add_str(w, "tokenizer.chat_template", k_chatml_template, strlen(k_chatml_template));
         *n_vocab = (int64_t)v.n;
     }
@@ -558,7 +571,12 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     /* Metadata first needs n_vocab: build the tokenizer block into a scratch writer, then copy it after. */
     eng_gguf_writer *tw;
     if (eng_gguf_writer_create(&tw)) rc = ENG_ERR_NOMEM;
-    if (!rc) rc = o.vocab_from ? add_vocab_from(tw, o.vocab_from, &n_vocab) : add_builtin_vocab(tw, &n_vocab);
+    if (o.fim && o.vocab_from) {
+        fprintf(stderr, "kvserve mkmodel: --fim adds tokens to the built-in vocabulary; it cannot be combined with "
+                "--vocab-from\n");
+        rc = ENG_ERR_INVALID;
+    }
+    if (!rc) rc = o.vocab_from ? add_vocab_from(tw, o.vocab_from, &n_vocab) : add_builtin_vocab(tw, o.fim, &n_vocab);
     if (!rc) rc = add_metadata(w, &o, n_vocab);
     if (!rc) {
         /* Copy the tokenizer block through a reader over the scratch writer's bytes. */

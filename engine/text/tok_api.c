@@ -3,9 +3,26 @@
  * Kept apart from tokenizer.c so that code using only eng_vocab_* does not need the model module linked.
  */
 #include "engine/text/tokenizer.h"
+#include "engine/format/model.h"
 
 int32_t eng_token_bos(const eng_model *model) {
     return model ? eng_vocab_bos(eng_model_vocab(model)) : -1;
+}
+
+int eng_token_fim(const eng_model *model, int32_t *pre, int32_t *suf, int32_t *mid) {
+    static const char *const keys[3] = {"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id",
+                                        "tokenizer.ggml.fim_mid_token_id"};
+    int32_t *out[3] = {pre, suf, mid};
+    for (int i = 0; i < 3; i++) *out[i] = -1;
+    if (!model) return ENG_ERR_INVALID;
+    int32_t got[3], n_vocab = eng_vocab_n_tokens(eng_model_vocab(model));
+    for (int i = 0; i < 3; i++) {
+        uint32_t v;
+        if (eng_gguf_get_u32(model->gguf, keys[i], &v) != 0 || (int64_t)v >= n_vocab) return ENG_ERR_NOT_FOUND;
+        got[i] = (int32_t)v;
+    }
+    for (int i = 0; i < 3; i++) *out[i] = got[i];
+    return 0;
 }
 
 int32_t eng_token_eos(const eng_model *model) {

@@ -3,7 +3,11 @@
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, testModel } from './server.mjs';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startServer, testModel, BINARY } from './server.mjs';
 
 const model = testModel();
 let srv;
@@ -186,5 +190,44 @@ describe('responses', () => {
       assert.equal(r.status, 400, JSON.stringify(body));
       assert.equal((await r.json()).error.param, param);
     }
+  });
+});
+
+describe('fill-in-the-middle', () => {
+  let fim;
+  let fc;
+  before(async () => {
+    const path = join(mkdtempSync(join(tmpdir(), 'kvserve-fim-')), 'fim.gguf');
+    execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '--fim', '-o', path], { stdio: 'ignore' });
+    fim = await startServer(path, ['--parallel', '4', '--threads', '2']);
+    fc = new OpenAI({ baseURL: `${fim.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+  });
+  after(async () => { if (fim) assert.equal(await fim.stop(), 0); });
+
+  test('suffix builds [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid> (same text as those token ids)', async () => {
+    const tok = async (content, special) => (await (await fetch(`${fim.base}/tokenize`, {
+      method: 'POST', body: JSON.stringify({ content, add_special: false, parse_special: special }),
+    })).json()).tokens;
+    const [pre, suf, mid] = await tok('<|fim_prefix|><|fim_suffix|><|fim_middle|>', true);
+    const bos = (await (await fetch(`${fim.base}/tokenize`, {
+      method: 'POST', body: JSON.stringify({ content: '', add_special: true }),
+    })).json()).tokens;
+    const prefix = 'def add(a, b):\n    ', suffix = '\n    return c\n';
+    const ids = [...bos, pre, ...await tok(prefix, false), suf, ...await tok(suffix, false), mid];
+    const a = await fc.completions.create({ model: 'x', prompt: prefix, suffix, max_tokens: 8, temperature: 0 });
+    const b = await fc.completions.create({ model: 'x', prompt: ids, max_tokens: 8, temperature: 0 });
+    assert.equal(a.usage.prompt_tokens, ids.length);
+    assert.equal(a.choices[0].text, b.choices[0].text);
+    assert.ok(a.choices[0].text.length > 0);
+  });
+
+  test('a model without FIM tokens answers suffix with a 400 naming it', async () => {
+    const r = await fetch(`${srv.base}/v1/completions`, {
+      method: 'POST', body: JSON.stringify({ prompt: 'a', suffix: 'b', max_tokens: 2 }),
+    });
+    assert.equal(r.status, 400);
+    const j = await r.json();
+    assert.equal(j.error.param, 'suffix');
+    assert.match(j.error.message, /fim_pre_token_id/);
   });
 });
