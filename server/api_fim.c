@@ -61,3 +61,71 @@ void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid) {
     api->fim[1] = suf;
     api->fim[2] = mid;
 }
+
+/* POST /infill (llama.cpp's field names): input_prefix, input_suffix, n_predict and the sampling fields become a
+ * /v1/completions body with `suffix`, which then runs as any completion (the answer has the completions shape,
+ * not llama.cpp's `content`). The translation runs on the loop thread; infill bodies are small (the HTTP body
+ * limit bounds them). */
+void api_route_infill(srv_api *api, srv_http_req *req) {
+    static const char *const copied[] = {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+                                         "presence_penalty", "frequency_penalty", "max_tokens", "ignore_eos",
+                                         "logit_bias", "n"};
+    srv_api_error e;
+    cJSON *root = api_parse_body_object(req, &e), *out = NULL;
+    if (!root) { api_reply_error(api, req, &e, NULL); return; }
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "input_prefix");
+    const cJSON *suf = cJSON_GetObjectItemCaseSensitive(root, "input_suffix");
+    const cJSON *mid = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(root, "input_extra");
+    const cJSON *np = cJSON_GetObjectItemCaseSensitive(root, "n_predict");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "repeat_penalty");
+    const char *bad = NULL, *why = "must be a string";
+    if (pre && !cJSON_IsNull(pre) && !cJSON_IsString(pre)) bad = "input_prefix";
+    else if (suf && !cJSON_IsNull(suf) && !cJSON_IsString(suf)) bad = "input_suffix";
+    else if (mid && !cJSON_IsNull(mid) && !(cJSON_IsString(mid) && !mid->valuestring[0])) {
+        bad = "prompt";
+        why = "(text after the middle token) is not supported; put it at the end of input_prefix";
+    } else if (extra && cJSON_GetArraySize(extra) > 0) {
+        bad = "input_extra";
+        why = "(extra context files) is not supported";
+    } else if (np && !cJSON_IsNull(np) && !cJSON_IsNumber(np)) {
+        bad = "n_predict";
+        why = "must be an integer";
+    }
+    if (bad) {
+        srv_api_set_error(&e, 400, NULL, bad, NULL, "'%s' %s", bad, why);
+        goto fail;
+    }
+    out = cJSON_CreateObject();
+    if (!out || !cJSON_AddStringToObject(out, "prompt", cJSON_IsString(pre) ? pre->valuestring : "") ||
+        !cJSON_AddStringToObject(out, "suffix", cJSON_IsString(suf) ? suf->valuestring : ""))
+        goto oom;
+    for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, copied[i]);
+        cJSON *d = f ? cJSON_Duplicate(f, true) : NULL;
+        if (f && !d) goto oom;
+        if (d) cJSON_AddItemToObject(out, copied[i], d);
+    }
+    if (cJSON_IsNumber(np) && np->valuedouble > 0 && !cJSON_GetObjectItemCaseSensitive(out, "max_tokens"))
+        cJSON_AddNumberToObject(out, "max_tokens", np->valuedouble);
+    if (rp && !cJSON_IsNull(rp)) {
+        cJSON *d = cJSON_Duplicate(rp, true);
+        if (!d) goto oom;
+        cJSON_AddItemToObject(out, "repetition_penalty", d);
+    }
+    char *body = cJSON_PrintUnformatted(out);
+    if (!body) goto oom;
+    free(req->body); /* the request's body is malloc'd and freed with the request (http.h) */
+    req->body = body;
+    req->body_len = strlen(body);
+    cJSON_Delete(root);
+    cJSON_Delete(out);
+    api_route_generate(api, req, SRV_API_COMPLETION);
+    return;
+oom:
+    srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    cJSON_Delete(root);
+    cJSON_Delete(out);
+    api_reply_error(api, req, &e, NULL);
+}

@@ -129,6 +129,9 @@ void api_resp_store_free(api_resp_store *s);
 int api_fim_prompt(srv_api *api, const srv_api_prompt *p, const char *suffix, int32_t **toks, int32_t *n,
                    srv_api_error *e);
 
+/* POST /infill: llama.cpp's infill fields translated into a /v1/completions body with suffix */
+void api_route_infill(srv_api *api, srv_http_req *req);
+
 /* api_embed.c */
 void api_route_embeddings(srv_api *api, srv_http_req *req);
 /* api_generate.c: a random id with the prefix ("chatcmpl-...") */

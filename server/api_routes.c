@@ -216,7 +216,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
 static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP, R_INFILL } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
@@ -228,6 +228,7 @@ static const route ROUTES[] = {
     {"/completions", HTTP_POST, R_COMPL, true},
     {"/v1/chat/completions", HTTP_POST, R_CHAT, true},
     {"/chat/completions", HTTP_POST, R_CHAT, true},
+    {"/infill", HTTP_POST, R_INFILL, true},
     {"/v1/responses", HTTP_POST, R_RESP, true},
     {"/responses", HTTP_POST, R_RESP, true},
     {"/v1/embeddings", HTTP_POST, R_EMBED, true},
@@ -319,6 +320,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_EMBED: api_route_embeddings(api, req); break;
     case R_RESP: api_route_responses(api, req); break;
+    case R_INFILL: api_route_infill(api, req); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;
     case R_PROPS: case R_PAGE: route_web(api, req, rt->id); break;

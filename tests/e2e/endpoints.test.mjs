@@ -231,3 +231,23 @@ describe('fill-in-the-middle', () => {
     assert.match(j.error.message, /fim_pre_token_id/);
   });
 });
+
+describe('infill', () => {
+  test('/infill (llama.cpp fields) answers the same middle as suffix on /v1/completions', async () => {
+    const path = join(mkdtempSync(join(tmpdir(), 'kvserve-fim-')), 'fim.gguf');
+    execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '--fim', '-o', path], { stdio: 'ignore' });
+    const s = await startServer(path, ['--parallel', '4', '--threads', '2']);
+    try {
+      const post = async (route, body) => fetch(`${s.base}${route}`, { method: 'POST', body: JSON.stringify(body) });
+      const a = await (await post('/infill', { input_prefix: 'int main() {', input_suffix: '}', n_predict: 6, temperature: 0 })).json();
+      const b = await (await post('/v1/completions', { prompt: 'int main() {', suffix: '}', max_tokens: 6, temperature: 0 })).json();
+      assert.equal(a.choices[0].text, b.choices[0].text);
+      assert.equal(a.usage.prompt_tokens, b.usage.prompt_tokens);
+      const bad = await post('/infill', { input_prefix: 'a', input_extra: [{ filename: 'x', text: 'y' }] });
+      assert.equal(bad.status, 400);
+      assert.equal((await bad.json()).error.param, 'input_extra');
+    } finally {
+      assert.equal(await s.stop(), 0);
+    }
+  });
+});
