@@ -127,14 +127,6 @@ static void embed_work(api_job *j) {
     c->prep_failed = embed_parse(c, &c->prep_error) != 0;
 }
 
-static void embed_abort(void *ud, srv_http_req *req) {
-    (void)req;
-    api_call *c = ud;
-    c->req = NULL;
-    if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-    api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
-    api_cancel_subs(c);
-}
 
 static void embed_event(const srv_sched_event *ev, void *user);
 
@@ -289,9 +281,7 @@ static void embed_done(api_job *j) {
     if (c->n_live == 0) embed_finish(c);
 }
 
-void api_route_embeddings(srv_api *api, srv_http_req *req) {
-    api_call *c = calloc(1, sizeof *c);
-    if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
+void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path) {
     c->api = api;
     c->next = api->calls;
     if (api->calls) api->calls->prev = c;
@@ -299,11 +289,17 @@ void api_route_embeddings(srv_api *api, srv_http_req *req) {
     api->n_calls++;
     c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
     c->method = req->method_name;
-    c->path = "/v1/embeddings";
+    c->path = path;
     c->created = (int64_t)time(NULL);
     c->req = req;
-    srv_http_set_abort(req, embed_abort, c);
     c->job.req = req;
+    srv_http_set_abort(req, api_on_abort, c);
+}
+
+void api_route_embeddings(srv_api *api, srv_http_req *req) {
+    api_call *c = calloc(1, sizeof *c);
+    if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
+    api_call_register(api, c, req, "/v1/embeddings");
     c->job.work = embed_work;
     c->job.done = embed_done;
     api_offload(api, &c->job);

@@ -72,7 +72,7 @@ void api_cancel_subs(api_call *c) {
         if (c->subs[i].submitted && !c->subs[i].done) c->api->be.cancel(c->api->be.ctx, c->subs[i].id);
 }
 
-static void on_abort(void *ud, srv_http_req *req) {
+void api_on_abort(void *ud, srv_http_req *req) {
     (void)req;
     api_call *c = ud;
     c->req = NULL;
@@ -300,7 +300,7 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
     api_make_id(api, kind == SRV_API_CHAT ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->created = (int64_t)time(NULL);
     c->req = req;
-    srv_http_set_abort(req, on_abort, c);
+    srv_http_set_abort(req, api_on_abort, c);
     c->job.work = prepare_work;
     c->job.done = prepare_done;
     api_offload(api, &c->job);

@@ -526,14 +526,6 @@ static void resp_event(const srv_sched_event *ev, void *user) {
     }
 }
 
-static void resp_abort(void *ud, srv_http_req *req) {
-    (void)req;
-    api_call *c = ud;
-    c->req = NULL;
-    if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-    api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
-    api_cancel_subs(c);
-}
 
 static void resp_done(api_job *j) {
     resp_call *r = (resp_call *)j;
@@ -602,21 +594,10 @@ void api_route_responses(srv_api *api, srv_http_req *req) {
     resp_call *r = calloc(1, sizeof *r);
     if (!r || !api->resp_store) { free(r); api_reply_json(api, req, 500, NULL, NULL, -1); return; }
     api_call *c = &r->c;
-    c->api = api;
     c->ext_free = resp_ext_free;
-    c->next = api->calls;
-    if (api->calls) api->calls->prev = c;
-    api->calls = c;
-    api->n_calls++;
-    c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
-    c->method = req->method_name;
-    c->path = "/v1/responses";
+    api_call_register(api, c, req, "/v1/responses");
     api_make_id(api, "resp_", c->id, sizeof c->id);
     api_make_id(api, "msg_", r->msg_id, sizeof r->msg_id);
-    c->created = (int64_t)time(NULL);
-    c->req = req;
-    srv_http_set_abort(req, resp_abort, c);
-    c->job.req = req;
     c->job.work = resp_work;
     c->job.done = resp_done;
     api_offload(api, &c->job);
