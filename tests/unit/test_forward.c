@@ -270,7 +270,8 @@ static void ref_rope(const rmodel *m, double *v, int pos) {
     }
 }
 
-static void ref_forward(const rmodel *m, const int32_t *toks, int T, float *logits) {
+/* The dense reference: logits [T][V] and, when hidden is not NULL, the normed final hidden states [T][E]. */
+static void ref_forward_h(const rmodel *m, const int32_t *toks, int T, float *logits, float *hidden) {
     int E = m->E, F = m->F, HD = m->HD, QD = m->H * HD, KD = m->HKV * HD;
     double *x = calloc((size_t)T * E, sizeof *x), *xn = calloc((size_t)E, sizeof *xn);
     double *q = calloc((size_t)T * QD, sizeof *q), *k = calloc((size_t)T * KD, sizeof *k);
@@ -329,10 +330,15 @@ static void ref_forward(const rmodel *m, const int32_t *toks, int T, float *logi
     }
     for (int t = 0; t < T; t++) {
         ref_rmsnorm(xn, x + (size_t)t * E, m->onorm, E, m->eps);
+        for (int i = 0; hidden && i < E; i++) hidden[(size_t)t * E + i] = (float)xn[i];
         ref_matvec(lg, m->out, xn, m->V, E);
         for (int i = 0; i < m->V; i++) logits[(size_t)t * m->V + i] = (float)lg[i];
     }
     free(x); free(xn); free(q); free(k); free(v); free(att); free(o); free(g); free(u); free(sc); free(lg);
+}
+
+static void ref_forward(const rmodel *m, const int32_t *toks, int T, float *logits) {
+    ref_forward_h(m, toks, T, logits, NULL);
 }
 
 /* ---- engine helpers ---- */
@@ -766,6 +772,65 @@ Test(forward, batch_invariance) {
         if (!(x <= d)) d = x;
     }
     cr_expect_leq(d, 1e-4, "batched logits differ from one-at-a-time logits by %g", d);
+    close_engine(&e1);
+    close_engine(&e2);
+    free_rmodel(&m);
+}
+
+/* eng_get_embeddings: the normed final hidden state of each row that asked, equal to the dense reference's and
+ * the same whether a row runs alone or in a batch with another sequence (rows that did not ask give NULL). */
+Test(forward, embeddings_match_reference_and_batching) {
+    rmodel m;
+    make_model(&m, CFG_QWEN2, 97, ENG_Q_F32);
+    engine e1, e2;
+    open_engine(&e1, &m, KVC_DTYPE_F32, 4, 0, false, 2);
+    open_engine(&e2, &m, KVC_DTYPE_F32, 4, 0, false, 2);
+    rng r = {97};
+    enum { T = 18 };
+    int32_t toks[T], other[T];
+    for (int i = 0; i < T; i++) toks[i] = rng_int(&r, N_VOCAB), other[i] = rng_int(&r, N_VOCAB);
+    static float ref_lg[T * N_VOCAB], alone[T * 512];
+    float *ref_h = malloc((size_t)T * m.E * sizeof *ref_h);
+    cr_assert(m.E <= 512 && ref_h);
+    ref_forward_h(&m, toks, T, ref_lg, ref_h);
+    int32_t s1, s2, s3;
+    cr_assert_eq(kvc_seq_alloc(e1.kv, &s1), 0);
+    double d = 0;
+    for (int i = 0; i < T; i++) { /* e1: one row at a time */
+        int32_t pos = i;
+        bool want = false, embd = true;
+        eng_batch b = {1, toks + i, &pos, &s1, &want, &embd};
+        cr_assert_eq(eng_decode(e1.ctx, &b), 0);
+        const float *h = eng_get_embeddings(e1.ctx, 0);
+        cr_assert_not_null(h);
+        memcpy(alone + (size_t)i * m.E, h, (size_t)m.E * sizeof *h);
+        double x = max_abs_diff(h, ref_h + (size_t)i * m.E, m.E);
+        if (!(x <= d)) d = x;
+    }
+    cr_expect_leq(d, 1e-3, "hidden states differ from the reference by %g", d);
+    /* e2: the whole prompt interleaved with another sequence's rows, which do not ask */
+    cr_assert_eq(kvc_seq_alloc(e2.kv, &s2), 0);
+    cr_assert_eq(kvc_seq_alloc(e2.kv, &s3), 0);
+    int32_t bt[2 * T], bp[2 * T], bs[2 * T];
+    bool w[2 * T], we[2 * T];
+    int n = 0;
+    for (int i = 0; i < T; i++) {
+        bt[n] = other[i], bp[n] = i, bs[n] = s3, w[n] = i == T - 1, we[n] = false, n++;
+        bt[n] = toks[i], bp[n] = i, bs[n] = s2, w[n] = false, we[n] = true, n++;
+    }
+    eng_batch b = {n, bt, bp, bs, w, we};
+    cr_assert_eq(eng_decode(e2.ctx, &b), 0);
+    d = 0;
+    for (int i = 0; i < T; i++) {
+        cr_assert_null(eng_get_embeddings(e2.ctx, 2 * i), "row %d did not ask", 2 * i);
+        double x = max_abs_diff(eng_get_embeddings(e2.ctx, 2 * i + 1), alone + (size_t)i * m.E, m.E);
+        if (!(x <= d)) d = x;
+    }
+    cr_expect_leq(d, 1e-5, "batched hidden states differ from one-at-a-time ones by %g", d);
+    cr_assert_not_null(eng_get_logits(e2.ctx, 2 * T - 2), "logits of another row in the same batch still come");
+    cr_assert_null(eng_get_embeddings(e2.ctx, -1));
+    cr_assert_null(eng_get_embeddings(e2.ctx, n));
+    free(ref_h);
     close_engine(&e1);
     close_engine(&e2);
     free_rmodel(&m);
