@@ -124,6 +124,25 @@ int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, siz
     return KVS_OK;
 }
 
+cJSON *srv_kvev_config_to_json(const srv_kvev_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    bool ok = cJSON_AddBoolToObject(o, "enable_kv_cache_events", c->enable) &&
+              cJSON_AddStringToObject(o, "publisher", c->publisher) &&
+              cJSON_AddStringToObject(o, "endpoint", c->endpoint) &&
+              (c->replay_endpoint[0] ? cJSON_AddStringToObject(o, "replay_endpoint", c->replay_endpoint)
+                                     : cJSON_AddNullToObject(o, "replay_endpoint")) &&
+              cJSON_AddNumberToObject(o, "buffer_steps", c->buffer_steps) &&
+              cJSON_AddNumberToObject(o, "hwm", c->hwm) &&
+              cJSON_AddNumberToObject(o, "max_queue_size", c->max_queue_size) &&
+              cJSON_AddStringToObject(o, "topic", c->topic);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
 /* ---- batches ---------------------------------------------------------------------------------------------- */
 typedef struct kvev_item {
     kvc_event_kind kind;

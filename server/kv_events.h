@@ -64,6 +64,11 @@ void srv_kvev_config_default(srv_kvev_config *c);
  * of range are KVS_ERR_INVALID with a message naming the key. */
 int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, size_t err_len);
 
+/* The settings as a JSON object with every key (replay_endpoint null when empty); NULL when out of memory. The
+ * caller owns it (cJSON_Delete). */
+struct cJSON;
+struct cJSON *srv_kvev_config_to_json(const srv_kvev_config *c);
+
 /* Whether the configuration publishes anything (enabled with publisher "zmq"). */
 bool srv_kvev_config_active(const srv_kvev_config *c);
 

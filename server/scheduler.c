@@ -172,6 +172,8 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->parallel = 64;
     p->max_queue = 256;
     p->n_ctx = 0;
+    p->on_step = NULL;
+    p->on_step_ctx = NULL;
 }
 
 static int vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -477,6 +479,7 @@ static void refresh_stats_locked(srv_sched *s) {
     st->kv_blocks_used = ks.blocks_used;
     st->kv_blocks_cached = ks.blocks_cached;
     st->kv_blocks_free = ks.blocks_free;
+    st->kv_block_size = ks.block_size;
     st->kv_usage = ks.usage;
     st->prefix_query_tokens = ks.prefix_query_tokens + s->c_copy_query;
     st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
@@ -1032,6 +1035,7 @@ static void step(srv_sched *s) {
         break;
     }
     for (int32_t i = s->running.n - 1; i >= 0; i--) emit_outputs(s, s->running.v[i]);
+    if (s->p.on_step) s->p.on_step(s->p.on_step_ctx);
     post_events(s, dropped_new);
 }
 

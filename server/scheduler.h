@@ -141,6 +141,9 @@ typedef struct srv_sched_params {
                              returns SRV_SCHED_ERR_QUEUE_FULL */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
                              "length". 0: unlimited (the cache's own max_seq_len still applies) */
+    void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
+                                   step, after the cache calls of that step (KV-cache events flush per step) */
+    void *on_step_ctx;
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -251,6 +254,7 @@ typedef struct srv_sched_stats {
     int32_t requests_waiting;     /* queued, not admitted (including preempted ones) */
     int32_t seqs_running;         /* sequences in use by running choices */
     int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
+    int32_t kv_block_size;        /* tokens per block */
     double kv_usage;              /* used / total */
     uint64_t prefix_query_tokens; /* kvc stats: tokens offered to the prefix cache */
     uint64_t prefix_hit_tokens;   /* kvc stats: tokens found there */

@@ -61,6 +61,8 @@ typedef struct srv_config {
     double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
     char log_format[8];         /* "text" (default), "json", "none" */
     char chat_template[32];     /* "": the model's template; else a family name (chatml, llama3, ...) */
+    char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
+                                    server/kv_events.h. In the file an object, on the command line its JSON text */
 } srv_config;
 
 /* The documented defaults. */
