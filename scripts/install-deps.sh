@@ -3,9 +3,9 @@
 # Uses sudo when not root. Does nothing (and touches no network) when everything is present.
 set -euo pipefail
 
-# libzmq3-dev, libmsgpack-dev: KV-cache events; python3-zmq, python3-msgpack: the e2e event subscriber.
+# libzmq3-dev, libmsgpack-dev: KV-cache events; python3-zmq, -msgpack, -xxhash: the e2e event subscriber.
 pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev libcriterion-dev node-llhttp
-      libpcre2-dev libxxhash-dev libzmq3-dev libmsgpack-dev nodejs npm python3 python3-zmq python3-msgpack)
+      libpcre2-dev libxxhash-dev libzmq3-dev libmsgpack-dev nodejs npm python3 python3-zmq python3-msgpack python3-xxhash)
 
 missing=()
 for p in "${pkgs[@]}"; do
