@@ -207,8 +207,14 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     counter(&b, "kvserve:generation_tokens_total", "Tokens generated.", st->generation_tokens_total);
     counter(&b, "kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.",
             st->preemptions);
-    counter(&b, "kvserve:requests_rejected_total", "Requests refused because the queue was full.",
-            st->requests_rejected);
+    meta(&b, "kvserve:requests_rejected_total", "counter",
+         "Requests refused with 429 because the waiting queue was at a limit (max_queue, max_queued_tokens).");
+    bprintf(&b, "kvserve:requests_rejected_total{reason=\"max_queue\"} %llu\n",
+            (unsigned long long)st->requests_rejected);
+    bprintf(&b, "kvserve:requests_rejected_total{reason=\"max_queued_tokens\"} %llu\n",
+            (unsigned long long)st->requests_rejected_tokens);
+    gauge(&b, "kvserve:queued_prompt_tokens", "Prompt tokens of waiting, never admitted requests.",
+          (double)st->queued_tokens);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
     bprintf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);

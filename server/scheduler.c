@@ -115,6 +115,8 @@ struct srv_sched {
     uint64_t next_id;
     req_vec incoming;
     int32_t n_queued_new;    /* submitted, never admitted, not finished (bounded by max_queue) */
+    int64_t n_queued_tokens; /* their prompt tokens (bounded by max_queued_tokens); under mu */
+    int64_t dropped_tokens;  /* scheduler thread: prompt tokens of never-admitted requests ended this step */
     sched_req *live;         /* every request whose DONE is not posted */
     sched_event *ev_head, *ev_tail;
     srv_sched_stats stats;
@@ -172,6 +174,7 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->parallel = 64;
     p->max_queue = 256;
     p->n_ctx = 0;
+    p->max_queued_tokens = 0;
     p->on_step = NULL;
     p->on_step_ctx = NULL;
 }
@@ -463,6 +466,8 @@ static void post_events(srv_sched *s, int32_t dropped_new) {
     }
     s->out_head = s->out_tail = NULL;
     s->n_queued_new -= dropped_new;
+    s->n_queued_tokens -= s->dropped_tokens;
+    s->dropped_tokens = 0;
     refresh_stats_locked(s);
     uv_mutex_unlock(&s->mu);
     if (any && s->async) uv_async_send(s->async);
@@ -491,6 +496,7 @@ static void refresh_stats_locked(srv_sched *s) {
     st->steps = s->c_steps;
     st->batch_tokens_total = s->c_batch_tokens;
     for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];
+    st->queued_tokens = s->n_queued_tokens;
 }
 
 /* ---- preemption --------------------------------------------------------------------------------------------- */
@@ -798,6 +804,7 @@ static int admit_head(srv_sched *s) {
         r->admitted_once = true;
         uv_mutex_lock(&s->mu);
         s->n_queued_new--;
+        s->n_queued_tokens -= r->n_prompt;
         uv_mutex_unlock(&s->mu);
         s->c_prompt_total += (uint64_t)r->n_prompt;
     }
@@ -921,7 +928,7 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
             r->cancel_handled = true;
             for (int32_t j = 0; j < r->n; j++) finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
             bool never = !r->admitted_once;
-            if (emit_outputs(s, r) && never) (*dropped_new)++;
+            if (emit_outputs(s, r) && never) { (*dropped_new)++; s->dropped_tokens += r->n_prompt; }
         }
     }
 }
@@ -962,7 +969,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
         if (rc == 0) break;
         if (rc < 0) {
             bool never = !h->admitted_once;
-            if (emit_outputs(s, h) && never) (*dropped_new)++;
+            if (emit_outputs(s, h) && never) { (*dropped_new)++; s->dropped_tokens += h->n_prompt; }
             continue;
         }
         prefill_request(s, h, &budget, &reserved);
@@ -984,7 +991,7 @@ static void step(srv_sched *s) {
                     sched_req *h = s->waiting.v[0];
                     bool never = !h->admitted_once;
                     fail_request(s, h, "the request cannot be scheduled");
-                    if (emit_outputs(s, h) && never) dropped_new++;
+                    if (emit_outputs(s, h) && never) { dropped_new++; s->dropped_tokens += h->n_prompt; }
                     continue;
                 }
                 break;
@@ -1104,7 +1111,8 @@ static void free_bufs(srv_sched *s) {
 int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, uv_loop_t *loop, srv_sched **out) {
     if (!params || !ops || !loop || !out) return SRV_SCHED_ERR_INVALID;
     *out = NULL;
-    if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0)
+    if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
+        params->max_queued_tokens < 0)
         return SRV_SCHED_ERR_INVALID;
     if (ops->n_vocab < 1 || !ops->cache || !ops->decode || !ops->get_logits || !ops->token_is_eog ||
         !ops->detok_push || !ops->detok_flush || !ops->sampler_create || !ops->sampler_free ||
@@ -1254,8 +1262,11 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
         req_free(s, r);
         return SRV_SCHED_ERR_STOPPED;
     }
-    if (s->n_queued_new >= s->p.max_queue) {
-        s->stats.requests_rejected++;
+    bool over_tokens = s->p.max_queued_tokens > 0 && s->n_queued_new > 0 &&
+                       s->n_queued_tokens + req->n_prompt > s->p.max_queued_tokens;
+    if (s->n_queued_new >= s->p.max_queue || over_tokens) {
+        if (s->n_queued_new >= s->p.max_queue) s->stats.requests_rejected++;
+        else s->stats.requests_rejected_tokens++;
         uv_mutex_unlock(&s->mu);
         req_free(s, r);
         return SRV_SCHED_ERR_QUEUE_FULL;
@@ -1267,6 +1278,8 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     }
     r->id = s->next_id++;
     s->n_queued_new++;
+    s->n_queued_tokens += req->n_prompt;
+    s->stats.queued_tokens = s->n_queued_tokens;
     s->stats.requests_waiting++;
     r->live_next = s->live;
     if (s->live) s->live->live_prev = r;

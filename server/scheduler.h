@@ -83,7 +83,8 @@ enum {
     SRV_SCHED_OK = 0,
     SRV_SCHED_ERR_INVALID = -1,    /* an argument is out of range (empty prompt, n < 1, NULL callback ...) */
     SRV_SCHED_ERR_NOMEM = -2,      /* an allocation failed */
-    SRV_SCHED_ERR_QUEUE_FULL = -3, /* the waiting queue holds max_queue requests: answer 503 + Retry-After */
+    SRV_SCHED_ERR_QUEUE_FULL = -3, /* the waiting queue is at max_queue requests or max_queued_tokens prompt
+                                      tokens: answer 429 + Retry-After */
     SRV_SCHED_ERR_NOT_FOUND = -4,  /* no live request has that id (already done, or never existed) */
     SRV_SCHED_ERR_STOPPED = -5,    /* the scheduler is shutting down */
     SRV_SCHED_ERR_THREAD = -6,     /* a thread, mutex or uv handle could not be created */
@@ -139,6 +140,9 @@ typedef struct srv_sched_params {
                              cache's max_seqs (the engine context's max_seqs) */
     int32_t max_queue;    /* most waiting (not yet admitted) requests, default 256; submit beyond it
                              returns SRV_SCHED_ERR_QUEUE_FULL */
+    int64_t max_queued_tokens; /* most prompt tokens of waiting (never admitted) requests, 0 (default): no
+                             limit; a submit that would pass it returns SRV_SCHED_ERR_QUEUE_FULL, except into
+                             an empty queue (so a long prompt is never refused forever) */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
                              "length". 0: unlimited (the cache's own max_seq_len still applies) */
     void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
@@ -267,7 +271,9 @@ typedef struct srv_sched_stats {
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */
-    uint64_t requests_rejected;       /* submit refused with QUEUE_FULL */
+    uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
+    uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
+    int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

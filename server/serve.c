@@ -118,6 +118,7 @@ static void load_done(uv_work_t *w, int status) {
     sp.batch_tokens = c->batch_tokens;
     sp.parallel = c->parallel;
     sp.max_queue = c->max_queue;
+    sp.max_queued_tokens = c->max_queued_tokens;
     sp.n_ctx = n_ctx;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
         kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
