@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/quant.h"
+#include "engine/kernels/quant.h"
 
 /* CPU time of this thread: on a shared machine, time spent descheduled does not count (memory contention
  * from other processes still does). */

@@ -24,82 +24,12 @@
  * References: a block's refcount counts the sequence tables that hold it plus, while a forward is pending,
  * the original of a copy-on-write (held so a rollback can restore it).
  */
-#include "cache/kv_cache.h"
+#include "cache/kvc_internal.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
-
-
-/* Test hook: a test may compile this file with a narrow mask to force hash collisions (lookups stay exact
- * because identities are verified, see above). Production builds keep all 64 bits. */
-#ifndef KVC_TEST_HASH_MASK
-#define KVC_TEST_HASH_MASK UINT64_MAX
-#endif
-
-typedef struct kvc_block {
-    int32_t ref;         /* references (tables + pending CoW originals) */
-    uint32_t gen;        /* bumped whenever the block loses its hash */
-    bool hashed;         /* in the hash index (used or cached) */
-    uint64_t hash;       /* chained hash, valid when hashed */
-    int32_t parent;      /* parent block of the identity (-1: first block of a chain), valid when hashed */
-    uint32_t parent_gen; /* the parent's generation when this block was published */
-    int32_t hprev, hnext; /* hash bucket chain */
-    int32_t lprev, lnext; /* LRU list (cached blocks only) */
-} kvc_block;
-
-typedef struct kvc_seq {
-    bool live;
-    int32_t len;      /* committed tokens */
-    int32_t pending;  /* tokens of the pending batch (appended after len) */
-    int32_t *tokens;  /* [len + pending] token ids */
-    int32_t tok_cap;
-    int32_t *table;   /* [n_table] block ids, -1 = released by the sliding window (a leading run) */
-    int32_t *pub_block; /* [n_pub] identity chain: block published at index i ... */
-    uint32_t *pub_gen;  /* ... and its generation then */
-    int32_t tab_cap;  /* capacity of table, pub_block, pub_gen */
-    int32_t n_table;  /* == ceil((len + pending) / block_size) */
-    int32_t n_pub;    /* leading blocks whose identity is known (published) */
-    int32_t dirty_from; /* first position whose contents came from a context shift; INT32_MAX = none */
-    /* pending forward */
-    bool in_batch;
-    int32_t batch_n;      /* scratch: entries seen while validating */
-    int32_t old_n_table;  /* table length before the batch */
-    int32_t cow_idx;      /* table index replaced at the batch start (-1: none) */
-    int32_t cow_orig;     /* the block that was there (held by one reference), or -1 (a released block) */
-} kvc_seq;
-
-struct kvc_cache {
-    kvc_params p;
-    kvc_layout lay;
-    const kvc_allocator *alloc;
-    size_t bytes_per_block;
-    size_t bytes_total;
-
-    kvc_block *blocks;   /* [n_blocks] */
-    int32_t *btok;       /* [n_blocks][block_size] token ids of hashed blocks (prefix caching only) */
-    int32_t *free_stack; /* [n_blocks] */
-    int32_t n_free;
-    int32_t lru_head, lru_tail; /* head = least recently used */
-    int32_t n_cached, n_used, n_hashed;
-    int32_t *buckets;    /* [n_buckets] first block of each hash chain, -1 empty */
-    uint32_t bucket_mask;
-
-    kvc_seq *seqs;       /* [max_seqs] */
-    int32_t seqs_live;
-    int64_t tokens_live; /* committed tokens of live sequences */
-
-    bool pending;
-    int32_t *batch_seqs; /* [max_seqs] sequences of the pending batch */
-    int32_t n_batch_seqs;
-
-    uint64_t prefix_query_tokens, prefix_hit_tokens, evictions, cow_copies;
-
-    kvc_event_cb event_cb; /* optional, see kvc_set_event_cb */
-    void *event_ctx;
-};
 
 /* ---- small helpers --------------------------------------------------------------------------------------- */
 const char *kvc_strerror(int err) {
@@ -145,7 +75,6 @@ static bool mul_ok(size_t a, size_t b, size_t *out) {
     return true;
 }
 
-static int32_t ceil_div(int32_t a, int32_t b) { return a / b + (a % b != 0); }
 
 static bool seq_ok(const kvc_cache *c, int32_t seq) {
     return c && seq >= 0 && seq < c->p.max_seqs && c->seqs[seq].live;
@@ -193,9 +122,6 @@ static void index_insert(kvc_cache *c, int32_t b) {
     c->n_hashed++;
 }
 
-static uint32_t bucket_of(const kvc_cache *c, uint64_t h) {
-    return (uint32_t)(h ^ (h >> 32)) & c->bucket_mask;
-}
 
 /* Removes b's hash (it must be hashed); bumps its generation so children referring to it go stale. */
 static void index_remove(kvc_cache *c, int32_t b) {
@@ -227,10 +153,6 @@ static int32_t index_find(const kvc_cache *c, uint64_t h, int32_t parent, uint32
     return -1;
 }
 
-static uint64_t chain_hash(const kvc_cache *c, uint64_t parent_hash, const int32_t *tokens) {
-    return XXH3_64bits_withSeed(tokens, (size_t)c->lay.block_size * sizeof(int32_t), parent_hash) &
-           (uint64_t)KVC_TEST_HASH_MASK;
-}
 
 /* ---- LRU list and block states ---------------------------------------------------------------------------- */
 static void lru_unlink(kvc_cache *c, int32_t b) {
@@ -897,168 +819,4 @@ int kvc_reset_prefix_cache(kvc_cache *c) {
         cb(c->event_ctx, &ev);
     }
     return KVC_OK;
-}
-
-/* ---- accounting ------------------------------------------------------------------------------------------------------ */
-void kvc_get_stats(const kvc_cache *c, kvc_stats *o) {
-    if (!c || !o) return;
-    memset(o, 0, sizeof *o);
-    o->blocks_total = c->lay.n_blocks;
-    o->blocks_used = c->n_used;
-    o->blocks_cached = c->n_cached;
-    o->blocks_free = c->n_free;
-    o->block_size = c->lay.block_size;
-    o->seqs_live = c->seqs_live;
-    o->bytes_total = c->bytes_total;
-    o->bytes_per_block = c->bytes_per_block;
-    o->usage = (double)c->n_used / (double)c->lay.n_blocks;
-    o->tokens_live = c->tokens_live;
-    o->prefix_query_tokens = c->prefix_query_tokens;
-    o->prefix_hit_tokens = c->prefix_hit_tokens;
-    o->evictions = c->evictions;
-    o->cow_copies = c->cow_copies;
-}
-
-#define FAIL(...)                                         \
-    do {                                                  \
-        if (msg && msg_len > 0) snprintf(msg, msg_len, __VA_ARGS__); \
-        rc = KVC_ERR_STATE;                               \
-        goto out;                                         \
-    } while (0)
-
-int kvc_check(const kvc_cache *c, char *msg, size_t msg_len) {
-    if (!c) return KVC_ERR_INVALID;
-    if (msg && msg_len > 0) msg[0] = '\0';
-    int rc = KVC_OK;
-    int32_t nb = c->lay.n_blocks, bs = c->lay.block_size;
-    int32_t *refs = calloc((size_t)nb, sizeof *refs);
-    uint8_t *seen = calloc((size_t)nb, 1);
-    if (!refs || !seen) {
-        free(refs);
-        free(seen);
-        return KVC_ERR_NOMEM;
-    }
-    /* sequences: lengths, tables, identity chains; count references */
-    int32_t live = 0, batch = 0;
-    int64_t tokens = 0;
-    for (int32_t sid = 0; sid < c->p.max_seqs; sid++) {
-        const kvc_seq *s = &c->seqs[sid];
-        if (!s->live) {
-            if (s->len || s->pending || s->n_table || s->in_batch) FAIL("seq %d: dead but not empty", sid);
-            continue;
-        }
-        live++;
-        tokens += s->len;
-        if (s->len < 0 || s->pending < 0 || (!c->pending && s->pending))
-            FAIL("seq %d: bad len %d / pending %d", sid, s->len, s->pending);
-        if (s->in_batch) batch++;
-        if (s->in_batch != (c->pending && s->pending > 0)) FAIL("seq %d: batch flag mismatch", sid);
-        if (s->n_table != ceil_div(s->len + s->pending, bs))
-            FAIL("seq %d: %d table entries for %d tokens", sid, s->n_table, s->len + s->pending);
-        if (s->n_pub < 0 || s->n_pub > s->len / bs) FAIL("seq %d: n_pub %d", sid, s->n_pub);
-        if (c->p.max_seq_len > 0 && s->len + s->pending > c->p.max_seq_len) FAIL("seq %d: too long", sid);
-        bool released = true;
-        for (int32_t i = 0; i < s->n_table; i++) {
-            int32_t b = s->table[i];
-            if (b < -1 || b >= nb) FAIL("seq %d: table[%d] = %d out of range", sid, i, b);
-            if (b == -1) {
-                if (c->p.sliding_window <= 0) FAIL("seq %d: released block without a window", sid);
-                if (!released) FAIL("seq %d: released block %d after a held one", sid, i);
-                continue;
-            }
-            released = false;
-            refs[b]++;
-        }
-        if (s->cow_idx >= 0 && s->cow_orig >= 0) refs[s->cow_orig]++;
-        if (!c->pending && s->cow_idx >= 0) FAIL("seq %d: CoW record without a forward", sid);
-        for (int32_t i = 0; i < s->n_pub; i++) {
-            int32_t b = s->pub_block[i];
-            if (b < 0 || b >= nb) FAIL("seq %d: pub[%d] = %d", sid, i, b);
-            const kvc_block *bl = &c->blocks[b];
-            bool valid = bl->hashed && bl->gen == s->pub_gen[i];
-            if (s->table[i] >= 0 && s->table[i] != b && !(c->pending && i == s->cow_idx))
-                FAIL("seq %d: block %d at %d differs from its published identity %d", sid, s->table[i], i, b);
-            if (s->table[i] >= 0 && !valid) FAIL("seq %d: held published block %d lost its hash", sid, b);
-            if (valid) {
-                if (memcmp(c->btok + (size_t)b * bs, s->tokens + (size_t)i * bs, (size_t)bs * 4) != 0)
-                    FAIL("seq %d: block %d tokens differ from the sequence", sid, b);
-                int32_t want_parent = i ? s->pub_block[i - 1] : -1;
-                if (bl->parent != want_parent) FAIL("seq %d: block %d has parent %d, chain says %d", sid, b,
-                                                    bl->parent, want_parent);
-            }
-            if ((int64_t)(i + 1) * bs > s->dirty_from) FAIL("seq %d: dirty block %d published", sid, i);
-        }
-    }
-    if (live != c->seqs_live) FAIL("seqs_live %d, counted %d", c->seqs_live, live);
-    if (tokens != c->tokens_live) FAIL("tokens_live %lld, counted %lld", (long long)c->tokens_live,
-                                       (long long)tokens);
-    if (batch != (c->pending ? c->n_batch_seqs : 0)) FAIL("batch list has %d, flags %d", c->n_batch_seqs, batch);
-    /* blocks: refcounts, states */
-    int32_t used = 0, hashed = 0;
-    for (int32_t b = 0; b < nb; b++) {
-        const kvc_block *bl = &c->blocks[b];
-        if (bl->ref != refs[b]) FAIL("block %d: refcount %d, referenced %d times", b, bl->ref, refs[b]);
-        if (bl->ref > 0) used++;
-        if (bl->hashed) {
-            hashed++;
-            if (!c->p.prefix_caching) FAIL("block %d hashed without prefix caching", b);
-            if (bl->parent >= nb || bl->parent < -1) FAIL("block %d: parent %d", b, bl->parent);
-            uint64_t ph = KVC_HASH_ROOT;
-            bool known = true;
-            if (bl->parent >= 0) {
-                const kvc_block *pb = &c->blocks[bl->parent];
-                known = pb->hashed && pb->gen == bl->parent_gen;
-                ph = pb->hash;
-            }
-            if (known && chain_hash(c, ph, c->btok + (size_t)b * bs) != bl->hash)
-                FAIL("block %d: stored hash does not match parent and tokens", b);
-        }
-    }
-    if (used != c->n_used) FAIL("n_used %d, counted %d", c->n_used, used);
-    if (hashed != c->n_hashed) FAIL("n_hashed %d, counted %d", c->n_hashed, hashed);
-    /* LRU list */
-    int32_t ncached = 0, prev = -1;
-    for (int32_t b = c->lru_head; b >= 0; b = c->blocks[b].lnext) {
-        if (b >= nb || seen[b]) FAIL("LRU list: block %d repeated or out of range", b);
-        seen[b] = 1;
-        const kvc_block *bl = &c->blocks[b];
-        if (bl->ref != 0 || !bl->hashed) FAIL("LRU block %d: ref %d hashed %d", b, bl->ref, bl->hashed);
-        if (bl->lprev != prev) FAIL("LRU block %d: prev link %d, expected %d", b, bl->lprev, prev);
-        prev = b;
-        ncached++;
-    }
-    if (prev != c->lru_tail) FAIL("LRU tail %d, walked to %d", c->lru_tail, prev);
-    if (ncached != c->n_cached) FAIL("n_cached %d, LRU holds %d", c->n_cached, ncached);
-    /* free stack */
-    if (c->n_free < 0 || c->n_free > nb) FAIL("n_free %d", c->n_free);
-    for (int32_t i = 0; i < c->n_free; i++) {
-        int32_t b = c->free_stack[i];
-        if (b < 0 || b >= nb || seen[b]) FAIL("free stack: block %d repeated or out of range", b);
-        seen[b] = 2;
-        if (c->blocks[b].ref != 0 || c->blocks[b].hashed) FAIL("free block %d is referenced or hashed", b);
-    }
-    for (int32_t b = 0; b < nb; b++) {
-        const kvc_block *bl = &c->blocks[b];
-        if (bl->ref == 0 && !seen[b]) FAIL("block %d: unreferenced but neither cached nor free", b);
-    }
-    if (c->n_used + c->n_cached + c->n_free != nb)
-        FAIL("used %d + cached %d + free %d != total %d", c->n_used, c->n_cached, c->n_free, nb);
-    /* hash index: every chained block hashed and in the right bucket, links consistent */
-    int32_t indexed = 0;
-    for (uint32_t k = 0; k <= c->bucket_mask; k++) {
-        int32_t hp = -1;
-        for (int32_t b = c->buckets[k]; b >= 0; b = c->blocks[b].hnext) {
-            if (b >= nb || indexed > nb) FAIL("hash chain %u broken", k);
-            const kvc_block *bl = &c->blocks[b];
-            if (!bl->hashed || bucket_of(c, bl->hash) != k || bl->hprev != hp)
-                FAIL("hash chain %u: block %d misplaced", k, b);
-            hp = b;
-            indexed++;
-        }
-    }
-    if (indexed != c->n_hashed) FAIL("index holds %d blocks, %d hashed", indexed, c->n_hashed);
-out:
-    free(refs);
-    free(seen);
-    return rc;
 }

@@ -51,6 +51,11 @@ typedef enum kvs_err {
 /* A short, constant, English description of `err`; "unknown error" for codes not in kvs_err. Never NULL. */
 const char *kvs_strerror(int err);
 
+/* Writes a printf-style message into err[0..err_len) (truncated, always NUL-terminated; nothing when err is NULL
+ * or err_len is 0) and returns `code`, so a failure path reads `return kvs_errf(err, err_len, KVS_ERR_IO, ...)`. */
+int kvs_errf(char *err, size_t err_len, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int kvs_verrf(char *err, size_t err_len, int code, const char *fmt, va_list ap);
+
 /* ---- growable buffer --------------------------------------------------------------------------------------- */
 
 /* A byte buffer that grows by doubling. `data` is NUL-terminated whenever len > 0 or after any successful call

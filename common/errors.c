@@ -1,4 +1,6 @@
-/* errors.c: kvs_strerror, the one text table for kvs_err. */
+/* errors.c: kvs_strerror, the one text table for kvs_err, and kvs_errf, the one error-message helper. */
+#include <stdio.h>
+
 #include "common/common.h"
 
 const char *kvs_strerror(int err) {
@@ -33,4 +35,17 @@ const char *kvs_strerror(int err) {
     case KVS_ERR_HELP: return "help requested";
     }
     return "unknown error";
+}
+
+int kvs_verrf(char *err, size_t err_len, int code, const char *fmt, va_list ap) {
+    if (err && err_len > 0) vsnprintf(err, err_len, fmt, ap);
+    return code;
+}
+
+int kvs_errf(char *err, size_t err_len, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kvs_verrf(err, err_len, code, fmt, ap);
+    va_end(ap);
+    return code;
 }

@@ -1,7 +1,7 @@
 // cud_deq.cuh: element-wise dequantization of the ggml block formats for the CUDA kernels (internal to the
 // cuda module). deq<T>(block, e) is element e of one block of type T; deq_at<T>(row, i) element i of a row.
 // Every operation is explicitly rounded (__fmul_rn, __fadd_rn, __fsub_rn) in the CPU engine's order
-// (engine/quant.c), so the values are bit-identical to eng_dequantize_row.
+// (engine/kernels/quant.c), so the values are bit-identical to eng_dequantize_row.
 //
 // The code is plain enough to be compiled for the host as well: tests/unit/test_cuda_deq_host.cpp defines
 // CUD_DEQ_FN and host versions of the intrinsics and checks every type against the CPU engine on a machine
@@ -16,7 +16,7 @@
 #define CUD_DEQ_FN __device__ __forceinline__
 #endif
 
-// ggml type ids (engine/quant.h).
+// ggml type ids (engine/kernels/quant.h).
 enum : uint32_t {
     CUD_F32 = 0, CUD_F16 = 1, CUD_Q4_0 = 2, CUD_Q4_1 = 3, CUD_Q5_0 = 6, CUD_Q5_1 = 7, CUD_Q8_0 = 8,
     CUD_Q2_K = 10, CUD_Q3_K = 11, CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,

@@ -27,7 +27,7 @@ cudaError_t cud_get_rows(uint32_t type, const void *table, int64_t k, const int3
 cudaError_t cud_matvec(uint32_t type, const void *w, int64_t n_out, int64_t k, const float *x, int32_t m,
                        float *y, cudaStream_t st);
 
-// Elementwise and normalization. RMSNorm follows the CPU engine (engine/ops.c): the sum of squares in double,
+// Elementwise and normalization. RMSNorm follows the CPU engine (engine/kernels/ops.c): the sum of squares in double,
 // scale = (float)(1 / sqrt(ss / n + eps)), y = (x * scale) * w with every operation rounded as on the CPU.
 cudaError_t cud_rmsnorm(const float *x, const float *w, float *y, int32_t rows, int32_t n, float eps,
                         cudaStream_t st);

@@ -35,7 +35,7 @@ extern "C" {
 typedef struct cud_tensor {
     const void *data;   /* host bytes in the GGUF type; NULL when the tensor is absent (optional tensors) */
     size_t nbytes;
-    uint32_t type;      /* ggml type id (engine/quant.h) */
+    uint32_t type;      /* ggml type id (engine/kernels/quant.h) */
     int64_t ne0, ne1;   /* ne0 = row length (input dim), ne1 = rows (output dim); vectors have ne1 = 1 */
 } cud_tensor;
 

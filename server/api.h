@@ -116,6 +116,9 @@ typedef struct srv_api_config {
     const char *api_key;        /* NULL or "": no authentication (copied) */
     srv_log_format log_format;
     void *log_stream;           /* FILE * for request logs (NULL: stderr) */
+    uv_loop_t *loop;            /* the loop srv_api_handle runs on: request bodies are parsed, chat templates
+                                   rendered and prompts tokenized on libuv's thread pool, so the loop stays
+                                   responsive under any single request (NULL: done inline, for tests) */
 } srv_api_config;
 
 typedef struct srv_api srv_api;

@@ -230,6 +230,7 @@ int srv_main(const srv_config *cfg) {
     ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
     ac.limits.max_stop = cfg->max_stop;
     ac.api_key = cfg->api_key;
+    ac.loop = &d->loop;
     ac.log_format = !strcmp(cfg->log_format, "json") ? SRV_LOG_JSON : !strcmp(cfg->log_format, "none") ? SRV_LOG_NONE
                                                                                                    : SRV_LOG_TEXT;
     srv_http_limits hl;

@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/quant.h"
 #include "tools/commands.h"
 
 /* ---- options ------------------------------------------------------------------------------------------------ */

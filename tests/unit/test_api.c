@@ -458,6 +458,7 @@ static fake *fake_start(const fake_opts *o) {
     cfg.limits.n_vocab = 256;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = SRV_LOG_NONE;
+    cfg.loop = &f->L.loop;
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
@@ -991,6 +992,9 @@ Test(api, metrics_endpoint) {
 /* ---- 3. the real daemon over a tiny generated model ------------------------------------------------------------ */
 #include <signal.h>
 #include <sys/wait.h>
+#include <poll.h>
+#include <time.h>
+#include <criterion/logging.h>
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -1006,6 +1010,67 @@ static pid_t g_server_pid; /* killed by the fini hook if an assertion ends the t
 static void kill_server(void) {
     if (g_server_pid > 0) { kill(g_server_pid, SIGKILL); waitpid(g_server_pid, NULL, 0); }
     g_server_pid = 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Issue 14: a multi-megabyte prompt is parsed and tokenized off the event loop. While it is being prepared,
+ * /health keeps answering: no health check may wait more than half as long as the big request takes (when
+ * the loop tokenized, the first check after the body arrived waited for the whole tokenization). */
+static void big_prompt_keeps_loop_responsive(int port) {
+    const char *words[] = {"once ", "upon ", "a ", "time ", "the ", "cat ", "sat ", "on ", "mat ", "and "};
+    size_t cap = 11u << 20, n = 0;
+    char *body = malloc(cap + 64);
+    cr_assert_not_null(body);
+    n += (size_t)sprintf(body, "{\"prompt\":\"");
+    for (uint32_t x = 1; n < cap;) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        const char *w = words[x % 10];
+        memcpy(body + n, w, strlen(w));
+        n += strlen(w);
+    }
+    n += (size_t)sprintf(body + n, "\",\"max_tokens\":1}");
+    char head[256];
+    int hl = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", n);
+    int fd = tc_connect(port);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(tc_send(fd, head, (size_t)hl), 0);
+    cr_assert_eq(tc_send(fd, body, n), 0);
+    free(body);
+    fake shim;
+    memset(&shim, 0, sizeof shim);
+    shim.port = port;
+    double t0 = now_s(), worst = 0;
+    int checks = 0;
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 0) > 0) break;
+        double t = now_s();
+        tc_resp r;
+        cr_assert_eq(get(&shim, "/health", NULL, &r), 200);
+        tc_resp_free(&r);
+        double lat = now_s() - t;
+        if (lat > worst) worst = lat;
+        checks++;
+        cr_assert_lt(now_s() - t0, 60.0, "the big request never answered");
+    }
+    double total = now_s() - t0;
+    tc_conn c;
+    tc_init(&c, fd);
+    tc_resp r;
+    cr_assert_eq(tc_read(&c, &r), 0);
+    cr_assert_eq(r.status, 400, "big prompt: %d %s", r.status, r.body ? r.body : "");
+    cr_assert(strstr(r.body, "context_length_exceeded"));
+    tc_resp_free(&r);
+    close(fd);
+    cr_log_info("big prompt: %.3f s, %d health checks meanwhile, the slowest %.3f s", total, checks, worst);
+    cr_assert_geq(checks, 3, "only %d health checks answered during the %.3f s big request", checks, total);
+    cr_assert_lt(worst, total / 2, "a health check waited %.3f s of the big request's %.3f s", worst, total);
 }
 
 Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
@@ -1097,6 +1162,7 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     cr_assert_eq(get(&shim, "/metrics", NULL, &r), 200);
     cr_assert(strstr(r.body, "kvserve:generation_tokens_total"));
     tc_resp_free(&r);
+    big_prompt_keeps_loop_responsive(port);
     kill(pid, SIGTERM);
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);

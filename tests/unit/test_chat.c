@@ -1,6 +1,6 @@
 /*
- * test_chat.c: chat template detection and rendering (engine/chat.h eng_chat_render_text and the engine.h
- * family helpers). Expected strings are written from the documented formats (see engine/chat.c); with
+ * test_chat.c: chat template detection and rendering (engine/text/chat.h eng_chat_render_text and the engine.h
+ * family helpers). Expected strings are written from the documented formats (see engine/text/chat.c); with
  * ../shared present, the rendered prompts of llama.cpp in reference/<model>.chat.json are matched exactly using the
  * model's own template text (the shared-material tests are at the end of this file).
  */
@@ -12,9 +12,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "engine/engine.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 #include "helper_shared.h"
 
 #define M(r, c) { (r), (c) }

@@ -11,7 +11,7 @@
 
 extern "C" {
 #include "engine/engine.h"
-#include "engine/quant.h"
+#include "engine/kernels/quant.h"
 }
 
 namespace {

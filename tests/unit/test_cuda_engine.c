@@ -12,8 +12,8 @@
 
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/quant.h"
 #include "helper_shared.h"
 
 static void need_gpu_and_shared(char *path, size_t len, const char *model) {

@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
 
 #include "helper_rng.h"
 

@@ -1,4 +1,4 @@
-/* test_gguf.c: the GGUF reader and writer (engine/gguf.h).
+/* test_gguf.c: the GGUF reader and writer (engine/format/gguf.h).
  *
  * - writer -> reader round trips of every value type, arrays and tensors (fixed and randomized);
  * - the writer's bytes against an independent hand encoder of the format in this file;
@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/quant.h"
 #include "helper_shared.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------------------ */

@@ -1,5 +1,5 @@
 /*
- * test_ops.c: the attention tile kernels (engine/ops.h): the scalar versions against a plain double
+ * test_ops.c: the attention tile kernels (engine/kernels/ops.h): the scalar versions against a plain double
  * reference written here, then every vector level this CPU runs against the scalar versions, on random
  * shapes (query counts across the vector kernels' group sizes and the transpose threshold, cache-row counts
  * across the 16-row chunks, head sizes that are multiples of 16 and odd ones, padded row strides). Also
@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #include "helper_rng.h"
 
@@ -209,8 +209,10 @@ Test(ops, expsum_levels) {
     }
 }
 
-/* Batch invariance (ops.h): a query's accumulated output is the same bit for bit whatever the other queries
- * of the tile, and its scores too within a class (fewer than ENG_ATTN_MANY queries, or at least that many). */
+/* Batch invariance (ops.h): a query's scores and accumulated output are the same bit for bit whatever the
+ * other queries of the tile (any count: a decode step has 1-3, a prefill tile up to 48) and however many cache
+ * rows follow (a decode step reads up to its own position, a prefill tile up to its last row's; the rows
+ * past a query's own carry weight 0). */
 Test(ops, tile_batch_invariance) {
     rng r = {0x5eed05};
     cr_log_info("seed 0x5eed05");
@@ -232,8 +234,8 @@ Test(ops, tile_batch_invariance) {
             eng_attn_tile_accum_f32(level, o1, m, pr.p, pr.ldp, pr.kf, n, hd, work);
         }
         for (int i = 0; i < m; i++) {
-            /* query i first, then (for the many-query class) 7 other queries of the tile */
-            int mo = m < ENG_ATTN_MANY ? 1 + rng_int(&r, m) : ENG_ATTN_MANY + rng_int(&r, m - ENG_ATTN_MANY + 1);
+            /* query i first, then up to MAX_M - 1 other queries of the tile, over the first no <= n rows */
+            int mo = 1 + rng_int(&r, MAX_M), no = 1 + rng_int(&r, n);
             one = pr;
             one.m = mo;
             for (int j = 0; j < mo; j++) {
@@ -243,16 +245,33 @@ Test(ops, tile_batch_invariance) {
             }
             memset(oo, 0, sizeof(float) * (size_t)(mo * hd));
             if (f16) {
-                eng_attn_tile_scores_f16(level, one.q, mo, pr.kh, n, hd, pr.scale, so, pr.lds, work);
+                eng_attn_tile_scores_f16(level, one.q, mo, pr.kh, no, hd, pr.scale, so, pr.lds, work);
                 eng_attn_tile_accum_f16(level, oo, mo, one.p, pr.ldp, pr.kh, n, hd, work);
             } else {
-                eng_attn_tile_scores_f32(level, one.q, mo, pr.kf, n, hd, pr.scale, so, pr.lds, work);
+                eng_attn_tile_scores_f32(level, one.q, mo, pr.kf, no, hd, pr.scale, so, pr.lds, work);
                 eng_attn_tile_accum_f32(level, oo, mo, one.p, pr.ldp, pr.kf, n, hd, work);
             }
-            cr_assert_eq(memcmp(so, s1 + i * pr.lds, sizeof(float) * (size_t)n), 0,
-                         "scores: level %d f16 %d m %d (vs %d) n %d hd %d query %d", level, f16, m, mo, n, hd, i);
+            cr_assert_eq(memcmp(so, s1 + i * pr.lds, sizeof(float) * (size_t)no), 0,
+                         "scores: level %d f16 %d m %d (vs %d) n %d (vs %d) hd %d query %d", level, f16, m, mo, n, no,
+                         hd, i);
             cr_assert_eq(memcmp(oo, o1 + i * hd, sizeof(float) * (size_t)hd), 0,
                          "accum: level %d f16 %d m %d (vs %d) n %d hd %d query %d", level, f16, m, mo, n, hd, i);
+            /* rows past a query's own position carry weight 0: reading them changes nothing */
+            static float oa[MAX_M * MAX_HD], ob[MAX_M * MAX_HD];
+            for (int j = 0; j < mo; j++)
+                for (int t = no; t < n; t++) one.p[j * pr.ldp + t] = 0.0f;
+            memset(oa, 0, sizeof(float) * (size_t)(mo * hd));
+            memset(ob, 0, sizeof(float) * (size_t)(mo * hd));
+            if (f16) {
+                eng_attn_tile_accum_f16(level, oa, mo, one.p, pr.ldp, pr.kh, no, hd, work);
+                eng_attn_tile_accum_f16(level, ob, mo, one.p, pr.ldp, pr.kh, n, hd, work);
+            } else {
+                eng_attn_tile_accum_f32(level, oa, mo, one.p, pr.ldp, pr.kf, no, hd, work);
+                eng_attn_tile_accum_f32(level, ob, mo, one.p, pr.ldp, pr.kf, n, hd, work);
+            }
+            cr_assert_eq(memcmp(oa, ob, sizeof(float) * (size_t)(mo * hd)), 0,
+                         "accum over %d vs %d rows (zero weights past %d): level %d f16 %d m %d hd %d", no, n, no,
+                         level, f16, mo, hd);
         }
     }
 }

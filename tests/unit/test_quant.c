@@ -1,5 +1,5 @@
 /*
- * test_quant.c: engine/quant.h. fp16/bf16 conversions (exhaustive over the 65536 halves, random floats
+ * test_quant.c: engine/kernels/quant.h. fp16/bf16 conversions (exhaustive over the 65536 halves, random floats
  * against a nearest-value reference), quantize -> dequantize against the documented formulas, dequantize
  * of random k-quant blocks against an element-by-element re-derivation of the layout, and differential tests
  * of every SIMD level this CPU has against the scalar kernels (vec_dot and eng_gemm).
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/quant.h"
+#include "engine/kernels/quant.h"
 
 typedef struct { uint64_t s; } rng_t;
 static uint64_t rng_next(rng_t *r) {

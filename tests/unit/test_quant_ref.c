@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/format/gguf.h"
+#include "engine/kernels/quant.h"
 #include "helper_shared.h"
 
 /* ---- SHA-256 (FIPS 180-4), enough for the test ----------------------------------------------------------- */

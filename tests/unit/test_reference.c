@@ -17,7 +17,7 @@
 
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
-#include "engine/model.h"
+#include "engine/format/model.h"
 #include "helper_shared.h"
 
 #define MAX_CASES 16

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/sampler_kernels.h"
 
 /* ---- test helpers --------------------------------------------------------------------------------------- */
 typedef struct { uint64_t s; } trng;

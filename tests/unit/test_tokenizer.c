@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c: the SPM and BPE tokenizers (engine/tokenizer.h).
+ * test_tokenizer.c: the SPM and BPE tokenizers (engine/text/tokenizer.h).
  *
  * Without ../shared: tiny vocabularies written with the GGUF writer; randomized differential tests of the merge
  * algorithms against naive reference implementations (quadratic "find the best pair, merge, repeat"), round trips
@@ -22,8 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 #include "helper_shared.h"
 
 /* ---- utilities ---------------------------------------------------------------------------------------------- */

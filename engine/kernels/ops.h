@@ -33,12 +33,12 @@ int eng_ops_attn_level(void);
  * accum:  o[i][d] += sum_t p[i * ldp + t] * V[t][d].
  * work: scratch of ENG_ATTN_WORK(hd) floats, not overlapping the other arguments (unused by some levels).
  * Every level computes the same sums as the scalar kernels up to float rounding (summation order).
- * Batch invariance: for a given level, hd and row data, a query's results do not depend on the other
- * queries, except that the scores are summed in one of two orders, one for m < ENG_ATTN_MANY and one for
- * m >= ENG_ATTN_MANY; accum results do not depend on m at all (bit for bit). */
+ * Batch invariance: for a given level, hd and row data, a query's results are the same bit for bit whatever
+ * the other queries of the tile (m) and however many keys follow (n): the score of query i against key t
+ * depends only on q[i] and K[t], and accumulating rows whose weight is 0 leaves o unchanged. So a token's
+ * attention is the same in a decode step, in any prefill tile and when recomputed after preemption. */
 enum {
-    ENG_ATTN_CHUNK = 16, /* cache rows the vector kernels convert or transpose at a time */
-    ENG_ATTN_MANY = 8,   /* see batch invariance above */
+    ENG_ATTN_CHUNK = 16, /* cache rows the vector kernels convert at a time */
 };
 #define ENG_ATTN_WORK(hd) ((size_t)ENG_ATTN_CHUNK * (size_t)(hd))
 void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,

@@ -3,7 +3,7 @@
  * its BOS / EOS tokens, handed to eng_chat_render_text (chat.h). Kept apart from chat.c so that chat.c and
  * its tests do not depend on the model and tokenizer code.
  */
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 
 #include <stdlib.h>
 

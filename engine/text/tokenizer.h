@@ -25,7 +25,7 @@
 #include <stdbool.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 
 #ifdef __cplusplus
 extern "C" {

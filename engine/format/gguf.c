@@ -12,7 +12,7 @@
  * bounded by the smallest encoding of what they count before anything is allocated, and products and sums
  * are overflow-checked.
  */
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 #include "engine/engine.h"
 
 #include <errno.h>

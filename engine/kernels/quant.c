@@ -10,14 +10,14 @@
  * (sum of q_w * q_x, with the format's offsets and sub-block scales applied in integers) is exact; the
  * block's float scale product is then applied and the blocks are summed in float.
  */
-#include "engine/quant.h"
+#include "engine/kernels/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/quant_impl.h"
+#include "engine/kernels/quant_impl.h"
 
 _Static_assert(sizeof(eng_blk_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(eng_blk_q4_1) == 20, "q4_1 block");

@@ -27,13 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/batch.h"
-#include "engine/forward_cuda.h"
-#include "engine/model.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
-#include "engine/threadpool.h"
+#include "engine/runtime/batch.h"
+#include "engine/runtime/forward_cuda.h"
+#include "engine/format/model.h"
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
+#include "engine/runtime/threadpool.h"
 
 enum {
     MAX_GROUP = 3,
@@ -47,8 +47,7 @@ enum {
     /* The cost of a unit is estimated as rows x heads x (positions read + ATT_UNIT_COST). */
     ATT_UNIT_COST = 32,
     /* A batch with fewer than ATT_MIN_UNITS units per thread splits the query heads of a KV head into smaller
-     * groups (single-sequence decode would otherwise have n_head_kv units for all the threads), as long as
-     * that leaves the results unchanged (plan_attention). */
+     * groups (single-sequence decode would otherwise have n_head_kv units for all the threads). */
     ATT_MIN_UNITS = 2,
     /* Blocks read ahead (prefetched) by an attention unit. */
     ATT_PREFETCH = 2,
@@ -802,24 +801,12 @@ static void plan_attention(eng_ctx *c, const eng_batch *b) {
     for (int32_t i = 0; i < b->n; i++) c->seq_tile[b->seq[i]] = -1;
     c->n_tiles = nt;
 
-    /* Smaller head groups only when every tile's queries stay in the same class of the tile kernels (fewer
-     * than ENG_ATTN_MANY or not): a query's result is then the same bit for bit (ops.h), so batch
-     * composition does not change any sequence's logits. */
+    /* Smaller head groups when there are few tiles: the tile kernels give every query the same result
+     * whatever the other queries of its unit (ops.h), so this changes no sequence's logits. */
     const int32_t G = c->hp->n_head / c->hp->n_head_kv;
     const int64_t nth = c->n_threads;
     int32_t gh = c->grp_max;
-    while (gh > 1 && (int64_t)nt * c->hp->n_head_kv * ((G + gh - 1) / gh) < ATT_MIN_UNITS * nth) {
-        int32_t next = (gh + 1) / 2;
-        /* group sizes: gh (or next), and the last group's, which may be smaller */
-        int32_t sz[4] = {c->grp_max, G - (G + c->grp_max - 1) / c->grp_max * c->grp_max + c->grp_max, next,
-                         G - (G + next - 1) / next * next + next};
-        bool same = true;
-        for (int32_t t = 0; t < nt && same; t++)
-            for (int j = 1; j < 4; j++)
-                same = same && (c->tile_len[t] * sz[j] < ENG_ATTN_MANY) == (c->tile_len[t] * sz[0] < ENG_ATTN_MANY);
-        if (!same) break;
-        gh = next;
-    }
+    while (gh > 1 && (int64_t)nt * c->hp->n_head_kv * ((G + gh - 1) / gh) < ATT_MIN_UNITS * nth) gh = (gh + 1) / 2;
     c->grp_heads = gh;
     c->n_grp = (G + gh - 1) / gh;
 

@@ -13,7 +13,7 @@
  * reduced exactly to one int, then scaled in the same float operations as the scalar kernel.
  * F32 / F16 / BF16 weights with F32 activations: 4 x 8-lane FMA accumulators.
  */
-#include "engine/quant_impl.h"
+#include "engine/kernels/quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -116,7 +116,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
         for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc[r][c]);
 }
 
-#include "engine/quant_tiles.h"
+#include "engine/kernels/quant_tiles.h"
 
 /* ---- k-quants ------------------------------------------------------------------------------------------- */
 /* The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K block's packed 12 bytes: scale/min j < 4

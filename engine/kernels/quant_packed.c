@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/quant_impl.h"
+#include "engine/kernels/quant_impl.h"
 
 #define GROUP 16
 

@@ -2,7 +2,7 @@
  * tok_api.c: engine.h's token functions over the model's vocabulary (eng_model_vocab, from the model module).
  * Kept apart from tokenizer.c so that code using only eng_vocab_* does not need the model module linked.
  */
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 int32_t eng_token_bos(const eng_model *model) {
     return model ? eng_vocab_bos(eng_model_vocab(model)) : -1;

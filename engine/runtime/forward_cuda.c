@@ -5,15 +5,15 @@
  * sequences of a batch, their block tables including the pending batch, the rows that want logits), and
  * context-shift re-rotation.
  */
-#include "engine/forward_cuda.h"
+#include "engine/runtime/forward_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda_engine.h"
-#include "engine/batch.h"
-#include "engine/model.h"
+#include "engine/runtime/batch.h"
+#include "engine/format/model.h"
 
 struct eng_cuda {
     cud_backend *be;

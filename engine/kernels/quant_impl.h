@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "engine/quant.h"
+#include "engine/kernels/quant.h"
 
 #define ENG_QK 32     /* elements per block of the 32-element formats */
 #define ENG_QKK 256   /* elements per k-quant super-block */

@@ -40,7 +40,7 @@
  * RNG: xoshiro256** seeded through splitmix64 from params->seed; same seed and same logits give the same tokens.
  */
 #include "engine/engine.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>

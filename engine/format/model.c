@@ -1,5 +1,5 @@
 /* model.c: loading a GGUF model (llama, qwen2, qwen3) into struct eng_model, with every tensor checked. */
-#include "engine/model.h"
+#include "engine/format/model.h"
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "engine/kernels/quant.h"
+#include "engine/text/tokenizer.h"
 
 void eng_load_params_default(eng_load_params *p) {
     if (!p) return;

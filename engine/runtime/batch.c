@@ -1,7 +1,7 @@
 /* batch.c: see batch.h. */
 #include <stdlib.h>
 
-#include "engine/batch.h"
+#include "engine/runtime/batch.h"
 
 int eng_batch_map(const eng_batch *b, int32_t max_batch, int32_t n_vocab, kvc_entry *entries, int32_t *logit_idx,
                   int32_t *out_rows, int32_t *n_out, float **logits, int32_t *logits_cap) {

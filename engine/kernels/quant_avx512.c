@@ -14,7 +14,7 @@
  *
  * Other weight types return false here, and the dispatcher uses the AVX2 kernels.
  */
-#include "engine/quant_impl.h"
+#include "engine/kernels/quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -156,7 +156,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
         for (int c = 0; c < RN; c++) y[c * ldy + r] = hsum256(acc8[r][c]);
 }
 
-#include "engine/quant_tiles.h"
+#include "engine/kernels/quant_tiles.h"
 
 bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
     const tile_fn(*tab)[4] = tiles_for(wtype);

@@ -30,7 +30,7 @@
  * The formats are those of llama.cpp's built-in templates (llama-chat.cpp), the variants those of the model
  * templates named above.
  */
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * sampler_kernels.c: scalar and AVX2 kernels of the sampler (see sampler_kernels.h).
  */
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #include <math.h>
 #include <string.h>

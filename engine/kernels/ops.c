@@ -1,10 +1,11 @@
 /* ops.c: f32 kernels of the forward pass, scalar, AVX2+FMA+F16C and (attention) AVX-512. */
-#include "engine/ops.h"
+#include "engine/kernels/ops.h"
 
 #include <math.h>
+#include <string.h>
 
-#include "engine/quant.h"
-#include "engine/sampler_kernels.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/sampler_kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -185,36 +186,46 @@ TGT static __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
     return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 /* Scores of n key rows: 8 rows at a time, so 8 independent FMA chains run and one reduction serves 8 rows
- * (one row at a time, the FMA latency and a horizontal sum per row dominated). Columns past the last multiple
- * of 8 and rows past the last multiple of 8 take the one-row path. */
+ * (one row at a time, the FMA latency and a horizontal sum per row dominated). The last group repeats the
+ * last row and keeps only the valid lanes, so every row is summed in the same order whatever n (a key's
+ * score must not depend on how many keys follow it: see ops.h). Columns past the last multiple of 8 are
+ * added one by one after the reduction; head sizes under 8 take the one-row path for every key. */
 #define SCORES8(LOADK, DOT, ELEM)                                                                                \
     int32_t t = 0;                                                                                               \
     const int32_t hd8 = hd & ~7;                                                                                 \
     const __m256 vscale = _mm256_set1_ps(scale);                                                                 \
-    for (; hd8 > 0 && t + 8 <= n; t += 8) {                                                                      \
+    for (; hd8 > 0 && t < n; t += 8) {                                                                           \
+        size_t rr[8];                                                                                            \
+        for (int32_t j = 0; j < 8; j++) rr[j] = (size_t)(t + j < n ? t + j : n - 1) * hd;                        \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;           \
         for (int32_t c = 0; c < hd8; c += 8) {                                                                   \
             const __m256 qv = _mm256_loadu_ps(q + c);                                                            \
-            const size_t b = (size_t)t * hd + c;                                                                 \
-            a0 = _mm256_fmadd_ps(qv, LOADK(b), a0);                                                              \
-            a1 = _mm256_fmadd_ps(qv, LOADK(b + (size_t)hd), a1);                                                 \
-            a2 = _mm256_fmadd_ps(qv, LOADK(b + 2 * (size_t)hd), a2);                                             \
-            a3 = _mm256_fmadd_ps(qv, LOADK(b + 3 * (size_t)hd), a3);                                             \
-            a4 = _mm256_fmadd_ps(qv, LOADK(b + 4 * (size_t)hd), a4);                                             \
-            a5 = _mm256_fmadd_ps(qv, LOADK(b + 5 * (size_t)hd), a5);                                             \
-            a6 = _mm256_fmadd_ps(qv, LOADK(b + 6 * (size_t)hd), a6);                                             \
-            a7 = _mm256_fmadd_ps(qv, LOADK(b + 7 * (size_t)hd), a7);                                             \
+            a0 = _mm256_fmadd_ps(qv, LOADK(rr[0] + c), a0);                                                      \
+            a1 = _mm256_fmadd_ps(qv, LOADK(rr[1] + c), a1);                                                      \
+            a2 = _mm256_fmadd_ps(qv, LOADK(rr[2] + c), a2);                                                      \
+            a3 = _mm256_fmadd_ps(qv, LOADK(rr[3] + c), a3);                                                      \
+            a4 = _mm256_fmadd_ps(qv, LOADK(rr[4] + c), a4);                                                      \
+            a5 = _mm256_fmadd_ps(qv, LOADK(rr[5] + c), a5);                                                      \
+            a6 = _mm256_fmadd_ps(qv, LOADK(rr[6] + c), a6);                                                      \
+            a7 = _mm256_fmadd_ps(qv, LOADK(rr[7] + c), a7);                                                      \
         }                                                                                                        \
         __m256 r = reduce8(a0, a1, a2, a3, a4, a5, a6, a7);                                                      \
         if (hd8 < hd) {                                                                                          \
             float tail[8];                                                                                       \
             for (int32_t j = 0; j < 8; j++) {                                                                    \
                 tail[j] = 0.0f;                                                                                  \
-                for (int32_t c = hd8; c < hd; c++) tail[j] += q[c] * ELEM((size_t)(t + j) * hd + c);            \
+                for (int32_t c = hd8; c < hd; c++) tail[j] += q[c] * ELEM(rr[j] + c);                          \
             }                                                                                                    \
             r = _mm256_add_ps(r, _mm256_loadu_ps(tail));                                                         \
         }                                                                                                        \
-        _mm256_storeu_ps(out + t, _mm256_mul_ps(r, vscale));                                                     \
+        r = _mm256_mul_ps(r, vscale);                                                                            \
+        if (n - t >= 8) {                                                                                        \
+            _mm256_storeu_ps(out + t, r);                                                                        \
+        } else {                                                                                                 \
+            float tmp[8];                                                                                        \
+            _mm256_storeu_ps(tmp, r);                                                                            \
+            memcpy(out + t, tmp, (size_t)(n - t) * sizeof *out);                                                 \
+        }                                                                                                        \
     }                                                                                                            \
     for (; t < n; t++) out[t] = DOT(q, k + (size_t)t * hd, hd) * scale;
 
@@ -359,15 +370,15 @@ TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
 /* Tile kernels, AVX-512 (head sizes that are multiples of 16). On the CPUs this was tuned on (Zen 4), an
  * f16 -> f32 conversion of 16 values and a 16-float store each take about two FMA slots, so the kernels
  * convert a cache row once and use it from registers for several queries:
- * - scores of few queries (m < TRANSPOSE_MIN): 4 queries x 4 keys per step, 16 accumulators, each converted
- *   key chunk feeding 4 FMAs, then one 16-way reduction for the 16 dot products;
- * - scores of many queries: a chunk of 16 cache rows is transposed once into work[hd][16] (one key per
- *   lane), then each query's 16 scores are hd broadcast-FMAs into one register, without horizontal sums;
+ * - scores: 4 queries x 4 keys per step, 16 accumulators, each converted key chunk feeding 4 FMAs, then one
+ *   16-way reduction for the 16 dot products. Every (query, key) pair is summed in the same order whatever
+ *   m and n (remainders repeat the last query or key and drop the copies), so a token's scores are the same
+ *   in a decode step and in a prefill tile. (A transposed-keys variant for many queries was faster for long
+ *   prefills but summed in another order, which made recomputed sequences drift from decoded ones.)
  * - accumulation: 4 queries x 64 columns per step (16 accumulators), each converted V chunk feeding 4 FMAs;
- *   with many queries (m >= CONVERT_MIN) each 16-row chunk of f16 V is converted once into work first.
- * Every query goes through the same operations whatever its group (remainders run fewer queries, or repeat
- * one and drop the copies' results), which gives the batch invariance ops.h promises. */
-enum { TRANSPOSE_MIN = ENG_ATTN_MANY, CONVERT_MIN = 8 };
+ *   with many queries (m >= CONVERT_MIN) each 16-row chunk of f16 V is converted once into work first
+ *   (conversion is exact, so the sums are unchanged). */
+enum { CONVERT_MIN = 8 };
 #define TGT512VL __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline)) TGT512VL
 
@@ -470,127 +481,13 @@ TGT512VL static void scores_few_f16(const float *q, int32_t m, const uint16_t *k
     SCORES_FEW(scores_j_f16)
 }
 
-/* Transposes 16 rows of 16 floats (cache rows t = 0..15, loaded by LOADROW(t) for t < nt, zero past nt)
- * into out[j * 16 + t] = row t, value j: unpack pairs of rows, shuffle to groups of 4 rows, then exchange
- * 128-bit lanes twice. Straight-line code, so that everything stays in registers. */
-#define TR_LOAD(t) const __m512 r##t = (t) < nt ? LOADROW(t) : _mm512_setzero_ps()
-#define TR_UNPACK(a, b) const __m512 t##a = _mm512_unpacklo_ps(r##a, r##b), t##b = _mm512_unpackhi_ps(r##a, r##b)
-/* rows 4g..4g+3 (pairs a,b = 4g,4g+1 and c,d = 4g+2,4g+3): u[4g + j] holds value j of each 128-bit lane */
-#define TR_SHUF(a, b, c, d)                                                                                     \
-    const __m512 u##a = _mm512_shuffle_ps(t##a, t##c, 0x44), u##b = _mm512_shuffle_ps(t##a, t##c, 0xEE),         \
-                 u##c = _mm512_shuffle_ps(t##b, t##d, 0x44), u##d = _mm512_shuffle_ps(t##b, t##d, 0xEE)
-/* 128-bit lanes: row groups 0,1 into w[j] (lanes 0, 2) and w[4+j] (lanes 1, 3), groups 2,3 into w[8+j], w[12+j] */
-#define TR_LANE1(j, j4, j8, j12)                                                                                \
-    const __m512 w##j = _mm512_shuffle_f32x4(u##j, u##j4, 0x88), w##j4 = _mm512_shuffle_f32x4(u##j, u##j4, 0xDD), \
-                 w##j8 = _mm512_shuffle_f32x4(u##j8, u##j12, 0x88), w##j12 = _mm512_shuffle_f32x4(u##j8, u##j12, 0xDD)
-/* value 4k + j comes from 128-bit lane k */
-#define TR_LANE2(j, j4, j8, j12)                                                                                \
-    do {                                                                                                         \
-        _mm512_storeu_ps(out + (j) * 16, _mm512_shuffle_f32x4(w##j, w##j8, 0x88));                               \
-        _mm512_storeu_ps(out + (j8) * 16, _mm512_shuffle_f32x4(w##j, w##j8, 0xDD));                              \
-        _mm512_storeu_ps(out + (j4) * 16, _mm512_shuffle_f32x4(w##j4, w##j12, 0x88));                            \
-        _mm512_storeu_ps(out + (j12) * 16, _mm512_shuffle_f32x4(w##j4, w##j12, 0xDD));                           \
-    } while (0)
-#define TRANSPOSE16                                                                                              \
-    TR_LOAD(0); TR_LOAD(1); TR_LOAD(2); TR_LOAD(3); TR_LOAD(4); TR_LOAD(5); TR_LOAD(6); TR_LOAD(7);              \
-    TR_LOAD(8); TR_LOAD(9); TR_LOAD(10); TR_LOAD(11); TR_LOAD(12); TR_LOAD(13); TR_LOAD(14); TR_LOAD(15);        \
-    TR_UNPACK(0, 1); TR_UNPACK(2, 3); TR_UNPACK(4, 5); TR_UNPACK(6, 7);                                          \
-    TR_UNPACK(8, 9); TR_UNPACK(10, 11); TR_UNPACK(12, 13); TR_UNPACK(14, 15);                                    \
-    TR_SHUF(0, 1, 2, 3); TR_SHUF(4, 5, 6, 7); TR_SHUF(8, 9, 10, 11); TR_SHUF(12, 13, 14, 15);                     \
-    TR_LANE1(0, 4, 8, 12); TR_LANE1(1, 5, 9, 13); TR_LANE1(2, 6, 10, 14); TR_LANE1(3, 7, 11, 15);                 \
-    TR_LANE2(0, 4, 8, 12); TR_LANE2(1, 5, 9, 13); TR_LANE2(2, 6, 10, 14); TR_LANE2(3, 7, 11, 15)
-
-/* kt[d][16] = value d of the nt <= 16 cache rows (hd values each, hd % 16 == 0; LOADROW(t) loads 16 values
- * of row t at column c), one row per lane; lanes past nt are 0. */
-#define TRANSPOSE_ROWS                                                                                           \
-    for (int32_t c = 0; c < hd; c += 16) {                                                                       \
-        float *out = kt + (size_t)c * 16;                                                                        \
-        TRANSPOSE16;                                                                                             \
-    }
-TGT512 static void transpose_rows_f32(const float *k, int32_t nt, int32_t hd, float *kt) {
-#define LOADROW(t) LOADK512_F32((size_t)(t) * hd + c)
-    TRANSPOSE_ROWS
-#undef LOADROW
-}
-TGT512 static void transpose_rows_f16(const uint16_t *k, int32_t nt, int32_t hd, float *kt) {
-#define LOADROW(t) LOADK512_F16((size_t)(t) * hd + c)
-    TRANSPOSE_ROWS
-#undef LOADROW
-}
-
-/* s[i * lds + t] = scale * q_i . K_t for the m queries and nt <= 16 keys transposed in kt[hd][16]. */
-TGT512 static void scores_transposed(const float *q, int32_t m, const float *kt, int32_t nt, int32_t hd, float scale,
-                                     float *s, int32_t lds) {
-    const __mmask16 mask = (__mmask16)((1u << nt) - 1u);
-    const __m512 vs = _mm512_set1_ps(scale);
-    int32_t i = 0;
-    for (; i + 8 <= m; i += 8) {
-        const float *q0 = q + (size_t)i * hd;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int32_t d = 0; d < hd; d++) {
-            const __m512 kv = _mm512_loadu_ps(kt + (size_t)d * 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[(size_t)hd + d]), kv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q0[2 * (size_t)hd + d]), kv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q0[3 * (size_t)hd + d]), kv, a3);
-            a4 = _mm512_fmadd_ps(_mm512_set1_ps(q0[4 * (size_t)hd + d]), kv, a4);
-            a5 = _mm512_fmadd_ps(_mm512_set1_ps(q0[5 * (size_t)hd + d]), kv, a5);
-            a6 = _mm512_fmadd_ps(_mm512_set1_ps(q0[6 * (size_t)hd + d]), kv, a6);
-            a7 = _mm512_fmadd_ps(_mm512_set1_ps(q0[7 * (size_t)hd + d]), kv, a7);
-        }
-        float *s0 = s + (size_t)i * lds;
-        _mm512_mask_storeu_ps(s0, mask, _mm512_mul_ps(a0, vs));
-        _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
-        _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
-        _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
-        _mm512_mask_storeu_ps(s0 + 4 * (size_t)lds, mask, _mm512_mul_ps(a4, vs));
-        _mm512_mask_storeu_ps(s0 + 5 * (size_t)lds, mask, _mm512_mul_ps(a5, vs));
-        _mm512_mask_storeu_ps(s0 + 6 * (size_t)lds, mask, _mm512_mul_ps(a6, vs));
-        _mm512_mask_storeu_ps(s0 + 7 * (size_t)lds, mask, _mm512_mul_ps(a7, vs));
-    }
-    for (; i < m; i += 4) { /* 4 at a time; fewer left: the last query repeated, its copies not stored */
-        const int32_t r = m - i < 4 ? m - i : 4;
-        const float *q0 = q + (size_t)i * hd, *q1 = q + (size_t)(i + (r > 1)) * hd;
-        const float *q2 = q + (size_t)(i + (r > 2 ? 2 : r - 1)) * hd, *q3 = q + (size_t)(i + r - 1) * hd;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int32_t d = 0; d < hd; d++) {
-            const __m512 kv = _mm512_loadu_ps(kt + (size_t)d * 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), kv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), kv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), kv, a3);
-        }
-        float *s0 = s + (size_t)i * lds;
-        _mm512_mask_storeu_ps(s0, mask, _mm512_mul_ps(a0, vs));
-        if (r > 1) _mm512_mask_storeu_ps(s0 + (size_t)lds, mask, _mm512_mul_ps(a1, vs));
-        if (r > 2) _mm512_mask_storeu_ps(s0 + 2 * (size_t)lds, mask, _mm512_mul_ps(a2, vs));
-        if (r > 3) _mm512_mask_storeu_ps(s0 + 3 * (size_t)lds, mask, _mm512_mul_ps(a3, vs));
-    }
-}
-
 TGT512 static void tile_scores_f32_avx512(const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
-                                          float *s, int32_t lds, float *work) {
-    if (m < TRANSPOSE_MIN) {
-        scores_few_f32(q, m, k, n, hd, scale, s, lds);
-        return;
-    }
-    for (int32_t t0 = 0; t0 < n; t0 += 16) {
-        int32_t nt = n - t0 < 16 ? n - t0 : 16;
-        transpose_rows_f32(k + (size_t)t0 * hd, nt, hd, work);
-        scores_transposed(q, m, work, nt, hd, scale, s + t0, lds);
-    }
+                                          float *s, int32_t lds) {
+    scores_few_f32(q, m, k, n, hd, scale, s, lds);
 }
 TGT512 static void tile_scores_f16_avx512(const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
-                                          float scale, float *s, int32_t lds, float *work) {
-    if (m < TRANSPOSE_MIN) {
-        scores_few_f16(q, m, k, n, hd, scale, s, lds);
-        return;
-    }
-    for (int32_t t0 = 0; t0 < n; t0 += 16) {
-        int32_t nt = n - t0 < 16 ? n - t0 : 16;
-        transpose_rows_f16(k + (size_t)t0 * hd, nt, hd, work);
-        scores_transposed(q, m, work, nt, hd, scale, s + t0, lds);
-    }
+                                          float scale, float *s, int32_t lds) {
+    scores_few_f16(q, m, k, n, hd, scale, s, lds);
 }
 
 /* o_j += sum_t p_j[t] V[t] for J <= 4 queries j (o_j = o + j * hd, p_j = p + j * ldp): 64 columns at a time
@@ -707,7 +604,7 @@ void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float 
                               float *s, int32_t lds, float *work) {
 #ifdef HAVE_X86
     if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_scores_f32_avx512(q, m, k, n, hd, scale, s, lds, work);
+        tile_scores_f32_avx512(q, m, k, n, hd, scale, s, lds);
         return;
     }
     if (level >= ENG_OPS_AVX2) {
@@ -723,7 +620,7 @@ void eng_attn_tile_scores_f16(int level, const float *q, int32_t m, const uint16
                               float scale, float *s, int32_t lds, float *work) {
 #ifdef HAVE_X86
     if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_scores_f16_avx512(q, m, k, n, hd, scale, s, lds, work);
+        tile_scores_f16_avx512(q, m, k, n, hd, scale, s, lds);
         return;
     }
     if (level >= ENG_OPS_AVX2) {

@@ -1,6 +1,6 @@
 /* threadpool.c: persistent workers, a generation counter to start work and a counting barrier, both
  * waiting by spinning briefly and then sleeping on a Linux futex. */
-#include "engine/threadpool.h"
+#include "engine/runtime/threadpool.h"
 
 #include <limits.h>
 #include <linux/futex.h>

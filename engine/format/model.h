@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 
 struct eng_vocab;
 
@@ -76,7 +76,7 @@ struct eng_model {
  * Returns 0 or ENG_ERR_NOMEM (the matrices packed before the failure stay packed and usable). */
 int eng_model_pack_cpu(eng_model *m);
 
-/* The model's tokenizer (owned by the model). Declared for the tokenizer in engine/tokenizer.h too. */
+/* The model's tokenizer (owned by the model). Declared for the tokenizer in engine/text/tokenizer.h too. */
 const struct eng_vocab *eng_model_vocab(const eng_model *m);
 
 #endif /* KVSERVE_ENGINE_MODEL_H */

@@ -1,0 +1,119 @@
+/* api_internal.h: what the API layer's files share; only server/api_*.c include it.
+ *
+ *   api_routes.c    dispatch (auth, method, path), the simple routes (health, models, metrics, tokenize,
+ *                   detokenize) and the srv_api lifetime
+ *   api_generate.c  completions and chat completions: prompts, submission to the scheduler, its events
+ *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
+ *   api_parse.c     request bodies -> srv_api_request (validation)
+ *
+ * Everything here runs on the event-loop thread, except the preparation of generation requests and the
+ * tokenize/detokenize routes (api_offload): those run on libuv's thread pool and may touch only their own
+ * job and the read-only parts of srv_api (limits, n_ctx, the backend's tokenize/token_piece/chat_render,
+ * which are safe from any thread).
+ */
+#ifndef KVSERVE_API_INTERNAL_H
+#define KVSERVE_API_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "server/api.h"
+
+typedef struct api_call api_call;
+
+typedef struct api_choice {
+    char *text; size_t text_len, text_cap;  /* non-stream: accumulated text */
+    cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
+    size_t lp_offset;     /* completions text_offset of the next token */
+    srv_sched_finish finish;
+    uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
+    bool ended;
+} api_choice;
+
+typedef struct api_sub {  /* one scheduler request: one prompt with its n choices */
+    api_call *call;
+    int32_t prompt_index;
+    uint64_t id;
+    bool submitted, done;
+    char *echo;           /* prompt text to prepend (echo), or NULL */
+    size_t echo_len;
+} api_sub;
+
+/* Work done off the loop (api_offload): `work` runs on a pool thread, then `done` on the loop thread. While
+ * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. */
+typedef struct api_job api_job;
+struct api_job {
+    uv_work_t w;
+    srv_api *api;
+    srv_http_req *req;    /* NULL once the client is gone */
+    void (*work)(api_job *j);
+    void (*done)(api_job *j);
+};
+/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
+void api_offload(srv_api *api, api_job *j);
+
+struct api_call {
+    api_job job;          /* preparation: parse, render, tokenize (api_generate.c) */
+    int32_t **prep_toks;  /* [n_subs] prompt tokens from the preparation */
+    int32_t *prep_ntok;
+    bool prep_failed; srv_api_error prep_error;
+    srv_api_kind kind;
+    srv_api *api;
+    api_call *prev, *next;
+    srv_http_req *req;    /* NULL once the client is gone */
+    srv_api_gen gen;
+    char id[48];
+    int64_t created;
+    uint64_t t_arrival;
+    api_sub *subs; int32_t n_subs, n_live;
+    api_choice *choices; int32_t n_choices;
+    srv_sched_usage usage;
+    uint64_t t_first_token;
+    bool stream, shutdown;
+    bool has_error; srv_api_error error;
+    const char *method, *path;
+};
+
+struct srv_api {
+    char *model_id;
+    int32_t n_ctx;
+    srv_api_limits limits;
+    char *api_key;
+    srv_log_format log_format;
+    FILE *log;
+    srv_metrics *metrics;
+    srv_api_backend be;
+    bool has_backend;
+    api_call *calls;
+    int32_t n_calls;
+    uv_loop_t *loop;      /* NULL: offloaded work runs inline */
+    int32_t n_jobs;       /* jobs out on the thread pool */
+    bool closing;         /* srv_api_free is waiting for them */
+    uint64_t rng;
+    int64_t created;
+};
+
+/* ---- shared between the files ---------------------------------------------------------------------------- */
+
+/* api_generate.c */
+void api_call_free(api_call *c);
+void api_cancel_subs(api_call *c);
+int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
+void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
+int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
+
+/* api_render.c */
+void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);
+int api_append_text(api_choice *ch, const char *t, size_t n);
+void api_finish_call(api_call *c);
+void api_log_request(srv_api *api, const char *method, const char *path, int status, const srv_sched_usage *u, double ttft_ms, double total_ms);
+double api_ms_since(uint64_t t0);
+cJSON *api_new_logprobs(api_call *c);
+void api_reply(srv_api *api, srv_http_req *req, int status, const char *ctype, const char *extra, const char *body, size_t len, const srv_sched_usage *u, double ttft_ms);
+void api_reply_err(srv_api *api, srv_http_req *req, int status, const char *type, const char *param, const char *code, const char *extra, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+void api_reply_error(srv_api *api, srv_http_req *req, const srv_api_error *e, const char *extra);
+void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u, double ttft_ms);
+void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp, int32_t n_smp, srv_sched_finish finish, bool role);
+char *api_utf8_sanitize(const char *s, size_t n);
+
+#endif

@@ -1,0 +1,167 @@
+/* sched_internal.h: what the scheduler's three files share; only server/sched_*.c include it.
+ *
+ *   sched_core.c    the queue, the threads, batch building and one step (decode, hand logits on)
+ *   sched_policy.c  admission (who may start, how many blocks a request needs) and preemption
+ *   sched_output.c  sampling, detokenizing, stop strings, the events posted to the loop thread, statistics
+ *
+ * All of it runs on the scheduler thread except where a comment says the loop thread.
+ */
+#ifndef KVSERVE_SCHED_INTERNAL_H
+#define KVSERVE_SCHED_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "server/scheduler.h"
+#include "server/stop.h"
+
+/* ---- data ------------------------------------------------------------------------------------------------ */
+typedef struct sched_choice {
+    int32_t idx;
+    int32_t seq;            /* cache sequence id, -1 when none */
+    int32_t n_cached;       /* tokens of the known tokens committed in seq */
+    int32_t *gen;           /* generated tokens [n_gen] */
+    int32_t n_gen, cap_gen;
+    void *sampler;          /* created on the scheduler thread at first admission */
+    eng_detok detok;
+    srv_stop *stop;
+    bool finished;
+    srv_sched_finish reason;
+    const char *error;      /* static message for FINISH_ERROR */
+    /* output of the current step */
+    char *txt;
+    size_t txt_len, txt_cap;
+    eng_sample *smp;
+    int32_t n_smp, cap_smp;
+    bool end_pending;       /* finished in this step: post CHOICE_END */
+} sched_choice;
+
+typedef struct sched_req {
+    uint64_t id;
+    struct sched_req *live_prev, *live_next; /* the live list (under mu) */
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t n;
+    int32_t max_tokens;
+    eng_sampling_params sp;
+    eng_logit_bias *bias;
+    bool ignore_eos;
+    bool penalize_prompt;
+    srv_sched_event_cb cb;
+    void *user;
+    atomic_bool cancelled;      /* set by the loop thread */
+    bool cancel_handled;        /* scheduler thread */
+    bool admitted_once;
+    bool protect;               /* preempted, no token since: not a preemption victim */
+    int32_t n_unfinished;
+    sched_choice *ch;
+    srv_sched_usage usage;
+    srv_sched_timings timings;
+    bool had_error;
+    uint64_t preempt_step;      /* step_no of the last preemption */
+    bool running;               /* in s->running (its unfinished choices are counted in seqs_reserved) */
+    struct sched_event *end_ev; /* [n] CHOICE_END events, allocated at submit */
+    struct sched_event *done_ev;/* the DONE event, allocated at submit */
+} sched_req;
+
+typedef struct sched_event {
+    struct sched_event *next;
+    sched_req *req;
+    srv_sched_event ev;
+    char *text;          /* owned copy (DELTA) */
+    eng_sample *samples; /* owned copy (DELTA) */
+    bool prealloc;       /* part of the request's end_ev / done_ev: freed with the request */
+} sched_event;
+
+/* A growable array of request pointers. */
+typedef struct req_vec {
+    sched_req **v;
+    int32_t n, cap;
+} req_vec;
+
+/* One sequence's run of entries in the batch being built. */
+typedef struct batch_group {
+    sched_req *r;
+    sched_choice *c;
+    int32_t first;   /* first entry index */
+    int32_t n;       /* entries */
+    bool logits;     /* the last entry wants logits */
+    bool prompt;     /* counts as prompt computation (not a decode token) */
+} batch_group;
+
+struct srv_sched {
+    srv_sched_params p;
+    srv_engine_ops ops;
+    kvc_cache *cache;
+    int32_t block_size;
+    int32_t blocks_total;
+    int32_t *eog;            /* EOG token ids [n_eog] (banned for ignore_eos) */
+    int32_t n_eog;
+
+    uv_loop_t *loop;
+    uv_async_t *async;       /* heap: freed in its close callback */
+    uv_thread_t thread;
+    bool thread_started;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+
+    /* under mu */
+    bool stop;
+    uint64_t next_id;
+    req_vec incoming;
+    int32_t n_queued_new;    /* submitted, never admitted, not finished (bounded by max_queue) */
+    int64_t n_queued_tokens; /* their prompt tokens (bounded by max_queued_tokens); under mu */
+    int64_t dropped_tokens;  /* scheduler thread: prompt tokens of never-admitted requests ended this step */
+    sched_req *live;         /* every request whose DONE is not posted */
+    sched_event *ev_head, *ev_tail;
+    srv_sched_stats stats;
+    bool cancel_signal;
+
+    /* scheduler thread only */
+    req_vec waiting;         /* sorted by id (FCFS; preempted requests keep their place) */
+    req_vec running;         /* sorted by id */
+    int32_t seqs_reserved;   /* unfinished choices of running requests */
+    int32_t *b_token, *b_pos, *b_seq;
+    bool *b_logits;
+    kvc_entry *b_entries;
+    batch_group *groups;
+    int32_t n_entries, n_groups;
+    float *logit_buf;        /* [n_vocab] scratch */
+    int32_t *tok_buf;        /* scratch for attach/match, grown on demand */
+    int32_t tok_cap;
+    char piece[256];
+    sched_event *out_head, *out_tail; /* events of the current step, posted at its end */
+    /* counters owned by the thread, copied into stats */
+    uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
+    uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
+    uint64_t c_finished[5];
+    uint64_t step_no;        /* steps started (numbering for preempt_step) */
+};
+static inline int32_t known_len(const sched_req *r, const sched_choice *c) { return r->n_prompt + c->n_gen; }
+
+static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_t pos) {
+    return pos < r->n_prompt ? r->prompt[pos] : c->gen[pos - r->n_prompt];
+}
+
+/* ---- shared between the files ---------------------------------------------------------------------------- */
+
+/* sched_core.c: request vectors and the prefix-sharing wait */
+bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c);
+int sched_vec_insert(req_vec *q, int32_t at, sched_req *r);
+int sched_vec_insert_sorted(req_vec *q, sched_req *r);
+void sched_vec_remove(req_vec *q, sched_req *r);
+
+/* sched_policy.c: admission and preemption */
+int sched_admit_head(srv_sched *s);
+void sched_finish_no_room(srv_sched *s, sched_req *r);
+sched_req *sched_pick_victim(srv_sched *s);
+void sched_preempt(srv_sched *s, sched_req *r);
+
+/* sched_output.c: sampling, outputs, events and statistics */
+bool sched_emit_outputs(srv_sched *s, sched_req *r);
+void sched_fail_request(srv_sched *s, sched_req *r, const char *msg);
+void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_finish reason, const char *error);
+void sched_post_events(srv_sched *s, int32_t dropped_new);
+void sched_refresh_stats_locked(srv_sched *s);
+void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits);
+
+#endif
