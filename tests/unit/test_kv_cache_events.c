@@ -78,33 +78,9 @@ static int32_t mirror_match(mirror *m, const int32_t *tokens, int32_t n) {
 }
 
 static kvc_cache *make(int32_t n_blocks, int32_t bs, int32_t max_seqs, int32_t max_batch) {
-    kvc_params p;
-    kvc_params_default(&p);
-    p.n_layer = 1;
-    p.n_kv_head = 1;
-    p.head_dim = 4;
-    p.dtype = KVC_DTYPE_F32;
-    p.block_size = bs;
-    p.n_blocks = n_blocks;
-    p.max_seqs = max_seqs;
-    p.max_batch_tokens = max_batch;
-    kvc_cache *c = NULL;
-    cr_assert_eq(kvc_create(&p, &c), 0);
+    kvc_cache *c = kvct_make(n_blocks, bs, max_seqs, max_batch);
+    cr_assert(c);
     return c;
-}
-
-/* Appends tokens[len..len+n) to seq in one batch; returns the kvc_start_forward code. */
-static int append(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n) {
-    kvc_entry *e = malloc((size_t)n * sizeof *e);
-    int32_t *slots = malloc((size_t)n * sizeof *slots);
-    cr_assert(e && slots);
-    int32_t len = kvc_seq_len(c, seq);
-    for (int32_t i = 0; i < n; i++) e[i] = (kvc_entry){seq, len + i, tokens[len + i]};
-    int rc = kvc_start_forward(c, e, n, slots);
-    if (rc == 0) cr_assert_eq(kvc_finish_forward(c, true), 0);
-    free(e);
-    free(slots);
-    return rc;
 }
 
 /* A prompt from a few shared stems: stems make common prefixes of whole and partial blocks. */
@@ -143,7 +119,7 @@ Test(kv_cache_events, mirror_predicts_prefix_match) {
             while (done < len[id]) {
                 int32_t k = 1 + kvct_range(&rng, 12);
                 if (k > len[id] - done) k = len[id] - done;
-                if (append(c, id, toks[id], k) != 0) break;
+                if (kvct_append(c, id, toks[id], k) != 0) break;
                 done += k;
             }
             len[id] = kvc_seq_len(c, id);
@@ -157,7 +133,7 @@ Test(kv_cache_events, mirror_predicts_prefix_match) {
         } else if (len[s] < CAP - 4) {
             int32_t k = 1 + kvct_range(&rng, 4);
             for (int32_t i = 0; i < k; i++) toks[s][len[s] + i] = (int32_t)kvct_range(&rng, 50);
-            if (append(c, s, toks[s], k) == 0) len[s] += k;
+            if (kvct_append(c, s, toks[s], k) == 0) len[s] += k;
         }
         /* probes: fresh prompts and the live sequences' own contents */
         int32_t n = make_prompt(&rng, probe, CAP);
@@ -194,7 +170,7 @@ Test(kv_cache_events, stored_then_evicted_then_cleared) {
     int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
     int32_t s = -1;
     cr_assert_eq(kvc_seq_alloc(c, &s), 0);
-    cr_assert_eq(append(c, s, a, 9), 0); /* 2 full blocks stored, the third is partial */
+    cr_assert_eq(kvct_append(c, s, a, 9), 0); /* 2 full blocks stored, the third is partial */
     cr_assert_eq(m.n_stored, 2);
     cr_assert_eq(mirror_match(&m, a, 12), 8);
     cr_assert_eq(kvc_reset_prefix_cache(c), KVC_ERR_STATE, "blocks in use");
@@ -202,7 +178,7 @@ Test(kv_cache_events, stored_then_evicted_then_cleared) {
     /* a different prompt needs all 3 blocks: both cached blocks are evicted */
     int32_t b[12] = {21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
     cr_assert_eq(kvc_seq_alloc(c, &s), 0);
-    cr_assert_eq(append(c, s, b, 12), 0);
+    cr_assert_eq(kvct_append(c, s, b, 12), 0);
     cr_assert_eq(m.n_removed, 2);
     cr_assert_eq(mirror_match(&m, a, 12), 0);
     cr_assert_eq(mirror_match(&m, b, 12), 12);
@@ -217,7 +193,7 @@ Test(kv_cache_events, stored_then_evicted_then_cleared) {
     cr_assert_eq(kvc_check(c, msg, sizeof msg), 0, "%s", msg);
     kvc_set_event_cb(c, NULL, NULL);
     cr_assert_eq(kvc_seq_alloc(c, &s), 0);
-    cr_assert_eq(append(c, s, a, 12), 0);
+    cr_assert_eq(kvct_append(c, s, a, 12), 0);
     cr_assert_eq(m.n_stored, 5, "no events after the callback is cleared");
     cr_assert_eq(kvc_reset_prefix_cache(NULL), KVC_ERR_INVALID);
     kvc_free(c);

@@ -199,6 +199,16 @@ static uint64_t first_hash(const char *payload, size_t len) {
     return h;
 }
 
+/* An enabled zmq configuration publishing on endpoint. */
+static srv_kvev_config zmq_config(const char *endpoint) {
+    srv_kvev_config c;
+    srv_kvev_config_default(&c);
+    c.enable = true;
+    snprintf(c.publisher, sizeof c.publisher, "zmq");
+    snprintf(c.endpoint, sizeof c.endpoint, "%s", endpoint);
+    return c;
+}
+
 static void one_step(srv_kvev *p, uint64_t h) {
     int32_t toks[2] = {(int32_t)h, 1};
     kvc_event ev = stored(h, false, 0, toks, 2);
@@ -210,11 +220,7 @@ Test(kv_events, publish_and_replay) {
     char pub_ep[128], rep_ep[128], err[256];
     snprintf(pub_ep, sizeof pub_ep, "ipc:///tmp/kvserve-test-kvev-%d.pub", (int)getpid());
     snprintf(rep_ep, sizeof rep_ep, "ipc:///tmp/kvserve-test-kvev-%d.replay", (int)getpid());
-    srv_kvev_config c;
-    srv_kvev_config_default(&c);
-    c.enable = true;
-    snprintf(c.publisher, sizeof c.publisher, "zmq");
-    snprintf(c.endpoint, sizeof c.endpoint, "%s", pub_ep);
+    srv_kvev_config c = zmq_config(pub_ep);
     snprintf(c.replay_endpoint, sizeof c.replay_endpoint, "%s", rep_ep);
     snprintf(c.topic, sizeof c.topic, "kv@test@m");
     c.buffer_steps = 3;
@@ -290,11 +296,7 @@ Test(kv_events, publish_and_replay) {
 Test(kv_events, full_queue_drops_and_leaves_a_gap) {
     char ep[128], err[256];
     snprintf(ep, sizeof ep, "ipc:///tmp/kvserve-test-kvev-drop-%d.pub", (int)getpid());
-    srv_kvev_config c;
-    srv_kvev_config_default(&c);
-    c.enable = true;
-    snprintf(c.publisher, sizeof c.publisher, "zmq");
-    snprintf(c.endpoint, sizeof c.endpoint, "%s", ep);
+    srv_kvev_config c = zmq_config(ep);
     c.max_queue_size = 1;
     srv_kvev *p = NULL;
     cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), 0, "%s", err);
@@ -305,10 +307,7 @@ Test(kv_events, full_queue_drops_and_leaves_a_gap) {
     cr_assert_eq(st.batches_queued + st.batches_dropped, STEPS, "every step is either queued or counted dropped");
     srv_kvev_free(p);
     cr_assert_eq(srv_kvev_create(&(srv_kvev_config){0}, &p, err, sizeof err), KVS_ERR_INVALID);
-    srv_kvev_config_default(&c);
-    c.enable = true;
-    snprintf(c.publisher, sizeof c.publisher, "zmq");
-    snprintf(c.endpoint, sizeof c.endpoint, "bogus://x");
+    c = zmq_config("bogus://x");
     cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), KVS_ERR_BIND);
     cr_assert(strstr(err, "bogus://x"), "%s", err);
 }
