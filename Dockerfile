@@ -19,6 +19,7 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
+COPY common common
 COPY cache cache
 COPY engine engine
 COPY cuda cuda
