@@ -255,12 +255,15 @@ int srv_kvev_batch_encode(const srv_kvev_batch *b, double ts, int32_t dp_rank, k
         const kvev_item *it = batch_item(b, i);
         switch (it->kind) {
         case KVC_EVENT_STORED:
-            r |= msgpack_pack_array(&pk, 7) | pack_str(&pk, "BlockStored") |
+            r |= msgpack_pack_array(&pk, 8) | pack_str(&pk, "BlockStored") |
                  pack_hashes(&pk, hashes + it->first_hash, it->n_hash);
             r |= it->has_parent ? msgpack_pack_fix_uint64(&pk, it->parent) : msgpack_pack_nil(&pk);
             r |= msgpack_pack_array(&pk, (size_t)it->n_tok);
             for (int32_t t = 0; t < it->n_tok; t++) r |= msgpack_pack_int32(&pk, tokens[it->first_tok + t]);
-            r |= msgpack_pack_int32(&pk, it->block_size) | msgpack_pack_nil(&pk) | pack_str(&pk, "GPU");
+            /* block_size, lora_id nil, medium "GPU", lora_name nil: every field is written (no defaults), and
+             * array-form decoders (llm-d's) require exactly these 8 elements */
+            r |= msgpack_pack_int32(&pk, it->block_size) | msgpack_pack_nil(&pk) | pack_str(&pk, "GPU") |
+                 msgpack_pack_nil(&pk);
             break;
         case KVC_EVENT_REMOVED:
             r |= msgpack_pack_array(&pk, 3) | pack_str(&pk, "BlockRemoved") |

@@ -20,7 +20,8 @@
  *   because the queue was full leaves a gap), frame 2: msgpack EventBatch, msgspec's array_like form:
  *     [ts (float64 Unix seconds), [event, ...], data_parallel_rank (0)]
  *   events, tagged arrays with the tag first:
- *     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil (lora_id), "GPU" (medium)]
+ *     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil (lora_id), "GPU" (medium),
+ *      nil (lora_name)]
  *     ["BlockRemoved", [hash, ...], "GPU"]
  *     ["AllBlocksCleared"]
  *   Hashes are the cache's 64-bit chained block hashes (cache/kv_cache.h "prefix-cache events"), always as

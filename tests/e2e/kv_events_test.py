@@ -146,7 +146,7 @@ class Index:
             tag = ev[0]
             self.events[tag] += 1
             if tag == "BlockStored":
-                if len(ev) != 7 or ev[5] is not None or ev[6] != "GPU" or ev[4] != BLOCK:
+                if len(ev) != 8 or ev[5] is not None or ev[6] != "GPU" or ev[7] is not None or ev[4] != BLOCK:
                     fail(f"BlockStored layout: {ev!r:.200}")
                 hashes, parent, toks = ev[1], ev[2], ev[3]
                 if len(toks) != len(hashes) * BLOCK:

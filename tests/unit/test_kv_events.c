@@ -117,9 +117,10 @@ Test(kv_events, encode_matches_vllm_array_like_layout) {
     cr_assert_eq(as_u64(&root->via.array.ptr[2]), 0);
     const msgpack_object_array *ev = &root->via.array.ptr[1].via.array;
     cr_assert_eq(ev->size, 4);
-    /* BlockStored merged: [tag, [11, 12], nil, tokens, 4, nil, "GPU"] */
+    /* BlockStored merged: [tag, [11, 12], nil, tokens, 4, nil, "GPU", nil]: exactly 8 elements, since array-form
+     * decoders (llm-d's vLLM adapter) refuse any other count */
     const msgpack_object_array *e0 = &ev->ptr[0].via.array;
-    cr_assert_eq(e0->size, 7);
+    cr_assert_eq(e0->size, 8);
     assert_str(&e0->ptr[0], "BlockStored");
     cr_assert_eq(e0->ptr[1].via.array.size, 2);
     cr_assert_eq(as_u64(&e0->ptr[1].via.array.ptr[0]), 11);
@@ -131,6 +132,7 @@ Test(kv_events, encode_matches_vllm_array_like_layout) {
     cr_assert_eq(as_u64(&e0->ptr[4]), 4);
     cr_assert_eq(e0->ptr[5].type, MSGPACK_OBJECT_NIL, "lora_id");
     assert_str(&e0->ptr[6], "GPU");
+    cr_assert_eq(e0->ptr[7].type, MSGPACK_OBJECT_NIL, "lora_name");
     const msgpack_object_array *e1 = &ev->ptr[1].via.array;
     assert_str(&e1->ptr[0], "BlockStored");
     cr_assert_eq(as_u64(&e1->ptr[1].via.array.ptr[0]), 0xfedcba9876543210ull);
