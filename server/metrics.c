@@ -240,6 +240,9 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     {
         srv_kvev_stats ks; /* zeros when events are disabled */
         srv_kvev_get_stats(m->kvev, &ks);
+        counter(&b, "kvserve:kv_events_queued_total",
+                "KV-cache event batches handed to the publisher (every step that changed the prefix index).",
+                ks.batches_queued);
         counter(&b, "kvserve:kv_events_published_total", "KV-cache event batches sent on the PUB socket.",
                 ks.batches_published);
         counter(&b, "kvserve:kv_events_dropped_total",

@@ -136,6 +136,7 @@ class Index:
         self.events = collections.Counter()
         self.last_seq = None
         self.gaps = 0
+        self.received = 0
 
     def apply_batch(self, payload):
         batch = msgpack.unpackb(payload, raw=False)
@@ -190,16 +191,18 @@ class Index:
         return {h: c for h, c in self.count.items() if c > 0}
 
 
-def drain(subs, indexes, quiet=0.25, timeout=10.0):
-    """Applies every event batch until no socket has delivered anything for `quiet` seconds."""
+def drain(subs, indexes, replicas, timeout=30.0):
+    """Applies event batches until each subscriber has every batch its replica had queued when asked: a batch is
+    queued before the responses of its step are sent, so kvserve:kv_events_queued_total read now covers every
+    request answered so far."""
+    want = [metric(http(r.base, "/metrics"), "kvserve:kv_events_queued_total") for r in replicas]
     poller = zmq.Poller()
     for s in subs:
         poller.register(s, zmq.POLLIN)
     deadline = time.time() + timeout
-    last = time.time()
-    while time.time() - last < quiet:
+    while any(idx.received < w for idx, w in zip(indexes, want)):
         if time.time() > deadline:
-            fail("event stream never went quiet")
+            fail(f"events missing: received {[i.received for i in indexes]}, queued {want}")
         for sock, _ in poller.poll(50):
             i = subs.index(sock)
             topic, seq, payload = sock.recv_multipart()
@@ -208,8 +211,8 @@ def drain(subs, indexes, quiet=0.25, timeout=10.0):
             if idx.last_seq is not None and seq != idx.last_seq + 1:
                 idx.gaps += 1
             idx.last_seq = seq
+            idx.received += 1
             idx.apply_batch(payload)
-            last = time.time()
 
 
 def replay_index(endpoint, ctx):
@@ -274,13 +277,13 @@ def main():
         for s in range(len(stems)):
             for _ in range(2):
                 replicas[s % N_REPLICAS].complete(prompt(s))
-                drain(subs, indexes)
+                drain(subs, indexes, replicas)
         # phase A: route each probe to the replica predicted to hold its longest prefix and send it there only
         # (the caches stay apart, as behind a real router); that replica's cached_tokens must equal the prediction
         routed_tokens = rr_tokens = 0
         for k in range(40):
             p = prompt(rng.randrange(len(stems)))
-            drain(subs, indexes)
+            drain(subs, indexes, replicas)
             pred = [idx.predict(p) for idx in indexes]
             route = max(range(N_REPLICAS), key=lambda i: (pred[i], -i))
             got = replicas[route].complete(p)
@@ -288,16 +291,16 @@ def main():
                 fail(f"routed probe {k}: replica {route} cached {got}, predicted {pred[route]}")
             routed_tokens += got
             rr_tokens += pred[k % N_REPLICAS]
-        drain(subs, indexes)
+        drain(subs, indexes, replicas)
         # phase B: every probe goes to every replica; each replica's own cached_tokens must equal its prediction
         exact = total = routed_best = 0
         for k in range(30):
             p = prompt(rng.randrange(len(stems))) if rng.random() < 0.85 else [rng.randrange(10, 250) for _ in range(40)]
-            drain(subs, indexes)
+            drain(subs, indexes, replicas)
             pred = [idx.predict(p) for idx in indexes]
             route = max(range(N_REPLICAS), key=lambda i: (pred[i], -i))
             got = [r.complete(p) for r in replicas]
-            drain(subs, indexes)
+            drain(subs, indexes, replicas)
             for i in range(N_REPLICAS):
                 total += 1
                 if pred[i] == got[i]:
