@@ -32,21 +32,7 @@
 #include <string.h>
 
 /* ---- small helpers --------------------------------------------------------------------------------------- */
-const char *kvc_strerror(int err) {
-    switch (err) {
-    case KVC_OK: return "ok";
-    case KVC_ERR_INVALID: return "invalid argument";
-    case KVC_ERR_NOMEM: return "out of memory";
-    case KVC_ERR_FULL: return "KV cache full";
-    case KVC_ERR_NO_SLOT: return "no free sequence slot";
-    case KVC_ERR_BAD_SEQ: return "bad sequence id";
-    case KVC_ERR_POSITION: return "position does not continue the sequence";
-    case KVC_ERR_NOT_SUPPORTED: return "operation not supported on this sequence";
-    case KVC_ERR_STATE: return "wrong forward state";
-    case KVC_ERR_TOO_LARGE: return "batch or sequence too large";
-    default: return "unknown error";
-    }
-}
+const char *kvc_strerror(int err) { return kvs_strerror(err); }
 
 size_t kvc_row_bytes(kvc_dtype dtype, int32_t head_dim) {
     if (head_dim < 1) return 0;

@@ -42,25 +42,30 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "common/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- error codes ---------------------------------------------------------------------------------------- */
 enum {
-    KVC_OK = 0,
-    KVC_ERR_INVALID = -1,       /* an argument is out of range or NULL where it may not be */
-    KVC_ERR_NOMEM = -2,         /* a host allocation or the storage allocator failed */
-    KVC_ERR_FULL = -3,          /* the pool cannot supply the blocks this call needs (after eviction) */
-    KVC_ERR_NO_SLOT = -4,       /* every sequence id is in use */
-    KVC_ERR_BAD_SEQ = -5,       /* the sequence id is out of range or not allocated */
-    KVC_ERR_POSITION = -6,      /* a batch position does not continue its sequence */
-    KVC_ERR_NOT_SUPPORTED = -7, /* the operation is valid but this cache cannot do it (see kvc_remove) */
-    KVC_ERR_STATE = -8,         /* a forward is pending (or none is, for kvc_finish_forward) */
-    KVC_ERR_TOO_LARGE = -9,     /* a batch exceeds max_batch_tokens, or a sequence would exceed max_seq_len */
+    KVC_OK = KVS_OK,
+    KVC_ERR_INVALID = KVS_ERR_INVALID,           /* an argument is out of range or NULL where it may not be */
+    KVC_ERR_NOMEM = KVS_ERR_NOMEM,               /* a host allocation or the storage allocator failed */
+    KVC_ERR_FULL = KVS_ERR_KV_FULL,              /* the pool cannot supply the blocks this call needs (after
+                                                    eviction) */
+    KVC_ERR_NO_SLOT = KVS_ERR_NO_SLOT,           /* every sequence id is in use */
+    KVC_ERR_BAD_SEQ = KVS_ERR_BAD_SEQ,           /* the sequence id is out of range or not allocated */
+    KVC_ERR_POSITION = KVS_ERR_POSITION,         /* a batch position does not continue its sequence */
+    KVC_ERR_NOT_SUPPORTED = KVS_ERR_UNSUPPORTED, /* the operation is valid but this cache cannot do it (see
+                                                    kvc_remove) */
+    KVC_ERR_STATE = KVS_ERR_STATE,               /* a forward is pending (or none is, for kvc_finish_forward) */
+    KVC_ERR_TOO_LARGE = KVS_ERR_TOO_LARGE,       /* a batch exceeds max_batch_tokens, or a sequence would exceed
+                                                    max_seq_len */
 };
 
-/* Returns a static, human-readable string for a KVC_* code (never NULL). */
+/* Historical name of kvs_strerror (KVC_* codes are kvs_err values); new code calls kvs_strerror. */
 const char *kvc_strerror(int err);
 
 /* ---- storage ------------------------------------------------------------------------------------------------ */

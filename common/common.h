@@ -12,6 +12,11 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- errors ------------------------------------------------------------------------------------------------ */
 
@@ -89,9 +94,50 @@ char *kvs_buf_take(kvs_buf *b);
 /* Frees the data; the buffer is empty and reusable. */
 void kvs_buf_free(kvs_buf *b);
 
+/* ---- CPU features ------------------------------------------------------------------------------------------ */
+
+/* The SIMD level every CPU kernel chooses by. AVX2 means AVX2 + FMA + F16C with the OS saving YMM state;
+ * AVX512 adds AVX-512 F/BW/VL/DQ and VNNI with the OS saving ZMM state. The values equal the engine's
+ * eng_simd_level. */
+typedef enum { KVS_CPU_SCALAR = 0, KVS_CPU_AVX2 = 1, KVS_CPU_AVX512 = 2 } kvs_cpu_level;
+
+/* Detects the level (cpuid + xgetbv). The environment variable KVSERVE_SIMD_MAX ("scalar" or "avx2") caps it,
+ * to run a newer CPU as an older one would. Executes cpuid: objects call it once (an engine context at
+ * creation, a sampler) and pass the result to their kernels. */
+kvs_cpu_level kvs_cpu_detect(void);
+
+/* ---- KV-pool planning ------------------------------------------------------------------------------------ */
+
+/* How many KV blocks a context's pool gets: one rule for the CPU and the CUDA contexts.
+ *   kv_blocks > 0: exactly that many (with a budget, it must fit);
+ *   else kv_mem_bytes > 0: as many blocks as fit in it (with a budget, it must not exceed it);
+ *   else default_seqs full-length sequences (default_seqs * blocks_per_seq blocks), at most default_cap bytes.
+ * With `device`, budget is the device memory the pool may use and bounds every choice; without, memory is the
+ * host's and unbounded. */
+typedef struct kvs_kv_plan_req {
+    size_t block_bytes;      /* bytes of one block over all layers, K and V (> 0) */
+    int64_t blocks_per_seq;  /* ceil(n_ctx / block_size) */
+    int64_t kv_blocks;       /* requested blocks, 0 = derive */
+    size_t kv_mem_bytes;     /* requested bytes, 0 = derive */
+    int64_t default_seqs;    /* full-length sequences the default pool holds */
+    size_t default_cap;      /* the default pool's byte cap */
+    bool device;             /* the pool lives in device memory: budget applies */
+    size_t budget;           /* bytes the pool may use (device only) */
+    double budget_fraction;  /* for messages only: the fraction of device memory the budget stands for */
+} kvs_kv_plan_req;
+
+/* Writes the block count (1 .. INT32_MAX) to *n_blocks. Errors (err gets a message): KVS_ERR_INVALID (host
+ * pool below one block, or block_bytes 0), KVS_ERR_NOMEM (device pool: a request above the budget, or the
+ * budget below one block). */
+int kvs_kv_plan(const kvs_kv_plan_req *req, int32_t *n_blocks, char *err, size_t err_len);
+
 /* ---- shared limits ------------------------------------------------------------------------------------------ */
 
 /* The most top_logprobs / logprobs alternatives a request may ask for (OpenAI's limit). */
 #define KVS_MAX_TOP_LOGPROBS 20
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -359,8 +359,8 @@ extern "C" void cud_backend_free(cud_backend *be) {
     delete be;
 }
 
-static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be, size_t *kv_budget, char *err,
-                  size_t err_len) {
+// Device, stream, cuBLAS and the model's dimensions.
+static int init_device(const cud_model_desc *m, const cud_params *p, cud_backend *be) {
     be->device = p->device;
     be->p = *p;
     CK(cudaSetDevice(p->device));
@@ -381,6 +381,13 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     be->hd = m->head_dim;
     be->n_ff = m->n_ff;
     be->rms_eps = m->rms_eps;
+    return ENG_OK;
+}
+
+// Uploads the weights and the RoPE table; *largest receives the element count of the largest matrix cuBLAS
+// reads dequantized (the size of the f16 scratch when no f16 copies are kept).
+static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *largest_out, char *err,
+                          size_t err_len) {
     int rc;
     if ((rc = upload(be, &m->tok_embd, &be->tok_embd, true, "token_embd.weight", err, err_len))) return rc;
     if ((rc = upload(be, &m->output_norm, &be->output_norm, true, "output_norm.weight", err, err_len))) return rc;
@@ -436,6 +443,14 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
             if (needs_f16(*e.src) && e.src->ne0 * e.src->ne1 > largest) largest = e.src->ne0 * e.src->ne1;
         }
     }
+    *largest_out = largest;
+    return ENG_OK;
+}
+
+// The activations, logits and f16 activation scratch of max_batch_tokens rows.
+static int alloc_activations(const cud_model_desc *m, const cud_params *p, cud_backend *be, char *err,
+                             size_t err_len) {
+    int rc;
     const size_t T = (size_t)p->max_batch_tokens;
     const size_t qw = (size_t)m->n_head * m->head_dim, kw = (size_t)m->n_head_kv * m->head_dim;
     size_t widest = (size_t)m->n_embd;
@@ -453,43 +468,60 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
-    // cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
-    // what remains under memory_fraction (KVSERVE_CUDA_F16_CACHE=0: never); else dequantize per product
-    // into one scratch matrix.
-    {
-        size_t need = 0;
-        auto count = [&](dev_tensor &t) {
-            if (t.d && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32) need += (size_t)(t.ne0 * t.ne1) * 2;
+    return ENG_OK;
+}
+
+// cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
+// what remains under memory_fraction (KVSERVE_CUDA_F16_CACHE=0: never); else dequantize per product
+// into one scratch matrix.
+// *largest becomes 1 when the copies are kept (no per-product scratch).
+static int make_f16_copies(const cud_model_desc *m, const cud_params *p, cud_backend *be, int64_t *largest,
+                           char *err, size_t err_len) {
+    int rc;
+    size_t need = 0;
+    auto count = [&](dev_tensor &t) {
+        if (t.d && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32) need += (size_t)(t.ne0 * t.ne1) * 2;
+    };
+    count(be->output);
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        dev_layer &L = be->layers[l];
+        for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*t);
+    }
+    size_t fr0 = 0, tot0 = 0;
+    CK(cudaMemGetInfo(&fr0, &tot0));
+    double reserve0 = (1.0 - (double)p->memory_fraction) * (double)tot0;
+    double avail = (double)fr0 - reserve0;
+    const char *env = getenv("KVSERVE_CUDA_F16_CACHE");
+    bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
+    if (cache) {
+        auto make = [&](dev_tensor &t) -> int {
+            if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
+            int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
+            if (r) return r;
+            CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
+            return ENG_OK;
         };
-        count(be->output);
+        if ((rc = make(be->output))) return rc;
         for (int32_t l = 0; l < m->n_layer; l++) {
             dev_layer &L = be->layers[l];
-            for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*t);
+            for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                if ((rc = make(*t))) return rc;
         }
-        size_t fr0 = 0, tot0 = 0;
-        CK(cudaMemGetInfo(&fr0, &tot0));
-        double reserve0 = (1.0 - (double)p->memory_fraction) * (double)tot0;
-        double avail = (double)fr0 - reserve0;
-        const char *env = getenv("KVSERVE_CUDA_F16_CACHE");
-        bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
-        if (cache) {
-            auto make = [&](dev_tensor &t) -> int {
-                if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
-                int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
-                if (r) return r;
-                CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
-                return ENG_OK;
-            };
-            if ((rc = make(be->output))) return rc;
-            for (int32_t l = 0; l < m->n_layer; l++) {
-                dev_layer &L = be->layers[l];
-                for (dev_tensor *t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                    if ((rc = make(*t))) return rc;
-            }
-            CK(cudaStreamSynchronize(be->st));
-            largest = 1; // no per-product scratch needed
-        }
+        CK(cudaStreamSynchronize(be->st));
+        *largest = 1; // no per-product scratch needed
     }
+    return ENG_OK;
+}
+
+static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be, size_t *kv_budget, char *err,
+                  size_t err_len) {
+    int rc;
+    int64_t largest = 1;
+    if ((rc = init_device(m, p, be))) return rc;
+    if ((rc = upload_weights(m, be, &largest, err, err_len))) return rc;
+    if ((rc = alloc_activations(m, p, be, err, err_len))) return rc;
+    if ((rc = make_f16_copies(m, p, be, &largest, err, err_len))) return rc;
+    const size_t T = (size_t)p->max_batch_tokens;
     if ((rc = dalloc(&be->w16, (size_t)largest, err, err_len, "f16 weight scratch"))) return rc;
     if ((rc = dalloc(&be->cs, T * (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
     // Attention partitions: cud_attn_plan splits only while rows * n_head < 8 * n_sm blocks, into at most

@@ -10,7 +10,8 @@
  *                the scheduler thread).
  *   eng_sampler  per-sequence sampling state (penalty history, RNG). Single-owner.
  *
- * Errors: functions return 0 (ENG_OK) or a negative ENG_ERR_* code and write results through pointers.
+ * Errors: functions return 0 (ENG_OK) or a negative ENG_ERR_* code and write results through pointers. The
+ * ENG_* names are aliases of common/common.h's kvs_err values (one enum, one kvs_strerror for every module).
  * Functions that can fail for reasons a user must read (loading a file) also take an `err` buffer that
  * receives a message naming the file and what is wrong.
  */
@@ -22,27 +23,28 @@
 #include <stdbool.h>
 
 #include "cache/kv_cache.h"
+#include "common/common.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 enum {
-    ENG_OK = 0,
-    ENG_ERR_INVALID = -1,     /* an argument is out of range */
-    ENG_ERR_NOMEM = -2,       /* an allocation failed */
-    ENG_ERR_IO = -3,          /* a file could not be opened, read or written */
-    ENG_ERR_FORMAT = -4,      /* a file is truncated, corrupt or not what it claims (see err) */
-    ENG_ERR_UNSUPPORTED = -5, /* a valid file this engine cannot run (architecture, tensor type) */
-    ENG_ERR_NOT_FOUND = -6,   /* a key, tensor or token does not exist */
-    ENG_ERR_TYPE = -7,        /* a metadata value has another type than requested */
-    ENG_ERR_TOO_LARGE = -8,   /* an output buffer is too small (the needed size is still reported) */
-    ENG_ERR_KV_FULL = -9,     /* the KV pool cannot hold the batch (nothing was changed) */
-    ENG_ERR_KV = -10,         /* another KV cache error (the batch is invalid for the cache) */
-    ENG_ERR_DEVICE = -11,     /* a GPU call failed (see the log) */
+    ENG_OK = KVS_OK,
+    ENG_ERR_INVALID = KVS_ERR_INVALID,         /* an argument is out of range */
+    ENG_ERR_NOMEM = KVS_ERR_NOMEM,             /* an allocation failed */
+    ENG_ERR_IO = KVS_ERR_IO,                   /* a file could not be opened, read or written */
+    ENG_ERR_FORMAT = KVS_ERR_FORMAT,           /* a file is truncated, corrupt or not what it claims (see err) */
+    ENG_ERR_UNSUPPORTED = KVS_ERR_UNSUPPORTED, /* a valid file this engine cannot run (architecture, tensor type) */
+    ENG_ERR_NOT_FOUND = KVS_ERR_NOT_FOUND,     /* a key, tensor or token does not exist */
+    ENG_ERR_TYPE = KVS_ERR_TYPE,               /* a metadata value has another type than requested */
+    ENG_ERR_TOO_LARGE = KVS_ERR_TOO_LARGE,     /* an output buffer is too small (the needed size is still reported) */
+    ENG_ERR_KV_FULL = KVS_ERR_KV_FULL,         /* the KV pool cannot hold the batch (nothing was changed) */
+    ENG_ERR_KV = KVS_ERR_KV,                   /* another KV cache error (the batch is invalid for the cache) */
+    ENG_ERR_DEVICE = KVS_ERR_DEVICE,           /* a GPU call failed (see the log) */
 };
 
-/* Static text for an ENG_* code (never NULL). */
+/* Historical name of kvs_strerror (ENG_* codes are kvs_err values); new code calls kvs_strerror. */
 const char *eng_strerror(int err);
 
 /* ---- models --------------------------------------------------------------------------------------------- */
@@ -159,7 +161,7 @@ typedef struct eng_sampling_params {
     float frequency_penalty;  /* 0: off */
     uint64_t seed;            /* RNG seed: same seed and inputs, same output */
     const eng_logit_bias *logit_bias; size_t n_logit_bias; /* copied by eng_sampler_create */
-    int32_t n_top_logprobs;   /* top-N log-probabilities to report per step, 0..20 */
+    int32_t n_top_logprobs;   /* top-N log-probabilities to report per step, 0..KVS_MAX_TOP_LOGPROBS (20) */
 } eng_sampling_params;
 
 void eng_sampling_params_default(eng_sampling_params *p); /* greedy-free defaults: temp 1, everything off */
@@ -168,8 +170,8 @@ typedef struct eng_sample {
     int32_t token;
     float logprob;            /* log-softmax of the raw logits (before any sampling transform) at token */
     int32_t n_top;
-    int32_t top_token[20];    /* the n_top best by raw logit, best first */
-    float top_logprob[20];
+    int32_t top_token[KVS_MAX_TOP_LOGPROBS]; /* the n_top best by raw logit, best first */
+    float top_logprob[KVS_MAX_TOP_LOGPROBS];
 } eng_sample;
 
 typedef struct eng_sampler eng_sampler;

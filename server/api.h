@@ -18,15 +18,17 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "common/common.h"
+
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 
 enum {
-    SRV_API_OK = 0,
-    SRV_API_ERR_INVALID = -1,   /* the request is invalid: see the srv_api_error */
-    SRV_API_ERR_NOMEM = -2,
+    SRV_API_OK = KVS_OK,
+    SRV_API_ERR_INVALID = KVS_ERR_INVALID, /* the request is invalid: see the srv_api_error */
+    SRV_API_ERR_NOMEM = KVS_ERR_NOMEM,
 };
 
 /* ---- 1. validation ---------------------------------------------------------------------------------------- */
@@ -72,7 +74,7 @@ typedef struct srv_api_gen {
     char **stop; int32_t n_stop;
     eng_logit_bias *logit_bias; int32_t n_logit_bias;
     bool logprobs;              /* completions: "logprobs" given; chat: "logprobs": true */
-    int32_t top_logprobs;       /* 0..20 (completions: the logprobs value) */
+    int32_t top_logprobs;       /* 0..KVS_MAX_TOP_LOGPROBS (completions: the logprobs value) */
     bool stream, include_usage, ignore_eos, echo;
     char *user;
 } srv_api_gen;

@@ -54,7 +54,7 @@ void api_call_free(api_call *c) {
     if (c->prev) c->prev->next = c->next; else if (api->calls == c) api->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     api->n_calls--;
-    for (int32_t i = 0; c->choices && i < c->n_choices; i++) { free(c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
+    for (int32_t i = 0; c->choices && i < c->n_choices; i++) { kvs_buf_free(&c->choices[i].text); cJSON_Delete(c->choices[i].lp); }
     for (int32_t i = 0; c->subs && i < c->n_subs; i++) free(c->subs[i].echo);
     free(c->choices);
     free(c->subs);
@@ -118,7 +118,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
                 api_stream_chunk(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples, SRV_SCHED_FINISH_NONE,
                              false);
         } else {
-            if (api_append_text(ch, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory"); }
+            if (kvs_buf_append(&ch->text, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory"); }
             if (c->gen.logprobs && ev->n_samples > 0) {
                 if (!ch->lp) ch->lp = api_new_logprobs(c);
                 if (ch->lp) api_add_logprobs(c, ch, ch->lp, ev->samples, ev->n_samples);
@@ -141,7 +141,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
                 api_stream_chunk(c, idx, NULL, 0, NULL, 0, ev->finish, false);
         } else {
-            api_append_text(ch, ev->text, ev->text_len);
+            kvs_buf_append(&ch->text, ev->text, ev->text_len);
         }
     }
 }
@@ -160,7 +160,7 @@ static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n
         srv_api_set_error(e, 503, "server_error", NULL, NULL, "the server is shutting down");
         return 503;
     default:
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request (scheduler error %d)", r);
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request: %s", kvs_strerror(r));
         return 500;
     }
 }
@@ -178,7 +178,7 @@ static int build_prompt(srv_api *api, api_call *c, int32_t i, int32_t **toks, in
         if (r != 0) {
             srv_api_set_error(e, r == ENG_ERR_NOMEM ? 500 : 400, r == ENG_ERR_NOMEM ? "server_error" : NULL,
                               "messages", NULL, "the messages could not be rendered with the chat template: %s",
-                              eng_strerror(r));
+                              kvs_strerror(r));
             return -1;
         }
         r = api_tokenize(api, text, strlen(text), true, true, toks, n);
@@ -400,7 +400,7 @@ static void prepare_done(api_job *j) {
         for (int32_t i = 0; i < c->n_choices; i++) {
             api_sub *s = &c->subs[i / g->n];
             if (s->echo) {
-                api_append_text(&c->choices[i], s->echo, s->echo_len);
+                kvs_buf_append(&c->choices[i].text, s->echo, s->echo_len);
                 c->choices[i].lp_offset = s->echo_len;
             }
         }

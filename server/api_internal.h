@@ -21,7 +21,7 @@
 typedef struct api_call api_call;
 
 typedef struct api_choice {
-    char *text; size_t text_len, text_cap;  /* non-stream: accumulated text */
+    kvs_buf text;                           /* non-stream: accumulated text */
     cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
     size_t lp_offset;     /* completions text_offset of the next token */
     srv_sched_finish finish;
@@ -103,7 +103,6 @@ int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, b
 
 /* api_render.c */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);
-int api_append_text(api_choice *ch, const char *t, size_t n);
 void api_finish_call(api_call *c);
 void api_log_request(srv_api *api, const char *method, const char *path, int status, const srv_sched_usage *u, double ttft_ms, double total_ms);
 double api_ms_since(uint64_t t0);

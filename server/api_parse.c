@@ -331,7 +331,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {
-        if ((r = get_int(root, "logprobs", 0, 20, &d, err)) < 0) return r;
+        if ((r = get_int(root, "logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         if (r) { g->logprobs = true; g->top_logprobs = (int32_t)d; }
         if ((r = get_bool(root, "echo", &g->echo, err)) < 0) return r;
         name = "echo";
@@ -343,7 +343,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         if (field(root, "suffix")) return BAD("'suffix' is not supported");
     } else {
         if ((r = get_bool(root, "logprobs", &g->logprobs, err)) < 0) return r;
-        if ((r = get_int(root, "top_logprobs", 0, 20, &d, err)) < 0) return r;
+        if ((r = get_int(root, "top_logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         name = "top_logprobs";
         if (r && !g->logprobs) return BAD("'top_logprobs' requires 'logprobs' to be true");
         if (r) g->top_logprobs = (int32_t)d;

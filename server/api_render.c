@@ -252,16 +252,6 @@ cJSON *api_new_logprobs(api_call *c) {
     return lp;
 }
 
-static const char *finish_name(srv_sched_finish f) {
-    switch (f) {
-    case SRV_SCHED_FINISH_STOP: return "stop";
-    case SRV_SCHED_FINISH_LENGTH: return "length";
-    case SRV_SCHED_FINISH_CANCELLED: return "abort";
-    case SRV_SCHED_FINISH_ERROR: return "error";
-    default: return NULL;
-    }
-}
-
 /* One streamed chunk for choice idx: text (may be NULL), logprob samples, finish reason (NONE: null). */
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
                          int32_t n_smp, srv_sched_finish finish, bool role) {
@@ -286,25 +276,10 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
     } else {
         cJSON_AddNullToObject(ch, "logprobs");
     }
-    const char *fn = finish_name(finish);
+    const char *fn = finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(finish) : NULL;
     if (fn) cJSON_AddStringToObject(ch, "finish_reason", fn); else cJSON_AddNullToObject(ch, "finish_reason");
     if (c->gen.include_usage) cJSON_AddNullToObject(o, "usage");
     sse_send(c, o, NULL);
-}
-
-int api_append_text(api_choice *ch, const char *t, size_t n) {
-    if (!n) return 0;
-    if (ch->text_len + n + 1 > ch->text_cap) {
-        size_t cap = ch->text_cap ? ch->text_cap : 256;
-        while (cap < ch->text_len + n + 1) cap *= 2;
-        char *p = realloc(ch->text, cap);
-        if (!p) return -1;
-        ch->text = p; ch->text_cap = cap;
-    }
-    memcpy(ch->text + ch->text_len, t, n);
-    ch->text_len += n;
-    ch->text[ch->text_len] = 0;
-    return 0;
 }
 
 void api_finish_call(api_call *c) {
@@ -375,7 +350,7 @@ void api_finish_call(api_call *c) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddItemToArray(choices, j);
         cJSON_AddNumberToObject(j, "index", i);
-        char *s = api_utf8_sanitize(ch->text ? ch->text : "", ch->text_len);
+        char *s = api_utf8_sanitize(ch->text.data ? ch->text.data : "", ch->text.len);
         if (c->gen.kind == SRV_API_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
@@ -386,8 +361,8 @@ void api_finish_call(api_call *c) {
         free(s);
         if (ch->lp) { cJSON_AddItemToObject(j, "logprobs", ch->lp); ch->lp = NULL; }
         else cJSON_AddNullToObject(j, "logprobs");
-        const char *fn = finish_name(ch->finish);
-        cJSON_AddStringToObject(j, "finish_reason", fn ? fn : "stop");
+        const char *fn = ch->finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(ch->finish) : "stop";
+        cJSON_AddStringToObject(j, "finish_reason", fn);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(&c->usage));
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);

@@ -111,7 +111,7 @@ static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error
     const char *text = content->valuestring;
     int r = api_tokenize(api, text, strlen(text), cJSON_IsTrue(as), ps ? !cJSON_IsFalse(ps) : true, &toks, &n);
     if (r != 0) {
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", eng_strerror(r));
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", kvs_strerror(r));
         cJSON_Delete(root);
         return NULL;
     }

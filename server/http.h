@@ -34,13 +34,15 @@
 
 #include <uv.h>
 
+#include "common/common.h"
+
 enum {
-    SRV_HTTP_OK = 0,
-    SRV_HTTP_ERR_INVALID = -1,      /* bad argument or call in the wrong state */
-    SRV_HTTP_ERR_NOMEM = -2,
-    SRV_HTTP_ERR_BIND = -3,         /* the address could not be bound / listened on */
-    SRV_HTTP_ERR_BACKPRESSURE = -4, /* the connection already holds max_pending_write unsent bytes */
-    SRV_HTTP_ERR_CLOSED = -5,       /* the connection is closed or closing */
+    SRV_HTTP_OK = KVS_OK,
+    SRV_HTTP_ERR_INVALID = KVS_ERR_INVALID,           /* bad argument or call in the wrong state */
+    SRV_HTTP_ERR_NOMEM = KVS_ERR_NOMEM,
+    SRV_HTTP_ERR_BIND = KVS_ERR_BIND,                 /* the address could not be bound / listened on */
+    SRV_HTTP_ERR_BACKPRESSURE = KVS_ERR_BACKPRESSURE, /* the connection already holds max_pending_write unsent bytes */
+    SRV_HTTP_ERR_CLOSED = KVS_ERR_CLOSED,             /* the connection is closed or closing */
 };
 
 typedef struct srv_http_limits {

@@ -53,25 +53,6 @@ void srv_metrics_count_http(srv_metrics *m, int status) {
     if (c >= 0 && c < SRV_METRICS_STATUS_CLASSES) m->http_requests[c]++;
 }
 
-typedef struct buf { char *p; size_t len, cap; bool oom; } buf;
-
-static void bprintf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bprintf(buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = true; return; }
-        if ((size_t)n < b->cap - b->len) { b->len += (size_t)n; return; }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = true; return; }
-        b->p = p; b->cap = cap;
-    }
-}
-
 /* Prometheus float formatting: integers without exponent noise, +Inf/-Inf/NaN spelled out. */
 static void fmt_num(char *s, size_t n, double v) {
     if (isnan(v)) snprintf(s, n, "NaN");
@@ -79,33 +60,33 @@ static void fmt_num(char *s, size_t n, double v) {
     else snprintf(s, n, "%.17g", v);
 }
 
-static void meta(buf *b, const char *name, const char *type, const char *help) {
-    bprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void meta(kvs_buf *b, const char *name, const char *type, const char *help) {
+    kvs_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* labels: "" or the inside of {...} without braces, already escaped */
-static void sample(buf *b, const char *name, const char *labels, const char *value) {
-    bprintf(b, "%s%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", value);
+static void sample(kvs_buf *b, const char *name, const char *labels, const char *value) {
+    kvs_buf_printf(b, "%s%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", value);
 }
 
-static void gauge_l(buf *b, const char *name, const char *help, const char *labels, double v) {
+static void gauge_l(kvs_buf *b, const char *name, const char *help, const char *labels, double v) {
     char s[64];
     fmt_num(s, sizeof s, v);
     meta(b, name, "gauge", help);
     sample(b, name, labels, s);
 }
 
-static void counter_l(buf *b, const char *name, const char *help, const char *labels, uint64_t v) {
+static void counter_l(kvs_buf *b, const char *name, const char *help, const char *labels, uint64_t v) {
     char s[32];
     snprintf(s, sizeof s, "%llu", (unsigned long long)v);
     meta(b, name, "counter", help);
     sample(b, name, labels, s);
 }
 
-static void gauge(buf *b, const char *name, const char *help, double v) { gauge_l(b, name, help, "", v); }
-static void counter(buf *b, const char *name, const char *help, uint64_t v) { counter_l(b, name, help, "", v); }
+static void gauge(kvs_buf *b, const char *name, const char *help, double v) { gauge_l(b, name, help, "", v); }
+static void counter(kvs_buf *b, const char *name, const char *help, uint64_t v) { counter_l(b, name, help, "", v); }
 
-static void hist_l(buf *b, const char *name, const char *help, const char *labels, const srv_histogram *h) {
+static void hist_l(kvs_buf *b, const char *name, const char *help, const char *labels, const srv_histogram *h) {
     char s[64];
     const char *sep = labels[0] ? "," : "";
     meta(b, name, "histogram", help);
@@ -113,18 +94,18 @@ static void hist_l(buf *b, const char *name, const char *help, const char *label
     for (int32_t i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
         fmt_num(s, sizeof s, h->bounds[i]);
-        bprintf(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, labels, sep, s, (unsigned long long)cum);
+        kvs_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, labels, sep, s, (unsigned long long)cum);
     }
     cum += h->counts[h->n_bounds];
-    bprintf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
+    kvs_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
     fmt_num(s, sizeof s, h->sum);
     char n[32];
     snprintf(n, sizeof n, "%llu", (unsigned long long)h->count);
-    bprintf(b, "%s_sum%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", s);
-    bprintf(b, "%s_count%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", n);
+    kvs_buf_printf(b, "%s_sum%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", s);
+    kvs_buf_printf(b, "%s_count%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", n);
 }
 
-static void hist(buf *b, const char *name, const char *help, const srv_histogram *h) { hist_l(b, name, help, "", h); }
+static void hist(kvs_buf *b, const char *name, const char *help, const srv_histogram *h) { hist_l(b, name, help, "", h); }
 
 /* A label value in the exposition format: backslash, double quote and newline escaped. */
 static void escape_label(char *out, size_t cap, const char *v) {
@@ -138,7 +119,7 @@ static void escape_label(char *out, size_t cap, const char *v) {
 }
 
 /* vLLM's names and meanings (see metrics.h), from the same numbers as kvserve's own. */
-static void render_vllm(buf *b, const srv_metrics *m, const srv_sched_stats *st) {
+static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats *st) {
     char name[600], L[700], s[800];
     escape_label(name, sizeof name, m->model_name);
     snprintf(L, sizeof L, "model_name=\"%s\",engine=\"0\"", name);
@@ -161,7 +142,7 @@ static void render_vllm(buf *b, const srv_metrics *m, const srv_sched_stats *st)
     static const char *const reasons[] = {"stop", "length", "abort"};
     const uint64_t counts[] = {m->requests_finished_stop, m->requests_finished_length, m->requests_finished_abort};
     for (int i = 0; i < 3; i++)
-        bprintf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", L, reasons[i],
+        kvs_buf_printf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", L, reasons[i],
                 (unsigned long long)counts[i]);
     hist_l(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", L, &m->ttft);
     hist_l(b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", L, &m->itl);
@@ -186,9 +167,8 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     srv_sched_stats zero;
     memset(&zero, 0, sizeof zero);
     const srv_sched_stats *st = st_in ? st_in : &zero;
-    buf b = {0};
-    if (!(b.p = malloc(b.cap = 8192))) return SRV_METRICS_ERR_NOMEM;
-    b.p[0] = 0;
+    kvs_buf b = {0};
+    if (kvs_buf_reserve(&b, 8192) != 0) return SRV_METRICS_ERR_NOMEM;
     gauge(&b, "kvserve:num_requests_running", "Requests admitted to the engine (prefilling or decoding).",
           st->requests_running);
     gauge(&b, "kvserve:num_requests_waiting", "Requests queued, not yet admitted (including preempted ones).",
@@ -209,24 +189,24 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
             st->preemptions);
     meta(&b, "kvserve:requests_rejected_total", "counter",
          "Requests refused with 429 because the waiting queue was at a limit (max_queue, max_queued_tokens).");
-    bprintf(&b, "kvserve:requests_rejected_total{reason=\"max_queue\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:requests_rejected_total{reason=\"max_queue\"} %llu\n",
             (unsigned long long)st->requests_rejected);
-    bprintf(&b, "kvserve:requests_rejected_total{reason=\"max_queued_tokens\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:requests_rejected_total{reason=\"max_queued_tokens\"} %llu\n",
             (unsigned long long)st->requests_rejected_tokens);
     gauge(&b, "kvserve:queued_prompt_tokens", "Prompt tokens of waiting, never admitted requests.",
           (double)st->queued_tokens);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"length\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"length\"} %llu\n",
             (unsigned long long)m->requests_finished_length);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"abort\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"abort\"} %llu\n",
             (unsigned long long)m->requests_finished_abort);
-    bprintf(&b, "kvserve:request_success_total{finished_reason=\"error\"} %llu\n",
+    kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"error\"} %llu\n",
             (unsigned long long)m->requests_finished_error);
     meta(&b, "kvserve:http_requests_total", "counter", "HTTP responses by status class.");
     for (int i = 0; i < SRV_METRICS_STATUS_CLASSES; i++)
-        bprintf(&b, "kvserve:http_requests_total{code=\"%dxx\"} %llu\n", i + 1,
+        kvs_buf_printf(&b, "kvserve:http_requests_total{code=\"%dxx\"} %llu\n", i + 1,
                 (unsigned long long)m->http_requests[i]);
     hist(&b, "kvserve:time_to_first_token_seconds", "Time from request arrival to the first generated token.",
          &m->ttft);
@@ -249,8 +229,10 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
                 "KV-cache event batches dropped (publisher queue full, or out of memory).", ks.batches_dropped);
     }
     render_vllm(&b, m, st);
-    if (b.oom) { free(b.p); return SRV_METRICS_ERR_NOMEM; }
-    *out = b.p;
-    *len = b.len;
+    size_t n = b.len;
+    char *text = kvs_buf_take(&b); /* NULL when an append failed */
+    if (!text) return SRV_METRICS_ERR_NOMEM;
+    *out = text;
+    *len = n;
     return SRV_METRICS_OK;
 }

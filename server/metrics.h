@@ -22,9 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/common.h"
+
 #include "server/scheduler.h"
 
-enum { SRV_METRICS_OK = 0, SRV_METRICS_ERR_NOMEM = -2 };
+enum { SRV_METRICS_OK = KVS_OK, SRV_METRICS_ERR_NOMEM = KVS_ERR_NOMEM };
 
 #define SRV_HIST_MAX_BUCKETS 24
 typedef struct srv_histogram {

@@ -20,25 +20,13 @@
 #include <string.h>
 
 /* ---- small helpers ---------------------------------------------------------------------------------------- */
-const char *srv_sched_strerror(int err) {
-    switch (err) {
-    case SRV_SCHED_OK: return "ok";
-    case SRV_SCHED_ERR_INVALID: return "invalid argument";
-    case SRV_SCHED_ERR_NOMEM: return "out of memory";
-    case SRV_SCHED_ERR_QUEUE_FULL: return "request queue is full";
-    case SRV_SCHED_ERR_NOT_FOUND: return "no such request";
-    case SRV_SCHED_ERR_STOPPED: return "scheduler is stopping";
-    case SRV_SCHED_ERR_THREAD: return "could not create a thread or handle";
-    case SRV_SCHED_ERR_TOO_LONG: return "prompt is longer than the context";
-    default: return "unknown error";
-    }
-}
+const char *srv_sched_strerror(int err) { return kvs_strerror(err); }
 
 const char *srv_sched_finish_name(srv_sched_finish f) {
     switch (f) {
     case SRV_SCHED_FINISH_STOP: return "stop";
     case SRV_SCHED_FINISH_LENGTH: return "length";
-    case SRV_SCHED_FINISH_CANCELLED: return "cancelled";
+    case SRV_SCHED_FINISH_CANCELLED: return "abort";
     case SRV_SCHED_FINISH_ERROR: return "error";
     default: return "";
     }
@@ -93,7 +81,7 @@ static void req_free(srv_sched *s, sched_req *r) {
             if (c->sampler) s->ops.sampler_free(s->ops.ctx, c->sampler);
             srv_stop_free(c->stop);
             free(c->gen);
-            free(c->txt);
+            kvs_buf_free(&c->txt);
             free(c->smp);
         }
         free(r->ch);
@@ -121,7 +109,7 @@ static const int32_t *known_tokens(srv_sched *s, const sched_req *r, const sched
 }
 
 /* ---- batch building ------------------------------------------------------------------------------------------ */
-static int32_t blocks_avail(srv_sched *s, int32_t reserved) { return kvc_blocks_available(s->cache) - reserved; }
+static int32_t blocks_avail(srv_sched *s, int32_t reserved) { return srv_bm_available(&s->bm) - reserved; }
 
 static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bool logits, bool prompt) {
     batch_group *g = &s->groups[s->n_groups++];
@@ -178,7 +166,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
         for (int32_t j = 0; j < p->n; j++) {
             const sched_choice *d = &p->ch[j];
             if (d == c || d->finished || d->seq < 0) continue;
-            int32_t lim = kvc_seq_len(s->cache, d->seq), kd = known_len(p, d);
+            int32_t lim = srv_bm_seq_len(&s->bm, d->seq), kd = known_len(p, d);
             if (kd < lim) lim = kd;
             if (n < lim) lim = n;
             if (lim <= best) continue;
@@ -200,22 +188,20 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
  * (then nothing changed) or on an allocation failure (then the choice has failed). */
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
-    if (kvc_seq_alloc(s->cache, &seq) != KVC_OK) return -1;
+    if (srv_bm_seq_open(&s->bm, &seq) != 0) return -1;
     const int32_t *toks = known_tokens(s, r, c);
     if (!toks) {
-        kvc_seq_free(s->cache, seq);
+        srv_bm_seq_close(&s->bm, seq);
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
         return -1;
     }
-    int32_t cached = 0, n = known_len(r, c) - 1, donor = -1, matched = 0;
+    int32_t n = known_len(r, c) - 1, donor = -1;
     int32_t shared = best_donor(s, r, c, n, &donor);
-    if (shared > 0 && kvc_prefix_match(s->cache, toks, n, &matched) == KVC_OK && shared > matched &&
-        kvc_copy_prefix(s->cache, donor, seq, shared) == KVC_OK) {
-        cached = shared;
+    bool copied;
+    int32_t cached = srv_bm_attach_prefix(&s->bm, seq, toks, n, donor, shared, &copied);
+    if (copied) {
         s->c_copy_query += (uint64_t)n;
         s->c_copy_hit += (uint64_t)shared;
-    } else if (kvc_attach_prefix(s->cache, seq, toks, n, &cached) != KVC_OK) {
-        cached = 0;
     }
     c->seq = seq;
     c->n_cached = cached;
@@ -227,7 +213,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
 static int32_t fit_tokens(srv_sched *s, int32_t seq, int32_t want, int32_t avail, int32_t *need_out) {
     *need_out = 0;
     if (want <= 0 || avail < 0) return 0;
-    int32_t need = kvc_blocks_needed(s->cache, seq, want);
+    int32_t need = srv_bm_needed(&s->bm, seq, want);
     if (need >= 0 && need <= avail) {
         *need_out = need;
         return want;
@@ -235,11 +221,11 @@ static int32_t fit_tokens(srv_sched *s, int32_t seq, int32_t want, int32_t avail
     int32_t lo = 0, hi = want; /* lo fits, hi does not */
     while (hi - lo > 1) {
         int32_t mid = lo + (hi - lo) / 2;
-        int32_t nm = kvc_blocks_needed(s->cache, seq, mid);
+        int32_t nm = srv_bm_needed(&s->bm, seq, mid);
         if (nm >= 0 && nm <= avail) lo = mid;
         else hi = mid;
     }
-    if (lo > 0) *need_out = kvc_blocks_needed(s->cache, seq, lo);
+    if (lo > 0) *need_out = srv_bm_needed(&s->bm, seq, lo);
     return lo;
 }
 
@@ -254,7 +240,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
             if (start_seq(s, r, c) != 0) continue;
             if (blocks_avail(s, *reserved) < 0) {
                 /* attaching took cached blocks that this batch already counted on: not this step */
-                kvc_seq_free(s->cache, c->seq);
+                srv_bm_seq_close(&s->bm, c->seq);
                 c->seq = -1;
                 c->n_cached = 0;
                 continue;
@@ -286,11 +272,7 @@ static void handle_logits(srv_sched *s, sched_req *r, sched_choice *c, int32_t e
             sched_choice *d = &r->ch[i];
             if (d->finished || d->seq >= 0 || d->n_gen != 0) continue;
             int32_t seq;
-            if (kvc_seq_alloc(s->cache, &seq) != KVC_OK) continue; /* recomputed later */
-            if (kvc_copy_prefix(s->cache, c->seq, seq, r->n_prompt) != KVC_OK) {
-                kvc_seq_free(s->cache, seq);
-                continue;
-            }
+            if (srv_bm_fork(&s->bm, c->seq, r->n_prompt, &seq) != 0) continue; /* recomputed later */
             d->seq = seq;
             d->n_cached = r->n_prompt;
         }
@@ -343,7 +325,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
         for (int32_t j = 0; j < r->n && budget > 0; j++) {
             sched_choice *c = &r->ch[j];
             if (c->finished || c->seq < 0 || known_len(r, c) - c->n_cached != 1) continue;
-            int32_t need = kvc_blocks_needed(s->cache, c->seq, 1);
+            int32_t need = srv_bm_needed(&s->bm, c->seq, 1);
             if (need < 0 || need > blocks_avail(s, reserved)) {
                 sched_req *victim = sched_pick_victim(s);
                 if (victim) {
@@ -523,11 +505,9 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (!s) return SRV_SCHED_ERR_NOMEM;
     s->p = *params;
     s->ops = *ops;
-    s->cache = cache;
-    kvc_layout lay;
-    kvc_get_layout(cache, &lay);
-    s->block_size = lay.block_size;
-    s->blocks_total = lay.n_blocks;
+    srv_bm_init(&s->bm, cache);
+    s->block_size = s->bm.block_size;
+    s->blocks_total = s->bm.n_blocks;
     s->next_id = 1;
     size_t nb = (size_t)params->batch_tokens;
     s->b_token = malloc(nb * sizeof *s->b_token);
@@ -619,7 +599,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     if (!s || !req || !id || !req->cb || !req->prompt || req->n_prompt < 1 || req->n < 1 ||
         req->n > s->p.parallel || (req->n_stop > 0 && !req->stop) ||
         (req->sampling.n_logit_bias > 0 && !req->sampling.logit_bias) || req->sampling.n_top_logprobs < 0 ||
-        req->sampling.n_top_logprobs > 20)
+        req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS)
         return SRV_SCHED_ERR_INVALID;
     for (int32_t i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;
@@ -644,6 +624,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     r->sp.logit_bias = r->bias;
     r->ignore_eos = req->ignore_eos;
     r->penalize_prompt = req->penalize_prompt;
+    r->report_eog = req->report_eog;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

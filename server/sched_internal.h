@@ -11,6 +11,7 @@
 
 #include <stdatomic.h>
 
+#include "server/block_manager.h"
 #include "server/scheduler.h"
 #include "server/stop.h"
 
@@ -28,8 +29,7 @@ typedef struct sched_choice {
     srv_sched_finish reason;
     const char *error;      /* static message for FINISH_ERROR */
     /* output of the current step */
-    char *txt;
-    size_t txt_len, txt_cap;
+    kvs_buf txt;             /* text not yet sent in an event */
     eng_sample *smp;
     int32_t n_smp, cap_smp;
     bool end_pending;       /* finished in this step: post CHOICE_END */
@@ -46,6 +46,7 @@ typedef struct sched_req {
     eng_logit_bias *bias;
     bool ignore_eos;
     bool penalize_prompt;
+    bool report_eog;         /* srv_sched_request.report_eog */
     srv_sched_event_cb cb;
     void *user;
     atomic_bool cancelled;      /* set by the loop thread */
@@ -91,7 +92,7 @@ typedef struct batch_group {
 struct srv_sched {
     srv_sched_params p;
     srv_engine_ops ops;
-    kvc_cache *cache;
+    srv_bm bm;               /* the scheduler's only access to the KV cache */
     int32_t block_size;
     int32_t blocks_total;
     int32_t *eog;            /* EOG token ids [n_eog] (banned for ignore_eos) */

@@ -6,21 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int append_text(sched_choice *c, const char *t, size_t n) {
-    if (n == 0) return 0;
-    if (c->txt_len + n > c->txt_cap) {
-        size_t cap = c->txt_cap ? c->txt_cap : 64;
-        while (cap < c->txt_len + n) cap *= 2;
-        char *p = realloc(c->txt, cap);
-        if (!p) return -1;
-        c->txt = p;
-        c->txt_cap = cap;
-    }
-    memcpy(c->txt + c->txt_len, t, n);
-    c->txt_len += n;
-    return 0;
-}
-
 /* ---- events ---------------------------------------------------------------------------------------------- */
 /* Events are built during a step on the scheduler thread (out list) and posted at its end. CHOICE_END and
  * DONE events are allocated at submit so that they can always be delivered; a DELTA that cannot be allocated
@@ -43,7 +28,7 @@ static void feed_text(srv_sched *s, sched_req *r, sched_choice *c, const char *t
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
         return;
     }
-    if (append_text(c, o, ol) != 0) {
+    if (kvs_buf_append(&c->txt, o, ol) != 0) {
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
         return;
     }
@@ -78,7 +63,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
     c->error = error;
     c->end_pending = true;
     if (c->seq >= 0) {
-        kvc_seq_free(s->cache, c->seq);
+        srv_bm_seq_close(&s->bm, c->seq);
         c->seq = -1;
         c->n_cached = 0;
     }
@@ -96,14 +81,14 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
                 size_t ol;
                 bool stopped = false;
                 if (srv_stop_push(c->stop, t, n, &o, &ol, &stopped) == SRV_STOP_OK) {
-                    (void)append_text(c, o, ol);
+                    (void)kvs_buf_append(&c->txt, o, ol);
                     if (stopped) c->reason = SRV_SCHED_FINISH_STOP;
                 }
             }
             free(heap);
             const char *o;
             size_t ol;
-            if (srv_stop_flush(c->stop, &o, &ol) == SRV_STOP_OK) (void)append_text(c, o, ol);
+            if (srv_stop_flush(c->stop, &o, &ol) == SRV_STOP_OK) (void)kvs_buf_append(&c->txt, o, ol);
         }
     }
 }
@@ -115,7 +100,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     uint64_t now = uv_hrtime();
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
-        if (c->n_smp > 0 || c->txt_len > 0) {
+        if (c->n_smp > 0 || c->txt.len > 0) {
             sched_event *e = calloc(1, sizeof *e);
             if (e) {
                 e->req = r;
@@ -123,27 +108,27 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
                 e->ev.id = r->id;
                 e->ev.choice = i;
                 e->ev.t = now;
-                if (c->txt_len > 0) {
-                    e->text = malloc(c->txt_len);
-                    if (e->text) memcpy(e->text, c->txt, c->txt_len);
+                if (c->txt.len > 0) {
+                    e->text = malloc(c->txt.len);
+                    if (e->text) memcpy(e->text, c->txt.data, c->txt.len);
                 }
                 if (c->n_smp > 0) {
                     e->samples = malloc((size_t)c->n_smp * sizeof *e->samples);
                     if (e->samples) memcpy(e->samples, c->smp, (size_t)c->n_smp * sizeof *e->samples);
                 }
-                if ((c->txt_len > 0 && !e->text) || (c->n_smp > 0 && !e->samples)) {
+                if ((c->txt.len > 0 && !e->text) || (c->n_smp > 0 && !e->samples)) {
                     free(e->text);
                     free(e->samples);
                     free(e);
                 } else {
                     e->ev.text = e->text;
-                    e->ev.text_len = c->txt_len;
+                    e->ev.text_len = c->txt.len;
                     e->ev.samples = e->samples;
                     e->ev.n_samples = c->n_smp;
                     out_push(s, e);
                 }
             }
-            c->txt_len = 0;
+            kvs_buf_clear(&c->txt);
             c->n_smp = 0;
         }
         if (c->end_pending) {
@@ -232,7 +217,7 @@ void sched_post_events(srv_sched *s, int32_t dropped_new) {
 void sched_refresh_stats_locked(srv_sched *s) {
     srv_sched_stats *st = &s->stats;
     kvc_stats ks;
-    kvc_get_stats(s->cache, &ks);
+    srv_bm_stats(&s->bm, &ks);
     st->requests_running = s->running.n;
     st->requests_waiting = s->waiting.n + s->incoming.n;
     st->seqs_running = ks.seqs_live;
@@ -256,6 +241,22 @@ void sched_refresh_stats_locked(srv_sched *s) {
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
+/* Queues a sample for the choice's next DELTA; false (the choice failed) when out of memory. */
+static bool push_sample(srv_sched *s, sched_req *r, sched_choice *c, const eng_sample *smp) {
+    if (c->n_smp == c->cap_smp) {
+        int32_t cap = c->cap_smp ? c->cap_smp * 2 : 4;
+        eng_sample *p = realloc(c->smp, (size_t)cap * sizeof *p);
+        if (!p) {
+            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
+            return false;
+        }
+        c->smp = p;
+        c->cap_smp = cap;
+    }
+    c->smp[c->n_smp++] = *smp;
+    return true;
+}
+
 void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits) {
     if (r->ignore_eos)
         for (int32_t k = 0; k < s->n_eog; k++) logits[s->eog[k]] = -INFINITY;
@@ -282,20 +283,11 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
     if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
     r->protect = false;
     if (!r->ignore_eos && s->ops.token_is_eog(s->ops.ctx, smp.token)) {
+        if (r->report_eog && !push_sample(s, r, c, &smp)) return;
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
         return;
     }
-    if (c->n_smp == c->cap_smp) {
-        int32_t cap = c->cap_smp ? c->cap_smp * 2 : 4;
-        eng_sample *p = realloc(c->smp, (size_t)cap * sizeof *p);
-        if (!p) {
-            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
-            return;
-        }
-        c->smp = p;
-        c->cap_smp = cap;
-    }
-    c->smp[c->n_smp++] = smp;
+    if (!push_sample(s, r, c, &smp)) return;
     char *heap;
     const char *t;
     size_t n = 0;

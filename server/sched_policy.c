@@ -13,7 +13,7 @@ void sched_preempt(srv_sched *s, sched_req *r) {
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->seq >= 0) {
-            kvc_seq_free(s->cache, c->seq);
+            srv_bm_seq_close(&s->bm, c->seq);
             c->seq = -1;
             c->n_cached = 0;
         }
@@ -86,7 +86,7 @@ static int64_t running_demand(srv_sched *s) {
             sched_choice *c = &r->ch[j];
             if (c->finished) continue;
             if (c->seq >= 0) {
-                int32_t n = kvc_blocks_needed(s->cache, c->seq, known_len(r, c) - c->n_cached + 1);
+                int32_t n = srv_bm_needed(&s->bm, c->seq, known_len(r, c) - c->n_cached + 1);
                 if (n > 0) total += n;
             } else if (!(c->idx > 0 && c->n_gen == 0)) {
                 total += ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
@@ -132,7 +132,7 @@ int sched_admit_head(srv_sched *s) {
      * are merely cached are not: attaching them takes them out of the available count just as computing
      * them would. The blocks this step already reserved are part of the running requests' demand. */
     if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
-    if (need - shared_in_use(s, r, c0) > kvc_blocks_available(s->cache) - running_demand(s)) return 0;
+    if (need - shared_in_use(s, r, c0) > srv_bm_available(&s->bm) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && sched_prefix_wait(s, r, c0)) return 0;
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];

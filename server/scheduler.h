@@ -72,6 +72,8 @@
 
 #include <uv.h>
 
+#include "common/common.h"
+
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
 
@@ -80,18 +82,19 @@ extern "C" {
 #endif
 
 enum {
-    SRV_SCHED_OK = 0,
-    SRV_SCHED_ERR_INVALID = -1,    /* an argument is out of range (empty prompt, n < 1, NULL callback ...) */
-    SRV_SCHED_ERR_NOMEM = -2,      /* an allocation failed */
-    SRV_SCHED_ERR_QUEUE_FULL = -3, /* the waiting queue is at max_queue requests or max_queued_tokens prompt
-                                      tokens: answer 429 + Retry-After */
-    SRV_SCHED_ERR_NOT_FOUND = -4,  /* no live request has that id (already done, or never existed) */
-    SRV_SCHED_ERR_STOPPED = -5,    /* the scheduler is shutting down */
-    SRV_SCHED_ERR_THREAD = -6,     /* a thread, mutex or uv handle could not be created */
-    SRV_SCHED_ERR_TOO_LONG = -7,   /* prompt longer than n_ctx (the API layer answers 400) */
+    SRV_SCHED_OK = KVS_OK,
+    SRV_SCHED_ERR_INVALID = KVS_ERR_INVALID,       /* an argument is out of range (empty prompt, n < 1, NULL callback
+                                                      ...) */
+    SRV_SCHED_ERR_NOMEM = KVS_ERR_NOMEM,           /* an allocation failed */
+    SRV_SCHED_ERR_QUEUE_FULL = KVS_ERR_QUEUE_FULL, /* the waiting queue is at max_queue requests or
+                                                      max_queued_tokens prompt tokens: answer 429 + Retry-After */
+    SRV_SCHED_ERR_NOT_FOUND = KVS_ERR_NOT_FOUND,   /* no live request has that id (already done, or never existed) */
+    SRV_SCHED_ERR_STOPPED = KVS_ERR_STOPPED,       /* the scheduler is shutting down */
+    SRV_SCHED_ERR_THREAD = KVS_ERR_THREAD,         /* a thread, mutex or uv handle could not be created */
+    SRV_SCHED_ERR_TOO_LONG = KVS_ERR_TOO_LONG,     /* prompt longer than n_ctx (the API layer answers 400) */
 };
 
-/* Static text for an SRV_SCHED_* code (never NULL). */
+/* Historical name of kvs_strerror (SRV_SCHED_* codes are kvs_err values); new code calls kvs_strerror. */
 const char *srv_sched_strerror(int err);
 
 /* ---- the engine, abstracted ------------------------------------------------------------------------------
@@ -161,7 +164,7 @@ typedef enum {
     SRV_SCHED_FINISH_ERROR,      /* see the event's error message */
 } srv_sched_finish;
 
-/* "stop", "length", "cancelled", "error" ("" for NONE). */
+/* The finish_reason the API reports: "stop", "length", "abort" (cancelled), "error" ("" for NONE). */
 const char *srv_sched_finish_name(srv_sched_finish f);
 
 typedef enum {
@@ -197,7 +200,8 @@ typedef struct srv_sched_event {
     size_t text_len;
     const eng_sample *samples;/* DELTA: the tokens sampled for this choice since its last event, with logprob
                                  and the top-N (sampling.n_top_logprobs); an EOG token that ended the choice
-                                 is not included (it has no text) but counts in usage.completion_tokens;
+                                 is not included (it has no text; unless the request asked report_eog) but
+                                 counts in usage.completion_tokens;
                                  CHOICE_END: none */
     int32_t n_samples;
     uint64_t t;               /* uv_hrtime() when the step that produced this event ended (ITL source) */
@@ -224,6 +228,8 @@ typedef struct srv_sched_request {
     bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
                                  llama.cpp's server does); false: only generated tokens (needs
                                  ops.sampler_accept, ignored without it) */
+    bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
+                                 last DELTA (for callers that print token ids, like `kvserve generate`) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

@@ -105,7 +105,7 @@ static void load_done(uv_work_t *w, int status) {
     d->loading = false;
     if (status != 0 || d->load_rc != 0) {
         fprintf(stderr, "kvserve: cannot load model '%s': %s\n", c->model,
-                d->load_err[0] ? d->load_err : (status ? uv_strerror(status) : eng_strerror(d->load_rc)));
+                d->load_err[0] ? d->load_err : (status ? uv_strerror(status) : kvs_strerror(d->load_rc)));
         d->exit_code = 1;
         begin_shutdown(d, NULL);
         return;
@@ -129,7 +129,7 @@ static void load_done(uv_work_t *w, int status) {
     if (r == 0) d->have_ops = true;
     if (r == 0) r = srv_sched_create(&sp, &d->ops, &d->loop, &d->sched);
     if (r != 0) {
-        fprintf(stderr, "kvserve: cannot start the scheduler: %s\n", srv_sched_strerror(r));
+        fprintf(stderr, "kvserve: cannot start the scheduler: %s\n", kvs_strerror(r));
         d->exit_code = 1;
         begin_shutdown(d, NULL);
         return;

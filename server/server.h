@@ -18,18 +18,20 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "common/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 enum {
-    SRV_OK = 0,
-    SRV_ERR_INVALID = -1,  /* a configuration key, value or flag is invalid (see err) */
-    SRV_ERR_NOMEM = -2,
-    SRV_ERR_IO = -3,       /* the config file cannot be read */
-    SRV_ERR_MODEL = -4,    /* the model could not be loaded */
-    SRV_ERR_BIND = -5,     /* the listen address could not be bound */
-    SRV_ERR_HELP = -6,     /* --help was given: usage printed, exit 0 */
+    SRV_OK = KVS_OK,
+    SRV_ERR_INVALID = KVS_ERR_INVALID, /* a configuration key, value or flag is invalid (see err) */
+    SRV_ERR_NOMEM = KVS_ERR_NOMEM,
+    SRV_ERR_IO = KVS_ERR_IO,           /* the config file cannot be read */
+    SRV_ERR_MODEL = KVS_ERR_MODEL,     /* the model could not be loaded */
+    SRV_ERR_BIND = KVS_ERR_BIND,       /* the listen address could not be bound */
+    SRV_ERR_HELP = KVS_ERR_HELP,       /* --help was given: usage printed, exit 0 */
 };
 
 typedef struct srv_config {

@@ -19,14 +19,16 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "common/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 enum {
-    SRV_STOP_OK = 0,
-    SRV_STOP_ERR_INVALID = -1, /* NULL where not allowed */
-    SRV_STOP_ERR_NOMEM = -2,
+    SRV_STOP_OK = KVS_OK,
+    SRV_STOP_ERR_INVALID = KVS_ERR_INVALID, /* NULL where not allowed */
+    SRV_STOP_ERR_NOMEM = KVS_ERR_NOMEM,
 };
 
 typedef struct srv_stop srv_stop;

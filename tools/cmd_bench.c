@@ -7,6 +7,10 @@
  * does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}]}
+ *
+ * Unlike `generate` and `serve`, bench drives eng_decode with its own loop, on purpose: it measures the
+ * engine alone (fixed batch shapes, no scheduler, sampling or detokenizing in the timed region). The
+ * scheduler's own overhead is measured end to end by bench/loadgen.mjs against `serve`.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -15,8 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_engine.h"
+#include "common/common.h"
 #include "engine/engine.h"
+#include "engine/gpu_backend.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -66,7 +71,7 @@ static double run_prefill(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq
     double t = kvs_now_s() - t0;
     kvc_seq_free(kv, s);
     if (rc != 0) {
-        fprintf(stderr, "kvserve bench: prefill failed: %s\n", eng_strerror(rc));
+        fprintf(stderr, "kvserve bench: prefill failed: %s\n", kvs_strerror(rc));
         return -1;
     }
     return t;
@@ -92,7 +97,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
         double t0 = kvs_now_s();
         int rc = eng_decode(ctx, &bt);
         if (rc != 0) {
-            fprintf(stderr, "kvserve bench: decode failed: %s\n", eng_strerror(rc));
+            fprintf(stderr, "kvserve bench: decode failed: %s\n", kvs_strerror(rc));
             t = -1;
             goto out;
         }

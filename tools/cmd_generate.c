@@ -3,10 +3,11 @@
  *                  [--top-p P] [--seed S] [--top-logprobs K] [--json] [--threads N]`
  *
  * Generates a completion for each prompt. With -f every non-empty line of the file is one JSON string (one
- * prompt); all prompts run together as one multi-sequence batch: the prompts are prefilled together, then
- * every unfinished sequence decodes one token per step in one batch. A sequence stops at an end-of-generation
- * token (which is kept as its last token) or after N tokens (default 32). Sampling defaults to greedy
- * (--temp 0). Prompts are tokenized with special tokens added and parsed.
+ * prompt). The prompts run through the same continuous-batching scheduler as `kvserve serve`
+ * (server/scheduler.h, over a private event loop): each prompt is one request, all are admitted together and
+ * batched step by step (prompt chunks and decode tokens of every unfinished sequence in one batch). A
+ * sequence stops at an end-of-generation token (which is kept as its last token) or after N tokens (default
+ * 32). Sampling defaults to greedy (--temp 0). Prompts are tokenized with special tokens added and parsed.
  *
  * Output: without --json each completion's text on stdout (a blank line between prompts), speeds on stderr.
  * With --json one line per prompt, in input order:
@@ -20,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine/engine.h"
+#include "server/scheduler.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -41,33 +44,31 @@ static void generate_usage(FILE *f) {
             "  --device D             auto (default: the GPU when there is one), cpu or cuda\n");
 }
 
+typedef struct gen_opts {
+    const char *model_path, *prompt, *file;
+    long n_predict, top_k, top_logprobs, threads, seed;
+    int device;
+    float temp, top_p;
+    bool json;
+} gen_opts;
+
 typedef struct gen_seq {
     char *prompt;
     int32_t *prompt_tokens;
     int32_t n_prompt;
-    int32_t seq;
-    eng_sampler *sampler;
     eng_sample *samples; /* [n_predict] */
     int32_t n_gen;
-    bool done;
-    char *text;
-    size_t text_len, text_cap;
-    eng_detok detok;
+    kvs_buf text;
+    const char *error;   /* a FINISH_ERROR message (static text of the scheduler), NULL when none */
+    uint64_t t_first_token, t_end;
+    struct gen_run *run;
 } gen_seq;
 
-static int append_text(gen_seq *g, const char *s, size_t n) {
-    if (g->text_len + n + 1 > g->text_cap) {
-        size_t cap = (g->text_len + n + 1) * 2;
-        char *t = realloc(g->text, cap);
-        if (!t) return -1;
-        g->text = t;
-        g->text_cap = cap;
-    }
-    memcpy(g->text + g->text_len, s, n);
-    g->text_len += n;
-    g->text[g->text_len] = '\0';
-    return 0;
-}
+/* What the scheduler's callbacks fill in (loop thread). */
+typedef struct gen_run {
+    int n_done;          /* prompts whose DONE arrived */
+    int32_t n_predict;
+} gen_run;
 
 /* Reads the prompts of a JSONL file: one JSON string per non-empty line. */
 static int read_prompts(const char *path, char ***out, int *n_out) {
@@ -140,54 +141,20 @@ static void print_json(const gen_seq *g, int top_k) {
         }
         cJSON_AddItemToArray(tops, step);
     }
-    cJSON_AddStringToObject(o, "text", g->text ? g->text : "");
+    cJSON_AddStringToObject(o, "text", g->text.data ? g->text.data : "");
     char *s = cJSON_PrintUnformatted(o);
     if (s) printf("%s\n", s);
     free(s);
     cJSON_Delete(o);
 }
 
-/* Records a sampled token for g (text, EOG, limit). */
-static int take_token(const eng_model *model, gen_seq *g, const eng_sample *s, int32_t n_predict) {
-    g->samples[g->n_gen++] = *s;
-    char buf[256];
-    size_t n = 0;
-    if (eng_detok_push(model, &g->detok, s->token, false, buf, sizeof buf, &n) == 0 && append_text(g, buf, n) != 0)
-        return -1;
-    if (eng_token_is_eog(model, s->token) || g->n_gen >= n_predict) {
-        g->done = true;
-        if (eng_detok_flush(&g->detok, buf, sizeof buf, &n) == 0 && append_text(g, buf, n) != 0) return -1;
-    }
-    return 0;
-}
-
-/* Runs one batch and samples a token for every row that wants logits (row r belongs to gs[owner[r]]). */
-static int run_step(eng_ctx *ctx, const eng_model *model, gen_seq *gs, const eng_batch *b, const int32_t *owner,
-                    int32_t n_predict) {
-    int rc = eng_decode(ctx, b);
-    if (rc != 0) {
-        fprintf(stderr, "kvserve generate: decode failed: %s\n", eng_strerror(rc));
-        return rc;
-    }
-    for (int32_t r = 0; r < b->n; r++) {
-        if (!b->want_logits[r]) continue;
-        eng_sample s;
-        gen_seq *g = &gs[owner[r]];
-        if ((rc = eng_sampler_sample(g->sampler, eng_get_logits(ctx, r), &s)) != 0) {
-            fprintf(stderr, "kvserve generate: sampling failed: %s\n", eng_strerror(rc));
-            return rc;
-        }
-        if (take_token(model, g, &s, n_predict) != 0) return ENG_ERR_NOMEM;
-    }
-    return 0;
-}
-
-int kvs_cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *file = NULL;
-    long n_predict = 32, top_k = 0, top_logprobs = 0, threads = 0, seed = 42;
-    int device = ENG_DEVICE_AUTO;
-    float temp = 0.0f, top_p = 1.0f;
-    bool json = false;
+/* Parses the command line into *o: -1 to go on, else the exit status (help printed: 0, bad usage: 2). */
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 32;
+    o->seed = 42;
+    o->device = ENG_DEVICE_AUTO;
+    o->top_p = 1.0f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -196,21 +163,21 @@ int kvs_cmd_generate(int argc, char **argv) {
             generate_usage(stdout);
             return 0;
         } else if (!strcmp(a, "--json")) {
-            json = true;
+            o->json = true;
             takes = false;
         } else if (!v) {
             ok = false;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = kvs_parse_long(v, 1, 1 << 20, &n_predict);
-        else if (!strcmp(a, "--temp")) ok = kvs_parse_float(v, &temp);
-        else if (!strcmp(a, "--top-k")) ok = kvs_parse_long(v, 0, 1 << 30, &top_k);
-        else if (!strcmp(a, "--top-p")) ok = kvs_parse_float(v, &top_p);
-        else if (!strcmp(a, "--seed")) ok = kvs_parse_long(v, 0, __LONG_MAX__, &seed);
-        else if (!strcmp(a, "--top-logprobs")) ok = kvs_parse_long(v, 0, 20, &top_logprobs);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
-        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_path = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = kvs_parse_long(v, 1, 1 << 20, &o->n_predict);
+        else if (!strcmp(a, "--temp")) ok = kvs_parse_float(v, &o->temp);
+        else if (!strcmp(a, "--top-k")) ok = kvs_parse_long(v, 0, 1 << 30, &o->top_k);
+        else if (!strcmp(a, "--top-p")) ok = kvs_parse_float(v, &o->top_p);
+        else if (!strcmp(a, "--seed")) ok = kvs_parse_long(v, 0, __LONG_MAX__, &o->seed);
+        else if (!strcmp(a, "--top-logprobs")) ok = kvs_parse_long(v, 0, KVS_MAX_TOP_LOGPROBS, &o->top_logprobs);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &o->device);
         else {
             fprintf(stderr, "kvserve generate: unknown option '%s'\n", a);
             generate_usage(stderr);
@@ -222,179 +189,213 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
         if (takes) i++;
     }
-    if (!model_path || (!prompt == !file)) {
+    if (!o->model_path || (!o->prompt == !o->file)) {
         fprintf(stderr, "kvserve generate: need -m MODEL and exactly one of -p PROMPT / -f FILE\n");
         generate_usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+/* Tokenizes every prompt (special tokens added and parsed); *max_prompt and *total get the longest and the
+ * summed lengths. */
+static int tokenize_prompts(const eng_model *model, gen_seq *gs, int n_prompts, int32_t n_predict,
+                            int32_t *max_prompt, int32_t *total) {
+    *max_prompt = *total = 0;
+    for (int i = 0; i < n_prompts; i++) {
+        gen_seq *g = &gs[i];
+        size_t len = strlen(g->prompt);
+        int32_t n = 0;
+        eng_tokenize(model, g->prompt, len, true, true, NULL, 0, &n);
+        g->prompt_tokens = malloc((size_t)(n > 0 ? n : 1) * sizeof *g->prompt_tokens);
+        g->samples = malloc((size_t)n_predict * sizeof *g->samples);
+        if (!g->prompt_tokens || !g->samples) return KVS_ERR_NOMEM;
+        int rc = eng_tokenize(model, g->prompt, len, true, true, g->prompt_tokens, n, &g->n_prompt);
+        if (rc != 0) {
+            fprintf(stderr, "kvserve generate: prompt %d: tokenization failed: %s\n", i + 1, kvs_strerror(rc));
+            return rc;
+        }
+        if (g->n_prompt == 0) {
+            fprintf(stderr, "kvserve generate: prompt %d is empty (no tokens)\n", i + 1);
+            return KVS_ERR_INVALID;
+        }
+        if (g->n_prompt > *max_prompt) *max_prompt = g->n_prompt;
+        *total += g->n_prompt;
+    }
+    return 0;
+}
+
+/* The scheduler's events for one prompt (loop thread): tokens, text, errors, the end. */
+static void on_event(const srv_sched_event *ev, void *user) {
+    gen_seq *g = user;
+    switch (ev->type) {
+    case SRV_SCHED_EV_DELTA:
+        for (int32_t k = 0; k < ev->n_samples && g->n_gen < g->run->n_predict; k++)
+            g->samples[g->n_gen++] = ev->samples[k];
+        kvs_buf_append(&g->text, ev->text, ev->text_len);
+        break;
+    case SRV_SCHED_EV_CHOICE_END:
+        kvs_buf_append(&g->text, ev->text, ev->text_len);
+        if (ev->finish == SRV_SCHED_FINISH_ERROR) g->error = ev->error ? ev->error : "internal error";
+        break;
+    case SRV_SCHED_EV_DONE:
+        g->t_first_token = ev->timings.t_first_token;
+        g->t_end = ev->timings.t_end;
+        g->run->n_done++;
+        break;
+    }
+}
+
+/* Runs every prompt through the scheduler on a private loop until all are done. 0, or an error (printed). */
+static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_params *cp, const gen_opts *o,
+                         gen_seq *gs, int n_prompts) {
+    gen_run run = {.n_predict = (int32_t)o->n_predict};
+    uv_loop_t loop;
+    if (uv_loop_init(&loop) != 0) return KVS_ERR_THREAD;
+    srv_engine_ops ops;
+    srv_sched *sched = NULL;
+    int rc = srv_engine_ops_init(&ops, model, ctx);
+    if (rc != 0) {
+        uv_loop_close(&loop);
+        return rc;
+    }
+    srv_sched_params sp;
+    srv_sched_params_default(&sp);
+    sp.batch_tokens = cp->max_batch_tokens;
+    sp.parallel = n_prompts;
+    sp.max_queue = n_prompts;
+    sp.n_ctx = cp->n_ctx;
+    rc = srv_sched_create(&sp, &ops, &loop, &sched);
+    if (rc != 0) fprintf(stderr, "kvserve generate: scheduler: %s\n", kvs_strerror(rc));
+    int submitted = 0;
+    for (int i = 0; rc == 0 && i < n_prompts; i++) {
+        srv_sched_request rq;
+        memset(&rq, 0, sizeof rq);
+        rq.prompt = gs[i].prompt_tokens;
+        rq.n_prompt = gs[i].n_prompt;
+        rq.n = 1;
+        rq.max_tokens = (int32_t)o->n_predict;
+        eng_sampling_params_default(&rq.sampling);
+        rq.sampling.temperature = o->temp;
+        rq.sampling.top_k = (int32_t)o->top_k;
+        rq.sampling.top_p = o->top_p;
+        rq.sampling.seed = (uint64_t)o->seed;
+        rq.sampling.n_top_logprobs = (int32_t)o->top_logprobs;
+        rq.report_eog = true;
+        rq.cb = on_event;
+        rq.user = &gs[i];
+        gs[i].run = &run;
+        uint64_t id;
+        rc = srv_sched_submit(sched, &rq, &id);
+        if (rc != 0) fprintf(stderr, "kvserve generate: prompt %d: %s\n", i + 1, kvs_strerror(rc));
+        else submitted++;
+    }
+    while (run.n_done < submitted) uv_run(&loop, UV_RUN_ONCE);
+    srv_sched_free(sched);      /* finishes what was left (after a failed submit) */
+    uv_run(&loop, UV_RUN_DEFAULT); /* lets the scheduler's async handle close */
+    uv_loop_close(&loop);
+    srv_engine_ops_release(&ops);
+    for (int i = 0; rc == 0 && i < n_prompts; i++) {
+        if (gs[i].text.oom) rc = KVS_ERR_NOMEM;
+        if (gs[i].error) {
+            fprintf(stderr, "kvserve generate: prompt %d: %s\n", i + 1, gs[i].error);
+            rc = KVS_ERR_STATE;
+        }
+    }
+    return rc;
+}
+
+/* The completions on stdout; the speeds on stderr. Prefill is the time until every prompt has its first token,
+ * decode the rest (the scheduler overlaps them when prompts differ in length). */
+static void print_results(const gen_seq *gs, int n_prompts, const gen_opts *o, uint64_t t0_ns, int32_t total_prompt,
+                          int32_t threads) {
+    uint64_t t1_ns = t0_ns, t2_ns = t0_ns;
+    int64_t n_decoded = 0;
+    for (int i = 0; i < n_prompts; i++) {
+        if (o->json) {
+            print_json(&gs[i], (int)o->top_logprobs);
+        } else {
+            if (i > 0) fputs("\n\n", stdout);
+            fwrite(gs[i].text.data ? gs[i].text.data : "", 1, gs[i].text.len, stdout);
+        }
+        if (gs[i].t_first_token > t1_ns) t1_ns = gs[i].t_first_token;
+        if (gs[i].t_end > t2_ns) t2_ns = gs[i].t_end;
+        if (gs[i].n_gen > 1) n_decoded += gs[i].n_gen - 1;
+    }
+    if (!o->json) putchar('\n');
+    fflush(stdout);
+    double t1 = (double)(t1_ns - t0_ns) / 1e9, t2 = (double)(t2_ns - t1_ns) / 1e9;
+    fprintf(stderr, "kvserve generate: %d prompt(s), %d prompt tokens in %.3f s (%.1f tok/s); %lld tokens decoded in "
+                    "%.3f s (%.1f tok/s); %d thread(s)\n",
+            n_prompts, total_prompt, t1, total_prompt / (t1 > 0 ? t1 : 1e-9), (long long)n_decoded, t2,
+            n_decoded / (t2 > 0 ? t2 : 1e-9), threads);
+}
+
+int kvs_cmd_generate(int argc, char **argv) {
+    gen_opts o;
+    int status = parse_args(argc, argv, &o);
+    if (status >= 0) return status;
+    status = 1;
 
     char **prompts = NULL;
     int n_prompts = 0;
-    if (file) {
-        if (read_prompts(file, &prompts, &n_prompts) != 0) return 1;
+    if (o.file) {
+        if (read_prompts(o.file, &prompts, &n_prompts) != 0) return 1;
     } else {
         prompts = malloc(sizeof *prompts);
-        if (!prompts || !(prompts[0] = strdup(prompt))) {
+        if (!prompts || !(prompts[0] = strdup(o.prompt))) {
             free(prompts);
             return 1;
         }
         n_prompts = 1;
     }
 
-    int status = 1, rc;
     char err[512];
     eng_model *model = NULL;
     eng_ctx *ctx = NULL;
     gen_seq *gs = calloc((size_t)n_prompts, sizeof *gs);
-    int32_t *bt = NULL, *bp = NULL, *bs = NULL, *owner = NULL;
-    bool *bw = NULL;
     if (!gs) goto done;
-    if ((rc = eng_model_load(model_path, NULL, &model, err, sizeof err)) != 0) {
+    for (int i = 0; i < n_prompts; i++) gs[i].prompt = prompts[i];
+    if (eng_model_load(o.model_path, NULL, &model, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve generate: %s\n", err);
         goto done;
     }
     const eng_hparams *hp = eng_model_hparams(model);
-
-    /* tokenize */
-    int32_t max_prompt = 0, total_prompt = 0;
-    for (int i = 0; i < n_prompts; i++) {
-        gen_seq *g = &gs[i];
-        g->prompt = prompts[i];
-        size_t len = strlen(g->prompt);
-        int32_t n = 0;
-        eng_tokenize(model, g->prompt, len, true, true, NULL, 0, &n);
-        g->prompt_tokens = malloc((size_t)(n > 0 ? n : 1) * sizeof *g->prompt_tokens);
-        g->samples = malloc((size_t)n_predict * sizeof *g->samples);
-        if (!g->prompt_tokens || !g->samples) goto done;
-        if ((rc = eng_tokenize(model, g->prompt, len, true, true, g->prompt_tokens, n, &g->n_prompt)) != 0) {
-            fprintf(stderr, "kvserve generate: prompt %d: tokenization failed: %s\n", i + 1, eng_strerror(rc));
-            goto done;
-        }
-        if (g->n_prompt == 0) {
-            fprintf(stderr, "kvserve generate: prompt %d is empty (no tokens)\n", i + 1);
-            goto done;
-        }
-        if (g->n_prompt > max_prompt) max_prompt = g->n_prompt;
-        total_prompt += g->n_prompt;
-    }
-    if ((int64_t)max_prompt + n_predict > hp->n_ctx_train) {
+    int32_t max_prompt, total_prompt;
+    if (tokenize_prompts(model, gs, n_prompts, (int32_t)o.n_predict, &max_prompt, &total_prompt) != 0) goto done;
+    if ((int64_t)max_prompt + o.n_predict > hp->n_ctx_train) {
         fprintf(stderr, "kvserve generate: prompt (%d tokens) + %ld tokens exceed the model context %d\n", max_prompt,
-                n_predict, hp->n_ctx_train);
+                o.n_predict, hp->n_ctx_train);
         goto done;
     }
 
     eng_ctx_params cp;
     eng_ctx_params_default(&cp);
-    cp.n_threads = (int32_t)threads;
-    cp.device = (eng_device)device;
-    cp.n_ctx = max_prompt + (int32_t)n_predict;
+    cp.n_threads = (int32_t)o.threads;
+    cp.device = (eng_device)o.device;
+    cp.n_ctx = max_prompt + (int32_t)o.n_predict;
     cp.max_seqs = n_prompts;
     cp.max_batch_tokens = total_prompt < 512 ? total_prompt : 512;
     if (cp.max_batch_tokens < n_prompts) cp.max_batch_tokens = n_prompts;
     cp.prefix_caching = false;
-    if ((rc = eng_ctx_create(model, &cp, &ctx, err, sizeof err)) != 0) {
+    if (eng_ctx_create(model, &cp, &ctx, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve generate: %s\n", err);
         goto done;
     }
-    kvc_cache *kv = eng_ctx_cache(ctx);
-    eng_sampling_params sp;
-    eng_sampling_params_default(&sp);
-    sp.temperature = temp;
-    sp.top_k = (int32_t)top_k;
-    sp.top_p = top_p;
-    sp.seed = (uint64_t)seed;
-    sp.n_top_logprobs = (int32_t)top_logprobs;
-    for (int i = 0; i < n_prompts; i++) {
-        if ((rc = eng_sampler_create(&sp, hp->n_vocab, &gs[i].sampler)) != 0) {
-            fprintf(stderr, "kvserve generate: sampler: %s\n", eng_strerror(rc));
-            goto done;
-        }
-        if (kvc_seq_alloc(kv, &gs[i].seq) != 0) goto done;
-    }
-    int32_t mb = cp.max_batch_tokens;
-    bt = malloc((size_t)mb * sizeof *bt);
-    bp = malloc((size_t)mb * sizeof *bp);
-    bs = malloc((size_t)mb * sizeof *bs);
-    owner = malloc((size_t)mb * sizeof *owner);
-    bw = malloc((size_t)mb * sizeof *bw);
-    if (!bt || !bp || !bs || !owner || !bw) goto done;
-
-    /* prefill all prompts together, in chunks of max_batch_tokens */
-    double t0 = kvs_now_s();
-    int cur = 0;
-    int32_t off = 0;
-    while (cur < n_prompts) {
-        int32_t n = 0;
-        while (n < mb && cur < n_prompts) {
-            gen_seq *g = &gs[cur];
-            bt[n] = g->prompt_tokens[off];
-            bp[n] = off;
-            bs[n] = g->seq;
-            owner[n] = cur;
-            bw[n] = off == g->n_prompt - 1;
-            n++;
-            if (++off == g->n_prompt) {
-                cur++;
-                off = 0;
-            }
-        }
-        eng_batch b = {n, bt, bp, bs, bw};
-        if (run_step(ctx, model, gs, &b, owner, (int32_t)n_predict) != 0) goto done;
-    }
-    double t1 = kvs_now_s();
-
-    /* decode all unfinished sequences together */
-    int64_t n_decoded = 0;
-    for (;;) {
-        int32_t n = 0;
-        for (int i = 0; i < n_prompts; i++) {
-            gen_seq *g = &gs[i];
-            if (g->done) continue;
-            bt[n] = g->samples[g->n_gen - 1].token;
-            bp[n] = g->n_prompt + g->n_gen - 1;
-            bs[n] = g->seq;
-            bw[n] = true;
-            owner[n] = i;
-            n++;
-        }
-        if (n == 0) break;
-        eng_batch b = {n, bt, bp, bs, bw};
-        if (run_step(ctx, model, gs, &b, owner, (int32_t)n_predict) != 0) goto done;
-        n_decoded += n;
-    }
-    double t2 = kvs_now_s();
-
-    for (int i = 0; i < n_prompts; i++) {
-        if (json) {
-            print_json(&gs[i], (int)top_logprobs);
-        } else {
-            if (i > 0) fputs("\n\n", stdout);
-            fwrite(gs[i].text ? gs[i].text : "", 1, gs[i].text_len, stdout);
-        }
-    }
-    if (!json) putchar('\n');
-    fflush(stdout);
-    fprintf(stderr, "kvserve generate: %d prompt(s), %d prompt tokens in %.3f s (%.1f tok/s); %lld tokens decoded in "
-                    "%.3f s (%.1f tok/s); %d thread(s)\n",
-            n_prompts, total_prompt, t1 - t0, total_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), (long long)n_decoded,
-            t2 - t1, n_decoded / (t2 - t1 > 0 ? t2 - t1 : 1e-9), eng_ctx_n_threads(ctx));
+    uint64_t t0 = uv_hrtime();
+    if (run_scheduled(model, ctx, &cp, &o, gs, n_prompts) != 0) goto done;
+    print_results(gs, n_prompts, &o, t0, total_prompt, eng_ctx_n_threads(ctx));
     status = 0;
 done:
     if (gs)
         for (int i = 0; i < n_prompts; i++) {
-            eng_sampler_free(gs[i].sampler);
             free(gs[i].prompt_tokens);
             free(gs[i].samples);
-            free(gs[i].text);
+            kvs_buf_free(&gs[i].text);
         }
     free(gs);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
-    free(bt);
-    free(bp);
-    free(bs);
-    free(owner);
-    free(bw);
     eng_ctx_free(ctx);
     eng_model_free(model);
     return status;

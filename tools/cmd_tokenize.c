@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine/engine.h"
 #include "tools/commands.h"
 
@@ -123,7 +124,7 @@ int kvs_cmd_tokenize(int argc, char **argv) {
     char err[512] = "";
     int rc = eng_model_load(model_path, &lp, &model, err, sizeof err);
     if (rc != ENG_OK) {
-        fprintf(stderr, "kvserve tokenize: %s (%s)\n", err[0] ? err : model_path, eng_strerror(rc));
+        fprintf(stderr, "kvserve tokenize: %s (%s)\n", err[0] ? err : model_path, kvs_strerror(rc));
         free(text);
         return 1;
     }
@@ -146,7 +147,7 @@ int kvs_cmd_tokenize(int argc, char **argv) {
         rc = eng_tokenize(model, src, len, add_special, parse_special, ids, cap, &n);
     }
     if (rc != ENG_OK) {
-        fprintf(stderr, "kvserve tokenize: %s\n", eng_strerror(rc));
+        fprintf(stderr, "kvserve tokenize: %s\n", kvs_strerror(rc));
         goto out;
     }
     if (json) {

@@ -1,5 +1,6 @@
 /* model.c: loading a GGUF model (llama, qwen2, qwen3) into struct eng_model, with every tensor checked. */
 #include "engine/format/model.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -17,16 +18,6 @@ void eng_load_params_default(eng_load_params *p) {
     memset(p, 0, sizeof *p);
     p->use_mmap = true;
     p->vocab_only = false;
-}
-
-static int fail(char *err, size_t err_len, int code, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
 }
 
 /* Loader state: the model being built and where messages go. */
@@ -49,13 +40,13 @@ static int get_int(loader *L, const char *suffix, bool required, int32_t def, in
     const char *key = akey(L, suffix);
     int rc = eng_gguf_get_i64(L->m->gguf, key, &v);
     if (rc == ENG_ERR_NOT_FOUND) {
-        if (required) return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing key %s", L->path, key);
+        if (required) return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing key %s", L->path, key);
         *out = def;
         return 0;
     }
-    if (rc != 0) return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s is not an integer", L->path, key);
+    if (rc != 0) return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s is not an integer", L->path, key);
     if (v < 0 || v > INT32_MAX)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s out of range (%lld)", L->path, key,
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s out of range (%lld)", L->path, key,
                     (long long)v);
     *out = (int32_t)v;
     return 0;
@@ -68,7 +59,7 @@ static int get_float(loader *L, const char *suffix, float def, float *out) {
         *out = def;
         return 0;
     }
-    if (rc != 0) return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s is not a float", L->path, key);
+    if (rc != 0) return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: key %s is not a float", L->path, key);
     return 0;
 }
 
@@ -81,7 +72,7 @@ static void copy_str(char *dst, size_t cap, eng_gguf_str s) {
 static const eng_gguf_tensor *find_tensor(loader *L, const char *name, bool required, int *rc) {
     const eng_gguf_tensor *t = eng_gguf_find_tensor(L->m->gguf, name);
     if (!t && required)
-        *rc = fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing tensor %s", L->path, name);
+        *rc = kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing tensor %s", L->path, name);
     return t;
 }
 
@@ -90,7 +81,7 @@ static int check_tensor(loader *L, const eng_gguf_tensor *t, const char *name, i
                         int64_t ne1) {
     const eng_qtype_info *qi = eng_qtype_get(t->type);
     if (!qi || !qi->supported)
-        return fail(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s has unsupported type %s (%u)",
+        return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s has unsupported type %s (%u)",
                     L->path, name, qi && qi->name ? qi->name : "unknown", t->type);
     int64_t want[4] = {ne0, n_dims > 1 ? ne1 : 1, 1, 1};
     bool ok = true;
@@ -98,21 +89,21 @@ static int check_tensor(loader *L, const eng_gguf_tensor *t, const char *name, i
         if (t->ne[d] != want[d]) ok = false;
     if (!ok) {
         if (n_dims == 1)
-            return fail(L->err, L->err_len, ENG_ERR_FORMAT,
+            return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT,
                         "%s: tensor %s has dims [%lld, %lld, %lld, %lld], expected [%lld]", L->path, name,
                         (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                         (long long)ne0);
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT,
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT,
                     "%s: tensor %s has dims [%lld, %lld, %lld, %lld], expected [%lld, %lld]", L->path, name,
                     (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                     (long long)ne0, (long long)ne1);
     }
     size_t need = eng_qtype_row_bytes(t->type, ne0);
     if (need == 0)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: row length %lld is not a multiple of "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: row length %lld is not a multiple of "
                     "the %s block size", L->path, name, (long long)ne0, qi->name);
     if (t->nbytes < need * (size_t)want[1])
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: %zu bytes, expected %zu", L->path,
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: %zu bytes, expected %zu", L->path,
                     name, t->nbytes, need * (size_t)want[1]);
     L->m->weight_bytes += t->nbytes;
     return 0;
@@ -125,7 +116,7 @@ static int load_matrix(loader *L, const char *name, int64_t k, int64_t n_out, en
     if ((rc = check_tensor(L, t, name, 2, k, n_out)) != 0) return rc;
     const eng_qtype_info *qi = eng_qtype_get(t->type);
     if (eng_qtype_row_bytes(qi->dot_type, k) == 0)
-        return fail(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s: row length %lld does not fit the "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s: row length %lld does not fit the "
                     "activation format of type %s", L->path, name, (long long)k, qi->name);
     out->data = t->data;
     out->type = t->type;
@@ -144,11 +135,11 @@ static int load_vector(loader *L, const char *name, int64_t n, bool required, fl
     if (!t) return rc;
     if ((rc = check_tensor(L, t, name, 1, n, 1)) != 0) return rc;
     float *v = malloc((size_t)n * sizeof *v);
-    if (!v) return fail(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
+    if (!v) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
     rc = eng_dequantize_row(t->type, t->data, v, n);
     if (rc != 0) {
         free(v);
-        return fail(L->err, L->err_len, rc, "%s: tensor %s: cannot dequantize", L->path, name);
+        return kvs_errf(L->err, L->err_len, rc, "%s: tensor %s: cannot dequantize", L->path, name);
     }
     *out = v;
     return 0;
@@ -159,7 +150,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     eng_hparams *hp = &m->hp;
     eng_gguf_str s;
     if (eng_gguf_get_str(m->gguf, "general.architecture", &s) != 0)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing key general.architecture", L->path);
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing key general.architecture", L->path);
     copy_str(hp->arch_name, sizeof hp->arch_name, s);
     if (eng_gguf_get_str(m->gguf, "general.name", &s) == 0) {
         copy_str(hp->name, sizeof hp->name, s);
@@ -171,7 +162,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = ENG_ARCH_QWEN2;
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = ENG_ARCH_QWEN3;
     else if (vocab_only) return 0; /* a tokenizer-only load does not need the architecture */
-    else return fail(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
+    else return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
                      hp->arch_name);
     hp->neox_rope = hp->arch != ENG_ARCH_LLAMA;
 
@@ -184,32 +175,32 @@ static int load_hparams(loader *L, bool vocab_only) {
     if ((rc = get_int(L, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) != 0) return rc;
     if (vocab_only) return 0;
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1 || hp->n_ctx_train < 1)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: embedding_length, block_count, head_count, "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: embedding_length, block_count, head_count, "
                     "feed_forward_length and context_length must be positive", L->path);
     if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv "
                     "%d", L->path, hp->n_head, hp->n_head_kv);
     int32_t def_hd = hp->n_embd % hp->n_head == 0 ? hp->n_embd / hp->n_head : 0;
     if ((rc = get_int(L, "attention.key_length", false, def_hd, &hp->head_dim)) != 0) return rc;
     int32_t vlen = 0;
     if ((rc = get_int(L, "attention.value_length", false, hp->head_dim, &vlen)) != 0) return rc;
     if (hp->head_dim < 1 || hp->head_dim % 2 != 0 || vlen != hp->head_dim)
-        return fail(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported head size (key_length %d, "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported head size (key_length %d, "
                     "value_length %d)", L->path, hp->head_dim, vlen);
     if ((rc = get_int(L, "rope.dimension_count", false, hp->head_dim, &hp->n_rot)) != 0) return rc;
     if (hp->n_rot < 2 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.dimension_count %d must be even and at most "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.dimension_count %d must be even and at most "
                     "the head size %d", L->path, hp->n_rot, hp->head_dim);
     if ((rc = get_float(L, "rope.freq_base", 10000.0f, &hp->rope_freq_base)) != 0) return rc;
     float scale_linear = 1.0f;
     if ((rc = get_float(L, "rope.scale_linear", 1.0f, &scale_linear)) != 0) return rc;
     if (!(scale_linear > 0.0f) || !(hp->rope_freq_base > 0.0f))
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.freq_base and rope.scale_linear must be "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.freq_base and rope.scale_linear must be "
                     "positive", L->path);
     hp->rope_freq_scale = 1.0f / scale_linear;
     if ((rc = get_float(L, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps)) != 0) return rc;
     if (!(hp->rms_eps >= 0.0f))
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: negative rms epsilon", L->path);
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: negative rms epsilon", L->path);
     return 0;
 }
 
@@ -220,10 +211,10 @@ static int load_tensors(loader *L) {
     const eng_gguf_tensor *te = find_tensor(L, "token_embd.weight", true, &rc);
     if (!te) return rc;
     if (te->n_dims != 2 || te->ne[0] != hp->n_embd || te->ne[1] < 1 || te->ne[1] > INT32_MAX)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has dims [%lld, %lld], "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has dims [%lld, %lld], "
                     "expected [%d, n_vocab]", L->path, (long long)te->ne[0], (long long)te->ne[1], hp->n_embd);
     if (hp->n_vocab > 0 && te->ne[1] != hp->n_vocab)
-        return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has %lld rows but the "
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has %lld rows but the "
                     "vocabulary has %d tokens", L->path, (long long)te->ne[1], hp->n_vocab);
     hp->n_vocab = (int32_t)te->ne[1];
     const int64_t E = hp->n_embd, V = hp->n_vocab, HD = hp->head_dim;
@@ -241,11 +232,11 @@ static int load_tensors(loader *L) {
     if (m->rope_freqs)
         for (int32_t i = 0; i < hp->n_rot / 2; i++)
             if (!(m->rope_freqs[i] > 0.0f))
-                return fail(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is not "
+                return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is not "
                             "positive", L->path, i);
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) return fail(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
+    if (!m->layers) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
     bool biases_required = hp->arch == ENG_ARCH_QWEN2, qk_norm_required = hp->arch == ENG_ARCH_QWEN3;
     char name[96];
 #define T(suffix) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), name)
@@ -272,17 +263,17 @@ static int load_tensors(loader *L) {
 
 static int read_whole_file(const char *path, void **out, size_t *size, char *err, size_t err_len) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, err_len, ENG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return kvs_errf(err, err_len, ENG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     int rc = 0;
     void *buf = NULL;
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
     if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        rc = fail(err, err_len, ENG_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        rc = kvs_errf(err, err_len, ENG_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
     } else if (!(buf = malloc(len > 0 ? (size_t)len : 1))) {
-        rc = fail(err, err_len, ENG_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, len);
+        rc = kvs_errf(err, err_len, ENG_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, len);
     } else if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        rc = fail(err, err_len, ENG_ERR_IO, "%s: short read", path);
+        rc = kvs_errf(err, err_len, ENG_ERR_IO, "%s: short read", path);
         free(buf);
         buf = NULL;
     }
@@ -294,7 +285,7 @@ static int read_whole_file(const char *path, void **out, size_t *size, char *err
 
 int eng_model_load(const char *path, const eng_load_params *params, eng_model **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
-    if (!path || !out) return fail(err, err_len, ENG_ERR_INVALID, "eng_model_load: NULL argument");
+    if (!path || !out) return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_model_load: NULL argument");
     *out = NULL;
     eng_load_params defp;
     if (!params) {
@@ -304,7 +295,7 @@ int eng_model_load(const char *path, const eng_load_params *params, eng_model **
     eng_model *m = calloc(1, sizeof *m);
     if (!m || !(m->path = strdup(path))) {
         free(m);
-        return fail(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
+        return kvs_errf(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
     }
     pthread_mutex_init(&m->pack_lock, NULL);
     int rc;
@@ -326,7 +317,7 @@ int eng_model_load(const char *path, const eng_load_params *params, eng_model **
     const eng_gguf_str *strs;
     if (eng_gguf_get_arr(m->gguf, "tokenizer.ggml.tokens", &et, &n_tokens, &data, &strs) == 0) {
         if (n_tokens > INT32_MAX) {
-            rc = fail(err, err_len, ENG_ERR_FORMAT, "%s: too many tokens", path);
+            rc = kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: too many tokens", path);
             goto out;
         }
         m->hp.n_vocab = (int32_t)n_tokens;
@@ -337,7 +328,7 @@ int eng_model_load(const char *path, const eng_load_params *params, eng_model **
     if (eng_gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl) == 0) {
         m->chat_template = malloc((size_t)tmpl.len + 1);
         if (!m->chat_template) {
-            rc = fail(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
+            rc = kvs_errf(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
             goto out;
         }
         memcpy(m->chat_template, tmpl.ptr, (size_t)tmpl.len);

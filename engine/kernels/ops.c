@@ -1,5 +1,6 @@
 /* ops.c: f32 kernels of the forward pass, scalar, AVX2+FMA+F16C and (attention) AVX-512. */
 #include "engine/kernels/ops.h"
+#include "common/common.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,14 +15,8 @@
 #endif
 
 bool eng_ops_simd_available(void) {
-#ifdef HAVE_X86
-    /* AVX2 + FMA (and the OS saving YMM state) as quant.h detects them, plus F16C (CPUID.1:ECX bit 29). */
-    unsigned a, b, c, d;
-    if (eng_simd_detect() < ENG_SIMD_AVX2 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
-    return (c >> 29) & 1u;
-#else
-    return false;
-#endif
+    /* AVX2 + FMA + F16C with the OS saving YMM state: common's KVS_CPU_AVX2 level */
+    return kvs_cpu_detect() >= KVS_CPU_AVX2;
 }
 
 void eng_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
@@ -590,15 +585,17 @@ TGT512VL static void tile_accum_f16_avx512(float *o, int32_t m, const float *p, 
 }
 #endif
 
-int eng_ops_attn_level(void) {
+int eng_ops_attn_level_for(int simd) {
 #ifdef HAVE_X86
-    if (!eng_ops_simd_available()) return ENG_OPS_SCALAR;
-    /* AVX-512 with the OS saving its state (eng_simd_detect checks XCR0) */
-    return eng_simd_detect() >= ENG_SIMD_AVX512 ? ENG_OPS_AVX512 : ENG_OPS_AVX2;
+    if (simd >= KVS_CPU_AVX512) return ENG_OPS_AVX512;
+    return simd >= KVS_CPU_AVX2 ? ENG_OPS_AVX2 : ENG_OPS_SCALAR;
 #else
+    (void)simd;
     return ENG_OPS_SCALAR;
 #endif
 }
+
+int eng_ops_attn_level(void) { return eng_ops_attn_level_for(kvs_cpu_detect()); }
 
 void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
                               float *s, int32_t lds, float *work) {

@@ -25,6 +25,8 @@ void eng_rope(float *x, int32_t n_rot, const float *cs, bool neox);
 enum { ENG_OPS_SCALAR = 0, ENG_OPS_AVX2 = 1, ENG_OPS_AVX512 = 2 };
 /* The best attention level this CPU runs. */
 int eng_ops_attn_level(void);
+/* The attention kernel level for a CPU level (kvs_cpu_level / eng_simd_level) detected once by the caller. */
+int eng_ops_attn_level_for(int simd);
 
 /* Tile kernels: m queries at once over n consecutive cache rows of hd values (row t at k + t * hd), so that a
  * cache row is loaded and converted once for all the queries of a tile (the query heads sharing a KV head,

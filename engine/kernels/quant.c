@@ -11,6 +11,7 @@
  * block's float scale product is then applied and the blocks are summed in float.
  */
 #include "engine/kernels/quant.h"
+#include "common/common.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -779,63 +780,7 @@ float eng_vec_dot_scalar(uint32_t wtype, int64_t n, const void *w, const void *x
 }
 
 /* ---- levels and dispatch ------------------------------------------------------------------------------------ */
-static bool os_saves_avx512_state(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    uint32_t eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    if (!(ecx & (1u << 27))) return false; /* OSXSAVE: xgetbv usable */
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    /* XMM (bit 1), YMM (2), opmask (5), ZMM_Hi256 (6), Hi16_ZMM (7) */
-    return (lo & 0xE6) == 0xE6;
-#else
-    return false;
-#endif
-}
-static bool os_saves_avx_state(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    uint32_t eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    if (!(ecx & (1u << 27))) return false;
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return (lo & 0x6) == 0x6;
-#else
-    return false;
-#endif
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-/* l lowered to the level named by the environment variable KVSERVE_SIMD_MAX ("scalar", "avx2"), if set: a
- * test hook that runs this CPU as an older one would run (unknown values and higher levels change nothing). */
-static eng_simd_level cap_level(eng_simd_level l) {
-    const char *cap = getenv("KVSERVE_SIMD_MAX");
-    if (!cap) return l;
-    if (strcmp(cap, "scalar") == 0) return ENG_SIMD_SCALAR;
-    if (strcmp(cap, "avx2") == 0 && l > ENG_SIMD_AVX2) return ENG_SIMD_AVX2;
-    return l;
-}
-#endif
-
-eng_simd_level eng_simd_detect(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && os_saves_avx_state();
-    /* f16c has no __builtin_cpu_supports name in every compiler: read it from cpuid leaf 1 (ecx bit 29) */
-    uint32_t eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    bool f16c = (ecx >> 29) & 1;
-    if (!avx2 || !f16c) return ENG_SIMD_SCALAR;
-    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                  __builtin_cpu_supports("avx512vnni") && os_saves_avx512_state();
-    return cap_level(avx512 ? ENG_SIMD_AVX512 : ENG_SIMD_AVX2);
-#else
-    return ENG_SIMD_SCALAR;
-#endif
-}
+eng_simd_level eng_simd_detect(void) { return (eng_simd_level)kvs_cpu_detect(); }
 
 const char *eng_simd_name(eng_simd_level l) {
     switch (l) {

@@ -2,6 +2,7 @@
  * sampler_kernels.c: scalar and AVX2 kernels of the sampler (see sampler_kernels.h).
  */
 #include "engine/kernels/sampler_kernels.h"
+#include "common/common.h"
 
 #include <math.h>
 #include <string.h>
@@ -160,6 +161,8 @@ bool eng_smp_kernels_avx2(eng_smp_kernels *k) {
 }
 #endif
 
-void eng_smp_kernels_best(eng_smp_kernels *k) {
-    if (!eng_smp_kernels_avx2(k)) eng_smp_kernels_scalar(k);
+void eng_smp_kernels_for(eng_smp_kernels *k, int simd) {
+    if (simd < KVS_CPU_AVX2 || !eng_smp_kernels_avx2(k)) eng_smp_kernels_scalar(k);
 }
+
+void eng_smp_kernels_best(eng_smp_kernels *k) { eng_smp_kernels_for(k, kvs_cpu_detect()); }

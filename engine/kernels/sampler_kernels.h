@@ -29,5 +29,7 @@ void eng_smp_kernels_scalar(eng_smp_kernels *k);
 bool eng_smp_kernels_avx2(eng_smp_kernels *k);
 /* The fastest kernels this CPU runs. */
 void eng_smp_kernels_best(eng_smp_kernels *k);
+/* The best kernels for a CPU level (kvs_cpu_level) the caller detected once. */
+void eng_smp_kernels_for(eng_smp_kernels *k, int simd);
 
 #endif /* KVSERVE_ENGINE_SAMPLER_KERNELS_H */

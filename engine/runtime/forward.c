@@ -29,6 +29,8 @@
 
 #include "engine/runtime/batch.h"
 #include "engine/runtime/forward_cuda.h"
+#include "engine/runtime/kv_pool.h"
+#include "common/common.h"
 #include "engine/format/model.h"
 #include "engine/kernels/ops.h"
 #include "engine/kernels/quant.h"
@@ -148,11 +150,6 @@ void eng_ctx_params_default(eng_ctx_params *p) {
     p->gpu_memory_fraction = 0.9f;
 }
 
-static int cfail(char *err, size_t err_len, int code, const char *msg) {
-    if (err && err_len) snprintf(err, err_len, "%s", msg);
-    return code;
-}
-
 static void *zalloc(size_t n, size_t size) {
     if (n == 0) n = 1;
     return calloc(n, size);
@@ -207,12 +204,97 @@ static int check_matrix(const eng_matrix *w, size_t *cap) {
     return 0;
 }
 
+/* Rotation frequencies of the model. */
+static int init_rope(eng_ctx *c, const eng_model *model) {
+    const eng_hparams *hp = c->hp;
+    int32_t half = hp->n_rot / 2;
+    c->inv_freq = zalloc((size_t)half, sizeof *c->inv_freq);
+    if (!c->inv_freq) return ENG_ERR_NOMEM;
+    for (int32_t i = 0; i < half; i++) {
+        double f = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        if (model->rope_freqs) f /= model->rope_freqs[i];
+        c->inv_freq[i] = (float)f;
+    }
+    return ENG_OK;
+}
+
+/* The scratch buffers of a CPU context: ENG_ERR_NOMEM, or ENG_ERR_UNSUPPORTED when a matrix's activation format
+ * cannot be produced. */
+static int alloc_scratch(eng_ctx *c, const eng_model *model, const eng_ctx_params *p) {
+    const eng_hparams *hp = c->hp;
+    size_t MB = (size_t)p->max_batch_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t cap = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const eng_layer *ly = &model->layers[l];
+        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            if (check_matrix(ms[i], &cap) != 0) return ENG_ERR_UNSUPPORTED;
+    }
+    if (check_matrix(&model->output, &cap) != 0) return ENG_ERR_UNSUPPORTED;
+    c->xq_row_cap = (cap + 63) / 64 * 64;
+    c->entries = zalloc(MB, sizeof *c->entries);
+    c->slots = zalloc(MB, sizeof *c->slots);
+    c->row_blocks = zalloc(MB, sizeof *c->row_blocks);
+    c->rope_cs = zalloc(MB * (size_t)hp->n_rot, sizeof(float));
+    c->logit_idx = zalloc(MB, sizeof *c->logit_idx);
+    c->logit_src = zalloc(MB, sizeof *c->logit_src);
+    c->x = zalloc(MB * E, sizeof(float));
+    c->x2 = zalloc(MB * E, sizeof(float));
+    c->th_xq = zalloc((size_t)p->n_threads * MAX_GROUP * SMALL_M, c->xq_row_cap);
+    c->th_xn = zalloc((size_t)p->n_threads * SMALL_M * E, sizeof(float));
+    if (!c->x2 || !c->th_xq || !c->th_xn) return ENG_ERR_NOMEM;
+    c->xn = zalloc(MB * E, sizeof(float));
+    c->q = zalloc(MB * QD, sizeof(float));
+    c->k = zalloc(MB * KD, sizeof(float));
+    c->v = zalloc(MB * KD, sizeof(float));
+    c->att = zalloc(MB * QD, sizeof(float));
+    c->tmp = zalloc(MB * E, sizeof(float));
+    c->gate = zalloc(MB * F, sizeof(float));
+    c->up = zalloc(MB * F, sizeof(float));
+    for (int i = 0; i < MAX_GROUP; i++) {
+        c->xq[i] = zalloc(MB, c->xq_row_cap);
+        if (!c->xq[i]) return ENG_ERR_NOMEM;
+    }
+    c->xq_att = zalloc(MB, c->xq_row_cap);
+    c->xq_ffn = zalloc(MB, c->xq_row_cap);
+    if (!c->xq_att || !c->xq_ffn) return ENG_ERR_NOMEM;
+    size_t T = (size_t)p->n_threads, HD = (size_t)hp->head_dim;
+    int32_t G = hp->n_head / hp->n_head_kv;
+    size_t q_fit = ATT_SCORES_BYTES / ((size_t)p->n_ctx * sizeof(float));
+    c->att_q = q_fit < 1 ? 1 : q_fit < ATT_MAX_Q ? (int32_t)q_fit : ATT_MAX_Q;
+    c->grp_max = G < c->att_q ? G : c->att_q;
+    c->tile_r = c->att_q / c->grp_max < ATT_MAX_R ? c->att_q / c->grp_max : ATT_MAX_R;
+    c->th_scores = zalloc(T * (size_t)c->att_q * (size_t)p->n_ctx, sizeof(float));
+    c->th_q = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
+    c->th_o = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
+    c->th_work = zalloc(T * ENG_ATTN_WORK(HD), sizeof(float));
+    c->th_kv = zalloc(T * (size_t)p->kv_block_size * HD, sizeof(float));
+    c->tile_rows = zalloc(MB * ATT_MAX_R, sizeof *c->tile_rows);
+    c->tile_len = zalloc(MB, sizeof *c->tile_len);
+    c->seq_tile = zalloc((size_t)p->max_seqs, sizeof *c->seq_tile);
+    c->th_units = zalloc(T + 1, sizeof *c->th_units);
+    if (!c->th_q || !c->th_o || !c->th_work || !c->th_kv || !c->tile_rows || !c->tile_len || !c->seq_tile ||
+        !c->th_units)
+        return ENG_ERR_NOMEM;
+    for (int32_t i = 0; i < p->max_seqs; i++) c->seq_tile[i] = -1;
+    c->dyn = zalloc((size_t)hp->n_layer * N_DYN + 1, sizeof *c->dyn);
+    if (!c->dyn) return ENG_ERR_NOMEM;
+    c->logits_cap = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
+    c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
+    if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||
+        !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->gate || !c->up || !c->th_scores ||
+        !c->logits)
+        return ENG_ERR_NOMEM;
+    return ENG_OK;
+}
+
 int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
-    if (!model || !out) return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument");
+    if (!model || !out) return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument");
     *out = NULL;
     if (model->vocab_only)
-        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the model was loaded vocab_only");
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the model was loaded vocab_only");
     eng_ctx_params p;
     if (params) p = *params;
     else eng_ctx_params_default(&p);
@@ -221,20 +303,20 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     if (p.n_threads <= 0 || p.n_threads > cores) p.n_threads = cores;
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
     if (p.max_seqs < 1 || p.max_batch_tokens < 1 || p.kv_block_size < 0 || p.kv_blocks < 0)
-        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_seqs and max_batch_tokens must be >= 1");
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_seqs and max_batch_tokens must be >= 1");
     if (p.kv_block_size == 0) p.kv_block_size = 16;
 
     eng_ctx *c = calloc(1, sizeof *c);
-    if (!c) return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+    if (!c) return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
     c->model = model;
     c->hp = hp;
     c->n_threads = p.n_threads;
     c->n_ctx = p.n_ctx;
     c->max_seqs = p.max_seqs;
     c->max_batch = p.max_batch_tokens;
-    c->simd = eng_simd_detect();
-    c->attn_level = eng_ops_attn_level();
-    eng_smp_kernels_best(&c->smp);
+    c->simd = eng_simd_detect(); /* once per context; every kernel below gets this level */
+    c->attn_level = eng_ops_attn_level_for(c->simd);
+    eng_smp_kernels_for(&c->smp, c->simd);
     int rc = 0;
     if (p.device != ENG_DEVICE_CPU) {
         rc = eng_cuda_create(model, &p, &c->cuda, &c->cache, err, err_len);
@@ -248,136 +330,25 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     /* The AVX2 and AVX-512 VNNI kernels read Q8_0 matrices repacked 16 rows at a time. */
     if (c->simd >= ENG_SIMD_AVX2 && eng_model_pack_cpu(model) != 0) {
         eng_ctx_free(c);
-        return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
+        return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
     }
-
-    /* KV pool size */
-    size_t row_bytes = kvc_row_bytes(p.kv_dtype, hp->head_dim);
-    if (row_bytes == 0) {
-        eng_ctx_free(c);
-        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the KV dtype does not fit the head size");
-    }
-    size_t block_bytes = (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)p.kv_block_size * row_bytes;
-    int64_t n_blocks = p.kv_blocks;
-    if (n_blocks == 0) {
-        size_t mem = p.kv_mem_bytes;
-        if (mem == 0) {
-            int64_t want = (int64_t)p.max_seqs * ((p.n_ctx + p.kv_block_size - 1) / p.kv_block_size);
-            size_t cap = (size_t)1 << 30;
-            mem = (size_t)want * block_bytes < cap ? (size_t)want * block_bytes : cap;
-        }
-        n_blocks = (int64_t)(mem / block_bytes);
-        if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
-    }
-    if (n_blocks < 1) {
-        eng_ctx_free(c);
-        return cfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the KV budget is below one block");
-    }
-    kvc_params kp;
-    kvc_params_default(&kp);
-    kp.n_layer = hp->n_layer;
-    kp.n_kv_head = hp->n_head_kv;
-    kp.head_dim = hp->head_dim;
-    kp.block_size = p.kv_block_size;
-    kp.n_blocks = (int32_t)n_blocks;
-    kp.max_seqs = p.max_seqs;
-    kp.max_batch_tokens = p.max_batch_tokens;
-    kp.max_seq_len = p.n_ctx;
-    kp.dtype = p.kv_dtype;
-    kp.prefix_caching = p.prefix_caching;
-    rc = kvc_create(&kp, &c->cache);
+    rc = eng_kv_pool_create(hp, &p, NULL, 0, &c->cache, err, err_len);
     if (rc != 0) {
         eng_ctx_free(c);
-        if (err && err_len) snprintf(err, err_len, "eng_ctx_create: KV cache: %s", kvc_strerror(rc));
-        return rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;
+        return rc;
     }
     kvc_get_layout(c->cache, &c->lay);
-
-    /* rotation frequencies */
-    int32_t half = hp->n_rot / 2;
-    c->inv_freq = zalloc((size_t)half, sizeof *c->inv_freq);
-    if (!c->inv_freq) goto nomem;
-    for (int32_t i = 0; i < half; i++) {
-        double f = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
-        if (model->rope_freqs) f /= model->rope_freqs[i];
-        c->inv_freq[i] = (float)f;
+    rc = init_rope(c, model);
+    if (rc == 0) rc = alloc_scratch(c, model, &p);
+    if (rc == 0) rc = eng_pool_create(p.n_threads, &c->pool) != 0 ? ENG_ERR_NOMEM : 0;
+    if (rc != 0) {
+        eng_ctx_free(c);
+        if (rc == ENG_ERR_UNSUPPORTED)
+            return kvs_errf(err, err_len, rc, "eng_ctx_create: a matrix's activation format is unsupported");
+        return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
     }
-
-    /* scratch */
-    size_t MB = (size_t)p.max_batch_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
-    size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t cap = 0;
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        const eng_layer *ly = &model->layers[l];
-        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            if (check_matrix(ms[i], &cap) != 0) goto unsupported;
-    }
-    if (check_matrix(&model->output, &cap) != 0) goto unsupported;
-    c->xq_row_cap = (cap + 63) / 64 * 64;
-    c->entries = zalloc(MB, sizeof *c->entries);
-    c->slots = zalloc(MB, sizeof *c->slots);
-    c->row_blocks = zalloc(MB, sizeof *c->row_blocks);
-    c->rope_cs = zalloc(MB * (size_t)hp->n_rot, sizeof(float));
-    c->logit_idx = zalloc(MB, sizeof *c->logit_idx);
-    c->logit_src = zalloc(MB, sizeof *c->logit_src);
-    c->x = zalloc(MB * E, sizeof(float));
-    c->x2 = zalloc(MB * E, sizeof(float));
-    c->th_xq = zalloc((size_t)p.n_threads * MAX_GROUP * SMALL_M, c->xq_row_cap);
-    c->th_xn = zalloc((size_t)p.n_threads * SMALL_M * E, sizeof(float));
-    if (!c->x2 || !c->th_xq || !c->th_xn) goto nomem;
-    c->xn = zalloc(MB * E, sizeof(float));
-    c->q = zalloc(MB * QD, sizeof(float));
-    c->k = zalloc(MB * KD, sizeof(float));
-    c->v = zalloc(MB * KD, sizeof(float));
-    c->att = zalloc(MB * QD, sizeof(float));
-    c->tmp = zalloc(MB * E, sizeof(float));
-    c->gate = zalloc(MB * F, sizeof(float));
-    c->up = zalloc(MB * F, sizeof(float));
-    for (int i = 0; i < MAX_GROUP; i++) {
-        c->xq[i] = zalloc(MB, c->xq_row_cap);
-        if (!c->xq[i]) goto nomem;
-    }
-    c->xq_att = zalloc(MB, c->xq_row_cap);
-    c->xq_ffn = zalloc(MB, c->xq_row_cap);
-    if (!c->xq_att || !c->xq_ffn) goto nomem;
-    size_t T = (size_t)p.n_threads, HD = (size_t)hp->head_dim;
-    int32_t G = hp->n_head / hp->n_head_kv;
-    size_t q_fit = ATT_SCORES_BYTES / ((size_t)p.n_ctx * sizeof(float));
-    c->att_q = q_fit < 1 ? 1 : q_fit < ATT_MAX_Q ? (int32_t)q_fit : ATT_MAX_Q;
-    c->grp_max = G < c->att_q ? G : c->att_q;
-    c->tile_r = c->att_q / c->grp_max < ATT_MAX_R ? c->att_q / c->grp_max : ATT_MAX_R;
-    c->th_scores = zalloc(T * (size_t)c->att_q * (size_t)p.n_ctx, sizeof(float));
-    c->th_q = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
-    c->th_o = zalloc(T * (size_t)c->att_q * HD, sizeof(float));
-    c->th_work = zalloc(T * ENG_ATTN_WORK(HD), sizeof(float));
-    c->th_kv = zalloc(T * (size_t)p.kv_block_size * HD, sizeof(float));
-    c->tile_rows = zalloc(MB * ATT_MAX_R, sizeof *c->tile_rows);
-    c->tile_len = zalloc(MB, sizeof *c->tile_len);
-    c->seq_tile = zalloc((size_t)p.max_seqs, sizeof *c->seq_tile);
-    c->th_units = zalloc(T + 1, sizeof *c->th_units);
-    if (!c->th_q || !c->th_o || !c->th_work || !c->th_kv || !c->tile_rows || !c->tile_len || !c->seq_tile ||
-        !c->th_units)
-        goto nomem;
-    for (int32_t i = 0; i < p.max_seqs; i++) c->seq_tile[i] = -1;
-    c->dyn = zalloc((size_t)hp->n_layer * N_DYN + 1, sizeof *c->dyn);
-    if (!c->dyn) goto nomem;
-    c->logits_cap = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
-    c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
-    if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||
-        !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->gate || !c->up || !c->th_scores ||
-        !c->logits)
-        goto nomem;
-    rc = eng_pool_create(p.n_threads, &c->pool);
-    if (rc != 0) goto nomem;
     *out = c;
     return 0;
-nomem:
-    eng_ctx_free(c);
-    return cfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
-unsupported:
-    eng_ctx_free(c);
-    return cfail(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: a matrix's activation format is unsupported");
 }
 
 kvc_cache *eng_ctx_cache(eng_ctx *c) { return c ? c->cache : NULL; }
@@ -824,16 +795,6 @@ static void plan_attention(eng_ctx *c, const eng_batch *b) {
     while (th <= nth) c->th_units[th++] = n_units;
 }
 
-static int map_kvc(int rc) {
-    switch (rc) {
-    case KVC_OK: return ENG_OK;
-    case KVC_ERR_FULL: return ENG_ERR_KV_FULL;
-    case KVC_ERR_NOMEM: return ENG_ERR_NOMEM;
-    case KVC_ERR_INVALID: return ENG_ERR_INVALID;
-    default: return ENG_ERR_KV;
-    }
-}
-
 int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (!c || !b) return ENG_ERR_INVALID;
     if (c->cuda) return eng_cuda_decode(c->cuda, c->cache, b);
@@ -844,13 +805,13 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
                            &c->logits, &c->logits_cap);
     if (rc != 0) return rc;
     rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots);
-    if (rc != 0) return map_kvc(rc);
+    if (rc != 0) return eng_kv_err(rc);
     for (int32_t i = 0; i < b->n; i++) {
         int32_t nb, len;
         rc = kvc_block_table(c->cache, b->seq[i], &c->row_blocks[i], &nb, &len);
         if (rc != 0 || b->pos[i] >= len || b->pos[i] >= c->n_ctx) {
             kvc_finish_forward(c->cache, false);
-            return rc != 0 ? map_kvc(rc) : ENG_ERR_KV;
+            return rc != 0 ? eng_kv_err(rc) : ENG_ERR_KV;
         }
     }
     c->batch = b;
@@ -864,7 +825,7 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     rc = kvc_finish_forward(c->cache, true);
     if (rc != 0) {
         c->n_logits = 0;
-        return map_kvc(rc);
+        return eng_kv_err(rc);
     }
     c->last_n = b->n;
     return 0;
@@ -883,7 +844,7 @@ int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
     int rc = kvc_remove(c->cache, seq, begin, end, &sh);
     if (rc == KVC_ERR_NOT_SUPPORTED) return ENG_ERR_UNSUPPORTED;
     if (rc == KVC_ERR_BAD_SEQ) return ENG_ERR_INVALID;
-    if (rc != 0) return map_kvc(rc);
+    if (rc != 0) return eng_kv_err(rc);
     if (sh.n <= 0 || sh.delta == 0) return 0;
     /* Context shift: keys are rotated by pos * theta, so moving a key by delta positions is one more
      * rotation by delta * theta. */

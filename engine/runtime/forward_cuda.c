@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_engine.h"
+#include "common/common.h"
+#include "engine/gpu_backend.h"
+#include "engine/runtime/kv_pool.h"
 #include "engine/runtime/batch.h"
 #include "engine/format/model.h"
 
@@ -37,11 +39,6 @@ struct eng_cuda {
     int32_t logits_cap;
     int32_t last_n;            /* rows of the last successful decode (0 after a failure) */
 };
-
-static int gfail(char *err, size_t err_len, int code, const char *fmt, const char *arg) {
-    if (err && err_len) snprintf(err, err_len, fmt, arg ? arg : "");
-    return code;
-}
 
 static cud_tensor mat_tensor(const eng_matrix *m) {
     cud_tensor t = {0};
@@ -83,52 +80,41 @@ void eng_cuda_free(eng_cuda *g) {
     free(g);
 }
 
-int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **out, kvc_cache **cache_out,
-                    char *err, size_t err_len) {
-    if (!model || !p || !out || !cache_out)
-        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument%s", NULL);
-    *out = NULL;
-    if (p->device == ENG_DEVICE_CPU) return ENG_OK;
+/* Which device a context gets: 1 = CUDA, 0 = the CPU (device cpu, or auto without a usable device), or an
+ * error (err gets a message). name receives the GPU's name. */
+static int pick_device(const eng_ctx_params *p, char *name, size_t name_len, char *err, size_t err_len) {
+    if (p->device == ENG_DEVICE_CPU) return 0;
     if (p->device != ENG_DEVICE_AUTO && p->device != ENG_DEVICE_CUDA)
-        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: unknown device%s", NULL);
-    char name[256], why[256];
-    if (cud_available_why(name, sizeof name, why, sizeof why) < 1) {
-        if (p->device == ENG_DEVICE_AUTO) return ENG_OK;
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: unknown device");
+    char why[256];
+    if (cud_available_why(name, name_len, why, sizeof why) < 1) {
+        if (p->device == ENG_DEVICE_AUTO) return 0;
 #ifdef KVSERVE_HAVE_CUDA
-        return gfail(err, err_len, ENG_ERR_DEVICE, "eng_ctx_create: device cuda: no CUDA device found (%s)", why);
+        return kvs_errf(err, err_len, ENG_ERR_DEVICE, "eng_ctx_create: device cuda: no CUDA device found (%s)", why);
 #else
-        return gfail(err, err_len, ENG_ERR_UNSUPPORTED,
-                     "eng_ctx_create: device cuda: this kvserve was built without CUDA (KVSERVE_CUDA=OFF or no "
-                     "nvcc)%s", NULL);
+        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED,
+                        "eng_ctx_create: device cuda: this kvserve was built without CUDA (KVSERVE_CUDA=OFF or no "
+                        "nvcc)");
 #endif
     }
     if (p->kv_dtype != KVC_DTYPE_F16 && p->kv_dtype != KVC_DTYPE_F32)
-        return gfail(err, err_len, ENG_ERR_UNSUPPORTED,
-                     "eng_ctx_create: the GPU KV cache supports f16 and f32 (use one of them, or device cpu)%s",
-                     NULL);
+        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED,
+                        "eng_ctx_create: the GPU KV cache supports f16 and f32 (use one of them, or device cpu)");
     if (!(p->gpu_memory_fraction > 0.0f && p->gpu_memory_fraction <= 1.0f))
-        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: gpu_memory_fraction must be in (0, 1]%s",
-                     NULL);
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: gpu_memory_fraction must be in (0, 1]");
     if (p->max_batch_tokens > 65535)
-        return gfail(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_batch_tokens above 65535 on CUDA%s",
-                     NULL);
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: max_batch_tokens above 65535 on CUDA");
+    return 1;
+}
 
+/* The model description (host pointers into the mapping and the model's f32 vectors) handed to
+ * cud_backend_create, which uploads it. *budget receives the device bytes left for the KV pool; berr the
+ * backend's message. */
+static int create_backend(eng_cuda *g, const eng_model *model, const eng_ctx_params *p, size_t *budget,
+                          char *berr, size_t berr_len) {
     const eng_hparams *hp = &model->hp;
-    eng_cuda *g = calloc(1, sizeof *g);
-    if (!g) return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
-    snprintf(g->name, sizeof g->name, "%s", name);
-    g->n_vocab = hp->n_vocab;
-    g->n_ctx = p->n_ctx;
-    g->max_batch = p->max_batch_tokens;
-    g->max_seqs = p->max_seqs;
-    g->block_size = p->kv_block_size;
-
-    /* the model description: host pointers into the mapping and the model's f32 vectors */
     cud_layer_desc *layers = calloc((size_t)hp->n_layer, sizeof *layers);
-    if (!layers) {
-        eng_cuda_free(g);
-        return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
-    }
+    if (!layers) return kvs_errf(berr, berr_len, ENG_ERR_NOMEM, "out of host memory");
     const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const eng_layer *ly = &model->layers[l];
@@ -170,97 +156,13 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
         .kv_dtype = p->kv_dtype,
         .use_graphs = !(graphs_env && strcmp(graphs_env, "0") == 0),
     };
-    size_t budget = 0;
-    char berr[512] = "";
-    int rc = cud_backend_create(&md, &cp, &g->be, &budget, berr, sizeof berr);
+    int rc = cud_backend_create(&md, &cp, &g->be, budget, berr, berr_len);
     free(layers);
-    if (rc != 0) {
-        eng_cuda_free(g);
-        if ((rc == ENG_ERR_UNSUPPORTED || rc == ENG_ERR_NOMEM) && p->device == ENG_DEVICE_AUTO) {
-            /* a model the kernels cannot run (tensor type, head size) or that does not fit: AUTO runs it on
-             * the CPU */
-            fprintf(stderr, "kvserve: the CUDA backend cannot run this model (%s); using the CPU\n", berr);
-            return ENG_OK;
-        }
-        if (err && err_len) snprintf(err, err_len, "eng_ctx_create: CUDA backend (%s): %s", name, berr);
-        return rc;
-    }
+    return rc;
+}
 
-    /* KV pool: kv_blocks, else kv_mem_bytes (within the device budget), else the device budget, capped at
-     * four times what max_seqs full-length sequences need (room for cached prefixes beyond the live ones,
-     * without host bookkeeping for millions of blocks of a tiny model). */
-    size_t row_bytes = kvc_row_bytes(p->kv_dtype, hp->head_dim);
-    size_t block_bytes = (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)p->kv_block_size * row_bytes;
-    int64_t n_blocks = p->kv_blocks;
-    if (n_blocks > 0 && (size_t)n_blocks * block_bytes > budget) {
-        if (err && err_len)
-            snprintf(err, err_len,
-                     "eng_ctx_create: %lld KV blocks need %zu bytes of device memory but only %zu remain under "
-                     "gpu_memory_fraction %.2f",
-                     (long long)n_blocks, (size_t)n_blocks * block_bytes, budget, (double)p->gpu_memory_fraction);
-        eng_cuda_free(g);
-        return ENG_ERR_NOMEM;
-    }
-    if (n_blocks == 0) {
-        size_t mem = budget;
-        if (p->kv_mem_bytes > 0) {
-            if (p->kv_mem_bytes > budget) {
-                if (err && err_len)
-                    snprintf(err, err_len,
-                             "eng_ctx_create: kv_mem_bytes %zu exceeds the %zu bytes of device memory left under "
-                             "gpu_memory_fraction %.2f",
-                             p->kv_mem_bytes, budget, (double)p->gpu_memory_fraction);
-                eng_cuda_free(g);
-                return ENG_ERR_NOMEM;
-            }
-            mem = p->kv_mem_bytes;
-        } else {
-            int64_t want = 4 * (int64_t)p->max_seqs * cp.max_blocks_per_seq;
-            if ((double)want * (double)block_bytes < (double)mem) mem = (size_t)want * block_bytes;
-        }
-        n_blocks = (int64_t)(mem / block_bytes);
-        if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
-    }
-    if (n_blocks < 1) {
-        if (err && err_len)
-            snprintf(err, err_len,
-                     "eng_ctx_create: no device memory left for the KV cache (%zu bytes under gpu_memory_fraction "
-                     "%.2f; one block is %zu bytes)",
-                     budget, (double)p->gpu_memory_fraction, block_bytes);
-        eng_cuda_free(g);
-        return ENG_ERR_NOMEM;
-    }
-    kvc_params kp;
-    kvc_params_default(&kp);
-    kp.n_layer = hp->n_layer;
-    kp.n_kv_head = hp->n_head_kv;
-    kp.head_dim = hp->head_dim;
-    kp.block_size = p->kv_block_size;
-    kp.n_blocks = (int32_t)n_blocks;
-    kp.max_seqs = p->max_seqs;
-    kp.max_batch_tokens = p->max_batch_tokens;
-    kp.max_seq_len = p->n_ctx;
-    kp.dtype = p->kv_dtype;
-    kp.prefix_caching = p->prefix_caching;
-    kp.allocator = cud_kv_allocator(g->be);
-    kvc_cache *cache = NULL;
-    rc = kvc_create(&kp, &cache);
-    if (rc != 0) {
-        if (err && err_len)
-            snprintf(err, err_len, "eng_ctx_create: KV cache of %lld blocks in device memory: %s",
-                     (long long)n_blocks, kvc_strerror(rc));
-        eng_cuda_free(g);
-        return rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;
-    }
-    kvc_layout lay;
-    kvc_get_layout(cache, &lay);
-    rc = cud_backend_set_kv(g->be, &lay);
-    if (rc != 0) {
-        kvc_free(cache);
-        eng_cuda_free(g);
-        return gfail(err, err_len, rc, "eng_ctx_create: the CUDA backend rejected the KV layout%s", NULL);
-    }
-
+/* The per-batch bookkeeping arrays. */
+static int alloc_batch_state(eng_cuda *g, const eng_ctx_params *p, int32_t n_vocab) {
     size_t MB = (size_t)p->max_batch_tokens;
     g->entries = calloc(MB, sizeof *g->entries);
     g->slots = calloc(MB, sizeof *g->slots);
@@ -274,30 +176,76 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
     g->logit_idx = calloc(MB, sizeof *g->logit_idx);
     g->shift_slots = calloc((size_t)p->n_ctx, sizeof *g->shift_slots);
     g->logits_cap = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
-    g->logits = calloc((size_t)g->logits_cap * (size_t)hp->n_vocab, sizeof(float));
+    g->logits = calloc((size_t)g->logits_cap * (size_t)n_vocab, sizeof(float));
     if (!g->entries || !g->slots || !g->seq_index || !g->seq_map || !g->seq_ids || !g->tables || !g->n_blocks ||
         !g->seq_len || !g->out_rows || !g->logit_idx || !g->shift_slots || !g->logits) {
-        kvc_free(cache);
-        eng_cuda_free(g);
-        return gfail(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory%s", NULL);
+        return ENG_ERR_NOMEM;
     }
     for (int32_t s = 0; s < p->max_seqs; s++) g->seq_map[s] = -1;
+    return ENG_OK;
+}
+
+int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **out, kvc_cache **cache_out,
+                    char *err, size_t err_len) {
+    if (!model || !p || !out || !cache_out)
+        return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: NULL argument");
+    *out = NULL;
+    char name[256];
+    int rc = pick_device(p, name, sizeof name, err, err_len);
+    if (rc <= 0) return rc;
+
+    const eng_hparams *hp = &model->hp;
+    eng_cuda *g = calloc(1, sizeof *g);
+    if (!g) return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->n_vocab = hp->n_vocab;
+    g->n_ctx = p->n_ctx;
+    g->max_batch = p->max_batch_tokens;
+    g->max_seqs = p->max_seqs;
+    g->block_size = p->kv_block_size;
+
+    size_t budget = 0;
+    char berr[512] = "";
+    rc = create_backend(g, model, p, &budget, berr, sizeof berr);
+    if (rc != 0) {
+        eng_cuda_free(g);
+        if ((rc == ENG_ERR_UNSUPPORTED || rc == ENG_ERR_NOMEM) && p->device == ENG_DEVICE_AUTO) {
+            /* a model the kernels cannot run (tensor type, head size) or that does not fit: AUTO runs it on
+             * the CPU */
+            fprintf(stderr, "kvserve: the CUDA backend cannot run this model (%s); using the CPU\n", berr);
+            return ENG_OK;
+        }
+        return kvs_errf(err, err_len, rc, "eng_ctx_create: CUDA backend (%s): %s", name, berr);
+    }
+
+    /* KV pool in device memory: kv_blocks, else kv_mem_bytes (within the device budget), else the device
+     * budget, capped at four times what max_seqs full-length sequences need (room for cached prefixes beyond
+     * the live ones, without host bookkeeping for millions of blocks of a tiny model). */
+    kvc_cache *cache = NULL;
+    rc = eng_kv_pool_create(hp, p, cud_kv_allocator(g->be), budget, &cache, err, err_len);
+    if (rc != 0) {
+        eng_cuda_free(g);
+        return rc;
+    }
+    kvc_layout lay;
+    kvc_get_layout(cache, &lay);
+    rc = cud_backend_set_kv(g->be, &lay);
+    if (rc != 0) {
+        kvc_free(cache);
+        eng_cuda_free(g);
+        return kvs_errf(err, err_len, rc, "eng_ctx_create: the CUDA backend rejected the KV layout");
+    }
+    if (alloc_batch_state(g, p, hp->n_vocab) != 0) {
+        kvc_free(cache);
+        eng_cuda_free(g);
+        return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+    }
     *cache_out = cache;
     *out = g;
     return ENG_OK;
 }
 
 const char *eng_cuda_device_name(const eng_cuda *g) { return g ? g->name : ""; }
-
-static int map_kvc(int rc) {
-    switch (rc) {
-    case KVC_OK: return ENG_OK;
-    case KVC_ERR_FULL: return ENG_ERR_KV_FULL;
-    case KVC_ERR_NOMEM: return ENG_ERR_NOMEM;
-    case KVC_ERR_INVALID: return ENG_ERR_INVALID;
-    default: return ENG_ERR_KV;
-    }
-}
 
 int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
     if (!g || !cache || !b) return ENG_ERR_INVALID;
@@ -307,7 +255,7 @@ int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
                            &g->logits_cap);
     if (rc != 0) return rc;
     rc = kvc_start_forward(cache, g->entries, b->n, g->slots);
-    if (rc != 0) return map_kvc(rc);
+    if (rc != 0) return eng_kv_err(rc);
     /* The batch's distinct sequences (ids were validated by kvc_start_forward) and their block tables,
      * which include the pending batch. */
     int32_t n_seqs = 0;
@@ -321,7 +269,7 @@ int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
             int32_t len;
             rc = kvc_block_table(cache, s, &g->tables[n_seqs], &g->n_blocks[n_seqs], &len);
             if (rc != 0) {
-                rc = map_kvc(rc);
+                rc = eng_kv_err(rc);
                 break;
             }
             g->seq_ids[n_seqs] = s;
@@ -346,7 +294,7 @@ int eng_cuda_decode(eng_cuda *g, kvc_cache *cache, const eng_batch *b) {
     }
     int frc = kvc_finish_forward(cache, rc == 0);
     if (rc != 0) return rc;
-    if (frc != 0) return map_kvc(frc);
+    if (frc != 0) return eng_kv_err(frc);
     g->last_n = b->n;
     return ENG_OK;
 }
@@ -362,7 +310,7 @@ int eng_cuda_seq_remove(eng_cuda *g, kvc_cache *cache, int32_t seq, int32_t begi
     int rc = kvc_remove(cache, seq, begin, end, &sh);
     if (rc == KVC_ERR_NOT_SUPPORTED) return ENG_ERR_UNSUPPORTED;
     if (rc == KVC_ERR_BAD_SEQ) return ENG_ERR_INVALID;
-    if (rc != 0) return map_kvc(rc);
+    if (rc != 0) return eng_kv_err(rc);
     if (sh.n <= 0 || sh.delta == 0) return ENG_OK;
     /* Context shift: the keys now at [sh.pos, sh.pos + sh.n) were rotated for positions delta further on;
      * one more rotation by delta * theta puts them right. */

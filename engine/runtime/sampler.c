@@ -136,7 +136,7 @@ int eng_sampler_create(const eng_sampling_params *params, int32_t n_vocab, eng_s
     const eng_sampling_params *p = params;
     if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || p->min_p > 1.0f || !isfinite(p->repetition_penalty) ||
         p->repetition_penalty <= 0.0f || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) ||
-        p->penalty_last_n < -1 || p->n_top_logprobs < 0 || p->n_top_logprobs > 20 ||
+        p->penalty_last_n < -1 || p->n_top_logprobs < 0 || p->n_top_logprobs > KVS_MAX_TOP_LOGPROBS ||
         (p->n_logit_bias > 0 && !p->logit_bias))
         return ENG_ERR_INVALID;
     for (size_t i = 0; i < p->n_logit_bias; i++) {
