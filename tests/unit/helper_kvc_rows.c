@@ -63,7 +63,7 @@ int kvct_check_slot(const kvc_layout *l, int32_t slot, int32_t token, int32_t vp
     return 0;
 }
 
-kvc_cache *kvct_make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
+kvc_params kvct_params(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
     kvc_params p;
     kvc_params_default(&p);
     p.n_layer = 2;
@@ -74,6 +74,11 @@ kvc_cache *kvct_make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int
     p.n_blocks = n_blocks;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = max_batch;
+    return p;
+}
+
+kvc_cache *kvct_make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
+    kvc_params p = kvct_params(n_blocks, block_size, max_seqs, max_batch);
     kvc_cache *c = NULL;
     return kvc_create(&p, &c) == KVC_OK ? c : NULL;
 }
