@@ -1,0 +1,248 @@
+/*
+ * quant_kpacked.c: packed layouts of Q4_K and Q6_K matrices, their scalar reference kernels, and the entry points
+ * of quant_kpacked.h for every packed type (see there for the contract).
+ *
+ * Layouts. Rows are taken 16 at a time (a group; rows past n_out are zero). A group is one record per
+ * super-block (256 values), records one after the other; every record is a multiple of 64 bytes. In every
+ * 64-byte code line, bytes 4i..4i+3 belong to row i, so that one vpdpbusd lane (or, in the AVX2 kernels, one
+ * pair of vpmaddubsw lanes of a 32-byte half line) works on one row, and a group's 16 rows need no horizontal
+ * sums. Codes are unsigned; the activation quad they multiply is broadcast to all lanes.
+ *
+ * Q4_K record (2368 bytes, the GGUF rows take 2304): for sub-block j (32 values) and t = 0..3, line j * 4 + t
+ * holds in byte 4i + e the codes of values 4t + e (low nibble) and 16 + 4t + e (high nibble) of sub-block j of
+ * row i; then the 6-bit scales [8][16] and mins [4][16][2] as bytes, d [16] and dmin [16] as fp16.
+ * Q6_K record (3392 bytes, the GGUF rows take 3360): for sub-block g (16 values), lines 2g and 2g + 1 hold in
+ * byte 4i + e the low 4 bits of values 4q + e of row i, q = 0 and 1 (line 2g: low / high nibble) and q = 2
+ * and 3 (line 2g + 1); line 32 + g holds in byte 4i + e the high 2 bits of values 4q + e at bits 2q..2q+1;
+ * then the scales [16][16] (int8) and d [16] as float.
+ *
+ * Kernels. Per super-block and row the integer sum of the scalar row kernel (quant.c dot_q4_K / dot_q6_K):
+ * Q4_K sumi = sum_j sc_j * sum(code * x) and summ = sum_j min_j * (bsums of x over sub-block j); Q6_K
+ * sumi = sum_g sc_g * sum((code - 32) * x), computed as sum_g sc_g * (sum(code * x) - 32 * bsum_g). Those are
+ * exact, whatever the order; then the same float operations as the row kernel in the same order
+ * (Q4_K: s += (d * d_x) * sumi - (dmin * d_x) * summ; Q6_K: s += (d * d_x) * sumi), so every level gives the
+ * scalar row kernel's floats bit for bit.
+ */
+#include "engine/quant_kpacked.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/quant_kpacked_impl.h"
+
+_Static_assert(KP4_REC % 64 == 0 && KP6_REC % 64 == 0, "records are whole lines");
+
+/* ---- Q4_0 / Q5_0: codes widened into the packed Q8_0 layout ------------------------------------------------
+ * A Q4_0 / Q5_0 block is d * (code - 8) / d * (code - 16): the signed values fit int8 and the scale is the same
+ * fp16, so the block is exactly a Q8_0 block, and the Q8_0 kernels (whose float operations are the same as for
+ * these types' row kernels: s += isum * (d_w * d_x)) apply unchanged. */
+static int widen_to_q8_0(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst) {
+    const int64_t nb = k / ENG_QK;
+    const size_t in_rb = eng_qtype_row_bytes(type, k);
+    enum { CHUNK = 64 }; /* rows widened at a time */
+    eng_blk_q8_0 *tmp = malloc((size_t)CHUNK * (size_t)nb * sizeof *tmp);
+    if (!tmp) return ENG_ERR_NOMEM;
+    /* the packer takes whole groups of 16 rows: widen CHUNK rows (a multiple of 16) at a time */
+    const size_t gbytes = ENG_PACK_GROUP_BYTES(k);
+    int rc = 0;
+    for (int64_t r0 = 0; r0 < n_out && rc == 0; r0 += CHUNK) {
+        int64_t rn = n_out - r0 < CHUNK ? n_out - r0 : CHUNK;
+        for (int64_t r = 0; r < rn; r++) {
+            const uint8_t *row = (const uint8_t *)W + (size_t)(r0 + r) * in_rb;
+            for (int64_t b = 0; b < nb; b++) {
+                eng_blk_q8_0 *o = &tmp[r * nb + b];
+                if (type == ENG_Q_Q4_0) {
+                    const eng_blk_q4_0 *q = (const eng_blk_q4_0 *)row + b;
+                    o->d = q->d;
+                    for (int j = 0; j < 16; j++) {
+                        o->qs[j] = (int8_t)((q->qs[j] & 0xF) - 8);
+                        o->qs[j + 16] = (int8_t)((q->qs[j] >> 4) - 8);
+                    }
+                } else {
+                    const eng_blk_q5_0 *q = (const eng_blk_q5_0 *)row + b;
+                    uint32_t qh = (uint32_t)q->qh[0] | ((uint32_t)q->qh[1] << 8) | ((uint32_t)q->qh[2] << 16) |
+                                  ((uint32_t)q->qh[3] << 24);
+                    o->d = q->d;
+                    for (int j = 0; j < 16; j++) {
+                        o->qs[j] = (int8_t)(((q->qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+                        o->qs[j + 16] = (int8_t)(((q->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+                    }
+                }
+            }
+        }
+        rc = eng_pack_q8_0(tmp, rn, k, (uint8_t *)dst + (size_t)(r0 / KP_ROWS) * gbytes);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* ---- Q4_K / Q6_K packing -------------------------------------------------------------------------------- */
+/* The 6-bit code (value + 32) of value e (0..255) of a Q6_K block. */
+static int q6_code(const eng_blk_q6_K *b, int e) {
+    int n = e / 128, a = e % 128 / 32, l = e % 32;
+    uint8_t lo = b->ql[64 * n + l + 32 * (a & 1)];
+    int nib = a >= 2 ? lo >> 4 : lo & 0xF;
+    return nib | (((b->qh[32 * n + l] >> (2 * a)) & 3) << 4);
+}
+/* The 4-bit code of value e of a Q4_K block. */
+static int q4k_code(const eng_blk_q4_K *b, int e) {
+    int j = e / 32, l = e % 32;
+    uint8_t q = b->qs[32 * (j / 2) + l];
+    return j % 2 ? q >> 4 : q & 0xF;
+}
+
+static void pack_q4_K_rec(const eng_blk_q4_K *b, int i, uint8_t *rec) {
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        eng_k4_scale_min(j, b->scales, &sc, &mn);
+        rec[KP4_SC + 16 * j + i] = sc;
+        rec[KP4_MN + 32 * (j / 2) + 2 * i + j % 2] = mn;
+        for (int t = 0; t < 4; t++)
+            for (int e = 0; e < 4; e++)
+                rec[256 * j + 64 * t + 4 * i + e] =
+                    (uint8_t)(q4k_code(b, 32 * j + 4 * t + e) | (q4k_code(b, 32 * j + 16 + 4 * t + e) << 4));
+    }
+    memcpy(rec + KP4_D + 2 * i, &b->d, 2);
+    memcpy(rec + KP4_DMIN + 2 * i, &b->dmin, 2);
+}
+
+static void pack_q6_K_rec(const eng_blk_q6_K *b, int i, uint8_t *rec) {
+    for (int g = 0; g < 16; g++) {
+        rec[KP6_SC + 16 * g + i] = (uint8_t)b->scales[g];
+        for (int e = 0; e < 4; e++) {
+            int c[4], hb = 0;
+            for (int q = 0; q < 4; q++) {
+                c[q] = q6_code(b, 16 * g + 4 * q + e);
+                hb |= (c[q] >> 4) << (2 * q);
+            }
+            rec[128 * g + 4 * i + e] = (uint8_t)((c[0] & 0xF) | ((c[1] & 0xF) << 4));
+            rec[128 * g + 64 + 4 * i + e] = (uint8_t)((c[2] & 0xF) | ((c[3] & 0xF) << 4));
+            rec[KP6_HB + 64 * g + 4 * i + e] = (uint8_t)hb;
+        }
+    }
+    float d = eng_fp16_to_f32(b->d);
+    memcpy(rec + KP6_D + 4 * i, &d, 4);
+}
+
+size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k) {
+    switch (type) {
+    case ENG_Q_Q8_0:
+    case ENG_Q_Q4_0:
+    case ENG_Q_Q5_0: return eng_packed_q8_0_bytes(n_out, k);
+    case ENG_Q_Q4_K:
+    case ENG_Q_Q6_K:
+        if (n_out < 1 || k < ENG_QKK || k % ENG_QKK != 0 || k > ENG_PACK_MAX_K) return 0;
+        return (size_t)((n_out + KP_ROWS - 1) / KP_ROWS) * (size_t)(k / ENG_QKK) * (size_t)kp_rec_bytes(type);
+    default: return 0;
+    }
+}
+
+int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst) {
+    size_t total = eng_wpack_bytes(type, n_out, k);
+    if (!W || !dst || total == 0) return ENG_ERR_INVALID;
+    if (type == ENG_Q_Q8_0) return eng_pack_q8_0(W, n_out, k, dst);
+    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) return widen_to_q8_0(type, W, n_out, k, dst);
+    const int64_t nsb = k / ENG_QKK, rec = kp_rec_bytes(type);
+    const size_t rb = eng_qtype_row_bytes(type, k);
+    memset(dst, 0, total);
+    for (int64_t j = 0; j < n_out; j++) {
+        const uint8_t *row = (const uint8_t *)W + (size_t)j * rb;
+        uint8_t *grp = (uint8_t *)dst + (size_t)(j / KP_ROWS) * (size_t)(nsb * rec);
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            if (type == ENG_Q_Q4_K) pack_q4_K_rec((const eng_blk_q4_K *)row + sb, (int)(j % KP_ROWS), grp + sb * rec);
+            else pack_q6_K_rec((const eng_blk_q6_K *)row + sb, (int)(j % KP_ROWS), grp + sb * rec);
+        }
+    }
+    return 0;
+}
+
+/* ---- scalar reference kernels ----------------------------------------------------------------------------- */
+static float kx_d(const uint8_t *xb) {
+    float d;
+    memcpy(&d, xb, 4);
+    return d;
+}
+static int kx_bsum(const uint8_t *xb, int g) {
+    int16_t v;
+    memcpy(&v, xb + KX_BSUMS + 2 * g, 2);
+    return v;
+}
+
+/* Row i of a Q4_K group times activation row x (nsb super-blocks), as dot_q4_K computes it. */
+static float dot_q4_K_packed(const uint8_t *grp, int i, int64_t nsb, const uint8_t *x) {
+    float s = 0.f;
+    for (int64_t sb = 0; sb < nsb; sb++, x += KX_BYTES) {
+        const uint8_t *rec = grp + sb * KP4_REC;
+        const int8_t *qx = (const int8_t *)(x + KX_QS);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            int a = 0;
+            for (int t = 0; t < 4; t++)
+                for (int e = 0; e < 4; e++) {
+                    uint8_t c = rec[256 * j + 64 * t + 4 * i + e];
+                    a += (c & 0xF) * qx[32 * j + 4 * t + e] + (c >> 4) * qx[32 * j + 16 + 4 * t + e];
+                }
+            sumi += rec[KP4_SC + 16 * j + i] * a;
+            summ += rec[KP4_MN + 32 * (j / 2) + 2 * i + j % 2] * (kx_bsum(x, 2 * j) + kx_bsum(x, 2 * j + 1));
+        }
+        uint16_t d, dmin;
+        memcpy(&d, rec + KP4_D + 2 * i, 2);
+        memcpy(&dmin, rec + KP4_DMIN + 2 * i, 2);
+        float dd = eng_fp16_to_f32(d) * kx_d(x), dm = eng_fp16_to_f32(dmin) * kx_d(x);
+        s += dd * (float)sumi - dm * (float)summ;
+    }
+    return s;
+}
+
+/* Row i of a Q6_K group times activation row x, as dot_q6_K computes it. */
+static float dot_q6_K_packed(const uint8_t *grp, int i, int64_t nsb, const uint8_t *x) {
+    float s = 0.f;
+    for (int64_t sb = 0; sb < nsb; sb++, x += KX_BYTES) {
+        const uint8_t *rec = grp + sb * KP6_REC;
+        const int8_t *qx = (const int8_t *)(x + KX_QS);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int a = 0;
+            for (int q = 0; q < 4; q++)
+                for (int e = 0; e < 4; e++) {
+                    uint8_t lo = rec[128 * g + 64 * (q / 2) + 4 * i + e];
+                    int code = (q % 2 ? lo >> 4 : lo & 0xF) | (((rec[KP6_HB + 64 * g + 4 * i + e] >> (2 * q)) & 3) << 4);
+                    a += (code - 32) * qx[16 * g + 4 * q + e];
+                }
+            sumi += (int8_t)rec[KP6_SC + 16 * g + i] * a;
+        }
+        float d;
+        memcpy(&d, rec + KP6_D + 4 * i, 4);
+        s += (d * kx_d(x)) * (float)sumi;
+    }
+    return s;
+}
+
+static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                                int64_t ldy, int64_t jb, int64_t je) {
+    const int64_t nsb = k / ENG_QKK;
+    const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
+    for (int64_t j = jb; j < je; j++) {
+        const uint8_t *grp = P + (size_t)(j / KP_ROWS) * gbytes;
+        for (int64_t r = 0; r < m; r++) {
+            const uint8_t *x = xq + (size_t)r * xb;
+            y[r * ldy + j] = type == ENG_Q_Q4_K ? dot_q4_K_packed(grp, (int)(j % KP_ROWS), nsb, x)
+                                                : dot_q6_K_packed(grp, (int)(j % KP_ROWS), nsb, x);
+        }
+    }
+}
+
+void eng_gemm_wpacked(eng_simd_level l, uint32_t type, const void *P, int64_t n_out, int64_t k, const void *xq,
+                      int64_t m, float *y, int64_t ldy, int64_t j_begin, int64_t j_end) {
+    if (type == ENG_Q_Q8_0 || type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+        if (eng_wpack_bytes(type, n_out, k) != 0)
+            eng_gemm_packed_q8_0(l, P, n_out, k, xq, m, y, ldy, j_begin, j_end);
+        return;
+    }
+    if (j_end > n_out) j_end = n_out;
+    if (!P || !xq || !y || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_wpack_bytes(type, n_out, k) == 0) return;
+    if (l >= ENG_SIMD_AVX512 && eng_kp_gemm_avx512(type, P, k, xq, m, y, ldy, j_begin, j_end)) return;
+    if (l >= ENG_SIMD_AVX2 && eng_kp_gemm_avx2(type, P, k, xq, m, y, ldy, j_begin, j_end)) return;
+    gemm_kpacked_scalar(type, P, k, xq, m, y, ldy, j_begin, j_end);
+}

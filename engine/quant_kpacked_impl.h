@@ -1,0 +1,49 @@
+/*
+ * quant_kpacked_impl.h: private to engine/quant_kpacked*.c. The packed Q4_K and Q6_K layouts (described in
+ * quant_kpacked.c) and the per-level kernel entry points.
+ */
+#ifndef KVSERVE_ENGINE_QUANT_KPACKED_IMPL_H
+#define KVSERVE_ENGINE_QUANT_KPACKED_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/quant_impl.h"
+
+#define KP_ROWS 16 /* rows per group */
+
+/* Q4_K: one record per super-block (256 values) of a group of 16 rows, 2368 bytes (37 lines of 64). */
+#define KP4_REC 2368
+#define KP4_SC 2048   /* scales [8 sub-blocks][16 rows] uint8 */
+#define KP4_MN 2176   /* mins [4 pairs][16 rows][2] uint8: min 2p + s of row i at 32 p + 2 i + s */
+#define KP4_D 2304    /* d [16] fp16 */
+#define KP4_DMIN 2336 /* dmin [16] fp16 */
+
+/* Q6_K: one record per super-block of a group, 3392 bytes (53 lines). */
+#define KP6_REC 3392
+#define KP6_HB 2048 /* high bits [16 sub-blocks][16 rows][4] */
+#define KP6_SC 3072 /* scales [16 sub-blocks][16 rows] int8 */
+#define KP6_D 3328  /* d [16] float */
+
+#define KP_MAX_SB (ENG_PACK_MAX_K / ENG_QKK) /* super-blocks per row at most */
+
+/* Byte offset of block b's fields in a Q8_K activation row. */
+#define KX_BYTES 292
+#define KX_QS 4
+#define KX_BSUMS 260
+
+static inline int64_t kp_rec_bytes(uint32_t type) { return type == ENG_Q_Q4_K ? KP4_REC : KP6_REC; }
+
+/* The rows of group g inside [jb, je) as a bit mask (bit i: row 16 g + i); the group must meet the range. */
+static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
+    int64_t lo = g * KP_ROWS > jb ? g * KP_ROWS : jb, hi = g * KP_ROWS + KP_ROWS < je ? g * KP_ROWS + KP_ROWS : je;
+    return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
+}
+
+/* SIMD kernels for Q4_K / Q6_K over rows [jb, je) (already clipped to n_out); false for other types. */
+bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                        int64_t ldy, int64_t jb, int64_t je);
+bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                      int64_t ldy, int64_t jb, int64_t je);
+
+#endif /* KVSERVE_ENGINE_QUANT_KPACKED_IMPL_H */
