@@ -31,7 +31,7 @@
 #include "engine/engine.h"
 #include "engine/quant_kpacked_impl.h"
 
-_Static_assert(KP4_REC % 64 == 0 && KP6_REC % 64 == 0, "records are whole lines");
+_Static_assert(KP4_REC % 64 == 0 && KP5_REC % 64 == 0 && KP6_REC % 64 == 0, "records are whole lines");
 
 /* ---- Q4_0 / Q5_0: codes widened into the packed Q8_0 layout ------------------------------------------------
  * A Q4_0 / Q5_0 block is d * (code - 8) / d * (code - 16): the signed values fit int8 and the scale is the same
@@ -85,26 +85,32 @@ static int q6_code(const eng_blk_q6_K *b, int e) {
     int nib = a >= 2 ? lo >> 4 : lo & 0xF;
     return nib | (((b->qh[32 * n + l] >> (2 * a)) & 3) << 4);
 }
-/* The 4-bit code of value e of a Q4_K block. */
-static int q4k_code(const eng_blk_q4_K *b, int e) {
+/* The low 4 bits of the code of value e of a Q4_K / Q5_K block's qs. */
+static int q4k_code(const uint8_t *qs, int e) {
     int j = e / 32, l = e % 32;
-    uint8_t q = b->qs[32 * (j / 2) + l];
+    uint8_t q = qs[32 * (j / 2) + l];
     return j % 2 ? q >> 4 : q & 0xF;
 }
 
-static void pack_q4_K_rec(const eng_blk_q4_K *b, int i, uint8_t *rec) {
+/* Row i of a Q4_K (qh NULL) or Q5_K super-block (fields of either block) into record rec. */
+static void pack_q45_K_rec(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, int i,
+                           uint8_t *rec) {
     for (int j = 0; j < 8; j++) {
         uint8_t sc, mn;
-        eng_k4_scale_min(j, b->scales, &sc, &mn);
+        eng_k4_scale_min(j, scales, &sc, &mn);
         rec[KP4_SC + 16 * j + i] = sc;
         rec[KP4_MN + 32 * (j / 2) + 2 * i + j % 2] = mn;
         for (int t = 0; t < 4; t++)
-            for (int e = 0; e < 4; e++)
-                rec[256 * j + 64 * t + 4 * i + e] =
-                    (uint8_t)(q4k_code(b, 32 * j + 4 * t + e) | (q4k_code(b, 32 * j + 16 + 4 * t + e) << 4));
+            for (int e = 0; e < 4; e++) {
+                int lo = 32 * j + 4 * t + e, hi = lo + 16; /* values of sub-block j in this byte */
+                rec[256 * j + 64 * t + 4 * i + e] = (uint8_t)(q4k_code(qs, lo) | (q4k_code(qs, hi) << 4));
+                if (qh) /* fifth bits: value l of sub-block j is bit j of qh[l] */
+                    rec[KP5_HB + 64 * j + 4 * i + e] |=
+                        (uint8_t)((((qh[lo % 32] >> j) & 1) << t) | (((qh[hi % 32] >> j) & 1) << (4 + t)));
+            }
     }
-    memcpy(rec + KP4_D + 2 * i, &b->d, 2);
-    memcpy(rec + KP4_DMIN + 2 * i, &b->dmin, 2);
+    memcpy(rec + KP4_D + 2 * i, &d, 2);
+    memcpy(rec + KP4_DMIN + 2 * i, &dmin, 2);
 }
 
 static void pack_q6_K_rec(const eng_blk_q6_K *b, int i, uint8_t *rec) {
@@ -131,6 +137,7 @@ size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k) {
     case ENG_Q_Q4_0:
     case ENG_Q_Q5_0: return eng_packed_q8_0_bytes(n_out, k);
     case ENG_Q_Q4_K:
+    case ENG_Q_Q5_K:
     case ENG_Q_Q6_K:
         if (n_out < 1 || k < ENG_QKK || k % ENG_QKK != 0 || k > ENG_PACK_MAX_K) return 0;
         return (size_t)((n_out + KP_ROWS - 1) / KP_ROWS) * (size_t)(k / ENG_QKK) * (size_t)kp_rec_bytes(type);
@@ -150,8 +157,16 @@ int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst)
         const uint8_t *row = (const uint8_t *)W + (size_t)j * rb;
         uint8_t *grp = (uint8_t *)dst + (size_t)(j / KP_ROWS) * (size_t)(nsb * rec);
         for (int64_t sb = 0; sb < nsb; sb++) {
-            if (type == ENG_Q_Q4_K) pack_q4_K_rec((const eng_blk_q4_K *)row + sb, (int)(j % KP_ROWS), grp + sb * rec);
-            else pack_q6_K_rec((const eng_blk_q6_K *)row + sb, (int)(j % KP_ROWS), grp + sb * rec);
+            const int i = (int)(j % KP_ROWS);
+            if (type == ENG_Q_Q4_K) {
+                const eng_blk_q4_K *b = (const eng_blk_q4_K *)row + sb;
+                pack_q45_K_rec(b->d, b->dmin, b->scales, b->qs, NULL, i, grp + sb * rec);
+            } else if (type == ENG_Q_Q5_K) {
+                const eng_blk_q5_K *b = (const eng_blk_q5_K *)row + sb;
+                pack_q45_K_rec(b->d, b->dmin, b->scales, b->qs, b->qh, i, grp + sb * rec);
+            } else {
+                pack_q6_K_rec((const eng_blk_q6_K *)row + sb, i, grp + sb * rec);
+            }
         }
     }
     return 0;
@@ -169,19 +184,21 @@ static int kx_bsum(const uint8_t *xb, int g) {
     return v;
 }
 
-/* Row i of a Q4_K group times activation row x (nsb super-blocks), as dot_q4_K computes it. */
-static float dot_q4_K_packed(const uint8_t *grp, int i, int64_t nsb, const uint8_t *x) {
+/* Row i of a Q4_K (q5 false) or Q5_K group times activation row x (nsb super-blocks), as dot_q4_K / dot_q5_K
+ * compute it. */
+static float dot_q45_K_packed(bool q5, const uint8_t *grp, int i, int64_t nsb, const uint8_t *x) {
     float s = 0.f;
     for (int64_t sb = 0; sb < nsb; sb++, x += KX_BYTES) {
-        const uint8_t *rec = grp + sb * KP4_REC;
+        const uint8_t *rec = grp + sb * (q5 ? KP5_REC : KP4_REC);
         const int8_t *qx = (const int8_t *)(x + KX_QS);
         int sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
             int a = 0;
             for (int t = 0; t < 4; t++)
                 for (int e = 0; e < 4; e++) {
-                    uint8_t c = rec[256 * j + 64 * t + 4 * i + e];
-                    a += (c & 0xF) * qx[32 * j + 4 * t + e] + (c >> 4) * qx[32 * j + 16 + 4 * t + e];
+                    uint8_t c = rec[256 * j + 64 * t + 4 * i + e], h = q5 ? rec[KP5_HB + 64 * j + 4 * i + e] : 0;
+                    int lo = (c & 0xF) | (((h >> t) & 1) << 4), hi = (c >> 4) | (((h >> (4 + t)) & 1) << 4);
+                    a += lo * qx[32 * j + 4 * t + e] + hi * qx[32 * j + 16 + 4 * t + e];
                 }
             sumi += rec[KP4_SC + 16 * j + i] * a;
             summ += rec[KP4_MN + 32 * (j / 2) + 2 * i + j % 2] * (kx_bsum(x, 2 * j) + kx_bsum(x, 2 * j + 1));
@@ -227,8 +244,8 @@ static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, cons
         const uint8_t *grp = P + (size_t)(j / KP_ROWS) * gbytes;
         for (int64_t r = 0; r < m; r++) {
             const uint8_t *x = xq + (size_t)r * xb;
-            y[r * ldy + j] = type == ENG_Q_Q4_K ? dot_q4_K_packed(grp, (int)(j % KP_ROWS), nsb, x)
-                                                : dot_q6_K_packed(grp, (int)(j % KP_ROWS), nsb, x);
+            y[r * ldy + j] = type == ENG_Q_Q6_K ? dot_q6_K_packed(grp, (int)(j % KP_ROWS), nsb, x)
+                                                : dot_q45_K_packed(type == ENG_Q_Q5_K, grp, (int)(j % KP_ROWS), nsb, x);
         }
     }
 }

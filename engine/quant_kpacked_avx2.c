@@ -1,5 +1,5 @@
 /*
- * quant_kpacked_avx2.c: AVX2 kernels for the packed Q4_K and Q6_K layouts (quant_kpacked.c).
+ * quant_kpacked_avx2.c: AVX2 kernels for the packed Q4_K, Q5_K and Q6_K layouts (quant_kpacked.c).
  *
  * A call works on one half of a group (rows 8h..8h+7: bytes 32h..32h+31 of every 64-byte line) and up to MAXC
  * activation rows. Without VNNI, vpmaddubsw multiplies the unsigned codes by the activation quad (broadcast)
@@ -46,7 +46,7 @@ static void prep(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t ns
             memcpy(&xd[sb * MAXC + c], x, 4);
             memcpy(bs, x + KX_BSUMS, sizeof bs);
             int32_t *o = xp + (sb * MAXC + c) * XP;
-            if (type == ENG_Q_Q4_K) {
+            if (type != ENG_Q_Q6_K) {
                 for (int p = 0; p < 4; p++) {
                     int b0 = bs[4 * p] + bs[4 * p + 1], b1 = bs[4 * p + 2] + bs[4 * p + 3];
                     o[p] = (int32_t)((uint32_t)(uint16_t)b0 | ((uint32_t)(uint16_t)b1 << 16));
@@ -64,14 +64,30 @@ INL __m256i pair8(const uint8_t *p, bool sgn) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-INL void q4k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const uint8_t *xq, size_t xb, const float *xd,
+/* v << n (n = -3..4; negative: right shift) in 16-bit lanes, n a constant after unrolling. */
+INL __m256i shift16(__m256i v, int n) {
+    switch (n) {
+    case 4: return _mm256_slli_epi16(v, 4);
+    case 3: return _mm256_slli_epi16(v, 3);
+    case 2: return _mm256_slli_epi16(v, 2);
+    case 1: return _mm256_slli_epi16(v, 1);
+    case -1: return _mm256_srli_epi16(v, 1);
+    case -2: return _mm256_srli_epi16(v, 2);
+    case -3: return _mm256_srli_epi16(v, 3);
+    default: return v;
+    }
+}
+
+/* Q4_K, or Q5_K (q5: fifth bits or-ed into the codes as in the AVX-512 kernel; codes up to 31 allow only 8
+ * products per int16 lane, so the scale is applied after every two lines). */
+INL void q45k_half(const bool q5, const int RN, const uint8_t *grp, int64_t nsb, int h, const uint8_t *xq, size_t xb, const float *xd,
                   const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
     __m256 acc[MAXC];
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *rec = grp + sb * KP4_REC, *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        const uint8_t *rec = grp + sb * (q5 ? KP5_REC : KP4_REC), *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
         __m256i sumi[MAXC];
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
@@ -79,18 +95,30 @@ INL void q4k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
             __m256i p[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) p[c] = _mm256_setzero_si256();
+            const __m256i sc = pair8(rec + KP4_SC + 16 * j + 8 * h, false);
+            const __m256i H = q5 ? _mm256_load_si256((const __m256i *)(rec + KP5_HB + 64 * j + 32 * h)) : m4;
             UNROLL
             for (int t = 0; t < 4; t++) {
                 __m256i L = _mm256_load_si256((const __m256i *)(rec + 256 * j + 64 * t + 32 * h));
                 __m256i lo = _mm256_and_si256(L, m4), hi = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+                if (q5) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(shift16(H, 4 - t), m10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(shift16(H, -t), m10));
+                }
                 UNROLL
                 for (int c = 0; c < RN; c++) {
                     const uint8_t *xc = xs + (size_t)c * xb + 32 * j + 4 * t;
                     p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(lo, bq(xc)));
                     p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(hi, bq(xc + 16)));
                 }
+                if (q5 && t == 1) {
+                    UNROLL
+                    for (int c = 0; c < RN; c++) {
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p[c], sc));
+                        p[c] = _mm256_setzero_si256();
+                    }
+                }
             }
-            __m256i sc = pair8(rec + KP4_SC + 16 * j + 8 * h, false);
             UNROLL
             for (int c = 0; c < RN; c++) sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p[c], sc));
         }
@@ -171,7 +199,16 @@ typedef void (*half_fn)(const uint8_t *, int64_t, int, const uint8_t *, size_t, 
 #define HALF_SET(T)                                                                                              \
     HALF_FN(T, 1) HALF_FN(T, 2) HALF_FN(T, 3) HALF_FN(T, 4)                                                      \
     static const half_fn T##_tab[MAXC] = {T##_1, T##_2, T##_3, T##_4};
+INL void q4k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const uint8_t *xq, size_t xb, const float *xd,
+                  const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    q45k_half(false, RN, grp, nsb, h, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q5k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const uint8_t *xq, size_t xb, const float *xd,
+                  const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    q45k_half(true, RN, grp, nsb, h, xq, xb, xd, xp, y, ldy, mask);
+}
 HALF_SET(q4k)
+HALF_SET(q5k)
 HALF_SET(q6k)
 
 /* bits (8 rows of a half group) as a vmaskmov mask: lane i all ones when bit i is set. */
@@ -182,8 +219,8 @@ TGT static __m256i lane_mask(unsigned bits) {
 
 TGT bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                           int64_t ldy, int64_t jb, int64_t je) {
-    if (type != ENG_Q_Q4_K && type != ENG_Q_Q6_K) return false;
-    const half_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : q6k_tab;
+    if (type != ENG_Q_Q4_K && type != ENG_Q_Q5_K && type != ENG_Q_Q6_K) return false;
+    const half_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : type == ENG_Q_Q5_K ? q5k_tab : q6k_tab;
     const int64_t nsb = k / ENG_QKK;
     const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;

@@ -1,10 +1,10 @@
 /*
- * quant_kpacked_avx512.c: AVX-512 VNNI kernels for the packed Q4_K and Q6_K layouts (quant_kpacked.c).
+ * quant_kpacked_avx512.c: AVX-512 VNNI kernels for the packed Q4_K, Q5_K and Q6_K layouts (quant_kpacked.c).
  *
  * One group (16 weight rows) times up to MAXC activation rows per call: each 64-byte code line is loaded and
  * unpacked to unsigned bytes once and multiplied with every activation row's quad (broadcast) by vpdpbusd, so
  * lane i holds row i's integer sum of a sub-block; vpmulld applies the row's sub-block scale and the super-block
- * sums stay exact int32. Q4_K mins: vpdpwssd of the mins (int16 pairs) with the activation's sub-block sums
+ * sums stay exact int32. Q5_K adds the fifth bits to the Q4_K codes (bit 4) before the products. Q4_K / Q5_K mins: vpdpwssd of the mins (int16 pairs) with the activation's sub-block sums
  * (pairs prepared once per call). Q6_K codes are value + 32: each sub-block's sum starts at -32 * bsum, so it
  * is exactly sum((code - 32) * x). The float work per super-block and row repeats the scalar row kernel's
  * operations in its order (multiplies, subtract, add: no fused multiply-add), so the results equal it bit for bit.
@@ -43,7 +43,7 @@ static void prep(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t ns
             memcpy(&xd[sb * MAXC + c], x, 4);
             memcpy(bs, x + KX_BSUMS, sizeof bs);
             int32_t *o = xp + (sb * MAXC + c) * XP;
-            if (type == ENG_Q_Q4_K) {
+            if (type != ENG_Q_Q6_K) {
                 for (int p = 0; p < 4; p++) {
                     int b0 = bs[4 * p] + bs[4 * p + 1], b1 = bs[4 * p + 2] + bs[4 * p + 3];
                     o[p] = (int32_t)((uint32_t)(uint16_t)b0 | ((uint32_t)(uint16_t)b1 << 16));
@@ -54,15 +54,31 @@ static void prep(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t ns
         }
 }
 
-INL void q4k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+/* v << n (n = -3..4; negative: right shift) in 16-bit lanes, n a constant after unrolling. */
+INL __m512i shift16(__m512i v, int n) {
+    switch (n) {
+    case 4: return _mm512_slli_epi16(v, 4);
+    case 3: return _mm512_slli_epi16(v, 3);
+    case 2: return _mm512_slli_epi16(v, 2);
+    case 1: return _mm512_slli_epi16(v, 1);
+    case -1: return _mm512_srli_epi16(v, 1);
+    case -2: return _mm512_srli_epi16(v, 2);
+    case -3: return _mm512_srli_epi16(v, 3);
+    default: return v;
+    }
+}
+
+/* Q4_K, or Q5_K (q5: the fifth bits of line t of sub-block j are bits t (low nibbles) and 4 + t (high nibbles) of
+ * the sub-block's high-bit line, moved to bit 4 and or-ed into the codes). */
+INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
                    const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
     const bool two = RN <= 4; /* two dpbusd chains per row when few rows cover the latency */
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[MAXC];
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *rec = grp + sb * KP4_REC, *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        const uint8_t *rec = grp + sb * (q5 ? KP5_REC : KP4_REC), *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
         __m512i sumi[MAXC];
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
@@ -70,10 +86,15 @@ INL void q4k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
             __m512i a0[MAXC], a1[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) a0[c] = a1[c] = _mm512_setzero_si512();
+            const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP5_HB + 64 * j)) : m4;
             UNROLL
             for (int t = 0; t < 4; t++) {
                 __m512i L = _mm512_load_si512((const void *)(rec + 256 * j + 64 * t));
                 __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                if (q5) { /* imm 0xF8: a | (b & c) */
+                    lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
+                }
                 UNROLL
                 for (int c = 0; c < RN; c++) {
                     const uint8_t *xc = xs + (size_t)c * xb + 32 * j + 4 * t;
@@ -173,13 +194,22 @@ typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, cons
     GROUP_FN(T, 1) GROUP_FN(T, 2) GROUP_FN(T, 3) GROUP_FN(T, 4) GROUP_FN(T, 5) GROUP_FN(T, 6) GROUP_FN(T, 7)     \
     GROUP_FN(T, 8)                                                                                               \
     static const group_fn T##_tab[MAXC] = {T##_1, T##_2, T##_3, T##_4, T##_5, T##_6, T##_7, T##_8};
+INL void q4k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q45k_group(false, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q5k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q45k_group(true, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
+}
 GROUP_SET(q4k)
+GROUP_SET(q5k)
 GROUP_SET(q6k)
 
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je) {
-    if (type != ENG_Q_Q4_K && type != ENG_Q_Q6_K) return false;
-    const group_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : q6k_tab;
+    if (type != ENG_Q_Q4_K && type != ENG_Q_Q5_K && type != ENG_Q_Q6_K) return false;
+    const group_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : type == ENG_Q_Q5_K ? q5k_tab : q6k_tab;
     const int64_t nsb = k / ENG_QKK;
     const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;

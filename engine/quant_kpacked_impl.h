@@ -19,6 +19,10 @@
 #define KP4_D 2304    /* d [16] fp16 */
 #define KP4_DMIN 2336 /* dmin [16] fp16 */
 
+/* Q5_K: the Q4_K record (same offsets) followed by the fifth bits, 2880 bytes (45 lines). */
+#define KP5_REC 2880
+#define KP5_HB 2368 /* fifth bits [8 sub-blocks][16 rows][4] */
+
 /* Q6_K: one record per super-block of a group, 3392 bytes (53 lines). */
 #define KP6_REC 3392
 #define KP6_HB 2048 /* high bits [16 sub-blocks][16 rows][4] */
@@ -32,7 +36,9 @@
 #define KX_QS 4
 #define KX_BSUMS 260
 
-static inline int64_t kp_rec_bytes(uint32_t type) { return type == ENG_Q_Q4_K ? KP4_REC : KP6_REC; }
+static inline int64_t kp_rec_bytes(uint32_t type) {
+    return type == ENG_Q_Q4_K ? KP4_REC : type == ENG_Q_Q5_K ? KP5_REC : KP6_REC;
+}
 
 /* The rows of group g inside [jb, je) as a bit mask (bit i: row 16 g + i); the group must meet the range. */
 static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
@@ -40,7 +46,7 @@ static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
     return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
 }
 
-/* SIMD kernels for Q4_K / Q6_K over rows [jb, je) (already clipped to n_out); false for other types. */
+/* SIMD kernels for Q4_K / Q5_K / Q6_K over rows [jb, je) (already clipped to n_out); false for other types. */
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je);
 bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,

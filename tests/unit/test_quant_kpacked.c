@@ -1,8 +1,8 @@
 /*
- * test_quant_kpacked.c: engine/quant_kpacked.h, the packed Q4_K / Q6_K (and widened Q4_0 / Q5_0) matrices.
+ * test_quant_kpacked.c: engine/quant_kpacked.h, the packed Q4_K / Q5_K / Q6_K (and widened Q4_0 / Q5_0) matrices.
  *
  * Randomized differential tests against the scalar row kernels (eng_gemm at ENG_SIMD_SCALAR):
- *  - Q4_K / Q6_K: the scalar kernel over the packed layout and every SIMD level this CPU has give exactly the
+ *  - Q4_K / Q5_K / Q6_K: the scalar kernel over the packed layout and every SIMD level this CPU has give exactly the
  *    row kernel's floats (the integer sums are exact and the float operations the same), for any activation
  *    batch (rows alone give the same floats as in a batch: batch invariance) and any split of the rows into
  *    ranges; only y in the row range is written. Extreme iterations use the largest codes, scales and mins
@@ -43,6 +43,11 @@ static void random_wrow(rng *r, uint32_t type, int64_t k, uint8_t *row, bool ext
         switch (type) {
         case ENG_Q_Q4_K: /* d, dmin, scales[12], qs[128] */
             if (extreme) memset(blk + 4, 0xFF, 140); /* scales and mins 63, codes 15 */
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &d2, 2);
+            break;
+        case ENG_Q_Q5_K: /* d, dmin, scales[12], qh[32], qs[128] */
+            if (extreme) memset(blk + 4, 0xFF, 172); /* scales and mins 63, codes 31 */
             memcpy(blk, &d, 2);
             memcpy(blk + 2, &d2, 2);
             break;
@@ -96,7 +101,7 @@ static bool same_float(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 static void run_type(uint32_t type, uint64_t seed, int iters) {
     const eng_qtype_info *ti = eng_qtype_get(type);
     const uint32_t dt = ti->dot_type;
-    const bool exact = type == ENG_Q_Q4_K || type == ENG_Q_Q6_K;
+    const bool exact = type == ENG_Q_Q4_K || type == ENG_Q_Q5_K || type == ENG_Q_Q6_K;
     const eng_simd_level top = eng_simd_detect();
     rng r = {seed};
     for (int iter = 0; iter < iters; iter++) {
@@ -186,6 +191,7 @@ Test(quant_kpacked, sizes_and_errors) {
 }
 
 Test(quant_kpacked, q4_K_vs_rows) { run_type(ENG_Q_Q4_K, 0x9E3779B97F4A7C15ULL, 44); }
+Test(quant_kpacked, q5_K_vs_rows) { run_type(ENG_Q_Q5_K, 0x3C6EF372FE94F82BULL, 44); }
 Test(quant_kpacked, q6_K_vs_rows) { run_type(ENG_Q_Q6_K, 0xD1B54A32D192ED03ULL, 44); }
 Test(quant_kpacked, q4_0_vs_rows) { run_type(ENG_Q_Q4_0, 0x8CB92BA72F3D8DD7ULL, 30); }
 Test(quant_kpacked, q5_0_vs_rows) { run_type(ENG_Q_Q5_0, 0xABCDEF0123456789ULL, 30); }
