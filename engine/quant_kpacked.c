@@ -1,6 +1,6 @@
 /*
- * quant_kpacked.c: packed layouts of Q4_K and Q6_K matrices, their scalar reference kernels, and the entry points
- * of quant_kpacked.h for every packed type (see there for the contract).
+ * quant_kpacked.c: packed layouts of Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matrices, their scalar reference kernels, and
+ * the entry points of quant_kpacked.h for every packed type (see there for the contract).
  *
  * Layouts. Rows are taken 16 at a time (a group; rows past n_out are zero). A group is one record per
  * super-block (256 values), records one after the other; every record is a multiple of 64 bytes. In every
@@ -11,6 +11,12 @@
  * Q4_K record (2368 bytes, the GGUF rows take 2304): for sub-block j (32 values) and t = 0..3, line j * 4 + t
  * holds in byte 4i + e the codes of values 4t + e (low nibble) and 16 + 4t + e (high nibble) of sub-block j of
  * row i; then the 6-bit scales [8][16] and mins [4][16][2] as bytes, d [16] and dmin [16] as fp16.
+ * Q5_K record (2880 bytes, GGUF 2816): the Q4_K record, then for sub-block j a line whose byte 4i + e holds the
+ * fifth bits of the values of line j * 4 + t at bits t (low nibble) and 4 + t (high nibble).
+ * Q4_0 / Q5_0 (18 / 22 bytes per row and block, as in GGUF): per block of 32 values, 4 code lines as one
+ * sub-block of Q4_K (Q5_0: and a fifth-bit line as Q5_K's), the codes of all blocks first, then the fp16 scales
+ * [nb][16]; the block's integer sum starts at -offset * sum(x) (offset 8 / 16) and the packed Q8_0 kernels'
+ * float operations follow.
  * Q6_K record (3392 bytes, the GGUF rows take 3360): for sub-block g (16 values), lines 2g and 2g + 1 hold in
  * byte 4i + e the low 4 bits of values 4q + e of row i, q = 0 and 1 (line 2g: low / high nibble) and q = 2
  * and 3 (line 2g + 1); line 32 + g holds in byte 4i + e the high 2 bits of values 4q + e at bits 2q..2q+1;
@@ -33,48 +39,30 @@
 
 _Static_assert(KP4_REC % 64 == 0 && KP5_REC % 64 == 0 && KP6_REC % 64 == 0, "records are whole lines");
 
-/* ---- Q4_0 / Q5_0: codes widened into the packed Q8_0 layout ------------------------------------------------
- * A Q4_0 / Q5_0 block is d * (code - 8) / d * (code - 16): the signed values fit int8 and the scale is the same
- * fp16, so the block is exactly a Q8_0 block, and the Q8_0 kernels (whose float operations are the same as for
- * these types' row kernels: s += isum * (d_w * d_x)) apply unchanged. */
-static int widen_to_q8_0(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst) {
-    const int64_t nb = k / ENG_QK;
-    const size_t in_rb = eng_qtype_row_bytes(type, k);
-    enum { CHUNK = 64 }; /* rows widened at a time */
-    eng_blk_q8_0 *tmp = malloc((size_t)CHUNK * (size_t)nb * sizeof *tmp);
-    if (!tmp) return ENG_ERR_NOMEM;
-    /* the packer takes whole groups of 16 rows: widen CHUNK rows (a multiple of 16) at a time */
-    const size_t gbytes = ENG_PACK_GROUP_BYTES(k);
-    int rc = 0;
-    for (int64_t r0 = 0; r0 < n_out && rc == 0; r0 += CHUNK) {
-        int64_t rn = n_out - r0 < CHUNK ? n_out - r0 : CHUNK;
-        for (int64_t r = 0; r < rn; r++) {
-            const uint8_t *row = (const uint8_t *)W + (size_t)(r0 + r) * in_rb;
-            for (int64_t b = 0; b < nb; b++) {
-                eng_blk_q8_0 *o = &tmp[r * nb + b];
-                if (type == ENG_Q_Q4_0) {
-                    const eng_blk_q4_0 *q = (const eng_blk_q4_0 *)row + b;
-                    o->d = q->d;
-                    for (int j = 0; j < 16; j++) {
-                        o->qs[j] = (int8_t)((q->qs[j] & 0xF) - 8);
-                        o->qs[j + 16] = (int8_t)((q->qs[j] >> 4) - 8);
-                    }
-                } else {
-                    const eng_blk_q5_0 *q = (const eng_blk_q5_0 *)row + b;
-                    uint32_t qh = (uint32_t)q->qh[0] | ((uint32_t)q->qh[1] << 8) | ((uint32_t)q->qh[2] << 16) |
-                                  ((uint32_t)q->qh[3] << 24);
-                    o->d = q->d;
-                    for (int j = 0; j < 16; j++) {
-                        o->qs[j] = (int8_t)(((q->qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
-                        o->qs[j + 16] = (int8_t)(((q->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-                    }
-                }
-            }
-        }
-        rc = eng_pack_q8_0(tmp, rn, k, (uint8_t *)dst + (size_t)(r0 / KP_ROWS) * gbytes);
+/* ---- Q4_0 / Q5_0 packing --------------------------------------------------------------------------------- */
+/* The 4- (Q4_0) or 5-bit (Q5_0) code of value e (0..31) of a block. */
+static int q0_code(uint32_t type, const uint8_t *blk, int e) {
+    if (type == ENG_Q_Q4_0) {
+        const eng_blk_q4_0 *b = (const eng_blk_q4_0 *)blk;
+        return e < 16 ? b->qs[e] & 0xF : b->qs[e - 16] >> 4;
     }
-    free(tmp);
-    return rc;
+    const eng_blk_q5_0 *b = (const eng_blk_q5_0 *)blk;
+    int lo = e < 16 ? b->qs[e] & 0xF : b->qs[e - 16] >> 4;
+    return lo | (((b->qh[e / 8] >> (e % 8)) & 1) << 4);
+}
+
+/* Row i of a Q4_0 / Q5_0 block b into a group (nb blocks): line 4 b + t holds in byte 4i + e the low 4 bits of
+ * values 4t + e (low nibble) and 16 + 4t + e (high nibble); Q5_0's fifth line holds their fifth bits at bits t and
+ * 4 + t; the scale goes to the scales [nb][16] after the codes. */
+static void pack_q0_block(uint32_t type, const uint8_t *blk, int64_t b, int64_t nb, int i, uint8_t *grp) {
+    uint8_t *code = grp + b * kp0_code_bytes(type);
+    for (int t = 0; t < 4; t++)
+        for (int e = 0; e < 4; e++) {
+            int lo = q0_code(type, blk, 4 * t + e), hi = q0_code(type, blk, 16 + 4 * t + e);
+            code[64 * t + 4 * i + e] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+            if (type == ENG_Q_Q5_0) code[256 + 4 * i + e] |= (uint8_t)(((lo >> 4) << t) | ((hi >> 4) << (4 + t)));
+        }
+    memcpy(grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, blk, 2); /* d is the first field of both blocks */
 }
 
 /* ---- Q4_K / Q6_K packing -------------------------------------------------------------------------------- */
@@ -133,9 +121,11 @@ static void pack_q6_K_rec(const eng_blk_q6_K *b, int i, uint8_t *rec) {
 
 size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k) {
     switch (type) {
-    case ENG_Q_Q8_0:
+    case ENG_Q_Q8_0: return eng_packed_q8_0_bytes(n_out, k);
     case ENG_Q_Q4_0:
-    case ENG_Q_Q5_0: return eng_packed_q8_0_bytes(n_out, k);
+    case ENG_Q_Q5_0:
+        if (n_out < 1 || k < ENG_QK || k % ENG_QK != 0 || k > ENG_PACK_MAX_K) return 0;
+        return (size_t)((n_out + KP_ROWS - 1) / KP_ROWS) * (size_t)kp0_group_bytes(type, k / ENG_QK);
     case ENG_Q_Q4_K:
     case ENG_Q_Q5_K:
     case ENG_Q_Q6_K:
@@ -149,10 +139,17 @@ int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst)
     size_t total = eng_wpack_bytes(type, n_out, k);
     if (!W || !dst || total == 0) return ENG_ERR_INVALID;
     if (type == ENG_Q_Q8_0) return eng_pack_q8_0(W, n_out, k, dst);
-    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) return widen_to_q8_0(type, W, n_out, k, dst);
-    const int64_t nsb = k / ENG_QKK, rec = kp_rec_bytes(type);
     const size_t rb = eng_qtype_row_bytes(type, k);
     memset(dst, 0, total);
+    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+        const int64_t nb = k / ENG_QK, bsz = eng_qtype_get(type)->block_bytes;
+        for (int64_t j = 0; j < n_out; j++)
+            for (int64_t b = 0; b < nb; b++)
+                pack_q0_block(type, (const uint8_t *)W + (size_t)j * rb + (size_t)(b * bsz), b, nb, (int)(j % KP_ROWS),
+                              (uint8_t *)dst + (size_t)(j / KP_ROWS) * (size_t)kp0_group_bytes(type, nb));
+        return 0;
+    }
+    const int64_t nsb = k / ENG_QKK, rec = kp_rec_bytes(type);
     for (int64_t j = 0; j < n_out; j++) {
         const uint8_t *row = (const uint8_t *)W + (size_t)j * rb;
         uint8_t *grp = (uint8_t *)dst + (size_t)(j / KP_ROWS) * (size_t)(nsb * rec);
@@ -236,8 +233,38 @@ static float dot_q6_K_packed(const uint8_t *grp, int i, int64_t nsb, const uint8
     return s;
 }
 
+/* Row i of a Q4_0 / Q5_0 group times Q8_0 activation row x, as dot_q4_0 / dot_q5_0 compute it. */
+static float dot_q0_packed(uint32_t type, const uint8_t *grp, int i, int64_t nb, const uint8_t *x) {
+    const int off = type == ENG_Q_Q4_0 ? 8 : 16;
+    float s = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *code = grp + b * kp0_code_bytes(type);
+        const eng_blk_q8_0 *xb = (const eng_blk_q8_0 *)x + b;
+        int isum = 0;
+        for (int t = 0; t < 4; t++)
+            for (int e = 0; e < 4; e++) {
+                uint8_t c = code[64 * t + 4 * i + e], h = type == ENG_Q_Q5_0 ? code[256 + 4 * i + e] : 0;
+                int lo = (c & 0xF) | (((h >> t) & 1) << 4), hi = (c >> 4) | (((h >> (4 + t)) & 1) << 4);
+                isum += (lo - off) * xb->qs[4 * t + e] + (hi - off) * xb->qs[16 + 4 * t + e];
+            }
+        uint16_t d;
+        memcpy(&d, grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, 2);
+        s += (float)isum * (eng_fp16_to_f32(d) * eng_fp16_to_f32(xb->d));
+    }
+    return s;
+}
+
 static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                                 int64_t ldy, int64_t jb, int64_t je) {
+    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+        const int64_t nb = k / ENG_QK;
+        const size_t gbytes = (size_t)kp0_group_bytes(type, nb), xb = (size_t)nb * sizeof(eng_blk_q8_0);
+        for (int64_t j = jb; j < je; j++)
+            for (int64_t r = 0; r < m; r++)
+                y[r * ldy + j] = dot_q0_packed(type, P + (size_t)(j / KP_ROWS) * gbytes, (int)(j % KP_ROWS), nb,
+                                               xq + (size_t)r * xb);
+        return;
+    }
     const int64_t nsb = k / ENG_QKK;
     const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
     for (int64_t j = jb; j < je; j++) {
@@ -252,7 +279,7 @@ static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, cons
 
 void eng_gemm_wpacked(eng_simd_level l, uint32_t type, const void *P, int64_t n_out, int64_t k, const void *xq,
                       int64_t m, float *y, int64_t ldy, int64_t j_begin, int64_t j_end) {
-    if (type == ENG_Q_Q8_0 || type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+    if (type == ENG_Q_Q8_0) {
         if (eng_wpack_bytes(type, n_out, k) != 0)
             eng_gemm_packed_q8_0(l, P, n_out, k, xq, m, y, ldy, j_begin, j_end);
         return;

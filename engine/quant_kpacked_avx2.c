@@ -189,6 +189,78 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
     for (int c = 0; c < RN; c++) _mm256_maskstore_ps(y + c * ldy + 8 * h, mask, acc[c]);
 }
 
+/* Q4_0 / Q5_0 (q5) blocks: as the AVX-512 kernel (prep0, then the packed Q8_0 kernel's float operations);
+ * int16 lanes take 16 products of codes <= 15 (Q4_0) or 8 of codes <= 31 (Q5_0) before vpmaddwd by ones. */
+static void prep0(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nb, float *xd, int32_t *xp) {
+    const int off = type == ENG_Q_Q4_0 ? 8 : 16;
+    for (int c = 0; c < rn; c++)
+        for (int64_t b = 0; b < nb; b++) {
+            const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
+            int sum = 0;
+            for (int e = 0; e < 32; e++) sum += x->qs[e];
+            xd[b * MAXC + c] = eng_fp16_to_f32(x->d);
+            xp[b * MAXC + c] = -off * sum;
+        }
+}
+
+INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb,
+                 const float *xd, const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+    const int64_t cb = q5 ? 320 : 256;
+    const uint8_t *scales = grp + nb * cb;
+    __m256 acc[MAXC];
+    UNROLL
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *code = grp + b * cb;
+        const __m256i H = q5 ? _mm256_load_si256((const __m256i *)(code + 256 + 32 * h)) : m4;
+        __m256i p[MAXC], s[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            p[c] = _mm256_setzero_si256();
+            s[c] = _mm256_set1_epi32(xp[b * MAXC + c]);
+        }
+        UNROLL
+        for (int t = 0; t < 4; t++) {
+            __m256i L = _mm256_load_si256((const __m256i *)(code + 64 * t + 32 * h));
+            __m256i lo = _mm256_and_si256(L, m4), hi = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(shift16(H, 4 - t), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(shift16(H, -t), m10));
+            }
+            UNROLL
+            for (int c = 0; c < RN; c++) {
+                const uint8_t *xc = xq + (size_t)c * xb + (size_t)b * sizeof(eng_blk_q8_0) + 2 + 4 * t;
+                p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(lo, bq(xc)));
+                p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(hi, bq(xc + 16)));
+            }
+            if (q5 && t == 1) {
+                UNROLL
+                for (int c = 0; c < RN; c++) {
+                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(p[c], ones));
+                    p[c] = _mm256_setzero_si256();
+                }
+            }
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            __m256i v = _mm256_add_epi32(s[c], _mm256_madd_epi16(p[c], ones));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(xd[b * MAXC + c])), acc[c]);
+        }
+    }
+    UNROLL
+    for (int c = 0; c < RN; c++) _mm256_maskstore_ps(y + c * ldy + 8 * h, mask, acc[c]);
+}
+INL void q40_half(const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb, const float *xd,
+                  const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    q0_half(false, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q50_half(const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb, const float *xd,
+                  const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    q0_half(true, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
+}
+
 typedef void (*half_fn)(const uint8_t *, int64_t, int, const uint8_t *, size_t, const float *, const int32_t *,
                         float *, int64_t, __m256i);
 #define HALF_FN(T, RN)                                                                                           \
@@ -207,6 +279,8 @@ INL void q5k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
                   const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
     q45k_half(true, RN, grp, nsb, h, xq, xb, xd, xp, y, ldy, mask);
 }
+HALF_SET(q40)
+HALF_SET(q50)
 HALF_SET(q4k)
 HALF_SET(q5k)
 HALF_SET(q6k)
@@ -219,19 +293,30 @@ TGT static __m256i lane_mask(unsigned bits) {
 
 TGT bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                           int64_t ldy, int64_t jb, int64_t je) {
-    if (type != ENG_Q_Q4_K && type != ENG_Q_Q5_K && type != ENG_Q_Q6_K) return false;
-    const half_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : type == ENG_Q_Q5_K ? q5k_tab : q6k_tab;
-    const int64_t nsb = k / ENG_QKK;
-    const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
+    const half_fn *tab;
+    switch (type) {
+    case ENG_Q_Q4_0: tab = q40_tab; break;
+    case ENG_Q_Q5_0: tab = q50_tab; break;
+    case ENG_Q_Q4_K: tab = q4k_tab; break;
+    case ENG_Q_Q5_K: tab = q5k_tab; break;
+    case ENG_Q_Q6_K: tab = q6k_tab; break;
+    default: return false;
+    }
+    const bool k32 = type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0;
+    const int64_t nsb = k32 ? k / ENG_QK : k / ENG_QKK; /* blocks or super-blocks */
+    const size_t gbytes = k32 ? (size_t)kp0_group_bytes(type, nsb) : (size_t)(nsb * kp_rec_bytes(type));
+    const size_t xb = k32 ? (size_t)nsb * sizeof(eng_blk_q8_0) : (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
-    float xd[KP_MAX_SB * MAXC];
+    float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
     int32_t xp[KP_MAX_SB * MAXC * XP];
+    _Static_assert(KP_MAX_SB * XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
             const int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
             const uint8_t *xr = xq + (size_t)c0 * xb;
-            prep(type, xr, xb, rn, nsb, xd, xp);
+            if (k32) prep0(type, xr, xb, rn, nsb, xd, xp);
+            else prep(type, xr, xb, rn, nsb, xd, xp);
             for (int64_t g = g0; g < g1; g++) {
                 unsigned rows = kp_group_rows(g, jb, je);
                 for (int h = 0; h < 2; h++)

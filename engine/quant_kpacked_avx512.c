@@ -183,6 +183,74 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
 
+/* Q4_0 / Q5_0 (q5) blocks: prep0 gives per block b and activation row c xd[b * MAXC + c] = d_x and
+ * xp[b * MAXC + c] = -offset * sum(x): each row's block sum starts there, so it ends at sum((code - offset) * x);
+ * then the float operations of the packed Q8_0 kernel (quant_packed.c), so that the results equal its. */
+static void prep0(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nb, float *xd, int32_t *xp) {
+    const int off = type == ENG_Q_Q4_0 ? 8 : 16;
+    for (int c = 0; c < rn; c++)
+        for (int64_t b = 0; b < nb; b++) {
+            const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
+            int sum = 0;
+            for (int e = 0; e < 32; e++) sum += x->qs[e];
+            xd[b * MAXC + c] = eng_fp16_to_f32(x->d);
+            xp[b * MAXC + c] = -off * sum;
+        }
+}
+
+INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb,
+                  const float *xd, const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    const bool two = RN <= 4;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const int64_t cb = q5 ? 320 : 256;
+    const uint8_t *scales = grp + nb * cb;
+    __m512 acc[MAXC];
+    UNROLL
+    for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *code = grp + b * cb;
+        const __m512i H = q5 ? _mm512_load_si512((const void *)(code + 256)) : m4;
+        __m512i a0[MAXC], a1[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            a0[c] = _mm512_set1_epi32(xp[b * MAXC + c]);
+            a1[c] = _mm512_setzero_si512();
+        }
+        UNROLL
+        for (int t = 0; t < 4; t++) {
+            __m512i L = _mm512_load_si512((const void *)(code + 64 * t));
+            __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+            if (q5) {
+                lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
+            }
+            UNROLL
+            for (int c = 0; c < RN; c++) {
+                const uint8_t *xc = xq + (size_t)c * xb + (size_t)b * sizeof(eng_blk_q8_0) + 2 + 4 * t;
+                a0[c] = _mm512_dpbusd_epi32(a0[c], lo, bq(xc));
+                if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], hi, bq(xc + 16));
+                else a0[c] = _mm512_dpbusd_epi32(a0[c], hi, bq(xc + 16));
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            __m512i s = two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c];
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[b * MAXC + c])), acc[c]);
+        }
+    }
+    UNROLL
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
+}
+INL void q40_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q0_group(false, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q50_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q0_group(true, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
+}
+
 typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const float *, const int32_t *, float *,
                          int64_t, __mmask16);
 #define GROUP_FN(T, RN)                                                                                          \
@@ -202,25 +270,38 @@ INL void q5k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
                    const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
     q45k_group(true, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
 }
+GROUP_SET(q40)
+GROUP_SET(q50)
 GROUP_SET(q4k)
 GROUP_SET(q5k)
 GROUP_SET(q6k)
 
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je) {
-    if (type != ENG_Q_Q4_K && type != ENG_Q_Q5_K && type != ENG_Q_Q6_K) return false;
-    const group_fn *tab = type == ENG_Q_Q4_K ? q4k_tab : type == ENG_Q_Q5_K ? q5k_tab : q6k_tab;
-    const int64_t nsb = k / ENG_QKK;
-    const size_t gbytes = (size_t)(nsb * kp_rec_bytes(type)), xb = (size_t)nsb * KX_BYTES;
+    const group_fn *tab;
+    switch (type) {
+    case ENG_Q_Q4_0: tab = q40_tab; break;
+    case ENG_Q_Q5_0: tab = q50_tab; break;
+    case ENG_Q_Q4_K: tab = q4k_tab; break;
+    case ENG_Q_Q5_K: tab = q5k_tab; break;
+    case ENG_Q_Q6_K: tab = q6k_tab; break;
+    default: return false;
+    }
+    const bool k32 = type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0;
+    const int64_t nsb = k32 ? k / ENG_QK : k / ENG_QKK; /* blocks or super-blocks */
+    const size_t gbytes = k32 ? (size_t)kp0_group_bytes(type, nsb) : (size_t)(nsb * kp_rec_bytes(type));
+    const size_t xb = k32 ? (size_t)nsb * sizeof(eng_blk_q8_0) : (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
-    float xd[KP_MAX_SB * MAXC];
+    float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
     int32_t xp[KP_MAX_SB * MAXC * XP];
+    _Static_assert(KP_MAX_SB * XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
             const int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
             const uint8_t *xr = xq + (size_t)c0 * xb;
-            prep(type, xr, xb, rn, nsb, xd, xp);
+            if (k32) prep0(type, xr, xb, rn, nsb, xd, xp);
+            else prep(type, xr, xb, rn, nsb, xd, xp);
             for (int64_t g = g0; g < g1; g++)
                 tab[rn - 1](P + (size_t)g * gbytes, nsb, xr, xb, xd, xp, y + c0 * ldy + g * KP_ROWS, ldy,
                             (__mmask16)kp_group_rows(g, jb, je));

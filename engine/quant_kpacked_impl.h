@@ -29,6 +29,11 @@
 #define KP6_SC 3072 /* scales [16 sub-blocks][16 rows] int8 */
 #define KP6_D 3328  /* d [16] float */
 
+/* Q4_0 / Q5_0: per 32-value block of a group, 4 code lines (Q5_0: and a line of fifth bits), codes of all the
+ * blocks first, then the fp16 scales [nb][16], the group padded to 64 bytes. */
+static inline int64_t kp0_code_bytes(uint32_t type) { return type == ENG_Q_Q4_0 ? 256 : 320; }
+static inline int64_t kp0_group_bytes(uint32_t type, int64_t nb) { return (nb * (kp0_code_bytes(type) + 32) + 63) / 64 * 64; }
+
 #define KP_MAX_SB (ENG_PACK_MAX_K / ENG_QKK) /* super-blocks per row at most */
 
 /* Byte offset of block b's fields in a Q8_K activation row. */
@@ -46,7 +51,8 @@ static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
     return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
 }
 
-/* SIMD kernels for Q4_K / Q5_K / Q6_K over rows [jb, je) (already clipped to n_out); false for other types. */
+/* SIMD kernels for Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K over rows [jb, je) (already clipped to n_out); false for
+ * other types. */
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je);
 bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,

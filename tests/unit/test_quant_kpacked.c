@@ -183,7 +183,9 @@ Test(quant_kpacked, sizes_and_errors) {
     /* the packed bytes per 16 rows: Q4_K 2368 per super-block (GGUF 2304), Q6_K 3392 (GGUF 3360) */
     cr_assert_eq(eng_wpack_bytes(ENG_Q_Q4_K, 17, 512), 2 * 2 * 2368);
     cr_assert_eq(eng_wpack_bytes(ENG_Q_Q6_K, 16, 256), 3392);
-    cr_assert_eq(eng_wpack_bytes(ENG_Q_Q4_0, 16, 64), eng_packed_q8_0_bytes(16, 64));
+    /* Q4_0: 18 bytes per row and block, as in GGUF; Q5_0: 22; each group padded to 64 bytes */
+    cr_assert_eq(eng_wpack_bytes(ENG_Q_Q4_0, 16, 64), 576);
+    cr_assert_eq(eng_wpack_bytes(ENG_Q_Q5_0, 20, 128), 2 * 1408);
     uint8_t w[144] = {0};
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, NULL, 1, 256, w), ENG_ERR_INVALID);
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, w, 1, 256, NULL), ENG_ERR_INVALID);
