@@ -277,6 +277,36 @@ static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, cons
     }
 }
 
+void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int rn, int64_t nb, int maxc, float *xd,
+                 int32_t *xp) {
+    for (int c = 0; c < rn; c++) {
+        for (int64_t b = 0; b < nb; b++) {
+            if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+                const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
+                int sum = 0;
+                for (int e = 0; e < 32; e++) sum += x->qs[e];
+                xd[b * maxc + c] = eng_fp16_to_f32(x->d);
+                xp[b * maxc + c] = (type == ENG_Q_Q4_0 ? -8 : -16) * sum;
+                continue;
+            }
+            const uint8_t *x = xr + (size_t)c * xb + (size_t)b * KX_BYTES;
+            int16_t bs[16];
+            memcpy(&xd[b * maxc + c], x, 4);
+            memcpy(bs, x + KX_BSUMS, sizeof bs);
+            int32_t *o = xp + (b * maxc + c) * KP_XP;
+            if (type != ENG_Q_Q6_K) {
+                for (int p = 0; p < 4; p++) {
+                    int b0 = bs[4 * p] + bs[4 * p + 1], b1 = bs[4 * p + 2] + bs[4 * p + 3];
+                    o[p] = (int32_t)((uint32_t)(uint16_t)b0 | ((uint32_t)(uint16_t)b1 << 16));
+                }
+            } else {
+                for (int g = 0; g < 16; g++)
+                    o[g] = pairs16 ? (int32_t)((uint32_t)(uint16_t)(-16 * bs[g]) * 0x10001u) : -32 * bs[g];
+            }
+        }
+    }
+}
+
 void eng_gemm_wpacked(eng_simd_level l, uint32_t type, const void *P, int64_t n_out, int64_t k, const void *xq,
                       int64_t m, float *y, int64_t ldy, int64_t j_begin, int64_t j_end) {
     if (type == ENG_Q_Q8_0) {

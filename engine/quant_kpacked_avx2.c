@@ -26,7 +26,6 @@
 #endif
 #define MAXC 4   /* activation rows per kernel call (16 ymm registers) */
 #define GCHUNK 8 /* groups per preparation of the activation rows */
-#define XP 16    /* prepared int32 per super-block and activation row */
 
 INL int32_t ld32(const uint8_t *p) {
     int32_t v;
@@ -35,27 +34,6 @@ INL int32_t ld32(const uint8_t *p) {
 }
 INL __m256i bq(const uint8_t *p) { return _mm256_set1_epi32(ld32(p)); }
 
-/* Per super-block sb and activation row c: xd[sb * MAXC + c] = d_x, and at xp[(sb * MAXC + c) * XP]: Q4_K the
- * 4 pairs (B_2p, B_2p+1) of sub-block sums as int16 (B_j = bsums 2j + 2j+1), Q6_K the 16 pairs
- * (-16 bsum_g, -16 bsum_g) as int16 (|16 bsum| <= 16 * 16 * 127 fits). */
-static void prep(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nsb, float *xd, int32_t *xp) {
-    for (int c = 0; c < rn; c++)
-        for (int64_t sb = 0; sb < nsb; sb++) {
-            const uint8_t *x = xr + (size_t)c * xb + (size_t)sb * KX_BYTES;
-            int16_t bs[16];
-            memcpy(&xd[sb * MAXC + c], x, 4);
-            memcpy(bs, x + KX_BSUMS, sizeof bs);
-            int32_t *o = xp + (sb * MAXC + c) * XP;
-            if (type != ENG_Q_Q6_K) {
-                for (int p = 0; p < 4; p++) {
-                    int b0 = bs[4 * p] + bs[4 * p + 1], b1 = bs[4 * p + 2] + bs[4 * p + 3];
-                    o[p] = (int32_t)((uint32_t)(uint16_t)b0 | ((uint32_t)(uint16_t)b1 << 16));
-                }
-            } else {
-                for (int g = 0; g < 16; g++) o[g] = (int32_t)((uint32_t)(uint16_t)(-16 * bs[g]) * 0x10001u);
-            }
-        }
-}
 
 /* 8 bytes (one per row) as int16 pairs (v, v) in 8 int32 lanes; sgn: the bytes are int8. */
 INL __m256i pair8(const uint8_t *p, bool sgn) {
@@ -131,7 +109,7 @@ INL void q45k_half(const bool q5, const int RN, const uint8_t *grp, int64_t nsb,
             UNROLL
             for (int c = 0; c < RN; c++)
                 summ[c] = _mm256_add_epi32(summ[c],
-                                           _mm256_madd_epi16(mn, _mm256_set1_epi32(xp[(sb * MAXC + c) * XP + q])));
+                                           _mm256_madd_epi16(mn, _mm256_set1_epi32(xp[(sb * MAXC + c) * KP_XP + q])));
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP4_D + 16 * h)));
         __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP4_DMIN + 16 * h)));
@@ -174,7 +152,7 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
                 const uint8_t *xc = xs + (size_t)c * xb + 16 * g;
                 __m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bq(xc)), _mm256_maddubs_epi16(q1, bq(xc + 4)));
                 __m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bq(xc + 8)), _mm256_maddubs_epi16(q3, bq(xc + 12)));
-                __m256i corr = _mm256_madd_epi16(sc, _mm256_set1_epi32(xp[(sb * MAXC + c) * XP + g]));
+                __m256i corr = _mm256_madd_epi16(sc, _mm256_set1_epi32(xp[(sb * MAXC + c) * KP_XP + g]));
                 __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pa, sc), _mm256_madd_epi16(pb, sc));
                 sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(s, corr));
             }
@@ -189,19 +167,8 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
     for (int c = 0; c < RN; c++) _mm256_maskstore_ps(y + c * ldy + 8 * h, mask, acc[c]);
 }
 
-/* Q4_0 / Q5_0 (q5) blocks: as the AVX-512 kernel (prep0, then the packed Q8_0 kernel's float operations);
+/* Q4_0 / Q5_0 (q5) blocks: as the AVX-512 kernel (eng_kp_prep, then the packed Q8_0 kernel's float operations);
  * int16 lanes take 16 products of codes <= 15 (Q4_0) or 8 of codes <= 31 (Q5_0) before vpmaddwd by ones. */
-static void prep0(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nb, float *xd, int32_t *xp) {
-    const int off = type == ENG_Q_Q4_0 ? 8 : 16;
-    for (int c = 0; c < rn; c++)
-        for (int64_t b = 0; b < nb; b++) {
-            const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
-            int sum = 0;
-            for (int e = 0; e < 32; e++) sum += x->qs[e];
-            xd[b * MAXC + c] = eng_fp16_to_f32(x->d);
-            xp[b * MAXC + c] = -off * sum;
-        }
-}
 
 INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb,
                  const float *xd, const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
@@ -308,15 +275,14 @@ TGT bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint
     const size_t xb = k32 ? (size_t)nsb * sizeof(eng_blk_q8_0) : (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
-    int32_t xp[KP_MAX_SB * MAXC * XP];
-    _Static_assert(KP_MAX_SB * XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
+    int32_t xp[KP_MAX_SB * MAXC * KP_XP];
+    _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
             const int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
             const uint8_t *xr = xq + (size_t)c0 * xb;
-            if (k32) prep0(type, xr, xb, rn, nsb, xd, xp);
-            else prep(type, xr, xb, rn, nsb, xd, xp);
+            eng_kp_prep(type, true, xr, xb, rn, nsb, MAXC, xd, xp);
             for (int64_t g = g0; g < g1; g++) {
                 unsigned rows = kp_group_rows(g, jb, je);
                 for (int h = 0; h < 2; h++)

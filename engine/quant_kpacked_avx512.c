@@ -24,7 +24,6 @@
 #endif
 #define MAXC 8   /* activation rows per kernel call */
 #define GCHUNK 8 /* groups per preparation of the activation rows */
-#define XP 16    /* prepared int32 per super-block and activation row */
 
 INL int32_t ld32(const uint8_t *p) {
     int32_t v;
@@ -33,26 +32,6 @@ INL int32_t ld32(const uint8_t *p) {
 }
 INL __m512i bq(const uint8_t *p) { return _mm512_set1_epi32(ld32(p)); }
 
-/* Per super-block sb and activation row c: xd[sb * MAXC + c] = d_x, and at xp[(sb * MAXC + c) * XP]: Q4_K the
- * 4 pairs (B_2p, B_2p+1) of sub-block sums as int16 (B_j = bsums 2j + 2j+1), Q6_K the 16 values -32 * bsum_g. */
-static void prep(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nsb, float *xd, int32_t *xp) {
-    for (int c = 0; c < rn; c++)
-        for (int64_t sb = 0; sb < nsb; sb++) {
-            const uint8_t *x = xr + (size_t)c * xb + (size_t)sb * KX_BYTES;
-            int16_t bs[16];
-            memcpy(&xd[sb * MAXC + c], x, 4);
-            memcpy(bs, x + KX_BSUMS, sizeof bs);
-            int32_t *o = xp + (sb * MAXC + c) * XP;
-            if (type != ENG_Q_Q6_K) {
-                for (int p = 0; p < 4; p++) {
-                    int b0 = bs[4 * p] + bs[4 * p + 1], b1 = bs[4 * p + 2] + bs[4 * p + 3];
-                    o[p] = (int32_t)((uint32_t)(uint16_t)b0 | ((uint32_t)(uint16_t)b1 << 16));
-                }
-            } else {
-                for (int g = 0; g < 16; g++) o[g] = -32 * bs[g];
-            }
-        }
-}
 
 /* v << n (n = -3..4; negative: right shift) in 16-bit lanes, n a constant after unrolling. */
 INL __m512i shift16(__m512i v, int n) {
@@ -116,7 +95,7 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
             __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP4_MN + 32 * p)));
             UNROLL
             for (int c = 0; c < RN; c++)
-                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32(xp[(sb * MAXC + c) * XP + p]));
+                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32(xp[(sb * MAXC + c) * KP_XP + p]));
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP4_D)));
         __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP4_DMIN)));
@@ -159,7 +138,7 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
             UNROLL
             for (int c = 0; c < RN; c++) {
                 const uint8_t *xc = xs + (size_t)c * xb + 16 * g;
-                a0[c] = _mm512_set1_epi32(xp[(sb * MAXC + c) * XP + g]);
+                a0[c] = _mm512_set1_epi32(xp[(sb * MAXC + c) * KP_XP + g]);
                 a1[c] = _mm512_setzero_si512();
                 a0[c] = _mm512_dpbusd_epi32(a0[c], q0, bq(xc));
                 if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], q1, bq(xc + 4));
@@ -183,20 +162,9 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
 
-/* Q4_0 / Q5_0 (q5) blocks: prep0 gives per block b and activation row c xd[b * MAXC + c] = d_x and
+/* Q4_0 / Q5_0 (q5) blocks: eng_kp_prep gives per block b and activation row c xd[b * MAXC + c] = d_x and
  * xp[b * MAXC + c] = -offset * sum(x): each row's block sum starts there, so it ends at sum((code - offset) * x);
  * then the float operations of the packed Q8_0 kernel (quant_packed.c), so that the results equal its. */
-static void prep0(uint32_t type, const uint8_t *xr, size_t xb, int rn, int64_t nb, float *xd, int32_t *xp) {
-    const int off = type == ENG_Q_Q4_0 ? 8 : 16;
-    for (int c = 0; c < rn; c++)
-        for (int64_t b = 0; b < nb; b++) {
-            const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
-            int sum = 0;
-            for (int e = 0; e < 32; e++) sum += x->qs[e];
-            xd[b * MAXC + c] = eng_fp16_to_f32(x->d);
-            xp[b * MAXC + c] = -off * sum;
-        }
-}
 
 INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb,
                   const float *xd, const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
@@ -293,15 +261,14 @@ bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_
     const size_t xb = k32 ? (size_t)nsb * sizeof(eng_blk_q8_0) : (size_t)nsb * KX_BYTES;
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
-    int32_t xp[KP_MAX_SB * MAXC * XP];
-    _Static_assert(KP_MAX_SB * XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
+    int32_t xp[KP_MAX_SB * MAXC * KP_XP];
+    _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
             const int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
             const uint8_t *xr = xq + (size_t)c0 * xb;
-            if (k32) prep0(type, xr, xb, rn, nsb, xd, xp);
-            else prep(type, xr, xb, rn, nsb, xd, xp);
+            eng_kp_prep(type, false, xr, xb, rn, nsb, MAXC, xd, xp);
             for (int64_t g = g0; g < g1; g++)
                 tab[rn - 1](P + (size_t)g * gbytes, nsb, xr, xb, xd, xp, y + c0 * ldy + g * KP_ROWS, ldy,
                             (__mmask16)kp_group_rows(g, jb, je));

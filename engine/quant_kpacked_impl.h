@@ -51,6 +51,16 @@ static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
     return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
 }
 
+/* Prepares rn activation rows (xr, row stride xb) of nb blocks (Q4_0 / Q5_0: 32 values, Q8_0 rows) or
+ * super-blocks (K-quants, Q8_K rows) for the SIMD kernels, maxc rows per block:
+ *   Q4_0 / Q5_0: xd[b * maxc + c] = d_x, xp[b * maxc + c] = -offset * sum(x) (offset 8 / 16);
+ *   K-quants: xd[b * maxc + c] = d_x and KP_XP int32 at xp[(b * maxc + c) * KP_XP]: Q4_K / Q5_K the 4 pairs
+ *   (B_2p, B_2p+1) of 32-value sums as int16 (B_j = bsums 2j + 2j+1); Q6_K the 16 values -32 * bsum_g, or with
+ *   pairs16 the int16 pairs (-16 bsum_g, -16 bsum_g) (|16 bsum| <= 16 * 16 * 127 fits). */
+#define KP_XP 16
+void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int rn, int64_t nb, int maxc, float *xd,
+                 int32_t *xp);
+
 /* SIMD kernels for Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K over rows [jb, je) (already clipped to n_out); false for
  * other types. */
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
