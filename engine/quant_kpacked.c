@@ -277,6 +277,19 @@ static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, cons
     }
 }
 
+int eng_kp_shape(uint32_t type, int64_t k, int64_t *nb, size_t *gbytes, size_t *xb) {
+    static const uint32_t order[5] = {ENG_Q_Q4_0, ENG_Q_Q5_0, ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K};
+    for (int i = 0; i < 5; i++) {
+        if (order[i] != type) continue;
+        const bool k32 = i < 2;
+        *nb = k32 ? k / ENG_QK : k / ENG_QKK;
+        *gbytes = k32 ? (size_t)kp0_group_bytes(type, *nb) : (size_t)(*nb * kp_rec_bytes(type));
+        *xb = k32 ? (size_t)*nb * sizeof(eng_blk_q8_0) : (size_t)*nb * KX_BYTES;
+        return i;
+    }
+    return -1;
+}
+
 void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int rn, int64_t nb, int maxc, float *xd,
                  int32_t *xp) {
     for (int c = 0; c < rn; c++) {

@@ -260,19 +260,12 @@ TGT static __m256i lane_mask(unsigned bits) {
 
 TGT bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                           int64_t ldy, int64_t jb, int64_t je) {
-    const half_fn *tab;
-    switch (type) {
-    case ENG_Q_Q4_0: tab = q40_tab; break;
-    case ENG_Q_Q5_0: tab = q50_tab; break;
-    case ENG_Q_Q4_K: tab = q4k_tab; break;
-    case ENG_Q_Q5_K: tab = q5k_tab; break;
-    case ENG_Q_Q6_K: tab = q6k_tab; break;
-    default: return false;
-    }
-    const bool k32 = type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0;
-    const int64_t nsb = k32 ? k / ENG_QK : k / ENG_QKK; /* blocks or super-blocks */
-    const size_t gbytes = k32 ? (size_t)kp0_group_bytes(type, nsb) : (size_t)(nsb * kp_rec_bytes(type));
-    const size_t xb = k32 ? (size_t)nsb * sizeof(eng_blk_q8_0) : (size_t)nsb * KX_BYTES;
+    static const half_fn *const tabs[5] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab};
+    int64_t nsb;
+    size_t gbytes, xb;
+    const int ti = eng_kp_shape(type, k, &nsb, &gbytes, &xb);
+    if (ti < 0) return false;
+    const half_fn *tab = tabs[ti];
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
     int32_t xp[KP_MAX_SB * MAXC * KP_XP];

@@ -51,6 +51,11 @@ static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
     return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
 }
 
+/* The kernel table index of type (0..4: Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; -1 for other types) and, for rows of
+ * k values: *nb blocks (Q4_0 / Q5_0) or super-blocks per row, *gbytes bytes per packed group and *xb bytes per
+ * activation row. */
+int eng_kp_shape(uint32_t type, int64_t k, int64_t *nb, size_t *gbytes, size_t *xb);
+
 /* Prepares rn activation rows (xr, row stride xb) of nb blocks (Q4_0 / Q5_0: 32 values, Q8_0 rows) or
  * super-blocks (K-quants, Q8_K rows) for the SIMD kernels, maxc rows per block:
  *   Q4_0 / Q5_0: xd[b * maxc + c] = d_x, xp[b * maxc + c] = -offset * sum(x) (offset 8 / 16);
