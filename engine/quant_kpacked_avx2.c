@@ -73,11 +73,11 @@ INL void q45k_half(const bool q5, const int RN, const uint8_t *grp, int64_t nsb,
             __m256i p[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) p[c] = _mm256_setzero_si256();
-            const __m256i sc = pair8(rec + KP4_SC + 16 * j + 8 * h, false);
-            const __m256i H = q5 ? _mm256_load_si256((const __m256i *)(rec + KP5_HB + 64 * j + 32 * h)) : m4;
+            const __m256i sc = pair8(rec + KP45_SC(q5) + 16 * j + 8 * h, false);
+            const __m256i H = q5 ? _mm256_load_si256((const __m256i *)(rec + KP45_SUB(q5) * j + 256 + 32 * h)) : m4;
             UNROLL
             for (int t = 0; t < 4; t++) {
-                __m256i L = _mm256_load_si256((const __m256i *)(rec + 256 * j + 64 * t + 32 * h));
+                __m256i L = _mm256_load_si256((const __m256i *)(rec + KP45_SUB(q5) * j + 64 * t + 32 * h));
                 __m256i lo = _mm256_and_si256(L, m4), hi = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
                 if (q5) {
                     lo = _mm256_or_si256(lo, _mm256_and_si256(shift16(H, 4 - t), m10));
@@ -105,14 +105,14 @@ INL void q45k_half(const bool q5, const int RN, const uint8_t *grp, int64_t nsb,
         for (int c = 0; c < RN; c++) summ[c] = _mm256_setzero_si256();
         UNROLL
         for (int q = 0; q < 4; q++) {
-            __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rec + KP4_MN + 32 * q + 16 * h)));
+            __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rec + KP45_MN(q5) + 32 * q + 16 * h)));
             UNROLL
             for (int c = 0; c < RN; c++)
                 summ[c] = _mm256_add_epi32(summ[c],
                                            _mm256_madd_epi16(mn, _mm256_set1_epi32(xp[(sb * MAXC + c) * KP_XP + q])));
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP4_D + 16 * h)));
-        __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP4_DMIN + 16 * h)));
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP45_D(q5) + 16 * h)));
+        __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + KP45_DMIN(q5) + 16 * h)));
         UNROLL
         for (int c = 0; c < RN; c++) {
             __m256 xdv = _mm256_set1_ps(xd[sb * MAXC + c]);
@@ -137,9 +137,9 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
         for (int g = 0; g < 16; g++) {
-            __m256i L0 = _mm256_load_si256((const __m256i *)(rec + 128 * g + 32 * h));
-            __m256i L1 = _mm256_load_si256((const __m256i *)(rec + 128 * g + 64 + 32 * h));
-            __m256i H = _mm256_load_si256((const __m256i *)(rec + KP6_HB + 64 * g + 32 * h));
+            __m256i L0 = _mm256_load_si256((const __m256i *)(rec + KP6_SUB * g + 32 * h));
+            __m256i L1 = _mm256_load_si256((const __m256i *)(rec + KP6_SUB * g + 64 + 32 * h));
+            __m256i H = _mm256_load_si256((const __m256i *)(rec + KP6_SUB * g + 128 + 32 * h));
             __m256i q0 = _mm256_or_si256(_mm256_and_si256(L0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
             __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
                                          _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));

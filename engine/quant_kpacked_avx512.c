@@ -65,10 +65,10 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
             __m512i a0[MAXC], a1[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) a0[c] = a1[c] = _mm512_setzero_si512();
-            const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP5_HB + 64 * j)) : m4;
+            const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
             UNROLL
             for (int t = 0; t < 4; t++) {
-                __m512i L = _mm512_load_si512((const void *)(rec + 256 * j + 64 * t));
+                __m512i L = _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 64 * t));
                 __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
                 if (q5) { /* imm 0xF8: a | (b & c) */
                     lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
@@ -82,7 +82,7 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
                     else a0[c] = _mm512_dpbusd_epi32(a0[c], hi, bq(xc + 16));
                 }
             }
-            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP4_SC + 16 * j)));
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP45_SC(q5) + 16 * j)));
             UNROLL
             for (int c = 0; c < RN; c++)
                 sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c], sc));
@@ -92,13 +92,13 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
         for (int c = 0; c < RN; c++) summ[c] = _mm512_setzero_si512();
         UNROLL
         for (int p = 0; p < 4; p++) {
-            __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP4_MN + 32 * p)));
+            __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP45_MN(q5) + 32 * p)));
             UNROLL
             for (int c = 0; c < RN; c++)
                 summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32(xp[(sb * MAXC + c) * KP_XP + p]));
         }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP4_D)));
-        __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP4_DMIN)));
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_D(q5))));
+        __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_DMIN(q5))));
         UNROLL
         for (int c = 0; c < RN; c++) {
             __m512 xdv = _mm512_set1_ps(xd[sb * MAXC + c]);
@@ -124,9 +124,9 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
         for (int g = 0; g < 16; g++) {
-            __m512i L0 = _mm512_load_si512((const void *)(rec + 128 * g));
-            __m512i L1 = _mm512_load_si512((const void *)(rec + 128 * g + 64));
-            __m512i H = _mm512_load_si512((const void *)(rec + KP6_HB + 64 * g));
+            __m512i L0 = _mm512_load_si512((const void *)(rec + KP6_SUB * g));
+            __m512i L1 = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 64));
+            __m512i H = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 128));
             /* code = low 4 bits | high 2 bits << 4; imm 0xF8: a | (b & c) */
             __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
             __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),

@@ -12,20 +12,20 @@
 
 #define KP_ROWS 16 /* rows per group */
 
-/* Q4_K: one record per super-block (256 values) of a group of 16 rows, 2368 bytes (37 lines of 64). */
+/* Q4_K / Q5_K (q5): one record per super-block (256 values) of a group of 16 rows, 2368 / 2880 bytes: per
+ * sub-block j at KP45_SUB * j its 4 code lines (Q5_K: then its fifth-bit line), then the scales [8][16] and mins
+ * [4][16][2] (min 2p + s of row i at 32 p + 2 i + s) as bytes, d [16] and dmin [16] as fp16. */
 #define KP4_REC 2368
-#define KP4_SC 2048   /* scales [8 sub-blocks][16 rows] uint8 */
-#define KP4_MN 2176   /* mins [4 pairs][16 rows][2] uint8: min 2p + s of row i at 32 p + 2 i + s */
-#define KP4_D 2304    /* d [16] fp16 */
-#define KP4_DMIN 2336 /* dmin [16] fp16 */
-
-/* Q5_K: the Q4_K record (same offsets) followed by the fifth bits, 2880 bytes (45 lines). */
 #define KP5_REC 2880
-#define KP5_HB 2368 /* fifth bits [8 sub-blocks][16 rows][4] */
+#define KP45_SUB(q5) ((q5) ? 320 : 256)
+#define KP45_SC(q5) (8 * KP45_SUB(q5))
+#define KP45_MN(q5) (KP45_SC(q5) + 128)
+#define KP45_D(q5) (KP45_SC(q5) + 256)
+#define KP45_DMIN(q5) (KP45_SC(q5) + 288)
 
 /* Q6_K: one record per super-block of a group, 3392 bytes (53 lines). */
 #define KP6_REC 3392
-#define KP6_HB 2048 /* high bits [16 sub-blocks][16 rows][4] */
+#define KP6_SUB 192 /* per sub-block g at 192 g: two lines of low 4 bits, one line of high 2 bits */
 #define KP6_SC 3072 /* scales [16 sub-blocks][16 rows] int8 */
 #define KP6_D 3328  /* d [16] float */
 
