@@ -467,7 +467,7 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
     KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
-                 s->groups, s->logit_buf, s->tok_buf, s);
+                 s->b_embd, s->groups, s->logit_buf, s->tok_buf, s);
 }
 
 /* ---- API ------------------------------------------------------------------------------------------------------- */
