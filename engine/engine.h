@@ -92,6 +92,7 @@ typedef struct eng_hparams {
     float embd_scale;       /* the token embeddings are multiplied by it (gemma3: sqrt(n_embd); else 1) */
     float logit_softcap;    /* <arch>.final_logit_softcapping: logits = c * tanh(logits / c); 0 = none */
     eng_ffn_act ffn_act;    /* silu, or GELU (tanh approximation) for gemma3 */
+    bool swa_all;           /* n_swa > 0 and every layer slides: the KV cache keeps only the window's blocks */
 } eng_hparams;
 
 typedef struct eng_load_params {

@@ -65,7 +65,7 @@ int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t e
     return 0;
 }
 
-int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_t err_len) {
+static int swa_layers(eng_model *m, const char *path, char *err, size_t err_len) {
     eng_hparams *hp = &m->hp;
     for (int32_t l = 0; l < hp->n_layer; l++) m->layers[l].swa = false;
     if (hp->n_swa <= 0) return 0;
@@ -87,4 +87,17 @@ int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_
     if (rc != 0) return rc;
     for (int32_t l = 0; l < hp->n_layer; l++) m->layers[l].swa = pattern == 0 || l % pattern < pattern - 1;
     return 0;
+}
+
+/* hp.swa_all from the layers' flags */
+static void set_swa_all(eng_model *m) {
+    bool all = m->hp.n_swa > 0;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) all = all && m->layers[l].swa;
+    m->hp.swa_all = all;
+}
+
+int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_t err_len) {
+    int rc = swa_layers(m, path, err, err_len);
+    if (rc == 0) set_swa_all(m);
+    return rc;
 }
