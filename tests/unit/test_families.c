@@ -209,3 +209,87 @@ Test(families, block_manager_asks_can_resume) {
     srv_bm_seq_close(&bm, donor);
     kvc_free(kc);
 }
+
+/* K (kv = 0) or V (kv = 1) row of layer l, head h at position p of seq, as floats (F32 cache). */
+static const float *cache_row(kvc_cache *kc, int32_t seq, int32_t l, int kv, int32_t p, int32_t h) {
+    kvc_layout lay;
+    kvc_get_layout(kc, &lay);
+    const int32_t *blocks;
+    int32_t nb, len;
+    cr_assert_eq(kvc_block_table(kc, seq, &blocks, &nb, &len), 0);
+    cr_assert_lt(p, len);
+    return (const float *)kvc_row_ptr(&lay, l, kv, blocks[p / lay.block_size] * lay.block_size + p % lay.block_size, h);
+}
+
+/* Rotates x (NEOX pairs (i, i + n_rot / 2)) by delta positions with rope base `base`, in double precision. */
+static void ref_rotate(float *x, int32_t n_rot, double base, int32_t delta) {
+    int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double th = delta * pow(base, -2.0 * i / n_rot), c = cos(th), sn = sin(th);
+        double x0 = x[i], x1 = x[i + half];
+        x[i] = (float)(x0 * c - x1 * sn);
+        x[i + half] = (float)(x0 * sn + x1 * c);
+    }
+}
+
+/* Context shift on gemma3 (sliding layers with rope base 10000, every 6th layer global with 1e6): after
+ * eng_seq_remove from the middle, every moved key equals the same token's key of an unshifted copy rotated back
+ * by the removed count with its layer's base (a reference rotation written here), values moved unchanged, and
+ * generation continues. */
+Test(families, gemma3_context_shift_rerotates_per_layer, .timeout = 120) {
+    char path[256];
+    gemma3_with_pattern(6, path, sizeof path);
+    eng_model *m = NULL;
+    char err[256];
+    cr_assert_eq(eng_model_load(path, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    eng_ctx *c = open_ctx(m, 2);
+    kvc_cache *kc = eng_ctx_cache(c);
+    enum { N = 40, KEEP = 4, DROP = 16 };
+    int32_t toks[N + 1], V = hp->n_vocab;
+    for (int i = 0; i <= N; i++) toks[i] = 3 + (int32_t)((i * 104729u + 7u) % (uint32_t)(V - 3));
+    int32_t a, b, sq[2 * N];
+    bool want[2 * N];
+    int32_t tt[2 * N], pp[2 * N];
+    cr_assert_eq(kvc_seq_alloc(kc, &a), 0);
+    cr_assert_eq(kvc_seq_alloc(kc, &b), 0);
+    for (int i = 0; i < 2 * N; i++) {
+        tt[i] = toks[i % N];
+        pp[i] = i % N;
+        sq[i] = i < N ? a : b;
+        want[i] = false;
+    }
+    eng_batch ba = {.n = 2 * N, .token = tt, .pos = pp, .seq = sq, .want_logits = want};
+    cr_assert_eq(eng_decode(c, &ba), 0);
+    cr_assert_eq(eng_seq_remove(c, a, KEEP, KEEP + DROP), 0);
+    cr_assert_eq(kvc_seq_len(kc, a), N - DROP);
+
+    float kmax = 0.0f, *ref = malloc((size_t)hp->head_dim * sizeof(float));
+    cr_assert_not_null(ref);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        double base = l % 6 < 5 ? 10000.0 : 1000000.0;
+        for (int32_t h = 0; h < hp->n_head_kv; h++)
+            for (int32_t p = 0; p < N - DROP; p++) {
+                int32_t old = p < KEEP ? p : p + DROP;
+                memcpy(ref, cache_row(kc, b, l, 0, old, h), (size_t)hp->head_dim * sizeof(float));
+                if (p >= KEEP) ref_rotate(ref, hp->n_rot, base, -DROP);
+                kmax = fmaxf(kmax, max_abs_diff(ref, cache_row(kc, a, l, 0, p, h), (size_t)hp->head_dim));
+                cr_assert_eq(memcmp(cache_row(kc, a, l, 1, p, h), cache_row(kc, b, l, 1, old, h),
+                                    (size_t)hp->head_dim * sizeof(float)), 0, "V moved wrong: layer %d pos %d", l, p);
+            }
+    }
+    free(ref);
+    cr_expect_leq(kmax, 1e-4f, "shifted keys differ from the reference rotation by %g", kmax);
+
+    /* the shifted sequence goes on */
+    int32_t next = toks[N], p1 = N - DROP, s1 = a;
+    bool w1 = true;
+    eng_batch one = {.n = 1, .token = &next, .pos = &p1, .seq = &s1, .want_logits = &w1};
+    cr_assert_eq(eng_decode(c, &one), 0);
+    const float *lg = eng_get_logits(c, 0);
+    for (int32_t i = 0; i < V; i++) cr_assert(isfinite(lg[i]));
+    cr_assert_eq(kvc_seq_len(kc, a), N - DROP + 1);
+    eng_ctx_free(c);
+    eng_model_free(m);
+    unlink(path);
+}
