@@ -479,7 +479,7 @@ static fake *fake_start(const fake_opts *o) {
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     if (!o || !o->no_backend) {
-        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat};
+        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, NULL, NULL, NULL};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;
