@@ -201,7 +201,7 @@ static void load_done(uv_work_t *w, int status) {
     eng_chat_family fam = d->family != ENG_CHAT_AUTO ? d->family : eng_chat_detect(tmpl);
     srv_web_model wm = {
         .model_id = id, .model_path = c->model, .chat_template = tmpl,
-        .chat_family = eng_chat_family_name(fam == ENG_CHAT_AUTO ? ENG_CHAT_CHATML : fam),
+        .chat_family = d->tpl ? "jinja" : eng_chat_family_name(fam == ENG_CHAT_AUTO ? ENG_CHAT_CHATML : fam),
         .n_ctx = n_ctx, .parallel = c->parallel, .batch_tokens = c->batch_tokens,
         .threads = eng_ctx_n_threads(d->ctx), .device = eng_ctx_device(d->ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu",
         .simd = eng_simd_name(eng_simd_detect()),
