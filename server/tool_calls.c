@@ -82,6 +82,15 @@ static int add_calls(srv_tc_result *r, const cJSON *v) {
     return add_call(r, v);
 }
 
+/* The call(s) in the JSON value at t[0..len): 0 and *used, -1 (no JSON or not calls), -2 (no memory). */
+static int take_calls(srv_tc_result *r, const char *t, size_t len, size_t *used) {
+    cJSON *v = parse_value(t, len, used);
+    if (!v) return -1;
+    int e = add_calls(r, v);
+    cJSON_Delete(v);
+    return e;
+}
+
 static bool only_ws(const char *s, size_t len) {
     for (size_t i = 0; i < len; i++) if (!is_ws(s[i])) return false;
     return true;
@@ -98,10 +107,7 @@ static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tc_res
             if (len - p < sizeof open - 1 || memcmp(t + p, open, sizeof open - 1)) return -1;
             p += sizeof open - 1;
             size_t used = 0;
-            cJSON *v = parse_value(t + p, len - p, &used);
-            if (!v) return -1;
-            int e = add_calls(r, v);
-            cJSON_Delete(v);
+            int e = take_calls(r, t + p, len - p, &used);
             if (e) return e;
             p += used;
             while (p < len && is_ws(t[p])) p++;
@@ -113,10 +119,7 @@ static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tc_res
     p += strlen(MARKERS[mk]);
     if (mk == MK_MISTRAL) {
         size_t used = 0;
-        cJSON *v = parse_value(t + p, len - p, &used);
-        if (!v) return -1;
-        int e = add_calls(r, v);
-        cJSON_Delete(v);
+        int e = take_calls(r, t + p, len - p, &used);
         if (e) return e;
         return only_ws(t + p + used, len - p - used) ? 0 : -1;
     }
@@ -124,11 +127,7 @@ static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tc_res
     size_t q = p;
     for (;;) {
         size_t used = 0;
-        cJSON *v = parse_value(t + q, len - q, &used);
-        if (!v) break;
-        int e = add_calls(r, v);
-        cJSON_Delete(v);
-        if (e) break;
+        if (take_calls(r, t + q, len - q, &used)) break;
         q += used;
         while (q < len && is_ws(t[q])) q++;
         if (q == len) return 0;
