@@ -26,6 +26,7 @@ typedef struct api_choice {
     size_t lp_offset;     /* completions text_offset of the next token */
     srv_sched_finish finish;
     size_t sent;          /* stream with tools: bytes of `text` already sent as content */
+    bool held;            /* stream with tools: the rest of the text is held until the end */
     bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
     uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
     bool ended;

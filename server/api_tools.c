@@ -67,7 +67,7 @@ void api_tools_stream_delta(api_call *c, int32_t idx, const char *text, size_t l
                             int32_t n_smp) {
     api_choice *ch = &c->choices[idx];
     if (len > 0 && kvs_buf_append(&ch->text, text, len)) return;
-    size_t safe = srv_tc_stream_safe(ch->text.data, ch->text.len);
+    size_t safe = ch->held ? ch->sent : srv_tc_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
     if (safe > ch->sent) {
         api_stream_chunk(c, idx, ch->text.data + ch->sent, safe - ch->sent, smp, n_smp, SRV_SCHED_FINISH_NONE, false);
         ch->sent = safe;

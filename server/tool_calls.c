@@ -186,22 +186,28 @@ int srv_tc_parse(const char *text, size_t len, srv_tc_result *out) {
     return 0;
 }
 
-size_t srv_tc_stream_safe(const char *text, size_t len) {
-    if (!text) return 0;
-    size_t i = 0;
-    while (i < len && is_ws(text[i])) i++;
-    if (i == len || text[i] == '{' || text[i] == '[') {
-        /* "[" may also start "[TOOL_CALLS]": either way nothing is sure yet */
-        return 0;
+size_t srv_tc_stream_safe(const char *text, size_t len, size_t from, bool *held) {
+    if (held) *held = false;
+    if (!text || from > len) return 0;
+    if (from == 0) {
+        size_t i = 0;
+        while (i < len && is_ws(text[i])) i++;
+        if (i == len) return 0;
+        if (text[i] == '{' || text[i] == '[') { /* "[" may also start "[TOOL_CALLS]": nothing is sure */
+            if (held) *held = true;
+            return 0;
+        }
     }
+    /* no marker starts before `from`: that prefix was content, and what followed it then was whitespace or a
+     * partial marker */
     size_t safe = len;
     for (int k = 0; k < N_MARKERS; k++) {
         size_t ml = strlen(MARKERS[k]);
-        const char *f = find_bytes(text, len, MARKERS[k], ml);
-        if (f && (size_t)(f - text) < safe) safe = (size_t)(f - text);
+        const char *f = find_bytes(text + from, len - from, MARKERS[k], ml);
+        if (f && (size_t)(f - text) < safe) { safe = (size_t)(f - text); if (held) *held = true; }
         /* a trailing partial marker */
         for (size_t l = ml - 1; l > 0; l--) {
-            if (l <= len && !memcmp(text + len - l, MARKERS[k], l)) {
+            if (l <= len - from && !memcmp(text + len - l, MARKERS[k], l)) {
                 if (len - l < safe) safe = len - l;
                 break;
             }

@@ -39,9 +39,13 @@ int srv_tc_parse(const char *text, size_t len, srv_tc_result *out);
 void srv_tc_result_free(srv_tc_result *r);
 
 /* Streaming: how many leading bytes of text[0..len) are content whatever text follows, i.e. can be sent to
- * the client now. Stops before the first tool-call marker, before a trailing partial marker, and at 0 while the
- * text (leading whitespace aside) is empty or starts with '{' or '[' (it may become a JSON call). Never
- * returns more than srv_tc_parse's content_len of any continuation of the text. */
-size_t srv_tc_stream_safe(const char *text, size_t len);
+ * the client now. Stops before the first tool-call marker, before a trailing partial marker or trailing
+ * whitespace, and at 0 while the text (leading whitespace aside) is empty or starts with '{' or '[' (it may
+ * become a JSON call). Never returns more than srv_tc_parse's content_len of any continuation of the text.
+ * from: a result this function gave for a prefix of the same text (0: none); only text[from..len) is scanned,
+ * so a stream costs O(its length). *held (may be NULL) is set true when everything from the result on is held
+ * until the text is complete (a whole marker was seen, or the text starts as JSON): later calls would return
+ * the same value. */
+size_t srv_tc_stream_safe(const char *text, size_t len, size_t from, bool *held);
 
 #endif /* KVSERVE_SERVER_TOOL_CALLS_H */

@@ -124,8 +124,15 @@ static void stream_check(const char *text, const size_t *cuts, int n_cuts) {
     size_t len = strlen(text), sent = 0;
     srv_tc_result fin = parse(text);
     size_t content_end = fin.n_calls > 0 ? fin.content_len : len;
+    bool held = false;
     for (int k = 0; k < n_cuts; k++) {
-        size_t safe = srv_tc_stream_safe(text, cuts[k]);
+        /* the incremental scan (from the last result) agrees with a scan from the start */
+        bool h0;
+        size_t full = srv_tc_stream_safe(text, cuts[k], 0, &h0);
+        if (held) { cr_assert_eq(full, sent, "held text released: '%s' at %zu", text, cuts[k]); continue; }
+        size_t safe = srv_tc_stream_safe(text, cuts[k], sent, &held);
+        cr_assert_eq(safe, full, "'%s' cut at %zu: incremental %zu, full %zu", text, cuts[k], safe, full);
+        cr_assert_geq(safe, sent, "what was sent is never taken back");
         cr_assert_leq(safe, cuts[k]);
         cr_assert_leq(safe, content_end, "text '%s' cut at %zu: %zu bytes sent, but the content is %zu", text,
                       cuts[k], safe, content_end);
@@ -159,11 +166,15 @@ Test(tool_calls, stream_every_split) {
         free(all);
     }
     /* plain text is sent as it comes, apart from trailing whitespace and a possible marker start */
-    cr_assert_eq(srv_tc_stream_safe("Hello wor", 9), 9);
-    cr_assert_eq(srv_tc_stream_safe("Hello <tool", 11), 5);
-    cr_assert_eq(srv_tc_stream_safe("Hello [TOOL_", 12), 5);
-    cr_assert_eq(srv_tc_stream_safe("  {\"na", 6), 0);
-    cr_assert_eq(srv_tc_stream_safe("   ", 3), 0);
+    cr_assert_eq(srv_tc_stream_safe("Hello wor", 9, 0, NULL), 9);
+    cr_assert_eq(srv_tc_stream_safe("Hello <tool", 11, 0, NULL), 5);
+    cr_assert_eq(srv_tc_stream_safe("Hello [TOOL_", 12, 0, NULL), 5);
+    bool h = false;
+    cr_assert_eq(srv_tc_stream_safe("  {\"na", 6, 0, &h), 0);
+    cr_assert(h, "output starting as JSON is held to the end");
+    cr_assert_eq(srv_tc_stream_safe("ab <tool_call>{", 15, 0, &h), 2);
+    cr_assert(h);
+    cr_assert_eq(srv_tc_stream_safe("   ", 3, 0, NULL), 0);
 }
 
 /* Randomized: content + calls in a random format, rendered, parsed back; every split keeps the guarantee. */
