@@ -90,22 +90,6 @@ static char *token_text(const eng_model *m, int32_t tok) {
     return strdup(buf);
 }
 
-/* Reads a whole file; malloc'd, NUL-terminated. */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    kvs_buf b = {0};
-    char tmp[65536];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
-        if (kvs_buf_append(&b, tmp, n)) { kvs_buf_free(&b); fclose(f); return NULL; }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad || kvs_buf_append(&b, "", 1)) { kvs_buf_free(&b); return NULL; }
-    *len = b.len - 1;
-    return b.data;
-}
-
 /* The Jinja chat template: --chat-template FILE, else the model's tokenizer.chat_template (unless a family is
  * forced). One that does not compile is reported and the built-in families are used. Off the loop. */
 static void load_template(daemon_state *d) {
@@ -116,7 +100,7 @@ static void load_template(daemon_state *d) {
     const char *src = NULL, *what = "the model's chat template";
     size_t len = 0;
     if (cfg[0] && d->family == ENG_CHAT_AUTO) {
-        if (!(owned = read_file(cfg, &len))) {
+        if (kvs_read_file(cfg, &owned, &len) != KVS_OK) {
             fprintf(stderr, "kvserve: warning: cannot read the chat template '%s'; using the built-in families\n", cfg);
             return;
         }

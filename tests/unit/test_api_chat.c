@@ -167,16 +167,9 @@ Test(api_chat, system_role_retry) {
 }
 
 static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
+    char *s = NULL;
+    size_t n;
+    return kvs_read_file(path, &s, &n) == KVS_OK ? s : NULL;
 }
 
 Test(api_chat, qwen25_tools_and_history) {
