@@ -423,15 +423,7 @@ uint32_t gb_import(gb *b, const gmr_grammar *g) {
 
 void gmr_grammar_free(gmr_grammar *g) {
     if (!g) return;
-    free(g->rule_alt);
-    free(g->alt_el);
-    free(g->alt_first);
-    free(g->alt_null);
-    free(g->rule_null);
-    free(g->el);
-    free(g->null_from);
-    free(g->cls);
-    free(g);
+    KVS_FREE_ALL(g->rule_alt, g->alt_el, g->alt_first, g->alt_null, g->rule_null, g->el, g->null_from, g->cls, g);
 }
 
 static bool el_null(const gb *b, const uint8_t *rn, const gmr_el *e) {

@@ -76,13 +76,7 @@ void gmr_vocab_free(gmr_vocab *v) {
     if (!v) return;
     trie_free(&v->all);
     trie_free(&v->lng);
-    free(v->tok_next);
-    free(v->flags);
-    free(v->bytes);
-    free(v->off);
-    free(v->eog);
-    free(v->long_tok);
-    free(v);
+    KVS_FREE_ALL(v->tok_next, v->flags, v->bytes, v->off, v->eog, v->long_tok, v);
 }
 
 /* Builds the trie of tr[0..n) (sorted by bytes); chains tokens with equal bytes through tok_next. */
