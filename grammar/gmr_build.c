@@ -433,6 +433,36 @@ static bool el_null(const gb *b, const uint8_t *rn, const gmr_el *e) {
     return e->min == 0 || rn[e->a];
 }
 
+/* productive: an element derives a finite string when its rule does (a repeat allowing zero times always can) */
+static bool el_prod(const gb *b, const uint8_t *prod, const gmr_el *e) {
+    (void)b;
+    if (e->kind == GK_RULE) return prod[e->a];
+    if (e->kind == GK_REPEAT) return e->min == 0 || prod[e->a];
+    return true;
+}
+
+/* nullable, once pruning has set max = 0 on the repeats that may only be taken zero times */
+static bool el_null_pruned(const gb *b, const uint8_t *rn, const gmr_el *e) {
+    return (e->kind == GK_REPEAT && !e->max) || el_null(b, rn, e);
+}
+
+/* Marks rules until nothing changes: rule r gets mark[r] = 1 once one alternative has el_ok on every element.
+ * Highest ids first converge fastest. */
+static void gb_fixpoint(const gb *b, uint8_t *mark, bool (*el_ok)(const gb *, const uint8_t *, const gmr_el *)) {
+    for (bool ch = true; ch;) {
+        ch = false;
+        for (uint32_t r = b->n_rules; r-- > 0;) {
+            if (mark[r]) continue;
+            for (uint32_t a = 0; a < b->rules[r].n && !mark[r]; a++) {
+                const gb_seq *s = &b->rules[r].alts[a];
+                bool ok = true;
+                for (uint32_t i = 0; i < s->n && ok; i++) ok = el_ok(b, mark, &s->v[i]);
+                if (ok) mark[r] = 1, ch = true;
+            }
+        }
+    }
+}
+
 int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
     *out = NULL;
     if (b->err) return b->err;
@@ -446,21 +476,8 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
         free(rn);
         return gb_fail(b, KVS_ERR_NOMEM, "out of memory");
     }
-    /* productive rules (can derive a finite string), then nullable ones; highest ids first converge fastest */
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = R; r-- > 0;) {
-            if (prod[r]) continue;
-            for (uint32_t a = 0; a < b->rules[r].n && !prod[r]; a++) {
-                gb_seq *s = &b->rules[r].alts[a];
-                bool ok = true;
-                for (uint32_t i = 0; i < s->n && ok; i++)
-                    if (s->v[i].kind == GK_RULE) ok = prod[s->v[i].a];
-                    else if (s->v[i].kind == GK_REPEAT) ok = s->v[i].min == 0 || prod[s->v[i].a];
-                if (ok) prod[r] = 1, ch = true;
-            }
-        }
-    }
+    /* productive rules (can derive a finite string), then nullable ones */
+    gb_fixpoint(b, prod, el_prod);
     if (!prod[root]) {
         free(prod);
         free(rn);
@@ -484,19 +501,7 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
         }
         ru->n = m;
     }
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = R; r-- > 0;) {
-            if (rn[r]) continue;
-            for (uint32_t a = 0; a < b->rules[r].n && !rn[r]; a++) {
-                gb_seq *s = &b->rules[r].alts[a];
-                bool nul = true;
-                for (uint32_t i = 0; i < s->n && nul; i++)
-                    if (s->v[i].kind != GK_REPEAT || s->v[i].max) nul = el_null(b, rn, &s->v[i]);
-                if (nul) rn[r] = 1, ch = true;
-            }
-        }
-    }
+    gb_fixpoint(b, rn, el_null_pruned);
     int rc = 0;
     /* repetitions of something empty would loop */
     for (uint32_t r = 0; r < R && !rc; r++)
