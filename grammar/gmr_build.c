@@ -189,10 +189,8 @@ uint32_t gb_rule_lit(gb *b, const char *str, size_t n) {
 
 /* ---- literal sets as a trie ------------------------------------------------------------------------------ */
 
-typedef struct lit { const char *s; size_t n; } lit;
-
-static int lit_cmp(const void *x, const void *y) {
-    const lit *a = x, *c = y;
+int gb_str_cmp(const void *x, const void *y) {
+    const gb_str *a = x, *c = y;
     size_t m = a->n < c->n ? a->n : c->n;
     int r = memcmp(a->s, c->s, m);
     if (r) return r;
@@ -200,7 +198,7 @@ static int lit_cmp(const void *x, const void *y) {
 }
 
 /* Strings v[0..n) (sorted, distinct, sharing their first d bytes) after byte d. */
-static uint32_t lits_rule(gb *b, const lit *v, size_t n, size_t d) {
+static uint32_t lits_rule(gb *b, const gb_str *v, size_t n, size_t d) {
     uint32_t r = gb_rule_new(b);
     size_t i = 0;
     if (i < n && v[i].n == d) {    /* one string ends here */
@@ -228,16 +226,16 @@ static uint32_t lits_rule(gb *b, const lit *v, size_t n, size_t d) {
 
 uint32_t gb_rule_lits(gb *b, const char *const *strs, const size_t *lens, size_t n) {
     if (b->err) return UINT32_MAX;
-    lit *v = malloc((n ? n : 1) * sizeof *v);
+    gb_str *v = malloc((n ? n : 1) * sizeof *v);
     if (!v) {
         gb_fail(b, KVS_ERR_NOMEM, "out of memory");
         return UINT32_MAX;
     }
-    for (size_t i = 0; i < n; i++) v[i] = (lit){strs[i], lens[i]};
-    qsort(v, n, sizeof *v, lit_cmp);
+    for (size_t i = 0; i < n; i++) v[i] = (gb_str){strs[i], lens[i]};
+    qsort(v, n, sizeof *v, gb_str_cmp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (m == 0 || lit_cmp(&v[m - 1], &v[i])) v[m++] = v[i];
+        if (m == 0 || gb_str_cmp(&v[m - 1], &v[i])) v[m++] = v[i];
     uint32_t r;
     if (m == 0) {
         r = gb_rule_new(b);

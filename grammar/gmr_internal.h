@@ -74,6 +74,12 @@ void gb_repeat(gb *b, gb_seq *s, uint32_t rule, uint32_t min, uint32_t max);
 uint32_t gb_rule_of(gb *b, gb_seq *s);
 /* A rule matching exactly the literal. */
 uint32_t gb_rule_lit(gb *b, const char *str, size_t n);
+
+/* A byte string s[0..n) (not owned). gb_str_cmp is a qsort comparator of gb_str: bytewise, a proper prefix
+ * first. */
+typedef struct gb_str { const char *s; size_t n; } gb_str;
+int gb_str_cmp(const void *x, const void *y);
+
 /* A rule matching one of n byte strings, factored as a trie (deterministic). */
 uint32_t gb_rule_lits(gb *b, const char *const *strs, const size_t *lens, size_t n);
 /* A rule matching one code point of the set given as n sorted, disjoint, inclusive ranges [2*i], [2*i+1]

@@ -661,13 +661,6 @@ static uint32_t member_value(sctx *s, const char *key, const cJSON *vs) {
     return gb_rule_of(b, &q);
 }
 
-typedef struct lit2 { const char *s; size_t n; } lit2;
-static int lit2_cmp(const void *x, const void *y) {
-    const lit2 *a = x, *c = y;
-    size_t m = a->n < c->n ? a->n : c->n;
-    int r = memcmp(a->s, c->s, m);
-    return r ? r : (a->n > c->n) - (a->n < c->n);
-}
 
 static bool key_safe(const char *k) {
     for (; *k; k++)
@@ -676,7 +669,7 @@ static bool key_safe(const char *k) {
 }
 
 /* Keys (printable ASCII but '"' and '\\', length <= K) other than v[0..n) (sorted, sharing d bytes). */
-static uint32_t key_except(sctx *s, const lit2 *v, size_t n, size_t d, uint32_t safe) {
+static uint32_t key_except(sctx *s, const gb_str *v, size_t n, size_t d, uint32_t safe) {
     gb *b = s->b;
     uint32_t K = (uint32_t)s->o.max_key_len;
     uint32_t r = gb_rule_new(b);
@@ -721,7 +714,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
     size_t n = 0;
     uint32_t *mem = malloc(((size_t)np + (size_t)nr + 1) * sizeof *mem);
     bool *opt = malloc(((size_t)np + (size_t)nr + 1) * sizeof *opt);
-    lit2 *names = malloc(((size_t)np + (size_t)nr + 1) * sizeof *names);
+    gb_str *names = malloc(((size_t)np + (size_t)nr + 1) * sizeof *names);
     if (!mem || !opt || !names) {
         free(mem);
         free(opt);
@@ -734,7 +727,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         for (const cJSON *r = req ? req->child : NULL; r && !is_req; r = r->next) is_req = !strcmp(r->valuestring, p->string);
         mem[n] = member_value(s, p->string, p);
         opt[n++] = !is_req;
-        if (key_safe(p->string)) names[n_names++] = (lit2){p->string, strlen(p->string)};
+        if (key_safe(p->string)) names[n_names++] = (gb_str){p->string, strlen(p->string)};
     }
     for (const cJSON *r = req ? req->child : NULL; r && !b->err; r = r->next) {
         if (props && get(props, r->valuestring)) continue;
@@ -751,7 +744,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         }
         mem[n] = member_value(s, r->valuestring, cJSON_IsObject(ap) ? ap : NULL);
         opt[n++] = false;
-        if (key_safe(r->valuestring)) names[n_names++] = (lit2){r->valuestring, strlen(r->valuestring)};
+        if (key_safe(r->valuestring)) names[n_names++] = (gb_str){r->valuestring, strlen(r->valuestring)};
     }
     /* the tail: extra members */
     uint32_t tail[2];
@@ -762,7 +755,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         gb_alt(b, tail[0], &e);
         gb_alt(b, tail[1], &e);
     } else if (!b->err) {
-        qsort(names, n_names, sizeof *names, lit2_cmp);
+        qsort(names, n_names, sizeof *names, gb_str_cmp);
         uint8_t set[32] = {0};
         for (int c = 0x20; c <= 0x7E; c++)
             if (c != '"' && c != '\\') set[c >> 3] |= (uint8_t)(1u << (c & 7));
