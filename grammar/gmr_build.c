@@ -97,6 +97,12 @@ void gb_alt(gb *b, uint32_t r, gb_seq *s) {
     memset(s, 0, sizeof *s);
 }
 
+void gb_alt_ref(gb *b, uint32_t r, uint32_t q) {
+    gb_seq s = {0};
+    gb_ref(b, &s, q);
+    gb_alt(b, r, &s);
+}
+
 static void seq_push(gb *b, gb_seq *s, gmr_el e) {
     if (b->err) return;
     if (++b->n_el > GMR_MAX_ELEMS) {

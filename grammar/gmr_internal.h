@@ -61,6 +61,8 @@ int gb_fail(gb *b, int code, const char *fmt, ...) __attribute__((format(printf,
 uint32_t gb_rule_new(gb *b);
 /* Moves s into rule r as one more alternative (s is left empty). */
 void gb_alt(gb *b, uint32_t r, gb_seq *s);
+/* Adds to rule r the alternative made of rule q alone. */
+void gb_alt_ref(gb *b, uint32_t r, uint32_t q);
 /* Marks r as defined even with no alternatives (an empty language). */
 void gb_define(gb *b, uint32_t r);
 void gb_seq_free(gb_seq *s);

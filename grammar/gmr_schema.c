@@ -100,9 +100,7 @@ static uint32_t jchar(sctx *s) {
     gb_byte(b, &e, '\\');
     uint32_t esc = gb_rule_new(b);
     {
-        gb_seq a = {0};
-        gb_ref(b, &a, class_rule(b, "\"\\/bfnrt", 0, 0));
-        gb_alt(b, esc, &a);
+        gb_alt_ref(b, esc, class_rule(b, "\"\\/bfnrt", 0, 0));
         gb_seq c = {0};
         gb_byte(b, &c, 'u');
         gb_ref(b, &c, u);
@@ -308,7 +306,7 @@ static uint32_t number_rule(sctx *s, const bounds *bd) {
     uint32_t ir = integer_rule(s, &ib, false);   /* no integer: fractions may still fit */
     gb_seq q = {0};
     gb_ref(b, &q, ir);
-    gb_alt(b, r, &q);
+    gb_alt(b, r, &q);   /* q, emptied by gb_alt, builds the next alternatives */
     bool any = false;
     /* I.F in (I, I+1): lo <= I and I + 1 <= hi */
     double L = bd->lo == -INFINITY ? 0 : fmax(0, ceil(bd->lo));
@@ -387,7 +385,7 @@ static uint32_t any_value(sctx *s) {
     any_container(s, v, '[', gb_rule_of(b, &it), ']');
     gb_seq q = {0};
     gb_ref(b, &q, str);
-    gb_alt(b, v, &q);
+    gb_alt(b, v, &q);   /* q, emptied by gb_alt, builds the next alternatives */
     bounds nb = {-INFINITY, INFINITY, false, false};
     gb_ref(b, &q, number_rule(s, &nb));
     gb_alt(b, v, &q);
@@ -921,9 +919,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
         uint32_t r = gb_rule_new(b);
         s->memo[s->n_memo++] = (refmemo){t, r};
         uint32_t body = c_schema(s, t);
-        gb_seq q = {0};
-        gb_ref(b, &q, body);
-        gb_alt(b, r, &q);
+        gb_alt_ref(b, r, body);
         return r;
     }
     const cJSON *all = get(sch, "allOf");
@@ -961,9 +957,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
             } else {
                 br = c_schema(s, c);
             }
-            gb_seq q = {0};
-            gb_ref(b, &q, br);
-            gb_alt(b, r, &q);
+            gb_alt_ref(b, r, br);
         }
         return r;
     }
@@ -1028,9 +1022,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
         bool dup = false;
         for (int j = 0; j < i; j++) dup |= !strcmp(types[i], types[j]);
         if (dup) continue;
-        gb_seq q = {0};
-        gb_ref(b, &q, typed_rule(s, sch, types[i]));
-        gb_alt(b, r, &q);
+        gb_alt_ref(b, r, typed_rule(s, sch, types[i]));
     }
     return r;
 }
