@@ -352,27 +352,18 @@ int grid_for(int64_t n, int threads) {
 
 int cud_type_block_elems(uint32_t type) {
     switch (type) {
-    case CUD_F32: case CUD_F16: case CUD_BF16: return 1;
-    case CUD_Q8_0: case CUD_Q4_0: case CUD_Q4_1: case CUD_Q5_0: case CUD_Q5_1: return 32;
-    case CUD_Q2_K: case CUD_Q3_K: case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
+#define CUD_CASE(T_, E_, B_) case T_: return E_;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return 0;
     }
 }
 
 int cud_type_block_bytes(uint32_t type) {
     switch (type) {
-    case CUD_F32: return 4;
-    case CUD_F16: case CUD_BF16: return 2;
-    case CUD_Q8_0: return 34;
-    case CUD_Q4_0: return 18;
-    case CUD_Q4_1: return 20;
-    case CUD_Q5_0: return 22;
-    case CUD_Q5_1: return 24;
-    case CUD_Q2_K: return 84;
-    case CUD_Q3_K: return 110;
-    case CUD_Q4_K: return 144;
-    case CUD_Q5_K: return 176;
-    case CUD_Q6_K: return 210;
+#define CUD_CASE(T_, E_, B_) case T_: return B_;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return 0;
     }
 }
@@ -380,19 +371,9 @@ int cud_type_block_bytes(uint32_t type) {
 // Calls F.template operator()<T>() for the runtime type id; returns cudaErrorInvalidValue for unknown types.
 template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     switch (type) {
-    case CUD_F32: f.template operator()<CUD_F32>(); break;
-    case CUD_F16: f.template operator()<CUD_F16>(); break;
-    case CUD_BF16: f.template operator()<CUD_BF16>(); break;
-    case CUD_Q8_0: f.template operator()<CUD_Q8_0>(); break;
-    case CUD_Q4_0: f.template operator()<CUD_Q4_0>(); break;
-    case CUD_Q4_1: f.template operator()<CUD_Q4_1>(); break;
-    case CUD_Q5_0: f.template operator()<CUD_Q5_0>(); break;
-    case CUD_Q5_1: f.template operator()<CUD_Q5_1>(); break;
-    case CUD_Q2_K: f.template operator()<CUD_Q2_K>(); break;
-    case CUD_Q3_K: f.template operator()<CUD_Q3_K>(); break;
-    case CUD_Q4_K: f.template operator()<CUD_Q4_K>(); break;
-    case CUD_Q5_K: f.template operator()<CUD_Q5_K>(); break;
-    case CUD_Q6_K: f.template operator()<CUD_Q6_K>(); break;
+#define CUD_CASE(T_, E_, B_) case T_: f.template operator()<T_>(); break;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
