@@ -189,6 +189,12 @@ __device__ __forceinline__ float kv_load(const char *row, int d, bool f16) {
     return ((const float *)row)[d];
 }
 
+// The store kv_load reads back: v rounded to nearest f16, or as is in an f32 cache.
+__device__ __forceinline__ void kv_store(char *row, int d, bool f16, float v) {
+    if (f16) ((__half *)row)[d] = __float2half_rn(v);
+    else ((float *)row)[d] = v;
+}
+
 // grid: rows, threads: any; writes every kv head's K and V row.
 __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const float *v, const int32_t *slot) {
     int r = blockIdx.x;
@@ -199,13 +205,8 @@ __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const floa
         int h = i / kv.head_dim, d = i % kv.head_dim;
         char *kr = kv_row(kv, layer, 0, s, h), *vr = kv_row(kv, layer, 1, s, h);
         float kval = k[(int64_t)r * width + i], vval = v[(int64_t)r * width + i];
-        if (kv.f16) {
-            ((__half *)kr)[d] = __float2half_rn(kval);
-            ((__half *)vr)[d] = __float2half_rn(vval);
-        } else {
-            ((float *)kr)[d] = kval;
-            ((float *)vr)[d] = vval;
-        }
+        kv_store(kr, d, kv.f16, kval);
+        kv_store(vr, d, kv.f16, vval);
     }
 }
 
@@ -218,13 +219,8 @@ __global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, const float 
         int a = rp.neox ? i : 2 * i, b = rp.neox ? i + rp.n_rot / 2 : 2 * i + 1;
         float x0 = kv_load(row, a, kv.f16), x1 = kv_load(row, b, kv.f16);
         rope_pair(&x0, &x1, cs[2 * i], cs[2 * i + 1]);
-        if (kv.f16) {
-            ((__half *)row)[a] = __float2half_rn(x0);
-            ((__half *)row)[b] = __float2half_rn(x1);
-        } else {
-            ((float *)row)[a] = x0;
-            ((float *)row)[b] = x1;
-        }
+        kv_store(row, a, kv.f16, x0);
+        kv_store(row, b, kv.f16, x1);
     }
 }
 
