@@ -30,6 +30,9 @@ typedef struct api_choice {
     cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
     size_t lp_offset;     /* completions text_offset of the next token */
     srv_sched_finish finish;
+    size_t sent;          /* stream with tools: bytes of `text` already sent as content */
+    bool held;            /* stream with tools: the rest of the text is held until the end */
+    bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
     uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
     bool ended;
 } api_choice;
@@ -95,6 +98,7 @@ struct srv_api {
     const srv_web *web;   /* the chat page and /props (NULL: 404) */
     srv_api_backend be;
     bool has_backend;
+    bool parse_special_in_content;
     api_call *calls;
     int32_t n_calls;
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
@@ -140,6 +144,15 @@ void api_route_infill(srv_api *api, srv_http_req *req);
 void api_route_embeddings(srv_api *api, srv_http_req *req);
 /* api_generate.c: a random id with the prefix ("chatcmpl-...") */
 void api_make_id(srv_api *api, const char *prefix, char *out, size_t cap);
+/* api_chat_prompt.c: the tokens of a chat request's prompt (template, content spans, prefill). */
+int api_chat_prompt(srv_api *api, api_call *c, int32_t **toks, int32_t *n, srv_api_error *e);
+/* api_tools.c: tool calls in chat responses */
+bool api_tools_active(const api_call *c);
+void api_tools_stream_delta(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp, int32_t n_smp);
+void api_tools_stream_end(api_call *c, int32_t idx, const char *text, size_t len, srv_sched_finish finish);
+void api_tools_message(api_call *c, int32_t idx, cJSON *message, api_choice *ch);
+cJSON *api_chunk_base(api_call *c);
+void api_sse_send(api_call *c, cJSON *o, const char *raw);
 
 /* api_render.c */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);
