@@ -71,6 +71,7 @@ struct api_call {
     bool stream, shutdown;
     bool has_error; srv_api_error error;
     const char *method, *path;
+    struct srv_gcache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
 };
 
 struct srv_api {
@@ -92,6 +93,7 @@ struct srv_api {
     bool closing;         /* srv_api_free is waiting for them */
     uint64_t rng;
     int64_t created;
+    struct srv_gcache *gcache; /* response_format grammars (NULL: not available) */
 };
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */
@@ -102,6 +104,14 @@ void api_cancel_subs(api_call *c);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
+
+/* api_structured.c: response_format */
+/* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
+int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);
+/* Pool thread (prepare_work): compiles or finds c->gen's response grammar into c->grammar. -1 with err set. */
+int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err);
+/* Releases c->grammar (api_call_free). */
+void api_release_grammar(api_call *c);
 
 /* api_render.c */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);

@@ -63,6 +63,7 @@ void srv_api_gen_free(srv_api_gen *g) {
     free(g->stop);
     free(g->logit_bias);
     free(g->user);
+    free(g->rf_schema);
     memset(g, 0, sizeof *g);
 }
 
@@ -340,6 +341,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     }
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
+    if ((r = api_parse_response_format(root, g, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {
         if ((r = get_int(root, "logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         if (r) { g->logprobs = true; g->top_logprobs = (int32_t)d; }
