@@ -105,6 +105,9 @@ int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
 
+/* api_parse.c: "a boolean", "a number", ... "null" (for messages about a field's JSON type) */
+const char *api_json_kind(const cJSON *j);
+
 /* api_structured.c: response_format */
 /* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
 int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);

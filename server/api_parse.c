@@ -85,6 +85,8 @@ static const char *type_name(const cJSON *j) {
     return "null";
 }
 
+const char *api_json_kind(const cJSON *j) { return type_name(j); }
+
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {
     const cJSON *f = field(obj, name);

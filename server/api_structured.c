@@ -15,21 +15,12 @@
 
 #define RF_BAD(...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), -1)
 
-static const char *kind_of(const cJSON *j) {
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    return "null";
-}
-
 int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err) {
     const char *param = "response_format";
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     g->rf = SRV_API_RF_TEXT;
     if (!rf || cJSON_IsNull(rf)) return 0;
-    if (!cJSON_IsObject(rf)) return RF_BAD("'response_format' must be an object, got %s", kind_of(rf));
+    if (!cJSON_IsObject(rf)) return RF_BAD("'response_format' must be an object, got %s", api_json_kind(rf));
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
     if (!cJSON_IsString(ty))
         return RF_BAD("'response_format.type' must be one of \"text\", \"json_object\", \"json_schema\"");
@@ -44,17 +35,17 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
     if (!cJSON_IsObject(js))
         return RF_BAD("'response_format.json_schema' must be an object with 'name' and 'schema', got %s",
-                      js ? kind_of(js) : "nothing");
+                      js ? api_json_kind(js) : "nothing");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
     if (name && !cJSON_IsNull(name) && !cJSON_IsString(name))
-        return RF_BAD("'response_format.json_schema.name' must be a string, got %s", kind_of(name));
+        return RF_BAD("'response_format.json_schema.name' must be a string, got %s", api_json_kind(name));
     const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
     if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
-        return RF_BAD("'response_format.json_schema.strict' must be a boolean, got %s", kind_of(strict));
+        return RF_BAD("'response_format.json_schema.strict' must be a boolean, got %s", api_json_kind(strict));
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
     if (!schema || cJSON_IsNull(schema)) return RF_BAD("'response_format.json_schema.schema' is required");
     if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
-        return RF_BAD("'response_format.json_schema.schema' must be a JSON Schema object, got %s", kind_of(schema));
+        return RF_BAD("'response_format.json_schema.schema' must be a JSON Schema object, got %s", api_json_kind(schema));
     if (!(g->rf_schema = cJSON_PrintUnformatted(schema))) {
         srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
         return -2;

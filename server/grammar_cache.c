@@ -141,6 +141,16 @@ static srv_gcache_entry *find(srv_gcache *c, const char *key) {
     return NULL;
 }
 
+/* A cache hit (under mu, which it unlocks): the entry becomes the most recent and gains a reference. */
+static srv_gcache_entry *take_hit(srv_gcache *c, srv_gcache_entry *e) {
+    unlink_entry(c, e);
+    push_front(c, e);
+    e->refs++;
+    c->hits++;
+    uv_mutex_unlock(&c->mu);
+    return e;
+}
+
 int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcache_entry **out, char *err,
                    size_t err_len) {
     if (err && err_len) err[0] = 0;
@@ -150,12 +160,7 @@ int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcac
     uv_mutex_lock(&c->mu);
     srv_gcache_entry *e = find(c, k);
     if (e) {
-        unlink_entry(c, e);
-        push_front(c, e);
-        e->refs++;
-        c->hits++;
-        uv_mutex_unlock(&c->mu);
-        *out = e;
+        *out = take_hit(c, e);
         return KVS_OK;
     }
     uv_mutex_unlock(&c->mu);
@@ -176,13 +181,8 @@ int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcac
     uv_mutex_lock(&c->mu);
     srv_gcache_entry *other = find(c, k); /* compiled meanwhile by another request: keep that one */
     if (other) {
-        unlink_entry(c, other);
-        push_front(c, other);
-        other->refs++;
-        c->hits++;
-        uv_mutex_unlock(&c->mu);
+        *out = take_hit(c, other);
         entry_free(e);
-        *out = other;
         return KVS_OK;
     }
     e->refs = 1;
