@@ -11,9 +11,11 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 FROM ${BUILD_IMAGE} AS build
 ARG VARIANT=cpu
 ENV DEBIAN_FRONTEND=noninteractive
+# msgpack-c: Debian 12 calls it libmsgpack-dev, newer releases libmsgpack-c-dev.
 RUN apt-get update -qq \
+ && msgpack=libmsgpack-dev; if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then msgpack=libmsgpack-c-dev; fi \
  && apt-get install -y -qq --no-install-recommends build-essential cmake pkg-config libuv1-dev libcjson-dev \
-      libcriterion-dev node-llhttp libpcre2-dev libxxhash-dev ca-certificates \
+      libcriterion-dev node-llhttp libpcre2-dev libxxhash-dev libzmq3-dev $msgpack ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
@@ -38,7 +40,8 @@ RUN cuda=OFF; if [ "$VARIANT" = cuda ]; then cuda=ON; fi \
 FROM ${RUNTIME_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends libuv1 libcjson1 libpcre2-8-0 libxxhash0 curl \
+ && msgpack=libmsgpackc2; if apt-cache show libmsgpack-c2 >/dev/null 2>&1; then msgpack=libmsgpack-c2; fi \
+ && apt-get install -y -qq --no-install-recommends libuv1 libcjson1 libpcre2-8-0 libxxhash0 libzmq5 $msgpack curl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/kvserve --create-home kvserve \
  && mkdir -p /models /opt/kvserve

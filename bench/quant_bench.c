@@ -14,7 +14,7 @@
  * [1536->576], plus the [576->50257] output): tokens/s of one thread if every matrix ran at the measured
  * rate of the closest shape (decode: m = 1 from memory; prefill: m = 128 with the output for 1 row).
  * For types whose block does not divide 576 (k-quants), k is rounded up to the next multiple (768).
- * For Q8_0, the same figures follow for the packed layout (eng_pack_q8_0, the layout the engine runs from
+ * For the types with a packed layout (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: eng_wpack, the layout the engine runs from
  * AVX2 up) at every level with a packed kernel, shown as "packed-avx2", "packed-avx512".
  * Finally a full bench-135m weight pass (all 30 layers' 7 matrices and the output, ~144 MB for Q8_0, every
  * matrix split by rows over T threads, T = 1 and 2; wall time, best of 5 passes): decode (m = 1) and prefill
@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "engine/kernels/quant.h"
+#include "engine/kernels/quant_kpacked.h"
 
 /* CPU time of this thread: on a shared machine, time spent descheduled does not count (memory contention
  * from other processes still does). */
@@ -83,11 +84,11 @@ static double wall_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Packs n rows of a Q8_0 matrix (the layout the engine runs from AVX2 up). */
-static uint8_t *pack(const uint8_t *w, int64_t k, int64_t n) {
-    size_t bytes = eng_packed_q8_0_bytes(n, k);
+/* Packs n rows of a matrix (the layout the engine runs from AVX2 up). */
+static uint8_t *pack(uint32_t type, const uint8_t *w, int64_t k, int64_t n) {
+    size_t bytes = eng_wpack_bytes(type, n, k);
     uint8_t *p = bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
-    if (p && eng_pack_q8_0(w, n, k, p) != 0) {
+    if (p && eng_wpack(type, w, n, k, p) != 0) {
         free(p);
         return NULL;
     }
@@ -97,7 +98,7 @@ static uint8_t *pack(const uint8_t *w, int64_t k, int64_t n) {
 /* eng_gemm at level l, or the packed kernel when packed */
 static void gemm_any(eng_simd_level l, bool packed, uint32_t type, const void *w, int64_t k, int64_t n, const void *x,
                      int m, float *y, int64_t jb, int64_t je) {
-    if (packed) eng_gemm_packed_q8_0(l, w, n, k, x, m, y, n, jb, je);
+    if (packed) eng_gemm_wpacked(l, type, w, n, k, x, m, y, n, jb, je);
     else eng_gemm(l, type, w, k, x, m, y, n, jb, je);
 }
 
@@ -105,7 +106,7 @@ static void gemm_any(eng_simd_level l, bool packed, uint32_t type, const void *w
 typedef struct {
     uint32_t type;
     eng_simd_level level;
-    bool packed;      /* w holds packed Q8_0 matrices */
+    bool packed;      /* w holds packed matrices (eng_wpack) */
     int n_mats;
     uint8_t **w;      /* n_mats matrices */
     int64_t *k, *n;   /* their shapes */
@@ -143,7 +144,7 @@ static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *
         w[i] = make_weights(type, k[i], n[i], tmp);
         if (!w[i]) return;
         if (packed) {
-            uint8_t *p = pack(w[i], k[i], n[i]);
+            uint8_t *p = pack(type, w[i], k[i], n[i]);
             free(w[i]);
             if (!(w[i] = p)) return;
         }
@@ -207,12 +208,13 @@ int main(int argc, char **argv) {
     const int ms[] = {1, 4, 16, 32, 128};
     float *tmp = malloc(sizeof(float) * 4096 * 128);
     if (!tmp) return 1;
-    /* cases: every level on the rows, then (Q8_0) every level with a packed kernel on the packed layout */
+    /* cases: every level on the rows, then (packed types) every level with a packed kernel on the packed layout */
     enum { MAX_CASES = 8 };
     int case_level[MAX_CASES], n_cases = 0;
     bool case_packed[MAX_CASES];
     for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) case_level[n_cases] = l, case_packed[n_cases++] = false;
-    for (int l = ENG_SIMD_AVX2; type == ENG_Q_Q8_0 && l <= (int)top; l++)
+    const bool packable = eng_wpack_bytes(type, 16, 1536) > 0;
+    for (int l = ENG_SIMD_AVX2; packable && l <= (int)top; l++)
         case_level[n_cases] = l, case_packed[n_cases++] = true;
     double gflops[MAX_CASES][3][5] = {{{0}}}; /* case, shape, m */
     for (int li = 0; li < n_cases; li++) {
@@ -232,10 +234,10 @@ int main(int argc, char **argv) {
             int copies = (int)((160u << 20) / mat) + 1;
             uint8_t *w = make_weights(type, s->k, s->n * copies, tmp);
             if (w && packed) {
-                mat = eng_packed_q8_0_bytes(s->n, s->k);
+                mat = eng_wpack_bytes(type, s->n, s->k);
                 uint8_t *p = aligned_alloc(64, mat * (size_t)copies + 64);
                 for (int cp = 0; p && cp < copies; cp++)
-                    eng_pack_q8_0(w + (size_t)cp * rb * (size_t)s->n, s->n, s->k, p + (size_t)cp * mat);
+                    eng_wpack(type, w + (size_t)cp * rb * (size_t)s->n, s->n, s->k, p + (size_t)cp * mat);
                 free(w);
                 w = p;
             }
@@ -305,7 +307,7 @@ int main(int argc, char **argv) {
         printf("\nquantize activations to %s: %.1f M values/s\n", di->name, (double)k * rows * calls / t * 1e-6);
         free(x);
     }
-    if (type == ENG_Q_Q8_0 && top >= ENG_SIMD_AVX2)
+    if (packable && top >= ENG_SIMD_AVX2)
         for (int l = ENG_SIMD_AVX2; l <= (int)top; l++) model_pass(type, (eng_simd_level)l, true, tmp);
     else
         model_pass(type, top, false, tmp);

@@ -122,6 +122,10 @@ static void index_remove(kvc_cache *c, int32_t b) {
     bl->hashed = false;
     bl->gen++;
     c->n_hashed--;
+    if (c->event_cb) {
+        kvc_event ev = {.kind = KVC_EVENT_REMOVED, .block = b, .hash = bl->hash, .block_size = c->lay.block_size};
+        c->event_cb(c->event_ctx, &ev);
+    }
 }
 
 /* The hashed block with identity (parent, parent_gen, tokens), or -1. */
@@ -403,6 +407,12 @@ static void seq_publish(kvc_cache *c, kvc_seq *s) {
                 bl->parent_gen = pgen;
                 memcpy(c->btok + (size_t)b * bs, toks, (size_t)bs * sizeof(int32_t));
                 index_insert(c, b);
+                if (c->event_cb) {
+                    kvc_event ev = {.kind = KVC_EVENT_STORED, .block = b, .hash = h, .has_parent = parent >= 0,
+                                    .parent_hash = parent >= 0 ? phash : 0, .tokens = c->btok + (size_t)b * bs,
+                                    .block_size = bs};
+                    c->event_cb(c->event_ctx, &ev);
+                }
             }
         }
         s->pub_block[i] = b;
@@ -759,3 +769,31 @@ int32_t kvc_blocks_needed(const kvc_cache *c, int32_t seq, int32_t n_tokens) {
 }
 
 int32_t kvc_blocks_available(const kvc_cache *c) { return c ? c->n_free + c->n_cached : 0; }
+
+/* ---- prefix-cache events ------------------------------------------------------------------------------------------- */
+void kvc_set_event_cb(kvc_cache *c, kvc_event_cb cb, void *ctx) {
+    if (!c) return;
+    c->event_cb = cb;
+    c->event_ctx = cb ? ctx : NULL;
+}
+
+int kvc_reset_prefix_cache(kvc_cache *c) {
+    if (!c) return KVC_ERR_INVALID;
+    if (c->pending || c->n_used > 0) return KVC_ERR_STATE;
+    /* Unhash quietly (one CLEARED stands for all of them), then the blocks join the free stack. */
+    kvc_event_cb cb = c->event_cb;
+    c->event_cb = NULL;
+    while (c->lru_head >= 0) {
+        int32_t b = c->lru_head;
+        lru_unlink(c, b);
+        index_remove(c, b);
+        c->n_cached--;
+        c->free_stack[c->n_free++] = b;
+    }
+    c->event_cb = cb;
+    if (cb) {
+        kvc_event ev = {.kind = KVC_EVENT_CLEARED, .block = -1, .block_size = c->lay.block_size};
+        cb(c->event_ctx, &ev);
+    }
+    return KVC_OK;
+}

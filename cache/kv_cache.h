@@ -281,6 +281,45 @@ int32_t kvc_blocks_needed(const kvc_cache *cache, int32_t seq, int32_t n_tokens)
 /* Blocks that can be had right now: free plus cached (evictable). */
 int32_t kvc_blocks_available(const kvc_cache *cache);
 
+/* ---- prefix-cache events ---------------------------------------------------------------------------------------
+ * For consumers that mirror the prefix index elsewhere (KV-cache events for routers). A block's identity is its
+ * 64-bit chained hash: XXH3_64bits_withSeed(the block's block_size token ids as little-endian int32, seed = the
+ * parent block's hash), and for the first block of a chain seed = KVC_HASH_ROOT. Two blocks may carry the same
+ * hash (a 64-bit collision, or a block whose parent was evicted under a sliding window and that a new chain
+ * publishes again), so a mirror should count hashes rather than keep a set. */
+#define KVC_HASH_ROOT 0x6b76736572766531ULL /* seed of the first block of every chain ("kvserve1") */
+
+typedef enum {
+    KVC_EVENT_STORED = 1,  /* a full block got its hash (it entered the prefix index) */
+    KVC_EVENT_REMOVED = 2, /* a block lost its hash (evicted, or its contents changed by kvc_remove) */
+    KVC_EVENT_CLEARED = 3, /* every cached block left the index at once (kvc_reset_prefix_cache) */
+} kvc_event_kind;
+
+typedef struct kvc_event {
+    kvc_event_kind kind;
+    int32_t block;          /* STORED, REMOVED: the block id */
+    uint64_t hash;          /* STORED, REMOVED: its chained hash */
+    bool has_parent;        /* STORED: false for the first block of a chain */
+    uint64_t parent_hash;   /* STORED: the parent's hash when has_parent */
+    const int32_t *tokens;  /* STORED: the block's block_size token ids (valid during the call only) */
+    int32_t block_size;
+} kvc_event;
+
+/* Called on the cache owner's thread, synchronously, from inside the call that changed the index
+ * (kvc_finish_forward publishes: STORED, in chain order, parents first; kvc_start_forward, kvc_copy_prefix evict:
+ * REMOVED; kvc_remove: REMOVED; kvc_reset_prefix_cache: CLEARED). A deduplicated block (an identical one was
+ * already hashed) produces no event. The callback must not call into the cache. ctx is passed through. */
+typedef void (*kvc_event_cb)(void *ctx, const kvc_event *ev);
+
+/* Sets (or, with cb == NULL, clears) the event callback. Call it from the owner's thread (or before that thread
+ * starts). NULL cache is a no-op. */
+void kvc_set_event_cb(kvc_cache *cache, kvc_event_cb cb, void *ctx);
+
+/* Drops the hash of every cached (unreferenced) block, which become free, then reports KVC_EVENT_CLEARED.
+ * Only when no block is in use (as vLLM's reset_prefix_cache): KVC_ERR_STATE when a block is referenced or a
+ * forward is pending; KVC_ERR_INVALID for NULL. */
+int kvc_reset_prefix_cache(kvc_cache *cache);
+
 /* ---- accounting -------------------------------------------------------------------------------------------------- */
 typedef struct kvc_stats {
     int32_t blocks_total, blocks_used, blocks_cached, blocks_free;

@@ -8,7 +8,6 @@
 
 #include "cache/kv_cache.h"
 
-#define KVC_HASH_ROOT 0x6b76736572766531ULL /* seed of the first block of every chain */
 
 /* Test hook: a test may compile this file with a narrow mask to force hash collisions (lookups stay exact
  * because identities are verified, see above). Production builds keep all 64 bits. */
@@ -73,6 +72,9 @@ struct kvc_cache {
     int32_t n_batch_seqs;
 
     uint64_t prefix_query_tokens, prefix_hit_tokens, evictions, cow_copies;
+
+    kvc_event_cb event_cb; /* optional, see kvc_set_event_cb */
+    void *event_ctx;
 };
 
 static inline int32_t ceil_div(int32_t a, int32_t b) { return a / b + (a % b != 0); }

@@ -151,8 +151,9 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
 static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
     switch (r) {
     case SRV_SCHED_ERR_QUEUE_FULL:
-        srv_api_set_error(e, 503, "server_error", NULL, NULL, "the server is overloaded: the request queue is full; retry later");
-        return 503;
+        srv_api_set_error(e, 429, "rate_limit_error", NULL, "queue_full",
+                          "the server is overloaded: the request queue is full; retry later");
+        return 429;
     case SRV_SCHED_ERR_TOO_LONG:
         srv_api_set_error(e, 400, NULL, "messages", "context_length_exceeded",
                           "This model's maximum context length is %d tokens, but the prompt has %d tokens", (int)n_ctx, (int)n_prompt);
@@ -362,7 +363,7 @@ static void prepare_done(api_job *j) {
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
         if (r != 0) {
             int st = submit_error_status(r, &e, api->n_ctx, ntok[i]);
-            if (st == 503) extra = "Retry-After: 1\r\n";
+            if (st == 503 || st == 429) extra = "Retry-After: 1\r\n";
             fail = true;
             break;
         }

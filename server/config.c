@@ -10,8 +10,9 @@
 #include <cjson/cJSON.h>
 
 #include "server/cors.h"
+#include "server/kv_events.h"
 
-typedef enum { K_STR, K_INT, K_NUM, K_BOOL, K_LIST } key_type; /* K_LIST: a string, or in a file a list of them */
+typedef enum { K_STR, K_INT, K_NUM, K_BOOL, K_LIST, K_JSON } key_type; /* K_LIST: a string, or in a file a list of them */
 
 typedef struct key_def {
     const char *name;
@@ -28,6 +29,7 @@ typedef struct key_def {
 #define N(f, lo, hi, h) {#f, K_NUM, offsetof(srv_config, f), 0, lo, hi, NULL, h}
 #define B(f, h) {#f, K_BOOL, offsetof(srv_config, f), 0, 0, 0, NULL, h}
 #define L(f, h) {#f, K_LIST, offsetof(srv_config, f), sizeof(((srv_config *)0)->f), 0, 0, NULL, h}
+#define J(f, h) {#f, K_JSON, offsetof(srv_config, f), sizeof(((srv_config *)0)->f), 0, 0, NULL, h}
 
 static const key_def KEYS[] = {
     S(host, NULL, "listen address (IPv4 or IPv6 literal)"),
@@ -45,7 +47,8 @@ static const key_def KEYS[] = {
     B(prefix_caching, "reuse cached KV blocks of common prompt prefixes"),
     S(device, "auto|cpu|cuda", "compute device"),
     N(gpu_memory_fraction, 0.01, 1.0, "CUDA: share of GPU memory for weights and KV"),
-    I(max_queue, 1, 1000000, "waiting requests before new ones get 503"),
+    I(max_queue, 1, 1000000, "waiting requests before new ones get 429"),
+    I(max_queued_tokens, 0, 2147483647, "prompt tokens of waiting requests before new ones get 429 (0: no limit)"),
     I(max_n, 1, 4096, "largest n (choices) a request may ask"),
     I(max_stop, 0, 1024, "most stop strings per request"),
     S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),
@@ -61,6 +64,7 @@ static const key_def KEYS[] = {
     S(log_format, "text|json|none", "request log format (stderr)"),
     S(chat_template, "|chatml|llama3|llama2|mistral|phi3|zephyr|gemma",
       "force a chat template family (empty: the model's own)"),
+    J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -171,12 +175,41 @@ static int set_num(srv_config *c, const key_def *k, double v, char *err, size_t 
     return SRV_OK;
 }
 
+/* A JSON object setting: checked by its module's parser, stored as compact text ("" when it is empty). */
+static int set_json(srv_config *c, const key_def *k, const cJSON *obj, char *err, size_t el) {
+    if (!cJSON_IsObject(obj)) {
+        snprintf(err, el, "config key '%s': must be a JSON object", k->name);
+        return SRV_ERR_INVALID;
+    }
+    char *text = cJSON_PrintUnformatted(obj);
+    if (!text) { snprintf(err, el, "config key '%s': out of memory", k->name); return SRV_ERR_NOMEM; }
+    srv_kvev_config kc;
+    int r = SRV_OK;
+    if (strlen(text) >= k->size) {
+        snprintf(err, el, "config key '%s': value too long (at most %zu bytes)", k->name, k->size - 1);
+        r = SRV_ERR_INVALID;
+    } else if (srv_kvev_config_parse(text, &kc, err, el) != KVS_OK) {
+        r = SRV_ERR_INVALID;
+    } else {
+        snprintf((char *)c + k->off, k->size, "%s", obj->child ? text : "");
+    }
+    free(text);
+    return r;
+}
+
 int srv_config_set(srv_config *c, const char *key, const char *value, char *err, size_t el) {
     const key_def *k = key ? find_key(key) : NULL;
     if (!k) { snprintf(err, el, "unknown config key '%s'", key ? key : "(null)"); return SRV_ERR_INVALID; }
     if (!value) { snprintf(err, el, "config key '%s': a value is required", k->name); return SRV_ERR_INVALID; }
     switch (k->type) {
     case K_STR: case K_LIST: return set_str(c, k, value, err, el);
+    case K_JSON: {
+        cJSON *o = cJSON_Parse(value);
+        if (!o) { snprintf(err, el, "config key '%s': invalid JSON", k->name); return SRV_ERR_INVALID; }
+        int r = set_json(c, k, o, err, el);
+        cJSON_Delete(o);
+        return r;
+    }
     case K_BOOL:
         if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "on") || !strcmp(value, "yes"))
             *(bool *)((char *)c + k->off) = true;
@@ -237,6 +270,7 @@ int srv_config_load_file(srv_config *c, const char *path, char *err, size_t el) 
         }
         char sub[512] = "";
         switch (k->type) {
+        case K_JSON: r = set_json(c, k, it, sub, sizeof sub); break;
         case K_STR:
             if (!cJSON_IsString(it)) { snprintf(sub, sizeof sub, "config key '%s': must be a string", k->name); r = SRV_ERR_INVALID; }
             else r = set_str(c, k, it->valuestring, sub, sizeof sub);
@@ -287,6 +321,8 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
         }
     }
     if (!c->host[0]) { snprintf(err, el, "config key 'host': must not be empty"); return SRV_ERR_INVALID; }
+    srv_kvev_config kc;
+    if (srv_kvev_config_parse(c->kv_events_config, &kc, err, el) != KVS_OK) return SRV_ERR_INVALID;
     if (c->ctx_size > 0 && c->ctx_size < 2) {
         snprintf(err, el, "config key 'ctx_size': must be 0 or at least 2");
         return SRV_ERR_INVALID;
@@ -311,6 +347,7 @@ void srv_config_usage(FILE *f) {
         case K_INT: snprintf(def, sizeof def, "%d", (int)*(const int32_t *)base); break;
         case K_NUM: snprintf(def, sizeof def, "%g", *(const double *)base); break;
         case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)base ? "true" : "false"); break;
+        case K_JSON: snprintf(def, sizeof def, "%s", base[0] ? base : "{}"); break;
         }
         fprintf(f, "  %-24s %s (default %s)\n", flag, k->help, def);
     }
@@ -395,6 +432,12 @@ char *srv_config_to_json(const srv_config *c) {
         case K_INT: cJSON_AddNumberToObject(o, k->name, *(const int32_t *)base); break;
         case K_NUM: cJSON_AddNumberToObject(o, k->name, *(const double *)base); break;
         case K_BOOL: cJSON_AddBoolToObject(o, k->name, *(const bool *)base); break;
+        case K_JSON: { /* the effective settings, every key spelled out */
+            srv_kvev_config kc;
+            cJSON *v = srv_kvev_config_parse(base, &kc, NULL, 0) == KVS_OK ? srv_kvev_config_to_json(&kc) : NULL;
+            if (v) cJSON_AddItemToObject(o, k->name, v);
+            break;
+        }
         }
     }
     char *s = cJSON_Print(o);

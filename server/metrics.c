@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "server/kv_events.h"
 
 void srv_histogram_init(srv_histogram *h, const double *bounds, int32_t n) {
     memset(h, 0, sizeof *h);
@@ -61,31 +64,103 @@ static void meta(kvs_buf *b, const char *name, const char *type, const char *hel
     kvs_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void gauge(kvs_buf *b, const char *name, const char *help, double v) {
+/* labels: "" or the inside of {...} without braces, already escaped */
+static void sample(kvs_buf *b, const char *name, const char *labels, const char *value) {
+    kvs_buf_printf(b, "%s%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", value);
+}
+
+static void gauge_l(kvs_buf *b, const char *name, const char *help, const char *labels, double v) {
     char s[64];
     fmt_num(s, sizeof s, v);
     meta(b, name, "gauge", help);
-    kvs_buf_printf(b, "%s %s\n", name, s);
+    sample(b, name, labels, s);
 }
 
-static void counter(kvs_buf *b, const char *name, const char *help, uint64_t v) {
+static void counter_l(kvs_buf *b, const char *name, const char *help, const char *labels, uint64_t v) {
+    char s[32];
+    snprintf(s, sizeof s, "%llu", (unsigned long long)v);
     meta(b, name, "counter", help);
-    kvs_buf_printf(b, "%s %llu\n", name, (unsigned long long)v);
+    sample(b, name, labels, s);
 }
 
-static void hist(kvs_buf *b, const char *name, const char *help, const srv_histogram *h) {
+static void gauge(kvs_buf *b, const char *name, const char *help, double v) { gauge_l(b, name, help, "", v); }
+static void counter(kvs_buf *b, const char *name, const char *help, uint64_t v) { counter_l(b, name, help, "", v); }
+
+static void hist_l(kvs_buf *b, const char *name, const char *help, const char *labels, const srv_histogram *h) {
     char s[64];
+    const char *sep = labels[0] ? "," : "";
     meta(b, name, "histogram", help);
     uint64_t cum = 0;
     for (int32_t i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
         fmt_num(s, sizeof s, h->bounds[i]);
-        kvs_buf_printf(b, "%s_bucket{le=\"%s\"} %llu\n", name, s, (unsigned long long)cum);
+        kvs_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, labels, sep, s, (unsigned long long)cum);
     }
     cum += h->counts[h->n_bounds];
-    kvs_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    kvs_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
     fmt_num(s, sizeof s, h->sum);
-    kvs_buf_printf(b, "%s_sum %s\n%s_count %llu\n", name, s, name, (unsigned long long)h->count);
+    char n[32];
+    snprintf(n, sizeof n, "%llu", (unsigned long long)h->count);
+    kvs_buf_printf(b, "%s_sum%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", s);
+    kvs_buf_printf(b, "%s_count%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", n);
+}
+
+static void hist(kvs_buf *b, const char *name, const char *help, const srv_histogram *h) { hist_l(b, name, help, "", h); }
+
+/* A label value in the exposition format: backslash, double quote and newline escaped. */
+static void escape_label(char *out, size_t cap, const char *v) {
+    size_t o = 0;
+    for (; *v && o + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') { out[o++] = '\\'; out[o++] = *v; }
+        else if (*v == '\n') { out[o++] = '\\'; out[o++] = 'n'; }
+        else out[o++] = *v;
+    }
+    out[o] = 0;
+}
+
+/* vLLM's names and meanings (see metrics.h), from the same numbers as kvserve's own. */
+static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats *st) {
+    char name[600], L[700], s[800];
+    escape_label(name, sizeof name, m->model_name);
+    snprintf(L, sizeof L, "model_name=\"%s\",engine=\"0\"", name);
+    gauge_l(b, "vllm:num_requests_running", "Number of requests in model execution batches.", L,
+            st->requests_running);
+    gauge_l(b, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", L, st->requests_waiting);
+    gauge_l(b, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", L, st->kv_usage);
+    gauge_l(b, "vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (older name).", L,
+            st->kv_usage);
+    counter_l(b, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+              L, st->prefix_query_tokens);
+    counter_l(b, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", L,
+              st->prefix_hit_tokens);
+    counter_l(b, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", L,
+              st->preemptions);
+    counter_l(b, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", L, st->prompt_tokens_total);
+    counter_l(b, "vllm:generation_tokens_total", "Number of generation tokens processed.", L,
+              st->generation_tokens_total);
+    meta(b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
+    static const char *const reasons[] = {"stop", "length", "abort"};
+    const uint64_t counts[] = {m->requests_finished_stop, m->requests_finished_length, m->requests_finished_abort};
+    for (int i = 0; i < 3; i++)
+        kvs_buf_printf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", L, reasons[i],
+                (unsigned long long)counts[i]);
+    hist_l(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", L, &m->ttft);
+    hist_l(b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", L, &m->itl);
+    hist_l(b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", L, &m->e2e);
+    hist_l(b, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", L,
+           &m->queue);
+    hist_l(b, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", L, &m->prompt_len);
+    hist_l(b, "vllm:request_generation_tokens", "Number of generation tokens processed.", L, &m->gen_len);
+    meta(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    snprintf(s, sizeof s, "block_size=\"%d\",engine=\"0\",num_gpu_blocks=\"%d\"", (int)st->kv_block_size,
+             (int)st->kv_blocks_total);
+    sample(b, "vllm:cache_config_info", s, "1");
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char t[64];
+    fmt_num(t, sizeof t, (double)now.tv_sec + (double)(now.tv_nsec / 1000000) / 1e3);
+    meta(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+    sample(b, "vllm:lora_requests_info", "max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"", t);
 }
 
 int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char **out, size_t *len) {
@@ -112,8 +187,14 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     counter(&b, "kvserve:generation_tokens_total", "Tokens generated.", st->generation_tokens_total);
     counter(&b, "kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.",
             st->preemptions);
-    counter(&b, "kvserve:requests_rejected_total", "Requests refused because the queue was full.",
-            st->requests_rejected);
+    meta(&b, "kvserve:requests_rejected_total", "counter",
+         "Requests refused with 429 because the waiting queue was at a limit (max_queue, max_queued_tokens).");
+    kvs_buf_printf(&b, "kvserve:requests_rejected_total{reason=\"max_queue\"} %llu\n",
+            (unsigned long long)st->requests_rejected);
+    kvs_buf_printf(&b, "kvserve:requests_rejected_total{reason=\"max_queued_tokens\"} %llu\n",
+            (unsigned long long)st->requests_rejected_tokens);
+    gauge(&b, "kvserve:queued_prompt_tokens", "Prompt tokens of waiting, never admitted requests.",
+          (double)st->queued_tokens);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
     kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);
@@ -136,6 +217,18 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
          &m->queue);
     hist(&b, "kvserve:request_prompt_tokens", "Prompt length of finished requests.", &m->prompt_len);
     hist(&b, "kvserve:request_generation_tokens", "Generated tokens of finished requests.", &m->gen_len);
+    {
+        srv_kvev_stats ks; /* zeros when events are disabled */
+        srv_kvev_get_stats(m->kvev, &ks);
+        counter(&b, "kvserve:kv_events_queued_total",
+                "KV-cache event batches handed to the publisher (every step that changed the prefix index).",
+                ks.batches_queued);
+        counter(&b, "kvserve:kv_events_published_total", "KV-cache event batches sent on the PUB socket.",
+                ks.batches_published);
+        counter(&b, "kvserve:kv_events_dropped_total",
+                "KV-cache event batches dropped (publisher queue full, or out of memory).", ks.batches_dropped);
+    }
+    render_vllm(&b, m, st);
     size_t n = b.len;
     char *text = kvs_buf_take(&b); /* NULL when an append failed */
     if (!text) return SRV_METRICS_ERR_NOMEM;

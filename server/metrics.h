@@ -5,6 +5,16 @@
  * from a srv_sched_stats snapshot passed to srv_metrics_render. Text exposition format 0.0.4: every metric
  * has # HELP and # TYPE lines; histograms have cumulative _bucket{le="..."} lines ending with le="+Inf",
  * then _sum and _count. Single-threaded (the loop thread).
+ *
+ * Two families: kvserve's own (kvserve:*) and, from the same numbers, vLLM's names and meanings (vllm:*, labels
+ * model_name and engine="0" as vLLM's v1 engine writes them), so that routers built for vLLM (the Gateway API
+ * Inference Extension's endpoint picker) read kvserve unmodified: vllm:num_requests_running/_waiting,
+ * vllm:kv_cache_usage_perc (0..1; also the older vllm:gpu_cache_usage_perc), vllm:prefix_cache_queries_total /
+ * _hits_total (tokens), vllm:num_preemptions_total, vllm:prompt_tokens_total, vllm:generation_tokens_total,
+ * vllm:request_success_total{finished_reason}, the latency and length histograms, vllm:cache_config_info
+ * {block_size, num_gpu_blocks} = 1 (blocks of the pool whatever the device) and vllm:lora_requests_info
+ * {max_lora="0", running_lora_adapters="", waiting_lora_adapters=""} = the current Unix time (vLLM sets it to
+ * the time of its last update).
  */
 #ifndef KVSERVE_SERVER_METRICS_H
 #define KVSERVE_SERVER_METRICS_H
@@ -34,11 +44,15 @@ void srv_histogram_observe(srv_histogram *h, double v);
 
 enum { SRV_METRICS_STATUS_CLASSES = 5 }; /* 1xx..5xx */
 
+struct srv_kvev;
+
 typedef struct srv_metrics {
     srv_histogram ttft, itl, e2e, queue;       /* seconds */
     srv_histogram prompt_len, gen_len;         /* tokens per request */
     uint64_t http_requests[SRV_METRICS_STATUS_CLASSES]; /* by status class */
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort, requests_finished_error;
+    char model_name[256];          /* the model_name label of the vllm: metrics ("" until the model is loaded) */
+    const struct srv_kvev *kvev;   /* the KV-cache event publisher (its counters), NULL when disabled */
 } srv_metrics;
 
 /* Zeroes the counters and sets the standard bucket bounds. */

@@ -38,6 +38,9 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->parallel = 64;
     p->max_queue = 256;
     p->n_ctx = 0;
+    p->max_queued_tokens = 0;
+    p->on_step = NULL;
+    p->on_step_ctx = NULL;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -303,7 +306,7 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
             r->cancel_handled = true;
             for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
             bool never = !r->admitted_once;
-            if (sched_emit_outputs(s, r) && never) (*dropped_new)++;
+            if (sched_emit_outputs(s, r) && never) { (*dropped_new)++; s->dropped_tokens += r->n_prompt; }
         }
     }
 }
@@ -344,7 +347,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
         if (rc == 0) break;
         if (rc < 0) {
             bool never = !h->admitted_once;
-            if (sched_emit_outputs(s, h) && never) (*dropped_new)++;
+            if (sched_emit_outputs(s, h) && never) { (*dropped_new)++; s->dropped_tokens += h->n_prompt; }
             continue;
         }
         prefill_request(s, h, &budget, &reserved);
@@ -366,7 +369,7 @@ static void step(srv_sched *s) {
                     sched_req *h = s->waiting.v[0];
                     bool never = !h->admitted_once;
                     sched_fail_request(s, h, "the request cannot be scheduled");
-                    if (sched_emit_outputs(s, h) && never) dropped_new++;
+                    if (sched_emit_outputs(s, h) && never) { dropped_new++; s->dropped_tokens += h->n_prompt; }
                     continue;
                 }
                 break;
@@ -402,6 +405,7 @@ static void step(srv_sched *s) {
         break;
     }
     for (int32_t i = s->running.n - 1; i >= 0; i--) sched_emit_outputs(s, s->running.v[i]);
+    if (s->p.on_step) s->p.on_step(s->p.on_step_ctx);
     sched_post_events(s, dropped_new);
 }
 
@@ -460,7 +464,8 @@ static void free_bufs(srv_sched *s) {
 int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, uv_loop_t *loop, srv_sched **out) {
     if (!params || !ops || !loop || !out) return SRV_SCHED_ERR_INVALID;
     *out = NULL;
-    if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0)
+    if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
+        params->max_queued_tokens < 0)
         return SRV_SCHED_ERR_INVALID;
     if (ops->n_vocab < 1 || !ops->cache || !ops->decode || !ops->get_logits || !ops->token_is_eog ||
         !ops->detok_push || !ops->detok_flush || !ops->sampler_create || !ops->sampler_free ||
@@ -616,8 +621,11 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
         req_free(s, r);
         return SRV_SCHED_ERR_STOPPED;
     }
-    if (s->n_queued_new >= s->p.max_queue) {
-        s->stats.requests_rejected++;
+    bool over_tokens = s->p.max_queued_tokens > 0 && s->n_queued_new > 0 &&
+                       s->n_queued_tokens + req->n_prompt > s->p.max_queued_tokens;
+    if (s->n_queued_new >= s->p.max_queue || over_tokens) {
+        if (s->n_queued_new >= s->p.max_queue) s->stats.requests_rejected++;
+        else s->stats.requests_rejected_tokens++;
         uv_mutex_unlock(&s->mu);
         req_free(s, r);
         return SRV_SCHED_ERR_QUEUE_FULL;
@@ -629,6 +637,8 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     }
     r->id = s->next_id++;
     s->n_queued_new++;
+    s->n_queued_tokens += req->n_prompt;
+    s->stats.queued_tokens = s->n_queued_tokens;
     s->stats.requests_waiting++;
     r->live_next = s->live;
     if (s->live) s->live->live_prev = r;

@@ -113,6 +113,8 @@ struct srv_sched {
     uint64_t next_id;
     req_vec incoming;
     int32_t n_queued_new;    /* submitted, never admitted, not finished (bounded by max_queue) */
+    int64_t n_queued_tokens; /* their prompt tokens (bounded by max_queued_tokens); under mu */
+    int64_t dropped_tokens;  /* scheduler thread: prompt tokens of never-admitted requests ended this step */
     sched_req *live;         /* every request whose DONE is not posted */
     sched_event *ev_head, *ev_tail;
     srv_sched_stats stats;

@@ -208,6 +208,8 @@ void sched_post_events(srv_sched *s, int32_t dropped_new) {
     }
     s->out_head = s->out_tail = NULL;
     s->n_queued_new -= dropped_new;
+    s->n_queued_tokens -= s->dropped_tokens;
+    s->dropped_tokens = 0;
     sched_refresh_stats_locked(s);
     uv_mutex_unlock(&s->mu);
     if (any && s->async) uv_async_send(s->async);
@@ -224,6 +226,7 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->kv_blocks_used = ks.blocks_used;
     st->kv_blocks_cached = ks.blocks_cached;
     st->kv_blocks_free = ks.blocks_free;
+    st->kv_block_size = ks.block_size;
     st->kv_usage = ks.usage;
     st->prefix_query_tokens = ks.prefix_query_tokens + s->c_copy_query;
     st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
@@ -235,6 +238,7 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->steps = s->c_steps;
     st->batch_tokens_total = s->c_batch_tokens;
     for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];
+    st->queued_tokens = s->n_queued_tokens;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */

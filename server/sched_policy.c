@@ -160,6 +160,7 @@ int sched_admit_head(srv_sched *s) {
         r->admitted_once = true;
         uv_mutex_lock(&s->mu);
         s->n_queued_new--;
+        s->n_queued_tokens -= r->n_prompt;
         uv_mutex_unlock(&s->mu);
         s->c_prompt_total += (uint64_t)r->n_prompt;
     }

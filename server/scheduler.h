@@ -87,8 +87,8 @@ enum {
     SRV_SCHED_ERR_INVALID = KVS_ERR_INVALID,       /* an argument is out of range (empty prompt, n < 1, NULL callback
                                                       ...) */
     SRV_SCHED_ERR_NOMEM = KVS_ERR_NOMEM,           /* an allocation failed */
-    SRV_SCHED_ERR_QUEUE_FULL = KVS_ERR_QUEUE_FULL, /* the waiting queue holds max_queue requests: answer 503 +
-                                                      Retry-After */
+    SRV_SCHED_ERR_QUEUE_FULL = KVS_ERR_QUEUE_FULL, /* the waiting queue is at max_queue requests or
+                                                      max_queued_tokens prompt tokens: answer 429 + Retry-After */
     SRV_SCHED_ERR_NOT_FOUND = KVS_ERR_NOT_FOUND,   /* no live request has that id (already done, or never existed) */
     SRV_SCHED_ERR_STOPPED = KVS_ERR_STOPPED,       /* the scheduler is shutting down */
     SRV_SCHED_ERR_THREAD = KVS_ERR_THREAD,         /* a thread, mutex or uv handle could not be created */
@@ -144,8 +144,14 @@ typedef struct srv_sched_params {
                              cache's max_seqs (the engine context's max_seqs) */
     int32_t max_queue;    /* most waiting (not yet admitted) requests, default 256; submit beyond it
                              returns SRV_SCHED_ERR_QUEUE_FULL */
+    int64_t max_queued_tokens; /* most prompt tokens of waiting (never admitted) requests, 0 (default): no
+                             limit; a submit that would pass it returns SRV_SCHED_ERR_QUEUE_FULL, except into
+                             an empty queue (so a long prompt is never refused forever) */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
                              "length". 0: unlimited (the cache's own max_seq_len still applies) */
+    void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
+                                   step, after the cache calls of that step (KV-cache events flush per step) */
+    void *on_step_ctx;
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -271,6 +277,7 @@ typedef struct srv_sched_stats {
     int32_t requests_waiting;     /* queued, not admitted (including preempted ones) */
     int32_t seqs_running;         /* sequences in use by running choices */
     int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
+    int32_t kv_block_size;        /* tokens per block */
     double kv_usage;              /* used / total */
     uint64_t prefix_query_tokens; /* kvc stats: tokens offered to the prefix cache */
     uint64_t prefix_hit_tokens;   /* kvc stats: tokens found there */
@@ -283,7 +290,9 @@ typedef struct srv_sched_stats {
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */
-    uint64_t requests_rejected;       /* submit refused with QUEUE_FULL */
+    uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
+    uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
+    int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

@@ -14,6 +14,7 @@
 #include "server/api.h"
 #include "server/cors.h"
 #include "server/http.h"
+#include "server/kv_events.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "server/web.h"
@@ -38,6 +39,7 @@ typedef struct daemon_state {
     bool have_ops;
     srv_sched *sched;
     srv_gcache *gcache;     /* response_format grammars over the model's vocabulary */
+    srv_kvev *kvev;              /* KV-cache event publisher, NULL when disabled */
     eng_chat_family family;
     int load_rc;
     char load_err[1024];
@@ -131,7 +133,13 @@ static void load_done(uv_work_t *w, int status) {
     sp.batch_tokens = c->batch_tokens;
     sp.parallel = c->parallel;
     sp.max_queue = c->max_queue;
+    sp.max_queued_tokens = c->max_queued_tokens;
     sp.n_ctx = n_ctx;
+    if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
+        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
+        sp.on_step = srv_kvev_step_end;
+        sp.on_step_ctx = d->kvev;
+    }
     int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
     if (r == 0) d->have_ops = true;
     if (r == 0) r = srv_sched_create(&sp, &d->ops, &d->loop, &d->sched);
@@ -157,6 +165,7 @@ static void load_done(uv_work_t *w, int status) {
         .simd = eng_simd_name(eng_simd_detect()),
     };
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
+    snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
@@ -172,6 +181,10 @@ static void finalize(daemon_state *d) {
     srv_api_set_backend(d->api, NULL);
     srv_sched_free(d->sched); /* remaining requests end as cancelled; their callbacks run here */
     d->sched = NULL;
+    if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
+    d->metrics.kvev = NULL;
+    srv_kvev_free(d->kvev); /* publishes what the last steps queued */
+    d->kvev = NULL;
     uv_close((uv_handle_t *)&d->poll, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -284,6 +297,20 @@ int srv_main(const srv_config *cfg) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
     }
+    srv_kvev_config kc;
+    if (srv_kvev_config_parse(cfg->kv_events_config, &kc, err, sizeof err) != KVS_OK) {
+        fprintf(stderr, "kvserve: %s\n", err);
+        goto out;
+    }
+    if (srv_kvev_config_active(&kc)) {
+        if (srv_kvev_create(&kc, &d->kvev, err, sizeof err) != KVS_OK) {
+            fprintf(stderr, "kvserve: %s\n", err);
+            goto out;
+        }
+        d->metrics.kvev = d->kvev;
+        fprintf(stderr, "kvserve: KV-cache events on %s%s%s (topic \"%s\")\n", srv_kvev_endpoint(d->kvev),
+                kc.replay_endpoint[0] ? ", replay on " : "", kc.replay_endpoint, kc.topic);
+    }
     uv_timer_init(&d->loop, &d->poll);
     d->poll.data = d;
     uv_signal_init(&d->loop, &d->sigint);
@@ -314,6 +341,7 @@ out:
     srv_gcache_free(d->gcache); /* after the API: its calls hold references */
     srv_web_free(d->web);
     srv_cors_free(d->cors);
+    srv_kvev_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);

@@ -57,7 +57,8 @@ typedef struct srv_config {
     bool prefix_caching;        /* default true */
     char device[8];             /* "auto" (default), "cpu", "cuda" */
     double gpu_memory_fraction; /* (0, 1], default 0.9 */
-    int32_t max_queue;          /* waiting requests before 503, default 256 */
+    int32_t max_queue;          /* waiting requests before 429, default 256 */
+    int32_t max_queued_tokens;  /* prompt tokens of waiting requests before 429; 0 (default): no limit */
     int32_t max_n;              /* largest "n" a request may ask, default 16 */
     int32_t max_stop;           /* most stop strings per request, default 16 */
     char api_key[256];          /* "": no authentication */
@@ -72,6 +73,8 @@ typedef struct srv_config {
     double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
     char log_format[8];         /* "text" (default), "json", "none" */
     char chat_template[32];     /* "": the model's template; else a family name (chatml, llama3, ...) */
+    char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
+                                    server/kv_events.h. In the file an object, on the command line its JSON text */
 } srv_config;
 
 /* The documented defaults. */

@@ -7,7 +7,11 @@
  * (untimed), so the timed decode steps attend over contexts of P..P+N-1 tokens. Token ids are fixed
  * pseudo-random values (the speed does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
- *    "decode":[{"sequences":B,"tok_s":...}]}
+ *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...}
+ * RSS after load: the process's resident memory (VmRSS of /proc/self/status) once the model is loaded and the
+ * context created (the CPU weights repacked, their mapped pages released), before any batch runs; the peak
+ * (VmHWM) at the same moment. Both are 0 where /proc is absent.
+ *
  *
  * Unlike `generate` and `serve`, bench drives eng_decode with its own loop, on purpose: it measures the
  * engine alone (fixed batch shapes, no scheduler, sampling or detokenizing in the timed region). The
@@ -27,6 +31,22 @@
 #include "tools/commands.h"
 
 enum { MAX_B = 64 };
+
+/* The value of a "Key:   N kB" line of /proc/self/status in bytes, or 0 when it cannot be read. */
+static size_t proc_status_bytes(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t v = 0, klen = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, klen) == 0) {
+            v = (size_t)strtoull(line + klen, NULL, 10) * 1024;
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]\n"
@@ -195,6 +215,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "kvserve bench: %s\n", err);
         goto done;
     }
+    size_t rss_load = proc_status_bytes("VmRSS:"), rss_peak = proc_status_bytes("VmHWM:");
     size_t mb = (size_t)cp.max_batch_tokens;
     tok = malloc(mb * sizeof *tok);
     pos = malloc(mb * sizeof *pos);
@@ -223,6 +244,8 @@ int kvs_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)p);
         cJSON_AddNumberToObject(o, "prefill_tok_s", prefill_tok_s);
         cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
+        cJSON_AddNumberToObject(o, "rss_after_load_bytes", (double)rss_load);
+        cJSON_AddNumberToObject(o, "rss_peak_bytes", (double)rss_peak);
         cJSON *arr = cJSON_AddArrayToObject(o, "decode");
         for (int i = 0; i < nb; i++) {
             cJSON *d = cJSON_CreateObject();
@@ -238,6 +261,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         printf("model: %s (%s, %.1f MB of weights), %d thread(s), device %s\n", hp->name, hp->arch_name,
                (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx),
                eng_ctx_device(ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu");
+        printf("resident memory after load: %.1f MB (peak %.1f MB)\n", (double)rss_load / 1e6, (double)rss_peak / 1e6);
         printf("%-28s %12s\n", "test", "tok/s");
         char label[64];
         snprintf(label, sizeof label, "prefill %ld tokens", p);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/kernels/quant.h"
+#include "engine/kernels/quant_kpacked.h"
 #include "engine/text/tokenizer.h"
 
 void eng_load_params_default(eng_load_params *p) {
@@ -346,14 +347,15 @@ out:
 
 /* Packs one matrix; release: drop the mapped pages of its original rows afterwards. */
 static int pack_matrix(eng_model *m, eng_matrix *w, bool release) {
-    if (w->packed || w->type != ENG_Q_Q8_0) return 0;
-    size_t bytes = eng_packed_q8_0_bytes(w->n_out, w->k);
+    if (w->packed) return 0;
+    size_t bytes = eng_wpack_bytes(w->type, w->n_out, w->k);
     if (bytes == 0) return 0;
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!p) return ENG_ERR_NOMEM;
-    if (eng_pack_q8_0(w->data, w->n_out, w->k, p) != 0) {
+    int rc = eng_wpack(w->type, w->data, w->n_out, w->k, p);
+    if (rc != 0) {
         free(p);
-        return 0;
+        return rc == ENG_ERR_NOMEM ? rc : 0;
     }
     w->packed = p;
     long page = sysconf(_SC_PAGESIZE);

@@ -29,8 +29,8 @@ typedef struct eng_matrix {
     int64_t k;          /* input length (ne[0]) */
     int64_t n_out;      /* output rows (ne[1]) */
     size_t row_bytes;   /* bytes of one row */
-    void *packed;       /* [ceil(n_out / 16)][ENG_PACK_GROUP_BYTES(k)] the Q8_0 rows repacked for the AVX2 and
-                         * AVX-512 kernels (eng_pack_q8_0; owned by the model), or NULL: set by eng_model_pack_cpu */
+    void *packed;       /* the rows repacked 16 at a time for the AVX2 and AVX-512 kernels (eng_wpack, for Q8_0,
+                         * Q4_0, Q5_0, Q4_K and Q6_K; owned by the model), or NULL: set by eng_model_pack_cpu */
 } eng_matrix;
 
 typedef struct eng_layer {
@@ -69,7 +69,7 @@ struct eng_model {
     bool packed;                /* eng_model_pack_cpu has run */
 };
 
-/* Repacks every Q8_0 matrix whose shape allows it (eng_packed_q8_0_bytes) for the AVX2 and AVX-512 kernels, once
+/* Repacks every matrix whose type and shape allow it (eng_wpack_bytes) for the AVX2 and AVX-512 kernels, once
  * per model (later calls return at once; safe from several threads). In a memory-mapped model, the mapped
  * pages of the repacked layer matrices are then released (they refault from the file if something reads them
  * again, such as a CUDA context uploading the weights); token_embd keeps them for embedding lookups.

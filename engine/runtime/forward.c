@@ -34,6 +34,7 @@
 #include "engine/format/model.h"
 #include "engine/kernels/ops.h"
 #include "engine/kernels/quant.h"
+#include "engine/kernels/quant_kpacked.h"
 #include "engine/kernels/sampler_kernels.h"
 #include "engine/runtime/threadpool.h"
 
@@ -327,7 +328,7 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         }
     }
 
-    /* The AVX2 and AVX-512 VNNI kernels read Q8_0 matrices repacked 16 rows at a time. */
+    /* The AVX2 and AVX-512 VNNI kernels read matrices repacked 16 rows at a time (quant_kpacked.h). */
     if (c->simd >= ENG_SIMD_AVX2 && eng_model_pack_cpu(model) != 0) {
         eng_ctx_free(c);
         return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
@@ -397,7 +398,7 @@ static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_
 static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
                      int64_t jb, int64_t je) {
     if (w->packed && c->simd >= ENG_SIMD_AVX2)
-        eng_gemm_packed_q8_0(c->simd, w->packed, w->n_out, w->k, xq, m, y, ldy, jb, je);
+        eng_gemm_wpacked(c->simd, w->type, w->packed, w->n_out, w->k, xq, m, y, ldy, jb, je);
     else
         eng_gemm(c->simd, w->type, w->data, w->k, xq, m, y, ldy, jb, je);
 }

@@ -279,7 +279,7 @@ describe('small pools and queues', () => {
     }
   });
 
-  test('a full queue answers 503 with Retry-After', async () => {
+  test('a full queue answers 429 with Retry-After', async () => {
     const q = await startServer(model.path, ['--parallel', '1', '--max-queue', '1']);
     try {
       const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 200, ignore_eos: true });
@@ -288,10 +288,10 @@ describe('small pools and queues', () => {
       }));
       const res = await Promise.all(reqs);
       const codes = res.map((r) => r.status);
-      assert.ok(codes.includes(503), `codes ${codes}`);
+      assert.ok(codes.includes(429), `codes ${codes}`);
       assert.ok(codes.includes(200));
-      const r503 = res.find((r) => r.status === 503);
-      assert.ok(r503.headers.get('retry-after'));
+      const r429 = res.find((r) => r.status === 429);
+      assert.ok(r429.headers.get('retry-after'));
       await Promise.all(res.map((r) => r.text()));
     } finally {
       assert.equal(await q.stop(), 0);

@@ -21,6 +21,17 @@ void kvct_write_slot(const kvc_layout *l, int32_t slot, int32_t token, int32_t v
 /* Returns 0 when every row of the slot equals kvct_gen_row(token, vpos); else 1 + the first bad row index. */
 int kvct_check_slot(const kvc_layout *l, int32_t slot, int32_t token, int32_t vpos);
 
+/* Parameters of a small F32 cache: 2 layers, 2 KV heads, head_dim 4, prefix caching on. */
+kvc_params kvct_params(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch);
+
+/* A cache with kvct_params, for the prefix-cache tests; NULL when kvc_create fails. */
+kvc_cache *kvct_make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch);
+
+/* Appends tokens[len..len+n) of seq (tokens holds its whole content) in one forward, writing every slot with
+ * kvct_write_slot, and commits it. Returns kvc_start_forward's code, else kvc_finish_forward's; KVC_ERR_NOMEM
+ * when the scratch arrays cannot be allocated. */
+int kvct_append(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n);
+
 /* splitmix64 step: a small deterministic RNG for the tests. */
 static inline uint64_t kvct_rand(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);

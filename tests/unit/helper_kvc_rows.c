@@ -1,6 +1,7 @@
 /* helper_kvc_rows.c: deterministic K/V rows for the kv_cache tests (see helper_kvc.h). */
 #include "helper_kvc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 uint16_t kvct_half_from_int(int v) {
@@ -60,4 +61,44 @@ int kvct_check_slot(const kvc_layout *l, int32_t slot, int32_t token, int32_t vp
                 if (memcmp(buf, kvc_row_ptr(l, layer, kv, slot, h), l->row_bytes) != 0) return 1 + idx;
             }
     return 0;
+}
+
+kvc_params kvct_params(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
+    kvc_params p;
+    kvc_params_default(&p);
+    p.n_layer = 2;
+    p.n_kv_head = 2;
+    p.head_dim = 4;
+    p.dtype = KVC_DTYPE_F32;
+    p.block_size = block_size;
+    p.n_blocks = n_blocks;
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = max_batch;
+    return p;
+}
+
+kvc_cache *kvct_make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
+    kvc_params p = kvct_params(n_blocks, block_size, max_seqs, max_batch);
+    kvc_cache *c = NULL;
+    return kvc_create(&p, &c) == KVC_OK ? c : NULL;
+}
+
+int kvct_append(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n) {
+    kvc_entry *e = malloc((size_t)n * sizeof *e);
+    int32_t *slots = malloc((size_t)n * sizeof *slots);
+    int rc = KVC_ERR_NOMEM;
+    if (e && slots) {
+        int32_t len = kvc_seq_len(c, seq);
+        for (int32_t i = 0; i < n; i++) e[i] = (kvc_entry){seq, len + i, tokens[len + i]};
+        rc = kvc_start_forward(c, e, n, slots);
+        if (rc == KVC_OK) {
+            kvc_layout l;
+            kvc_get_layout(c, &l);
+            for (int32_t i = 0; i < n; i++) kvct_write_slot(&l, slots[i], e[i].token, e[i].pos);
+            rc = kvc_finish_forward(c, true);
+        }
+    }
+    free(e);
+    free(slots);
+    return rc;
 }

@@ -821,8 +821,9 @@ Test(api, errors_and_routes) {
     cr_assert_eq(get(f, "/health", NULL, &r), 200);
     cr_assert(strstr(r.body, "\"ok\""));
     tc_resp_free(&r);
-    /* queue full: 503 with Retry-After */
-    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"FULL\"}", NULL, &r), 503);
+    /* queue full: 429 with Retry-After */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"FULL\"}", NULL, &r), 429);
+    cr_assert(strstr(r.body, "queue_full"));
     cr_assert(tc_has_header(&r, "retry-after", NULL));
     tc_resp_free(&r);
     /* an engine error: non-stream answer is an error JSON */

@@ -210,8 +210,12 @@ Test(config, set_roundtrip_every_key) {
     char *j = srv_config_to_json(&d);
     cJSON *o = cJSON_Parse(j);
     for (cJSON *k = o->child; k; k = k->next) {
-        char val[128], err[256];
-        if (cJSON_IsString(k)) snprintf(val, sizeof val, "%s", k->valuestring);
+        char val[1024], err[256];
+        if (cJSON_IsObject(k)) {
+            char *t = cJSON_PrintUnformatted(k);
+            snprintf(val, sizeof val, "%s", t);
+            free(t);
+        } else if (cJSON_IsString(k)) snprintf(val, sizeof val, "%s", k->valuestring);
         else if (cJSON_IsBool(k)) snprintf(val, sizeof val, "%s", cJSON_IsTrue(k) ? "true" : "false");
         else snprintf(val, sizeof val, "%.17g", k->valuedouble);
         srv_config c = d;
@@ -247,4 +251,35 @@ Test(config, cors_origins) {
         cr_assert_eq(run_args(&c, err, sizeof err, 3, a), SRV_ERR_INVALID, "%s", bad[i]);
         cr_assert(strstr(err, "cors_origins"), "%s: %s", bad[i], err);
     }
+}
+
+/* kv_events_config: vLLM's KVEventsConfig keys, an object in the file, JSON text as a flag; checked at once. */
+Test(config, kv_events_config) {
+    srv_config c;
+    srv_config_default(&c);
+    char err[512];
+    char *argv[] = {"kvserve", "--kv-events-config",
+                    "{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:6100\", \"topic\": \"kv@a@b\"}"};
+    cr_assert_eq(srv_config_from_args(&c, 3, argv, err, sizeof err), SRV_OK, "%s", err);
+    char *j = srv_config_to_json(&c);
+    cJSON *o = cJSON_Parse(j);
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "kv_events_config");
+    cr_assert(cJSON_IsObject(k));
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(k, "enable_kv_cache_events")));
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(k, "publisher")->valuestring, "zmq");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(k, "endpoint")->valuestring, "tcp://*:6100");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(k, "topic")->valuestring, "kv@a@b");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(k, "buffer_steps")->valuedouble, 10000);
+    cJSON_Delete(o);
+    free(j);
+    const char *p = write_tmp("{\"kv_events_config\": {\"enable_kv_cache_events\": true, \"hwm\": -1}}");
+    srv_config_default(&c);
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "hwm"), "%s", err);
+    p = write_tmp("{\"kv_events_config\": \"on\"}");
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "kv_events_config"), "%s", err);
+    cr_assert_eq(srv_config_set(&c, "kv-events-config", "{\"bogus\": 1}", err, sizeof err), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "bogus"), "%s", err);
+    cr_assert_eq(srv_config_set(&c, "kv-events-config", "not json", err, sizeof err), SRV_ERR_INVALID);
 }

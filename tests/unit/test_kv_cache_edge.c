@@ -42,19 +42,7 @@ static void m_free(void *ctx, void *ptr) {
     free(ptr);
 }
 
-static kvc_params small_params(void) {
-    kvc_params p;
-    kvc_params_default(&p);
-    p.n_layer = 2;
-    p.n_kv_head = 2;
-    p.head_dim = 4;
-    p.dtype = KVC_DTYPE_F32;
-    p.block_size = 4;
-    p.n_blocks = 8;
-    p.max_seqs = 4;
-    p.max_batch_tokens = 16;
-    return p;
-}
+static kvc_params small_params(void) { return kvct_params(8, 4, 4, 16); }
 
 static kvc_cache *make(const kvc_params *p) {
     kvc_cache *c = NULL;

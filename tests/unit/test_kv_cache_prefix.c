@@ -18,37 +18,15 @@ static void check(const kvc_cache *c) {
 }
 
 static kvc_cache *make(int32_t n_blocks, int32_t block_size, int32_t max_seqs, int32_t max_batch) {
-    kvc_params p;
-    kvc_params_default(&p);
-    p.n_layer = 2;
-    p.n_kv_head = 2;
-    p.head_dim = 4;
-    p.dtype = KVC_DTYPE_F32;
-    p.block_size = block_size;
-    p.n_blocks = n_blocks;
-    p.max_seqs = max_seqs;
-    p.max_batch_tokens = max_batch;
-    kvc_cache *c = NULL;
-    cr_assert_eq(kvc_create(&p, &c), 0);
+    kvc_cache *c = kvct_make(n_blocks, block_size, max_seqs, max_batch);
+    cr_assert(c);
     return c;
 }
 
 /* Appends tokens[len..len+n) of a sequence (whose tokens array holds its whole content) in one batch. */
 static int append(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n) {
-    kvc_entry *e = malloc((size_t)n * sizeof *e);
-    int32_t *slots = malloc((size_t)n * sizeof *slots);
-    cr_assert(e && slots);
-    int32_t len = kvc_seq_len(c, seq);
-    for (int32_t i = 0; i < n; i++) e[i] = (kvc_entry){seq, len + i, tokens[len + i]};
-    int rc = kvc_start_forward(c, e, n, slots);
-    if (rc == 0) {
-        kvc_layout l;
-        kvc_get_layout(c, &l);
-        for (int32_t i = 0; i < n; i++) kvct_write_slot(&l, slots[i], e[i].token, e[i].pos);
-        cr_assert_eq(kvc_finish_forward(c, true), 0);
-    }
-    free(e);
-    free(slots);
+    int rc = kvct_append(c, seq, tokens, n);
+    cr_assert_neq(rc, KVC_ERR_NOMEM);
     return rc;
 }
 

@@ -81,17 +81,19 @@ static void check_format(const char *text) {
         cr_assert(!strncmp(name, family, strlen(family)), "sample %s outside family %s", name, family);
         const char *suffix = name + strlen(family);
         if (!strcmp(type, "histogram")) {
-            if (!strncmp(suffix, "_bucket{le=\"", 12)) {
-                double le = !strncmp(suffix + 12, "+Inf", 4) ? INFINITY : strtod(suffix + 12, NULL);
+            const char *lep = strstr(suffix, "le=\"");
+            if (!strncmp(suffix, "_bucket{", 8) && lep) {
+                double le = !strncmp(lep + 4, "+Inf", 4) ? INFINITY : strtod(lep + 4, NULL);
                 cr_assert_gt(le, last_le, "le not increasing: %s", line);
                 cr_assert_geq(v, last_cum, "buckets not cumulative: %s", line);
                 last_le = le;
                 last_cum = v;
-            } else if (!strcmp(suffix, "_count")) {
+            } else if (!strcmp(suffix, "_count") || !strncmp(suffix, "_count{", 7)) {
                 cr_assert(isinf(last_le), "no +Inf bucket before _count in %s", family);
                 cr_assert_eq(v, last_cum, "+Inf bucket != _count in %s", family);
             } else {
-                cr_assert_str_eq(suffix, "_sum", "unexpected histogram sample %s", line);
+                cr_assert(!strcmp(suffix, "_sum") || !strncmp(suffix, "_sum{", 5), "unexpected histogram sample %s",
+                          line);
             }
         } else {
             cr_assert(*suffix == 0 || *suffix == '{', "sample %s does not match family %s", name, family);
@@ -137,5 +139,70 @@ Test(metrics, exposition_format) {
     /* without engine stats (model loading) */
     cr_assert_eq(srv_metrics_render(&m, NULL, &text, &len), SRV_METRICS_OK);
     check_format(text);
+    free(text);
+}
+
+/* vLLM's metric names (the list routers built for vLLM read: the Gateway API Inference Extension's endpoint picker
+ * scrapes num_requests_waiting/running, kv_cache_usage_perc, lora_requests_info and cache_config_info), with vLLM's
+ * labels and meanings, next to kvserve's own. */
+Test(metrics, vllm_names) {
+    srv_metrics m;
+    srv_metrics_init(&m);
+    snprintf(m.model_name, sizeof m.model_name, "tiny \"q\"");
+    srv_histogram_observe(&m.ttft, 0.2);
+    srv_histogram_observe(&m.e2e, 1.0);
+    m.requests_finished_stop = 4;
+    m.requests_finished_length = 2;
+    srv_sched_stats st;
+    memset(&st, 0, sizeof st);
+    st.requests_running = 3;
+    st.requests_waiting = 5;
+    st.kv_usage = 0.25;
+    st.kv_blocks_total = 1234;
+    st.kv_block_size = 16;
+    st.prefix_query_tokens = 100;
+    st.prefix_hit_tokens = 48;
+    st.prompt_tokens_total = 321;
+    st.generation_tokens_total = 77;
+    st.preemptions = 2;
+    char *text;
+    size_t len;
+    cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
+    check_format(text);
+#define L "{model_name=\"tiny \\\"q\\\"\",engine=\"0\"}"
+    const char *need[] = {
+        "vllm:num_requests_running" L " 3\n",
+        "vllm:num_requests_waiting" L " 5\n",
+        "vllm:kv_cache_usage_perc" L " 0.25\n",
+        "vllm:gpu_cache_usage_perc" L " 0.25\n",
+        "vllm:prefix_cache_queries_total" L " 100\n",
+        "vllm:prefix_cache_hits_total" L " 48\n",
+        "vllm:num_preemptions_total" L " 2\n",
+        "vllm:prompt_tokens_total" L " 321\n",
+        "vllm:generation_tokens_total" L " 77\n",
+        "vllm:request_success_total{model_name=\"tiny \\\"q\\\"\",engine=\"0\",finished_reason=\"stop\"} 4\n",
+        "vllm:request_success_total{model_name=\"tiny \\\"q\\\"\",engine=\"0\",finished_reason=\"length\"} 2\n",
+        "vllm:time_to_first_token_seconds_count" L " 1\n",
+        "vllm:e2e_request_latency_seconds_count" L " 1\n",
+        "vllm:inter_token_latency_seconds_count" L " 0\n",
+        "vllm:request_queue_time_seconds_count" L " 0\n",
+        "vllm:request_prompt_tokens_count" L " 0\n",
+        "vllm:request_generation_tokens_count" L " 0\n",
+        "# TYPE vllm:time_to_first_token_seconds histogram\n",
+        "# TYPE vllm:num_requests_waiting gauge\n",
+        "# TYPE vllm:prompt_tokens_total counter\n",
+        "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1234\"} 1\n",
+        "# TYPE vllm:lora_requests_info gauge\n",
+        "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} ",
+        "kvserve:kv_events_dropped_total 0\n",
+        "kvserve:num_requests_running 3\n",
+    };
+#undef L
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        cr_assert(strstr(text, need[i]), "missing %s", need[i]);
+    /* the LoRA info gauge holds the current Unix time, as vLLM's set_to_current_time */
+    const char *lora = strstr(text, "waiting_lora_adapters=\"\"} ");
+    double t = strtod(lora + strlen("waiting_lora_adapters=\"\"} "), NULL);
+    cr_assert_gt(t, 1.6e9);
     free(text);
 }

@@ -990,6 +990,24 @@ Test(scheduler, cancel_waiting) {
     free(rb);
 }
 
+/* Holds the mock engine inside its next decode (after the caller's next submit) until gate_open. */
+static void gate_close(harness *h) {
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = true;
+    uv_mutex_unlock(&h->m.gmu);
+}
+static void gate_wait_inside(harness *h) {
+    uv_mutex_lock(&h->m.gmu);
+    while (!h->m.in_gate) uv_cond_wait(&h->m.gcv, &h->m.gmu);
+    uv_mutex_unlock(&h->m.gmu);
+}
+static void gate_open(harness *h) {
+    uv_mutex_lock(&h->m.gmu);
+    h->m.gate_closed = false;
+    uv_cond_broadcast(&h->m.gcv);
+    uv_mutex_unlock(&h->m.gmu);
+}
+
 /* The waiting queue is bounded: submit answers QUEUE_FULL beyond max_queue (the engine is held in a decode
  * so that nothing moves meanwhile). */
 Test(scheduler, queue_full) {
@@ -1005,13 +1023,9 @@ Test(scheduler, queue_full) {
     a.max_tokens = 3;
     a.ignore_eos = true;
     result *res = calloc(4, sizeof *res);
-    uv_mutex_lock(&h->m.gmu);
-    h->m.gate_closed = true;
-    uv_mutex_unlock(&h->m.gmu);
+    gate_close(h);
     cr_assert_eq(submit(h, &a, &res[0]), SRV_SCHED_OK);
-    uv_mutex_lock(&h->m.gmu);
-    while (!h->m.in_gate) uv_cond_wait(&h->m.gcv, &h->m.gmu); /* res[0] admitted, engine busy */
-    uv_mutex_unlock(&h->m.gmu);
+    gate_wait_inside(h); /* res[0] admitted, engine busy */
     cr_assert_eq(submit(h, &a, &res[1]), SRV_SCHED_OK);
     cr_assert_eq(submit(h, &a, &res[2]), SRV_SCHED_OK);
     result extra;
@@ -1019,10 +1033,7 @@ Test(scheduler, queue_full) {
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
     cr_assert_eq(st.requests_rejected, 1);
-    uv_mutex_lock(&h->m.gmu);
-    h->m.gate_closed = false;
-    uv_cond_broadcast(&h->m.gcv);
-    uv_mutex_unlock(&h->m.gmu);
+    gate_open(h);
     hz_run(h, 3);
     for (int i = 0; i < 3; i++) {
         assert_clean(&res[i]);
@@ -1417,4 +1428,58 @@ Test(scheduler, grammar_vocab_mismatch_is_invalid) {
     gmr_matcher_free(tm);
     gmr_grammar_free(g);
     gmr_vocab_free(v);
+}
+
+/* max_queued_tokens bounds the prompt tokens waiting for admission: a submit that would pass it is refused with
+ * QUEUE_FULL (the API answers 429), except into an empty queue; admission gives the tokens back. */
+Test(scheduler, queued_tokens_limit) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 1);
+    p.max_queue = 100;
+    p.max_queued_tokens = 20;
+    hz_init(h, 4, 256, &p);
+    req_spec small, big;
+    memset(&small, 0, sizeof small);
+    memset(&big, 0, sizeof big);
+    uint64_t rng = 9;
+    rand_prompt(&rng, &small, 8);
+    rand_prompt(&rng, &big, 30);
+    small.n = big.n = 1;
+    small.max_tokens = big.max_tokens = 2;
+    small.ignore_eos = big.ignore_eos = true;
+    result *res = calloc(6, sizeof *res);
+    gate_close(h);
+    cr_assert_eq(submit(h, &small, &res[0]), SRV_SCHED_OK);
+    gate_wait_inside(h); /* res[0] admitted, engine busy */
+    cr_assert_eq(submit(h, &big, &res[1]), SRV_SCHED_OK, "30 tokens into an empty queue: accepted");
+    result extra;
+    cr_assert_eq(submit(h, &small, &extra), SRV_SCHED_ERR_QUEUE_FULL, "30 + 8 > 20");
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.requests_rejected_tokens, 1);
+    cr_assert_eq(st.requests_rejected, 0);
+    cr_assert_eq(st.queued_tokens, 30);
+    gate_open(h);
+    hz_run(h, 2);
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.queued_tokens, 0, "admitted requests give their tokens back");
+    /* now two small ones fit (8 + 8 <= 20) behind a held engine, a third does not */
+    gate_close(h);
+    cr_assert_eq(submit(h, &small, &res[2]), SRV_SCHED_OK);
+    gate_wait_inside(h);
+    cr_assert_eq(submit(h, &small, &res[3]), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &small, &res[4]), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &small, &extra), SRV_SCHED_ERR_QUEUE_FULL);
+    gate_open(h);
+    hz_run(h, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_clean(&res[i]);
+        cr_assert_eq(res[i].n_toks[0], 2);
+    }
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.requests_rejected_tokens, 2);
+    cr_assert_eq(st.queued_tokens, 0);
+    hz_free(h);
+    free(h);
+    free(res);
 }

@@ -1,0 +1,279 @@
+/*
+ * quant_kpacked_avx512.c: AVX-512 VNNI kernels for the packed Q4_K, Q5_K and Q6_K layouts (quant_kpacked.c).
+ *
+ * One group (16 weight rows) times up to MAXC activation rows per call: each 64-byte code line is loaded and
+ * unpacked to unsigned bytes once and multiplied with every activation row's quad (broadcast) by vpdpbusd, so
+ * lane i holds row i's integer sum of a sub-block; vpmulld applies the row's sub-block scale and the super-block
+ * sums stay exact int32. Q5_K adds the fifth bits to the Q4_K codes (bit 4) before the products. Q4_K / Q5_K mins: vpdpwssd of the mins (int16 pairs) with the activation's sub-block sums
+ * (pairs prepared once per call). Q6_K codes are value + 32: each sub-block's sum starts at -32 * bsum, so it
+ * is exactly sum((code - 32) * x). The float work per super-block and row repeats the scalar row kernel's
+ * operations in its order (multiplies, subtract, add: no fused multiply-add), so the results equal it bit for bit.
+ */
+#include "engine/kernels/quant_kpacked_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+#ifdef __clang__
+#define UNROLL _Pragma("clang loop unroll(full)")
+#else
+#define UNROLL _Pragma("GCC unroll 8")
+#endif
+#define MAXC 8   /* activation rows per kernel call */
+#define GCHUNK 8 /* groups per preparation of the activation rows */
+
+INL int32_t ld32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+INL __m512i bq(const uint8_t *p) { return _mm512_set1_epi32(ld32(p)); }
+
+
+/* v << n (n = -3..4; negative: right shift) in 16-bit lanes, n a constant after unrolling. */
+INL __m512i shift16(__m512i v, int n) {
+    switch (n) {
+    case 4: return _mm512_slli_epi16(v, 4);
+    case 3: return _mm512_slli_epi16(v, 3);
+    case 2: return _mm512_slli_epi16(v, 2);
+    case 1: return _mm512_slli_epi16(v, 1);
+    case -1: return _mm512_srli_epi16(v, 1);
+    case -2: return _mm512_srli_epi16(v, 2);
+    case -3: return _mm512_srli_epi16(v, 3);
+    default: return v;
+    }
+}
+
+/* Q4_K, or Q5_K (q5: the fifth bits of line t of sub-block j are bits t (low nibbles) and 4 + t (high nibbles) of
+ * the sub-block's high-bit line, moved to bit 4 and or-ed into the codes). */
+INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    const bool two = RN <= 4; /* two dpbusd chains per row when few rows cover the latency */
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    __m512 acc[MAXC];
+    UNROLL
+    for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *rec = grp + sb * (q5 ? KP5_REC : KP4_REC), *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        __m512i sumi[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i a0[MAXC], a1[MAXC];
+            UNROLL
+            for (int c = 0; c < RN; c++) a0[c] = a1[c] = _mm512_setzero_si512();
+            const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                __m512i L = _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 64 * t));
+                __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                if (q5) { /* imm 0xF8: a | (b & c) */
+                    lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
+                }
+                UNROLL
+                for (int c = 0; c < RN; c++) {
+                    const uint8_t *xc = xs + (size_t)c * xb + 32 * j + 4 * t;
+                    a0[c] = _mm512_dpbusd_epi32(a0[c], lo, bq(xc));
+                    if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], hi, bq(xc + 16));
+                    else a0[c] = _mm512_dpbusd_epi32(a0[c], hi, bq(xc + 16));
+                }
+            }
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP45_SC(q5) + 16 * j)));
+            UNROLL
+            for (int c = 0; c < RN; c++)
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c], sc));
+        }
+        __m512i summ[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) summ[c] = _mm512_setzero_si512();
+        UNROLL
+        for (int p = 0; p < 4; p++) {
+            __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP45_MN(q5) + 32 * p)));
+            UNROLL
+            for (int c = 0; c < RN; c++)
+                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32(xp[(sb * MAXC + c) * KP_XP + p]));
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_D(q5))));
+        __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_DMIN(q5))));
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            __m512 xdv = _mm512_set1_ps(xd[sb * MAXC + c]);
+            __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi[c])),
+                                     _mm512_mul_ps(_mm512_mul_ps(dmw, xdv), _mm512_cvtepi32_ps(summ[c])));
+            acc[c] = _mm512_add_ps(acc[c], t);
+        }
+    }
+    UNROLL
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
+}
+
+INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    const bool two = RN <= 4;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[MAXC];
+    UNROLL
+    for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *rec = grp + sb * KP6_REC, *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        __m512i sumi[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int g = 0; g < 16; g++) {
+            __m512i L0 = _mm512_load_si512((const void *)(rec + KP6_SUB * g));
+            __m512i L1 = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 64));
+            __m512i H = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 128));
+            /* code = low 4 bits | high 2 bits << 4; imm 0xF8: a | (b & c) */
+            __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
+            __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),
+                                                   _mm512_slli_epi16(H, 2), m30, 0xF8);
+            __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
+            __m512i q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4),
+                                                   _mm512_srli_epi16(H, 2), m30, 0xF8);
+            __m512i a0[MAXC], a1[MAXC];
+            UNROLL
+            for (int c = 0; c < RN; c++) {
+                const uint8_t *xc = xs + (size_t)c * xb + 16 * g;
+                a0[c] = _mm512_set1_epi32(xp[(sb * MAXC + c) * KP_XP + g]);
+                a1[c] = _mm512_setzero_si512();
+                a0[c] = _mm512_dpbusd_epi32(a0[c], q0, bq(xc));
+                if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], q1, bq(xc + 4));
+                else a0[c] = _mm512_dpbusd_epi32(a0[c], q1, bq(xc + 4));
+                a0[c] = _mm512_dpbusd_epi32(a0[c], q2, bq(xc + 8));
+                if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], q3, bq(xc + 12));
+                else a0[c] = _mm512_dpbusd_epi32(a0[c], q3, bq(xc + 12));
+            }
+            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP6_SC + 16 * g)));
+            UNROLL
+            for (int c = 0; c < RN; c++)
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c], sc));
+        }
+        __m512 dw = _mm512_loadu_ps((const float *)(rec + KP6_D));
+        UNROLL
+        for (int c = 0; c < RN; c++)
+            acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[sb * MAXC + c])),
+                                                         _mm512_cvtepi32_ps(sumi[c])));
+    }
+    UNROLL
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
+}
+
+/* Q4_0 / Q5_0 (q5) blocks: eng_kp_prep gives per block b and activation row c xd[b * MAXC + c] = d_x and
+ * xp[b * MAXC + c] = -offset * sum(x): each row's block sum starts there, so it ends at sum((code - offset) * x);
+ * then the float operations of the packed Q8_0 kernel (quant_packed.c), so that the results equal its. */
+
+INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb,
+                  const float *xd, const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    const bool two = RN <= 4;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const int64_t cb = q5 ? 320 : 256;
+    const uint8_t *scales = grp + nb * cb;
+    __m512 acc[MAXC];
+    UNROLL
+    for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *code = grp + b * cb;
+        const __m512i H = q5 ? _mm512_load_si512((const void *)(code + 256)) : m4;
+        __m512i a0[MAXC], a1[MAXC];
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            a0[c] = _mm512_set1_epi32(xp[b * MAXC + c]);
+            a1[c] = _mm512_setzero_si512();
+        }
+        UNROLL
+        for (int t = 0; t < 4; t++) {
+            __m512i L = _mm512_load_si512((const void *)(code + 64 * t));
+            __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+            if (q5) {
+                lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
+            }
+            UNROLL
+            for (int c = 0; c < RN; c++) {
+                const uint8_t *xc = xq + (size_t)c * xb + (size_t)b * sizeof(eng_blk_q8_0) + 2 + 4 * t;
+                a0[c] = _mm512_dpbusd_epi32(a0[c], lo, bq(xc));
+                if (two) a1[c] = _mm512_dpbusd_epi32(a1[c], hi, bq(xc + 16));
+                else a0[c] = _mm512_dpbusd_epi32(a0[c], hi, bq(xc + 16));
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+        UNROLL
+        for (int c = 0; c < RN; c++) {
+            __m512i s = two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c];
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[b * MAXC + c])), acc[c]);
+        }
+    }
+    UNROLL
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
+}
+INL void q40_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q0_group(false, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q50_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q0_group(true, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
+}
+
+typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const float *, const int32_t *, float *,
+                         int64_t, __mmask16);
+#define GROUP_FN(T, RN)                                                                                          \
+    TGT static void T##_##RN(const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,     \
+                             const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {                       \
+        T##_group(RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);                                                   \
+    }
+#define GROUP_SET(T)                                                                                             \
+    GROUP_FN(T, 1) GROUP_FN(T, 2) GROUP_FN(T, 3) GROUP_FN(T, 4) GROUP_FN(T, 5) GROUP_FN(T, 6) GROUP_FN(T, 7)     \
+    GROUP_FN(T, 8)                                                                                               \
+    static const group_fn T##_tab[MAXC] = {T##_1, T##_2, T##_3, T##_4, T##_5, T##_6, T##_7, T##_8};
+INL void q4k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q45k_group(false, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void q5k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
+                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+    q45k_group(true, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
+}
+GROUP_SET(q40)
+GROUP_SET(q50)
+GROUP_SET(q4k)
+GROUP_SET(q5k)
+GROUP_SET(q6k)
+
+bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                        int64_t ldy, int64_t jb, int64_t je) {
+    static const group_fn *const tabs[5] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab};
+    int64_t nsb;
+    size_t gbytes, xb;
+    const int ti = eng_kp_shape(type, k, &nsb, &gbytes, &xb);
+    if (ti < 0) return false;
+    const group_fn *tab = tabs[ti];
+    const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
+    float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
+    int32_t xp[KP_MAX_SB * MAXC * KP_XP];
+    _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
+    for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
+        int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
+        for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
+            const int rn = (int)(m - c0 < MAXC ? m - c0 : MAXC);
+            const uint8_t *xr = xq + (size_t)c0 * xb;
+            eng_kp_prep(type, false, xr, xb, rn, nsb, MAXC, xd, xp);
+            for (int64_t g = g0; g < g1; g++)
+                tab[rn - 1](P + (size_t)g * gbytes, nsb, xr, xb, xd, xp, y + c0 * ldy + g * KP_ROWS, ldy,
+                            (__mmask16)kp_group_rows(g, jb, je));
+        }
+    }
+    return true;
+}
+
+#else
+bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                        int64_t ldy, int64_t jb, int64_t je) {
+    (void)type, (void)P, (void)k, (void)xq, (void)m, (void)y, (void)ldy, (void)jb, (void)je;
+    return false;
+}
+#endif
