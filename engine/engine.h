@@ -59,7 +59,10 @@ enum {
 const char *eng_strerror(int err);
 
 /* ---- models --------------------------------------------------------------------------------------------- */
-typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2 } eng_arch;
+typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4 } eng_arch;
+
+/* The feed-forward activation: act(gate) * up. */
+typedef enum { ENG_ACT_SILU = 0, ENG_ACT_GELU_TANH = 1 } eng_ffn_act;
 
 typedef struct eng_hparams {
     eng_arch arch;
@@ -78,7 +81,18 @@ typedef struct eng_hparams {
     float rope_freq_scale;  /* 1 / <arch>.rope.scale_linear (default 1) */
     float rms_eps;          /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
     bool tied_embeddings;   /* no output.weight: the output projection reuses token_embd.weight */
-    bool neox_rope;         /* rope on halves (qwen2/qwen3) instead of consecutive pairs (llama) */
+    bool neox_rope;         /* rope on halves (qwen2/qwen3/gemma3/phi3) instead of consecutive pairs (llama) */
+    /* family details (model_families.c) */
+    int32_t n_swa;          /* <arch>.attention.sliding_window: sliding layers see the last n_swa positions (their
+                               own included); 0 = no sliding layers */
+    float rope_freq_base_swa; /* <arch>.rope.freq_base_swa: rope base of the sliding layers (default rope_freq_base) */
+    int32_t n_ctx_orig;     /* <arch>.rope.scaling.original_context_length (default n_ctx_train): contexts longer
+                               use rope_factors_long, others rope_factors_short (phi3) */
+    float attn_scale;       /* scale of q.k before the softmax (1/sqrt(head_dim) unless the family says otherwise) */
+    float embd_scale;       /* the token embeddings are multiplied by it (gemma3: sqrt(n_embd); else 1) */
+    float logit_softcap;    /* <arch>.final_logit_softcapping: logits = c * tanh(logits / c); 0 = none */
+    eng_ffn_act ffn_act;    /* silu, or GELU (tanh approximation) for gemma3 */
+    bool swa_all;           /* n_swa > 0 and every layer slides: the KV cache keeps only the window's blocks */
 } eng_hparams;
 
 typedef struct eng_load_params {

@@ -1,4 +1,5 @@
 /* block_manager.c: the scheduler's view of the KV cache (see block_manager.h). */
+#include <stdint.h>
 #include "server/block_manager.h"
 
 void srv_bm_init(srv_bm *bm, kvc_cache *cache) {
@@ -21,10 +22,18 @@ int32_t srv_bm_attach_prefix(srv_bm *bm, int32_t seq, const int32_t *tokens, int
     *copied = false;
     if (shared > 0 && kvc_prefix_match(bm->cache, tokens, n, &matched) == KVC_OK && shared > matched &&
         kvc_copy_prefix(bm->cache, donor, seq, shared) == KVC_OK) {
-        *copied = true;
-        return shared;
+        /* with a sliding window the donor may have released blocks the new sequence would need */
+        if (kvc_can_resume(bm->cache, seq, shared)) {
+            *copied = true;
+            return shared;
+        }
+        (void)kvc_remove(bm->cache, seq, 0, INT32_MAX, NULL); /* tail removal: always succeeds */
     }
     if (kvc_attach_prefix(bm->cache, seq, tokens, n, &cached) != KVC_OK) return 0;
+    if (cached > 0 && !kvc_can_resume(bm->cache, seq, cached)) { /* recompute rather than miss the window */
+        (void)kvc_remove(bm->cache, seq, 0, INT32_MAX, NULL);
+        return 0;
+    }
     return cached;
 }
 

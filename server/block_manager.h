@@ -37,7 +37,9 @@ int32_t srv_bm_seq_len(const srv_bm *bm, int32_t seq);
 
 /* Gives the empty sequence `seq` the longest known prefix of tokens[0..n): `shared` tokens copied from the
  * running sequence `donor` (full blocks shared, the partial block copied) when that is more than the prefix
- * cache holds, else the cached full blocks. Returns the tokens attached; *copied tells which way. */
+ * cache holds, else the cached full blocks. Returns the tokens attached; *copied tells which way. A prefix the
+ * sequence could not resume from (kvc_can_resume false: a sliding-window cache that released blocks the next
+ * positions still attend to) is dropped (0 returned, the sequence left empty) so that it is recomputed. */
 int32_t srv_bm_attach_prefix(srv_bm *bm, int32_t seq, const int32_t *tokens, int32_t n, int32_t donor,
                              int32_t shared, bool *copied);
 /* A new sequence in *dst holding the first len tokens of src (n > 1 fan-out). KVS_ERR_NO_SLOT, or the cache's

@@ -162,6 +162,8 @@ static int load_hparams(loader *L, bool vocab_only) {
     if (!strcmp(hp->arch_name, "llama")) hp->arch = ENG_ARCH_LLAMA;
     else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = ENG_ARCH_QWEN2;
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = ENG_ARCH_QWEN3;
+    else if (!strcmp(hp->arch_name, "gemma3")) hp->arch = ENG_ARCH_GEMMA3;
+    else if (!strcmp(hp->arch_name, "phi3")) hp->arch = ENG_ARCH_PHI3;
     else if (vocab_only) return 0; /* a tokenizer-only load does not need the architecture */
     else return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
                      hp->arch_name);
@@ -202,7 +204,36 @@ static int load_hparams(loader *L, bool vocab_only) {
     if ((rc = get_float(L, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps)) != 0) return rc;
     if (!(hp->rms_eps >= 0.0f))
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: negative rms epsilon", L->path);
-    return 0;
+    return eng_model_family_hparams(m, L->path, L->err, L->err_len);
+}
+
+/* A view of rows [r0, r0 + n) of matrix w. */
+static eng_matrix row_range(const eng_matrix *w, int64_t r0, int64_t n) {
+    eng_matrix v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.n_out = n;
+    v.packed = NULL;
+    return v;
+}
+
+/* phi3's fused attn_qkv ([n_embd -> QD + 2 KD]: Q rows, then K, then V) and ffn_up ([n_embd -> 2 n_ff]: gate
+ * rows, then up) as views of their row ranges; 1 when the layer has them, 0 when not, or an error. */
+static int load_fused(loader *L, int l, eng_layer *ly, int64_t E, int64_t QD, int64_t KD, int64_t F) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+    if (!eng_gguf_find_tensor(L->m->gguf, name)) return 0;
+    eng_matrix qkv, gu;
+    int rc = load_matrix(L, name, E, QD + 2 * KD, &qkv);
+    if (rc != 0) return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+    if ((rc = load_matrix(L, name, E, 2 * F, &gu)) != 0) return rc;
+    ly->wq = row_range(&qkv, 0, QD);
+    ly->wk = row_range(&qkv, QD, KD);
+    ly->wv = row_range(&qkv, QD + KD, KD);
+    ly->w_gate = row_range(&gu, 0, F);
+    ly->w_up = row_range(&gu, F, F);
+    ly->fused = true;
+    return 1;
 }
 
 static int load_tensors(loader *L) {
@@ -230,23 +261,34 @@ static int load_tensors(loader *L) {
     }
     if ((rc = load_vector(L, "output_norm.weight", E, true, &m->output_norm)) != 0) return rc;
     if ((rc = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)) != 0) return rc;
-    if (m->rope_freqs)
-        for (int32_t i = 0; i < hp->n_rot / 2; i++)
-            if (!(m->rope_freqs[i] > 0.0f))
-                return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is not "
-                            "positive", L->path, i);
+    if ((rc = load_vector(L, "rope_factors_long.weight", hp->n_rot / 2, false, &m->rope_long)) != 0) return rc;
+    if ((rc = load_vector(L, "rope_factors_short.weight", hp->n_rot / 2, false, &m->rope_short)) != 0) return rc;
+    const float *factors[] = {m->rope_freqs, m->rope_long, m->rope_short};
+    for (int f = 0; f < 3; f++)
+        for (int32_t i = 0; factors[f] && i < hp->n_rot / 2; i++)
+            if (!(factors[f][i] > 0.0f))
+                return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope factor %d of %s is not positive",
+                            L->path, i, f == 0 ? "rope_freqs" : f == 1 ? "rope_factors_long" : "rope_factors_short");
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
-    bool biases_required = hp->arch == ENG_ARCH_QWEN2, qk_norm_required = hp->arch == ENG_ARCH_QWEN3;
+    bool biases_required = hp->arch == ENG_ARCH_QWEN2;
+    bool qk_norm_required = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
+    bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
     char name[96];
 #define T(suffix) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), name)
     for (int l = 0; l < hp->n_layer; l++) {
         eng_layer *ly = &m->layers[l];
         if ((rc = load_vector(L, T("attn_norm.weight"), E, true, &ly->attn_norm)) != 0) return rc;
-        if ((rc = load_matrix(L, T("attn_q.weight"), E, QD, &ly->wq)) != 0) return rc;
-        if ((rc = load_matrix(L, T("attn_k.weight"), E, KD, &ly->wk)) != 0) return rc;
-        if ((rc = load_matrix(L, T("attn_v.weight"), E, KD, &ly->wv)) != 0) return rc;
+        int fused = hp->arch == ENG_ARCH_PHI3 ? load_fused(L, l, ly, E, QD, KD, F) : 0;
+        if (fused < 0) return fused;
+        if (!fused) {
+            if ((rc = load_matrix(L, T("attn_q.weight"), E, QD, &ly->wq)) != 0) return rc;
+            if ((rc = load_matrix(L, T("attn_k.weight"), E, KD, &ly->wk)) != 0) return rc;
+            if ((rc = load_matrix(L, T("attn_v.weight"), E, KD, &ly->wv)) != 0) return rc;
+            if ((rc = load_matrix(L, T("ffn_gate.weight"), E, F, &ly->w_gate)) != 0) return rc;
+            if ((rc = load_matrix(L, T("ffn_up.weight"), E, F, &ly->w_up)) != 0) return rc;
+        }
         if ((rc = load_matrix(L, T("attn_output.weight"), QD, E, &ly->wo)) != 0) return rc;
         if ((rc = load_vector(L, T("attn_q.bias"), QD, biases_required, &ly->bq)) != 0) return rc;
         if ((rc = load_vector(L, T("attn_k.bias"), KD, biases_required, &ly->bk)) != 0) return rc;
@@ -254,12 +296,13 @@ static int load_tensors(loader *L) {
         if ((rc = load_vector(L, T("attn_q_norm.weight"), HD, qk_norm_required, &ly->q_norm)) != 0) return rc;
         if ((rc = load_vector(L, T("attn_k_norm.weight"), HD, qk_norm_required, &ly->k_norm)) != 0) return rc;
         if ((rc = load_vector(L, T("ffn_norm.weight"), E, true, &ly->ffn_norm)) != 0) return rc;
-        if ((rc = load_matrix(L, T("ffn_gate.weight"), E, F, &ly->w_gate)) != 0) return rc;
-        if ((rc = load_matrix(L, T("ffn_up.weight"), E, F, &ly->w_up)) != 0) return rc;
         if ((rc = load_matrix(L, T("ffn_down.weight"), F, E, &ly->w_down)) != 0) return rc;
+        if ((rc = load_vector(L, T("post_attention_norm.weight"), E, post_norms, &ly->post_attn_norm)) != 0)
+            return rc;
+        if ((rc = load_vector(L, T("post_ffw_norm.weight"), E, post_norms, &ly->post_ffn_norm)) != 0) return rc;
     }
 #undef T
-    return 0;
+    return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);
 }
 
 static int read_whole_file(const char *path, void **out, size_t *size, char *err, size_t err_len) {
@@ -393,7 +436,8 @@ void eng_model_free(eng_model *m) {
             eng_layer *ly = &m->layers[l];
             eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) free(ms[i]->packed);
-            KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm);
+            KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm,
+                         ly->post_attn_norm, ly->post_ffn_norm);
         }
         free(m->layers);
     }
@@ -401,6 +445,8 @@ void eng_model_free(eng_model *m) {
     pthread_mutex_destroy(&m->pack_lock);
     free(m->output_norm);
     free(m->rope_freqs);
+    free(m->rope_long);
+    free(m->rope_short);
     free(m->chat_template);
     eng_vocab_free(m->vocab);
     eng_gguf_close(m->gguf);

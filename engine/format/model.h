@@ -48,6 +48,11 @@ typedef struct eng_layer {
     eng_matrix w_gate;  /* [n_embd -> n_ff] */
     eng_matrix w_up;    /* [n_embd -> n_ff] */
     eng_matrix w_down;  /* [n_ff -> n_embd] */
+    float *post_attn_norm; /* [n_embd] f32 or NULL: RMSNorm of the attention output before the residual (gemma3) */
+    float *post_ffn_norm;  /* [n_embd] f32 or NULL: RMSNorm of the FFN output before the residual (gemma3) */
+    bool swa;           /* a sliding-window layer: attends to the last hp.n_swa positions, rope base
+                           hp.rope_freq_base_swa */
+    bool fused;         /* wq/wk/wv are row ranges of one attn_qkv tensor, w_gate/w_up of one ffn_up (phi3) */
 } eng_layer;
 
 struct eng_model {
@@ -63,11 +68,21 @@ struct eng_model {
     eng_matrix output;          /* [n_embd -> n_vocab]: == tok_embd when tied */
     float *output_norm;         /* [n_embd] f32 (owned) */
     float *rope_freqs;          /* [n_rot / 2] frequency factors (theta_i divided by rope_freqs[i]), or NULL */
+    float *rope_long;           /* [n_rot / 2] phi3 factors for contexts longer than hp.n_ctx_orig, or NULL */
+    float *rope_short;          /* [n_rot / 2] phi3 factors for other contexts, or NULL */
     eng_layer *layers;          /* [n_layer] (owned) */
     size_t weight_bytes;        /* bytes of every tensor the model uses */
     pthread_mutex_t pack_lock;  /* guards the one-time packing of eng_model_pack_cpu */
     bool packed;                /* eng_model_pack_cpu has run */
 };
+
+/* Family-specific loading (model_families.c), called by eng_model_load. eng_model_family_hparams sets the family
+ * fields of m->hp (n_swa, rope_freq_base_swa, attn_scale, embd_scale, logit_softcap, ffn_act, n_ctx_orig) after
+ * the common ones; returns 0 or ENG_ERR_FORMAT with a message in err. */
+int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t err_len);
+/* Which layers slide: per <arch>.attention.sliding_window_pattern (an int n: layer l slides unless l % n == n - 1;
+ * or an array of bools), default 6 for gemma3; every layer is global when hp.n_swa is 0. */
+int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_t err_len);
 
 /* Repacks every matrix whose type and shape allow it (eng_wpack_bytes) for the AVX2 and AVX-512 kernels, once
  * per model (later calls return at once; safe from several threads). In a memory-mapped model, the mapped

@@ -70,12 +70,14 @@ struct eng_ctx {
     int attn_level;       /* attention kernel level (ENG_OPS_*) */
     eng_smp_kernels smp;  /* vectorized max and exp-sum, for the attention softmax */
     float *inv_freq;      /* [n_rot/2]: theta_i = pos * inv_freq[i] */
+    float *inv_freq_swa;  /* [n_rot/2]: the same for the sliding-window layers (their own rope base) */
 
     /* per-batch bookkeeping, [max_batch] each */
     kvc_entry *entries;
     int32_t *slots;             /* cache slot of each row */
     const int32_t **row_blocks; /* block table of each row's sequence */
     float *rope_cs;             /* [max_batch][n_rot]: (cos, sin) pairs of each row's position */
+    float *rope_cs_swa;         /* [max_batch][n_rot]: the same for the sliding-window layers */
     int32_t *logit_idx;         /* [max_batch]: row -> logits row, or -1 */
     int32_t *logit_src;         /* [max_batch]: logits row -> batch row */
 
@@ -162,10 +164,12 @@ void eng_ctx_free(eng_ctx *c) {
     kvc_free(c->cache);
     eng_cuda_free(c->cuda); /* after the cache, which lives in its device memory */
     free(c->inv_freq);
+    free(c->inv_freq_swa);
     free(c->entries);
     free(c->slots);
     free(c->row_blocks);
     free(c->rope_cs);
+    free(c->rope_cs_swa);
     free(c->logit_idx);
     free(c->logit_src);
     free(c->x);
@@ -205,16 +209,25 @@ static int check_matrix(const eng_matrix *w, size_t *cap) {
     return 0;
 }
 
-/* Rotation frequencies of the model. */
+/* Rotation frequencies of the model, for the global and the sliding-window layers. The frequency factors are
+ * rope_freqs, else phi3's long factors for a context longer than n_ctx_orig, else its short ones. */
 static int init_rope(eng_ctx *c, const eng_model *model) {
     const eng_hparams *hp = c->hp;
     int32_t half = hp->n_rot / 2;
     c->inv_freq = zalloc((size_t)half, sizeof *c->inv_freq);
-    if (!c->inv_freq) return ENG_ERR_NOMEM;
+    c->inv_freq_swa = zalloc((size_t)half, sizeof *c->inv_freq_swa);
+    if (!c->inv_freq || !c->inv_freq_swa) return ENG_ERR_NOMEM;
+    const float *factors = model->rope_freqs ? model->rope_freqs
+                           : c->n_ctx > hp->n_ctx_orig ? model->rope_long : model->rope_short;
     for (int32_t i = 0; i < half; i++) {
         double f = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
-        if (model->rope_freqs) f /= model->rope_freqs[i];
+        double fs = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base_swa, -2.0 * i / hp->n_rot);
+        if (factors) {
+            f /= factors[i];
+            fs /= factors[i];
+        }
         c->inv_freq[i] = (float)f;
+        c->inv_freq_swa[i] = (float)fs;
     }
     return ENG_OK;
 }
@@ -238,6 +251,8 @@ static int alloc_scratch(eng_ctx *c, const eng_model *model, const eng_ctx_param
     c->slots = zalloc(MB, sizeof *c->slots);
     c->row_blocks = zalloc(MB, sizeof *c->row_blocks);
     c->rope_cs = zalloc(MB * (size_t)hp->n_rot, sizeof(float));
+    c->rope_cs_swa = zalloc(MB * (size_t)hp->n_rot, sizeof(float));
+    if (!c->rope_cs_swa) return ENG_ERR_NOMEM;
     c->logit_idx = zalloc(MB, sizeof *c->logit_idx);
     c->logit_src = zalloc(MB, sizeof *c->logit_src);
     c->x = zalloc(MB * E, sizeof(float));
@@ -509,7 +524,8 @@ static void tile_accum(eng_ctx *c, float *o, int32_t m, const float *p, int32_t 
 }
 
 /* Attention unit u in layer l (see the unit fields of eng_ctx): for each row r of the tile and each query
- * head h of the group, softmax(q K^T / sqrt(hd)) V over positions 0..pos[r] of the tile's sequence, read
+ * head h of the group, softmax(q K^T * attn_scale) V over positions 0..pos[r] of the tile's sequence (only the
+ * last n_swa of them in a sliding-window layer: blocks wholly before the tile's first window are not read), read
  * block by block through its block table; every block is read once for all rows x heads of the unit (rows
  * of the tile read up to the last row's position, positions past a row's own are masked out). The scores
  * are kept for the whole context (two-pass softmax: max, then the exponentials and their sum). With
@@ -529,14 +545,17 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     const int32_t len = pos[rows[nr - 1]] + 1; /* positions the tile reads */
     float *q = c->th_q + (size_t)ith * c->att_q * hd, *o = c->th_o + (size_t)ith * c->att_q * hd;
     float *scores = c->th_scores + (size_t)ith * c->att_q * lds;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale;
+    const bool swa = c->model->layers[l].swa && hp->n_swa > 0;
+    const int32_t win0 = swa && pos[rows[0]] + 1 > hp->n_swa ? pos[rows[0]] + 1 - hp->n_swa : 0;
+    const int32_t tb = win0 / bs * bs; /* the first position read: the start of the block holding win0 */
     const char *kbase = (const char *)lay->base + (size_t)(2 * l) * lay->layer_bytes + (size_t)kvh * lay->head_stride;
     const char *vbase = kbase + lay->layer_bytes;
 
     for (int32_t r = 0; r < nr; r++) /* query i = r * gs + g */
         memcpy(q + (size_t)r * gs * hd, c->q + (size_t)rows[r] * qd + (size_t)h0 * hd, (size_t)gs * hd * sizeof *q);
     const int32_t nb = (len + bs - 1) / bs;
-    for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
+    for (int32_t t0 = tb, bi = tb / bs; t0 < len; t0 += bs, bi++) {
         int32_t nt = len - t0 < bs ? len - t0 : bs;
         if (bi + ATT_PREFETCH < nb) prefetch_rows(c, kbase + (size_t)blocks[bi + ATT_PREFETCH] * lay->block_stride, bs);
         tile_scores(c, q, m, kbase + (size_t)blocks[bi] * lay->block_stride, nt, scale, scores + t0, lds, ith);
@@ -546,13 +565,14 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     float inv[ATT_MAX_Q];
     for (int32_t i = 0; i < m; i++) {
         float *s = scores + (size_t)i * lds;
-        int32_t n = pos[rows[i / gs]] + 1;
-        float mx = c->smp.max(s, n);
-        inv[i] = 1.0f / (float)eng_attn_expsum(c->attn_level, s, n, mx);
+        int32_t n = pos[rows[i / gs]] + 1, lo = swa && n > hp->n_swa ? n - hp->n_swa : 0;
+        float mx = c->smp.max(s + lo, n - lo);
+        inv[i] = 1.0f / (float)eng_attn_expsum(c->attn_level, s + lo, n - lo, mx);
+        if (lo > tb) memset(s + tb, 0, (size_t)(lo - tb) * sizeof *s);
         if (n < len) memset(s + n, 0, (size_t)(len - n) * sizeof *s);
     }
     memset(o, 0, (size_t)m * hd * sizeof *o);
-    for (int32_t t0 = 0, bi = 0; t0 < len; t0 += bs, bi++) {
+    for (int32_t t0 = tb, bi = tb / bs; t0 < len; t0 += bs, bi++) {
         int32_t nt = len - t0 < bs ? len - t0 : bs;
         if (bi + ATT_PREFETCH < nb) prefetch_rows(c, vbase + (size_t)blocks[bi + ATT_PREFETCH] * lay->block_stride, bs);
         tile_accum(c, o, m, scores + t0, lds, vbase + (size_t)blocks[bi] * lay->block_stride, nt, ith);
@@ -574,7 +594,7 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
 static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int32_t u) {
     const eng_hparams *hp = c->hp;
     int32_t hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
-    const float *cs = c->rope_cs + (size_t)r * hp->n_rot;
+    const float *cs = (ly->swa ? c->rope_cs_swa : c->rope_cs) + (size_t)r * hp->n_rot;
     if (u < H) {
         float *q = c->q + (size_t)r * H * hd + (size_t)u * hd;
         if (ly->bq)
@@ -620,15 +640,29 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     }
 }
 
-static void rope_angles(const eng_ctx *c, float *cs, double pos) {
+static void rope_angles(const eng_ctx *c, float *cs, double pos, bool swa) {
+    const float *inv_freq = swa ? c->inv_freq_swa : c->inv_freq;
     for (int32_t i = 0; i < c->hp->n_rot / 2; i++) {
-        double th = pos * (double)c->inv_freq[i];
+        double th = pos * (double)inv_freq[i];
         cs[2 * i] = (float)cos(th);
         cs[2 * i + 1] = (float)sin(th);
     }
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+static float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* tmp = RMSNorm(tmp) with w for this thread's rows, then a barrier: gemma3's norms of the attention and FFN
+ * outputs before they join the residual stream. */
+static void post_norm(eng_ctx *c, const float *w, int64_t rb, int64_t re) {
+    const int64_t E = c->hp->n_embd;
+    for (int64_t r = rb; r < re; r++) eng_rmsnorm(c->tmp + r * E, c->tmp + r * E, w, E, c->hp->rms_eps);
+    eng_pool_barrier(c->pool);
+}
 
 /* xnext = xcur + tmp (the pending residual), then RMSNorm with w and quantization for the matrix group ms into
  * xq, for the rows [rb, re) of this thread followed by a barrier, or, for small batches, for every row by every
@@ -668,8 +702,11 @@ static void forward_worker(void *arg, int ith, int nth) {
     for (int64_t r = rb; r < re; r++) {
         const char *row = (const char *)mdl->tok_embd.data + (size_t)b->token[r] * mdl->tok_embd.row_bytes;
         eng_dequantize_row(mdl->tok_embd.type, row, c->x + r * E, E);
+        if (hp->embd_scale != 1.0f)
+            for (int64_t i = 0; i < E; i++) c->x[r * E + i] *= hp->embd_scale;
         memset(c->tmp + r * E, 0, (size_t)E * sizeof(float));
-        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r]);
+        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r], false);
+        if (hp->n_swa > 0) rope_angles(c, c->rope_cs_swa + r * hp->n_rot, (double)b->pos[r], true);
     }
     eng_pool_barrier(c->pool);
 
@@ -704,6 +741,7 @@ static void forward_worker(void *arg, int ith, int nth) {
         }
         gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_WO], nth);
         eng_pool_barrier(c->pool);
+        if (ly->post_attn_norm) post_norm(c, ly->post_attn_norm, rb, re);
 
         residual_norm(c, &xcur, &xnext, ly->ffn_norm, gu, 2, xq_in, rb, re, ith);
 
@@ -719,13 +757,17 @@ static void forward_worker(void *arg, int ith, int nth) {
             for (int64_t r = 0; r < m; r++) {
                 float *g = c->gate + r * F;
                 const float *u = c->up + r * F;
-                for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
+                if (hp->ffn_act == ENG_ACT_GELU_TANH)
+                    for (int64_t i = jb; i < je; i++) g[i] = gelu_tanh(g[i]) * u[i];
+                else
+                    for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
                 quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
             }
         }
         eng_pool_barrier(c->pool);
         gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
         eng_pool_barrier(c->pool);
+        if (ly->post_ffn_norm) post_norm(c, ly->post_ffn_norm, rb, re);
     }
 
     /* final residual, norm and output projection for the rows that want logits */
@@ -743,6 +785,14 @@ static void forward_worker(void *arg, int ith, int nth) {
     eng_pool_barrier(c->pool);
     gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out,
               &c->dyn[(size_t)hp->n_layer * N_DYN], nth);
+    if (hp->logit_softcap > 0.0f) { /* final soft-capping: cap * tanh(logit / cap) */
+        eng_pool_barrier(c->pool);
+        const float cap = hp->logit_softcap;
+        for (int64_t i = lb; i < le; i++) {
+            float *lg = c->logits + i * mdl->output.n_out;
+            for (int64_t j = 0; j < mdl->output.n_out; j++) lg[j] = cap * tanhf(lg[j] / cap);
+        }
+    }
 }
 
 /* The estimated cost of attention unit u (see attend_unit): rows x heads x (positions read + a constant). */
@@ -853,16 +903,18 @@ int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
     const int32_t *blocks;
     int32_t nb, len;
     if (kvc_block_table(c->cache, seq, &blocks, &nb, &len) != 0) return ENG_ERR_KV;
-    float *cs = c->rope_cs, *row = c->th_kv; /* scratch outside a decode */
-    rope_angles(c, cs, (double)sh.delta);
+    float *cs = c->rope_cs, *cs_swa = c->rope_cs_swa, *row = c->th_kv; /* scratch outside a decode */
+    rope_angles(c, cs, (double)sh.delta, false);
+    rope_angles(c, cs_swa, (double)sh.delta, true);
     int32_t bs = c->lay.block_size;
     for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len; p++) {
+        if (blocks[p / bs] < 0) continue; /* released by a sliding window */
         int32_t slot = blocks[p / bs] * bs + p % bs;
         for (int32_t l = 0; l < hp->n_layer; l++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
                 void *ptr = kvc_row_ptr(&c->lay, l, 0, slot, h);
                 load_row(&c->lay, row, ptr, hp->head_dim);
-                eng_rope(row, hp->n_rot, cs, hp->neox_rope);
+                eng_rope(row, hp->n_rot, c->model->layers[l].swa ? cs_swa : cs, hp->neox_rope);
                 store_row(&c->lay, ptr, row, hp->head_dim);
             }
     }

@@ -7,6 +7,7 @@
  */
 #include "engine/runtime/forward_cuda.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,13 @@ static int pick_device(const eng_ctx_params *p, char *name, size_t name_len, cha
 static int create_backend(eng_cuda *g, const eng_model *model, const eng_ctx_params *p, size_t *budget,
                           char *berr, size_t berr_len) {
     const eng_hparams *hp = &model->hp;
+    /* the CUDA kernels do not have gemma3's sliding windows, post norms, GELU, scales or soft-capping, nor
+     * phi3's long/short rope factors: such a model runs on the CPU (AUTO) or is refused */
+    if (hp->n_swa > 0 || hp->ffn_act != ENG_ACT_SILU || hp->embd_scale != 1.0f || hp->logit_softcap > 0.0f ||
+        hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) || model->rope_long || model->rope_short ||
+        (model->layers && model->layers[0].post_attn_norm))
+        return kvs_errf(berr, berr_len, ENG_ERR_UNSUPPORTED, "the %s family is not supported by the CUDA backend",
+                        hp->arch_name);
     cud_layer_desc *layers = calloc((size_t)hp->n_layer, sizeof *layers);
     if (!layers) return kvs_errf(berr, berr_len, ENG_ERR_NOMEM, "out of host memory");
     const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;

@@ -34,11 +34,13 @@ int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, const kvc
     char msg[256];
     int rc = kvs_kv_plan(&q, &n_blocks, msg, sizeof msg);
     if (rc != 0) return kvs_errf(err, err_len, rc, "eng_ctx_create: %s", msg);
-    /* every field set; mem_bytes and sliding_window stay 0 as in kvc_params_default */
+    /* every field set; mem_bytes stays 0 as in kvc_params_default. A model whose layers all slide keeps only
+     * the window's blocks of each sequence (a model with global layers too needs every position). */
     kvc_params kp = {.n_layer = hp->n_layer, .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim,
                      .block_size = p->kv_block_size, .n_blocks = n_blocks, .max_seqs = p->max_seqs,
                      .max_batch_tokens = p->max_batch_tokens, .max_seq_len = p->n_ctx, .dtype = p->kv_dtype,
-                     .prefix_caching = p->prefix_caching, .allocator = alloc};
+                     .prefix_caching = p->prefix_caching, .allocator = alloc,
+                     .sliding_window = hp->swa_all ? hp->n_swa : 0};
     rc = kvc_create(&kp, out);
     if (rc == 0) return ENG_OK;
     int code = rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;

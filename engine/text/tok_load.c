@@ -360,9 +360,14 @@ static void find_eog(eng_vocab *v) {
                                             "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
                                             "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
                                             "<end_of_utterance>", NULL};
+    /* llama.cpp's list of end-of-generation texts (</s> included: the qwen2 vocabulary's </s> is a normal token
+     * in the file, and becomes one control token here, as in llama.cpp) */
     static const char *const eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                                            "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                                            "<|end_of_text|>", "<end_of_utterance>", NULL};
+                                            "<|flush|>", "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>",
+                                            "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+                                            "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                                            "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                                            "[e~[", NULL};
     if (v->eot < 0) {
         for (int i = 0; eot_texts[i] && v->eot < 0; i++) {
             int32_t id = eng_vocab_find(v, eot_texts[i], strlen(eot_texts[i]));
@@ -377,6 +382,21 @@ static void find_eog(eng_vocab *v) {
     for (int i = 0; eog_texts[i]; i++) {
         int32_t id = eng_vocab_find(v, eog_texts[i], strlen(eog_texts[i]));
         if (id >= 0) { v->eog[id] = 1; v->tok[id].type = ENG_TOKTYPE_CONTROL; }
+    }
+    /* harmony-style vocabularies (<|return|> and <|call|>, or <|calls|> and <|flush|>) end a message with <|end|>
+     * and go on: <|end|> is then no end of generation, and a user-defined token */
+    int32_t end = eng_vocab_find(v, "<|end|>", 7);
+    bool has_return = eng_vocab_find(v, "<|return|>", 10) >= 0, has_flush = eng_vocab_find(v, "<|flush|>", 9) >= 0;
+    bool has_call = eng_vocab_find(v, "<|call|>", 8) >= 0 || eng_vocab_find(v, "<|calls|>", 9) >= 0;
+    if (end >= 0 && has_call && (has_return || has_flush)) {
+        v->eog[end] = 0;
+        v->tok[end].type = ENG_TOKTYPE_USER_DEFINED;
+    }
+    /* vocabularies with <|tool_response> (gemma4) use </s> as text: a normal token again */
+    int32_t s_end = eng_vocab_find(v, "</s>", 4);
+    if (s_end >= 0 && eng_vocab_find(v, "<|tool_response>", 16) >= 0) {
+        v->eog[s_end] = 0;
+        v->tok[s_end].type = ENG_TOKTYPE_NORMAL;
     }
     if (v->eos >= 0) v->eog[v->eos] = 1;
     if (v->eot >= 0) v->eog[v->eot] = 1;

@@ -313,6 +313,8 @@ Test(reference, syn_llama_q4_0) { check_model("syn-llama-q4_0"); }
 Test(reference, syn_llama_q4_k_m) { check_model("syn-llama-q4_k_m"); }
 Test(reference, syn_llama_q6_k) { check_model("syn-llama-q6_k"); }
 Test(reference, syn_qwen2_q8_0) { check_model("syn-qwen2-q8_0"); }
+Test(reference, syn_gemma3_q8_0) { check_model("families/syn-gemma3-q8_0"); }
+Test(reference, syn_phi3_q8_0) { check_model("families/syn-phi3-q8_0"); }
 
 /* models/README.md: greedy from BOS with no prompt gives these 60 ids (independent float64 reference). */
 Test(reference, stories260K_from_bos) {

@@ -1169,3 +1169,32 @@ Test(tokenizer_shared, phi3_special_token_whitespace) {
     eng_vocab_free(v);
     tmpdir_rm(&td);
 }
+
+/* The end-of-generation set as llama.cpp builds it: the qwen2 vocabulary's </s> (a normal token in the file) and
+ * <|endoftext|>/<|im_end|> end generation and tokenize as one control token with parse_special; without it </s>
+ * is plain text. */
+Test(tokenizer_shared, eog_set_by_text, .timeout = 60) {
+    const char *sd = shared_dir();
+    if (!sd) cr_skip_test("shared material (../shared/models/vocab-only) not found: end-of-generation test skipped");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/vocab-only/ggml-vocab-qwen2.gguf", sd);
+    eng_vocab *v = load_vocab(path, NULL);
+    const char *texts[] = {"</s>", "<|endoftext|>", "<|im_end|>"};
+    for (int i = 0; i < 3; i++) {
+        int32_t id = eng_vocab_find(v, texts[i], strlen(texts[i]));
+        cr_assert_geq(id, 0, "%s not in the qwen2 vocabulary", texts[i]);
+        cr_assert(eng_vocab_is_eog(v, id), "%s does not end generation", texts[i]);
+        int32_t n;
+        int32_t *ids = tok(v, texts[i], strlen(texts[i]), false, true, &n);
+        cr_assert_eq(n, 1, "%s with special parsing: %d tokens, expected 1", texts[i], n);
+        cr_assert_eq(ids[0], id);
+        free(ids);
+    }
+    int32_t n;
+    int32_t *ids = tok(v, "</s>", 4, false, false, &n);
+    cr_assert_gt(n, 1, "</s> as plain text must not become the control token");
+    free(ids);
+    int32_t hello = eng_vocab_find(v, "hello", 5);
+    cr_assert(hello < 0 || !eng_vocab_is_eog(v, hello));
+    eng_vocab_free(v);
+}

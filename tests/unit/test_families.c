@@ -1,0 +1,295 @@
+/*
+ * test_families.c: model-family behaviour beyond the reference completions (test_reference.c): gemma3's
+ * sliding-window layers (the window is what they see; a model whose layers all slide keeps only the window's
+ * blocks), and the block manager's CanResume check before it reuses a prefix in a sliding-window cache.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache/kv_cache.h"
+#include "engine/engine.h"
+#include "engine/format/gguf.h"
+#include "server/block_manager.h"
+#include "tests/unit/helper_shared.h"
+
+enum { BS = 4, N_TOK = 96 };
+
+/* ../shared's syn-gemma3 rewritten with attention.sliding_window_pattern = pattern (0: every layer slides), at
+ * out (size cap); skips the test when the material is absent. */
+static void gemma3_with_pattern(uint32_t pattern, char *out, size_t cap) {
+    char src[1024];
+    snprintf(src, sizeof src, "%s/models/families/syn-gemma3-q8_0.gguf", kvt_shared_dir());
+    if (access(src, R_OK) != 0) cr_skip_test("shared test material not found (%s)", src);
+    eng_gguf *g = NULL;
+    char err[256];
+    cr_assert_eq(eng_gguf_open(src, &g, err, sizeof err), 0, "%s", err);
+    eng_gguf_writer *w = NULL;
+    cr_assert_eq(eng_gguf_writer_create(&w), 0);
+    for (int64_t i = 0; i < eng_gguf_n_kv(g); i++) {
+        const eng_gguf_kv *kv = eng_gguf_kv_at(g, i);
+        if (!(kv->key.len == 17 && memcmp(kv->key.ptr, "general.alignment", 17) == 0))
+            cr_assert_eq(eng_gguf_add_kv_from(w, kv), 0);
+    }
+    cr_assert_eq(eng_gguf_add_u32(w, "gemma3.attention.sliding_window_pattern", pattern), 0);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        cr_assert_eq(eng_gguf_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes), 0);
+    }
+    snprintf(out, cap, "/tmp/kvserve-test-families-%d-%u.gguf", (int)getpid(), pattern);
+    cr_assert_eq(eng_gguf_write(w, out, err, sizeof err), 0, "%s", err);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+}
+
+static eng_ctx *open_ctx(eng_model *m, int32_t max_seqs) {
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_ctx = 256;
+    cp.max_seqs = max_seqs;
+    cp.max_batch_tokens = 128;
+    cp.kv_block_size = BS;
+    cp.kv_dtype = KVC_DTYPE_F32;
+    cp.prefix_caching = false;
+    cp.device = ENG_DEVICE_CPU;
+    eng_ctx *c = NULL;
+    char err[256];
+    cr_assert_eq(eng_ctx_create(m, &cp, &c, err, sizeof err), 0, "%s", err);
+    return c;
+}
+
+/* Runs tokens [0, n) of toks on a fresh sequence in chunks of `chunk` rows, keeping the logits of every
+ * position in lg[n][n_vocab]; after every step, checks that at most `max_held` blocks of the sequence are held
+ * (-1 entries of the block table are released) when max_held > 0. */
+static void run_chunks(eng_ctx *c, const int32_t *toks, int32_t n, int32_t chunk, int32_t n_vocab, float *lg,
+                       int32_t max_held) {
+    kvc_cache *kc = eng_ctx_cache(c);
+    int32_t seq;
+    cr_assert_eq(kvc_seq_alloc(kc, &seq), 0);
+    int32_t pos[128], sq[128];
+    bool want[128];
+    for (int32_t p0 = 0; p0 < n; p0 += chunk) {
+        int32_t k = n - p0 < chunk ? n - p0 : chunk;
+        for (int32_t i = 0; i < k; i++) {
+            pos[i] = p0 + i;
+            sq[i] = seq;
+            want[i] = true;
+        }
+        eng_batch b = {.n = k, .token = toks + p0, .pos = pos, .seq = sq, .want_logits = want};
+        cr_assert_eq(eng_decode(c, &b), 0);
+        for (int32_t i = 0; i < k; i++)
+            memcpy(lg + (size_t)(p0 + i) * n_vocab, eng_get_logits(c, i), (size_t)n_vocab * sizeof(float));
+        const int32_t *blocks;
+        int32_t nb, len, held = 0;
+        cr_assert_eq(kvc_block_table(kc, seq, &blocks, &nb, &len), 0);
+        for (int32_t i = 0; i < nb; i++) held += blocks[i] >= 0;
+        if (max_held > 0) cr_assert_leq(held, max_held, "%d blocks held at length %d", held, len);
+    }
+    kvc_seq_free(kc, seq);
+}
+
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float d = 0.0f;
+    for (size_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+/* Every layer sliding (pattern 0): the cache releases the blocks before the window (memory bounded by the
+ * window: at most ceil(window / BS) + 1 blocks plus one batch's worth), and the logits do not depend on how the
+ * sequence was cut into batches, so nothing released was read. The default pattern (a global layer) keeps
+ * every block and runs too. */
+Test(families, gemma3_sliding_window_memory_bound, .timeout = 120) {
+    char path_all[256], path_def[256];
+    gemma3_with_pattern(0, path_all, sizeof path_all);
+    gemma3_with_pattern(6, path_def, sizeof path_def);
+    eng_model *m_all = NULL, *m_def = NULL;
+    char err[256];
+    cr_assert_eq(eng_model_load(path_all, NULL, &m_all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(eng_model_load(path_def, NULL, &m_def, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m_all);
+    cr_assert_eq(hp->n_swa, 16);
+    cr_assert(hp->swa_all);
+    cr_assert(!eng_model_hparams(m_def)->swa_all);
+    int32_t V = hp->n_vocab, toks[N_TOK];
+    for (int i = 0; i < N_TOK; i++) toks[i] = 3 + (int32_t)((i * 7919u + 13u) % (uint32_t)(V - 3));
+    float *a = malloc((size_t)N_TOK * V * sizeof(float)), *b = malloc((size_t)N_TOK * V * sizeof(float));
+    float *d = malloc((size_t)N_TOK * V * sizeof(float));
+    cr_assert(a && b && d);
+
+    eng_ctx *c = open_ctx(m_all, 2);
+    int32_t bound = (hp->n_swa + BS - 1) / BS + 1;
+    run_chunks(c, toks, N_TOK, 1, V, a, bound + 1);      /* decode token by token */
+    run_chunks(c, toks, N_TOK, 7, V, b, bound + 7 / BS + 2); /* prefill-sized chunks */
+    float diff = max_abs_diff(a, b, (size_t)N_TOK * V);
+    cr_expect_leq(diff, 1e-4f, "chunked logits differ by %g", diff);
+    eng_ctx_free(c);
+
+    c = open_ctx(m_def, 2); /* global layer 5: every block stays */
+    run_chunks(c, toks, N_TOK, 32, V, d, 0);
+    eng_ctx_free(c);
+    eng_model_free(m_all);
+    eng_model_free(m_def);
+    free(a);
+    free(b);
+    free(d);
+    unlink(path_all);
+    unlink(path_def);
+}
+
+/* Fills seq with tokens [0, n) through forwards of one token each (no engine: the cache alone). */
+static void fill(kvc_cache *kc, int32_t seq, const int32_t *toks, int32_t from, int32_t n) {
+    for (int32_t p = from; p < n; p++) {
+        kvc_entry e = {.seq = seq, .pos = p, .token = toks[p]};
+        int32_t slot;
+        int rc = kvc_start_forward(kc, &e, 1, &slot);
+        cr_assert_eq(rc, 0, "seq %d pos %d: %d", seq, p, rc);
+        cr_assert_eq(kvc_finish_forward(kc, true), 0);
+    }
+}
+
+/* The block manager reuses a running sequence's prefix only when the new sequence can resume from it: a
+ * donor further along has released the blocks the copy would need, so the prefix comes from the prefix cache
+ * (whose attach keeps the window) or is recomputed, and the new sequence can always continue. */
+Test(families, block_manager_asks_can_resume) {
+    kvc_params p;
+    kvc_params_default(&p);
+    p.n_layer = 1;
+    p.n_kv_head = 1;
+    p.head_dim = 32;
+    p.block_size = BS;
+    p.n_blocks = 64;
+    p.max_seqs = 4;
+    p.max_batch_tokens = 16;
+    p.sliding_window = 8;
+    p.dtype = KVC_DTYPE_F32;
+    p.prefix_caching = false; /* nothing to attach from the cache: a refused copy means recompute */
+    kvc_cache *kc = NULL;
+    cr_assert_eq(kvc_create(&p, &kc), 0);
+    srv_bm bm;
+    srv_bm_init(&bm, kc);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = 100 + i;
+    int32_t donor, fresh;
+    cr_assert_eq(srv_bm_seq_open(&bm, &donor), 0);
+    fill(kc, donor, toks, 0, 60);
+    cr_assert(!kvc_can_resume(kc, donor, 20), "position 20 of a 60-token window-8 sequence was released");
+
+    /* a copy of 20 tokens would start with released blocks: refused, the sequence stays empty */
+    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
+    bool copied = true;
+    int32_t got = srv_bm_attach_prefix(&bm, fresh, toks, 40, donor, 20, &copied);
+    cr_expect_eq(got, 0);
+    cr_expect(!copied);
+    cr_expect_eq(srv_bm_seq_len(&bm, fresh), 0);
+    cr_expect(kvc_can_resume(kc, fresh, 0));
+    fill(kc, fresh, toks, 0, 24); /* and it computes its own */
+    srv_bm_seq_close(&bm, fresh);
+
+    /* 58 tokens: positions 50 and 51 of the window were released with their block: refused too */
+    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
+    got = srv_bm_attach_prefix(&bm, fresh, toks, 59, donor, 58, &copied);
+    cr_expect_eq(got, 0);
+    cr_expect(!copied);
+    srv_bm_seq_close(&bm, fresh);
+
+    /* the whole donor (60 tokens) holds its window: accepted, and the copy goes on */
+    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
+    got = srv_bm_attach_prefix(&bm, fresh, toks, 61, donor, 60, &copied);
+    cr_expect_eq(got, 60);
+    cr_expect(copied);
+    cr_expect(kvc_can_resume(kc, fresh, 60));
+    fill(kc, fresh, toks, 60, 64);
+    srv_bm_seq_close(&bm, fresh);
+    srv_bm_seq_close(&bm, donor);
+    kvc_free(kc);
+}
+
+/* K (kv = 0) or V (kv = 1) row of layer l, head h at position p of seq, as floats (F32 cache). */
+static const float *cache_row(kvc_cache *kc, int32_t seq, int32_t l, int kv, int32_t p, int32_t h) {
+    kvc_layout lay;
+    kvc_get_layout(kc, &lay);
+    const int32_t *blocks;
+    int32_t nb, len;
+    cr_assert_eq(kvc_block_table(kc, seq, &blocks, &nb, &len), 0);
+    cr_assert_lt(p, len);
+    return (const float *)kvc_row_ptr(&lay, l, kv, blocks[p / lay.block_size] * lay.block_size + p % lay.block_size, h);
+}
+
+/* Rotates x (NEOX pairs (i, i + n_rot / 2)) by delta positions with rope base `base`, in double precision. */
+static void ref_rotate(float *x, int32_t n_rot, double base, int32_t delta) {
+    int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double th = delta * pow(base, -2.0 * i / n_rot), c = cos(th), sn = sin(th);
+        double x0 = x[i], x1 = x[i + half];
+        x[i] = (float)(x0 * c - x1 * sn);
+        x[i + half] = (float)(x0 * sn + x1 * c);
+    }
+}
+
+/* Context shift on gemma3 (sliding layers with rope base 10000, every 6th layer global with 1e6): after
+ * eng_seq_remove from the middle, every moved key equals the same token's key of an unshifted copy rotated back
+ * by the removed count with its layer's base (a reference rotation written here), values moved unchanged, and
+ * generation continues. */
+Test(families, gemma3_context_shift_rerotates_per_layer, .timeout = 120) {
+    char path[256];
+    gemma3_with_pattern(6, path, sizeof path);
+    eng_model *m = NULL;
+    char err[256];
+    cr_assert_eq(eng_model_load(path, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    eng_ctx *c = open_ctx(m, 2);
+    kvc_cache *kc = eng_ctx_cache(c);
+    enum { N = 40, KEEP = 4, DROP = 16 };
+    int32_t toks[N + 1], V = hp->n_vocab;
+    for (int i = 0; i <= N; i++) toks[i] = 3 + (int32_t)((i * 104729u + 7u) % (uint32_t)(V - 3));
+    int32_t a, b, sq[2 * N];
+    bool want[2 * N];
+    int32_t tt[2 * N], pp[2 * N];
+    cr_assert_eq(kvc_seq_alloc(kc, &a), 0);
+    cr_assert_eq(kvc_seq_alloc(kc, &b), 0);
+    for (int i = 0; i < 2 * N; i++) {
+        tt[i] = toks[i % N];
+        pp[i] = i % N;
+        sq[i] = i < N ? a : b;
+        want[i] = false;
+    }
+    eng_batch ba = {.n = 2 * N, .token = tt, .pos = pp, .seq = sq, .want_logits = want};
+    cr_assert_eq(eng_decode(c, &ba), 0);
+    cr_assert_eq(eng_seq_remove(c, a, KEEP, KEEP + DROP), 0);
+    cr_assert_eq(kvc_seq_len(kc, a), N - DROP);
+
+    float kmax = 0.0f, *ref = malloc((size_t)hp->head_dim * sizeof(float));
+    cr_assert_not_null(ref);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        double base = l % 6 < 5 ? 10000.0 : 1000000.0;
+        for (int32_t h = 0; h < hp->n_head_kv; h++)
+            for (int32_t p = 0; p < N - DROP; p++) {
+                int32_t old = p < KEEP ? p : p + DROP;
+                memcpy(ref, cache_row(kc, b, l, 0, old, h), (size_t)hp->head_dim * sizeof(float));
+                if (p >= KEEP) ref_rotate(ref, hp->n_rot, base, -DROP);
+                kmax = fmaxf(kmax, max_abs_diff(ref, cache_row(kc, a, l, 0, p, h), (size_t)hp->head_dim));
+                cr_assert_eq(memcmp(cache_row(kc, a, l, 1, p, h), cache_row(kc, b, l, 1, old, h),
+                                    (size_t)hp->head_dim * sizeof(float)), 0, "V moved wrong: layer %d pos %d", l, p);
+            }
+    }
+    free(ref);
+    cr_expect_leq(kmax, 1e-4f, "shifted keys differ from the reference rotation by %g", kmax);
+
+    /* the shifted sequence goes on */
+    int32_t next = toks[N], p1 = N - DROP, s1 = a;
+    bool w1 = true;
+    eng_batch one = {.n = 1, .token = &next, .pos = &p1, .seq = &s1, .want_logits = &w1};
+    cr_assert_eq(eng_decode(c, &one), 0);
+    const float *lg = eng_get_logits(c, 0);
+    for (int32_t i = 0; i < V; i++) cr_assert(isfinite(lg[i]));
+    cr_assert_eq(kvc_seq_len(kc, a), N - DROP + 1);
+    eng_ctx_free(c);
+    eng_model_free(m);
+    unlink(path);
+}
