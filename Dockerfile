@@ -24,6 +24,8 @@ COPY common common
 COPY cache cache
 COPY engine engine
 COPY cuda cuda
+COPY template template
+COPY grammar grammar
 COPY server server
 COPY tools tools
 COPY bench bench

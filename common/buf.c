@@ -96,3 +96,27 @@ void *kvs_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first) {
 void kvs_free_all(void *const *ptrs, size_t n) {
     for (size_t i = 0; i < n; i++) free(ptrs[i]);
 }
+
+int kvs_read_file(const char *path, char **out, size_t *len) {
+    if (!path || !out || !len) return KVS_ERR_INVALID;
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return KVS_ERR_IO;
+    kvs_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    int rc = KVS_OK;
+    while (rc == KVS_OK && (n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (kvs_buf_append(&b, chunk, n)) rc = KVS_ERR_NOMEM;
+    if (rc == KVS_OK && ferror(f)) rc = KVS_ERR_IO;
+    fclose(f);
+    size_t l = b.len;
+    char *s = rc == KVS_OK ? kvs_buf_take(&b) : NULL;
+    kvs_buf_free(&b);
+    if (rc == KVS_OK && !s) rc = KVS_ERR_NOMEM;
+    if (rc != KVS_OK) return rc;
+    *out = s;
+    *len = l;
+    return KVS_OK;
+}

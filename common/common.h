@@ -93,6 +93,9 @@ void kvs_buf_clear(kvs_buf *b);
 char *kvs_buf_take(kvs_buf *b);
 /* Frees the data; the buffer is empty and reusable. */
 void kvs_buf_free(kvs_buf *b);
+/* Reads a whole file into *out (malloc'd, NUL-terminated; the text may hold NULs) and its length into *len.
+ * Errors: KVS_ERR_INVALID (NULL argument), KVS_ERR_IO (cannot open or read; errno says why), KVS_ERR_NOMEM. */
+int kvs_read_file(const char *path, char **out, size_t *len);
 
 /* ---- arrays ------------------------------------------------------------------------------------------------ */
 

@@ -22,6 +22,13 @@ enum : uint32_t {
     CUD_Q2_K = 10, CUD_Q3_K = 11, CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,
 };
 
+// Every type the kernels read, as X(id, elements per block, bytes per block). The one list serves blk<T> below
+// and, in cud_kernels.cu, the runtime type dispatch and cud_type_block_elems / cud_type_block_bytes.
+#define CUD_TYPES(X)                                                                                               \
+    X(CUD_F32, 1, 4) X(CUD_F16, 1, 2) X(CUD_BF16, 1, 2) X(CUD_Q8_0, 32, 34) X(CUD_Q4_0, 32, 18)                    \
+    X(CUD_Q4_1, 32, 20) X(CUD_Q5_0, 32, 22) X(CUD_Q5_1, 32, 24) X(CUD_Q2_K, 256, 84) X(CUD_Q3_K, 256, 110)          \
+    X(CUD_Q4_K, 256, 144) X(CUD_Q5_K, 256, 176) X(CUD_Q6_K, 256, 210)
+
 namespace cud_deq {
 
 CUD_DEQ_FN float h2f(const uint8_t *p) {
@@ -140,19 +147,9 @@ template <> CUD_DEQ_FN float deq<CUD_Q6_K>(const uint8_t *b, int e) {
 }
 
 template <uint32_t T> struct blk;
-template <> struct blk<CUD_F32> { static constexpr int E = 1, B = 4; };
-template <> struct blk<CUD_F16> { static constexpr int E = 1, B = 2; };
-template <> struct blk<CUD_BF16> { static constexpr int E = 1, B = 2; };
-template <> struct blk<CUD_Q8_0> { static constexpr int E = 32, B = 34; };
-template <> struct blk<CUD_Q4_0> { static constexpr int E = 32, B = 18; };
-template <> struct blk<CUD_Q4_1> { static constexpr int E = 32, B = 20; };
-template <> struct blk<CUD_Q5_0> { static constexpr int E = 32, B = 22; };
-template <> struct blk<CUD_Q5_1> { static constexpr int E = 32, B = 24; };
-template <> struct blk<CUD_Q2_K> { static constexpr int E = 256, B = 84; };
-template <> struct blk<CUD_Q3_K> { static constexpr int E = 256, B = 110; };
-template <> struct blk<CUD_Q4_K> { static constexpr int E = 256, B = 144; };
-template <> struct blk<CUD_Q5_K> { static constexpr int E = 256, B = 176; };
-template <> struct blk<CUD_Q6_K> { static constexpr int E = 256, B = 210; };
+#define CUD_BLK(T_, E_, B_) template <> struct blk<T_> { static constexpr int E = E_, B = B_; };
+CUD_TYPES(CUD_BLK)
+#undef CUD_BLK
 
 template <uint32_t T> CUD_DEQ_FN float deq_at(const uint8_t *row, int64_t i) {
     return deq<T>(row + (i / blk<T>::E) * blk<T>::B, (int)(i % blk<T>::E));

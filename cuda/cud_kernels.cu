@@ -189,6 +189,12 @@ __device__ __forceinline__ float kv_load(const char *row, int d, bool f16) {
     return ((const float *)row)[d];
 }
 
+// The store kv_load reads back: v rounded to nearest f16, or as is in an f32 cache.
+__device__ __forceinline__ void kv_store(char *row, int d, bool f16, float v) {
+    if (f16) ((__half *)row)[d] = __float2half_rn(v);
+    else ((float *)row)[d] = v;
+}
+
 // grid: rows, threads: any; writes every kv head's K and V row.
 __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const float *v, const int32_t *slot) {
     int r = blockIdx.x;
@@ -199,13 +205,8 @@ __global__ void k_kv_store(cud_kv_view kv, int layer, const float *k, const floa
         int h = i / kv.head_dim, d = i % kv.head_dim;
         char *kr = kv_row(kv, layer, 0, s, h), *vr = kv_row(kv, layer, 1, s, h);
         float kval = k[(int64_t)r * width + i], vval = v[(int64_t)r * width + i];
-        if (kv.f16) {
-            ((__half *)kr)[d] = __float2half_rn(kval);
-            ((__half *)vr)[d] = __float2half_rn(vval);
-        } else {
-            ((float *)kr)[d] = kval;
-            ((float *)vr)[d] = vval;
-        }
+        kv_store(kr, d, kv.f16, kval);
+        kv_store(vr, d, kv.f16, vval);
     }
 }
 
@@ -218,13 +219,8 @@ __global__ void k_kv_rerotate(cud_kv_view kv, const int32_t *slots, const float 
         int a = rp.neox ? i : 2 * i, b = rp.neox ? i + rp.n_rot / 2 : 2 * i + 1;
         float x0 = kv_load(row, a, kv.f16), x1 = kv_load(row, b, kv.f16);
         rope_pair(&x0, &x1, cs[2 * i], cs[2 * i + 1]);
-        if (kv.f16) {
-            ((__half *)row)[a] = __float2half_rn(x0);
-            ((__half *)row)[b] = __float2half_rn(x1);
-        } else {
-            ((float *)row)[a] = x0;
-            ((float *)row)[b] = x1;
-        }
+        kv_store(row, a, kv.f16, x0);
+        kv_store(row, b, kv.f16, x1);
     }
 }
 
@@ -352,27 +348,18 @@ int grid_for(int64_t n, int threads) {
 
 int cud_type_block_elems(uint32_t type) {
     switch (type) {
-    case CUD_F32: case CUD_F16: case CUD_BF16: return 1;
-    case CUD_Q8_0: case CUD_Q4_0: case CUD_Q4_1: case CUD_Q5_0: case CUD_Q5_1: return 32;
-    case CUD_Q2_K: case CUD_Q3_K: case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return 256;
+#define CUD_CASE(T_, E_, B_) case T_: return E_;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return 0;
     }
 }
 
 int cud_type_block_bytes(uint32_t type) {
     switch (type) {
-    case CUD_F32: return 4;
-    case CUD_F16: case CUD_BF16: return 2;
-    case CUD_Q8_0: return 34;
-    case CUD_Q4_0: return 18;
-    case CUD_Q4_1: return 20;
-    case CUD_Q5_0: return 22;
-    case CUD_Q5_1: return 24;
-    case CUD_Q2_K: return 84;
-    case CUD_Q3_K: return 110;
-    case CUD_Q4_K: return 144;
-    case CUD_Q5_K: return 176;
-    case CUD_Q6_K: return 210;
+#define CUD_CASE(T_, E_, B_) case T_: return B_;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return 0;
     }
 }
@@ -380,19 +367,9 @@ int cud_type_block_bytes(uint32_t type) {
 // Calls F.template operator()<T>() for the runtime type id; returns cudaErrorInvalidValue for unknown types.
 template <typename F> static cudaError_t dispatch(uint32_t type, F &&f) {
     switch (type) {
-    case CUD_F32: f.template operator()<CUD_F32>(); break;
-    case CUD_F16: f.template operator()<CUD_F16>(); break;
-    case CUD_BF16: f.template operator()<CUD_BF16>(); break;
-    case CUD_Q8_0: f.template operator()<CUD_Q8_0>(); break;
-    case CUD_Q4_0: f.template operator()<CUD_Q4_0>(); break;
-    case CUD_Q4_1: f.template operator()<CUD_Q4_1>(); break;
-    case CUD_Q5_0: f.template operator()<CUD_Q5_0>(); break;
-    case CUD_Q5_1: f.template operator()<CUD_Q5_1>(); break;
-    case CUD_Q2_K: f.template operator()<CUD_Q2_K>(); break;
-    case CUD_Q3_K: f.template operator()<CUD_Q3_K>(); break;
-    case CUD_Q4_K: f.template operator()<CUD_Q4_K>(); break;
-    case CUD_Q5_K: f.template operator()<CUD_Q5_K>(); break;
-    case CUD_Q6_K: f.template operator()<CUD_Q6_K>(); break;
+#define CUD_CASE(T_, E_, B_) case T_: f.template operator()<T_>(); break;
+    CUD_TYPES(CUD_CASE)
+#undef CUD_CASE
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

@@ -43,9 +43,7 @@ static int be_piece(void *ctx, int32_t token, bool render_special, char *buf, si
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
-    signal(SIGPIPE, SIG_IGN); /* as the daemon does: a write to a closed peer must not kill the process */
-    G = calloc(1, sizeof *G);
-    if (!G || uv_loop_init(&G->loop) != 0) abort();
+    FZ_HTTP_STATE_NEW(G);
     srv_api_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.model_id = "fuzz";

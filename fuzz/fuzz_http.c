@@ -96,9 +96,7 @@ static void on_log(void *ud, const char *method, const char *path, int status, u
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
-    signal(SIGPIPE, SIG_IGN); /* as the daemon does: a write to a closed peer must not kill the process */
-    G = calloc(1, sizeof *G);
-    if (!G || uv_loop_init(&G->loop) != 0) abort();
+    FZ_HTTP_STATE_NEW(G);
     srv_http_limits l;
     srv_http_limits_default(&l);
     l.body_limit = 2048;

@@ -91,6 +91,16 @@ static inline void fz_http_exchange(uv_loop_t *loop, srv_http *h, const uint8_t 
         FZ_CHECK(fz_now() - t0 < 10.0, "the server did not close the connection after the client closed");
     }
 }
+
+/* How each HTTP harness's LLVMFuzzerInitialize starts: SIGPIPE ignored (as the daemon does: a write to a closed
+ * peer must not kill the process), then G (a pointer to the harness's state struct, which has a uv_loop_t loop)
+ * set to a zeroed allocation with its loop initialised. Aborts when either fails. A macro: the struct differs. */
+#define FZ_HTTP_STATE_NEW(G)                                                                        \
+    do {                                                                                            \
+        signal(SIGPIPE, SIG_IGN);                                                                   \
+        (G) = calloc(1, sizeof *(G));                                                               \
+        if (!(G) || uv_loop_init(&(G)->loop) != 0) abort();                                         \
+    } while (0)
 #endif
 
 #endif /* KVSERVE_FUZZ_UTIL_H */

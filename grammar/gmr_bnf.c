@@ -259,9 +259,7 @@ static uint32_t b_alts(bnf *x) {
     uint32_t r = gb_rule_new(b);
     for (;;) {
         uint32_t q = b_seq(x);
-        gb_seq s = {0};
-        gb_ref(b, &s, q);
-        gb_alt(b, r, &s);
+        gb_alt_ref(b, r, q);
         skip_ws(x);
         if (b->err || x->p[x->i] != '|') break;
         x->i++;
@@ -297,10 +295,7 @@ int gmr_compile_bnf(const char *text, const gmr_named_grammar *named, size_t n_n
         x.i += n;
         skip_ws(&x);
         x.i += 3;   /* ::= */
-        uint32_t body = b_alts(&x);
-        gb_seq q = {0};
-        gb_ref(&b, &q, body);
-        gb_alt(&b, target, &q);
+        gb_alt_ref(&b, target, b_alts(&x));
         skip_ws(&x);
         if (!b.err && text[x.i] && !at_definition(&x)) bfail(&x, KVS_ERR_SYNTAX, "unexpected character");
     }

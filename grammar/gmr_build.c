@@ -97,6 +97,12 @@ void gb_alt(gb *b, uint32_t r, gb_seq *s) {
     memset(s, 0, sizeof *s);
 }
 
+void gb_alt_ref(gb *b, uint32_t r, uint32_t q) {
+    gb_seq s = {0};
+    gb_ref(b, &s, q);
+    gb_alt(b, r, &s);
+}
+
 static void seq_push(gb *b, gb_seq *s, gmr_el e) {
     if (b->err) return;
     if (++b->n_el > GMR_MAX_ELEMS) {
@@ -189,10 +195,8 @@ uint32_t gb_rule_lit(gb *b, const char *str, size_t n) {
 
 /* ---- literal sets as a trie ------------------------------------------------------------------------------ */
 
-typedef struct lit { const char *s; size_t n; } lit;
-
-static int lit_cmp(const void *x, const void *y) {
-    const lit *a = x, *c = y;
+int gb_str_cmp(const void *x, const void *y) {
+    const gb_str *a = x, *c = y;
     size_t m = a->n < c->n ? a->n : c->n;
     int r = memcmp(a->s, c->s, m);
     if (r) return r;
@@ -200,7 +204,7 @@ static int lit_cmp(const void *x, const void *y) {
 }
 
 /* Strings v[0..n) (sorted, distinct, sharing their first d bytes) after byte d. */
-static uint32_t lits_rule(gb *b, const lit *v, size_t n, size_t d) {
+static uint32_t lits_rule(gb *b, const gb_str *v, size_t n, size_t d) {
     uint32_t r = gb_rule_new(b);
     size_t i = 0;
     if (i < n && v[i].n == d) {    /* one string ends here */
@@ -228,16 +232,16 @@ static uint32_t lits_rule(gb *b, const lit *v, size_t n, size_t d) {
 
 uint32_t gb_rule_lits(gb *b, const char *const *strs, const size_t *lens, size_t n) {
     if (b->err) return UINT32_MAX;
-    lit *v = malloc((n ? n : 1) * sizeof *v);
+    gb_str *v = malloc((n ? n : 1) * sizeof *v);
     if (!v) {
         gb_fail(b, KVS_ERR_NOMEM, "out of memory");
         return UINT32_MAX;
     }
-    for (size_t i = 0; i < n; i++) v[i] = (lit){strs[i], lens[i]};
-    qsort(v, n, sizeof *v, lit_cmp);
+    for (size_t i = 0; i < n; i++) v[i] = (gb_str){strs[i], lens[i]};
+    qsort(v, n, sizeof *v, gb_str_cmp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (m == 0 || lit_cmp(&v[m - 1], &v[i])) v[m++] = v[i];
+        if (m == 0 || gb_str_cmp(&v[m - 1], &v[i])) v[m++] = v[i];
     uint32_t r;
     if (m == 0) {
         r = gb_rule_new(b);
@@ -423,15 +427,7 @@ uint32_t gb_import(gb *b, const gmr_grammar *g) {
 
 void gmr_grammar_free(gmr_grammar *g) {
     if (!g) return;
-    free(g->rule_alt);
-    free(g->alt_el);
-    free(g->alt_first);
-    free(g->alt_null);
-    free(g->rule_null);
-    free(g->el);
-    free(g->null_from);
-    free(g->cls);
-    free(g);
+    KVS_FREE_ALL(g->rule_alt, g->alt_el, g->alt_first, g->alt_null, g->rule_null, g->el, g->null_from, g->cls, g);
 }
 
 static bool el_null(const gb *b, const uint8_t *rn, const gmr_el *e) {
@@ -439,6 +435,36 @@ static bool el_null(const gb *b, const uint8_t *rn, const gmr_el *e) {
     if (e->kind == GK_BYTES) return false;
     if (e->kind == GK_RULE) return rn[e->a];
     return e->min == 0 || rn[e->a];
+}
+
+/* productive: an element derives a finite string when its rule does (a repeat allowing zero times always can) */
+static bool el_prod(const gb *b, const uint8_t *prod, const gmr_el *e) {
+    (void)b;
+    if (e->kind == GK_RULE) return prod[e->a];
+    if (e->kind == GK_REPEAT) return e->min == 0 || prod[e->a];
+    return true;
+}
+
+/* nullable, once pruning has set max = 0 on the repeats that may only be taken zero times */
+static bool el_null_pruned(const gb *b, const uint8_t *rn, const gmr_el *e) {
+    return (e->kind == GK_REPEAT && !e->max) || el_null(b, rn, e);
+}
+
+/* Marks rules until nothing changes: rule r gets mark[r] = 1 once one alternative has el_ok on every element.
+ * Highest ids first converge fastest. */
+static void gb_fixpoint(const gb *b, uint8_t *mark, bool (*el_ok)(const gb *, const uint8_t *, const gmr_el *)) {
+    for (bool ch = true; ch;) {
+        ch = false;
+        for (uint32_t r = b->n_rules; r-- > 0;) {
+            if (mark[r]) continue;
+            for (uint32_t a = 0; a < b->rules[r].n && !mark[r]; a++) {
+                const gb_seq *s = &b->rules[r].alts[a];
+                bool ok = true;
+                for (uint32_t i = 0; i < s->n && ok; i++) ok = el_ok(b, mark, &s->v[i]);
+                if (ok) mark[r] = 1, ch = true;
+            }
+        }
+    }
 }
 
 int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
@@ -454,21 +480,8 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
         free(rn);
         return gb_fail(b, KVS_ERR_NOMEM, "out of memory");
     }
-    /* productive rules (can derive a finite string), then nullable ones; highest ids first converge fastest */
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = R; r-- > 0;) {
-            if (prod[r]) continue;
-            for (uint32_t a = 0; a < b->rules[r].n && !prod[r]; a++) {
-                gb_seq *s = &b->rules[r].alts[a];
-                bool ok = true;
-                for (uint32_t i = 0; i < s->n && ok; i++)
-                    if (s->v[i].kind == GK_RULE) ok = prod[s->v[i].a];
-                    else if (s->v[i].kind == GK_REPEAT) ok = s->v[i].min == 0 || prod[s->v[i].a];
-                if (ok) prod[r] = 1, ch = true;
-            }
-        }
-    }
+    /* productive rules (can derive a finite string), then nullable ones */
+    gb_fixpoint(b, prod, el_prod);
     if (!prod[root]) {
         free(prod);
         free(rn);
@@ -492,19 +505,7 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
         }
         ru->n = m;
     }
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = R; r-- > 0;) {
-            if (rn[r]) continue;
-            for (uint32_t a = 0; a < b->rules[r].n && !rn[r]; a++) {
-                gb_seq *s = &b->rules[r].alts[a];
-                bool nul = true;
-                for (uint32_t i = 0; i < s->n && nul; i++)
-                    if (s->v[i].kind != GK_REPEAT || s->v[i].max) nul = el_null(b, rn, &s->v[i]);
-                if (nul) rn[r] = 1, ch = true;
-            }
-        }
-    }
+    gb_fixpoint(b, rn, el_null_pruned);
     int rc = 0;
     /* repetitions of something empty would loop */
     for (uint32_t r = 0; r < R && !rc; r++)

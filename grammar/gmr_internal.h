@@ -61,6 +61,8 @@ int gb_fail(gb *b, int code, const char *fmt, ...) __attribute__((format(printf,
 uint32_t gb_rule_new(gb *b);
 /* Moves s into rule r as one more alternative (s is left empty). */
 void gb_alt(gb *b, uint32_t r, gb_seq *s);
+/* Adds to rule r the alternative made of rule q alone. */
+void gb_alt_ref(gb *b, uint32_t r, uint32_t q);
 /* Marks r as defined even with no alternatives (an empty language). */
 void gb_define(gb *b, uint32_t r);
 void gb_seq_free(gb_seq *s);
@@ -74,6 +76,12 @@ void gb_repeat(gb *b, gb_seq *s, uint32_t rule, uint32_t min, uint32_t max);
 uint32_t gb_rule_of(gb *b, gb_seq *s);
 /* A rule matching exactly the literal. */
 uint32_t gb_rule_lit(gb *b, const char *str, size_t n);
+
+/* A byte string s[0..n) (not owned). gb_str_cmp is a qsort comparator of gb_str: bytewise, a proper prefix
+ * first. */
+typedef struct gb_str { const char *s; size_t n; } gb_str;
+int gb_str_cmp(const void *x, const void *y);
+
 /* A rule matching one of n byte strings, factored as a trie (deterministic). */
 uint32_t gb_rule_lits(gb *b, const char *const *strs, const size_t *lens, size_t n);
 /* A rule matching one code point of the set given as n sorted, disjoint, inclusive ranges [2*i], [2*i+1]

@@ -76,13 +76,7 @@ void gmr_vocab_free(gmr_vocab *v) {
     if (!v) return;
     trie_free(&v->all);
     trie_free(&v->lng);
-    free(v->tok_next);
-    free(v->flags);
-    free(v->bytes);
-    free(v->off);
-    free(v->eog);
-    free(v->long_tok);
-    free(v);
+    KVS_FREE_ALL(v->tok_next, v->flags, v->bytes, v->off, v->eog, v->long_tok, v);
 }
 
 /* Builds the trie of tr[0..n) (sorted by bytes); chains tokens with equal bytes through tok_next. */
@@ -326,21 +320,42 @@ static inline uint32_t node_hash(uint32_t elem, uint32_t cnt, int32_t parent) {
     return h ^ h >> 15;
 }
 
-static bool node_rehash(scratch *sc) {
-    uint32_t cap = sc->nh_cap ? sc->nh_cap * 2 : 1024;
+/* Replaces an intern table (*tab of *tab_cap slots holding id + 1, 0 empty; linear probing) by one twice as large
+ * (first slots when empty) holding ids 0..n placed by hash(sc, id). false when out of memory (the old one kept).
+ * Serves the frame table and the state table. */
+static bool tab_rehash(const scratch *sc, uint32_t **tab, uint32_t *tab_cap, uint32_t first, uint32_t n,
+                       uint32_t (*hash)(const scratch *, uint32_t)) {
+    uint32_t cap = *tab_cap ? *tab_cap * 2 : first;
     uint32_t *t = calloc(cap, sizeof *t);
     if (!t) return false;
-    for (uint32_t id = 0; id < sc->nn; id++) {
-        const mnode *x = &sc->nd[id];
-        uint32_t h = node_hash(x->elem, x->cnt, x->parent) & (cap - 1);
+    for (uint32_t id = 0; id < n; id++) {
+        uint32_t h = hash(sc, id) & (cap - 1);
         while (t[h]) h = (h + 1) & (cap - 1);
         t[h] = id + 1;
     }
-    free(sc->nh);
-    sc->nh = t;
-    sc->nh_cap = cap;
+    free(*tab);
+    *tab = t;
+    *tab_cap = cap;
     return true;
 }
+
+/* Empties an intern table; one a large walk grew is freed rather than cleared. */
+static void tab_reset(uint32_t **tab, uint32_t *tab_cap) {
+    if (*tab_cap > SCRATCH_KEEP) {
+        free(*tab);
+        *tab = NULL;
+        *tab_cap = 0;
+    } else if (*tab) {
+        memset(*tab, 0, *tab_cap * sizeof **tab);
+    }
+}
+
+static uint32_t node_hash_id(const scratch *sc, uint32_t id) {
+    const mnode *x = &sc->nd[id];
+    return node_hash(x->elem, x->cnt, x->parent);
+}
+
+static bool node_rehash(scratch *sc) { return tab_rehash(sc, &sc->nh, &sc->nh_cap, 1024, sc->nn, node_hash_id); }
 
 /* The id of the frame (elem, cnt) on parent, created when new; -2 when the stack would be too deep or memory
  * ran out. */
@@ -479,20 +494,8 @@ static void advance(const gmr_grammar *g, scratch *sc, uint32_t off, uint32_t n,
 static void scratch_reset(scratch *sc) {
     sc->nn = sc->nt = sc->ns = 0;
     sc->oom = false;
-    if (sc->nh_cap > SCRATCH_KEEP) {
-        free(sc->nh);
-        sc->nh = NULL;
-        sc->nh_cap = 0;
-    } else if (sc->nh) {
-        memset(sc->nh, 0, sc->nh_cap * sizeof *sc->nh);
-    }
-    if (sc->sh_cap > SCRATCH_KEEP) {
-        free(sc->sh);
-        sc->sh = NULL;
-        sc->sh_cap = 0;
-    } else if (sc->sh) {
-        memset(sc->sh, 0, sc->sh_cap * sizeof *sc->sh);
-    }
+    tab_reset(&sc->nh, &sc->nh_cap);
+    tab_reset(&sc->sh, &sc->sh_cap);
     if (sc->tr_states > 64) {
         free(sc->tr);
         sc->tr = NULL;
@@ -508,20 +511,11 @@ static uint32_t state_hash(const uint32_t *t, uint32_t n) {
     return h ^ h >> 16;
 }
 
-static bool state_rehash(scratch *sc) {
-    uint32_t cap = sc->sh_cap ? sc->sh_cap * 2 : 256;
-    uint32_t *t = calloc(cap, sizeof *t);
-    if (!t) return false;
-    for (uint32_t id = 0; id < sc->ns; id++) {
-        uint32_t h = state_hash(sc->tp + sc->s_off[id], sc->s_n[id]) & (cap - 1);
-        while (t[h]) h = (h + 1) & (cap - 1);
-        t[h] = id + 1;
-    }
-    free(sc->sh);
-    sc->sh = t;
-    sc->sh_cap = cap;
-    return true;
+static uint32_t state_hash_id(const scratch *sc, uint32_t id) {
+    return state_hash(sc->tp + sc->s_off[id], sc->s_n[id]);
 }
+
+static bool state_rehash(scratch *sc) { return tab_rehash(sc, &sc->sh, &sc->sh_cap, 256, sc->ns, state_hash_id); }
 
 /* The id of the state whose tops were just appended at tp[start .. start + n) (dropped again when the state
  * is known); UINT32_MAX when memory ran out. */

@@ -66,15 +66,8 @@ uint32_t gmr_json_cp_rule(gb *b, gmr_cpset *set) {
     } else {
         r = gb_rule_new(b);
         gb_define(b, r);
-        if (raw.n) {
-            gb_seq s = {0};
-            gb_ref(b, &s, gb_rule_cp(b, raw.r, raw.n));
-            gb_alt(b, r, &s);
-        }
-        uint32_t e = gb_rule_lits(b, esc, esc_len, n_esc);
-        gb_seq s = {0};
-        gb_ref(b, &s, e);
-        gb_alt(b, r, &s);
+        if (raw.n) gb_alt_ref(b, r, gb_rule_cp(b, raw.r, raw.n));
+        gb_alt_ref(b, r, gb_rule_lits(b, esc, esc_len, n_esc));
     }
     cps_free(&raw);
     return r;
@@ -332,9 +325,7 @@ static uint32_t rx_alt(rx *x) {
     uint32_t r = gb_rule_new(b);
     for (;;) {
         uint32_t q = rx_seq(x);
-        gb_seq s = {0};
-        gb_ref(b, &s, q);
-        gb_alt(b, r, &s);
+        gb_alt_ref(b, r, q);
         if (b->err || x->i >= x->n || x->p[x->i] != '|') break;
         x->i++;
     }

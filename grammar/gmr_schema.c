@@ -100,9 +100,7 @@ static uint32_t jchar(sctx *s) {
     gb_byte(b, &e, '\\');
     uint32_t esc = gb_rule_new(b);
     {
-        gb_seq a = {0};
-        gb_ref(b, &a, class_rule(b, "\"\\/bfnrt", 0, 0));
-        gb_alt(b, esc, &a);
+        gb_alt_ref(b, esc, class_rule(b, "\"\\/bfnrt", 0, 0));
         gb_seq c = {0};
         gb_byte(b, &c, 'u');
         gb_ref(b, &c, u);
@@ -308,7 +306,7 @@ static uint32_t number_rule(sctx *s, const bounds *bd) {
     uint32_t ir = integer_rule(s, &ib, false);   /* no integer: fractions may still fit */
     gb_seq q = {0};
     gb_ref(b, &q, ir);
-    gb_alt(b, r, &q);
+    gb_alt(b, r, &q);   /* q, emptied by gb_alt, builds the next alternatives */
     bool any = false;
     /* I.F in (I, I+1): lo <= I and I + 1 <= hi */
     double L = bd->lo == -INFINITY ? 0 : fmax(0, ceil(bd->lo));
@@ -387,7 +385,7 @@ static uint32_t any_value(sctx *s) {
     any_container(s, v, '[', gb_rule_of(b, &it), ']');
     gb_seq q = {0};
     gb_ref(b, &q, str);
-    gb_alt(b, v, &q);
+    gb_alt(b, v, &q);   /* q, emptied by gb_alt, builds the next alternatives */
     bounds nb = {-INFINITY, INFINITY, false, false};
     gb_ref(b, &q, number_rule(s, &nb));
     gb_alt(b, v, &q);
@@ -661,13 +659,6 @@ static uint32_t member_value(sctx *s, const char *key, const cJSON *vs) {
     return gb_rule_of(b, &q);
 }
 
-typedef struct lit2 { const char *s; size_t n; } lit2;
-static int lit2_cmp(const void *x, const void *y) {
-    const lit2 *a = x, *c = y;
-    size_t m = a->n < c->n ? a->n : c->n;
-    int r = memcmp(a->s, c->s, m);
-    return r ? r : (a->n > c->n) - (a->n < c->n);
-}
 
 static bool key_safe(const char *k) {
     for (; *k; k++)
@@ -676,7 +667,7 @@ static bool key_safe(const char *k) {
 }
 
 /* Keys (printable ASCII but '"' and '\\', length <= K) other than v[0..n) (sorted, sharing d bytes). */
-static uint32_t key_except(sctx *s, const lit2 *v, size_t n, size_t d, uint32_t safe) {
+static uint32_t key_except(sctx *s, const gb_str *v, size_t n, size_t d, uint32_t safe) {
     gb *b = s->b;
     uint32_t K = (uint32_t)s->o.max_key_len;
     uint32_t r = gb_rule_new(b);
@@ -721,7 +712,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
     size_t n = 0;
     uint32_t *mem = malloc(((size_t)np + (size_t)nr + 1) * sizeof *mem);
     bool *opt = malloc(((size_t)np + (size_t)nr + 1) * sizeof *opt);
-    lit2 *names = malloc(((size_t)np + (size_t)nr + 1) * sizeof *names);
+    gb_str *names = malloc(((size_t)np + (size_t)nr + 1) * sizeof *names);
     if (!mem || !opt || !names) {
         free(mem);
         free(opt);
@@ -734,7 +725,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         for (const cJSON *r = req ? req->child : NULL; r && !is_req; r = r->next) is_req = !strcmp(r->valuestring, p->string);
         mem[n] = member_value(s, p->string, p);
         opt[n++] = !is_req;
-        if (key_safe(p->string)) names[n_names++] = (lit2){p->string, strlen(p->string)};
+        if (key_safe(p->string)) names[n_names++] = (gb_str){p->string, strlen(p->string)};
     }
     for (const cJSON *r = req ? req->child : NULL; r && !b->err; r = r->next) {
         if (props && get(props, r->valuestring)) continue;
@@ -751,7 +742,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         }
         mem[n] = member_value(s, r->valuestring, cJSON_IsObject(ap) ? ap : NULL);
         opt[n++] = false;
-        if (key_safe(r->valuestring)) names[n_names++] = (lit2){r->valuestring, strlen(r->valuestring)};
+        if (key_safe(r->valuestring)) names[n_names++] = (gb_str){r->valuestring, strlen(r->valuestring)};
     }
     /* the tail: extra members */
     uint32_t tail[2];
@@ -762,7 +753,7 @@ static uint32_t object_rule(sctx *s, const cJSON *sch) {
         gb_alt(b, tail[0], &e);
         gb_alt(b, tail[1], &e);
     } else if (!b->err) {
-        qsort(names, n_names, sizeof *names, lit2_cmp);
+        qsort(names, n_names, sizeof *names, gb_str_cmp);
         uint8_t set[32] = {0};
         for (int c = 0x20; c <= 0x7E; c++)
             if (c != '"' && c != '\\') set[c >> 3] |= (uint8_t)(1u << (c & 7));
@@ -928,9 +919,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
         uint32_t r = gb_rule_new(b);
         s->memo[s->n_memo++] = (refmemo){t, r};
         uint32_t body = c_schema(s, t);
-        gb_seq q = {0};
-        gb_ref(b, &q, body);
-        gb_alt(b, r, &q);
+        gb_alt_ref(b, r, body);
         return r;
     }
     const cJSON *all = get(sch, "allOf");
@@ -968,9 +957,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
             } else {
                 br = c_schema(s, c);
             }
-            gb_seq q = {0};
-            gb_ref(b, &q, br);
-            gb_alt(b, r, &q);
+            gb_alt_ref(b, r, br);
         }
         return r;
     }
@@ -1035,9 +1022,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
         bool dup = false;
         for (int j = 0; j < i; j++) dup |= !strcmp(types[i], types[j]);
         if (dup) continue;
-        gb_seq q = {0};
-        gb_ref(b, &q, typed_rule(s, sch, types[i]));
-        gb_alt(b, r, &q);
+        gb_alt_ref(b, r, typed_rule(s, sch, types[i]));
     }
     return r;
 }

@@ -86,6 +86,7 @@ typedef struct srv_api_gen {
     char *user;
     srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
     char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
+    struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api_chat.h) */
 } srv_api_gen;
 
 void srv_api_limits_default(srv_api_limits *l);
@@ -120,6 +121,10 @@ typedef struct srv_api_backend {
     int (*token_piece)(void *ctx, int32_t token, bool render_special, char *buf, size_t cap,
                        size_t *n_out);                                             /* eng_token_to_piece */
     int (*chat_render)(void *ctx, const eng_chat_msg *msgs, size_t n, char **out); /* eng_chat_render */
+    /* The model's Jinja chat template (or the --chat-template file), compiled; NULL: chat_render's built-in
+     * families. Rendered off the loop (any thread); the caller's, must outlive the backend. */
+    const struct tpl_template *chat_tpl;
+    const char *bos_text, *eos_text; /* the BOS / EOS token texts for the template (NULL: "") */
 } srv_api_backend;
 
 typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;
@@ -136,6 +141,8 @@ typedef struct srv_api_config {
                                    responsive under any single request (NULL: done inline, for tests) */
     const srv_cors *cors;       /* preflight answers (NULL: no CORS); the caller's, must outlive the srv_api */
     const srv_web *web;         /* GET / (the chat page) and GET /props (NULL: both 404); the caller's, likewise */
+    bool parse_special_in_content; /* true: text like <|im_start|> in chat message contents becomes control
+                                      tokens (the old behaviour); false (default): contents are plain text */
 } srv_api_config;
 
 typedef struct srv_api srv_api;

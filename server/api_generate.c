@@ -115,7 +115,9 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             for (int32_t i = 0; i < ev->n_samples; i++) srv_histogram_observe(&api->metrics->itl, dt);
         }
         if (ev->n_samples > 0) ch->last_t = ev->t;
-        if (c->stream) {
+        if (c->stream && api_tools_active(c)) {
+            api_tools_stream_delta(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples);
+        } else if (c->stream) {
             if (ev->text_len > 0 || (c->gen.logprobs && ev->n_samples > 0))
                 api_stream_chunk(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples, SRV_SCHED_FINISH_NONE,
                              false);
@@ -138,7 +140,10 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             srv_api_set_error(&c->error, client ? 400 : 500, client ? "invalid_request_error" : "server_error",
                               NULL, NULL, "%s", msg);
         }
-        if (c->stream) {
+        if (c->stream && api_tools_active(c)) {
+            if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
+                api_tools_stream_end(c, idx, ev->text, ev->text_len, ev->finish);
+        } else if (c->stream) {
             if (ev->text_len > 0) api_stream_chunk(c, idx, ev->text, ev->text_len, NULL, 0, SRV_SCHED_FINISH_NONE, false);
             if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
                 api_stream_chunk(c, idx, NULL, 0, NULL, 0, ev->finish, false);
@@ -170,24 +175,7 @@ static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n
 /* Builds the prompt tokens of prompt i (chat: the rendered conversation). */
 static int build_prompt(srv_api *api, api_call *c, int32_t i, int32_t **toks, int32_t *n, srv_api_error *e) {
     srv_api_gen *g = &c->gen;
-    if (g->kind == SRV_API_CHAT) {
-        eng_chat_msg *m = calloc((size_t)g->n_msgs, sizeof *m);
-        if (!m) goto oom;
-        for (int32_t k = 0; k < g->n_msgs; k++) { m[k].role = g->msgs[k].role; m[k].content = g->msgs[k].content; }
-        char *text = NULL;
-        int r = api->be.chat_render(api->be.ctx, m, (size_t)g->n_msgs, &text);
-        free(m);
-        if (r != 0) {
-            srv_api_set_error(e, r == ENG_ERR_NOMEM ? 500 : 400, r == ENG_ERR_NOMEM ? "server_error" : NULL,
-                              "messages", NULL, "the messages could not be rendered with the chat template: %s",
-                              kvs_strerror(r));
-            return -1;
-        }
-        r = api_tokenize(api, text, strlen(text), true, true, toks, n);
-        free(text);
-        if (r != 0) goto tokfail;
-        return 0;
-    }
+    if (g->kind == SRV_API_CHAT) return api_chat_prompt(api, c, toks, n, e);
     srv_api_prompt *p = &g->prompts[i];
     if (p->tokens) {
         if (!(*toks = malloc((size_t)p->n_tokens * sizeof **toks))) goto oom;

@@ -25,6 +25,9 @@ typedef struct api_choice {
     cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
     size_t lp_offset;     /* completions text_offset of the next token */
     srv_sched_finish finish;
+    size_t sent;          /* stream with tools: bytes of `text` already sent as content */
+    bool held;            /* stream with tools: the rest of the text is held until the end */
+    bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
     uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
     bool ended;
 } api_choice;
@@ -86,6 +89,7 @@ struct srv_api {
     const srv_web *web;   /* the chat page and /props (NULL: 404) */
     srv_api_backend be;
     bool has_backend;
+    bool parse_special_in_content;
     api_call *calls;
     int32_t n_calls;
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
@@ -105,6 +109,15 @@ int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
 
+/* api_chat_prompt.c: the tokens of a chat request's prompt (template, content spans, prefill). */
+int api_chat_prompt(srv_api *api, api_call *c, int32_t **toks, int32_t *n, srv_api_error *e);
+/* api_tools.c: tool calls in chat responses */
+bool api_tools_active(const api_call *c);
+void api_tools_stream_delta(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp, int32_t n_smp);
+void api_tools_stream_end(api_call *c, int32_t idx, const char *text, size_t len, srv_sched_finish finish);
+void api_tools_message(api_call *c, int32_t idx, cJSON *message, api_choice *ch);
+cJSON *api_chunk_base(api_call *c);
+void api_sse_send(api_call *c, cJSON *o, const char *raw);
 /* api_parse.c: "a boolean", "a number", ... "null" (for messages about a field's JSON type) */
 const char *api_json_kind(const cJSON *j);
 

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "server/api_chat.h"
 #include "server/api_internal.h"
 #include "server/json_check.h"
 
@@ -64,6 +65,7 @@ void srv_api_gen_free(srv_api_gen *g) {
     free(g->logit_bias);
     free(g->user);
     free(g->rf_schema);
+    if (g->chat) { srv_chat_req_free(g->chat); free(g->chat); }
     memset(g, 0, sizeof *g);
 }
 
@@ -361,9 +363,9 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         name = "top_logprobs";
         if (r && !g->logprobs) return BAD("'top_logprobs' requires 'logprobs' to be true");
         if (r) g->top_logprobs = (int32_t)d;
-        const cJSON *tools = field(root, "tools");
-        name = "tools";
-        if (tools && cJSON_GetArraySize(tools) > 0) return BAD("'tools' (function calling) is not supported");
+        if (!(g->chat = calloc(1, sizeof *g->chat))) return OOM();
+        r = srv_chat_parse(root, g->chat, err);
+        if (r != 0) { free(g->chat); g->chat = NULL; return r == SRV_API_ERR_NOMEM ? -2 : -1; }
     }
     return 0;
 }

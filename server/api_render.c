@@ -140,7 +140,7 @@ static cJSON *usage_json(const srv_sched_usage *u) {
     return o;
 }
 
-static cJSON *chunk_base(api_call *c) {
+cJSON *api_chunk_base(api_call *c) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "id", c->id);
@@ -152,7 +152,7 @@ static cJSON *chunk_base(api_call *c) {
 
 /* Writes `data: <json>\n\n` (or the literal [DONE]); on a stalled or closed client, drops the stream and
  * cancels the generation. Consumes obj. */
-static void sse_send(api_call *c, cJSON *obj, const char *literal) {
+void api_sse_send(api_call *c, cJSON *obj, const char *literal) {
     if (!c->req) { cJSON_Delete(obj); return; }
     char *s = literal ? NULL : (obj ? cJSON_PrintUnformatted(obj) : NULL);
     cJSON_Delete(obj);
@@ -262,7 +262,7 @@ cJSON *api_new_logprobs(api_call *c) {
 /* One streamed chunk for choice idx: text (may be NULL), logprob samples, finish reason (NONE: null). */
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
                          int32_t n_smp, srv_sched_finish finish, bool role) {
-    cJSON *o = chunk_base(c);
+    cJSON *o = api_chunk_base(c);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, ch);
@@ -284,9 +284,10 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
         cJSON_AddNullToObject(ch, "logprobs");
     }
     const char *fn = finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(finish) : NULL;
+    if (fn && c->choices[idx].tool_calls) fn = "tool_calls";
     if (fn) cJSON_AddStringToObject(ch, "finish_reason", fn); else cJSON_AddNullToObject(ch, "finish_reason");
     if (c->gen.include_usage) cJSON_AddNullToObject(o, "usage");
-    sse_send(c, o, NULL);
+    api_sse_send(c, o, NULL);
 }
 
 void api_finish_call(api_call *c) {
@@ -322,16 +323,16 @@ void api_finish_call(api_call *c) {
             char *s = srv_api_error_json(&e);
             if (s) {
                 char *msg = malloc(strlen(s) + 1);
-                if (msg) { strcpy(msg, s); sse_send(c, NULL, msg); free(msg); }
+                if (msg) { strcpy(msg, s); api_sse_send(c, NULL, msg); free(msg); }
                 free(s);
             }
         } else if (c->gen.include_usage) {
-            cJSON *o = chunk_base(c);
+            cJSON *o = api_chunk_base(c);
             cJSON_AddArrayToObject(o, "choices");
             cJSON_AddItemToObject(o, "usage", usage_json(&c->usage));
-            sse_send(c, o, NULL);
+            api_sse_send(c, o, NULL);
         }
-        sse_send(c, NULL, "[DONE]");
+        api_sse_send(c, NULL, "[DONE]");
         if (c->req) {
             if (api->metrics) srv_metrics_count_http(api->metrics, 200);
             srv_http_stream_end(c->req);
@@ -362,6 +363,7 @@ void api_finish_call(api_call *c) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddStringToObject(m, "content", s ? s : "");
+            if (api_tools_active(c)) api_tools_message(c, i, m, ch);
         } else {
             cJSON_AddStringToObject(j, "text", s ? s : "");
         }
@@ -369,6 +371,7 @@ void api_finish_call(api_call *c) {
         if (ch->lp) { cJSON_AddItemToObject(j, "logprobs", ch->lp); ch->lp = NULL; }
         else cJSON_AddNullToObject(j, "logprobs");
         const char *fn = ch->finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(ch->finish) : "stop";
+        if (ch->tool_calls) fn = "tool_calls";
         cJSON_AddStringToObject(j, "finish_reason", fn);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(&c->usage));

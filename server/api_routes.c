@@ -359,6 +359,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->metrics = metrics;
     api->cors = cfg->cors;
     api->web = cfg->web;
+    api->parse_special_in_content = cfg->parse_special_in_content;
     api->loop = cfg->loop;
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;

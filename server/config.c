@@ -6,9 +6,11 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "engine/engine.h"
 #include "server/cors.h"
 #include "server/kv_events.h"
 
@@ -62,8 +64,11 @@ static const key_def KEYS[] = {
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
     N(shutdown_grace_s, 0, 86400, "seconds running requests get to finish on SIGINT/SIGTERM"),
     S(log_format, "text|json|none", "request log format (stderr)"),
-    S(chat_template, "|chatml|llama3|llama2|mistral|phi3|zephyr|gemma",
-      "force a chat template family (empty: the model's own)"),
+    S(chat_template, NULL,
+      "a Jinja chat template FILE, or a built-in family (chatml|llama3|llama2|mistral|phi3|zephyr|gemma); "
+      "empty: the model's own"),
+    B(parse_special_in_content, "chat message contents may produce control tokens (<|im_start|>...): the old, "
+      "unsafe behaviour"),
     J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -114,7 +119,16 @@ static bool in_choices(const char *choices, const char *v) {
     }
 }
 
+/* chat_template: "", a built-in family name or a readable file. */
+static int check_chat_template(const char *v, char *err, size_t el) {
+    if (!v[0] || eng_chat_family_from_name(v) != ENG_CHAT_AUTO || access(v, R_OK) == 0) return SRV_OK;
+    snprintf(err, el, "config key 'chat_template': '%s' is neither a readable file nor one of "
+             "chatml|llama3|llama2|mistral|phi3|zephyr|gemma", v);
+    return SRV_ERR_INVALID;
+}
+
 static int set_str(srv_config *c, const key_def *k, const char *v, char *err, size_t el) {
+    if (!strcmp(k->name, "chat_template") && check_chat_template(v, err, el) != SRV_OK) return SRV_ERR_INVALID;
     if (strlen(v) >= k->size) {
         snprintf(err, el, "config key '%s': value too long (at most %zu bytes)", k->name, k->size - 1);
         return SRV_ERR_INVALID;
@@ -320,6 +334,7 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
             }
         }
     }
+    if (check_chat_template(c->chat_template, err, el) != SRV_OK) return SRV_ERR_INVALID;
     if (!c->host[0]) { snprintf(err, el, "config key 'host': must not be empty"); return SRV_ERR_INVALID; }
     srv_kvev_config kc;
     if (srv_kvev_config_parse(c->kv_events_config, &kc, err, el) != KVS_OK) return SRV_ERR_INVALID;

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,30 +164,62 @@ static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats 
     sample(b, "vllm:lora_requests_info", "max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"", t);
 }
 
+/* The kvserve:* series that show one srv_sched_stats field as is, in output order. An int32 or double field
+ * is a gauge, a uint64 one a counter. */
+typedef enum { ST_I32, ST_F64, ST_U64 } st_field_type;
+typedef struct st_series {
+    const char *name, *help;
+    st_field_type type;
+    size_t off;
+} st_series;
+#define ST(name, help, type, field) {name, help, type, offsetof(srv_sched_stats, field)}
+static const st_series k_st_series[] = {
+    ST("kvserve:num_requests_running", "Requests admitted to the engine (prefilling or decoding).", ST_I32,
+       requests_running),
+    ST("kvserve:num_requests_waiting", "Requests queued, not yet admitted (including preempted ones).", ST_I32,
+       requests_waiting),
+    ST("kvserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", ST_F64, kv_usage),
+    ST("kvserve:kv_blocks_total", "KV blocks in the pool.", ST_I32, kv_blocks_total),
+    ST("kvserve:kv_blocks_used", "KV blocks referenced by running sequences.", ST_I32, kv_blocks_used),
+    ST("kvserve:kv_blocks_cached", "Unreferenced KV blocks kept for prefix reuse (evictable).", ST_I32,
+       kv_blocks_cached),
+    ST("kvserve:kv_blocks_free", "KV blocks neither used nor cached.", ST_I32, kv_blocks_free),
+    ST("kvserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", ST_U64,
+       prefix_query_tokens),
+    ST("kvserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", ST_U64, prefix_hit_tokens),
+    ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, prompt_tokens_total),
+    ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, generation_tokens_total),
+    ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64, preemptions),
+};
+#undef ST
+
+static void st_series_render(kvs_buf *b, const srv_sched_stats *st) {
+    for (size_t i = 0; i < sizeof k_st_series / sizeof k_st_series[0]; i++) {
+        const st_series *s = &k_st_series[i];
+        const char *f = (const char *)st + s->off;
+        if (s->type == ST_I32) {
+            int32_t v;
+            memcpy(&v, f, sizeof v);
+            gauge(b, s->name, s->help, v);
+        } else if (s->type == ST_F64) {
+            double v;
+            memcpy(&v, f, sizeof v);
+            gauge(b, s->name, s->help, v);
+        } else {
+            uint64_t v;
+            memcpy(&v, f, sizeof v);
+            counter(b, s->name, s->help, v);
+        }
+    }
+}
+
 int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char **out, size_t *len) {
     srv_sched_stats zero;
     memset(&zero, 0, sizeof zero);
     const srv_sched_stats *st = st_in ? st_in : &zero;
     kvs_buf b = {0};
     if (kvs_buf_reserve(&b, 8192) != 0) return SRV_METRICS_ERR_NOMEM;
-    gauge(&b, "kvserve:num_requests_running", "Requests admitted to the engine (prefilling or decoding).",
-          st->requests_running);
-    gauge(&b, "kvserve:num_requests_waiting", "Requests queued, not yet admitted (including preempted ones).",
-          st->requests_waiting);
-    gauge(&b, "kvserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", st->kv_usage);
-    gauge(&b, "kvserve:kv_blocks_total", "KV blocks in the pool.", st->kv_blocks_total);
-    gauge(&b, "kvserve:kv_blocks_used", "KV blocks referenced by running sequences.", st->kv_blocks_used);
-    gauge(&b, "kvserve:kv_blocks_cached", "Unreferenced KV blocks kept for prefix reuse (evictable).",
-          st->kv_blocks_cached);
-    gauge(&b, "kvserve:kv_blocks_free", "KV blocks neither used nor cached.", st->kv_blocks_free);
-    counter(&b, "kvserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-            st->prefix_query_tokens);
-    counter(&b, "kvserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
-            st->prefix_hit_tokens);
-    counter(&b, "kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", st->prompt_tokens_total);
-    counter(&b, "kvserve:generation_tokens_total", "Tokens generated.", st->generation_tokens_total);
-    counter(&b, "kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.",
-            st->preemptions);
+    st_series_render(&b, st);
     meta(&b, "kvserve:requests_rejected_total", "counter",
          "Requests refused with 429 because the waiting queue was at a limit (max_queue, max_queued_tokens).");
     kvs_buf_printf(&b, "kvserve:requests_rejected_total{reason=\"max_queue\"} %llu\n",

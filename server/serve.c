@@ -18,6 +18,7 @@
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "server/web.h"
+#include "template/template.h"
 
 typedef struct daemon_state {
     const srv_config *cfg;
@@ -41,6 +42,8 @@ typedef struct daemon_state {
     srv_gcache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kvev *kvev;              /* KV-cache event publisher, NULL when disabled */
     eng_chat_family family;
+    tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
+    char *bos_text, *eos_text;
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -80,6 +83,46 @@ static kvc_dtype parse_dtype(const char *s) {
     return KVC_DTYPE_F16;
 }
 
+/* The text of a special token (render_special), malloc'd; NULL when none. */
+static char *token_text(const eng_model *m, int32_t tok) {
+    char buf[256];
+    size_t n = 0;
+    if (tok < 0 || eng_token_to_piece(m, tok, true, buf, sizeof buf - 1, &n) != ENG_OK) return NULL;
+    buf[n] = 0;
+    return strdup(buf);
+}
+
+/* The Jinja chat template: --chat-template FILE, else the model's tokenizer.chat_template (unless a family is
+ * forced). One that does not compile is reported and the built-in families are used. Off the loop. */
+static void load_template(daemon_state *d) {
+    const char *cfg = d->cfg->chat_template;
+    d->bos_text = token_text(d->model, eng_token_bos(d->model));
+    d->eos_text = token_text(d->model, eng_token_eos(d->model));
+    char *owned = NULL;
+    const char *src = NULL, *what = "the model's chat template";
+    size_t len = 0;
+    if (cfg[0] && d->family == ENG_CHAT_AUTO) {
+        if (kvs_read_file(cfg, &owned, &len) != KVS_OK) {
+            fprintf(stderr, "kvserve: warning: cannot read the chat template '%s'; using the built-in families\n", cfg);
+            return;
+        }
+        src = owned;
+        what = cfg;
+    } else if (!cfg[0]) {
+        src = eng_model_chat_template(d->model);
+        len = src ? strlen(src) : 0;
+    }
+    if (!src) return;
+    tpl_error te;
+    int r = tpl_compile(src, len, NULL, &d->tpl, &te);
+    free(owned);
+    if (r != 0) {
+        d->tpl = NULL;
+        fprintf(stderr, "kvserve: warning: %s does not compile (%s); using the built-in template families\n",
+                what, te.msg);
+    }
+}
+
 static void load_work(uv_work_t *w) {
     daemon_state *d = w->data;
     const srv_config *c = d->cfg;
@@ -102,6 +145,7 @@ static void load_work(uv_work_t *w) {
                                                                                       : ENG_DEVICE_AUTO;
     cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
     d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
+    if (d->load_rc == 0) load_template(d);
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
@@ -159,14 +203,15 @@ static void load_done(uv_work_t *w, int status) {
     eng_chat_family fam = d->family != ENG_CHAT_AUTO ? d->family : eng_chat_detect(tmpl);
     srv_web_model wm = {
         .model_id = id, .model_path = c->model, .chat_template = tmpl,
-        .chat_family = eng_chat_family_name(fam == ENG_CHAT_AUTO ? ENG_CHAT_CHATML : fam),
+        .chat_family = d->tpl ? "jinja" : eng_chat_family_name(fam == ENG_CHAT_AUTO ? ENG_CHAT_CHATML : fam),
         .n_ctx = n_ctx, .parallel = c->parallel, .batch_tokens = c->batch_tokens,
         .threads = eng_ctx_n_threads(d->ctx), .device = eng_ctx_device(d->ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu",
         .simd = eng_simd_name(eng_simd_detect()),
     };
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
-    srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat};
+    srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
+                          d->eos_text};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
@@ -256,6 +301,7 @@ int srv_main(const srv_config *cfg) {
     ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
     ac.limits.max_stop = cfg->max_stop;
     ac.api_key = cfg->api_key;
+    ac.parse_special_in_content = cfg->parse_special_in_content;
     ac.loop = &d->loop;
     ac.log_format = !strcmp(cfg->log_format, "json") ? SRV_LOG_JSON : !strcmp(cfg->log_format, "none") ? SRV_LOG_NONE
                                                                                                    : SRV_LOG_TEXT;
@@ -345,6 +391,9 @@ out:
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);
+    tpl_free(d->tpl);
+    free(d->bos_text);
+    free(d->eos_text);
     uv_loop_close(&d->loop);
     free(d);
     return rc;

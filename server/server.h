@@ -72,7 +72,9 @@ typedef struct srv_config {
     int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */
     double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
     char log_format[8];         /* "text" (default), "json", "none" */
-    char chat_template[32];     /* "": the model's template; else a family name (chatml, llama3, ...) */
+    char chat_template[1024];   /* "": the model's template; a file that exists: a Jinja template read from it;
+                                   else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
+    bool parse_special_in_content; /* chat contents may hold control tokens (<|im_start|>...); default false */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
                                     server/kv_events.h. In the file an object, on the command line its JSON text */
 } srv_config;

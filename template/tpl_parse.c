@@ -656,6 +656,27 @@ static node *parse_chain(parser *p, node *n, bool filters) {
 static node *parse_postfix(parser *p, node *n) { return parse_chain(p, n, false); }
 static node *parse_filters(parser *p, node *n) { return parse_chain(p, n, true); }
 
+/* A list [a, b, ...] or a dict {k: v, ...} (kind N_DICT: children k0, v0, k1, v1, ...) after its opening token t,
+ * up to and including close; a trailing comma is allowed. */
+static node *parse_display(parser *p, const tok *t, const char *close, int kind) {
+    next(p);
+    nvec v = {0};
+    while (!is_op(cur(p), close)) {
+        if (v.n && expect_op(p, ",")) return NULL;
+        if (is_op(cur(p), close)) break;
+        node *k = NULL;
+        if (kind == N_DICT && (!(k = parse_expr(p)) || expect_op(p, ":"))) return NULL;
+        node *x = parse_expr(p);
+        if (!x || (k && nv_push(p, &v, k)) || nv_push(p, &v, x)) return NULL;
+    }
+    next(p);
+    node *n = mk(p, kind, t);
+    if (!n) return NULL;
+    n->v = v.v;
+    n->nv = v.n;
+    return n;
+}
+
 static node *parse_primary(parser *p) {
     if (enter(p)) return NULL;
     tok *t = cur(p);
@@ -718,35 +739,11 @@ static node *parse_primary(parser *p) {
             if (expect_op(p, ")")) return NULL;
         }
     } else if (is_op(t, "[")) {
-        next(p);
-        nvec v = {0};
-        while (!is_op(cur(p), "]")) {
-            if (v.n && expect_op(p, ",")) return NULL;
-            if (is_op(cur(p), "]")) break;
-            node *x = parse_expr(p);
-            if (!x || nv_push(p, &v, x)) return NULL;
-        }
-        next(p);
-        n = mk(p, N_LIST, t);
+        n = parse_display(p, t, "]", N_LIST);
         if (!n) return NULL;
-        n->v = v.v;
-        n->nv = v.n;
     } else if (is_op(t, "{")) {
-        next(p);
-        nvec v = {0};
-        while (!is_op(cur(p), "}")) {
-            if (v.n && expect_op(p, ",")) return NULL;
-            if (is_op(cur(p), "}")) break;
-            node *k = parse_expr(p);
-            if (!k || expect_op(p, ":")) return NULL;
-            node *x = parse_expr(p);
-            if (!x || nv_push(p, &v, k) || nv_push(p, &v, x)) return NULL;
-        }
-        next(p);
-        n = mk(p, N_DICT, t);
+        n = parse_display(p, t, "}", N_DICT);
         if (!n) return NULL;
-        n->v = v.v;
-        n->nv = v.n;
     } else {
         char b[64];
         perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));

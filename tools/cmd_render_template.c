@@ -26,18 +26,10 @@ static void rt_usage(FILE *f) {
 }
 
 static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    kvs_buf b = {0};
-    char chunk[65536];
-    size_t r;
-    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) kvs_buf_append(&b, chunk, r);
-    int bad = ferror(f);
-    fclose(f);
-    *len = b.len;
-    char *s = bad ? NULL : kvs_buf_take(&b);
-    kvs_buf_free(&b);
-    if (bad) errno = EIO;
+    char *s = NULL;
+    int rc = kvs_read_file(path, &s, len);
+    if (rc == KVS_ERR_NOMEM) errno = ENOMEM;
+    else if (rc != KVS_OK && !errno) errno = EIO;
     return s;
 }
 

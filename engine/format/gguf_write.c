@@ -62,18 +62,30 @@ static void le_write(uint8_t *p, uint64_t v, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* Makes room for a new element at the end of the array w->arr (w->n_arr used of w->cap_arr, capacity starting at
+ * first) after checking that no element there is named s[0..len) (its fields nm and nm_len): rc is 0 with slot
+ * pointing at the new element, zeroed; ENG_ERR_INVALID when the name is taken; ENG_ERR_NOMEM. The count is not
+ * raised. Serves the kvs and the tensors: a macro because wkv and wtensor differ. */
+#define W_NEW_NAMED(w, arr, nm, nm_len, s, len, first, slot, rc)                                                    \
+    do {                                                                                                          \
+        (rc) = 0;                                                                                                 \
+        for (size_t i_ = 0; i_ < (w)->n_##arr && !(rc); i_++)                                                     \
+            if ((w)->arr[i_].nm_len == (len) && memcmp((w)->arr[i_].nm, (s), (len)) == 0) (rc) = ENG_ERR_INVALID; \
+        if (!(rc) && (w)->n_##arr == (w)->cap_##arr) {                                                            \
+            void *g_ = kvs_grow((w)->arr, &(w)->cap_##arr, (w)->n_##arr + 1, sizeof *(w)->arr, (first));           \
+            if (g_) (w)->arr = g_;                                                                                \
+            else (rc) = ENG_ERR_NOMEM;                                                                            \
+        }                                                                                                         \
+        if (!(rc)) memset((slot) = &(w)->arr[(w)->n_##arr], 0, sizeof *(slot));                                   \
+    } while (0)
+
 /* Appends a kv with the key copied; returns it through *out (blob empty). */
 static int w_new_kv(eng_gguf_writer *w, const char *key, size_t key_len, uint32_t type, wkv **out) {
     if (!w || !key || key_len == 0) return ENG_ERR_INVALID;
-    for (size_t i = 0; i < w->n_kv; i++)
-        if (w->kv[i].key_len == key_len && memcmp(w->kv[i].key, key, key_len) == 0) return ENG_ERR_INVALID;
-    if (w->n_kv == w->cap_kv) {
-        wkv *nk = kvs_grow(w->kv, &w->cap_kv, w->n_kv + 1, sizeof *nk, 16);
-        if (!nk) return ENG_ERR_NOMEM;
-        w->kv = nk;
-    }
-    wkv *kv = &w->kv[w->n_kv];
-    memset(kv, 0, sizeof *kv);
+    wkv *kv;
+    int rc;
+    W_NEW_NAMED(w, kv, key, key_len, key, key_len, 16, kv, rc);
+    if (rc) return rc;
     kv->key = malloc(key_len + 1);
     if (!kv->key) return ENG_ERR_NOMEM;
     memcpy(kv->key, key, key_len);
@@ -238,15 +250,10 @@ static int w_tensor(eng_gguf_writer *w, const char *name, uint32_t type, uint32_
     size_t need_bytes = eng_gguf_tensor_bytes(type, n_dims, ne);
     if (need_bytes == 0 || need_bytes != nbytes) return ENG_ERR_INVALID;
     size_t name_len = strlen(name);
-    for (size_t i = 0; i < w->n_t; i++)
-        if (w->t[i].name_len == name_len && memcmp(w->t[i].name, name, name_len) == 0) return ENG_ERR_INVALID;
-    if (w->n_t == w->cap_t) {
-        wtensor *nt = kvs_grow(w->t, &w->cap_t, w->n_t + 1, sizeof *nt, 32);
-        if (!nt) return ENG_ERR_NOMEM;
-        w->t = nt;
-    }
-    wtensor *t = &w->t[w->n_t];
-    memset(t, 0, sizeof *t);
+    wtensor *t;
+    int rc;
+    W_NEW_NAMED(w, t, name, name_len, name, name_len, 32, t, rc);
+    if (rc) return rc;
     t->name = strdup(name);
     t->data = data ? malloc(nbytes) : NULL;
     if (!t->name || (data && !t->data)) {

@@ -443,16 +443,10 @@ void eng_model_free(eng_model *m) {
     }
     free(m->output.packed);
     pthread_mutex_destroy(&m->pack_lock);
-    free(m->output_norm);
-    free(m->rope_freqs);
-    free(m->rope_long);
-    free(m->rope_short);
-    free(m->chat_template);
     eng_vocab_free(m->vocab);
     eng_gguf_close(m->gguf);
-    free(m->file_buf);
-    free(m->path);
-    free(m);
+    KVS_FREE_ALL(m->output_norm, m->rope_freqs, m->rope_long, m->rope_short, m->chat_template, m->file_buf, m->path,
+                 m);
 }
 
 const eng_hparams *eng_model_hparams(const eng_model *m) { return m ? &m->hp : NULL; }

@@ -597,69 +597,48 @@ int eng_ops_attn_level_for(int simd) {
 
 int eng_ops_attn_level(void) { return eng_ops_attn_level_for(kvs_cpu_detect()); }
 
+/* Runs one of three calls by level: the AVX-512 one when the level allows it and hd is a multiple of 16, the
+ * AVX2 one when the level allows that, the scalar one otherwise (always, off x86). */
+#ifdef HAVE_X86
+#define TILE_DISPATCH(level, hd, call_avx512, call_avx2, call_scalar)                                              \
+    do {                                                                                                           \
+        if ((level) >= ENG_OPS_AVX512 && (hd) % 16 == 0) call_avx512;                                              \
+        else if ((level) >= ENG_OPS_AVX2) call_avx2;                                                               \
+        else call_scalar;                                                                                          \
+    } while (0)
+#else
+#define TILE_DISPATCH(level, hd, call_avx512, call_avx2, call_scalar)                                              \
+    do {                                                                                                           \
+        (void)(level);                                                                                             \
+        call_scalar;                                                                                               \
+    } while (0)
+#endif
+
 void eng_attn_tile_scores_f32(int level, const float *q, int32_t m, const float *k, int32_t n, int32_t hd, float scale,
                               float *s, int32_t lds, float *work) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_scores_f32_avx512(q, m, k, n, hd, scale, s, lds);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        tile_scores_f32_avx2(q, m, k, n, hd, scale, s, lds);
-        return;
-    }
-#endif
-    (void)level;
     (void)work;
-    tile_scores_f32_scalar(q, m, k, n, hd, scale, s, lds);
+    TILE_DISPATCH(level, hd, tile_scores_f32_avx512(q, m, k, n, hd, scale, s, lds),
+                  tile_scores_f32_avx2(q, m, k, n, hd, scale, s, lds),
+                  tile_scores_f32_scalar(q, m, k, n, hd, scale, s, lds));
 }
 void eng_attn_tile_scores_f16(int level, const float *q, int32_t m, const uint16_t *k, int32_t n, int32_t hd,
                               float scale, float *s, int32_t lds, float *work) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_scores_f16_avx512(q, m, k, n, hd, scale, s, lds);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        tile_scores_f16_avx2(q, m, k, n, hd, scale, s, lds, work);
-        return;
-    }
-#endif
-    (void)level;
     (void)work;
-    tile_scores_f16_scalar(q, m, k, n, hd, scale, s, lds);
+    TILE_DISPATCH(level, hd, tile_scores_f16_avx512(q, m, k, n, hd, scale, s, lds),
+                  tile_scores_f16_avx2(q, m, k, n, hd, scale, s, lds, work),
+                  tile_scores_f16_scalar(q, m, k, n, hd, scale, s, lds));
 }
 void eng_attn_tile_accum_f32(int level, float *o, int32_t m, const float *p, int32_t ldp, const float *v, int32_t n,
                              int32_t hd, float *work) {
     (void)work;
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_accum_f32_avx512(o, m, p, ldp, v, n, hd);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        tile_accum_f32_avx2(o, m, p, ldp, v, n, hd);
-        return;
-    }
-#endif
-    (void)level;
-    tile_accum_f32_scalar(o, m, p, ldp, v, n, hd);
+    TILE_DISPATCH(level, hd, tile_accum_f32_avx512(o, m, p, ldp, v, n, hd), tile_accum_f32_avx2(o, m, p, ldp, v, n, hd),
+                  tile_accum_f32_scalar(o, m, p, ldp, v, n, hd));
 }
 void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int32_t ldp, const uint16_t *v, int32_t n,
                              int32_t hd, float *work) {
-#ifdef HAVE_X86
-    if (level >= ENG_OPS_AVX512 && hd % 16 == 0) {
-        tile_accum_f16_avx512(o, m, p, ldp, v, n, hd, work);
-        return;
-    }
-    if (level >= ENG_OPS_AVX2) {
-        tile_accum_f16_avx2(o, m, p, ldp, v, n, hd, work);
-        return;
-    }
-#endif
-    (void)level;
     (void)work;
-    tile_accum_f16_scalar(o, m, p, ldp, v, n, hd);
+    TILE_DISPATCH(level, hd, tile_accum_f16_avx512(o, m, p, ldp, v, n, hd, work),
+                  tile_accum_f16_avx2(o, m, p, ldp, v, n, hd, work), tile_accum_f16_scalar(o, m, p, ldp, v, n, hd));
 }
 
 double eng_attn_expsum(int level, float *s, int32_t n, float mx) {

@@ -306,15 +306,24 @@ static eng_simd_level row_level(void) {
     return ENG_SIMD_SCALAR;
 }
 
+/* The checks both row conversions make: a known type, n a whole number of blocks, buffers when n > 0.
+ * Writes the block count to *nb. */
+static int row_args(uint32_t type, const void *src, const void *dst, int64_t n, int64_t *nb) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t) return ENG_ERR_UNSUPPORTED;
+    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
+    *nb = n / t->block_elems;
+    return ENG_OK;
+}
+
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
     return eng_dequantize_row_l(row_level(), type, src, dst, n);
 }
 
 int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
-    const eng_qtype_info *t = eng_qtype_get(type);
-    if (!t) return ENG_ERR_UNSUPPORTED;
-    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
-    int64_t nb = n / t->block_elems;
+    int64_t nb;
+    int rc = row_args(type, src, dst, n, &nb);
+    if (rc) return rc;
     if (l >= ENG_SIMD_AVX2 && n > 0 && eng_dequantize_row_avx2(type, src, dst, n)) return ENG_OK;
     switch (type) {
     case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
@@ -501,10 +510,9 @@ int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
 }
 
 int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {
-    const eng_qtype_info *t = eng_qtype_get(type);
-    if (!t) return ENG_ERR_UNSUPPORTED;
-    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
-    int64_t nb = n / t->block_elems;
+    int64_t nb;
+    int rc = row_args(type, src, dst, n, &nb);
+    if (rc) return rc;
     if (l >= ENG_SIMD_AVX2 && n > 0 && eng_quantize_row_avx2(type, src, dst, n)) return ENG_OK;
     switch (type) {
     case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;

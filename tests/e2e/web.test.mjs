@@ -228,7 +228,7 @@ describe('routes without /v1 and /props', () => {
     assert.equal(p.total_slots, 8, '--parallel 8');
     assert.equal(p.model_path, model.path);
     assert.equal(typeof p.chat_template, 'string');
-    assert.match(p.chat_template_family, /^(chatml|llama3|llama2|mistral|phi3|zephyr|gemma)$/);
+    assert.match(p.chat_template_family, /^(jinja|chatml|llama3|llama2|mistral|phi3|zephyr|gemma)$/);
     assert.deepEqual(p.modalities, { vision: false, audio: false });
     assert.equal(p.batch_tokens, 512);
     const version = execFileSync(BINARY, ['--version'], { encoding: 'utf8' }).trim().split(' ')[1];

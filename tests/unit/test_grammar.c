@@ -540,7 +540,7 @@ Test(grammar, differential_qwen2_vocab, .timeout = 600) {
     gmr_vocab *v = NULL;
     cr_assert_eq(kvt_load_vocab(path, &v, err, sizeof err), 0, "%s", err);
     walk_stats st = {0};
-    run_walks(v, (const char *const *)pieces, lens, flags, n, SAN_BUILD ? 3 : 8, 300, SAN_BUILD ? 150 : 40, 0x2545F4914F6CDD1DULL, &st);
+    run_walks(v, (const char *const *)pieces, lens, flags, n, SAN_BUILD ? 3 : 8, 800, SAN_BUILD ? 150 : 40, 0x2545F4914F6CDD1DULL, &st);
     cr_log_info("qwen2 vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
                 st.steps, st.checked);
     cr_expect_geq(st.finished * 10, st.runs * 6, "too few walks finished: %d of %d", st.finished, st.runs);
