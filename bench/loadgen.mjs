@@ -5,11 +5,15 @@
 //
 //   node bench/loadgen.mjs --url http://127.0.0.1:8080 --clients 32 --tokens 64 [--shared-prefix-words 800]
 //                          [--prompt-words 24] [--rounds 1] [--warmup 1] [--json]
+//                          [--response-format json_object|SCHEMA.json]
 //
 // Before the timed rounds, --warmup W untimed requests (8 tokens, prompts no timed request shares) let the
 // client's own JIT warm up, so its first-request compilation does not compete with the server inside a
 // measured request. Distinct prompts by default; --shared-prefix-words W puts the same W-word prefix in front of every
-// client's distinct suffix (the shared-system-prompt workload).
+// client's distinct suffix (the shared-system-prompt workload). --response-format constrains every timed request
+// (json_object, or a JSON Schema read from a file as json_schema): a request then ends when its value is
+// complete, so compare tok/s (tokens generated over wall time), not request counts.
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
 const { values: opt } = parseArgs({
@@ -22,11 +26,12 @@ const { values: opt } = parseArgs({
     rounds: { type: 'string', default: '1' },
     warmup: { type: 'string', default: '1' },
     json: { type: 'boolean', default: false },
+    'response-format': { type: 'string', default: '' },
     help: { type: 'boolean', default: false },
   },
 });
 if (opt.help) {
-  console.log('usage: loadgen.mjs --url URL --clients N --tokens T [--shared-prefix-words W] [--prompt-words P] [--rounds R] [--warmup W] [--json]');
+  console.log('usage: loadgen.mjs --url URL --clients N --tokens T [--shared-prefix-words W] [--prompt-words P] [--rounds R] [--warmup W] [--json] [--response-format json_object|SCHEMA.json]');
   process.exit(0);
 }
 const clients = parseInt(opt.clients, 10);
@@ -52,6 +57,9 @@ function words(n, seed) {
   }
   return out.join(' ');
 }
+const rfOpt = opt['response-format'];
+const responseFormat = !rfOpt ? null : rfOpt === 'json_object' ? { type: 'json_object' }
+  : { type: 'json_schema', json_schema: { name: 'bench', strict: true, schema: JSON.parse(readFileSync(rfOpt, 'utf8')) } };
 const prefix = prefixWords > 0 ? words(prefixWords, 7) + '. ' : '';
 
 async function one(i, round, maxTokens = tokens) {
@@ -64,6 +72,7 @@ async function one(i, round, maxTokens = tokens) {
     body: JSON.stringify({
       model: 'bench', prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true,
       stream_options: { include_usage: true },
+      ...(responseFormat && round >= 0 ? { response_format: responseFormat } : {}),
     }),
   });
   if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
@@ -104,7 +113,7 @@ const wall = (performance.now() - tStart) / 1000;
 const gen = results.reduce((a, r) => a + r.n, 0);
 const ttfts = results.map((r) => r.ttft).filter((x) => x !== null).sort((a, b) => a - b);
 const out = {
-  clients, tokens, rounds, shared_prefix_words: prefixWords,
+  clients, tokens, rounds, shared_prefix_words: prefixWords, response_format: rfOpt || 'none',
   requests: results.length, generated_tokens: gen, wall_s: +wall.toFixed(3),
   tok_s: +(gen / wall).toFixed(1),
   ttft_ms: { p50: +pct(ttfts, 50).toFixed(1), p95: +pct(ttfts, 95).toFixed(1), max: +ttfts[ttfts.length - 1].toFixed(1) },

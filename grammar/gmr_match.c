@@ -655,6 +655,8 @@ int gmr_matcher_create(const gmr_grammar *g, const gmr_vocab *v, size_t cache_by
     return 0;
 }
 
+const gmr_vocab *gmr_matcher_vocab(const gmr_matcher *m) { return m ? m->v : NULL; }
+
 int gmr_matcher_clone(const gmr_matcher *m, gmr_matcher **out) {
     if (!out) return KVS_ERR_INVALID;
     *out = NULL;

@@ -134,6 +134,8 @@ int gmr_matcher_create(const gmr_grammar *g, const gmr_vocab *v, size_t cache_by
 /* An independent copy at the same position (for n > 1), sharing the mask cache. */
 int gmr_matcher_clone(const gmr_matcher *m, gmr_matcher **out);
 void gmr_matcher_free(gmr_matcher *m);
+/* The vocabulary the matcher was made with (NULL for a NULL matcher). */
+const gmr_vocab *gmr_matcher_vocab(const gmr_matcher *m);
 /* Back to the start of the grammar. */
 void gmr_matcher_reset(gmr_matcher *m);
 

@@ -51,6 +51,10 @@ typedef struct srv_api_prompt {
     int32_t n_tokens;
 } srv_api_prompt;
 
+/* response_format (server/api_structured.c): text (no constraint), json_object (any JSON object), json_schema
+ * (a JSON Schema; compiled through grammar/ before the request is queued). */
+typedef enum { SRV_API_RF_TEXT = 0, SRV_API_RF_JSON_OBJECT = 1, SRV_API_RF_JSON_SCHEMA = 2 } srv_api_rf;
+
 typedef struct srv_api_msg { char *role; char *content; } srv_api_msg;
 
 typedef struct srv_api_limits {
@@ -82,6 +86,8 @@ typedef struct srv_api_gen {
     char *user;
     char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
                                    the model's FIM prompt (server/api_fim.c) */
+    srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
+    char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
     struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api_chat.h) */
 } srv_api_gen;
 
@@ -159,6 +165,10 @@ void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd
 void srv_api_handle(void *ud, srv_http_req *req);
 /* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */
 void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns);
+/* The model's grammar cache for response_format (server/grammar_cache.h; the caller's, must outlive the
+ * srv_api; NULL: response_format json_object/json_schema answer 400 "not available"). Loop thread. */
+struct srv_gcache;
+void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
 /* Cancels every generating request (shutdown after the grace period): streams end with an error event,

@@ -1,6 +1,7 @@
 /* api_generate.c: completions and chat completions over the scheduler: prompts, submission, the scheduler's
  * events, cancellation when the client goes away (see api.h). */
 #include "server/api_internal.h"
+#include "server/grammar_cache.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -63,6 +64,7 @@ void api_call_free(api_call *c) {
     free(c->prep_toks);
     free(c->prep_ntok);
     free(c->embd);
+    api_release_grammar(c);
     srv_api_gen_free(&c->gen);
     free(c);
 }
@@ -232,6 +234,7 @@ static void prepare_work(api_job *j) {
     srv_api_kind kind = c->kind;
     if (srv_api_parse_gen(kind, req->body, req->body_len, &api->limits, &c->gen, e) != 0) return;
     srv_api_gen *g = &c->gen;
+    if (api_prepare_grammar(api, c, e) != 0) return;
     c->n_subs = kind == SRV_API_CHAT ? 1 : g->n_prompts;
     c->n_choices = c->n_subs * g->n;
     c->subs = calloc((size_t)c->n_subs, sizeof *c->subs);
@@ -346,6 +349,7 @@ static void prepare_done(api_job *j) {
         /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
          * penalties alone look only at generated tokens */
         sr.penalize_prompt = g->repetition_penalty != 1.0f;
+        sr.grammar = c->grammar ? srv_gcache_matcher(c->grammar) : NULL;
         sr.cb = on_sched_event;
         sr.user = &c->subs[i];
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);

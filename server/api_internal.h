@@ -84,6 +84,7 @@ struct api_call {
     int32_t n_embd, next_sub;
     bool embd_b64;
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
+    struct srv_gcache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
 };
 
 struct srv_api {
@@ -110,6 +111,7 @@ struct srv_api {
     api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
     int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
+    struct srv_gcache *gcache; /* response_format grammars (NULL: not available) */
 };
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */
@@ -153,6 +155,16 @@ void api_tools_stream_end(api_call *c, int32_t idx, const char *text, size_t len
 void api_tools_message(api_call *c, int32_t idx, cJSON *message, api_choice *ch);
 cJSON *api_chunk_base(api_call *c);
 void api_sse_send(api_call *c, cJSON *o, const char *raw);
+/* api_parse.c: "a boolean", "a number", ... "null" (for messages about a field's JSON type) */
+const char *api_json_kind(const cJSON *j);
+
+/* api_structured.c: response_format */
+/* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
+int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);
+/* Pool thread (prepare_work): compiles or finds c->gen's response grammar into c->grammar. -1 with err set. */
+int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err);
+/* Releases c->grammar (api_call_free). */
+void api_release_grammar(api_call *c);
 
 /* api_render.c */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);

@@ -65,6 +65,7 @@ void srv_api_gen_free(srv_api_gen *g) {
     free(g->logit_bias);
     free(g->user);
     free(g->suffix);
+    free(g->rf_schema);
     if (g->chat) { srv_chat_req_free(g->chat); free(g->chat); }
     memset(g, 0, sizeof *g);
 }
@@ -86,6 +87,8 @@ static const char *type_name(const cJSON *j) {
     if (cJSON_IsObject(j)) return "an object";
     return "null";
 }
+
+const char *api_json_kind(const cJSON *j) { return type_name(j); }
 
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {
@@ -343,6 +346,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     }
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
+    if ((r = api_parse_response_format(root, g, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {
         if ((r = get_int(root, "logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         if (r) { g->logprobs = true; g->top_logprobs = (int32_t)d; }

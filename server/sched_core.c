@@ -79,6 +79,7 @@ static void req_free(srv_sched *s, sched_req *r) {
         for (int32_t i = 0; i < r->n; i++) {
             sched_choice *c = &r->ch[i];
             if (c->sampler) s->ops.sampler_free(s->ops.ctx, c->sampler);
+            sched_grammar_release(c);
             srv_stop_free(c->stop);
             free(c->gen);
             kvs_buf_free(&c->txt);
@@ -632,6 +633,13 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
         r->ch[i].idx = i;
         r->ch[i].seq = -1;
         if (srv_stop_create(req->stop, req->n_stop, &r->ch[i].stop) != SRV_STOP_OK) goto nomem;
+    }
+    if (req->grammar) {
+        int grc = sched_grammar_init(s, r, req->grammar);
+        if (grc != SRV_SCHED_OK) {
+            req_free(s, r);
+            return grc;
+        }
     }
     r->timings.t_submit = uv_hrtime();
     uv_mutex_lock(&s->mu);

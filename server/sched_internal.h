@@ -25,6 +25,9 @@ typedef struct sched_choice {
     void *sampler;          /* created on the scheduler thread at first admission */
     eng_detok detok;
     srv_stop *stop;
+    gmr_matcher *gm;        /* the grammar's matcher (NULL: unconstrained; see sched_grammar.c) */
+    uint32_t *gmask;        /* [mask words] the allowed tokens of the next step, when gmask_ready */
+    bool gmask_ready;
     bool finished;
     srv_sched_finish reason;
     const char *error;      /* static message for FINISH_ERROR */
@@ -176,5 +179,19 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
 /* An embedding request's group just ran (rows first .. first + n - 1 at positions pos0 ..): pools the rows and,
  * after the last prompt token, writes the vector and ends the choice. */
 void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0);
+
+/* sched_grammar.c: constrained decoding (srv_sched_request.grammar) */
+/* Clones the template for every choice (submit, loop thread). SRV_SCHED_ERR_INVALID (vocabulary size) or _NOMEM. */
+int sched_grammar_init(srv_sched *s, sched_req *r, const gmr_matcher *tmpl);
+/* Frees a choice's matcher and mask (any thread that owns the request). */
+void sched_grammar_release(sched_choice *c);
+/* Before sampling: applies the choice's mask to logits. false when the choice was ended instead (dead state). */
+bool sched_grammar_mask(srv_sched *s, sched_req *r, sched_choice *c, float *logits);
+/* After sampling token: advances the matcher. false when the choice was ended (the token was refused, or the
+ * value is complete and nothing can follow: FINISH_STOP). */
+bool sched_grammar_accept(srv_sched *s, sched_req *r, sched_choice *c, int32_t token);
+/* After a non-EOG token: whether the value is complete and only an EOG token may follow (then the caller ends
+ * the choice with FINISH_STOP). Computes the next step's mask on the way; false also when the choice ended. */
+bool sched_grammar_only_eog(srv_sched *s, sched_req *r, sched_choice *c);
 
 #endif

@@ -159,6 +159,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
             s->ops.sampler_free(s->ops.ctx, c->sampler);
             c->sampler = NULL;
         }
+        sched_grammar_release(c); /* before DONE: the caller may free the grammar then */
     }
     if (error) overall = SRV_SCHED_FINISH_ERROR;
     else if (any_cancel) overall = SRV_SCHED_FINISH_CANCELLED;
@@ -264,6 +265,7 @@ static bool push_sample(srv_sched *s, sched_req *r, sched_choice *c, const eng_s
 void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits) {
     if (r->ignore_eos)
         for (int32_t k = 0; k < s->n_eog; k++) logits[s->eog[k]] = -INFINITY;
+    if (c->gm && !sched_grammar_mask(s, r, c, logits)) return;
     eng_sample smp;
     memset(&smp, 0, sizeof smp);
     if (s->ops.sampler_sample(s->ops.ctx, c->sampler, logits, &smp) != 0 || smp.token < 0 ||
@@ -271,6 +273,7 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "sampling failed");
         return;
     }
+    if (c->gm && !sched_grammar_accept(s, r, c, smp.token)) return;
     if (c->n_gen == c->cap_gen) {
         int32_t cap = c->cap_gen ? c->cap_gen * 2 : 64;
         int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
@@ -303,6 +306,11 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
     }
     feed_text(s, r, c, t, n);
     free(heap);
+    if (c->finished) return;
+    if (c->gm && sched_grammar_only_eog(s, r, c)) {
+        sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
+        return;
+    }
     if (c->finished) return;
     if ((r->max_tokens > 0 && c->n_gen >= r->max_tokens) || (s->p.n_ctx > 0 && known_len(r, c) >= s->p.n_ctx))
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);

@@ -76,6 +76,7 @@
 
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -251,6 +252,18 @@ typedef struct srv_sched_request {
                                  STOP after its last prompt token and DONE carries the pooled vector. Needs
                                  n == 1 and ops.get_embd (else KVS_ERR_UNSUPPORTED); sampling fields ignored */
     srv_sched_pooling pooling;/* embed: how the rows are pooled */
+    const gmr_matcher *grammar; /* NULL: unconstrained. Otherwise a matcher at the start of a grammar over the
+                                 model's vocabulary (gmr_vocab_size == ops.n_vocab, else SRV_SCHED_ERR_INVALID):
+                                 each choice gets its own clone at submit (sharing the template's mask cache).
+                                 At every sampling step the choice's allowed-token mask is applied to the logits
+                                 before the sampler (so logit_bias, penalties, top-k/p, min-p and seeds act on
+                                 the allowed tokens only) and the sampled token is accepted; an EOG token is
+                                 allowed only when the value is complete, and a choice whose value is complete
+                                 with nothing that can follow ends with FINISH_STOP without sampling an EOG.
+                                 A dead grammar state ends the choice with FINISH_LENGTH. Preemption keeps the
+                                 matchers (like the samplers). The template, its grammar and its vocabulary
+                                 must outlive the request (until its DONE event); the scheduler frees its clones
+                                 before posting DONE. */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;

@@ -1,6 +1,7 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
  * scheduler thread, signals and graceful shutdown. */
 #include "server/server.h"
+#include "server/grammar_cache.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ typedef struct daemon_state {
     srv_engine_ops ops;
     bool have_ops;
     srv_sched *sched;
+    srv_gcache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kvev *kvev;              /* KV-cache event publisher, NULL when disabled */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
@@ -144,6 +146,14 @@ static void load_work(uv_work_t *w) {
     cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
     d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0) load_template(d);
+    if (d->load_rc != 0) return;
+    /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
+    gmr_vocab *gv = NULL;
+    d->load_rc = srv_gcache_vocab_from_model(d->model, &gv);
+    if (d->load_rc == 0) d->load_rc = srv_gcache_create(gv, 32, 0, &d->gcache);
+    if (d->load_rc != 0)
+        snprintf(d->load_err, sizeof d->load_err, "cannot index the vocabulary for response_format: %s",
+                 kvs_strerror(d->load_rc));
 }
 
 static void begin_shutdown(daemon_state *d, const char *why);
@@ -214,6 +224,7 @@ static void load_done(uv_work_t *w, int status) {
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
                           d->eos_text};
     srv_api_set_backend(d->api, &be);
+    srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
             hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx));
 }
@@ -384,6 +395,7 @@ out:
     }
     srv_http_free(d->http);
     srv_api_free(d->api);
+    srv_gcache_free(d->gcache); /* after the API: its calls hold references */
     srv_web_free(d->web);
     srv_cors_free(d->cors);
     srv_kvev_free(d->kvev); /* start-up failed after it was created */

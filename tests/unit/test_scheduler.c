@@ -329,6 +329,7 @@ typedef struct req_spec {
     bool ignore_eos;
     bool penalize_prompt;
     int32_t top;
+    const gmr_matcher *grammar;
 } req_spec;
 
 /* ---- collecting results ----------------------------------------------------------------------------------- */
@@ -489,6 +490,7 @@ static int submit(harness *h, const struct req_spec *q, struct result *r) {
     rq.n_stop = q->n_stop;
     rq.ignore_eos = q->ignore_eos;
     rq.penalize_prompt = q->penalize_prompt;
+    rq.grammar = q->grammar;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -1294,6 +1296,138 @@ Test(scheduler, engine_error_fails_batch) {
     hz_free(h);
     free(h);
     free(r);
+}
+
+/* ---- constrained decoding (srv_sched_request.grammar) ---------------------------------------------------- */
+/* The mock's vocabulary for grammar/: 0 is EOG, 1..15 the prompt tokens (special: never allowed), 16..31 the
+ * PIECES. */
+static gmr_vocab *mock_vocab(int32_t n_vocab) {
+    const char *pieces[NV + 1];
+    size_t lens[NV + 1];
+    uint8_t flags[NV + 1];
+    for (int32_t t = 0; t < n_vocab; t++) {
+        pieces[t] = t < NV ? piece_of(t) : "x";
+        lens[t] = strlen(pieces[t]);
+        flags[t] = t == 0 ? GMR_TOKEN_EOG : (t < GEN0 ? GMR_TOKEN_SPECIAL : 0);
+    }
+    gmr_vocab *v = NULL;
+    cr_assert_eq(gmr_vocab_create(pieces, lens, flags, n_vocab, &v), KVS_OK);
+    return v;
+}
+
+/* Whether text is a complete value of the template's grammar (a fresh clone reads it as bytes). */
+static bool text_matches(const gmr_matcher *tmpl, const char *text, size_t len) {
+    gmr_matcher *m = NULL;
+    cr_assert_eq(gmr_matcher_clone(tmpl, &m), KVS_OK);
+    bool ok = gmr_matcher_accept_bytes(m, text, len) == KVS_OK && gmr_matcher_is_complete(m);
+    gmr_matcher_free(m);
+    return ok;
+}
+
+/* Random constrained requests at temperature 1 in a pool small enough to preempt: every choice is a complete
+ * value of its grammar, ends with "stop", and equals the same request run alone (preemption keeps the
+ * matcher in step with the tokens). Grammar A ends after "." or "!" (nothing may follow: stop without an EOG);
+ * in grammar B an EOG is allowed once "x" is there, banned when ignore_eos is set. */
+Test(scheduler, grammar_constrains_every_choice_through_preemption) {
+    gmr_vocab *v = mock_vocab(NV);
+    const char *bnf[2] = {"root ::= \"x\" (\"y\" | \"ab\" | \" \" | \"st\" | \"op\"){0,10} (\".\" | \"!\")",
+                          "root ::= \"x\" (\"y\" | \"ab\"){0,6}"};
+    gmr_grammar *g[2];
+    gmr_matcher *tm[2];
+    char err[256];
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(gmr_compile_bnf(bnf[k], NULL, 0, &g[k], err, sizeof err), KVS_OK, "%s", err);
+        cr_assert_eq(gmr_matcher_create(g[k], v, 0, &tm[k]), KVS_OK);
+    }
+    uint64_t pre = 0, eog_ends = 0, grammar_ends = 0;
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        harness *h = malloc(sizeof *h);
+        srv_sched_params p = params(32, 8);
+        hz_init(h, 4, 24, &p);
+        enum { NR = 8 };
+        req_spec *q = calloc(NR, sizeof *q);
+        result *res = calloc(NR, sizeof *res);
+        uint64_t rng = seed * 7;
+        for (int i = 0; i < NR; i++) {
+            rand_prompt(&rng, &q[i], 3 + (int32_t)(mix64(rng++) % 30));
+            q[i].n = 1 + (int32_t)(mix64(rng++) % 2);
+            q[i].max_tokens = 40;
+            q[i].temp = 1.0f;
+            q[i].seed = seed * 100 + (uint64_t)i;
+            q[i].ignore_eos = (mix64(rng++) % 3) == 0;
+            q[i].grammar = tm[i % 2];
+        }
+        for (int i = 0; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+        hz_run(h, NR);
+        srv_sched_stats st;
+        srv_sched_get_stats(h->s, &st);
+        pre += st.preemptions;
+        for (int i = 0; i < NR; i++) {
+            assert_clean(&res[i]);
+            for (int32_t c = 0; c < q[i].n; c++) {
+                cr_assert_eq(res[i].finish[c], SRV_SCHED_FINISH_STOP, "seed %llu req %d choice %d: finish %d %s",
+                             (unsigned long long)seed, i, c, res[i].finish[c], res[i].error);
+                cr_assert(text_matches(q[i].grammar, res[i].text[c], res[i].text_len[c]),
+                          "seed %llu req %d choice %d: '%.*s' is not in the grammar", (unsigned long long)seed, i,
+                          c, (int)res[i].text_len[c], res[i].text[c]);
+                for (int32_t k = 0; k < res[i].n_toks[c]; k++) cr_assert_geq(res[i].toks[c][k], GEN0);
+            }
+            /* usage counts an EOG that ended a choice, the samples do not: grammar A never needs one */
+            int32_t reported = 0;
+            for (int32_t c = 0; c < q[i].n; c++) reported += res[i].n_toks[c];
+            if (i % 2 == 0) {
+                cr_assert_eq(res[i].usage.completion_tokens, reported, "grammar A sampled an EOG");
+                grammar_ends++;
+            } else {
+                eog_ends += res[i].usage.completion_tokens > reported;
+            }
+            result alone;
+            run_alone(&q[i], &alone);
+            char what[64];
+            snprintf(what, sizeof what, "grammar seed %llu req %d", (unsigned long long)seed, i);
+            assert_same(&res[i], &alone, what);
+        }
+        cr_assert_eq(st.kv_blocks_used, 0);
+        hz_free(h);
+        free(h);
+        free(q);
+        free(res);
+    }
+    cr_assert_gt(pre, 0, "the pool never filled up");
+    cr_assert_gt(eog_ends, 0, "grammar B never ended with an EOG");
+    cr_assert_gt(grammar_ends, 0);
+    for (int k = 0; k < 2; k++) {
+        gmr_matcher_free(tm[k]);
+        gmr_grammar_free(g[k]);
+    }
+    gmr_vocab_free(v);
+}
+
+/* A grammar over another vocabulary size is refused at submit; nothing is called back. */
+Test(scheduler, grammar_vocab_mismatch_is_invalid) {
+    gmr_vocab *v = mock_vocab(NV - 1);
+    gmr_grammar *g = NULL;
+    gmr_matcher *tm = NULL;
+    char err[128];
+    cr_assert_eq(gmr_compile_bnf("root ::= \"x\"", NULL, 0, &g, err, sizeof err), KVS_OK);
+    cr_assert_eq(gmr_matcher_create(g, v, 0, &tm), KVS_OK);
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(32, 4);
+    hz_init(h, 4, 64, &p);
+    req_spec q;
+    memset(&q, 0, sizeof q);
+    uint64_t rng = 3;
+    rand_prompt(&rng, &q, 4);
+    q.n = 1;
+    q.max_tokens = 4;
+    q.grammar = tm;
+    result r;
+    cr_assert_eq(submit(h, &q, &r), SRV_SCHED_ERR_INVALID);
+    hz_free(h);
+    free(h);
+    gmr_matcher_free(tm);
+    gmr_grammar_free(g);
+    gmr_vocab_free(v);
 }
 
 /* max_queued_tokens bounds the prompt tokens waiting for admission: a submit that would pass it is refused with

@@ -1,0 +1,56 @@
+/* grammar_cache.h: the server's compiled response grammars (prefix srv_gcache_).
+ *
+ * One per loaded model. It owns the model's gmr_vocab (built once at load, read-only afterwards) and a bounded
+ * LRU of compiled grammars keyed by their source (the kind and the schema's canonical JSON text). Each entry
+ * holds the gmr_grammar and a template gmr_matcher at its start; requests clone the template (the scheduler
+ * does, per choice), so the masks computed for one request serve every later request with the same schema.
+ *
+ * Threads: srv_gcache_get and srv_gcache_release may be called from any thread (a mutex guards the list; the
+ * compilation itself runs outside it, on the caller's thread). An entry stays valid until released, even when
+ * the LRU drops it meanwhile; dropped entries are freed by their last release.
+ */
+#ifndef KVSERVE_SERVER_GRAMMAR_CACHE_H
+#define KVSERVE_SERVER_GRAMMAR_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/common.h"
+#include "engine/engine.h"
+#include "grammar/grammar.h"
+
+typedef struct srv_gcache srv_gcache;
+typedef struct srv_gcache_entry srv_gcache_entry;
+
+/* Builds the vocabulary index of a loaded model: each token's piece (special tokens not rendered, so they are
+ * never allowed), eog and special flags. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, or the engine's error. */
+int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out);
+
+/* Takes ownership of vocab (freed by srv_gcache_free, also on failure). max_entries >= 1 grammars kept while
+ * unreferenced (LRU); mask_cache_bytes bounds each grammar's mask cache (0: 16 MiB).
+ * Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, KVS_ERR_THREAD. */
+int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_gcache **out);
+/* Every entry must have been released. NULL is a no-op. */
+void srv_gcache_free(srv_gcache *c);
+const gmr_vocab *srv_gcache_vocab(const srv_gcache *c);
+
+/* The grammar for a response format: schema NULL means {type: "json_object"} (any JSON object); otherwise the
+ * JSON Schema (compiled by gmr_compile_schema with default options). key identifies the source (the schema's
+ * unformatted JSON text; ignored for json_object). On success *out holds a reference (srv_gcache_release it).
+ * Errors: gmr_compile_schema's (KVS_ERR_UNSUPPORTED naming the keyword, KVS_ERR_FORMAT, KVS_ERR_LIMIT, ...)
+ * with its message in err, KVS_ERR_INVALID, KVS_ERR_NOMEM. */
+int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcache_entry **out, char *err,
+                   size_t err_len);
+/* The entry's template matcher (at the grammar's start): clone it, never advance it. */
+const gmr_matcher *srv_gcache_matcher(const srv_gcache_entry *e);
+void srv_gcache_release(srv_gcache *c, srv_gcache_entry *e); /* NULL e is a no-op */
+
+typedef struct srv_gcache_stats {
+    uint64_t hits, misses; /* srv_gcache_get served from the cache / compiled */
+    int32_t entries;       /* grammars held (referenced or kept) */
+} srv_gcache_stats;
+void srv_gcache_get_stats(srv_gcache *c, srv_gcache_stats *out);
+
+#endif
