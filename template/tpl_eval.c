@@ -272,6 +272,98 @@ static int eval_filter(tctx *c, const node *n, const tv *blockin, tv *out) {
     return rc;
 }
 
+/* a call: a method of the object when it has one, else a callable value */
+static int eval_call(tctx *c, const node *n, tv *out) {
+    int rc;
+    tv a, b;
+    targs args;
+    if (n->a->kind == N_ATTR) {
+        if ((rc = eval(c, n->a->a, &a))) return rc;
+        if (tpl_has_method(a, n->a->name)) {
+            if ((rc = args_eval(c, n, &args))) { tv_decref(c, a); return rc; }
+            rc = tpl_method(c, n, a, n->a->name, args.pos, args.npos, args.kwn, args.kwv, args.nkw, out);
+            args_free(c, &args);
+            tv_decref(c, a);
+            return rc;
+        }
+        rc = tpl_getattr(c, n->a, a, n->a->name, &b);
+        tv_decref(c, a);
+        if (rc) return rc;
+    } else if ((rc = eval(c, n->a, &b))) {
+        return rc;
+    }
+    if ((rc = args_eval(c, n, &args))) { tv_decref(c, b); return rc; }
+    rc = call_value(c, n, b, &args, out);
+    args_free(c, &args);
+    tv_decref(c, b);
+    return rc;
+}
+
+/* unary minus / plus */
+static int eval_sign(tctx *c, const node *n, tv *out) {
+    int rc;
+    tv a;
+    if ((rc = eval(c, n->a, &a))) return rc;
+    if (a.t == TV_INT && n->kind == N_NEG) {
+        if (a.i == INT64_MIN) return tpl_fail(c, n, KVS_ERR_LIMIT, "integer overflow");
+        *out = tv_int(-a.i);
+    } else if (a.t == TV_BOOL) *out = tv_int(n->kind == N_NEG ? -(int64_t)a.b : a.b);
+    else if (a.t == TV_FLOAT) *out = tv_float(n->kind == N_NEG ? -a.f : a.f);
+    else if (a.t == TV_INT) *out = a;
+    else {
+        rc = a.t == TV_UNDEF ? tpl_undef_err(c, n, a)
+                             : tpl_fail(c, n, KVS_ERR_TYPE, "bad operand type for unary %s: '%s'",
+                                        n->kind == N_NEG ? "-" : "+", tv_typename(a));
+        tv_decref(c, a);
+        return rc;
+    }
+    return 0;
+}
+
+/* a comparison chain a < b <= c ... (stops at the first false link) */
+static int eval_compare(tctx *c, const node *n, tv *out) {
+    int rc;
+    tv a, b;
+    if ((rc = eval(c, n->a, &a))) return rc;
+    bool res = true;
+    for (int i = 0; i < n->nv && res; i++) {
+        const node *o = n->v[i];
+        if ((rc = eval(c, o->a, &b))) { tv_decref(c, a); return rc; }
+        int cmp = 0;
+        switch (o->op) {
+        case OP_EQ: rc = tpl_equal(c, o, a, b, &res); break;
+        case OP_NE: rc = tpl_equal(c, o, a, b, &res); res = !res; break;
+        case OP_IN: rc = tpl_contains(c, o, a, b, &res); break;
+        case OP_NOTIN: rc = tpl_contains(c, o, a, b, &res); res = !res; break;
+        default:
+            rc = tv_compare(c, o, a, b, &cmp);
+            res = o->op == OP_LT ? cmp < 0 : o->op == OP_LE ? cmp <= 0 : o->op == OP_GT ? cmp > 0 : cmp >= 0;
+        }
+        tv_decref(c, a);
+        a = b;
+        if (rc) { tv_decref(c, a); return rc; }
+    }
+    tv_decref(c, a);
+    *out = tv_bool(res);
+    return 0;
+}
+
+/* the ~ operator over all operands */
+static int eval_concat(tctx *c, const node *n, tv *out) {
+    int rc;
+    tv a;
+    tsink s = {0};
+    rc = 0;
+    for (int i = 0; i < n->nv && !rc; i++) {
+        if ((rc = eval(c, n->v[i], &a))) break;
+        rc = tv_print(c, n, a, &s);
+        tv_decref(c, a);
+    }
+    if (!rc) rc = tsink_take(c, n, &s, out);
+    tsink_free(&s);
+    return rc;
+}
+
 static int eval_inner(tctx *c, const node *n, tv *out) {
     int rc;
     tv a, b;
@@ -322,29 +414,8 @@ static int eval_inner(tctx *c, const node *n, tv *out) {
         tv_decref(c, a);
         return rc;
     }
-    case N_CALL: {
-        targs args;
-        if (n->a->kind == N_ATTR) {
-            if ((rc = eval(c, n->a->a, &a))) return rc;
-            if (tpl_has_method(a, n->a->name)) {
-                if ((rc = args_eval(c, n, &args))) { tv_decref(c, a); return rc; }
-                rc = tpl_method(c, n, a, n->a->name, args.pos, args.npos, args.kwn, args.kwv, args.nkw, out);
-                args_free(c, &args);
-                tv_decref(c, a);
-                return rc;
-            }
-            rc = tpl_getattr(c, n->a, a, n->a->name, &b);
-            tv_decref(c, a);
-            if (rc) return rc;
-        } else if ((rc = eval(c, n->a, &b))) {
-            return rc;
-        }
-        if ((rc = args_eval(c, n, &args))) { tv_decref(c, b); return rc; }
-        rc = call_value(c, n, b, &args, out);
-        args_free(c, &args);
-        tv_decref(c, b);
-        return rc;
-    }
+    case N_CALL:
+        return eval_call(c, n, out);
     case N_FILTER:
         return eval_filter(c, n, NULL, out);
     case N_TEST: {
@@ -366,21 +437,7 @@ static int eval_inner(tctx *c, const node *n, tv *out) {
         tv_decref(c, b);
         return rc;
     case N_NEG: case N_POS:
-        if ((rc = eval(c, n->a, &a))) return rc;
-        if (a.t == TV_INT && n->kind == N_NEG) {
-            if (a.i == INT64_MIN) return tpl_fail(c, n, KVS_ERR_LIMIT, "integer overflow");
-            *out = tv_int(-a.i);
-        } else if (a.t == TV_BOOL) *out = tv_int(n->kind == N_NEG ? -(int64_t)a.b : a.b);
-        else if (a.t == TV_FLOAT) *out = tv_float(n->kind == N_NEG ? -a.f : a.f);
-        else if (a.t == TV_INT) *out = a;
-        else {
-            rc = a.t == TV_UNDEF ? tpl_undef_err(c, n, a)
-                                 : tpl_fail(c, n, KVS_ERR_TYPE, "bad operand type for unary %s: '%s'",
-                                            n->kind == N_NEG ? "-" : "+", tv_typename(a));
-            tv_decref(c, a);
-            return rc;
-        }
-        return 0;
+        return eval_sign(c, n, out);
     case N_NOT:
         if ((rc = eval(c, n->a, &a))) return rc;
         *out = tv_bool(!tv_truthy(a));
@@ -391,30 +448,8 @@ static int eval_inner(tctx *c, const node *n, tv *out) {
         if (tv_truthy(a) == (n->kind == N_OR)) { *out = a; return 0; }
         tv_decref(c, a);
         return eval(c, n->b, out);
-    case N_CMP: {
-        if ((rc = eval(c, n->a, &a))) return rc;
-        bool res = true;
-        for (int i = 0; i < n->nv && res; i++) {
-            const node *o = n->v[i];
-            if ((rc = eval(c, o->a, &b))) { tv_decref(c, a); return rc; }
-            int cmp = 0;
-            switch (o->op) {
-            case OP_EQ: rc = tpl_equal(c, o, a, b, &res); break;
-            case OP_NE: rc = tpl_equal(c, o, a, b, &res); res = !res; break;
-            case OP_IN: rc = tpl_contains(c, o, a, b, &res); break;
-            case OP_NOTIN: rc = tpl_contains(c, o, a, b, &res); res = !res; break;
-            default:
-                rc = tv_compare(c, o, a, b, &cmp);
-                res = o->op == OP_LT ? cmp < 0 : o->op == OP_LE ? cmp <= 0 : o->op == OP_GT ? cmp > 0 : cmp >= 0;
-            }
-            tv_decref(c, a);
-            a = b;
-            if (rc) { tv_decref(c, a); return rc; }
-        }
-        tv_decref(c, a);
-        *out = tv_bool(res);
-        return 0;
-    }
+    case N_CMP:
+        return eval_compare(c, n, out);
     case N_COND:
         if ((rc = eval(c, n->a, &a))) return rc;
         bool t = tv_truthy(a);
@@ -423,18 +458,8 @@ static int eval_inner(tctx *c, const node *n, tv *out) {
         if (n->c) return eval(c, n->c, out);
         *out = tv_undef(NULL);
         return 0;
-    case N_CONCAT: {
-        tsink s = {0};
-        rc = 0;
-        for (int i = 0; i < n->nv && !rc; i++) {
-            if ((rc = eval(c, n->v[i], &a))) break;
-            rc = tv_print(c, n, a, &s);
-            tv_decref(c, a);
-        }
-        if (!rc) rc = tsink_take(c, n, &s, out);
-        tsink_free(&s);
-        return rc;
-    }
+    case N_CONCAT:
+        return eval_concat(c, n, out);
     default:
         return tpl_fail(c, n, KVS_ERR_INVALID, "internal: not an expression");
     }

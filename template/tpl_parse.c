@@ -585,6 +585,145 @@ static node *parse_until(parser *p, const char *end, const tok *opener, bool fre
     return expect_block_end(p) ? NULL : body;
 }
 
+/* {% if %} ... {% elif %} ... {% else %} ... {% endif %}, bt its name token */
+static node *parse_if(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_IF, bt);
+    if (!n || !(n->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+    node *ifn = n;
+    for (;;) {
+        static const char *const ends[] = {"elif", "else", "endif", NULL};
+        int w = -1;
+        node *body = parse_body(p, ends, &w, bt);
+        if (!body) return NULL;
+        ifn->b = body;
+        if (w == 0) {
+            tok *et = cur(p);
+            next(p);
+            node *el = mk(p, N_IF, et);
+            if (!el || !(el->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+            ifn->c = el;
+            ifn = el;
+            continue;
+        }
+        if (w == 1) {
+            next(p);
+            if (expect_block_end(p)) return NULL;
+            static const char *const ends2[] = {"endif", NULL};
+            node *eb = parse_body(p, ends2, &w, bt);
+            if (!eb) return NULL;
+            ifn->c = eb;
+        }
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        break;
+    }
+    return n;
+}
+
+/* {% for targets in iterable [if filter] %} ... [{% else %} ...] {% endfor %} */
+static node *parse_for(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_FOR, bt);
+    nvec names = {0};
+    if (!n || parse_targets(p, &names)) return NULL;
+    n->names = (const char **)(void *)names.v;
+    n->nnames = names.n;
+    if (!skip_name(p, "in")) {
+        tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected 'in' in for loop");
+        return NULL;
+    }
+    /* the iterable: no conditional expression (its `if` is the loop filter) */
+    if (!(n->a = parse_or(p))) return NULL;
+    if (skip_name(p, "if")) {
+        if (!(n->b = parse_expr(p))) return NULL;
+    }
+    if (is_name(cur(p), "recursive")) {
+        tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_UNSUPPORTED, "recursive loops are not supported");
+        return NULL;
+    }
+    if (expect_block_end(p)) return NULL;
+    static const char *const ends[] = {"else", "endfor", NULL};
+    int w = -1;
+    p->loops++;
+    node *body = parse_body(p, ends, &w, bt);
+    p->loops--;
+    if (!body) return NULL;
+    n->v = body->v;
+    n->nv = body->nv;
+    if (w == 0) {
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        static const char *const ends2[] = {"endfor", NULL};
+        int saved = p->loops;
+        p->loops = 0;
+        n->c = parse_body(p, ends2, &w, bt);
+        p->loops = saved;
+        if (!n->c) return NULL;
+    }
+    next(p);
+    if (expect_block_end(p)) return NULL;
+    return n;
+}
+
+/* {% set target = expr %}, {% set ns.attr = expr %} and the block form {% set x [| filter] %} ... {% endset %} */
+static node *parse_set(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_SET, bt);
+    if (!n) return NULL;
+    tok *t = cur(p);
+    if (t->type == T_NAME && is_op(peekt(p, 1), ".")) {
+        tok *at = peekt(p, 2);
+        if (at->type != T_NAME) {
+            tpl_perr(p, at->line, at->col, KVS_ERR_SYNTAX, "expected an attribute name");
+            return NULL;
+        }
+        n->b = mk(p, N_NAME, t);
+        if (!n->b) return NULL;
+        n->b->name = tokname(p, t);
+        n->name = tokname(p, at);
+        next(p); next(p); next(p);
+    } else {
+        nvec names = {0};
+        if (parse_targets(p, &names)) return NULL;
+        n->names = (const char **)(void *)names.v;
+        n->nnames = names.n;
+    }
+    if (skip_op(p, "=")) {
+        node *e = parse_expr(p);
+        if (!e) return NULL;
+        if (is_op(cur(p), ",")) {   /* implicit tuple */
+            nvec v = {0};
+            if (nv_push(p, &v, e)) return NULL;
+            while (skip_op(p, ",")) {
+                node *x = parse_expr(p);
+                if (!x || nv_push(p, &v, x)) return NULL;
+            }
+            node *tn = mk(p, N_TUPLE, t);
+            if (!tn) return NULL;
+            tn->v = v.v;
+            tn->nv = v.n;
+            e = tn;
+        }
+        n->a = e;
+        if (expect_block_end(p)) return NULL;
+    } else {
+        if (n->b || n->nnames != 1) {
+            tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "a set block assigns one plain name");
+            return NULL;
+        }
+        n->kind = N_SETBLOCK;
+        if (is_op(cur(p), "|")) {   /* {% set x | filter %} */
+            node *f = parse_filters(p, NULL);
+            if (!f) return NULL;
+            n->a = f;
+        }
+        if (expect_block_end(p)) return NULL;
+        if (!(n->c = parse_until(p, "endset", bt, false))) return NULL;
+    }
+    return n;
+}
+
 static node *parse_stmt(parser *p) {
     tok *bt = cur(p);   /* the name after {% */
     if (bt->type != T_NAME) {
@@ -594,132 +733,14 @@ static node *parse_stmt(parser *p) {
     if (enter(p)) return NULL;
     node *n = NULL;
     if (is_name(bt, "if")) {
-        next(p);
-        n = mk(p, N_IF, bt);
-        if (!n || !(n->a = parse_expr(p)) || expect_block_end(p)) return NULL;
-        node *ifn = n;
-        for (;;) {
-            static const char *const ends[] = {"elif", "else", "endif", NULL};
-            int w = -1;
-            node *body = parse_body(p, ends, &w, bt);
-            if (!body) return NULL;
-            ifn->b = body;
-            if (w == 0) {
-                tok *et = cur(p);
-                next(p);
-                node *el = mk(p, N_IF, et);
-                if (!el || !(el->a = parse_expr(p)) || expect_block_end(p)) return NULL;
-                ifn->c = el;
-                ifn = el;
-                continue;
-            }
-            if (w == 1) {
-                next(p);
-                if (expect_block_end(p)) return NULL;
-                static const char *const ends2[] = {"endif", NULL};
-                node *eb = parse_body(p, ends2, &w, bt);
-                if (!eb) return NULL;
-                ifn->c = eb;
-            }
-            next(p);
-            if (expect_block_end(p)) return NULL;
-            break;
-        }
-    } else if (is_name(bt, "for")) {
-        next(p);
-        n = mk(p, N_FOR, bt);
-        nvec names = {0};
-        if (!n || parse_targets(p, &names)) return NULL;
-        n->names = (const char **)(void *)names.v;
-        n->nnames = names.n;
-        if (!skip_name(p, "in")) {
-            tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected 'in' in for loop");
-            return NULL;
-        }
-        /* the iterable: no conditional expression (its `if` is the loop filter) */
-        if (!(n->a = parse_or(p))) return NULL;
-        if (skip_name(p, "if")) {
-            if (!(n->b = parse_expr(p))) return NULL;
-        }
-        if (is_name(cur(p), "recursive")) {
-            tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_UNSUPPORTED, "recursive loops are not supported");
-            return NULL;
-        }
-        if (expect_block_end(p)) return NULL;
-        static const char *const ends[] = {"else", "endfor", NULL};
-        int w = -1;
-        p->loops++;
-        node *body = parse_body(p, ends, &w, bt);
-        p->loops--;
-        if (!body) return NULL;
-        n->v = body->v;
-        n->nv = body->nv;
-        if (w == 0) {
-            next(p);
-            if (expect_block_end(p)) return NULL;
-            static const char *const ends2[] = {"endfor", NULL};
-            int saved = p->loops;
-            p->loops = 0;
-            n->c = parse_body(p, ends2, &w, bt);
-            p->loops = saved;
-            if (!n->c) return NULL;
-        }
-        next(p);
-        if (expect_block_end(p)) return NULL;
-    } else if (is_name(bt, "set")) {
-        next(p);
-        n = mk(p, N_SET, bt);
+        n = parse_if(p, bt);
         if (!n) return NULL;
-        tok *t = cur(p);
-        if (t->type == T_NAME && is_op(peekt(p, 1), ".")) {
-            tok *at = peekt(p, 2);
-            if (at->type != T_NAME) {
-                tpl_perr(p, at->line, at->col, KVS_ERR_SYNTAX, "expected an attribute name");
-                return NULL;
-            }
-            n->b = mk(p, N_NAME, t);
-            if (!n->b) return NULL;
-            n->b->name = tokname(p, t);
-            n->name = tokname(p, at);
-            next(p); next(p); next(p);
-        } else {
-            nvec names = {0};
-            if (parse_targets(p, &names)) return NULL;
-            n->names = (const char **)(void *)names.v;
-            n->nnames = names.n;
-        }
-        if (skip_op(p, "=")) {
-            node *e = parse_expr(p);
-            if (!e) return NULL;
-            if (is_op(cur(p), ",")) {   /* implicit tuple */
-                nvec v = {0};
-                if (nv_push(p, &v, e)) return NULL;
-                while (skip_op(p, ",")) {
-                    node *x = parse_expr(p);
-                    if (!x || nv_push(p, &v, x)) return NULL;
-                }
-                node *tn = mk(p, N_TUPLE, t);
-                if (!tn) return NULL;
-                tn->v = v.v;
-                tn->nv = v.n;
-                e = tn;
-            }
-            n->a = e;
-            if (expect_block_end(p)) return NULL;
-        } else {
-            if (n->b || n->nnames != 1) {
-                tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "a set block assigns one plain name");
-                return NULL;
-            }
-            n->kind = N_SETBLOCK;
-            if (is_op(cur(p), "|")) {   /* {% set x | filter %} */
-                node *f = parse_filters(p, NULL);
-                if (!f) return NULL;
-                n->a = f;
-            }
-            if (expect_block_end(p)) return NULL;
-            if (!(n->c = parse_until(p, "endset", bt, false))) return NULL;
-        }
+    } else if (is_name(bt, "for")) {
+        n = parse_for(p, bt);
+        if (!n) return NULL;
+    } else if (is_name(bt, "set")) {
+        n = parse_set(p, bt);
+        if (!n) return NULL;
     } else if (is_name(bt, "macro")) {
         next(p);
         n = mk(p, N_MACRO, bt);
