@@ -467,27 +467,9 @@ static void gb_fixpoint(const gb *b, uint8_t *mark, bool (*el_ok)(const gb *, co
     }
 }
 
-int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
-    *out = NULL;
-    if (b->err) return b->err;
-    if (root >= b->n_rules) return gb_fail(b, KVS_ERR_INVALID, "internal: bad root rule");
+/* drops the alternatives that reference unproductive rules, so that a matcher never enters a dead end */
+static void gb_prune_unproductive(gb *b, const uint8_t *prod) {
     uint32_t R = b->n_rules;
-    for (uint32_t r = 0; r < R; r++)
-        if (!b->rules[r].defined) return gb_fail(b, KVS_ERR_INVALID, "internal: rule %u never defined", r);
-    uint8_t *prod = calloc(R, 1), *rn = calloc(R, 1);
-    if (!prod || !rn) {
-        free(prod);
-        free(rn);
-        return gb_fail(b, KVS_ERR_NOMEM, "out of memory");
-    }
-    /* productive rules (can derive a finite string), then nullable ones */
-    gb_fixpoint(b, prod, el_prod);
-    if (!prod[root]) {
-        free(prod);
-        free(rn);
-        return gb_fail(b, KVS_ERR_LIMIT, "the grammar admits no finite value (contradictory keywords, or a recursion without a base case)");
-    }
-    /* prune alternatives that reference unproductive rules, so that a matcher never enters a dead end */
     for (uint32_t r = 0; r < R; r++) {
         gb_rule *ru = &b->rules[r];
         uint32_t m = 0;
@@ -505,9 +487,12 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
         }
         ru->n = m;
     }
-    gb_fixpoint(b, rn, el_null_pruned);
+}
+
+/* repetitions of something empty would loop: rn holds the nullable rules */
+static int gb_check_empty_repeats(gb *b, const uint8_t *rn) {
+    uint32_t R = b->n_rules;
     int rc = 0;
-    /* repetitions of something empty would loop */
     for (uint32_t r = 0; r < R && !rc; r++)
         for (uint32_t a = 0; a < b->rules[r].n && !rc; a++) {
             gb_seq *s = &b->rules[r].alts[a];
@@ -517,13 +502,15 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
                     break;
                 }
         }
-    /* left recursion: edges r -> s where s can start r; Kahn's algorithm finds a cycle */
-    uint32_t *indeg = NULL, *queue = NULL;
-    if (!rc) {
-        indeg = calloc(R, sizeof *indeg);
-        queue = malloc(R * sizeof *queue);
-        if (!indeg || !queue) rc = gb_fail(b, KVS_ERR_NOMEM, "out of memory");
-    }
+    return rc;
+}
+
+/* left recursion: edges r -> s where s can start r; Kahn's algorithm finds a cycle */
+static int gb_check_left_recursion(gb *b, const uint8_t *rn) {
+    uint32_t R = b->n_rules;
+    int rc = 0;
+    uint32_t *indeg = calloc(R, sizeof *indeg), *queue = malloc(R * sizeof *queue);
+    if (!indeg || !queue) rc = gb_fail(b, KVS_ERR_NOMEM, "out of memory");
     for (int pass = 0; pass < 2 && !rc; pass++) {
         uint32_t qh = 0, qt = 0;
         if (pass == 1) {
@@ -549,6 +536,66 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
     }
     free(indeg);
     free(queue);
+    return rc;
+}
+
+/* FIRST sets of the alternatives of g: fixpoint over rules */
+static int gb_first_sets(gb *b, gmr_grammar *g, const uint8_t *rn) {
+    uint32_t R = b->n_rules;
+    int rc = 0;
+    uint8_t(*rf)[32] = calloc(R, 32);
+    if (!rf) rc = gb_fail(b, KVS_ERR_NOMEM, "out of memory");
+    for (bool ch = true; ch && !rc;) {
+        ch = false;
+        for (uint32_t r = R; r-- > 0;) {
+            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+                uint8_t f[32];
+                memcpy(f, g->alt_first[a], 32);
+                for (uint32_t e = g->alt_el[a]; g->el[e].kind != GK_END; e++) {
+                    gmr_el *x = &g->el[e];
+                    if (x->kind == GK_REPEAT && !x->max) continue;
+                    const uint8_t *src = x->kind == GK_BYTES ? g->cls[x->a] : rf[x->a];
+                    for (int k = 0; k < 32; k++) f[k] |= src[k];
+                    if (!el_null(b, rn, x)) break;
+                }
+                if (memcmp(f, g->alt_first[a], 32)) {
+                    memcpy(g->alt_first[a], f, 32);
+                    ch = true;
+                }
+                for (int k = 0; k < 32; k++) rf[r][k] |= f[k];
+            }
+        }
+    }
+    free(rf);
+    return rc;
+}
+
+int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
+    *out = NULL;
+    if (b->err) return b->err;
+    if (root >= b->n_rules) return gb_fail(b, KVS_ERR_INVALID, "internal: bad root rule");
+    uint32_t R = b->n_rules;
+    for (uint32_t r = 0; r < R; r++)
+        if (!b->rules[r].defined) return gb_fail(b, KVS_ERR_INVALID, "internal: rule %u never defined", r);
+    uint8_t *prod = calloc(R, 1), *rn = calloc(R, 1);
+    if (!prod || !rn) {
+        free(prod);
+        free(rn);
+        return gb_fail(b, KVS_ERR_NOMEM, "out of memory");
+    }
+    /* productive rules (can derive a finite string), then nullable ones */
+    gb_fixpoint(b, prod, el_prod);
+    if (!prod[root]) {
+        free(prod);
+        free(rn);
+        return gb_fail(b, KVS_ERR_LIMIT, "the grammar admits no finite value (contradictory keywords, or a recursion without a base case)");
+    }
+    /* prune alternatives that reference unproductive rules, so that a matcher never enters a dead end */
+    gb_prune_unproductive(b, prod);
+    gb_fixpoint(b, rn, el_null_pruned);
+    /* repetitions of something empty would loop */
+    int rc = gb_check_empty_repeats(b, rn);
+    if (!rc) rc = gb_check_left_recursion(b, rn);
     gmr_grammar *g = NULL;
     if (!rc) {
         g = calloc(1, sizeof *g);
@@ -600,31 +647,7 @@ int gb_finish(gb *b, uint32_t root, gmr_grammar **out) {
             }
             g->null_from[0] = rn[root];
             for (uint32_t a = 0; a < n_alts; a++) g->alt_null[a] = g->null_from[g->alt_el[a]];
-            /* FIRST sets: fixpoint over rules */
-            uint8_t(*rf)[32] = calloc(R, 32);
-            if (!rf) rc = gb_fail(b, KVS_ERR_NOMEM, "out of memory");
-            for (bool ch = true; ch && !rc;) {
-                ch = false;
-                for (uint32_t r = R; r-- > 0;) {
-                    for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-                        uint8_t f[32];
-                        memcpy(f, g->alt_first[a], 32);
-                        for (uint32_t e = g->alt_el[a]; g->el[e].kind != GK_END; e++) {
-                            gmr_el *x = &g->el[e];
-                            if (x->kind == GK_REPEAT && !x->max) continue;
-                            const uint8_t *src = x->kind == GK_BYTES ? g->cls[x->a] : rf[x->a];
-                            for (int k = 0; k < 32; k++) f[k] |= src[k];
-                            if (!el_null(b, rn, x)) break;
-                        }
-                        if (memcmp(f, g->alt_first[a], 32)) {
-                            memcpy(g->alt_first[a], f, 32);
-                            ch = true;
-                        }
-                        for (int k = 0; k < 32; k++) rf[r][k] |= f[k];
-                    }
-                }
-            }
-            free(rf);
+            rc = gb_first_sets(b, g, rn);
         }
     }
     free(prod);

@@ -112,4 +112,23 @@ uint32_t gmr_json_cp_rule(gb *b, gmr_cpset *set);
  * the rule of one JSON string character (used where the pattern is not anchored). */
 uint32_t gmr_regex_rule(gb *b, const char *pattern, uint32_t any_char);
 
+/* JSON Schema compilation state shared by gmr_schema.c and gmr_schema_num.c */
+typedef struct refmemo { const cJSON *node; uint32_t rule; } refmemo;
+
+typedef struct sctx {
+    gb *b;
+    const cJSON *root;
+    gmr_schema_options o;
+    uint32_t r_wsc, r_jchar, r_value, r_string, r_number, r_integer, r_hex;
+    refmemo *memo; size_t n_memo, cap_memo;
+    int depth;
+} sctx;
+typedef struct bounds { double lo, hi; bool lo_ex, hi_ex; } bounds;
+/* a rule matching one byte of `chars` or of lo..hi */
+uint32_t gmr_class_rule(gb *b, const char *chars, char lo, char hi);
+/* minimum / maximum / exclusive* of sch into bd */
+int gmr_get_bounds(sctx *s, const cJSON *sch, bounds *bd);
+uint32_t gmr_integer_rule(sctx *s, const bounds *bd, bool fail_empty);
+uint32_t gmr_number_rule(sctx *s, const bounds *bd);
+
 #endif

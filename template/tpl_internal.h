@@ -232,7 +232,45 @@ bool tpl_is_ascii(const char *s, size_t n);
 /* decodes the code point at s (n > 0 bytes left) into *cp; returns its length (1 and the byte for a bad one) */
 size_t tpl_u8_dec(const char *s, size_t n, uint32_t *cp);
 
-/* builtins (tpl_builtins.c) */
+/* value operations (tpl_ops.c) used by the interpreter (tpl_eval.c) */
+int tpl_slice(tctx *c, const node *n, tv obj, tv lo, tv hi, tv st, tv *out);
+int tpl_binop(tctx *c, const node *n, int op, tv a, tv b, tv *out);
+int tpl_contains(tctx *c, const node *n, tv item, tv seq, bool *res);
+
+/* lexer and parser state shared by tpl_lex.c and tpl_parse.c */
+typedef enum {
+    T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF
+} ttype;
+
+typedef struct tok {
+    uint8_t type;
+    int line, col;
+    const char *s;   /* T_TEXT, T_NAME, T_OP: source text; T_STRING: unescaped (arena) */
+    size_t len;
+    int64_t iv;
+    double fv;
+} tok;
+
+typedef struct parser {
+    tpl_template *t;
+    tpl_error *err;
+    const char *src;
+    size_t n;
+    tok *toks;
+    size_t ntok, cap, pos;
+    int depth;
+    int loops;       /* for loops around the statement being parsed */
+    int code;
+} parser;
+
+int tpl_perr(parser *p, int line, int col, int code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* arena allocation for the tree; sets the parser error on failure */
+void *tpl_palloc(parser *p, size_t n);
+char *tpl_pstrdup(parser *p, const char *s, size_t n);
+/* fills p->toks from p->src */
+int tpl_lex(parser *p);
+
+/* builtins (tpl_builtins.c: globals and tests; tpl_filters.c; tpl_methods.c) */
 enum { FN_RANGE = 1, FN_NAMESPACE, FN_RAISE, FN_STRFTIME, FN_DICT, FN_LOOP_CYCLE };
 int tpl_call_global(tctx *c, const node *n, int fn, tv *args, int nargs, const char **kwn, tv *kwv, int nkw,
                     tv *out);
@@ -242,6 +280,36 @@ int tpl_test(tctx *c, const node *n, const char *name, tv in, tv *args, int narg
 int tpl_method(tctx *c, const node *n, tv obj, const char *name, tv *args, int nargs, const char **kwn, tv *kwv,
                int nkw, tv *out);
 bool tpl_has_method(tv obj, const char *name);
+
+/* helpers shared by the builtins (tpl_builtins.c), the filters (tpl_filters.c) and the methods (tpl_methods.c) */
+typedef struct fargs {
+    tv *pos;
+    int npos;
+    const char **kwn;
+    tv *kwv;
+    int nkw;
+} fargs;
+/* the argument at position i or named `name`, or NULL */
+tv *tpl_arg(fargs *a, int i, const char *name);
+bool tpl_arg_bool(fargs *a, int i, const char *name, bool dflt);
+int tpl_need_str(tctx *c, const node *n, tv *v, const char *what, tstr **out);
+bool tpl_is_intlike(tv v);
+int64_t tpl_ival(tv v);
+int tpl_undef_err(tctx *c, const node *n, tv v);
+/* start of the code point ending at s[end) */
+size_t tpl_prev_cp(const char *s, size_t end);
+bool tpl_py_space(uint32_t cp);
+/* strip: which 1 left, 2 right, 3 both; chars NULL = whitespace */
+int tpl_strip(tctx *c, const node *n, tstr *s, const tstr *chars, int which, tv *out);
+/* upper / lower / str.title / capitalize / jinja2's title filter */
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAP, CASE_JTITLE };
+int tpl_case(tctx *c, const node *n, tstr *s, int mode, tv *out);
+/* attribute path "a.b.0" of v: new reference, undefined when missing */
+int tpl_attr_path(tctx *c, const node *n, tv v, const tstr *path, tv *out);
+/* sorts list items (new list out) by key = attribute path or the item itself */
+int tpl_sort_list(tctx *c, const node *n, tv list, const tstr *attr, bool ci, bool rev, int kind, tv *out);
+int tpl_join(tctx *c, const node *n, tv seq, const tstr *sep, const tstr *attr, tv *out);
+int tpl_replace(tctx *c, const node *n, tstr *s, tstr *old, tstr *new, int64_t count, tv *out);
 /* the items of an iterable as a new list (strings: characters; dicts: keys; undefined: empty) */
 int tpl_iter_list(tctx *c, const node *n, tv v, tv *out);
 /* attribute / item access as jinja2's getattr / getitem */

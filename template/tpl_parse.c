@@ -1,7 +1,6 @@
-/* tpl_parse.c: template text to syntax tree. The lexer applies whitespace control as jinja2 does with
- * trim_blocks and lstrip_blocks (a block or comment tag alone on its line takes its indentation and its newline
- * away; `-` strips all whitespace on its side, `+` keeps it); the parser is recursive descent with jinja2's
- * operator precedence, bounded by max_parse_depth. */
+/* tpl_parse.c: tokens to syntax tree (the lexer is in tpl_lex.c). The parser is recursive descent with jinja2's
+ * operator precedence, bounded by max_parse_depth.
+ */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,402 +8,6 @@
 #include <string.h>
 
 #include "template/tpl_internal.h"
-
-/* ---- arena ----------------------------------------------------------------------------------------------- */
-
-typedef struct arena_blk {
-    struct arena_blk *next;
-    size_t used, cap;
-    max_align_t data[];
-} arena_blk;
-
-void *tpl_arena_alloc(void **arena, size_t n) {
-    arena_blk *b = *arena;
-    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
-    if (!b || b->cap - b->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
-        arena_blk *nb = malloc(sizeof *nb + cap);
-        if (!nb) return NULL;
-        nb->next = b;
-        nb->used = 0;
-        nb->cap = cap;
-        *arena = b = nb;
-    }
-    void *p = (char *)b->data + b->used;
-    b->used += n;
-    memset(p, 0, n);
-    return p;
-}
-
-void tpl_arena_free(void *arena) {
-    for (arena_blk *b = arena; b;) {
-        arena_blk *next = b->next;
-        free(b);
-        b = next;
-    }
-}
-
-/* ---- tokens ---------------------------------------------------------------------------------------------- */
-
-typedef enum {
-    T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF
-} ttype;
-
-typedef struct tok {
-    uint8_t type;
-    int line, col;
-    const char *s;   /* T_TEXT, T_NAME, T_OP: source text; T_STRING: unescaped (arena) */
-    size_t len;
-    int64_t iv;
-    double fv;
-} tok;
-
-typedef struct parser {
-    tpl_template *t;
-    tpl_error *err;
-    const char *src;
-    size_t n;
-    tok *toks;
-    size_t ntok, cap, pos;
-    int depth;
-    int loops;       /* for loops around the statement being parsed */
-    int code;
-} parser;
-
-static int perr(parser *p, int line, int col, int code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int perr(parser *p, int line, int col, int code, const char *fmt, ...) {
-    if (p->code) return p->code;
-    p->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    tpl_set_error(p->err, code, line, col, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-static void *palloc(parser *p, size_t n) {
-    void *r = tpl_arena_alloc(&p->t->arena, n);
-    if (!r) perr(p, 0, 0, KVS_ERR_NOMEM, "out of memory");
-    return r;
-}
-
-static char *pstrdup(parser *p, const char *s, size_t n) {
-    char *r = palloc(p, n + 1);
-    if (r) memcpy(r, s, n);
-    return r;
-}
-
-static int push(parser *p, tok t) {
-    if (p->ntok == p->cap) {
-        size_t nc = p->cap ? p->cap * 2 : 256;
-        tok *nt = realloc(p->toks, nc * sizeof *nt);
-        if (!nt) return perr(p, t.line, t.col, KVS_ERR_NOMEM, "out of memory");
-        p->toks = nt;
-        p->cap = nc;
-    }
-    p->toks[p->ntok++] = t;
-    return 0;
-}
-
-typedef struct lexpos {
-    size_t i;
-    int line;
-    size_t line_start;
-} lexpos;
-
-static void adv(parser *p, lexpos *lp, size_t to) {
-    for (; lp->i < to; lp->i++)
-        if (p->src[lp->i] == '\n') { lp->line++; lp->line_start = lp->i + 1; }
-}
-
-static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-static bool is_id0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-static bool is_dig(char c) { return c >= '0' && c <= '9'; }
-
-static void put_utf8(char *o, size_t *k, uint32_t cp) {
-    if (cp < 0x80) o[(*k)++] = (char)cp;
-    else if (cp < 0x800) { o[(*k)++] = (char)(0xC0 | cp >> 6); o[(*k)++] = (char)(0x80 | (cp & 0x3F)); }
-    else if (cp < 0x10000) {
-        o[(*k)++] = (char)(0xE0 | cp >> 12); o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        o[(*k)++] = (char)(0xF0 | cp >> 18); o[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    }
-}
-
-static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* Python's string-literal escapes (as jinja2 decodes them). */
-static char *unescape(parser *p, const char *s, size_t n, size_t *outlen) {
-    char *o = palloc(p, n + 1);
-    if (!o) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '\\' || i + 1 >= n) { o[k++] = s[i]; continue; }
-        char e = s[++i];
-        switch (e) {
-        case '\n': break;
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case 'a': o[k++] = 7; break;
-        case 'b': o[k++] = 8; break;
-        case 'f': o[k++] = 12; break;
-        case 'n': o[k++] = 10; break;
-        case 'r': o[k++] = 13; break;
-        case 't': o[k++] = 9; break;
-        case 'v': o[k++] = 11; break;
-        case 'x': case 'u': case 'U': {
-            int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            uint32_t cp = 0;
-            int d = 0;
-            for (; d < nd && i + 1 + d < n && hexval(s[i + 1 + d]) >= 0; d++) cp = cp * 16 + (uint32_t)hexval(s[i + 1 + d]);
-            if (d < nd || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) { o[k++] = '\\'; o[k++] = e; break; }
-            put_utf8(o, &k, cp);   /* at most 4 bytes for 3..10 source bytes */
-            i += (size_t)nd;
-            break;
-        }
-        default:
-            if (e >= '0' && e <= '7') {
-                uint32_t cp = 0;
-                int d = 0;
-                for (; d < 3 && i + d < n && s[i + d] >= '0' && s[i + d] <= '7'; d++) cp = cp * 8 + (uint32_t)(s[i + d] - '0');
-                if (d > 1 && cp >= 0x80) { /* at most 2 bytes from 3 source bytes */ }
-                put_utf8(o, &k, cp);
-                i += (size_t)d - 1;
-            } else {
-                o[k++] = '\\';
-                o[k++] = e;
-            }
-        }
-    }
-    o[k] = 0;
-    *outlen = k;
-    return o;
-}
-
-/* Lexes the inside of a {{ }} or {% %} tag starting at lp->i; stops after the end marker. Sets *strip_after
- * (the end had `-`) and *plus_end (the end had `+`, block tags only). */
-static int lex_tag(parser *p, lexpos *lp, bool block, bool *strip_after, bool *plus_end) {
-    int balance = 0;
-    const char *s = p->src;
-    size_t n = p->n;
-    for (;;) {
-        while (lp->i < n && is_ws(s[lp->i])) adv(p, lp, lp->i + 1);
-        size_t i = lp->i;
-        int col = (int)(i - lp->line_start) + 1;
-        if (i >= n) return perr(p, lp->line, col, KVS_ERR_SYNTAX, "unexpected end of template inside a tag");
-        if (balance == 0) {
-            const char *end = block ? "%}" : "}}";
-            size_t e = 0;
-            bool minus = false, plus = false;
-            if (s[i] == '-' && i + 2 < n && !memcmp(s + i + 1, end, 2)) { e = 3; minus = true; }
-            else if (block && s[i] == '+' && i + 2 < n && !memcmp(s + i + 1, end, 2)) { e = 3; plus = true; }
-            else if (i + 1 < n && !memcmp(s + i, end, 2)) e = 2;
-            if (e) {
-                tok t = {.type = block ? T_BLOCK_END : T_VAR_END, .line = lp->line, .col = col};
-                if (push(p, t)) return p->code;
-                adv(p, lp, i + e);
-                *strip_after = minus;
-                *plus_end = plus;
-                return 0;
-            }
-        }
-        tok t = {.line = lp->line, .col = col, .s = s + i};
-        if (is_id0(s[i])) {
-            size_t j = i + 1;
-            while (j < n && (is_id0(s[j]) || is_dig(s[j]))) j++;
-            t.type = T_NAME;
-            t.len = j - i;
-            adv(p, lp, j);
-        } else if (is_dig(s[i])) {
-            size_t j = i;
-            bool isf = false;
-            char num[64];
-            size_t k = 0;
-            while (j < n && (is_dig(s[j]) || (s[j] == '_' && j + 1 < n && is_dig(s[j + 1])))) {
-                if (s[j] != '_' && k < sizeof num - 1) num[k++] = s[j];
-                j++;
-            }
-            if (j + 1 < n && s[j] == '.' && is_dig(s[j + 1])) {
-                isf = true;
-                if (k < sizeof num - 1) num[k++] = '.';
-                j++;
-                while (j < n && (is_dig(s[j]) || (s[j] == '_' && j + 1 < n && is_dig(s[j + 1])))) {
-                    if (s[j] != '_' && k < sizeof num - 1) num[k++] = s[j];
-                    j++;
-                }
-            }
-            if (j < n && (s[j] == 'e' || s[j] == 'E')) {
-                size_t q = j + 1;
-                if (q < n && (s[q] == '+' || s[q] == '-')) q++;
-                if (q < n && is_dig(s[q])) {
-                    isf = true;
-                    if (k < sizeof num - 1) num[k++] = 'e';
-                    if (s[j + 1] == '-' && k < sizeof num - 1) num[k++] = '-';
-                    j = q;
-                    while (j < n && is_dig(s[j])) { if (k < sizeof num - 1) num[k++] = s[j]; j++; }
-                }
-            }
-            num[k] = 0;
-            if (isf) {
-                t.type = T_FLOAT;
-                t.fv = strtod(num, NULL);
-            } else {
-                errno = 0;
-                long long v = strtoll(num, NULL, 10);
-                if (errno || k >= sizeof num - 1)
-                    return perr(p, t.line, t.col, KVS_ERR_UNSUPPORTED, "integer literal too large");
-                t.type = T_INT;
-                t.iv = v;
-            }
-            t.len = j - i;
-            adv(p, lp, j);
-        } else if (s[i] == '\'' || s[i] == '"') {
-            char q = s[i];
-            size_t j = i + 1;
-            while (j < n && s[j] != q) j += s[j] == '\\' && j + 1 < n ? 2 : 1;
-            if (j >= n) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unterminated string literal");
-            t.type = T_STRING;
-            t.s = unescape(p, s + i + 1, j - i - 1, &t.len);
-            if (!t.s) return p->code;
-            adv(p, lp, j + 1);
-        } else {
-            static const char *ops2[] = {"//", "**", "==", "!=", "<=", ">="};
-            size_t len = 0;
-            for (size_t k = 0; k < sizeof ops2 / sizeof *ops2; k++)
-                if (i + 1 < n && s[i] == ops2[k][0] && s[i + 1] == ops2[k][1]) len = 2;
-            if (!len && strchr("+-/*%~[](){}<>=.:|,;", s[i]) && s[i]) len = 1;
-            if (!len) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unexpected character '%c'", s[i]);
-            if (len == 1 && (s[i] == '(' || s[i] == '[' || s[i] == '{')) balance++;
-            if (len == 1 && (s[i] == ')' || s[i] == ']' || s[i] == '}')) {
-                if (balance == 0) return perr(p, t.line, t.col, KVS_ERR_SYNTAX, "unexpected '%c'", s[i]);
-                balance--;
-            }
-            t.type = T_OP;
-            t.len = len;
-            adv(p, lp, i + len);
-        }
-        if (push(p, t)) return p->code;
-    }
-}
-
-/* At s[i] (after `{%` and its modifier): whitespace, `word`, whitespace, then `-%}` or `%}` (or `+%}` when
- * plus_ok). Returns the offset just past the `%}`, or 0. */
-static size_t raw_tag(const char *s, size_t n, size_t i, const char *word, bool plus_ok) {
-    while (i < n && is_ws(s[i])) i++;
-    size_t wl = strlen(word);
-    if (i + wl > n || memcmp(s + i, word, wl)) return 0;
-    i += wl;
-    if (i < n && (is_id0(s[i]) || is_dig(s[i]))) return 0;
-    while (i < n && is_ws(s[i])) i++;
-    if (i < n && (s[i] == '-' || (plus_ok && s[i] == '+'))) i++;
-    return i + 1 < n && s[i] == '%' && s[i + 1] == '}' ? i + 2 : 0;
-}
-
-static int lex(parser *p) {
-    const char *s = p->src;
-    size_t n = p->n;
-    lexpos lp = {0, 1, 0};
-    bool line_starting = true, strip_next = false;
-    while (lp.i < n) {
-        size_t start = lp.i;
-        if (strip_next) while (start < n && is_ws(s[start])) start++;
-        strip_next = false;
-        /* find the next tag */
-        size_t j = start;
-        int kind = 0;   /* 1 var, 2 block, 3 comment */
-        for (; j + 1 < n; j++) {
-            if (s[j] != '{') continue;
-            if (s[j + 1] == '{') { kind = 1; break; }
-            if (s[j + 1] == '%') { kind = 2; break; }
-            if (s[j + 1] == '#') { kind = 3; break; }
-        }
-        if (!kind) j = n;
-        size_t tend = j;   /* end of the text before the tag */
-        char mod = kind && j + 2 < n ? s[j + 2] : 0;
-        if (kind && mod == '-') {
-            while (tend > start && is_ws(s[tend - 1])) tend--;
-        } else if (kind >= 2 && mod != '+') {
-            /* lstrip_blocks: only spaces and tabs between the line's start and the tag */
-            size_t l = tend;
-            while (l > start && s[l - 1] != '\n') l--;
-            bool at_line_start = l > start || (l == start && (line_starting || start == 0));
-            if (l > start || line_starting) {
-                bool blank = true;
-                for (size_t q = l; q < tend; q++)
-                    if (s[q] != ' ' && s[q] != '\t') { blank = false; break; }
-                if (blank && at_line_start) tend = l;
-            }
-        }
-        adv(p, &lp, start);
-        if (tend > start) {
-            tok t = {.type = T_TEXT, .line = lp.line, .col = (int)(start - lp.line_start) + 1, .s = s + start,
-                     .len = tend - start};
-            if (push(p, t)) return p->code;
-        }
-        adv(p, &lp, j);
-        if (!kind) break;
-        int tline = lp.line, tcol = (int)(j - lp.line_start) + 1;
-        size_t body = j + 2 + (mod == '-' || mod == '+' ? 1 : 0);
-        if (kind == 3) {
-            size_t e = body;
-            while (e + 1 < n && !(s[e] == '#' && s[e + 1] == '}')) e++;
-            if (e + 1 >= n) return perr(p, tline, tcol, KVS_ERR_SYNTAX, "unterminated comment");
-            bool minus = e > body && s[e - 1] == '-';
-            bool plus = e > body && s[e - 1] == '+';
-            size_t after = e + 2;
-            if (!minus && !plus && after < n && s[after] == '\n') after++;
-            adv(p, &lp, after);
-            strip_next = minus;
-            line_starting = after > 0 && s[after - 1] == '\n';
-            continue;
-        }
-        size_t rawend;
-        if (kind == 2 && (rawend = raw_tag(s, n, body, "raw", false))) {
-            /* {% raw %}...{% endraw %}: the text between, as it is */
-            size_t cstart = rawend, k = cstart, cend = 0, after = 0;
-            for (; k + 1 < n; k++)
-                if (s[k] == '{' && s[k + 1] == '%' && (after = raw_tag(s, n, k + 2 + (s[k + 2] == '-' || s[k + 2] == '+'), "endraw", true))) {
-                    cend = k;
-                    break;
-                }
-            if (!after) return perr(p, tline, tcol, KVS_ERR_SYNTAX, "unclosed 'raw' block (expected 'endraw')");
-            if (s[rawend - 3] == '-') while (cstart < cend && is_ws(s[cstart])) cstart++;
-            size_t tend2 = cend;
-            if (s[cend + 2] == '-') while (tend2 > cstart && is_ws(s[tend2 - 1])) tend2--;
-            else if (s[cend + 2] != '+') {   /* lstrip_blocks before {% endraw %} alone on its line */
-                size_t l = tend2;
-                while (l > cstart && (s[l - 1] == ' ' || s[l - 1] == '\t')) l--;
-                if (l > cstart && s[l - 1] == '\n') tend2 = l;
-            }
-            adv(p, &lp, cstart);
-            if (tend2 > cstart) {
-                tok t = {.type = T_TEXT, .line = lp.line, .col = (int)(cstart - lp.line_start) + 1, .s = s + cstart, .len = tend2 - cstart};
-                if (push(p, t)) return p->code;
-            }
-            bool em = s[after - 3] == '-', ep = s[after - 3] == '+';
-            if (!em && !ep && after < n && s[after] == '\n') after++;
-            adv(p, &lp, after);
-            strip_next = em;
-            line_starting = after > 0 && s[after - 1] == '\n';
-            continue;
-        }
-        tok b = {.type = kind == 1 ? T_VAR_BEGIN : T_BLOCK_BEGIN, .line = tline, .col = tcol};
-        if (push(p, b)) return p->code;
-        adv(p, &lp, body);
-        bool minus = false, plus = false;
-        if (lex_tag(p, &lp, kind == 2, &minus, &plus)) return p->code;
-        if (kind == 2 && !minus && !plus && lp.i < n && s[lp.i] == '\n') adv(p, &lp, lp.i + 1);
-        strip_next = minus;
-        line_starting = lp.i > 0 && s[lp.i - 1] == '\n';
-    }
-    tok e = {.type = T_EOF, .line = lp.line, .col = (int)(lp.i - lp.line_start) + 1};
-    return push(p, e);
-}
 
 /* ---- parser ---------------------------------------------------------------------------------------------- */
 
@@ -445,11 +48,11 @@ static const char *tokdesc(const tok *t, char *buf, size_t cap) {
 static int expect_op(parser *p, const char *op) {
     if (skip_op(p, op)) return 0;
     char b[64];
-    return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected '%s', got %s", op, tokdesc(cur(p), b, sizeof b));
+    return tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected '%s', got %s", op, tokdesc(cur(p), b, sizeof b));
 }
 
 static node *mk_at(parser *p, int kind, int line, int col) {
-    node *n = palloc(p, sizeof *n);
+    node *n = tpl_palloc(p, sizeof *n);
     if (!n) return NULL;
     n->kind = (uint8_t)kind;
     n->line = line;
@@ -466,7 +69,7 @@ typedef struct nvec {
 static int nv_push(parser *p, nvec *v, node *x) {
     if (v->n == v->cap) {
         int nc = v->cap ? v->cap * 2 : 4;
-        node **nn = palloc(p, (size_t)nc * sizeof *nn);
+        node **nn = tpl_palloc(p, (size_t)nc * sizeof *nn);
         if (!nn) return p->code;
         if (v->n) memcpy(nn, v->v, (size_t)v->n * sizeof *nn);
         v->v = nn;
@@ -476,10 +79,10 @@ static int nv_push(parser *p, nvec *v, node *x) {
     return 0;
 }
 
-static const char *tokname(parser *p, const tok *t) { return pstrdup(p, t->s, t->len); }
+static const char *tokname(parser *p, const tok *t) { return tpl_pstrdup(p, t->s, t->len); }
 
 static tstr *static_str(parser *p, const char *s, size_t len) {
-    tstr *r = palloc(p, sizeof *r + len + 1);
+    tstr *r = tpl_palloc(p, sizeof *r + len + 1);
     if (!r) return NULL;
     r->rc = -1;
     r->len = len;
@@ -496,7 +99,7 @@ static node *parse_filters(parser *p, node *n);
 
 static int enter(parser *p) {
     if (++p->depth > p->t->lim.max_parse_depth)
-        return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_LIMIT, "nesting deeper than %d", p->t->lim.max_parse_depth);
+        return tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_LIMIT, "nesting deeper than %d", p->t->lim.max_parse_depth);
     return 0;
 }
 
@@ -522,8 +125,8 @@ static int parse_args(parser *p, node *call) {
             kw_seen = true;
         } else {
             if (is_op(t, "*") || is_op(t, "**"))
-                return perr(p, t->line, t->col, KVS_ERR_UNSUPPORTED, "*args and **kwargs are not supported");
-            if (kw_seen) return perr(p, t->line, t->col, KVS_ERR_SYNTAX, "positional argument after keyword argument");
+                return tpl_perr(p, t->line, t->col, KVS_ERR_UNSUPPORTED, "*args and **kwargs are not supported");
+            if (kw_seen) return tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "positional argument after keyword argument");
             a = parse_expr(p);
             if (!a) return p->code;
         }
@@ -543,7 +146,7 @@ static int parse_args(parser *p, node *call) {
 static node *parse_one_filter(parser *p, node *input) {
     tok *nt = cur(p);
     if (nt->type != T_NAME) {
-        perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a filter name");
+        tpl_perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a filter name");
         return NULL;
     }
     node *f = mk(p, N_FILTER, nt);
@@ -581,7 +184,7 @@ static node *parse_chain(parser *p, node *n, bool filters) {
                 a->b->k = tv_int(nt->iv);
             } else {
                 char b[64];
-                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a name after '.', got %s", tokdesc(nt, b, sizeof b));
+                tpl_perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a name after '.', got %s", tokdesc(nt, b, sizeof b));
                 return NULL;
             }
             next(p);
@@ -613,7 +216,7 @@ static node *parse_chain(parser *p, node *n, bool filters) {
             if (skip_name(p, "not")) f->op = 1;
             tok *nt = cur(p);
             if (nt->type != T_NAME) {
-                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a test name after 'is'");
+                tpl_perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "expected a test name after 'is'");
                 return NULL;
             }
             f->name = tokname(p, nt);
@@ -625,14 +228,14 @@ static node *parse_chain(parser *p, node *n, bool filters) {
                         is_op(at, "[") || is_op(at, "{")) &&
                        !is_name(at, "else") && !is_name(at, "or") && !is_name(at, "and")) {
                 if (is_name(at, "is")) {
-                    perr(p, at->line, at->col, KVS_ERR_SYNTAX, "unexpected 'is'");
+                    tpl_perr(p, at->line, at->col, KVS_ERR_SYNTAX, "unexpected 'is'");
                     return NULL;
                 }
                 node *arg = parse_primary(p);
                 if (!arg) return NULL;
                 arg = parse_postfix(p, arg);
                 if (!arg) return NULL;
-                f->v = palloc(p, sizeof *f->v);
+                f->v = tpl_palloc(p, sizeof *f->v);
                 if (!f->v) return NULL;
                 f->v[0] = arg;
                 f->nv = 1;
@@ -696,7 +299,7 @@ static node *parse_primary(parser *p) {
         /* adjacent literals join */
         size_t total = 0, k = p->pos;
         while (p->toks[k].type == T_STRING) total += p->toks[k++].len;
-        char *buf = palloc(p, total + 1);
+        char *buf = tpl_palloc(p, total + 1);
         if (!buf) return NULL;
         size_t o = 0;
         while (cur(p)->type == T_STRING) {
@@ -746,7 +349,7 @@ static node *parse_primary(parser *p) {
         if (!n) return NULL;
     } else {
         char b[64];
-        perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
+        tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
         return NULL;
     }
     p->depth--;
@@ -913,7 +516,7 @@ static node *parse_expr(parser *p) {
 static int expect_block_end(parser *p) {
     if (cur(p)->type == T_BLOCK_END) { next(p); return 0; }
     char b[64];
-    return perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of statement block, got %s",
+    return tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of statement block, got %s",
                 tokdesc(cur(p), b, sizeof b));
 }
 
@@ -925,7 +528,7 @@ static int parse_targets(parser *p, nvec *names_out) {
     bool paren = skip_op(p, "(");
     for (;;) {
         tok *t = cur(p);
-        if (t->type != T_NAME) return perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a variable name");
+        if (t->type != T_NAME) return tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a variable name");
         const char *nm = tokname(p, t);
         if (!nm || nv_push(p, names_out, (node *)(void *)nm)) return p->code;
         next(p);
@@ -943,14 +546,14 @@ static int parse_params(parser *p, nvec *names, nvec *defs) {
         if (names->n && expect_op(p, ",")) return p->code;
         if (is_op(cur(p), ")")) break;
         tok *pt = cur(p);
-        if (pt->type != T_NAME) return perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "expected a parameter name");
+        if (pt->type != T_NAME) return tpl_perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "expected a parameter name");
         const char *pn = tokname(p, pt);
         next(p);
         node *def = NULL;
         if (skip_op(p, "=")) {
             if (!(def = parse_expr(p))) return p->code;
         } else if (defs->n && defs->v[defs->n - 1]) {
-            return perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "non-default argument follows default argument");
+            return tpl_perr(p, pt->line, pt->col, KVS_ERR_SYNTAX, "non-default argument follows default argument");
         }
         if (nv_push(p, names, (node *)(void *)pn) || nv_push(p, defs, def)) return p->code;
     }
@@ -964,7 +567,7 @@ static int macro_params(parser *p, node *m, bool present) {
     if (present && parse_params(p, &names, &defs)) return p->code;
     m->names = (const char **)(void *)names.v;
     m->nnames = names.n;
-    if (!(m->d = palloc(p, sizeof *m->d))) return p->code;   /* holder of the defaults */
+    if (!(m->d = tpl_palloc(p, sizeof *m->d))) return p->code;   /* holder of the defaults */
     m->d->v = defs.v;
     m->d->nv = defs.n;
     return 0;
@@ -982,148 +585,169 @@ static node *parse_until(parser *p, const char *end, const tok *opener, bool fre
     return expect_block_end(p) ? NULL : body;
 }
 
+/* {% if %} ... {% elif %} ... {% else %} ... {% endif %}, bt its name token */
+static node *parse_if(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_IF, bt);
+    if (!n || !(n->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+    node *ifn = n;
+    for (;;) {
+        static const char *const ends[] = {"elif", "else", "endif", NULL};
+        int w = -1;
+        node *body = parse_body(p, ends, &w, bt);
+        if (!body) return NULL;
+        ifn->b = body;
+        if (w == 0) {
+            tok *et = cur(p);
+            next(p);
+            node *el = mk(p, N_IF, et);
+            if (!el || !(el->a = parse_expr(p)) || expect_block_end(p)) return NULL;
+            ifn->c = el;
+            ifn = el;
+            continue;
+        }
+        if (w == 1) {
+            next(p);
+            if (expect_block_end(p)) return NULL;
+            static const char *const ends2[] = {"endif", NULL};
+            node *eb = parse_body(p, ends2, &w, bt);
+            if (!eb) return NULL;
+            ifn->c = eb;
+        }
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        break;
+    }
+    return n;
+}
+
+/* {% for targets in iterable [if filter] %} ... [{% else %} ...] {% endfor %} */
+static node *parse_for(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_FOR, bt);
+    nvec names = {0};
+    if (!n || parse_targets(p, &names)) return NULL;
+    n->names = (const char **)(void *)names.v;
+    n->nnames = names.n;
+    if (!skip_name(p, "in")) {
+        tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected 'in' in for loop");
+        return NULL;
+    }
+    /* the iterable: no conditional expression (its `if` is the loop filter) */
+    if (!(n->a = parse_or(p))) return NULL;
+    if (skip_name(p, "if")) {
+        if (!(n->b = parse_expr(p))) return NULL;
+    }
+    if (is_name(cur(p), "recursive")) {
+        tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_UNSUPPORTED, "recursive loops are not supported");
+        return NULL;
+    }
+    if (expect_block_end(p)) return NULL;
+    static const char *const ends[] = {"else", "endfor", NULL};
+    int w = -1;
+    p->loops++;
+    node *body = parse_body(p, ends, &w, bt);
+    p->loops--;
+    if (!body) return NULL;
+    n->v = body->v;
+    n->nv = body->nv;
+    if (w == 0) {
+        next(p);
+        if (expect_block_end(p)) return NULL;
+        static const char *const ends2[] = {"endfor", NULL};
+        int saved = p->loops;
+        p->loops = 0;
+        n->c = parse_body(p, ends2, &w, bt);
+        p->loops = saved;
+        if (!n->c) return NULL;
+    }
+    next(p);
+    if (expect_block_end(p)) return NULL;
+    return n;
+}
+
+/* {% set target = expr %}, {% set ns.attr = expr %} and the block form {% set x [| filter] %} ... {% endset %} */
+static node *parse_set(parser *p, tok *bt) {
+    next(p);
+    node *n = mk(p, N_SET, bt);
+    if (!n) return NULL;
+    tok *t = cur(p);
+    if (t->type == T_NAME && is_op(peekt(p, 1), ".")) {
+        tok *at = peekt(p, 2);
+        if (at->type != T_NAME) {
+            tpl_perr(p, at->line, at->col, KVS_ERR_SYNTAX, "expected an attribute name");
+            return NULL;
+        }
+        n->b = mk(p, N_NAME, t);
+        if (!n->b) return NULL;
+        n->b->name = tokname(p, t);
+        n->name = tokname(p, at);
+        next(p); next(p); next(p);
+    } else {
+        nvec names = {0};
+        if (parse_targets(p, &names)) return NULL;
+        n->names = (const char **)(void *)names.v;
+        n->nnames = names.n;
+    }
+    if (skip_op(p, "=")) {
+        node *e = parse_expr(p);
+        if (!e) return NULL;
+        if (is_op(cur(p), ",")) {   /* implicit tuple */
+            nvec v = {0};
+            if (nv_push(p, &v, e)) return NULL;
+            while (skip_op(p, ",")) {
+                node *x = parse_expr(p);
+                if (!x || nv_push(p, &v, x)) return NULL;
+            }
+            node *tn = mk(p, N_TUPLE, t);
+            if (!tn) return NULL;
+            tn->v = v.v;
+            tn->nv = v.n;
+            e = tn;
+        }
+        n->a = e;
+        if (expect_block_end(p)) return NULL;
+    } else {
+        if (n->b || n->nnames != 1) {
+            tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "a set block assigns one plain name");
+            return NULL;
+        }
+        n->kind = N_SETBLOCK;
+        if (is_op(cur(p), "|")) {   /* {% set x | filter %} */
+            node *f = parse_filters(p, NULL);
+            if (!f) return NULL;
+            n->a = f;
+        }
+        if (expect_block_end(p)) return NULL;
+        if (!(n->c = parse_until(p, "endset", bt, false))) return NULL;
+    }
+    return n;
+}
+
 static node *parse_stmt(parser *p) {
     tok *bt = cur(p);   /* the name after {% */
     if (bt->type != T_NAME) {
-        perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "expected a statement name");
+        tpl_perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "expected a statement name");
         return NULL;
     }
     if (enter(p)) return NULL;
     node *n = NULL;
     if (is_name(bt, "if")) {
-        next(p);
-        n = mk(p, N_IF, bt);
-        if (!n || !(n->a = parse_expr(p)) || expect_block_end(p)) return NULL;
-        node *ifn = n;
-        for (;;) {
-            static const char *const ends[] = {"elif", "else", "endif", NULL};
-            int w = -1;
-            node *body = parse_body(p, ends, &w, bt);
-            if (!body) return NULL;
-            ifn->b = body;
-            if (w == 0) {
-                tok *et = cur(p);
-                next(p);
-                node *el = mk(p, N_IF, et);
-                if (!el || !(el->a = parse_expr(p)) || expect_block_end(p)) return NULL;
-                ifn->c = el;
-                ifn = el;
-                continue;
-            }
-            if (w == 1) {
-                next(p);
-                if (expect_block_end(p)) return NULL;
-                static const char *const ends2[] = {"endif", NULL};
-                node *eb = parse_body(p, ends2, &w, bt);
-                if (!eb) return NULL;
-                ifn->c = eb;
-            }
-            next(p);
-            if (expect_block_end(p)) return NULL;
-            break;
-        }
-    } else if (is_name(bt, "for")) {
-        next(p);
-        n = mk(p, N_FOR, bt);
-        nvec names = {0};
-        if (!n || parse_targets(p, &names)) return NULL;
-        n->names = (const char **)(void *)names.v;
-        n->nnames = names.n;
-        if (!skip_name(p, "in")) {
-            perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected 'in' in for loop");
-            return NULL;
-        }
-        /* the iterable: no conditional expression (its `if` is the loop filter) */
-        if (!(n->a = parse_or(p))) return NULL;
-        if (skip_name(p, "if")) {
-            if (!(n->b = parse_expr(p))) return NULL;
-        }
-        if (is_name(cur(p), "recursive")) {
-            perr(p, cur(p)->line, cur(p)->col, KVS_ERR_UNSUPPORTED, "recursive loops are not supported");
-            return NULL;
-        }
-        if (expect_block_end(p)) return NULL;
-        static const char *const ends[] = {"else", "endfor", NULL};
-        int w = -1;
-        p->loops++;
-        node *body = parse_body(p, ends, &w, bt);
-        p->loops--;
-        if (!body) return NULL;
-        n->v = body->v;
-        n->nv = body->nv;
-        if (w == 0) {
-            next(p);
-            if (expect_block_end(p)) return NULL;
-            static const char *const ends2[] = {"endfor", NULL};
-            int saved = p->loops;
-            p->loops = 0;
-            n->c = parse_body(p, ends2, &w, bt);
-            p->loops = saved;
-            if (!n->c) return NULL;
-        }
-        next(p);
-        if (expect_block_end(p)) return NULL;
-    } else if (is_name(bt, "set")) {
-        next(p);
-        n = mk(p, N_SET, bt);
+        n = parse_if(p, bt);
         if (!n) return NULL;
-        tok *t = cur(p);
-        if (t->type == T_NAME && is_op(peekt(p, 1), ".")) {
-            tok *at = peekt(p, 2);
-            if (at->type != T_NAME) {
-                perr(p, at->line, at->col, KVS_ERR_SYNTAX, "expected an attribute name");
-                return NULL;
-            }
-            n->b = mk(p, N_NAME, t);
-            if (!n->b) return NULL;
-            n->b->name = tokname(p, t);
-            n->name = tokname(p, at);
-            next(p); next(p); next(p);
-        } else {
-            nvec names = {0};
-            if (parse_targets(p, &names)) return NULL;
-            n->names = (const char **)(void *)names.v;
-            n->nnames = names.n;
-        }
-        if (skip_op(p, "=")) {
-            node *e = parse_expr(p);
-            if (!e) return NULL;
-            if (is_op(cur(p), ",")) {   /* implicit tuple */
-                nvec v = {0};
-                if (nv_push(p, &v, e)) return NULL;
-                while (skip_op(p, ",")) {
-                    node *x = parse_expr(p);
-                    if (!x || nv_push(p, &v, x)) return NULL;
-                }
-                node *tn = mk(p, N_TUPLE, t);
-                if (!tn) return NULL;
-                tn->v = v.v;
-                tn->nv = v.n;
-                e = tn;
-            }
-            n->a = e;
-            if (expect_block_end(p)) return NULL;
-        } else {
-            if (n->b || n->nnames != 1) {
-                perr(p, t->line, t->col, KVS_ERR_SYNTAX, "a set block assigns one plain name");
-                return NULL;
-            }
-            n->kind = N_SETBLOCK;
-            if (is_op(cur(p), "|")) {   /* {% set x | filter %} */
-                node *f = parse_filters(p, NULL);
-                if (!f) return NULL;
-                n->a = f;
-            }
-            if (expect_block_end(p)) return NULL;
-            if (!(n->c = parse_until(p, "endset", bt, false))) return NULL;
-        }
+    } else if (is_name(bt, "for")) {
+        n = parse_for(p, bt);
+        if (!n) return NULL;
+    } else if (is_name(bt, "set")) {
+        n = parse_set(p, bt);
+        if (!n) return NULL;
     } else if (is_name(bt, "macro")) {
         next(p);
         n = mk(p, N_MACRO, bt);
         tok *t = cur(p);
         if (!n) return NULL;
         if (t->type != T_NAME) {
-            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a macro name");
+            tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "expected a macro name");
             return NULL;
         }
         n->name = tokname(p, t);
@@ -1156,7 +780,7 @@ static node *parse_stmt(parser *p) {
         node *e = parse_expr(p);
         if (!e) return NULL;
         if (e->kind != N_CALL) {
-            perr(p, e->line, e->col, KVS_ERR_SYNTAX, "a call block needs a macro call");
+            tpl_perr(p, e->line, e->col, KVS_ERR_SYNTAX, "a call block needs a macro call");
             return NULL;
         }
         if (expect_block_end(p)) return NULL;
@@ -1165,7 +789,7 @@ static node *parse_stmt(parser *p) {
         n->d = m;
     } else if (is_name(bt, "break") || is_name(bt, "continue")) {
         if (!p->loops) {
-            perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "'%.*s' outside a loop", (int)bt->len, bt->s);
+            tpl_perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "'%.*s' outside a loop", (int)bt->len, bt->s);
             return NULL;
         }
         n = mk(p, is_name(bt, "break") ? N_BREAK : N_CONTINUE, bt);
@@ -1176,10 +800,10 @@ static node *parse_stmt(parser *p) {
                                       "autoescape", "trans", NULL};
         for (int i = 0; unsup[i]; i++)
             if (is_name(bt, unsup[i])) {
-                perr(p, bt->line, bt->col, KVS_ERR_UNSUPPORTED, "the '%s' tag is not supported", unsup[i]);
+                tpl_perr(p, bt->line, bt->col, KVS_ERR_UNSUPPORTED, "the '%s' tag is not supported", unsup[i]);
                 return NULL;
             }
-        perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "unknown tag '%.*s'", (int)(bt->len < 40 ? bt->len : 40), bt->s);
+        tpl_perr(p, bt->line, bt->col, KVS_ERR_SYNTAX, "unknown tag '%.*s'", (int)(bt->len < 40 ? bt->len : 40), bt->s);
         return NULL;
     }
     p->depth--;
@@ -1194,7 +818,7 @@ static node *parse_body(parser *p, const char *const *ends, int *which, const to
         tok *t = cur(p);
         if (t->type == T_EOF) {
             if (ends) {
-                perr(p, opener->line, opener->col, KVS_ERR_SYNTAX, "unclosed '%.*s' block (expected '%s')",
+                tpl_perr(p, opener->line, opener->col, KVS_ERR_SYNTAX, "unclosed '%.*s' block (expected '%s')",
                      (int)opener->len, opener->s, ends[0]);
                 return NULL;
             }
@@ -1213,7 +837,7 @@ static node *parse_body(parser *p, const char *const *ends, int *which, const to
             if (!n || !(n->a = parse_expr(p))) return NULL;
             if (cur(p)->type != T_VAR_END) {
                 char b[64];
-                perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of print statement, got %s",
+                tpl_perr(p, cur(p)->line, cur(p)->col, KVS_ERR_SYNTAX, "expected end of print statement, got %s",
                      tokdesc(cur(p), b, sizeof b));
                 return NULL;
             }
@@ -1231,14 +855,14 @@ static node *parse_body(parser *p, const char *const *ends, int *which, const to
                         return body;
                     }
             if (nt->type == T_NAME && nt->len > 3 && (!memcmp(nt->s, "end", 3) || is_name(nt, "elif") || is_name(nt, "else"))) {
-                perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "unexpected '%.*s'", (int)(nt->len < 40 ? nt->len : 40), nt->s);
+                tpl_perr(p, nt->line, nt->col, KVS_ERR_SYNTAX, "unexpected '%.*s'", (int)(nt->len < 40 ? nt->len : 40), nt->s);
                 return NULL;
             }
             node *n = parse_stmt(p);
             if (!n || nv_push(p, &v, n)) return NULL;
         } else {
             char b[64];
-            perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
+            tpl_perr(p, t->line, t->col, KVS_ERR_SYNTAX, "unexpected %s", tokdesc(t, b, sizeof b));
             return NULL;
         }
     }
@@ -1262,8 +886,8 @@ static int ref_note(parser *p, refs *r, const char *name, bool store) {
         if (!strcmp(r->names[i], name)) return 0;
     if (r->n == r->cap) {
         int nc = r->cap ? r->cap * 2 : 16;
-        const char **nn = palloc(p, (size_t)nc * sizeof *nn);
-        bool *ns = palloc(p, (size_t)nc * sizeof *ns);
+        const char **nn = tpl_palloc(p, (size_t)nc * sizeof *nn);
+        bool *ns = tpl_palloc(p, (size_t)nc * sizeof *ns);
         if (!nn || !ns) return p->code;
         if (r->n) {
             memcpy(nn, r->names, (size_t)r->n * sizeof *nn);
@@ -1329,7 +953,7 @@ static int root_undef(parser *p, tpl_template *t) {
     int k = 0;
     for (int i = 0; i < r.n; i++) k += r.stored_first[i];
     if (!k) return 0;
-    t->root_undef = palloc(p, (size_t)k * sizeof *t->root_undef);
+    t->root_undef = tpl_palloc(p, (size_t)k * sizeof *t->root_undef);
     if (!t->root_undef) return p->code;
     for (int i = 0; i < r.n; i++)
         if (r.stored_first[i]) t->root_undef[t->n_root_undef++] = r.names[i];
@@ -1340,7 +964,7 @@ int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
     parser p = {.t = t, .err = err};
     /* newlines normalized to \n, one trailing newline dropped (jinja2's keep_trailing_newline=False) */
     char *s = tpl_arena_alloc(&t->arena, len + 1);
-    if (!s) return perr(&p, 0, 0, KVS_ERR_NOMEM, "out of memory");
+    if (!s) return tpl_perr(&p, 0, 0, KVS_ERR_NOMEM, "out of memory");
     size_t k = 0;
     for (size_t i = 0; i < len; i++) {
         if (src[i] == '\r') {
@@ -1354,7 +978,7 @@ int tpl_parse(tpl_template *t, const char *src, size_t len, tpl_error *err) {
     s[k] = 0;
     p.src = s;
     p.n = k;
-    int rc = lex(&p);
+    int rc = tpl_lex(&p);
     if (!rc) {
         t->root = parse_body(&p, NULL, NULL, NULL);
         rc = t->root ? root_undef(&p, t) : p.code ? p.code : KVS_ERR_SYNTAX;
