@@ -281,21 +281,6 @@ static void embed_done(api_job *j) {
     if (c->n_live == 0) embed_finish(c);
 }
 
-void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path) {
-    c->api = api;
-    c->next = api->calls;
-    if (api->calls) api->calls->prev = c;
-    api->calls = c;
-    api->n_calls++;
-    c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
-    c->method = req->method_name;
-    c->path = path;
-    c->created = (int64_t)time(NULL);
-    c->req = req;
-    c->job.req = req;
-    srv_http_set_abort(req, api_on_abort, c);
-}
-
 void api_route_embeddings(srv_api *api, srv_http_req *req) {
     api_call *c = calloc(1, sizeof *c);
     if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }

@@ -69,6 +69,23 @@ void api_call_free(api_call *c) {
     free(c);
 }
 
+/* Registers a new call on the loop thread: in the API's list (so shutdown waits for it), its timing and path for
+ * the request log, and the abort callback (so a disconnect during its work off the loop is noticed). */
+void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path) {
+    c->api = api;
+    c->next = api->calls;
+    if (api->calls) api->calls->prev = c;
+    api->calls = c;
+    api->n_calls++;
+    c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
+    c->method = req->method_name;
+    c->path = path;
+    c->created = (int64_t)time(NULL);
+    c->req = req;
+    c->job.req = req;
+    srv_http_set_abort(req, api_on_abort, c);
+}
+
 void api_cancel_subs(api_call *c) {
     for (int32_t i = 0; i < c->n_subs; i++)
         if (c->subs[i].submitted && !c->subs[i].done) c->api->be.cancel(c->api->be.ctx, c->subs[i].id);
@@ -280,19 +297,9 @@ static void prepare_done(api_job *j);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind) {
     api_call *c = calloc(1, sizeof *c);
     if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
-    c->api = api;
     c->kind = kind;
-    c->next = api->calls;
-    if (api->calls) api->calls->prev = c;
-    api->calls = c;
-    api->n_calls++;
-    c->t_arrival = req->t_start_ns ? req->t_start_ns : uv_hrtime();
-    c->method = req->method_name;
-    c->path = kind == SRV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    api_call_register(api, c, req, kind == SRV_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
     api_make_id(api, kind == SRV_API_CHAT ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
-    c->created = (int64_t)time(NULL);
-    c->req = req;
-    srv_http_set_abort(req, api_on_abort, c);
     c->job.work = prepare_work;
     c->job.done = prepare_done;
     api_offload(api, &c->job);

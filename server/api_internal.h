@@ -121,7 +121,7 @@ void api_call_free(api_call *c);
 void api_cancel_subs(api_call *c);
 /* srv_http abort callback of a call (ud): the client left; logs 499 and cancels its scheduler requests */
 void api_on_abort(void *ud, srv_http_req *req);
-/* api_embed.c: links a new call into api->calls and sets its arrival, method, path, request and abort */
+/* api_generate.c: links a new call into api->calls and sets its arrival, method, path, request and abort */
 void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
