@@ -7,7 +7,7 @@ Seeds are small real inputs: HTTP requests as clients send them, OpenAI-style re
 every escape form, GGUF files written here to the format (a tiny SPM and a tiny BPE vocabulary with a few
 tensors) plus prefixes of the model `kvserve mkmodel --preset tiny` writes, texts and token ids for the
 tokenizers, and operation streams for the KV cache."""
-import os, random, struct, subprocess, sys, tempfile
+import json, os, random, struct, subprocess, sys, tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -196,7 +196,61 @@ def kv_cache():
         for k, n in enumerate((64, 600)):
             put("kv_cache", "cfg%d-%d" % (i, n), c + bytes(rnd.randrange(256) for _ in range(n)))
 
+# ---- template: byte 0 = options (bit 0 mark content, bits 1-2 limits), bytes 1-2 = template length (LE), the
+# template, then the variables (a JSON object, else lines that become a conversation). The templates are written
+# here for the fuzzer (chat-like ones in the styles models use, and hostile ones), none copied from a model.
+def template():
+    conv = json.dumps({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi <|im_end|> there"},
+        {"role": "assistant", "content": "Hello!", "tool_calls": [
+            {"type": "function", "function": {"name": "get", "arguments": {"city": "Paris", "n": 2}}}]},
+        {"role": "tool", "content": "{\"t\": 21.5}"},
+        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]}],
+        "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}],
+        "add_generation_prompt": True, "bos_token": "<s>", "eos_token": "</s>"})
+    lines = "sys:You are terse.\nfirst question\nan answer\nsecond question"
+    chat = {
+        "im": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] if m['content'] is string else m['content'] | map(attribute='text') | join('')) + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+        "header": "{{- bos_token }}{%- for m in messages %}{{- '<|hdr|>' ~ m.role ~ '<|/hdr|>\\n\\n' }}{%- if m.content is string %}{{- m.content | trim }}{%- else %}{%- for p in m.content %}{{ p.text }}{% endfor %}{%- endif %}{{- '<|eot|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|hdr|>assistant<|/hdr|>\\n\\n' }}{%- endif %}",
+        "inst": "{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate user/assistant') }}{% endif %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}",
+        "tools": "{%- set ns = namespace(sys='', n=0) %}{%- if tools %}{{ 'Tools: ' ~ tools | tojson }}{%- endif %}{%- for m in messages %}{%- if m.role == 'system' %}{%- set ns.sys = m.content %}{%- continue %}{%- endif %}{%- set ns.n = ns.n + 1 %}{{ ns.n }}:{{ m.role | upper }}: {{ m.content if m.content is string else m.content | tojson }}{%- if m.tool_calls %}{%- for c in m.tool_calls %} call {{ c.function.name }}({{ c.function.arguments | tojson }}){%- endfor %}{%- endif %}\n{%- endfor %}[{{ ns.sys }}] {{ strftime_now('%Y-%m-%d %A') }}",
+        "macro": "{% macro turn(role, text, end='\\n') -%}<{{ role }}>{{ text }}</{{ role }}>{{ end }}{%- endmacro %}{% for m in messages %}{{ turn(m.role, m.content if m.content is string else 'parts', end=';') }}{% if loop.last %}{% break %}{% endif %}{% endfor %}",
+        "call": "{% macro box(w) %}[{{ caller() | center(w) }}]{% endmacro %}{% call box(20) %}{{ messages | length }} msgs{% endcall %}{% filter upper %}{{ messages[0].content[:5] }}{% endfilter %}{% set x %}{{ messages | selectattr('role', 'equalto', 'user') | list | length }}{% endset %}{{ x }}",
+        "values": "{{ 7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 1 / 4 }} {{ [1, 'a', none, true] }} {{ {'k': [1.5]} }} {{ 'abc'[::-1] }} {{ range(3) | list }} {{ 'a,b' .split(',') }} {{ dict(a=1).items() | list }} {{ '%s-%d' % ('x', 3) }} {{ 'x' if undefined_thing is defined else 'y' }}",
+        "ws": "  {%- if true -%}  a  {%+ if 1 %} b {% endif -%}\n  {# comment #}\n{%- raw %}{{ not evaluated }}{% endraw %}{% generation %}gen{% endgeneration %}",
+    }
+    hostile = {
+        "deep-recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "mutual-recursion": "{% macro a(n) %}{{ b(n) }}{% endmacro %}{% macro b(n) %}{{ a(n) }}{% endmacro %}{{ a(1) }}",
+        "huge-loop": "{% for i in range(1000000000) %}{% for j in range(1000000000) %}{% endfor %}{% endfor %}",
+        "huge-output": "{% for i in range(100000000) %}xxxxxxxxxxxxxxxx{% endfor %}",
+        "string-doubling": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+        "list-doubling": "{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        "repeat-mul": "{{ 'x' * 1000000000 }}{{ [0] * 1000000000 }}",
+        "deep-parens": "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}",
+        "deep-blocks": "{% if 1 %}" * 600 + "x" + "{% endif %}" * 600,
+        "deep-list": "{{ " + "[" * 2000 + "]" * 2000 + " }}",
+        "self-nesting": "{% set ns = namespace(d={}) %}{% for i in range(200) %}{% set ns.d = {'k': ns.d} %}{% endfor %}{{ ns.d | tojson }}",
+        "caller-escape": "{% macro keep() %}{% set ns.c = caller %}{% endmacro %}{% set ns = namespace(c=none) %}{% call keep() %}x{% endcall %}{{ ns.c() }}",
+        "big-int": "{{ 9223372036854775807 + 1 }}{{ 2 ** 200 }}{{ -9223372036854775807 - 2 }}",
+        "unsupported": "{% include 'x' %}{% for x in y recursive %}{% endfor %}",
+        "unclosed": "{% for m in messages %}{{ m.content ",
+        "bad-filter": "{{ messages | no_such_filter }}{{ messages.no_such_method() }}",
+        "zero-div": "{{ 1 // 0 }}",
+        "nul-bytes": "a\x00{{ 'b\x00c' }}\x00{% if true %}d{% endif %}",
+    }
+    def enc(opt, src, rest):
+        t = src.encode("utf-8", "surrogatepass")
+        return bytes([opt]) + struct.pack("<H", len(t)) + t + rest.encode()
+    for name, src in chat.items():
+        put("template", "chat-" + name, enc(1, src, conv))
+        put("template", "chat-" + name + "-lines", enc(0, src, lines))
+    for i, (name, src) in enumerate(hostile.items()):
+        put("template", "hostile-" + name, enc(i % 4 * 2, src, conv))
+        put("template", "hostile-" + name + "-default", enc(0, src, conv))
+
 if __name__ == "__main__":
-    http(); api(); json_(); gguf(); tokenizer(); kv_cache()
+    http(); api(); json_(); gguf(); tokenizer(); kv_cache(); template()
     for h in sorted(os.listdir(ROOT)):
         print("%-10s %3d files" % (h, len(os.listdir(os.path.join(ROOT, h)))))
