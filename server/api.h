@@ -157,6 +157,11 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 /* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
  * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* The KV pool the scheduler runs on: n_blocks blocks of block_size tokens (0: unchecked). A prompt whose
+ * blocks (plus room for one generated token per choice, as the scheduler's admission counts) exceed the whole
+ * pool is answered 400 context_length_exceeded naming the sizes, before it is queued. Loop thread, before the
+ * backend is set. */
+void srv_api_set_kv_pool(srv_api *api, int32_t n_blocks, int32_t block_size);
 /* Fill-in-the-middle tokens of the model (eng_token_fim; -1: the model has none, `suffix` is then a 400). */
 void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid);
 /* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */

@@ -113,6 +113,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
                               (int)c->prep_ntok[i]);
             goto out;
         }
+        if (api_check_kv_fit(api, c->prep_ntok[i], 1, "input", e) != 0) goto out;
         c->usage.prompt_tokens += c->prep_ntok[i];
     }
     rc = 0;

@@ -152,6 +152,10 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
     if (ev->type == SRV_SCHED_EV_CHOICE_END) {
         ch->ended = true;
         ch->finish = ev->finish;
+        if (ev->truncated && ev->finish == SRV_SCHED_FINISH_LENGTH) {
+            ch->truncated = true;
+            api_log_truncated(api, c, idx);
+        }
         if (ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
             c->has_error = true;
             const char *msg = ev->error ? ev->error : "generation failed";
@@ -189,6 +193,29 @@ static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n
         srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request: %s", kvs_strerror(r));
         return 500;
     }
+}
+
+int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char *param, srv_api_error *e) {
+    if (api->kv_blocks <= 0 || api->kv_block_size <= 0 || n_prompt < 1 || n < 1) return 0;
+    int64_t bs = api->kv_block_size;
+    /* as the scheduler's admission counts a fresh request: the prompt and one generated token in the first
+     * choice's sequence; every other choice shares the prompt's full blocks */
+    int64_t first = ((int64_t)n_prompt + 1 + bs - 1) / bs, other = first - (int64_t)n_prompt / bs;
+    int64_t need = first + (int64_t)(n - 1) * other;
+    if (need <= api->kv_blocks) return 0;
+    if (n > 1)
+        srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
+                          "The prompt has %d tokens and needs %lld KV-cache blocks of %d tokens for n=%d choices "
+                          "(the prompt and one generated token each), but the server's whole KV cache is %d blocks "
+                          "(%lld tokens). Reduce the prompt or n.", (int)n_prompt, (long long)need, (int)bs, (int)n,
+                          (int)api->kv_blocks, (long long)api->kv_blocks * bs);
+    else
+        srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
+                          "The prompt has %d tokens and needs %lld KV-cache blocks of %d tokens (the prompt and one "
+                          "generated token), but the server's whole KV cache is %d blocks (%lld tokens). Reduce the "
+                          "prompt.", (int)n_prompt, (long long)need, (int)bs, (int)api->kv_blocks,
+                          (long long)api->kv_blocks * bs);
+    return -1;
 }
 
 /* Builds the prompt tokens of prompt i (chat: the rendered conversation). */
@@ -286,6 +313,7 @@ static void prepare_work(api_job *j) {
                                   "tokens.", (int)api->n_ctx, (int)ntok[i]);
             return;
         }
+        if (api_check_kv_fit(api, ntok[i], g->n, param, e) != 0) return;
     }
     c->prep_failed = false;
 }

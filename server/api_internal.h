@@ -33,6 +33,7 @@ typedef struct api_choice {
     size_t sent;          /* stream with tools: bytes of `text` already sent as content */
     bool held;            /* stream with tools: the rest of the text is held until the end */
     bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
+    bool truncated;       /* ended with "length" because the whole KV pool could not hold its context */
     uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
     bool ended;
 } api_choice;
@@ -90,6 +91,7 @@ struct api_call {
 struct srv_api {
     char *model_id;
     int32_t n_ctx;
+    int32_t kv_blocks, kv_block_size; /* the whole KV pool (srv_api_set_kv_pool; 0: unchecked) */
     srv_api_limits limits;
     char *api_key;
     srv_log_format log_format;
@@ -125,6 +127,12 @@ void api_on_abort(void *ud, srv_http_req *req);
 void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
+/* Whether a prompt of n_prompt tokens with n choices fits the whole KV pool (the blocks the scheduler's
+ * admission counts for it); when it does not, fills e with a 400 naming the sizes (param: the request field)
+ * and returns -1. Any thread (reads only the pool size). */
+int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char *param, srv_api_error *e);
+/* api_render.c: logs that choice idx of call c was cut by the KV pool (a warning line in the request log) */
+void api_log_truncated(srv_api *api, const api_call *c, int32_t idx);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
 
 /* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */

@@ -74,6 +74,24 @@ void api_log_request(srv_api *api, const char *method, const char *path, int sta
     fflush(f);
 }
 
+void api_log_truncated(srv_api *api, const api_call *c, int32_t idx) {
+    if (api->log_format == SRV_LOG_NONE) return;
+    FILE *f = api->log ? api->log : stderr;
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    long long tokens = (long long)api->kv_blocks * api->kv_block_size;
+    if (api->log_format == SRV_LOG_JSON)
+        fprintf(f, "{\"ts\":\"%s\",\"level\":\"warning\",\"event\":\"kv_pool_truncated\",\"id\":\"%s\","
+                   "\"choice\":%d,\"kv_pool_tokens\":%lld}\n", ts, c->id, (int)idx, tokens);
+    else
+        fprintf(f, "%s warning: %s choice %d cut with finish_reason length: its context outgrew the whole KV cache "
+                   "(%lld tokens)\n", ts, c->id, (int)idx, tokens);
+    fflush(f);
+}
+
 double api_ms_since(uint64_t t0) { return t0 ? (double)(uv_hrtime() - t0) / 1e6 : 0.0; }
 
 /* Sends a complete response, counts and logs it. Takes ownership of nothing. */
@@ -286,6 +304,7 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
     const char *fn = finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(finish) : NULL;
     if (fn && c->choices[idx].tool_calls) fn = "tool_calls";
     if (fn) cJSON_AddStringToObject(ch, "finish_reason", fn); else cJSON_AddNullToObject(ch, "finish_reason");
+    if (fn && c->choices[idx].truncated) cJSON_AddTrueToObject(ch, "truncated");
     if (c->gen.include_usage) cJSON_AddNullToObject(o, "usage");
     api_sse_send(c, o, NULL);
 }
@@ -373,6 +392,7 @@ void api_finish_call(api_call *c) {
         const char *fn = ch->finish != SRV_SCHED_FINISH_NONE ? srv_sched_finish_name(ch->finish) : "stop";
         if (ch->tool_calls) fn = "tool_calls";
         cJSON_AddStringToObject(j, "finish_reason", fn);
+        if (ch->truncated) cJSON_AddTrueToObject(j, "truncated"); /* cut by the KV pool (as llama.cpp's field) */
     }
     cJSON_AddItemToObject(o, "usage", usage_json(&c->usage));
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);

@@ -286,6 +286,7 @@ static void resp_work(api_job *j) {
                           r->max_output > 0 ? " plus max_output_tokens" : "");
         return;
     }
+    if (api_check_kv_fit(api, nt, 1, "input", e) != 0) return;
     c->prep_failed = false;
 }
 

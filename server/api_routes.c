@@ -410,6 +410,12 @@ int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t
     return SRV_API_OK;
 }
 
+void srv_api_set_kv_pool(srv_api *api, int32_t n_blocks, int32_t block_size) {
+    if (!api) return;
+    api->kv_blocks = n_blocks > 0 && block_size > 0 ? n_blocks : 0;
+    api->kv_block_size = n_blocks > 0 && block_size > 0 ? block_size : 0;
+}
+
 int32_t srv_api_in_flight(const srv_api *api) { return api ? api->n_calls : 0; }
 
 void srv_api_cancel_all(srv_api *api) {

@@ -190,6 +190,9 @@ static const st_series k_st_series[] = {
     ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, prompt_tokens_total),
     ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, generation_tokens_total),
     ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64, preemptions),
+    ST("kvserve:kv_pool_truncations_total",
+       "Choices cut with finish_reason length because the whole KV pool could not hold their context.", ST_U64,
+       choices_truncated),
 };
 #undef ST
 

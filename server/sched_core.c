@@ -338,7 +338,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
                     sched_preempt(s, victim);
                 } else {
                     /* alone and the pool is full: this choice cannot grow */
-                    sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+                    sched_cut_by_pool(s, r, c);
                 }
                 return 1;
             }

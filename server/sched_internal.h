@@ -29,6 +29,7 @@ typedef struct sched_choice {
     uint32_t *gmask;        /* [mask words] the allowed tokens of the next step, when gmask_ready */
     bool gmask_ready;
     bool finished;
+    bool pool_cut;          /* finished with LENGTH because the whole KV pool cannot hold its context */
     srv_sched_finish reason;
     const char *error;      /* static message for FINISH_ERROR */
     /* output of the current step */
@@ -144,6 +145,7 @@ struct srv_sched {
     uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
     uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
     uint64_t c_finished[5];
+    uint64_t c_pool_cut;     /* choices cut by the pool (sched_cut_by_pool) */
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
 static inline int32_t known_len(const sched_req *r, const sched_choice *c) { return r->n_prompt + c->n_gen; }
@@ -163,6 +165,7 @@ void sched_vec_remove(req_vec *q, sched_req *r);
 /* sched_policy.c: admission and preemption */
 int sched_admit_head(srv_sched *s);
 void sched_finish_no_room(srv_sched *s, sched_req *r);
+void sched_cut_by_pool(srv_sched *s, sched_req *r, sched_choice *c);
 sched_req *sched_pick_victim(srv_sched *s);
 void sched_preempt(srv_sched *s, sched_req *r);
 /* The pool cannot hold the next step: preempts the latest request that may be, or (one request running) ends

@@ -141,6 +141,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
             e->ev.choice = i;
             e->ev.t = now;
             e->ev.finish = c->reason;
+            e->ev.truncated = c->pool_cut && c->reason == SRV_SCHED_FINISH_LENGTH;
             e->ev.error = c->reason == SRV_SCHED_FINISH_ERROR ? (c->error ? c->error : "internal error") : NULL;
             out_push(s, e);
         }
@@ -239,6 +240,7 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->generation_tokens_total = s->c_gen_total;
     st->preemptions = s->c_preempt;
     st->preemptions_repeated = s->c_thrash;
+    st->choices_truncated = s->c_pool_cut;
     st->steps = s->c_steps;
     st->batch_tokens_total = s->c_batch_tokens;
     for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];

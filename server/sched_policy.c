@@ -44,12 +44,21 @@ sched_req *sched_pick_victim(srv_sched *s) {
     return s->running.v[s->running.n - 1];
 }
 
+/* Ends choice c with "length" because its context no longer fits the whole pool (not max_tokens, not n_ctx):
+ * marked so that its CHOICE_END says so (truncated) and counted (stats.choices_truncated). */
+void sched_cut_by_pool(srv_sched *s, sched_req *r, sched_choice *c) {
+    if (c->finished) return;
+    c->pool_cut = true;
+    s->c_pool_cut++;
+    sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+}
+
 /* Ends the unfinished choices of a request that cannot fit the pool even alone: "length" for a choice that
  * has generated (its context outgrew the pool), an error for one that has not (its prompt does not fit). */
 void sched_finish_no_room(srv_sched *s, sched_req *r) {
     for (int32_t j = 0; j < r->n; j++) {
         sched_choice *c = &r->ch[j];
-        if (c->n_gen > 0) sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+        if (c->n_gen > 0) sched_cut_by_pool(s, r, c);
         else sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
     }
 }

@@ -44,7 +44,8 @@
  *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
  *   system always progresses. A request whose prompt cannot fit even alone finishes with
  *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
- *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
+ *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH and its CHOICE_END has
+ *   `truncated` set (counted in stats.choices_truncated), so the caller can tell the client why.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -165,7 +166,7 @@ void srv_sched_params_default(srv_sched_params *p);
 typedef enum {
     SRV_SCHED_FINISH_NONE = 0,   /* not finished (DELTA events) */
     SRV_SCHED_FINISH_STOP,       /* an end-of-generation token or a stop string */
-    SRV_SCHED_FINISH_LENGTH,     /* max_tokens or n_ctx reached */
+    SRV_SCHED_FINISH_LENGTH,     /* max_tokens or n_ctx reached, or the KV pool (event.truncated) */
     SRV_SCHED_FINISH_CANCELLED,  /* srv_sched_cancel or srv_sched_free */
     SRV_SCHED_FINISH_ERROR,      /* see the event's error message */
 } srv_sched_finish;
@@ -222,6 +223,8 @@ typedef struct srv_sched_event {
                                  choice failed, else CANCELLED if any was cancelled, else LENGTH if any
                                  reached its length, else STOP) */
     const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
+    bool truncated;           /* CHOICE_END with FINISH_LENGTH: the choice was cut because its context no
+                                 longer fits the whole KV pool, not by max_tokens or n_ctx */
     srv_sched_usage usage;    /* DONE */
     srv_sched_timings timings;/* DONE */
     const float *embd;        /* DONE of an embedding request that finished with STOP: the pooled, L2-normalized
@@ -308,6 +311,8 @@ typedef struct srv_sched_stats {
     uint64_t preemptions;
     uint64_t preemptions_repeated;    /* preemptions of a request that had not progressed since its last one
                                          (only when nothing else could be preempted; 0 in a healthy run) */
+    uint64_t choices_truncated;       /* choices ended with LENGTH because the whole pool could not hold their
+                                         context (CHOICE_END.truncated) */
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */

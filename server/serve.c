@@ -199,6 +199,9 @@ static void load_done(uv_work_t *w, int status) {
         if (slash) id = slash + 1;
     }
     srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    kvc_layout kl;
+    kvc_get_layout(eng_ctx_cache(d->ctx), &kl);
+    srv_api_set_kv_pool(d->api, kl.n_blocks, kl.block_size);
     /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last);
      * a generative model without one (or "none") gets mean */
     srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS

@@ -252,3 +252,50 @@ describe('infill', () => {
     }
   });
 });
+
+// Issue 14: a request that outgrows the whole KV pool. A prompt that cannot fit is a 400 naming the sizes; a
+// generation cut by the pool (not by max_tokens or the context) ends with finish_reason "length" plus
+// "truncated": true, a warning in the log and kvserve:kv_pool_truncations_total.
+describe('whole KV pool', () => {
+  test('prompt too large for the pool: 400 naming the sizes; generation cut by the pool: truncated', async () => {
+    const s = await startServer(model.path, ['--parallel', '2', '--threads', '2', '--kv-blocks', '4',
+      '--block-size', '16', '--ctx-size', '256']);
+    try {
+      const post = async (route, body) => fetch(`${s.base}${route}`, { method: 'POST', body: JSON.stringify(body) });
+      const big = await post('/v1/completions', { prompt: 'Once upon a time there was a girl. '.repeat(20), max_tokens: 4 });
+      assert.equal(big.status, 400);
+      const be = (await big.json()).error;
+      assert.equal(be.param, 'prompt');
+      assert.equal(be.code, 'context_length_exceeded');
+      assert.match(be.message, /4 blocks \(64 tokens\)/);
+      assert.match(be.message, /blocks of 16 tokens/);
+      const chat = await post('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Once upon a time there was a girl. '.repeat(20) }], max_tokens: 4 });
+      assert.equal(chat.status, 400);
+      assert.equal((await chat.json()).error.param, 'messages');
+      // a short prompt whose generation outgrows the 64 tokens of the pool
+      const body = { prompt: 'Once upon a time', max_tokens: 200, temperature: 0, ignore_eos: true };
+      const cut = await (await post('/v1/completions', body)).json();
+      assert.equal(cut.choices[0].finish_reason, 'length');
+      assert.equal(cut.choices[0].truncated, true);
+      assert.ok(cut.usage.prompt_tokens + cut.usage.completion_tokens <= 65, JSON.stringify(cut.usage));
+      assert.ok(cut.usage.completion_tokens < 200);
+      // streamed: the last chunk of the choice carries it too
+      const r = await post('/v1/completions', { ...body, stream: true });
+      const text = await r.text();
+      const chunks = text.split('\n').filter((l) => l.startsWith('data: {')).map((l) => JSON.parse(l.slice(6)));
+      const last = chunks.filter((c) => c.choices.length && c.choices[0].finish_reason)[0];
+      assert.equal(last.choices[0].finish_reason, 'length');
+      assert.equal(last.choices[0].truncated, true);
+      // an end by max_tokens says nothing of the kind
+      const short = await (await post('/v1/completions', { ...body, max_tokens: 3 })).json();
+      assert.equal(short.choices[0].finish_reason, 'length');
+      assert.equal(short.choices[0].truncated, undefined);
+      const m = await (await fetch(`${s.base}/metrics`)).text();
+      assert.match(m, /^kvserve:kv_pool_truncations_total 2$/m);
+      assert.match(s.log(), /choice 0 cut with finish_reason length: its context outgrew the whole KV cache \(64 tokens\)/);
+    } finally {
+      assert.equal(await s.stop(), 0);
+    }
+  });
+});

@@ -342,6 +342,7 @@ typedef struct result {
     int32_t n_toks[MAXC];
     int ends[MAXC];
     srv_sched_finish finish[MAXC];
+    bool truncated[MAXC];      /* CHOICE_END said: cut by the KV pool */
     char error[128];
     int done;
     srv_sched_finish done_finish;
@@ -414,6 +415,8 @@ static void on_event(const srv_sched_event *ev, void *user) {
         r->text_len[ev->choice] += ev->text_len;
         r->ends[ev->choice]++;
         r->finish[ev->choice] = ev->finish;
+        r->truncated[ev->choice] = ev->truncated;
+        if (ev->truncated && ev->finish != SRV_SCHED_FINISH_LENGTH) r->order_errors++;
         if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
         break;
     case SRV_SCHED_EV_DONE:
@@ -911,6 +914,24 @@ Test(scheduler, prompt_does_not_fit) {
     assert_clean(rg);
     cr_assert_eq(rg->done_finish, SRV_SCHED_FINISH_LENGTH);
     cr_assert_eq(rg->n_toks[0], 16 + 1 - 6, "%d tokens", rg->n_toks[0]);
+    /* and says so: the choice end is marked truncated and counted, unlike an end by max_tokens */
+    cr_assert(rg->truncated[0]);
+    cr_assert(!rs->truncated[0]);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.choices_truncated, 1);
+    /* an end by max_tokens is not a truncation */
+    req_spec edge = grow;
+    edge.max_tokens = 3;
+    result *re = calloc(1, sizeof *re);
+    cr_assert_eq(submit(h, &edge, re), SRV_SCHED_OK);
+    hz_run(h, 4);
+    assert_clean(re);
+    cr_assert_eq(re->finish[0], SRV_SCHED_FINISH_LENGTH);
+    cr_assert(!re->truncated[0]);
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.choices_truncated, 1);
+    free(re);
     free(rg);
     hz_free(h);
     free(h);
