@@ -382,6 +382,8 @@ int eng_model_load(const char *path, const eng_load_params *params, eng_model **
     if (!params->vocab_only) rc = load_tensors(&L);
 out:
     if (rc != 0) {
+        /* a failure deep inside (an allocation in the vocabulary or the tensor index) may leave no message */
+        if (err && err_len && !err[0]) kvs_errf(err, err_len, rc, "%s: %s", path, kvs_strerror(rc));
         eng_model_free(m);
         return rc;
     }
