@@ -62,6 +62,8 @@ typedef struct srv_api_limits {
     int32_t max_n;              /* most choices per prompt (n), >= 1 */
     int32_t max_stop;           /* most stop strings (default 16) */
     int32_t max_prompts;        /* most prompts in one /v1/completions array (default 64) */
+    bool priority_scheduling;   /* scheduling_policy "priority": a request's `priority` may be any int32;
+                                   false (default, "fcfs"): only 0 is accepted (400 otherwise, as vLLM) */
 } srv_api_limits;
 
 typedef struct srv_api_gen {
@@ -89,6 +91,8 @@ typedef struct srv_api_gen {
     srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
     char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
     struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api_chat.h) */
+    int32_t priority;           /* vLLM's `priority` (lower is more urgent), default 0; nonzero only when
+                                   limits.priority_scheduling */
 } srv_api_gen;
 
 void srv_api_limits_default(srv_api_limits *l);

@@ -357,6 +357,7 @@ static void prepare_done(api_job *j) {
          * penalties alone look only at generated tokens */
         sr.penalize_prompt = g->repetition_penalty != 1.0f;
         sr.grammar = c->grammar ? srv_gcache_matcher(c->grammar) : NULL;
+        sr.priority = g->priority;
         sr.cb = on_sched_event;
         sr.user = &c->subs[i];
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);

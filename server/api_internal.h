@@ -85,6 +85,7 @@ struct api_call {
     bool embd_b64;
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
     struct srv_gcache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
+    int32_t priority;     /* /v1/embeddings, /v1/responses: the request's `priority` (generation: gen.priority) */
 };
 
 struct srv_api {
@@ -157,6 +158,9 @@ cJSON *api_chunk_base(api_call *c);
 void api_sse_send(api_call *c, cJSON *o, const char *raw);
 /* api_parse.c: "a boolean", "a number", ... "null" (for messages about a field's JSON type) */
 const char *api_json_kind(const cJSON *j);
+/* api_parse.c: the body's `priority` (an int32; absent or null: 0) into *out. 1 set, 0 absent, -1 with a 400 in
+ * err naming the field: not an integer, out of range, or nonzero without lim->priority_scheduling. */
+int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *out, srv_api_error *err);
 
 /* api_structured.c: response_format */
 /* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */

@@ -18,6 +18,7 @@ void srv_api_limits_default(srv_api_limits *l) {
     l->max_n = 16;
     l->max_stop = 16;
     l->max_prompts = 64;
+    l->priority_scheduling = false;
 }
 
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
@@ -111,6 +112,19 @@ static int get_int(const cJSON *obj, const char *name, double lo, double hi, dou
     if (v < lo || v > hi) return BAD("'%s' must be an integer between %.0f and %.0f, got %.0f", name, lo, hi, v);
     *out = v;
     return 1;
+}
+
+int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *out, srv_api_error *err) {
+    const char *name = "priority";
+    double d = 0;
+    *out = 0;
+    int r = get_int(root, name, INT32_MIN, INT32_MAX, &d, err);
+    if (r < 0) return r;
+    if (r && d != 0 && !lim->priority_scheduling)
+        return BAD("'priority' is %.0f but priority scheduling is not enabled: only 0 is accepted under the fcfs "
+                   "scheduling policy (start the server with --scheduling-policy priority)", d);
+    *out = (int32_t)d;
+    return r;
 }
 
 static int get_bool(const cJSON *obj, const char *name, bool *out, srv_api_error *err) {
@@ -347,6 +361,7 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
     if ((r = api_parse_response_format(root, g, err)) < 0) return r;
+    if ((r = api_parse_priority(root, lim, &g->priority, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {
         if ((r = get_int(root, "logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         if (r) { g->logprobs = true; g->top_logprobs = (int32_t)d; }

@@ -182,6 +182,7 @@ static int resp_parse(resp_call *r, srv_api_error *e) {
         if (d != floor(d)) { RBAD("max_output_tokens", "'max_output_tokens' must be an integer"); goto out; }
         r->max_output = (int32_t)d;
     }
+    if (api_parse_priority(root, &api->limits, &r->c.priority, e) < 0) goto out;
     if ((f = cJSON_GetObjectItemCaseSensitive(root, "stream")) && !cJSON_IsNull(f)) {
         if (!cJSON_IsBool(f)) { RBAD("stream", "'stream' must be a boolean"); goto out; }
         r->c.stream = cJSON_IsTrue(f);
@@ -557,6 +558,7 @@ static void resp_done(api_job *j) {
         sr.sampling.temperature = r->temperature;
         sr.sampling.top_p = r->top_p;
         sr.sampling.seed = uv_hrtime() ^ (uint64_t)(uintptr_t)r;
+        sr.priority = c->priority;
         sr.cb = resp_event;
         sr.user = &c->subs[0];
         int rc = api->be.submit(api->be.ctx, &sr, &c->subs[0].id);

@@ -51,6 +51,8 @@ static const key_def KEYS[] = {
     N(gpu_memory_fraction, 0.01, 1.0, "CUDA: share of GPU memory for weights and KV"),
     I(max_queue, 1, 1000000, "waiting requests before new ones get 429"),
     I(max_queued_tokens, 0, 2147483647, "prompt tokens of waiting requests before new ones get 429 (0: no limit)"),
+    S(scheduling_policy, "fcfs|priority", "request order: arrival, or a request's `priority` (lower first) then "
+      "arrival"),
     I(max_n, 1, 4096, "largest n (choices) a request may ask"),
     I(max_stop, 0, 1024, "most stop strings per request"),
     S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),
@@ -86,6 +88,7 @@ void srv_config_default(srv_config *c) {
     snprintf(c->device, sizeof c->device, "auto");
     c->gpu_memory_fraction = 0.9;
     c->max_queue = 256;
+    snprintf(c->scheduling_policy, sizeof c->scheduling_policy, "fcfs");
     c->max_n = 16;
     c->max_stop = 16;
     c->timeout_s = 30;

@@ -41,6 +41,9 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->max_queued_tokens = 0;
     p->on_step = NULL;
     p->on_step_ctx = NULL;
+    p->policy = SRV_SCHED_FCFS;
+    p->on_trace = NULL;
+    p->on_trace_ctx = NULL;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -57,11 +60,21 @@ int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
     return 0;
 }
 
-/* Inserts keeping the vector sorted by id. */
+/* Whether a comes after b in the queues' order (priority, then arrival). */
+static bool req_after(const sched_req *a, const sched_req *b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->id > b->id;
+}
+
 int sched_vec_insert_sorted(req_vec *q, sched_req *r) {
     int32_t at = q->n;
-    while (at > 0 && q->v[at - 1]->id > r->id) at--;
+    while (at > 0 && req_after(q->v[at - 1], r)) at--;
     return sched_vec_insert(q, at, r);
+}
+
+void sched_trace(srv_sched *s, srv_sched_trace_kind kind, const sched_req *r, bool repeated) {
+    if (!s->p.on_trace) return;
+    srv_sched_trace t = {.kind = kind, .id = r->id, .priority = r->priority, .repeated = repeated};
+    s->p.on_trace(s->p.on_trace_ctx, &t);
 }
 
 void sched_vec_remove(req_vec *q, sched_req *r) {
@@ -325,7 +338,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     s->batch_embd = false;
     int32_t reserved = 0, budget = s->p.batch_tokens;
-    /* 1. decode tokens of running choices, FCFS */
+    /* 1. decode tokens of running choices, in queue order */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
         for (int32_t j = 0; j < r->n && budget > 0; j++) {
@@ -349,7 +362,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
     }
     /* 2. prompt chunks and recomputation of admitted requests */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) prefill_request(s, s->running.v[i], &budget, &reserved);
-    /* 3. admissions, FCFS: stop at the first request that must wait */
+    /* 3. admissions in queue order: stop at the first request that must wait */
     while (s->waiting.n > 0 && budget > 0) {
         sched_req *h = s->waiting.v[0];
         int rc = sched_admit_head(s);
@@ -429,9 +442,12 @@ static void thread_main(void *arg) {
             uv_cond_wait(&s->cv, &s->mu);
         if (s->stop) break;
         s->cancel_signal = false;
-        bool ok = true;
-        for (int32_t i = 0; i < s->incoming.n && ok; i++) ok = sched_vec_insert_sorted(&s->waiting, s->incoming.v[i]) == 0;
-        if (ok) s->incoming.n = 0;
+        /* into the waiting queue; on allocation failure the rest stay incoming and are retried next time */
+        int32_t moved = 0;
+        while (moved < s->incoming.n && sched_vec_insert_sorted(&s->waiting, s->incoming.v[moved]) == 0)
+            sched_trace(s, SRV_SCHED_TRACE_QUEUED, s->incoming.v[moved++], false);
+        memmove(s->incoming.v, s->incoming.v + moved, (size_t)(s->incoming.n - moved) * sizeof *s->incoming.v);
+        s->incoming.n -= moved;
         uv_mutex_unlock(&s->mu);
         step(s);
         uv_mutex_lock(&s->mu);
@@ -476,7 +492,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (!params || !ops || !loop || !out) return SRV_SCHED_ERR_INVALID;
     *out = NULL;
     if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
-        params->max_queued_tokens < 0)
+        params->max_queued_tokens < 0 || (params->policy != SRV_SCHED_FCFS && params->policy != SRV_SCHED_PRIORITY))
         return SRV_SCHED_ERR_INVALID;
     if (ops->n_vocab < 1 || !ops->cache || !ops->decode || !ops->get_logits || !ops->token_is_eog ||
         !ops->detok_push || !ops->detok_flush || !ops->sampler_create || !ops->sampler_free ||
@@ -553,13 +569,15 @@ void srv_sched_free(srv_sched *s) {
     uv_mutex_unlock(&s->mu);
     if (s->thread_started) uv_thread_join(&s->thread);
     /* The scheduler thread is gone: this thread now owns the engine state. End everything as cancelled. */
-    for (int32_t i = 0; i < s->incoming.n; i++)
-        if (sched_vec_insert_sorted(&s->waiting, s->incoming.v[i]) != 0) {
+    for (int32_t i = 0; i < s->incoming.n; i++) {
+        sched_req *r = s->incoming.v[i];
+        sched_trace(s, SRV_SCHED_TRACE_QUEUED, r, false);
+        if (sched_vec_insert_sorted(&s->waiting, r) != 0) {
             /* cannot list it: end it directly */
-            sched_req *r = s->incoming.v[i];
             for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
             sched_emit_outputs(s, r);
         }
+    }
     s->incoming.n = 0;
     while (s->running.n > 0) {
         sched_req *r = s->running.v[s->running.n - 1];
@@ -582,6 +600,7 @@ void srv_sched_free(srv_sched *s) {
 int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     if (!s || !req || !id || !req->cb || !req->prompt || req->n_prompt < 1 || req->n < 1 ||
         req->n > s->p.parallel || (req->n_stop > 0 && !req->stop) ||
+        (s->p.policy == SRV_SCHED_FCFS && req->priority != 0) ||
         (req->sampling.n_logit_bias > 0 && !req->sampling.logit_bias) || req->sampling.n_top_logprobs < 0 ||
         req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS)
         return SRV_SCHED_ERR_INVALID;
@@ -624,6 +643,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     r->ignore_eos = req->ignore_eos;
     r->penalize_prompt = req->penalize_prompt;
     r->report_eog = req->report_eog;
+    r->priority = req->priority;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);

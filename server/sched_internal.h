@@ -40,6 +40,7 @@ typedef struct sched_choice {
 
 typedef struct sched_req {
     uint64_t id;
+    int32_t priority;        /* srv_sched_request.priority (0 under FCFS); the queues' key is (priority, id) */
     struct sched_req *live_prev, *live_next; /* the live list (under mu) */
     int32_t *prompt;
     int32_t n_prompt;
@@ -125,8 +126,8 @@ struct srv_sched {
     bool cancel_signal;
 
     /* scheduler thread only */
-    req_vec waiting;         /* sorted by id (FCFS; preempted requests keep their place) */
-    req_vec running;         /* sorted by id */
+    req_vec waiting;         /* sorted by (priority, id) (preempted requests keep their place) */
+    req_vec running;         /* sorted by (priority, id) */
     int32_t seqs_reserved;   /* unfinished choices of running requests */
     int32_t *b_token, *b_pos, *b_seq;
     bool *b_logits;
@@ -157,16 +158,19 @@ static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_
 /* sched_core.c: request vectors and the prefix-sharing wait */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c);
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r);
+/* Inserts keeping the vector sorted by (priority, id). */
 int sched_vec_insert_sorted(req_vec *q, sched_req *r);
 void sched_vec_remove(req_vec *q, sched_req *r);
+/* Tells the trace observer (srv_sched_params.on_trace), if any, that r moved (see srv_sched_trace_kind). */
+void sched_trace(srv_sched *s, srv_sched_trace_kind kind, const sched_req *r, bool repeated);
 
 /* sched_policy.c: admission and preemption */
 int sched_admit_head(srv_sched *s);
 void sched_finish_no_room(srv_sched *s, sched_req *r);
 sched_req *sched_pick_victim(srv_sched *s);
 void sched_preempt(srv_sched *s, sched_req *r);
-/* The pool cannot hold the next step: preempts the latest request that may be, or (one request running) ends
- * the request that cannot fit even alone. */
+/* The pool cannot hold the next step: preempts the least urgent request that may be (sched_pick_victim), or
+ * (one request running) ends the request that cannot fit even alone. */
 void sched_relieve_pool(srv_sched *s);
 
 /* sched_output.c: sampling, outputs, events and statistics */

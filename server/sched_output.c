@@ -182,6 +182,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     }
     out_push(s, e);
     s->c_finished[overall]++;
+    sched_trace(s, SRV_SCHED_TRACE_ENDED, r, false);
     if (r->running) sched_vec_remove(&s->running, r);
     else sched_vec_remove(&s->waiting, r);
     r->running = false;

@@ -11,8 +11,8 @@
  *
  * Steps
  *   Each step builds one ragged eng_batch: first the next decode token of every running choice, then chunks
- *   of prompts (new requests, and preempted ones that recompute), in FCFS order, until the step's token
- *   budget (batch_tokens) is spent. A long prompt is split across steps (chunked prefill). Logits are asked
+ *   of prompts (new requests, and preempted ones that recompute), in queue order (see Order), until the
+ *   step's token budget (batch_tokens) is spent. A long prompt is split across steps (chunked prefill). Logits are asked
  *   only for decode tokens and for the last prompt token. At most `parallel` sequences (choices) are
  *   admitted at once.
  *
@@ -28,23 +28,32 @@
  *     block included), the prefix is copied from it (kvc_copy_prefix: full blocks shared, the partial block
  *     copied); such copies count as prefix-cache queries and hits in the stats.
  *
+ * Order (scheduling policy, srv_sched_params.policy; vLLM's --scheduling-policy)
+ *   Both queues are ordered by the key (priority, arrival): the waiting queue is admitted in that order and
+ *   the running requests get their decode tokens and prompt chunks in that order. Under SRV_SCHED_FCFS (the
+ *   default) every priority is 0 (submit refuses another value), so the order is arrival order. Under
+ *   SRV_SCHED_PRIORITY a lower srv_sched_request.priority is more urgent; equal priorities keep arrival order.
+ *   As in vLLM's scheduler, a waiting request never preempts a running one, however urgent: it goes to the
+ *   head of the queue and is admitted as soon as it fits.
+ *
  * Admission
  *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its
  *   whole known context (+1 token per choice) fits the blocks that are available (free + cached) minus what
  *   the running requests still need to reach their known length (+1 token per choice); prefix blocks that a
- *   running sequence holds are credited. FCFS: when the head must wait, nobody behind it is admitted.
+ *   running sequence holds are credited. When the head must wait, nobody behind it is admitted.
  *
  * KV pool exhaustion
- *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the latest-arrived running
- *   request is preempted: its sequences are freed and it goes back to the waiting queue at its FCFS place
- *   (ahead of every later arrival); later it recomputes prompt + already generated tokens (prefix caching
- *   usually makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees
- *   no difference. A preempted request is not chosen again before it has generated at least one new token
- *   (no thrash); only when every running request is in that state is the latest one preempted anyway
- *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
- *   system always progresses. A request whose prompt cannot fit even alone finishes with
- *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
- *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
+ *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the least urgent running request
+ *   is preempted: the one with the largest priority value, among those the latest arrival. Its sequences are
+ *   freed and it goes back to the waiting queue at its (priority, arrival) place (ahead of every later
+ *   arrival of its priority); later it recomputes prompt + already generated tokens (prefix caching usually
+ *   makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees no
+ *   difference. Among the running requests of that largest priority, one that was preempted and has not
+ *   generated a token since is passed over (no thrash); only when every one of them is in that state is the
+ *   latest preempted anyway (counted in stats.preemptions_repeated). A request running alone is never
+ *   preempted. A request whose prompt cannot fit even alone finishes with SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache";
+ *   a choice whose growing context no longer fits the pool while it runs alone finishes with
+ *   SRV_SCHED_FINISH_LENGTH.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -142,6 +151,27 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
 void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
 
 /* ---- parameters ------------------------------------------------------------------------------------------- */
+/* How the queues are ordered (see "Order" above). */
+typedef enum {
+    SRV_SCHED_FCFS = 0,     /* arrival order; every request's priority must be 0 */
+    SRV_SCHED_PRIORITY = 1, /* (priority, arrival): lower priority values first */
+} srv_sched_policy;
+
+/* What the optional trace observer is told (srv_sched_params.on_trace). */
+typedef enum {
+    SRV_SCHED_TRACE_QUEUED = 1,    /* a submitted request entered the waiting queue */
+    SRV_SCHED_TRACE_ADMITTED = 2,  /* it moved from the waiting queue to the running requests */
+    SRV_SCHED_TRACE_PREEMPTED = 3, /* it moved back from running to waiting (KV pool full) */
+    SRV_SCHED_TRACE_ENDED = 4,     /* it left the queues for good (its DONE event is posted) */
+} srv_sched_trace_kind;
+
+typedef struct srv_sched_trace {
+    srv_sched_trace_kind kind;
+    uint64_t id;              /* the request id submit returned */
+    int32_t priority;         /* its srv_sched_request.priority */
+    bool repeated;            /* PREEMPTED: it had not generated a token since its previous preemption */
+} srv_sched_trace;
+
 typedef struct srv_sched_params {
     int32_t batch_tokens; /* token budget of one step (decode tokens + prompt chunks), default 512; must not
                              exceed the engine's max_batch_tokens */
@@ -157,6 +187,12 @@ typedef struct srv_sched_params {
     void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
                                    step, after the cache calls of that step (KV-cache events flush per step) */
     void *on_step_ctx;
+    srv_sched_policy policy;  /* SRV_SCHED_FCFS (default) or SRV_SCHED_PRIORITY */
+    void (*on_trace)(void *ctx, const srv_sched_trace *t); /* optional observer (NULL by default) of every move of a
+                                   request between the queues, in the order the scheduler makes them: on the
+                                   scheduler thread, and inside srv_sched_free (loop thread, after the scheduler
+                                   thread has ended) for the requests it ends. Must not call the scheduler. */
+    void *on_trace_ctx;
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -264,6 +300,8 @@ typedef struct srv_sched_request {
                                  matchers (like the samplers). The template, its grammar and its vocabulary
                                  must outlive the request (until its DONE event); the scheduler frees its clones
                                  before posting DONE. */
+    int32_t priority;         /* lower is more urgent (vLLM's `priority`), any int32; must be 0 under
+                                 SRV_SCHED_FCFS (else SRV_SCHED_ERR_INVALID) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;
@@ -283,7 +321,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
 void srv_sched_free(srv_sched *s);
 
 /* Queues a request (everything is copied; req may be freed on return) and writes its id (> 0) to *id.
- * Errors: SRV_SCHED_ERR_INVALID, SRV_SCHED_ERR_TOO_LONG (n_prompt >= n_ctx), SRV_SCHED_ERR_QUEUE_FULL,
+ * Errors: SRV_SCHED_ERR_INVALID (also a nonzero priority under SRV_SCHED_FCFS), SRV_SCHED_ERR_TOO_LONG (n_prompt >= n_ctx), SRV_SCHED_ERR_QUEUE_FULL,
  * SRV_SCHED_ERR_NOMEM, SRV_SCHED_ERR_STOPPED. On error no callback is ever made. Loop thread only. */
 int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id);
 

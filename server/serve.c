@@ -178,6 +178,7 @@ static void load_done(uv_work_t *w, int status) {
     sp.parallel = c->parallel;
     sp.max_queue = c->max_queue;
     sp.max_queued_tokens = c->max_queued_tokens;
+    sp.policy = !strcmp(c->scheduling_policy, "priority") ? SRV_SCHED_PRIORITY : SRV_SCHED_FCFS;
     sp.n_ctx = n_ctx;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
         kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
@@ -311,6 +312,7 @@ int srv_main(const srv_config *cfg) {
     srv_api_limits_default(&ac.limits);
     ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
     ac.limits.max_stop = cfg->max_stop;
+    ac.limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
     ac.api_key = cfg->api_key;
     ac.parse_special_in_content = cfg->parse_special_in_content;
     ac.loop = &d->loop;

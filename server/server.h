@@ -59,6 +59,8 @@ typedef struct srv_config {
     double gpu_memory_fraction; /* (0, 1], default 0.9 */
     int32_t max_queue;          /* waiting requests before 429, default 256 */
     int32_t max_queued_tokens;  /* prompt tokens of waiting requests before 429; 0 (default): no limit */
+    char scheduling_policy[16]; /* "fcfs" (default: arrival order; a nonzero request `priority` is a 400) or
+                                   "priority" (lower `priority` first, then arrival), as vLLM's */
     int32_t max_n;              /* largest "n" a request may ask, default 16 */
     int32_t max_stop;           /* most stop strings per request, default 16 */
     char api_key[256];          /* "": no authentication */

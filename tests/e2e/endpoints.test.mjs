@@ -252,3 +252,48 @@ describe('infill', () => {
     }
   });
 });
+
+describe('priority', () => {
+  test('fcfs (the default) refuses a nonzero priority with a 400 naming it, as vLLM; 0 is fine', async () => {
+    await assert.rejects(
+      client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, priority: 3 }),
+      (e) => e.status === 400 && e.param === 'priority' && /not enabled/.test(e.message));
+    await assert.rejects(client.embeddings.create({ model: 'x', input: 'hi', priority: -1 }), (e) => e.status === 400);
+    await assert.rejects(client.responses.create({ model: 'x', input: 'hi', max_output_tokens: 2, priority: 1 }),
+      (e) => e.status === 400);
+    const ok = await client.completions.create({ model: 'x', prompt: 'Once', max_tokens: 2, priority: 0 });
+    assert.equal(ok.choices.length, 1);
+  });
+
+  test('--scheduling-policy priority: mixed priorities on a small pool all complete with the fcfs answers', async () => {
+    // a pool small enough that 12 concurrent requests wait and preempt; greedy text must not depend on the order
+    const s = await startServer(model.path, ['--parallel', '4', '--threads', '2', '--scheduling-policy', 'priority',
+      '--kv-blocks', '24', '--block-size', '8']);
+    try {
+      const pc = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+      const prompts = ['Once upon a time', 'Lily and Tom went to the park.', 'The cat sat', 'One day, a big dog'];
+      const jobs = [];
+      for (let i = 0; i < 12; i++) {
+        const prompt = prompts[i % prompts.length];
+        jobs.push(pc.completions.create({ model: 'x', prompt, max_tokens: 24, temperature: 0, priority: (i * 7) % 5 - 2 })
+          .then((r) => ({ prompt, text: r.choices[0].text })));
+      }
+      const got = await Promise.all(jobs);
+      for (const g of got) {
+        const want = await client.completions.create({ model: 'x', prompt: g.prompt, max_tokens: 24, temperature: 0 });
+        assert.equal(g.text, want.choices[0].text, g.prompt);
+      }
+      const e = await pc.embeddings.create({ model: 'x', input: ['Once upon a time'], encoding_format: 'float', priority: 5 });
+      assert.equal(e.data.length, 1);
+      const r = await pc.responses.create({ model: 'x', input: 'hi', max_output_tokens: 3, priority: -7 });
+      assert.ok(['completed', 'incomplete'].includes(r.status));
+      const bad = await fetch(`${s.base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'a', priority: 2.5 }) });
+      assert.equal(bad.status, 400);
+      assert.equal((await bad.json()).error.param, 'priority');
+      const m = await (await fetch(`${s.base}/metrics`)).text();
+      assert.match(m, /^vllm:num_preemptions_total\{[^}]*\} \d+/m);
+    } finally {
+      assert.equal(await s.stop(), 0);
+    }
+  });
+});

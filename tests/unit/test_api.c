@@ -86,6 +86,15 @@ static const vcase VCASES[] = {
     {C, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", NULL},
     {C, "{\"prompt\":\"x\",\"suffix\":5}", 400, "suffix", "string"},
     {C, "{\"prompt\":\"x\",\"suffix\":\"s\"}", 0, NULL, NULL},
+    /* priority under the default fcfs policy: only 0 (as vLLM); a clear 400 naming the field otherwise */
+    {C, "{\"prompt\":\"x\",\"priority\":0}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"priority\":null}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"priority\":1}", 400, "priority", "not enabled"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":-2}", 400, "priority", "fcfs"},
+    {C, "{\"prompt\":\"x\",\"priority\":1.5}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":\"1\"}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":true}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":2147483648}", 400, "priority", "between -2147483648 and 2147483647"},
     {H, "{}", 400, "messages", "required"},
     {H, "{\"messages\":{}}", 400, "messages", "array"},
     {H, "{\"messages\":[]}", 400, "messages", "empty"},
@@ -201,6 +210,41 @@ Test(api_parse, fields) {
     srv_api_gen_free(&g);
 }
 
+/* Under the priority policy any int32 priority parses (lower is more urgent); absent is 0. */
+Test(api_parse, priority_under_priority_policy) {
+    srv_api_limits lim;
+    srv_api_limits_default(&lim);
+    cr_assert(!lim.priority_scheduling, "fcfs is the default");
+    lim.priority_scheduling = true;
+    static const struct { const char *body; int32_t want; } ok[] = {
+        {"{\"prompt\":\"x\"}", 0},
+        {"{\"prompt\":\"x\",\"priority\":7}", 7},
+        {"{\"prompt\":\"x\",\"priority\":-3}", -3},
+        {"{\"prompt\":\"x\",\"priority\":2147483647}", INT32_MAX},
+        {"{\"prompt\":\"x\",\"priority\":-2147483648}", INT32_MIN},
+        {"{\"prompt\":\"x\",\"priority\":1e2}", 100},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        srv_api_gen g;
+        srv_api_error e;
+        cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, ok[i].body, strlen(ok[i].body), &lim, &g, &e), 0, "%s: %s",
+                     ok[i].body, e.message);
+        cr_assert_eq(g.priority, ok[i].want, "%s", ok[i].body);
+        srv_api_gen_free(&g);
+    }
+    static const char *const bad[] = {"{\"prompt\":\"x\",\"priority\":-2147483649}",
+                                      "{\"prompt\":\"x\",\"priority\":0.5}",
+                                      "{\"prompt\":\"x\",\"priority\":[1]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        srv_api_gen g;
+        srv_api_error e;
+        cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, bad[i], strlen(bad[i]), &lim, &g, &e), SRV_API_ERR_INVALID);
+        cr_assert_eq(e.status, 400);
+        cr_assert_str_eq(e.param, "priority");
+        cr_assert(strstr(e.message, "'priority'"), "%s", e.message);
+    }
+}
+
 /* Random mutations of a valid body never crash the parser and always give either OK or a 400 with a message. */
 Test(api_parse, fuzz_mutations) {
     const char *base = "{\"prompt\":[\"ab\",\"c\"],\"max_tokens\":5,\"temperature\":0.7,\"stop\":[\"x\"],"
@@ -235,6 +279,7 @@ Test(api_parse, fuzz_mutations) {
 }
 
 /* ---- 2. a fake scheduler backend --------------------------------------------------------------------------- */
+enum { FAKE_EMBD = 4 };
 typedef struct fake fake;
 typedef struct freq {
     fake *f;
@@ -243,6 +288,7 @@ typedef struct freq {
     srv_sched_event_cb cb;
     void *user;
     bool cancelled, fail, slow;
+    bool embed;           /* an embedding request: ends at once with STOP and the fake's vector */
     const char *script;   /* when set: the text generated, one byte per step */
     uv_timer_t t;
 } freq;
@@ -259,6 +305,7 @@ struct fake {
     eng_sampling_params last_sp;
     int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop;
     bool last_ignore_eos;
+    int32_t last_priority;
     char last_stop0[32];
     freq *live[64];   /* requests not yet done (loop thread only) */
     tpl_template *tpl; /* the chat template handed to the API (NULL: fake_chat) */
@@ -283,6 +330,11 @@ static void emit_done(freq *q, srv_sched_finish fin) {
     ev.timings.t_first_token = now - 1000000;
     ev.timings.t_end = now;
     ev.t = now;
+    static const float vec[FAKE_EMBD] = {0.6f, 0.8f, 0.0f, 0.0f};
+    if (q->embed && fin == SRV_SCHED_FINISH_STOP) {
+        ev.embd = vec;
+        ev.n_embd = FAKE_EMBD;
+    }
     atomic_fetch_add(&q->f->n_done, 1);
     for (int i = 0; i < 64; i++)
         if (q->f->live[i] == q) q->f->live[i] = NULL;
@@ -330,15 +382,16 @@ static void freq_tick(uv_timer_t *t) {
         uv_timer_start(&q->t, freq_tick, q->slow ? 20 : 1, 0);
         return;
     }
+    srv_sched_finish fin = q->embed ? SRV_SCHED_FINISH_STOP : SRV_SCHED_FINISH_LENGTH;
     for (int32_t c = 0; c < q->n; c++) {
         memset(&ev, 0, sizeof ev);
         ev.type = SRV_SCHED_EV_CHOICE_END;
         ev.id = q->id;
         ev.choice = c;
-        ev.finish = SRV_SCHED_FINISH_LENGTH;
+        ev.finish = fin;
         q->cb(&ev, q->user);
     }
-    emit_done(q, SRV_SCHED_FINISH_LENGTH);
+    emit_done(q, fin);
 }
 
 static bool prompt_has(const srv_sched_request *r, const char *word) {
@@ -363,6 +416,7 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     f->last_stop0[0] = 0;
     if (r->n_stop) snprintf(f->last_stop0, sizeof f->last_stop0, "%s", r->stop[0]);
     f->last_ignore_eos = r->ignore_eos;
+    f->last_priority = r->priority;
     freq *q = calloc(1, sizeof *q);
     q->f = f;
     q->id = ++f->next_id;
@@ -375,6 +429,8 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     q->cb = r->cb;
     q->user = r->user;
     q->fail = prompt_has(r, "FAIL");
+    q->embed = r->embed;
+    if (q->embed) q->max_tokens = 0;
     /* a model answering with a tool call (Hermes/Qwen format) */
     if (prompt_has(r, "TOOLSCRIPT")) {
         q->script = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
@@ -476,6 +532,8 @@ typedef struct fake_opts {
     const char *api_key; int32_t n_ctx; bool no_backend; FILE *log;
     const char *tpl;              /* a Jinja chat template for the API (NULL: the built-in fake_chat) */
     bool parse_special_in_content;
+    bool priority_scheduling;     /* scheduling_policy "priority" (default fcfs) */
+    bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -489,6 +547,7 @@ static fake *fake_start(const fake_opts *o) {
     cfg.n_ctx = o && o->n_ctx ? o->n_ctx : 4096;
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
+    cfg.limits.priority_scheduling = o && o->priority_scheduling;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = o && o->log ? SRV_LOG_TEXT : SRV_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
@@ -499,6 +558,7 @@ static fake *fake_start(const fake_opts *o) {
         cr_assert_eq(tpl_compile(o->tpl, strlen(o->tpl), NULL, &f->tpl, &te), 0, "%s", te.msg);
     }
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
+    if (o && o->embeddings) srv_api_set_pooling(f->api, SRV_SCHED_POOL_MEAN, FAKE_EMBD); /* loop not started yet */
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     if (!o || !o->no_backend) {
@@ -1430,4 +1490,65 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     unlink(model);
     unlink(logp);
     rmdir(dir);
+}
+
+/* `priority` on every route that reaches the scheduler: under fcfs (the default) a nonzero value is a 400 naming
+ * the field and nothing is queued, 0 is fine; under the priority policy the value reaches the scheduler. */
+Test(api, priority_field_on_every_route) {
+    static const char *const routes[][2] = {
+        {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2%s}"},
+        {"/completions", "{\"prompt\":\"hi\",\"max_tokens\":2%s}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2%s}"},
+        {"/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2%s}"},
+        {"/v1/responses", "{\"input\":\"hi\",\"max_output_tokens\":2%s}"},
+        {"/v1/embeddings", "{\"input\":\"hi\"%s}"},
+        {"/embeddings", "{\"input\":\"hi\"%s}"},
+    };
+    enum { NROUTES = sizeof routes / sizeof routes[0] };
+    for (int pol = 0; pol < 2; pol++) {
+        fake_opts opts = {.priority_scheduling = pol == 1, .embeddings = true};
+        fake *f = fake_start(&opts);
+        int submitted = 0;
+        for (int i = 0; i < NROUTES; i++) {
+            char body[256];
+            tc_resp r;
+            /* a nonzero priority */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":-4");
+            int st = post(f, routes[i][0], body, NULL, &r);
+            if (!pol) {
+                cr_assert_eq(st, 400, "fcfs %s: %d %s", routes[i][0], st, r.body);
+                cJSON *o = json_of(&r);
+                cJSON *e = cJSON_GetObjectItem(o, "error");
+                cr_assert_str_eq(jstr(e, "param"), "priority", "%s", routes[i][0]);
+                cr_assert(strstr(jstr(e, "message"), "not enabled"), "%s: %s", routes[i][0], jstr(e, "message"));
+                cJSON_Delete(o);
+                cr_assert_eq(atomic_load(&f->n_submit), submitted, "%s queued a refused request", routes[i][0]);
+            } else {
+                cr_assert_eq(st, 200, "priority %s: %d %s", routes[i][0], st, r.body);
+                cr_assert_eq(atomic_load(&f->n_submit), ++submitted);
+                cr_assert_eq(f->last_priority, -4, "%s", routes[i][0]);
+            }
+            tc_resp_free(&r);
+            /* not an integer: a 400 naming the field under either policy */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":\"high\"");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 400, "%s", routes[i][0]);
+            cr_assert(strstr(r.body, "\"param\":\"priority\""), "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":1e12");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 400, "%s", routes[i][0]);
+            cr_assert(strstr(r.body, "\"param\":\"priority\""), "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            /* 0 and absent are accepted everywhere */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":0");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 200, "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            cr_assert_eq(f->last_priority, 0);
+            snprintf(body, sizeof body, routes[i][1], "");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 200, "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            submitted += 2;
+            cr_assert_eq(atomic_load(&f->n_submit), submitted);
+        }
+        fake_stop(f);
+    }
 }

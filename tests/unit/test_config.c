@@ -283,3 +283,30 @@ Test(config, kv_events_config) {
     cr_assert(strstr(err, "bogus"), "%s", err);
     cr_assert_eq(srv_config_set(&c, "kv-events-config", "not json", err, sizeof err), SRV_ERR_INVALID);
 }
+
+/* scheduling_policy (vLLM's --scheduling-policy): fcfs by default, priority from the file or the flag, anything
+ * else refused by name. */
+Test(config, scheduling_policy) {
+    srv_config c;
+    srv_config_default(&c);
+    cr_assert_str_eq(c.scheduling_policy, "fcfs");
+    char err[512];
+    const char *p = write_tmp("{\"scheduling_policy\":\"priority\"}");
+    const char *a1[] = {"serve", "--config", p};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a1), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "priority");
+    const char *a2[] = {"serve", "--config", p, "--scheduling-policy", "fcfs"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 5, a2), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "fcfs");
+    const char *a3[] = {"serve", "--scheduling-policy=priority"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 2, a3), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "priority");
+    const char *a4[] = {"serve", "--scheduling-policy", "lifo"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a4), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "scheduling_policy") && strstr(err, "fcfs|priority"), "%s", err);
+    unlink(p);
+    p = write_tmp("{\"scheduling_policy\":1}");
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "scheduling_policy"), "%s", err);
+    unlink(p);
+}
