@@ -266,9 +266,9 @@ describe('priority', () => {
   });
 
   test('--scheduling-policy priority: mixed priorities on a small pool all complete with the fcfs answers', async () => {
-    // a pool small enough that 12 concurrent requests wait and preempt; greedy text must not depend on the order
+    // 10 blocks of 8 tokens for 4 sequences of ~35: requests wait and preempt; greedy text must not depend on it
     const s = await startServer(model.path, ['--parallel', '4', '--threads', '2', '--scheduling-policy', 'priority',
-      '--kv-blocks', '24', '--block-size', '8']);
+      '--kv-blocks', '10', '--block-size', '8']);
     try {
       const pc = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
       const prompts = ['Once upon a time', 'Lily and Tom went to the park.', 'The cat sat', 'One day, a big dog'];
@@ -291,7 +291,8 @@ describe('priority', () => {
       assert.equal(bad.status, 400);
       assert.equal((await bad.json()).error.param, 'priority');
       const m = await (await fetch(`${s.base}/metrics`)).text();
-      assert.match(m, /^vllm:num_preemptions_total\{[^}]*\} \d+/m);
+      const pre = m.match(/^vllm:num_preemptions_total\{[^}]*\} (\d+)/m);
+      assert.ok(pre && Number(pre[1]) > 0, 'the small pool preempted (vllm:num_preemptions_total)');
     } finally {
       assert.equal(await s.stop(), 0);
     }
