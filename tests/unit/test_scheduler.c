@@ -1511,6 +1511,19 @@ static void on_trace(void *ctx, const srv_sched_trace *t) {
     uv_mutex_unlock(&l->mu);
 }
 
+static trace_log *trace_log_new(void) {
+    trace_log *l = calloc(1, sizeof *l);
+    cr_assert(l);
+    uv_mutex_init(&l->mu);
+    return l;
+}
+
+static void trace_log_free(trace_log *l) {
+    uv_mutex_destroy(&l->mu);
+    free(l->t);
+    free(l);
+}
+
 enum { Q_NONE = 0, Q_WAITING, Q_RUNNING, Q_ENDED };
 
 typedef struct replay_stats {
@@ -1608,9 +1621,8 @@ static replay_stats replay_trace(const trace_log *l, const int32_t *prio, int32_
  * left in the pool. */
 static replay_stats priority_round(uint64_t seed, srv_sched_policy policy, int32_t n_prio) {
     harness *h = malloc(sizeof *h);
-    trace_log *log = calloc(1, sizeof *log);
-    cr_assert(h && log);
-    uv_mutex_init(&log->mu);
+    trace_log *log = trace_log_new();
+    cr_assert(h);
     uint64_t rng = seed * 7777 + (uint64_t)policy;
     /* small step budgets too: a recomputing request then takes several steps, during which the pool may fill up
      * again (the protected case of the victim rule) */
@@ -1668,9 +1680,7 @@ static replay_stats priority_round(uint64_t seed, srv_sched_policy policy, int32
         assert_same(&res[i], &alone, w);
     }
     hz_free(h);
-    uv_mutex_destroy(&log->mu);
-    free(log->t);
-    free(log);
+    trace_log_free(log);
     free(h);
     free(q);
     free(res);
@@ -1760,8 +1770,7 @@ Test(scheduler, priority_orders_the_queue) {
  * priority-9 request (fcfs would take the latest arrival), and all three still equal their runs alone. */
 Test(scheduler, priority_preempts_least_urgent_first) {
     harness *h = malloc(sizeof *h);
-    trace_log *log = calloc(1, sizeof *log);
-    uv_mutex_init(&log->mu);
+    trace_log *log = trace_log_new();
     srv_sched_params p = params(64, 8);
     p.policy = SRV_SCHED_PRIORITY;
     p.on_trace = on_trace;
@@ -1804,9 +1813,7 @@ Test(scheduler, priority_preempts_least_urgent_first) {
         assert_same(&res[i], &alone, "least urgent first");
     }
     hz_free(h);
-    uv_mutex_destroy(&log->mu);
-    free(log->t);
-    free(log);
+    trace_log_free(log);
     free(h);
     free(res);
 }
