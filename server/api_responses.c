@@ -166,7 +166,7 @@ static int resp_parse(resp_call *r, srv_api_error *e) {
     cJSON *root = api_parse_body_object(r->c.req, e);
     if (!root) return -1;
     int rc = -1;
-    double d;
+    double d = 0;
     const cJSON *f;
     r->temperature = 1.0f;
     r->top_p = 1.0f;
