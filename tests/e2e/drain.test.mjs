@@ -9,7 +9,7 @@ import OpenAI from 'openai';
 import { startServer, testModel, metric } from './server.mjs';
 
 const model = testModel();
-const GRACE_S = 1.5;
+const GRACE_S = 2.5;
 const SANITIZER = /ERROR: (Address|Leak)Sanitizer|runtime error:/;
 
 // Opens one streaming completion; resolves once the response head is there, with `done`, a promise of the
@@ -78,13 +78,13 @@ function exitOf(child) {
 
 test('SIGTERM drains: health 503 draining, new requests 503 + Retry-After, 16 streams end cleanly, exit 0',
   { timeout: 180000 }, async () => {
-    const srv = await startServer(model.path, ['--parallel', '16', '--threads', '2', '--ctx-size', '8192',
+    const srv = await startServer(model.path, ['--parallel', '16', '--threads', '2', '--ctx-size', '16384',
       '--shutdown-grace-s', String(GRACE_S)]);
     const exited = exitOf(srv.child);
     try {
-      // 8 short streams (they end within the grace period) and 8 that cannot: 8000 tokens each, ignore_eos
+      // 8 short streams (they end within the grace period) and 8 that cannot: 16000 tokens each, ignore_eos
       const specs = [];
-      for (let i = 0; i < 16; i++) specs.push(i % 2 ? { max_tokens: 8000, ignore_eos: true } : { max_tokens: 12 });
+      for (let i = 0; i < 16; i++) specs.push(i % 2 ? { max_tokens: 16000, ignore_eos: true } : { max_tokens: 12 });
       const streams = await Promise.all(specs.map((s) => openStream(srv.base, s)));
       const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 30000 });
 
@@ -96,11 +96,11 @@ test('SIGTERM drains: health 503 draining, new requests 503 + Retry-After, 16 st
         h = await fetch(`${srv.base}/health`);
         if (h.status === 503) break;
         await h.text();
-        assert.ok(Date.now() - t0 < 1000, '/health still 200 a second after SIGTERM');
+        assert.ok(Date.now() - t0 < 2000, '/health still 200 two seconds after SIGTERM');
         await new Promise((r) => setTimeout(r, 10));
       }
       assert.deepEqual(await h.json(), { status: 'draining' });
-      assert.ok(Date.now() - t0 < 1000);
+      assert.ok(Date.now() - t0 < 2000, '/health answered 503 within 2 s of SIGTERM');
       const head = await fetch(`${srv.base}/health`, { method: 'HEAD' });
       assert.equal(head.status, 503);
       // a new request: 503, Retry-After, OpenAI's error shape (raw, then as the SDK reports it)
@@ -144,12 +144,12 @@ test('SIGTERM drains: health 503 draining, new requests 503 + Retry-After, 16 st
 
 test('a second signal cancels at once: every stream ends with an error event and [DONE], exit 0',
   { timeout: 120000 }, async () => {
-    const srv = await startServer(model.path, ['--parallel', '8', '--threads', '2', '--ctx-size', '8192',
+    const srv = await startServer(model.path, ['--parallel', '8', '--threads', '2', '--ctx-size', '16384',
       '--shutdown-grace-s', '300']);
     const exited = exitOf(srv.child);
     try {
       const streams = await Promise.all(Array.from({ length: 4 },
-        () => openStream(srv.base, { max_tokens: 8000, ignore_eos: true })));
+        () => openStream(srv.base, { max_tokens: 16000, ignore_eos: true })));
       const t0 = Date.now();
       srv.child.kill('SIGTERM');
       for (;;) { // draining, and the streams run on
