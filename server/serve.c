@@ -1,5 +1,5 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
- * scheduler thread, signals and graceful shutdown. */
+ * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
 #include "server/grammar_cache.h"
 
