@@ -12,7 +12,7 @@
  * request whose prompt is the kept tokens (bit for bit on the recompute path; within float tolerance in place
  * on the one-layer model, where the shifted cache is exactly a fresh prefill); without context_shift or without
  * max_tokens it stops with "length" at the context size; under preemption the recompute path is bit for bit the
- * run alone. */
+ * run alone; gemma3 (sliding window) and phi3 (rope factors) shift in place as the engine driven by hand. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -460,6 +460,26 @@ static eng_model *sched_model(char *dir, char *path, size_t cap) {
 /* In place: the scheduler's tokens and logprobs equal the engine driven by hand, bit for bit, over several
  * shifts and n_keep values; without context_shift (or without max_tokens) the same request stops with "length"
  * at the context size. */
+/* Runs q with the context shift in place and checks it against hand_shift bit for bit; returns the shifts. */
+static int in_place_vs_hand(eng_model *m, const rq *q, int32_t n_ctx, res *want) {
+    res got;
+    srv_sched_stats st = run_sched(m, q, 1, (run_cfg){n_ctx, 64, 32, true, false}, &got);
+    int shifts = hand_shift(m, q, n_ctx, want);
+    cr_log_info("%s: n_ctx %d, prompt %d, n_keep %d: %d tokens, %d shifts", eng_model_hparams(m)->name, n_ctx,
+                q->n_prompt, q->n_keep, got.n_toks, shifts);
+    cr_assert_gt(shifts, 1);
+    cr_assert_eq(got.finish, SRV_SCHED_FINISH_LENGTH);
+    cr_assert_eq(got.n_toks, q->max_tokens);
+    cr_assert_eq(got.usage.completion_tokens, q->max_tokens);
+    cr_assert_eq(st.context_shifts, (uint64_t)shifts);
+    cr_assert_eq(st.context_shifts_recomputed, 0);
+    for (int32_t i = 0; i < got.n_toks; i++)
+        cr_assert(got.toks[i] == want->toks[i] && memcmp(&got.lp[i], &want->lp[i], sizeof(float)) == 0,
+                  "n_keep %d token %d: %d (%.9g), by hand %d (%.9g)", q->n_keep, i, got.toks[i], (double)got.lp[i],
+                  want->toks[i], (double)want->lp[i]);
+    return shifts;
+}
+
 Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
     char dir[] = "/tmp/kvs_ctxshift_XXXXXX", path[1024];
     eng_model *m = sched_model(dir, path, sizeof path);
@@ -472,24 +492,11 @@ Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
         random_prompt(&q, &rs, n_vocab, 6 + rnd_int(&rs, 12));
         q.max_tokens = 3 * n_ctx;
         q.n_keep = keeps[k];
-        res got, want;
-        srv_sched_stats st = run_sched(m, &q, 1, (run_cfg){n_ctx, 64, 32, true, false}, &got);
-        int shifts = hand_shift(m, &q, n_ctx, &want);
-        cr_log_info("n_ctx %d, prompt %d, n_keep %d: %d tokens, %d shifts", n_ctx, q.n_prompt, q.n_keep, got.n_toks,
-                    shifts);
-        cr_assert_gt(shifts, 1);
-        cr_assert_eq(got.finish, SRV_SCHED_FINISH_LENGTH);
-        cr_assert_eq(got.n_toks, q.max_tokens);
-        cr_assert_eq(got.usage.completion_tokens, q.max_tokens);
-        cr_assert_eq(st.context_shifts, (uint64_t)shifts);
-        cr_assert_eq(st.context_shifts_recomputed, 0);
-        for (int32_t i = 0; i < got.n_toks; i++)
-            cr_assert(got.toks[i] == want.toks[i] && memcmp(&got.lp[i], &want.lp[i], sizeof(float)) == 0,
-                      "n_keep %d token %d: %d (%.9g), by hand %d (%.9g)", q.n_keep, i, got.toks[i], (double)got.lp[i],
-                      want.toks[i], (double)want.lp[i]);
+        res want;
+        in_place_vs_hand(m, &q, n_ctx, &want);
         /* without the shift: "length" when the context is full */
         res off;
-        st = run_sched(m, &q, 1, (run_cfg){n_ctx, 64, 32, false, false}, &off);
+        srv_sched_stats st = run_sched(m, &q, 1, (run_cfg){n_ctx, 64, 32, false, false}, &off);
         cr_assert_eq(off.finish, SRV_SCHED_FINISH_LENGTH);
         cr_assert_eq(off.n_toks, n_ctx - q.n_prompt);
         cr_assert_eq(st.context_shifts, 0);
@@ -626,4 +633,31 @@ Test(ctx_shift, sched_shift_under_preemption, .timeout = 600) {
         remove(path);
         rmdir(dir);
     }
+}
+
+/* The families with their own rope: gemma3 (sliding layers with rope base 10000 and a window of 16, so the window
+ * matters past the shift; global layers with 1e6) and phi3 (rope frequency factors): the scheduler's in-place shift
+ * equals the engine driven by hand, bit for bit. */
+Test(ctx_shift, sched_shift_on_gemma3_and_phi3, .timeout = 600) {
+    static const char *const rel[] = {"families/syn-gemma3-q8_0.gguf", "families/syn-phi3-q8_0.gguf"};
+    char buf[1024];
+    int found = 0;
+    uint64_t rs = 316;
+    for (int i = 0; i < 2; i++) {
+        if (!shared_model(rel[i], buf, sizeof buf)) {
+            cr_log_warn("SKIPPED: %s not found in %s/models", rel[i], kvt_shared_dir());
+            continue;
+        }
+        found++;
+        eng_model *m = load_model(buf);
+        rq q;
+        random_prompt(&q, &rs, eng_model_hparams(m)->n_vocab, 8 + rnd_int(&rs, 10));
+        int32_t n_ctx = 40 + rnd_int(&rs, 16);
+        q.max_tokens = 2 * n_ctx + 10;
+        q.n_keep = 1 + rnd_int(&rs, 4);
+        res want;
+        in_place_vs_hand(m, &q, n_ctx, &want);
+        eng_model_free(m);
+    }
+    if (!found) cr_skip_test("no family model found in %s/models (KVSERVE_SHARED)", kvt_shared_dir());
 }
