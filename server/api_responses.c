@@ -281,10 +281,10 @@ static void resp_work(api_job *j) {
     c->subs[0].call = c;
     int32_t nt = c->prep_ntok[0];
     if (nt < 1) { srv_api_set_error(e, 400, NULL, "input", NULL, "the input is empty (0 tokens)"); return; }
-    if (api->n_ctx > 0 && (nt >= api->n_ctx || (r->max_output > 0 && (int64_t)nt + r->max_output > api->n_ctx))) {
+    if (api_ctx_exceeded(api, nt, r->max_output)) {
         srv_api_set_error(e, 400, NULL, "input", "context_length_exceeded", "This model's maximum context length "
                           "is %d tokens, but the input has %d tokens%s", (int)api->n_ctx, (int)nt,
-                          r->max_output > 0 ? " plus max_output_tokens" : "");
+                          r->max_output > 0 && nt < api->n_ctx ? " plus max_output_tokens" : "");
         return;
     }
     c->prep_failed = false;
@@ -554,6 +554,7 @@ static void resp_done(api_job *j) {
         sr.n_prompt = c->prep_ntok[0];
         sr.n = 1;
         sr.max_tokens = r->max_output;
+        sr.n_keep = api_n_keep(api, sr.prompt, sr.n_prompt, false, 0);
         eng_sampling_params_default(&sr.sampling);
         sr.sampling.temperature = r->temperature;
         sr.sampling.top_p = r->top_p;
