@@ -98,6 +98,11 @@ void srv_api_limits_default(srv_api_limits *l);
  * then says so with status 500). Never reads past body[len]. */
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
                       srv_api_gen *out, srv_api_error *err);
+/* The same from a parsed body (root: a cJSON object, not modified; /v1/responses maps its body onto a chat one,
+ * server/responses_map.h). */
+struct cJSON;
+int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const srv_api_limits *lim,
+                           srv_api_gen *out, srv_api_error *err);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,

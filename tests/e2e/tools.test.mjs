@@ -106,4 +106,69 @@ describe('chat template, tools and prefill', { skip: !present && 'shared model o
     assert.ok(asText > await ntok(inject, true), 'the text holds control tokens when parsed');
     assert.equal(a.usage.prompt_tokens - b.usage.prompt_tokens, asText);
   });
+
+  // ---- /v1/responses with function tools: the same chat path (template, tools, history) through the SDK ----
+  const RESP_TOOLS = [{
+    type: 'function', name: 'get_weather', description: 'The weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  }];
+  const HISTORY = [
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: 'sunny, 21 C' },
+  ];
+
+  test('responses: tools reach the prompt as chat renders them; tool_choice none leaves them out', async () => {
+    const args = { model: 'x', input: user[0].content, max_output_tokens: 1, temperature: 0 };
+    const plain = await client.responses.create(args);
+    const withTools = await client.responses.create({ ...args, tools: RESP_TOOLS });
+    const none = await client.responses.create({ ...args, tools: RESP_TOOLS, tool_choice: 'none' });
+    const chatTools = await chat(user, { tools: TOOLS });
+    const chatPlain = await chat(user);
+    assert.equal(plain.usage.input_tokens, chatPlain.usage.prompt_tokens, 'the same prompt as chat');
+    // the tool as Responses gives it renders as chat's (type, function: {name, description, parameters, strict})
+    assert.ok(withTools.usage.input_tokens > plain.usage.input_tokens + 20, 'the tools are in the prompt');
+    assert.equal(withTools.usage.input_tokens, chatTools.usage.prompt_tokens);
+    assert.equal(none.usage.input_tokens, plain.usage.input_tokens);
+    assert.equal(withTools.tools[0].name, 'get_weather');
+    assert.equal(withTools.tool_choice, 'auto');
+    for (const tool_choice of ['auto', 'required', { type: 'function', name: 'get_weather' }]) {
+      const r = await client.responses.create({ ...args, tools: RESP_TOOLS, tool_choice, parallel_tool_calls: false });
+      assert.ok(['completed', 'incomplete'].includes(r.status));
+      assert.equal(r.parallel_tool_calls, false);
+    }
+  });
+
+  test('responses: function_call and function_call_output items render as chat history (plain and streamed)', async () => {
+    const input = [{ role: 'user', content: user[0].content }, ...HISTORY];
+    const r = await client.responses.create({ model: 'x', input, tools: RESP_TOOLS, max_output_tokens: 4, temperature: 0 });
+    const c = await chat([...user,
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: 'sunny, 21 C' }], { tools: TOOLS, max_tokens: 4 });
+    const base = await client.responses.create({ model: 'x', input: user[0].content, tools: RESP_TOOLS, max_output_tokens: 4, temperature: 0 });
+    assert.ok(r.usage.input_tokens > base.usage.input_tokens + 15, 'the call and its result are in the prompt');
+    assert.equal(r.usage.input_tokens, c.usage.prompt_tokens, 'the same prompt as chat with the same history');
+    const stream = await client.responses.create({ model: 'x', input, tools: RESP_TOOLS, max_output_tokens: 4, temperature: 0, stream: true });
+    let seq = -1, final = null;
+    for await (const ev of stream) {
+      assert.equal(ev.sequence_number, seq + 1);
+      seq = ev.sequence_number;
+      if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+    }
+    assert.ok(final);
+    assert.equal(final.usage.input_tokens, r.usage.input_tokens);
+    assert.deepEqual(final.output.map((o) => o.type), r.output.map((o) => o.type));
+  });
+
+  test('responses: previous_response_id carries the conversation; an unknown call_id and hosted tools are 400s', async () => {
+    const first = await client.responses.create({ model: 'x', input: user[0].content, tools: RESP_TOOLS, max_output_tokens: 6, temperature: 0 });
+    const second = await client.responses.create({ model: 'x', previous_response_id: first.id, input: 'And in Rome?', tools: RESP_TOOLS, max_output_tokens: 2, temperature: 0 });
+    assert.ok(second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 2);
+    assert.ok(second.usage.input_tokens_details.cached_tokens > 0, 'the first turn came from the prefix cache');
+    await assert.rejects(client.responses.create({ model: 'x', previous_response_id: first.id, input: [{ type: 'function_call_output', call_id: 'call_nope', output: 'x' }] }),
+      (e) => e.status === 400 && /call_nope/.test(e.message));
+    await assert.rejects(client.responses.create({ model: 'x', input: 'hi', tools: [{ type: 'web_search' }] }),
+      (e) => e.status === 400 && /web_search/.test(e.message));
+    await assert.rejects(client.responses.create({ model: 'x', input: 'hi', tools: RESP_TOOLS, tool_choice: { type: 'function', name: 'nope' } }),
+      (e) => e.status === 400 && /nope/.test(e.message));
+  });
 });
