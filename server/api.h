@@ -26,6 +26,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/tool_format.h"
 #include "server/web.h"
 
 enum {
@@ -132,6 +133,10 @@ typedef struct srv_api_backend {
      * families. Rendered off the loop (any thread); the caller's, must outlive the backend. */
     const struct tpl_template *chat_tpl;
     const char *bos_text, *eos_text; /* the BOS / EOS token texts for the template (NULL: "") */
+    /* How the model writes tool calls (srv_tf_detect over the template text or the built-in family): the
+     * format of grammar-constrained calls (tool_choice "required" or a named function) and of the tools
+     * described in the prompt of a built-in family (which has no template to print them). 0: generic JSON. */
+    srv_tf_format tool_format;
 } srv_api_backend;
 
 typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;

@@ -172,8 +172,11 @@ const char *api_json_kind(const cJSON *j);
 /* api_structured.c: response_format */
 /* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
 int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);
-/* Pool thread (prepare_work): compiles or finds c->gen's response grammar into c->grammar. -1 with err set. */
+/* Pool thread (prepare_work): compiles or finds c->gen's response grammar (or its tool-call grammar) into
+ * c->grammar. -1 with err set. */
 int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err);
+/* Whether c's output is constrained to tool calls (chat, tools, tool_choice "required" or a named function). */
+bool api_tools_constrained(const api_call *c);
 /* Releases c->grammar (api_call_free). */
 void api_release_grammar(api_call *c);
 

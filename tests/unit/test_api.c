@@ -502,7 +502,8 @@ static fake *fake_start(const fake_opts *o) {
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     if (!o || !o->no_backend) {
-        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>"};
+        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
+                              SRV_TF_GENERIC};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;
