@@ -104,6 +104,8 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
 struct cJSON;
 int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const srv_api_limits *lim,
                            srv_api_gen *out, srv_api_error *err);
+/* A JSON value's type for error messages: "a string", "a number", "a boolean", "an array", "an object", "null". */
+const char *srv_api_json_kind(const struct cJSON *j);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,

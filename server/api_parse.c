@@ -89,6 +89,7 @@ static const char *type_name(const cJSON *j) {
 }
 
 const char *api_json_kind(const cJSON *j) { return type_name(j); }
+const char *srv_api_json_kind(const cJSON *j) { return type_name(j); }
 
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {

@@ -153,7 +153,8 @@ static cJSON *response_obj(resp_call *r, const char *status, const cJSON *output
     cJSON_AddNumberToObject(o, "top_p", q->top_p);
     cJSON *tf = cJSON_AddObjectToObject(o, "text");
     if (tf) cJSON_AddItemToObject(tf, "format", dup_or_null(q->text_format));
-    cJSON_AddItemToObject(o, "tool_choice", q->tool_choice ? cJSON_Duplicate(q->tool_choice, true) : cJSON_CreateString("auto"));
+    cJSON_AddItemToObject(o, "tool_choice",
+                          q->tool_choice ? cJSON_Duplicate(q->tool_choice, true) : cJSON_CreateString("auto"));
     cJSON_AddItemToObject(o, "tools", q->tools ? cJSON_Duplicate(q->tools, true) : cJSON_CreateArray());
     cJSON_AddStringToObject(o, "truncation", "disabled");
     cJSON_AddObjectToObject(o, "metadata");
@@ -161,7 +162,8 @@ static cJSON *response_obj(resp_call *r, const char *status, const cJSON *output
         cJSON *u = cJSON_AddObjectToObject(o, "usage");
         int32_t in = c->usage.prompt_tokens, outn = c->usage.completion_tokens;
         cJSON_AddNumberToObject(u, "input_tokens", in);
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens", c->usage.cached_tokens);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens",
+                                c->usage.cached_tokens);
         cJSON_AddNumberToObject(u, "output_tokens", outn);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", 0);
         cJSON_AddNumberToObject(u, "total_tokens", in + outn);
@@ -398,7 +400,8 @@ static void resp_event(const srv_sched_event *ev, void *user) {
         r->finish = ev->finish;
         if (ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
             c->has_error = true;
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s", ev->error ? ev->error : "generation failed");
+            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s",
+                              ev->error ? ev->error : "generation failed");
         }
     }
 }

@@ -17,15 +17,6 @@ static const cJSON *field(const cJSON *o, const char *name) {
     return (f && !cJSON_IsNull(f)) ? f : NULL;
 }
 
-static const char *kind(const cJSON *j) {
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    return "null";
-}
-
 void srv_resp_req_free(srv_resp_req *r) {
     if (!r) return;
     cJSON_Delete(r->chat);
@@ -42,7 +33,7 @@ void srv_resp_req_free(srv_resp_req *r) {
 static int get_bool(const cJSON *root, const char *name, bool *out, srv_api_error *err) {
     const cJSON *f = field(root, name);
     if (!f) return 0;
-    if (!cJSON_IsBool(f)) return BAD(name, "'%s' must be a boolean, got %s", name, kind(f));
+    if (!cJSON_IsBool(f)) return BAD(name, "'%s' must be a boolean, got %s", name, srv_api_json_kind(f));
     *out = cJSON_IsTrue(f);
     return 0;
 }
@@ -52,7 +43,8 @@ static int copy_number(const cJSON *root, const char *name, const char *chat_nam
                        srv_api_error *err) {
     const cJSON *f = field(root, name);
     if (!f) return 0;
-    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble)) return BAD(name, "'%s' must be a number, got %s", name, kind(f));
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble))
+        return BAD(name, "'%s' must be a number, got %s", name, srv_api_json_kind(f));
     if (!cJSON_AddNumberToObject(chat, chat_name, f->valuedouble)) return OOM();
     if (echo) *echo = (float)f->valuedouble;
     return 0;
@@ -63,7 +55,8 @@ static int copy_number(const cJSON *root, const char *name, const char *chat_nam
 static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *err) {
     *out = NULL;
     if (cJSON_IsString(c)) return (*out = strdup(c->valuestring)) ? 0 : OOM();
-    if (!cJSON_IsArray(c)) return BAD("input", "'%s' must be a string or an array of text parts, got %s", what, kind(c));
+    if (!cJSON_IsArray(c))
+        return BAD("input", "'%s' must be a string or an array of text parts, got %s", what, srv_api_json_kind(c));
     kvs_buf b = {0};
     int j = 0;
     for (const cJSON *p = c->child; p; p = p->next, j++) {
@@ -174,7 +167,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
     for (const cJSON *it = in->child; it; it = it->next, i++) {
         char pn[64];
         snprintf(pn, sizeof pn, "input[%d]", i);
-        if (!cJSON_IsObject(it)) return BAD("input", "'%s' must be an object, got %s", pn, kind(it));
+        if (!cJSON_IsObject(it)) return BAD("input", "'%s' must be an object, got %s", pn, srv_api_json_kind(it));
         const cJSON *ty = field(it, "type");
         if (ty && !cJSON_IsString(ty)) return BAD("input", "'%s.type' must be a string", pn);
         const char *t = ty ? ty->valuestring : "message";
@@ -209,7 +202,7 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
     const cJSON *tools = field(root, "tools");
     if (!(out->tools = cJSON_CreateArray())) return OOM();
     if (!tools) return 0;
-    if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", kind(tools));
+    if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", srv_api_json_kind(tools));
     cJSON *chat_tools = cJSON_AddArrayToObject(out->chat, "tools");
     if (!chat_tools) return OOM();
     int j = 0;
@@ -223,7 +216,8 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
         if (!name || !name[0]) return BAD("tools", "'tools[%d].name' must be a non-empty string", j);
         const cJSON *desc = field(t, "description"), *params = field(t, "parameters"), *strict = field(t, "strict");
         if (desc && !cJSON_IsString(desc)) return BAD("tools", "'tools[%d].description' must be a string", j);
-        if (params && !cJSON_IsObject(params)) return BAD("tools", "'tools[%d].parameters' must be an object (a JSON Schema)", j);
+        if (params && !cJSON_IsObject(params))
+            return BAD("tools", "'tools[%d].parameters' must be an object (a JSON Schema)", j);
         if (strict && !cJSON_IsBool(strict)) return BAD("tools", "'tools[%d].strict' must be a boolean", j);
         cJSON *ct = cJSON_CreateObject(), *fn = cJSON_CreateObject(), *echo = cJSON_CreateObject();
         if (!ct || !fn || !echo) { cJSON_Delete(ct); cJSON_Delete(fn); cJSON_Delete(echo); return OOM(); }
@@ -234,7 +228,8 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
         ok = ok && cJSON_AddStringToObject(fn, "name", name) &&
                   cJSON_AddStringToObject(echo, "type", "function") && cJSON_AddStringToObject(echo, "name", name);
         if (desc) ok = ok && cJSON_AddStringToObject(fn, "description", desc->valuestring);
-        ok = ok && (desc ? cJSON_AddStringToObject(echo, "description", desc->valuestring) : cJSON_AddNullToObject(echo, "description"));
+        ok = ok && (desc ? cJSON_AddStringToObject(echo, "description", desc->valuestring)
+                         : cJSON_AddNullToObject(echo, "description"));
         if (params) {
             cJSON *p1 = cJSON_Duplicate(params, true), *p2 = cJSON_Duplicate(params, true);
             if (p1) cJSON_AddItemToObject(fn, "parameters", p1);
@@ -274,7 +269,7 @@ static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *
         if (!fn || !cJSON_AddStringToObject(c, "type", "function") || !cJSON_AddStringToObject(fn, "name", name))
             return OOM();
     } else {
-        return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", kind(tc));
+        return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", srv_api_json_kind(tc));
     }
     return (out->tool_choice = cJSON_Duplicate(tc, true)) ? 0 : OOM();
 }
@@ -282,7 +277,7 @@ static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *
 /* text.format -> response_format */
 static int map_text_format(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
     const cJSON *text = field(root, "text"), *fmt = text ? field(text, "format") : NULL;
-    if (text && !cJSON_IsObject(text)) return BAD("text", "'text' must be an object, got %s", kind(text));
+    if (text && !cJSON_IsObject(text)) return BAD("text", "'text' must be an object, got %s", srv_api_json_kind(text));
     if (!fmt) {
         out->text_format = cJSON_CreateObject();
         return out->text_format && cJSON_AddStringToObject(out->text_format, "type", "text") ? 0 : OOM();
@@ -317,7 +312,8 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
     if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
     if (!(out->chat = cJSON_CreateObject())) return OOM();
     const cJSON *model = field(root, "model");
-    if (model && !cJSON_IsString(model)) return BAD("model", "'model' must be a string, got %s", kind(model));
+    if (model && !cJSON_IsString(model))
+        return BAD("model", "'model' must be a string, got %s", srv_api_json_kind(model));
     if (model && !cJSON_AddStringToObject(out->chat, "model", model->valuestring)) return OOM();
     if ((r = copy_number(root, "temperature", "temperature", out->chat, &out->temperature, err))) return r;
     if ((r = copy_number(root, "top_p", "top_p", out->chat, &out->top_p, err))) return r;
@@ -334,13 +330,15 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
     if ((r = get_bool(root, "parallel_tool_calls", &out->parallel_tool_calls, err))) return r;
     if (!cJSON_AddBoolToObject(out->chat, "parallel_tool_calls", out->parallel_tool_calls)) return OOM();
     const cJSON *ins = field(root, "instructions");
-    if (ins && !cJSON_IsString(ins)) return BAD("instructions", "'instructions' must be a string, got %s", kind(ins));
+    if (ins && !cJSON_IsString(ins))
+        return BAD("instructions", "'instructions' must be a string, got %s", srv_api_json_kind(ins));
     if (ins && !(out->instructions = strdup(ins->valuestring))) return OOM();
-    if ((r = map_tools(root, out, err)) || (r = map_tool_choice(root, out, err)) || (r = map_text_format(root, out, err)))
+    if ((r = map_tools(root, out, err)) || (r = map_tool_choice(root, out, err)) ||
+        (r = map_text_format(root, out, err)))
         return r;
     const cJSON *prev = field(root, "previous_response_id");
     if (prev && !cJSON_IsString(prev))
-        return BAD("previous_response_id", "'previous_response_id' must be a string, got %s", kind(prev));
+        return BAD("previous_response_id", "'previous_response_id' must be a string, got %s", srv_api_json_kind(prev));
     if (prev) {
         if (!(out->prev_id = strdup(prev->valuestring))) return OOM();
         int lr = lookup ? lookup(ud, prev->valuestring, &out->conv) : -1;
