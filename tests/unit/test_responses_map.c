@@ -371,3 +371,66 @@ Test(resp_map, call_output_round_trip) {
     cJSON_Delete(conv);
     srv_resp_out_free(&o);
 }
+
+/* Random mutations of valid bodies: srv_resp_parse never crashes or leaks; a failure is a 400 (404 for an unknown
+ * previous_response_id) naming something, with nothing left allocated; a success gives a chat body the chat parse
+ * takes whole or refuses with a 400, with as many messages as instructions, history and input make. */
+Test(resp_map, mutations) {
+    static const char *const seeds[] = {
+        "{\"instructions\":\"I\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"o\"}],\"tools\":[{\"type\":\"function\","
+        "\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+        "{\"previous_response_id\":\"r\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c0\",\"output\":\"x\"}],"
+        "\"max_output_tokens\":5,\"parallel_tool_calls\":false,\"text\":{\"format\":{\"type\":\"json_object\"}}}",
+    };
+    static const char ALPHA[] = "{}[]\":,0123456789 aeflnrstu\\-.";
+    cJSON *hist = cJSON_Parse("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\","
+                              "\"tool_calls\":[{\"id\":\"c0\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                              "\"arguments\":\"{}\"}}]}]");
+    rng R = {0x1234};
+    int accepted = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", seeds[iter % 2]);
+        size_t len = strlen(buf);
+        int n_mut = 1 + rng_int(&R, 3);
+        for (int k = 0; k < n_mut && len > 1; k++) {
+            size_t at = (size_t)rng_int(&R, (int)len);
+            int op = rng_int(&R, 3);
+            if (op == 0) buf[at] = ALPHA[rng_int(&R, (int)sizeof ALPHA - 1)];
+            else if (op == 1) { memmove(buf + at, buf + at + 1, len - at); len--; }
+            else if (len + 1 < sizeof buf) {
+                memmove(buf + at + 1, buf + at, len - at + 1);
+                buf[at] = ALPHA[rng_int(&R, (int)sizeof ALPHA - 1)];
+                len++;
+            }
+        }
+        cJSON *root = cJSON_Parse(buf);
+        if (!root) continue;
+        srv_resp_req q;
+        srv_api_error e;
+        memset(&e, 0, sizeof e);
+        int rc = srv_resp_parse(root, lookup_conv, hist, &q, &e);
+        cJSON_Delete(root);
+        if (rc) {
+            cr_assert_eq(rc, SRV_API_ERR_INVALID, "%s", buf);
+            cr_assert(e.status == 400 || e.status == 404, "%s: %d", buf, e.status);
+            cr_assert(e.message[0], "%s", buf);
+            cr_assert(!q.chat && !q.conv, "%s", buf);
+            continue;
+        }
+        accepted++;
+        srv_api_gen g;
+        int pr = srv_api_parse_gen_json(SRV_API_CHAT, q.chat, NULL, &g, &e);
+        if (pr == 0) {
+            cr_assert_eq(g.n_msgs, cJSON_GetArraySize(q.conv) + (q.instructions ? 1 : 0), "%s", buf);
+            srv_api_gen_free(&g);
+        } else {
+            cr_assert(pr == SRV_API_ERR_INVALID && e.status == 400, "%s", buf);
+        }
+        srv_resp_req_free(&q);
+    }
+    cr_assert_gt(accepted, 100, "the mutations still reach the mapping (%d accepted)", accepted);
+    cJSON_Delete(hist);
+}
