@@ -181,10 +181,15 @@ void srv_api_log_http(void *ud, const char *method, const char *path, int status
  * srv_api; NULL: response_format json_object/json_schema answer 400 "not available"). Loop thread. */
 struct srv_gcache;
 void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc);
+/* Graceful drain (SIGTERM): from now on GET/HEAD /health (and /v1/health) answer 503 {"status":"draining"},
+ * /metrics answers as before (with kvserve:draining 1), and every other request gets 503 with "Retry-After: 1"
+ * and an OpenAI error JSON (code "server_draining"); requests already accepted, including those still being
+ * prepared off the loop, run on. One way: there is no undraining. Loop thread. */
+void srv_api_set_draining(srv_api *api);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
-/* Cancels every generating request (shutdown after the grace period): streams end with an error event,
- * others answer 503. */
+/* Cancels every generating request (shutdown after the grace period): streams end with an error event and
+ * [DONE], others answer 503 with Retry-After. */
 void srv_api_cancel_all(srv_api *api);
 
 #endif /* KVSERVE_SERVER_API_H */

@@ -357,13 +357,14 @@ static void prepare_done(api_job *j) {
         api_call_free(c);
         return;
     }
+    const char *extra = NULL;
     if (!fail && c->shutdown) {
         srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
+        extra = "Retry-After: 1\r\n";
         fail = true;
     }
     c->stream = !fail && g->stream;
     /* Queue one scheduler request per prompt. */
-    const char *extra = NULL;
     for (int32_t i = 0; !fail && i < c->n_subs; i++) {
         srv_sched_request sr;
         api_fill_request(api, c, toks[i], ntok[i], i, &sr);

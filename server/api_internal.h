@@ -106,6 +106,7 @@ struct srv_api {
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
     int32_t n_jobs;       /* jobs out on the thread pool */
     bool closing;         /* srv_api_free is waiting for them */
+    bool draining;        /* srv_api_set_draining: /health 503 "draining", new requests 503 */
     uint64_t rng;
     int64_t created;
     srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */

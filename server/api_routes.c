@@ -16,8 +16,9 @@
 /* ---- simple routes --------------------------------------------------------------------------------------- */
 static void route_health(srv_api *api, srv_http_req *req) {
     cJSON *o = cJSON_CreateObject();
-    if (o) cJSON_AddStringToObject(o, "status", api->has_backend ? "ok" : "loading");
-    api_reply_json(api, req, api->has_backend ? 200 : 503, o, NULL, -1);
+    const char *st = api->draining ? "draining" : api->has_backend ? "ok" : "loading";
+    if (o) cJSON_AddStringToObject(o, "status", st);
+    api_reply_json(api, req, api->has_backend && !api->draining ? 200 : 503, o, NULL, -1);
     cJSON_Delete(o);
 }
 
@@ -276,6 +277,15 @@ void srv_api_handle(void *ud, srv_http_req *req) {
         if (!strcmp(req->path, ROUTES[i].path)) { rt = &ROUTES[i]; break; }
     const char *model_id = !strncmp(req->path, "/v1/models/", 11) ? req->path + 11
                            : !strncmp(req->path, "/models/", 8) ? req->path + 8 : NULL;
+    if (api->draining && !(rt && (rt->id == R_HEALTH || rt->id == R_METRICS))) {
+        /* readiness already fails (/health); a request that still arrives is turned away at once, and its
+         * connection closes after the answer (srv_http_set_keep_alive), so the client reconnects elsewhere */
+        if (api->metrics) api->metrics->requests_refused_draining++;
+        api_reply_err(api, req, 503, "server_error", NULL, "server_draining", "Retry-After: 1\r\n",
+                      "the server is shutting down (draining) and accepts no new requests; "
+                      "retry on another replica");
+        return;
+    }
     if (req->method == HTTP_OPTIONS && (rt || (model_id && *model_id))) {
         route_preflight(api, req, rt && rt->method == HTTP_POST ? "POST" : "GET");
         return;
@@ -408,6 +418,12 @@ int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t
     api->n_ctx = n_ctx;
     api->limits.n_vocab = n_vocab;
     return SRV_API_OK;
+}
+
+void srv_api_set_draining(srv_api *api) {
+    if (!api) return;
+    api->draining = true;
+    if (api->metrics) api->metrics->draining = true;
 }
 
 int32_t srv_api_in_flight(const srv_api *api) { return api ? api->n_calls : 0; }

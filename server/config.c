@@ -62,7 +62,7 @@ static const key_def KEYS[] = {
     I(header_limit_kb, 1, 1048576, "largest request line + headers in KiB (else 431)"),
     I(max_connections, 1, 1000000, "most open connections (more get 503)"),
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
-    N(shutdown_grace_s, 0, 86400, "seconds running requests get to finish on SIGINT/SIGTERM"),
+    N(shutdown_grace_s, 0, 86400, "drain timeout: seconds in-flight requests get to finish after SIGTERM/SIGINT"),
     S(log_format, "text|json|none", "request log format (stderr)"),
     S(pooling, "|mean|cls|last", "embedding pooling (empty: the model's <arch>.pooling_type; none/absent: mean)"),
     S(chat_template, NULL,

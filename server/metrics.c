@@ -228,6 +228,11 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
             (unsigned long long)st->requests_rejected_tokens);
     gauge(&b, "kvserve:queued_prompt_tokens", "Prompt tokens of waiting, never admitted requests.",
           (double)st->queued_tokens);
+    gauge(&b, "kvserve:draining",
+          "1 while the server drains after SIGTERM/SIGINT (health 503, new requests 503), else 0.",
+          m->draining ? 1 : 0);
+    counter(&b, "kvserve:requests_refused_draining_total", "Requests answered 503 because the server was draining.",
+            m->requests_refused_draining);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
     kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);

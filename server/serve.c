@@ -1,5 +1,5 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
- * scheduler thread, signals and graceful shutdown. */
+ * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
 #include "server/grammar_cache.h"
 
@@ -31,7 +31,7 @@ typedef struct daemon_state {
     uv_signal_t sigint, sigterm;
     uv_timer_t poll;
     uv_work_t load;
-    bool loading, shutting_down, cancelled, finalized;
+    bool loading, shutting_down, cancelled, closing, finalized;
     uint64_t deadline_ns;
     /* the engine */
     eng_model *model;
@@ -235,7 +235,19 @@ static void load_done(uv_work_t *w, int status) {
             srv_tf_name(d->tool_format));
 }
 
-/* ---- shutdown ------------------------------------------------------------------------------------------------- */
+/* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
+ * SIGTERM/SIGINT (begin_shutdown): the listener stays open so that readiness probes and routers see the server
+ * drain: /health answers 503 "draining", every new request 503 with Retry-After (srv_api_set_draining), and each
+ * answer closes its connection. Requests already accepted run on for shutdown_grace_s. Then, polled every 50 ms:
+ *   1. nothing runs any more                     -> closing (2)
+ *      the grace period is over, or a 2nd signal -> the rest are cancelled: streams end with an error event and
+ *                                                   [DONE], others 503; the listener closes; after CANCEL_WAIT_NS
+ *                                                   at most -> closing (2)
+ *   2. closing: the listener and idle connections close; answers still being written get CLOSE_WAIT_NS to leave
+ *      (no stream is cut mid-event by closing its socket under it) -> finalize: the loop runs down, exit 0. */
+#define CANCEL_WAIT_NS 2000000000ull /* cancelled requests must be gone by then */
+#define CLOSE_WAIT_NS 3000000000ull  /* the last answers must have left by then (> the HTTP layer's linger) */
+
 static void finalize(daemon_state *d) {
     if (d->finalized) return;
     d->finalized = true;
@@ -252,37 +264,44 @@ static void finalize(daemon_state *d) {
     uv_close((uv_handle_t *)&d->sigterm, NULL);
 }
 
+static void begin_closing(daemon_state *d) {
+    d->closing = true;
+    srv_http_stop_accepting(d->http);
+    d->deadline_ns = uv_hrtime() + CLOSE_WAIT_NS;
+}
+
+static void cancel_running(daemon_state *d, const char *why) {
+    fprintf(stderr, "kvserve: %s: cancelling %d running request(s)\n", why, (int)srv_api_in_flight(d->api));
+    srv_api_cancel_all(d->api);
+    srv_http_stop_accepting(d->http);
+    d->cancelled = true;
+    d->deadline_ns = uv_hrtime() + CANCEL_WAIT_NS;
+}
+
 static void on_poll(uv_timer_t *t) {
     daemon_state *d = t->data;
     if (!d->shutting_down || d->loading) return;
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
     uint64_t now = uv_hrtime();
-    if (idle) { finalize(d); return; }
-    if (!d->cancelled && now >= d->deadline_ns) {
-        fprintf(stderr, "kvserve: grace period over: cancelling %d running request(s)\n",
-                (int)srv_api_in_flight(d->api));
-        srv_api_cancel_all(d->api);
-        d->cancelled = true;
-        d->deadline_ns = now + 2000000000ull; /* then give up on them */
+    if (d->closing) {
+        if (srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) finalize(d);
         return;
     }
-    if (d->cancelled && now >= d->deadline_ns) finalize(d);
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
+    if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
+    else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
 }
 
 static void begin_shutdown(daemon_state *d, const char *why) {
     if (d->shutting_down) {
-        if (why && !d->cancelled) { /* a second signal: do not wait for the grace period */
-            srv_api_cancel_all(d->api);
-            d->cancelled = true;
-            d->deadline_ns = uv_hrtime() + 2000000000ull;
-        }
+        if (why && !d->cancelled && !d->closing) cancel_running(d, "second signal"); /* no more waiting */
         return;
     }
     d->shutting_down = true;
+    srv_api_set_draining(d->api);
+    srv_http_set_keep_alive(d->http, false);
     if (why)
-        fprintf(stderr, "kvserve: %s: no new connections; %d request(s) get %.1f s to finish\n", why,
-                (int)srv_http_active_requests(d->http), d->cfg->shutdown_grace_s);
-    srv_http_stop_accepting(d->http);
+        fprintf(stderr, "kvserve: %s: draining (/health 503, new requests 503); %d running request(s) get %.1f s "
+                "to finish\n", why, (int)srv_api_in_flight(d->api), d->cfg->shutdown_grace_s);
     d->deadline_ns = uv_hrtime() + (uint64_t)(d->cfg->shutdown_grace_s * 1e9);
     uv_timer_start(&d->poll, on_poll, 0, 50);
 }

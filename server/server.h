@@ -72,7 +72,8 @@ typedef struct srv_config {
     int32_t header_limit_kb;    /* request line + headers above this get 431, default 16 */
     int32_t max_connections;    /* default 1024 */
     int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */
-    double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
+    double shutdown_grace_s;    /* SIGTERM/SIGINT: the drain timeout, time in-flight requests get to finish while
+                                   /health and new requests answer 503; default 10 */
     char log_format[8];         /* "text" (default), "json", "none" */
     char chat_template[1024];   /* "": the model's template; a file that exists: a Jinja template read from it;
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
@@ -105,9 +106,11 @@ void srv_config_usage(FILE *f);
 /* Writes the configuration as a JSON object (malloc'd; the api_key is masked). */
 char *srv_config_to_json(const srv_config *cfg);
 
-/* Runs the daemon until SIGINT/SIGTERM: binds, loads the model (GET /health answers 503 "loading"
- * meanwhile), serves, and on a signal stops accepting, lets running requests finish for shutdown_grace_s,
- * cancels the rest and returns 0. Returns 1 when start-up fails (message on stderr). */
+/* Runs the daemon until SIGTERM/SIGINT: binds, loads the model (GET /health answers 503 "loading"
+ * meanwhile), serves, and on a signal drains: it keeps listening, /health answers 503 "draining", new requests
+ * 503 with Retry-After, in-flight requests run on for up to shutdown_grace_s and the rest are then cancelled
+ * (streams end with an error event and [DONE], others 503); once nothing runs the listener closes and it returns
+ * 0. A second signal cancels at once. Returns 1 when start-up fails (message on stderr). */
 int srv_main(const srv_config *cfg);
 
 #ifdef __cplusplus

@@ -263,6 +263,7 @@ struct fake {
     freq *live[64];   /* requests not yet done (loop thread only) */
     tpl_template *tpl; /* the chat template handed to the API (NULL: fake_chat) */
     uv_async_t cancel_all; /* runs srv_api_cancel_all on the loop thread */
+    uv_async_t drain;      /* starts a graceful drain on the loop thread, as serve.c does on SIGTERM */
 };
 
 static void freq_closed(uv_handle_t *h) { free(h->data); }
@@ -465,11 +466,18 @@ static void fake_on_stop(uv_loop_t *loop, void *ud) {
     fake *f = ud;
     srv_http_close(f->h);
     uv_close((uv_handle_t *)&f->cancel_all, NULL);
+    uv_close((uv_handle_t *)&f->drain, NULL);
 }
 
 static void on_cancel_all(uv_async_t *a) {
     fake *f = a->data;
     srv_api_cancel_all(f->api);
+}
+
+static void on_drain(uv_async_t *a) {
+    fake *f = a->data;
+    srv_api_set_draining(f->api);
+    srv_http_set_keep_alive(f->h, false);
 }
 
 typedef struct fake_opts {
@@ -501,6 +509,8 @@ static fake *fake_start(const fake_opts *o) {
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
+    f->drain.data = f;
+    cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
                               SRV_TF_GENERIC};
@@ -1330,6 +1340,80 @@ Test(api, cancel_all_on_shutdown) {
     close(fa);
     close(fb);
     free(ca);
+    free(cb);
+    fake_stop(f);
+}
+
+/* Graceful drain (srv_api_set_draining + srv_http_set_keep_alive(false), as serve.c does on SIGTERM): /health
+ * answers 503 "draining" and closes its connection; new requests on any other route get 503 with Retry-After
+ * and an OpenAI error; /metrics still answers, with kvserve:draining 1; a stream accepted before the drain runs
+ * on (nothing is cancelled) until the grace period's srv_api_cancel_all ends it with an error event and [DONE],
+ * and its connection then closes. */
+static char evd[1024][4096];
+Test(api, drain_refuses_new_requests_running_ones_continue) {
+    fake *f = fake_start(NULL);
+    const char *b = "{\"prompt\":\"SLOW\",\"stream\":true}";
+    char req[512];
+    int fb = tc_connect(f->port);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b), b);
+    cr_assert_eq(tc_sends(fb, req), 0);
+    for (int i = 0; i < 500 && atomic_load(&f->n_submit) < 1; i++) usleep(5000);
+    cr_assert_eq(atomic_load(&f->n_submit), 1);
+    tc_resp r;
+    cr_assert_eq(get(f, "/health", NULL, &r), 200);
+    cr_assert(tc_has_header(&r, "connection", "keep-alive"));
+    tc_resp_free(&r);
+    uv_async_send(&f->drain);
+    int st = 0;
+    for (int i = 0; i < 400 && (st = get(f, "/health", NULL, &r)) == 200; i++) { tc_resp_free(&r); usleep(5000); }
+    cr_assert_eq(st, 503);
+    cJSON *o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "status"), "draining");
+    cJSON_Delete(o);
+    cr_assert(tc_has_header(&r, "connection", "close"), "%s", r.headers);
+    tc_resp_free(&r);
+    const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        cr_assert_eq(post(f, paths[i], "{\"prompt\":\"x\"}", NULL, &r), 503, "%s", paths[i]);
+        cr_assert(tc_has_header(&r, "retry-after", "1"), "%s: %s", paths[i], r.headers);
+        cr_assert(tc_has_header(&r, "connection", "close"));
+        o = json_of(&r);
+        cJSON *err = cJSON_GetObjectItem(o, "error");
+        cr_assert_str_eq(jstr(err, "type"), "server_error");
+        cr_assert_str_eq(jstr(err, "code"), "server_draining");
+        cr_assert(strstr(jstr(err, "message"), "draining"));
+        cJSON_Delete(o);
+        tc_resp_free(&r);
+    }
+    cr_assert_eq(get(f, "/v1/models", NULL, &r), 503);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/fake-model", NULL, &r), 503);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/metrics", NULL, &r), 200);
+    cr_assert(strstr(r.body, "\nkvserve:draining 1\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "\nkvserve:requests_refused_draining_total 6\n"), "%s", r.body);
+    tc_resp_free(&r);
+    usleep(100000); /* the stream keeps generating meanwhile */
+    cr_assert_eq(atomic_load(&f->n_cancel), 0, "draining cancelled a running request");
+    cr_assert_eq(atomic_load(&f->n_done), 0);
+    cr_assert_eq(atomic_load(&f->n_submit), 1, "a request was queued while draining");
+    uv_async_send(&f->cancel_all); /* the grace period is over */
+    tc_conn *cb = malloc(sizeof *cb);
+    tc_init(cb, fb);
+    cr_assert_eq(tc_read(cb, &r), 0);
+    cr_assert_eq(r.status, 200);
+    int n = sse_split(r.body, evd, 1024);
+    cr_assert_gt(n, 6, "the stream ran on during the drain: %d events", n);
+    cr_assert_str_eq(evd[n - 1], "[DONE]");
+    cr_assert(strstr(evd[n - 2], "\"error\"") && strstr(evd[n - 2], "shutting down"), "%s", evd[n - 2]);
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *e = cJSON_Parse(evd[i]);
+        cr_assert(e, "event %d is not JSON: %s", i, evd[i]);
+        cJSON_Delete(e);
+    }
+    tc_resp_free(&r);
+    cr_assert(tc_wait_closed(fb, 3000), "the stream's connection stayed open after the drain");
+    close(fb);
     free(cb);
     fake_stop(f);
 }
