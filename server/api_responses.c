@@ -418,6 +418,7 @@ static void resp_done(api_job *j) {
     const char *extra = NULL;
     if (!fail && c->shutdown) {
         srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
+        extra = "Retry-After: 1\r\n";
         fail = true;
     }
     if (!fail) {
