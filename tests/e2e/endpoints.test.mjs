@@ -161,6 +161,9 @@ describe('responses', () => {
     assert.equal(done, text);
     assert.equal(final.output[0].content[0].text, text);
     assert.equal(final.usage.output_tokens, plain.usage.output_tokens);
+    // the SDK's own accumulation of the events (responses.stream) gives the same text
+    const acc = await client.responses.stream(args).finalResponse();
+    assert.equal(acc.output[0].content[0].text, plain.output_text);
   });
 
   test('previous_response_id continues the conversation and reuses the cached prefix', async () => {
