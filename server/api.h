@@ -84,6 +84,8 @@ typedef struct srv_api_gen {
     bool logprobs;              /* completions: "logprobs" given; chat: "logprobs": true */
     int32_t top_logprobs;       /* 0..KVS_MAX_TOP_LOGPROBS (completions: the logprobs value) */
     bool stream, include_usage, ignore_eos, echo;
+    bool has_n_keep; int32_t n_keep; /* "n_keep" (llama.cpp's): prompt tokens a context shift keeps, BOS not
+                                        counted; -1: the whole prompt. Absent: the server's default */
     char *user;
     char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
                                    the model's FIM prompt (server/api_fim.c) */
@@ -169,6 +171,11 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 /* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
  * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* The context shift (scheduler.h, "Context shift"): on: a request's max_tokens may pass the context (only the
+ * prompt must fit); n_keep: the default of the request field n_keep (-1: the whole prompt); bos: the model's BOS
+ * token (-1: none), which n_keep does not count and a shift always keeps when the prompt starts with it.
+ * Default: off, n_keep 0, bos -1. Loop thread, before requests arrive. */
+void srv_api_set_context_shift(srv_api *api, bool on, int32_t n_keep, int32_t bos);
 /* Fill-in-the-middle tokens of the model (eng_token_fim; -1: the model has none, `suffix` is then a 400). */
 void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid);
 /* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */

@@ -240,6 +240,19 @@ tokfail:
     return -1;
 }
 
+int32_t api_n_keep(const srv_api *api, const int32_t *toks, int32_t n, bool has, int32_t n_keep) {
+    int32_t k = has ? n_keep : api->n_keep;
+    if (k < 0) return n;
+    int64_t keep = (int64_t)k + (n > 0 && api->bos >= 0 && toks[0] == api->bos);
+    return keep > n ? n : (int32_t)keep;
+}
+
+bool api_ctx_exceeded(const srv_api *api, int32_t n, int32_t max_tokens) {
+    if (api->n_ctx <= 0) return false;
+    if (n >= api->n_ctx) return true;
+    return !api->context_shift && max_tokens > 0 && (int64_t)n + max_tokens > api->n_ctx;
+}
+
 /* Pool thread: parse the body, render and tokenize every prompt and check it against the context, before
  * anything is queued. Touches only the call and read-only parts of the API. */
 static void prepare_work(api_job *j) {
@@ -276,9 +289,8 @@ int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
             srv_api_set_error(e, 400, NULL, param, NULL, "the prompt is empty (0 tokens)");
             return -1;
         }
-        if (api->n_ctx > 0 && (ntok[i] >= api->n_ctx ||
-                               (g->max_tokens > 0 && (int64_t)ntok[i] + g->max_tokens > api->n_ctx))) {
-            if (g->max_tokens > 0)
+        if (api_ctx_exceeded(api, ntok[i], g->max_tokens)) {
+            if (g->max_tokens > 0 && ntok[i] < api->n_ctx)
                 srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
                                   "This model's maximum context length is %d tokens. However, you requested %lld "
                                   "tokens (%d in the prompt, %d for the completion). Please reduce the prompt or "
@@ -302,6 +314,7 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     sr->n_prompt = n_toks;
     sr->n = g->n;
     sr->max_tokens = g->max_tokens;
+    sr->n_keep = api_n_keep(api, toks, n_toks, g->has_n_keep, g->n_keep);
     eng_sampling_params_default(&sr->sampling);
     sr->sampling.temperature = g->temperature;
     sr->sampling.top_k = g->top_k;

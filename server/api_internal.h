@@ -113,6 +113,9 @@ struct srv_api {
     api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
     int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
+    bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
+    int32_t n_keep;       /* the default of the request field n_keep */
+    int32_t bos;          /* the model's BOS token (-1: none) */
     struct srv_gcache *gcache; /* response_format grammars (NULL: not available) */
 };
 
@@ -126,6 +129,12 @@ void api_on_abort(void *ud, srv_http_req *req);
 /* api_generate.c: links a new call into api->calls and sets its arrival, method, path, request and abort */
 void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
+/* The srv_sched_request.n_keep of a prompt: the request's n_keep (has: given) or the server's default, plus the
+ * BOS token when the prompt starts with it; the whole prompt for -1. */
+int32_t api_n_keep(const srv_api *api, const int32_t *toks, int32_t n, bool has, int32_t n_keep);
+/* Whether a prompt of n tokens with max_tokens (<= 0: none) passes the context: the prompt must leave room
+ * for one token, and without the context shift the prompt + max_tokens must fit. */
+bool api_ctx_exceeded(const srv_api *api, int32_t n, int32_t max_tokens);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
 /* Pool thread: after c->gen is parsed, everything else the preparation does for chat and completions (the

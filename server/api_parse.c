@@ -346,6 +346,11 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         g->include_usage = iu && cJSON_IsTrue(iu);
     }
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
+    if ((r = get_int(root, "n_keep", -1, INT32_MAX, &d, err)) < 0) return r;
+    if (r) {
+        g->has_n_keep = true;
+        g->n_keep = (int32_t)d;
+    }
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
     if ((r = api_parse_response_format(root, g, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {

@@ -383,6 +383,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     if (!api->rng) api->rng = 1;
     api->created = (int64_t)time(NULL);
     api->fim[0] = api->fim[1] = api->fim[2] = -1;
+    api->bos = -1;
     if (!(api->resp_store = api_resp_store_create())) { srv_api_free(api); return SRV_API_ERR_NOMEM; }
     *out = api;
     return SRV_API_OK;
@@ -405,6 +406,13 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *be) {
     if (!api) return;
     if (be) { api->be = *be; api->has_backend = true; }
     else { memset(&api->be, 0, sizeof api->be); api->has_backend = false; }
+}
+
+void srv_api_set_context_shift(srv_api *api, bool on, int32_t n_keep, int32_t bos) {
+    if (!api) return;
+    api->context_shift = on;
+    api->n_keep = n_keep < -1 ? -1 : n_keep;
+    api->bos = bos;
 }
 
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab) {

@@ -42,6 +42,8 @@ static const key_def KEYS[] = {
     I(parallel, 1, 4096, "most sequences generating at once"),
     I(batch_tokens, 1, 1048576, "token budget of one engine step"),
     I(ctx_size, 0, 16777216, "longest sequence in tokens (0: the model's training context)"),
+    B(context_shift, "a generation reaching ctx_size drops half of its context after n_keep tokens and goes on"),
+    I(n_keep, -1, 16777216, "prompt tokens a context shift keeps, BOS not counted (-1: all; requests may set n_keep)"),
     I(kv_blocks, 0, 1 << 30, "KV pool size in blocks (0: from kv_cache_mb)"),
     I(kv_cache_mb, 0, 1 << 24, "KV pool budget in MiB when kv_blocks is 0 (0: engine default)"),
     S(kv_dtype, "f16|f32|q8_0", "KV storage type"),

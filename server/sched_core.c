@@ -38,6 +38,7 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->parallel = 64;
     p->max_queue = 256;
     p->n_ctx = 0;
+    p->context_shift = false;
     p->max_queued_tokens = 0;
     p->on_step = NULL;
     p->on_step_ctx = NULL;
@@ -82,6 +83,7 @@ static void req_free(srv_sched *s, sched_req *r) {
             sched_grammar_release(c);
             srv_stop_free(c->stop);
             free(c->gen);
+            free(c->shctx);
             kvs_buf_free(&c->txt);
             free(c->smp);
         }
@@ -93,6 +95,7 @@ static void req_free(srv_sched *s, sched_req *r) {
 /* The choice's known tokens as one array (scratch, valid until the next call); NULL on allocation failure. */
 static const int32_t *known_tokens(srv_sched *s, const sched_req *r, const sched_choice *c) {
     int32_t n = known_len(r, c);
+    if (c->shctx) return c->shctx;
     if (c->n_gen == 0) return r->prompt;
     if (n > s->tok_cap) {
         int32_t *p = realloc(s->tok_buf, (size_t)n * sizeof *p);
@@ -148,6 +151,7 @@ bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c) 
             int32_t kd = known_len(p, d);
             if (kd - d->n_cached <= 1) continue; /* not prefilling */
             int32_t lim = n < kd ? n : kd, l = 0;
+            if (d->clean < lim) lim = d->clean;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
             int32_t full = l / s->block_size * s->block_size;
             if (full >= s->block_size && d->n_cached < full) return true;
@@ -168,6 +172,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
             int32_t lim = srv_bm_seq_len(&s->bm, d->seq), kd = known_len(p, d);
             if (kd < lim) lim = kd;
             if (n < lim) lim = n;
+            if (d->clean < lim) lim = d->clean; /* a shifted sequence lends only its unshifted head */
             if (lim <= best) continue;
             int32_t l = 0;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
@@ -188,6 +193,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
     if (srv_bm_seq_open(&s->bm, &seq) != 0) return -1;
+    c->clean = INT32_MAX;
     if (r->embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
         memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
         c->seq = seq;
@@ -614,6 +620,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     memcpy(r->prompt, req->prompt, (size_t)req->n_prompt * sizeof *r->prompt);
     r->n_prompt = req->n_prompt;
     r->max_tokens = req->max_tokens;
+    r->n_keep = req->n_keep < 0 || req->n_keep > req->n_prompt ? req->n_prompt : req->n_keep;
     r->sp = req->sampling;
     if (req->sampling.n_logit_bias > 0) {
         r->bias = malloc(req->sampling.n_logit_bias * sizeof *r->bias);
@@ -632,6 +639,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     for (int32_t i = 0; i < req->n; i++) {
         r->ch[i].idx = i;
         r->ch[i].seq = -1;
+        r->ch[i].clean = INT32_MAX;
         if (srv_stop_create(req->stop, req->n_stop, &r->ch[i].stop) != SRV_STOP_OK) goto nomem;
     }
     if (req->grammar) {

@@ -62,7 +62,7 @@ static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
         const sched_choice *c = &r->ch[i];
         if (c->finished) continue;
         int64_t b = ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
-        if (!first) b -= r->n_prompt / bs;
+        if (!first) b -= (c->shctx ? r->n_keep : r->n_prompt) / bs; /* a shifted context shares only its head */
         total += b;
         first = false;
     }
@@ -109,6 +109,7 @@ static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choic
             const sched_choice *d = &p->ch[j];
             if (d->finished || d->seq < 0) continue;
             int32_t lim = n < d->n_cached ? n : d->n_cached, l = 0;
+            if (d->clean < lim) lim = d->clean;
             if (lim / s->block_size <= best) continue;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
             if (l / s->block_size > best) best = l / s->block_size;

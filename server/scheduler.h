@@ -46,6 +46,22 @@
  *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
  *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
  *
+ * Context shift (params.context_shift, as llama.cpp's --context-shift)
+ *   When a choice's context (the n_cached tokens its sequence holds plus the one just sampled) reaches n_ctx
+ *   and its request has max_tokens > 0, not reached: keep = the request's n_keep (leading prompt tokens),
+ *   n_discard = (n_cached - keep) / 2; positions [keep, keep + n_discard) are dropped, the later tokens move
+ *   down by n_discard, and generation goes on (n_discard == 0: the choice ends with "length"). The sequence
+ *   is shifted in place through ops.seq_remove (the moved keys re-rotated by -n_discard); when that is not
+ *   possible (blocks shared with another sequence, released by a sliding window, no seq_remove) the sequence
+ *   is freed and the kept tokens are recomputed, as after a preemption. From then on the choice's context is
+ *   the kept tokens: a preemption recomputes exactly these at their new positions, i.e. a fresh prefill of
+ *   them, which equals the shifted cache in the first layer only (deeper layers of a shifted cache still
+ *   carry what attention saw of the dropped tokens), so the tokens after a recompute may differ from those
+ *   of an uninterrupted run. A shifted sequence lends no position at or after keep to another sequence
+ *   (prefix copy), and the cache never publishes its shifted blocks to the prefix cache (kvc_remove drops
+ *   their hashes). Without context_shift, or without max_tokens (so that no request generates without
+ *   bound), a choice reaching n_ctx ends with "length". usage.completion_tokens counts every token sampled.
+ *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
  *     - per choice, zero or more SRV_SCHED_EV_DELTA events (new text and the sampled tokens),
@@ -132,6 +148,11 @@ typedef struct srv_engine_ops {
      * (eng_get_embeddings semantics). */
     float *(*get_embd)(void *ctx, int32_t i);
     int32_t n_embd;          /* the hidden size (needed with get_embd) */
+    /* Optional (may be NULL): eng_seq_remove semantics, for the context shift (srv_sched_params.context_shift):
+     * removes positions [begin, end) of seq, moves the later ones down and re-rotates their keys. Any error
+     * (ENG_ERR_UNSUPPORTED when the sequence shares the blocks involved or a sliding window released them,
+     * ...) makes the scheduler recompute the shifted context instead; NULL: it always recomputes. */
+    int (*seq_remove)(void *ctx, int32_t seq, int32_t begin, int32_t end);
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
@@ -153,7 +174,11 @@ typedef struct srv_sched_params {
                              limit; a submit that would pass it returns SRV_SCHED_ERR_QUEUE_FULL, except into
                              an empty queue (so a long prompt is never refused forever) */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
-                             "length". 0: unlimited (the cache's own max_seq_len still applies) */
+                             "length" (unless context_shift). 0: unlimited (the cache's own max_seq_len still
+                             applies) */
+    bool context_shift;   /* default false. With n_ctx > 0: a choice whose context reaches n_ctx while its
+                             request's max_tokens (> 0) is not reached shifts its context instead of ending:
+                             see "Context shift" above */
     void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
                                    step, after the cache calls of that step (KV-cache events flush per step) */
     void *on_step_ctx;
@@ -244,6 +269,8 @@ typedef struct srv_sched_request {
     bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
                                  llama.cpp's server does); false: only generated tokens (needs
                                  ops.sampler_accept, ignored without it) */
+    int32_t n_keep;           /* context shift: leading prompt tokens kept when the context is shifted (the API
+                                 layer counts the BOS token in); < 0 or > n_prompt: the whole prompt */
     bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
                                  last DELTA (for callers that print token ids, like `kvserve generate`) */
     bool embed;               /* an embedding request: the prompt is prefilled like any other (same batches,
@@ -314,6 +341,8 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
+    uint64_t context_shifts;          /* context shifts (params.context_shift), in place or recomputed */
+    uint64_t context_shifts_recomputed; /* of those, shifts done by recomputing the kept tokens */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

@@ -184,6 +184,7 @@ static void load_done(uv_work_t *w, int status) {
     sp.max_queue = c->max_queue;
     sp.max_queued_tokens = c->max_queued_tokens;
     sp.n_ctx = n_ctx;
+    sp.context_shift = c->context_shift;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
         kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
         sp.on_step = srv_kvev_step_end;
@@ -204,6 +205,7 @@ static void load_done(uv_work_t *w, int status) {
         if (slash) id = slash + 1;
     }
     srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    srv_api_set_context_shift(d->api, c->context_shift, c->n_keep, eng_token_bos(d->model));
     /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last);
      * a generative model without one (or "none") gets mean */
     srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS

@@ -50,6 +50,10 @@ typedef struct srv_config {
     int32_t parallel;           /* most sequences generating at once, default 64 */
     int32_t batch_tokens;       /* token budget of one engine step, default 512 */
     int32_t ctx_size;           /* longest sequence; 0: the model's training context */
+    bool context_shift;         /* a generation reaching ctx_size drops half of its context after n_keep and
+                                   goes on (scheduler.h, "Context shift"); default false: it ends with "length" */
+    int32_t n_keep;             /* default n_keep of requests: prompt tokens a context shift keeps, BOS not
+                                   counted (-1: the whole prompt), default 0 */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: from kv_cache_mb */
     int32_t kv_cache_mb;        /* KV pool budget in MiB when kv_blocks == 0; 0: the engine's default */
     char kv_dtype[8];           /* "f16" (default), "f32", "q8_0" */

@@ -257,7 +257,7 @@ struct fake {
     atomic_int n_cancel, n_submit, n_done;
     /* the last request submitted, for checks */
     eng_sampling_params last_sp;
-    int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop;
+    int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop, last_n_keep;
     bool last_ignore_eos;
     char last_stop0[32];
     freq *live[64];   /* requests not yet done (loop thread only) */
@@ -360,6 +360,7 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     f->last_n_prompt = r->n_prompt;
     memcpy(f->last_prompt, r->prompt, (size_t)(r->n_prompt < 512 ? r->n_prompt : 512) * sizeof(int32_t));
     f->last_max_tokens = r->max_tokens;
+    f->last_n_keep = r->n_keep;
     f->last_n_stop = (int32_t)r->n_stop;
     f->last_stop0[0] = 0;
     if (r->n_stop) snprintf(f->last_stop0, sizeof f->last_stop0, "%s", r->stop[0]);
@@ -1221,6 +1222,44 @@ Test(api, context_length_exceeded) {
     cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":21}", NULL, &r), 200);
     tc_resp_free(&r);
     cr_assert_eq(atomic_load(&f->n_submit), 1);
+    fake_stop(f);
+}
+
+/* With the context shift on, max_tokens may pass the context (the prompt must still fit), and n_keep reaches
+ * the scheduler with the BOS token counted in (the fake tokenizer's BOS is 1), clamped to the prompt. */
+Test(api, context_shift_and_n_keep) {
+    fake_opts opts = {.n_ctx = 32};
+    fake *f = fake_start(&opts);
+    srv_api_set_context_shift(f->api, true, 2, 1);
+    tc_resp r;
+    static const struct { const char *extra; int32_t want; } K[] = {
+        {"", 3}, {",\"n_keep\":0", 1}, {",\"n_keep\":4", 5}, {",\"n_keep\":-1", 11}, {",\"n_keep\":100", 11},
+    };
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":\"0123456789\",\"max_tokens\":30%s}", K[i].extra);
+        cr_assert_eq(post(f, "/v1/completions", body, NULL, &r), 200, "%s", body);
+        tc_resp_free(&r);
+        cr_assert_eq(f->last_max_tokens, 30);
+        cr_assert_eq(f->last_n_prompt, 11);
+        cr_assert_eq(f->last_n_keep, K[i].want, "%s: n_keep %d", body, f->last_n_keep);
+    }
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"max_tokens\":100,\"n_keep\":-1}", NULL, &r), 200);
+    tc_resp_free(&r);
+    cr_assert_eq(f->last_n_keep, f->last_n_prompt);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"n_keep\":-2}", NULL, &r), 400);
+    cr_assert(strstr(r.body, "n_keep"));
+    tc_resp_free(&r);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"%040d\",\"max_tokens\":4}", 0); /* the prompt itself does not fit */
+    cr_assert_eq(post(f, "/v1/completions", body, NULL, &r), 400);
+    cr_assert(strstr(r.body, "context_length_exceeded") && !strstr(r.body, "for the completion"), "%s", r.body);
+    tc_resp_free(&r);
+    /* off again: prompt + max_tokens must fit */
+    srv_api_set_context_shift(f->api, false, 0, 1);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":30}", NULL, &r), 400);
+    tc_resp_free(&r);
     fake_stop(f);
 }
 

@@ -176,6 +176,16 @@ Test(config, flags_and_precedence) {
     const char *a6[] = {"serve", "--no-prefix-caching", "--prefix-caching", "--port", "2"};
     cr_assert_eq(run_args(&c, err, sizeof err, 5, a6), SRV_OK, "%s", err);
     cr_assert(c.prefix_caching);
+    /* the context shift: off by default, a bare flag turns it on; n_keep -1 .. */
+    cr_assert(!c.context_shift);
+    cr_assert_eq(c.n_keep, 0);
+    const char *a7[] = {"serve", "--context-shift", "--n-keep", "-1"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 4, a7), SRV_OK, "%s", err);
+    cr_assert(c.context_shift);
+    cr_assert_eq(c.n_keep, -1);
+    const char *a8[] = {"serve", "--n-keep=-2"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 2, a8), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "n_keep"), "%s", err);
     unlink(p);
 }
 
