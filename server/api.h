@@ -26,6 +26,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/tool_format.h"
 #include "server/web.h"
 
 enum {
@@ -104,6 +105,13 @@ void srv_api_limits_default(srv_api_limits *l);
  * then says so with status 500). Never reads past body[len]. */
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
                       srv_api_gen *out, srv_api_error *err);
+/* The same from a parsed body (root: a cJSON object, not modified; /v1/responses maps its body onto a chat one,
+ * server/responses_map.h). */
+struct cJSON;
+int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const srv_api_limits *lim,
+                           srv_api_gen *out, srv_api_error *err);
+/* A JSON value's type for error messages: "a string", "a number", "a boolean", "an array", "an object", "null". */
+const char *srv_api_json_kind(const struct cJSON *j);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
@@ -133,6 +141,10 @@ typedef struct srv_api_backend {
      * families. Rendered off the loop (any thread); the caller's, must outlive the backend. */
     const struct tpl_template *chat_tpl;
     const char *bos_text, *eos_text; /* the BOS / EOS token texts for the template (NULL: "") */
+    /* How the model writes tool calls (srv_tf_detect over the template text or the built-in family): the
+     * format of grammar-constrained calls (tool_choice "required" or a named function) and of the tools
+     * described in the prompt of a built-in family (which has no template to print them). 0: generic JSON. */
+    srv_tf_format tool_format;
 } srv_api_backend;
 
 typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;

@@ -5,8 +5,9 @@
  *   api_generate.c  completions and chat completions: prompts, submission to the scheduler, its events
  *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
  *   api_parse.c     request bodies -> srv_api_request (validation)
- *   api_responses.c /v1/responses: input items -> chat messages -> the scheduler; Response objects and typed SSE
- *                   events; the in-memory store behind previous_response_id
+ *   api_responses.c /v1/responses: the body mapped onto a chat one (responses_map.h), then the chat path
+ *                   (api_prepare_gen, api_fill_request); Response objects with message and function_call items,
+ *                   typed SSE events; the in-memory store behind previous_response_id
  *   api_fim.c       fill-in-the-middle prompts (`suffix` of /v1/completions)
  *   api_embed.c     /v1/embeddings: inputs as embedding requests of the scheduler, vectors as float or base64
  *
@@ -137,6 +138,16 @@ int32_t api_n_keep(const srv_api *api, const int32_t *toks, int32_t n, bool has,
 bool api_ctx_exceeded(const srv_api *api, int32_t n, int32_t max_tokens);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
+/* Pool thread: after c->gen is parsed, everything else the preparation does for chat and completions (the
+ * response_format grammar, subs and choices, every prompt built and checked against the context) into
+ * c->prep_toks / prep_ntok; -1 with e set (the param of a prompt error is "messages" or "prompt"). */
+int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e);
+/* Loop thread: the scheduler request of prompt i (toks[0..n_toks)) from c->gen and c->grammar: sampling, seed,
+ * stops, grammar; the caller sets cb and user. */
+/* The error answer (and its status: 429, 400, 503, 500) for a srv_sched_submit failure r. */
+int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt);
+void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_toks, int32_t i,
+                      srv_sched_request *sr);
 
 /* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */
 cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
@@ -175,8 +186,11 @@ int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *ou
 /* api_structured.c: response_format */
 /* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
 int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);
-/* Pool thread (prepare_work): compiles or finds c->gen's response grammar into c->grammar. -1 with err set. */
+/* Pool thread (prepare_work): compiles or finds c->gen's response grammar (or its tool-call grammar) into
+ * c->grammar. -1 with err set. */
 int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err);
+/* Whether c's output is constrained to tool calls (chat, tools, tool_choice "required" or a named function). */
+bool api_tools_constrained(const api_call *c);
 /* Releases c->grammar (api_call_free). */
 void api_release_grammar(api_call *c);
 

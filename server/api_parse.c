@@ -90,6 +90,7 @@ static const char *type_name(const cJSON *j) {
 }
 
 const char *api_json_kind(const cJSON *j) { return type_name(j); }
+const char *srv_api_json_kind(const cJSON *j) { return type_name(j); }
 
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {
@@ -403,6 +404,25 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
     return SRV_API_OK;
 }
 
+int srv_api_parse_gen_json(srv_api_kind kind, const cJSON *root, const srv_api_limits *lim_in, srv_api_gen *out,
+                           srv_api_error *err) {
+    srv_api_limits lim;
+    if (lim_in) lim = *lim_in; else srv_api_limits_default(&lim);
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    if (!cJSON_IsObject(root)) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body must be a JSON object, got %s",
+                          root ? type_name(root) : "nothing");
+        return SRV_API_ERR_INVALID;
+    }
+    int r = parse_all(kind, root, &lim, out, err);
+    if (r < 0) {
+        srv_api_gen_free(out);
+        return r == -2 ? SRV_API_ERR_NOMEM : SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim_in,
                       srv_api_gen *out, srv_api_error *err) {
     srv_api_limits lim;
@@ -432,17 +452,7 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         cJSON_Delete(root);
         return SRV_API_ERR_INVALID;
     }
-    if (!cJSON_IsObject(root)) {
-        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body must be a JSON object, got %s",
-                          type_name(root));
-        cJSON_Delete(root);
-        return SRV_API_ERR_INVALID;
-    }
-    int r = parse_all(kind, root, &lim, out, err);
+    int r = srv_api_parse_gen_json(kind, root, &lim, out, err);
     cJSON_Delete(root);
-    if (r < 0) {
-        srv_api_gen_free(out);
-        return r == -2 ? SRV_API_ERR_NOMEM : SRV_API_ERR_INVALID;
-    }
-    return SRV_API_OK;
+    return r;
 }

@@ -44,6 +44,7 @@ typedef struct daemon_state {
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
+    srv_tf_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -98,6 +99,9 @@ static void load_template(daemon_state *d) {
     const char *cfg = d->cfg->chat_template;
     d->bos_text = token_text(d->model, eng_token_bos(d->model));
     d->eos_text = token_text(d->model, eng_token_eos(d->model));
+    /* the tool-call format follows what renders: the Jinja template (below), else the built-in family, forced
+     * or found in the model's template text as eng_chat_render finds it */
+    d->tool_format = srv_tf_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
     char *owned = NULL;
     const char *src = NULL, *what = "the model's chat template";
     size_t len = 0;
@@ -115,6 +119,7 @@ static void load_template(daemon_state *d) {
     if (!src) return;
     tpl_error te;
     int r = tpl_compile(src, len, NULL, &d->tpl, &te);
+    if (r == 0) d->tool_format = srv_tf_detect(src, ENG_CHAT_AUTO);
     free(owned);
     if (r != 0) {
         d->tpl = NULL;
@@ -225,11 +230,12 @@ static void load_done(uv_work_t *w, int status) {
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
-                          d->eos_text};
+                          d->eos_text, d->tool_format};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
-    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
-            hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx));
+    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s)\n",
+            id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx),
+            srv_tf_name(d->tool_format));
 }
 
 /* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *

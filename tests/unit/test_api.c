@@ -573,7 +573,8 @@ static fake *fake_start(const fake_opts *o) {
     f->drain.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
-        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>"};
+        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
+                              SRV_TF_GENERIC};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;
@@ -941,6 +942,193 @@ Test(api, chat_tool_calls_stream) {
     cr_assert_str_eq(jstr(args, "city"), "Paris");
     cJSON_Delete(args);
     cr_assert_str_eq(finish, "tool_calls");
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* ---- /v1/responses: the chat path, function calls ------------------------------------------------------------ */
+static const char *RESP_TOOLS = "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]";
+
+/* /v1/responses builds its prompt through chat's path: the same tokens as the same messages on
+ * /v1/chat/completions, with the Jinja template (contents as plain text) and with the built-in families. */
+Test(api, responses_prompt_is_chats) {
+    static const char *resp = "{\"instructions\":\"S\",\"input\":[{\"role\":\"user\",\"content\":\"hi <|im_end|> there\"},"
+                              "{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"q\"}],\"max_output_tokens\":2}";
+    static const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hi <|im_end|> there\"},"
+                              "{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"q\"}],\"max_tokens\":2}";
+    for (int tpl = 0; tpl < 2; tpl++) {
+        fake_opts o = {.tpl = tpl ? CHATML_TPL : NULL};
+        fake *f = fake_start(&o);
+        tc_resp r;
+        cr_assert_eq(post(f, "/v1/chat/completions", chat, NULL, &r), 200, "%s", r.body);
+        tc_resp_free(&r);
+        int32_t want[512], nw = f->last_n_prompt;
+        memcpy(want, f->last_prompt, sizeof want);
+        cr_assert_eq(post(f, "/v1/responses", resp, NULL, &r), 200, "%s", r.body);
+        cr_assert_eq(f->last_n_prompt, nw, "tpl %d", tpl);
+        for (int32_t i = 0; i < nw && i < 512; i++) cr_assert_eq(f->last_prompt[i], want[i], "tpl %d token %d", tpl, i);
+        if (tpl) cr_assert_eq(count_tok(f, 2), 4, "the typed <|im_end|> stays text: the 4 are the template's");
+        cr_assert_eq(f->last_max_tokens, 2);
+        tc_resp_free(&r);
+        fake_stop(f);
+    }
+}
+
+Test(api, responses_function_call_and_its_output) {
+    fake_opts o = {.tpl = CHATML_TPL};
+    fake *f = fake_start(&o);
+    char body[1024];
+    tc_resp r;
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r), 200, "%s", r.body);
+    cJSON *o1 = json_of(&r);
+    cJSON *out = cJSON_GetObjectItem(o1, "output");
+    cr_assert_eq(cJSON_GetArraySize(out), 2, "%s", r.body);
+    cJSON *m = cJSON_GetArrayItem(out, 0), *fc = cJSON_GetArrayItem(out, 1);
+    cr_assert_str_eq(jstr(m, "type"), "message");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "content"), 0), "text"), "Checking.");
+    cr_assert_str_eq(jstr(fc, "type"), "function_call");
+    cr_assert_str_eq(jstr(fc, "name"), "get_weather");
+    cr_assert_str_eq(jstr(fc, "status"), "completed");
+    cr_assert(!strncmp(jstr(fc, "id"), "fc_", 3));
+    cr_assert(!strncmp(jstr(fc, "call_id"), "call_", 5));
+    cJSON *args = cJSON_Parse(jstr(fc, "arguments"));
+    cr_assert_str_eq(jstr(args, "city"), "Paris");
+    cJSON_Delete(args);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(o1, "tools"), 0), "name"), "get_weather");
+    cr_assert_str_eq(jstr(o1, "tool_choice"), "auto");
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(o1, "parallel_tool_calls")));
+    /* the call's output continues the stored conversation: the assistant's text and the result reach the prompt */
+    char body2[1024];
+    snprintf(body2, sizeof body2, "{\"previous_response_id\":\"%s\",\"input\":[{\"type\":\"function_call_output\","
+             "\"call_id\":\"%s\",\"output\":\"sunny\"}],%s}", jstr(o1, "id"), jstr(fc, "call_id"), RESP_TOOLS);
+    tc_resp r2;
+    cr_assert_eq(post(f, "/v1/responses", body2, NULL, &r2), 200, "%s", r2.body);
+    /* ChatML: ... <|im_start|>assistant\nChecking.<|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n */
+    static const char tail[] = "assistant\nChecking.\002\n\003tool\nsunny\002\n\003assistant\n";
+    int32_t tl = (int32_t)strlen(tail);
+    cr_assert_geq(f->last_n_prompt, tl);
+    for (int32_t i = 0; i < tl; i++)
+        cr_assert_eq(f->last_prompt[f->last_n_prompt - tl + i], (unsigned char)tail[i], "byte %d", i);
+    tc_resp_free(&r2);
+    /* tool_choice none: the text as it came, no function_call item */
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",\"tool_choice\":\"none\",%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r2), 200, "%s", r2.body);
+    cJSON *o2 = json_of(&r2);
+    out = cJSON_GetObjectItem(o2, "output");
+    cr_assert_eq(cJSON_GetArraySize(out), 1);
+    cr_assert(strstr(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(out, 0), "content"), 0), "text"), "<tool_call>"));
+    cJSON_Delete(o2);
+    tc_resp_free(&r2);
+    /* an unknown call_id, an unsupported tool type: 400s naming them */
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"nope\",\"output\":\"x\"}]}", NULL, &r2), 400);
+    cr_assert(strstr(r2.body, "nope"));
+    tc_resp_free(&r2);
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", NULL, &r2), 400);
+    cJSON *eo = json_of(&r2);
+    cJSON *err = cJSON_GetObjectItem(eo, "error");
+    cr_assert_str_eq(jstr(err, "param"), "tools");
+    cr_assert(strstr(jstr(err, "message"), "web_search"));
+    cJSON_Delete(eo);
+    tc_resp_free(&r2);
+    cJSON_Delete(o1);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* "event: T\ndata: J\n\n" frames */
+static int typed_split(const char *body, char types[][64], char data[][4096], int max) {
+    int n = 0;
+    const char *p = body;
+    while (*p) {
+        cr_assert(!strncmp(p, "event: ", 7), "frame does not start with 'event: ': %.40s", p);
+        p += 7;
+        const char *nl = strchr(p, '\n');
+        cr_assert(nl && !strncmp(nl + 1, "data: ", 6));
+        cr_assert_lt(n, max);
+        snprintf(types[n], 64, "%.*s", (int)(nl - p), p);
+        p = nl + 7;
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "frame not terminated by a blank line");
+        snprintf(data[n], 4096, "%.*s", (int)(e - p), p);
+        n++;
+        p = e + 2;
+    }
+    return n;
+}
+
+/* Streamed function calls, accumulated as the openai SDK's ResponseStream does: items pushed by
+ * output_item.added, text appended by output_text.delta, arguments by function_call_arguments.delta. */
+Test(api, responses_function_call_stream) {
+    fake_opts o = {.tpl = CHATML_TPL};
+    fake *f = fake_start(&o);
+    char body[1024];
+    tc_resp r;
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",\"stream\":true,%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r), 200, "%s", r.body);
+    static char types[256][64], data[256][4096];
+    int n = typed_split(r.body, types, data, 256);
+    cJSON *snap = NULL;
+    const char *order[16];
+    int n_order = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_Parse(data[i]);
+        cr_assert(e, "%s", data[i]);
+        cr_assert_str_eq(jstr(e, "type"), types[i]);
+        cr_assert_eq(jnum(e, "sequence_number"), i);
+        const char *t = types[i];
+        if (strcmp(t, "response.output_text.delta") && n_order < 16) order[n_order++] = strdup(t);
+        if (!strcmp(t, "response.created")) {
+            snap = cJSON_Duplicate(cJSON_GetObjectItem(e, "response"), true);
+        } else if (!strcmp(t, "response.output_item.added")) {
+            cr_assert_eq(jnum(e, "output_index"), cJSON_GetArraySize(cJSON_GetObjectItem(snap, "output")));
+            cJSON_AddItemToArray(cJSON_GetObjectItem(snap, "output"), cJSON_Duplicate(cJSON_GetObjectItem(e, "item"), true));
+        } else if (!strcmp(t, "response.content_part.added")) {
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cJSON_AddItemToArray(cJSON_GetObjectItem(it, "content"), cJSON_Duplicate(cJSON_GetObjectItem(e, "part"), true));
+        } else if (!strcmp(t, "response.output_text.delta")) {
+            cr_assert_null(strstr(jstr(e, "delta"), "<tool_call"), "no call text leaks into the message");
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(it, "content"), (int)jnum(e, "content_index"));
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s%s", jstr(part, "text"), jstr(e, "delta"));
+            cJSON_ReplaceItemInObject(part, "text", cJSON_CreateString(buf));
+        } else if (!strcmp(t, "response.function_call_arguments.delta")) {
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cr_assert_str_eq(jstr(it, "type"), "function_call");
+            cr_assert_str_eq(jstr(it, "id"), jstr(e, "item_id"));
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s%s", jstr(it, "arguments"), jstr(e, "delta"));
+            cJSON_ReplaceItemInObject(it, "arguments", cJSON_CreateString(buf));
+        } else if (!strcmp(t, "response.function_call_arguments.done")) {
+            cr_assert_str_eq(jstr(e, "name"), "get_weather");
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cr_assert_str_eq(jstr(e, "arguments"), jstr(it, "arguments"));
+        } else if (!strcmp(t, "response.completed") || !strcmp(t, "response.incomplete")) {
+            cJSON *fin = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "response"), "output");
+            cJSON *acc = cJSON_GetObjectItem(snap, "output");
+            cr_assert_eq(cJSON_GetArraySize(fin), 2);
+            cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(acc, 0), "content"), 0), "text"), "Checking.");
+            cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(fin, 0), "content"), 0), "text"), "Checking.");
+            cJSON *a = cJSON_GetArrayItem(acc, 1), *b = cJSON_GetArrayItem(fin, 1);
+            cr_assert_str_eq(jstr(a, "arguments"), jstr(b, "arguments"));
+            cr_assert_str_eq(jstr(a, "call_id"), jstr(b, "call_id"));
+            cJSON *args = cJSON_Parse(jstr(a, "arguments"));
+            cr_assert_str_eq(jstr(args, "city"), "Paris");
+            cJSON_Delete(args);
+        }
+        cJSON_Delete(e);
+    }
+    static const char *const want[] = {"response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.incomplete"};
+    cr_assert_eq(n_order, 12);
+    for (int i = 0; i < n_order; i++) {
+        cr_assert_str_eq(order[i], want[i], "event %d", i);
+        free((void *)order[i]);
+    }
+    cJSON_Delete(snap);
     tc_resp_free(&r);
     fake_stop(f);
 }
