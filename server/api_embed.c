@@ -46,7 +46,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
         srv_api_set_error(e, 501, "server_error", NULL, "not_implemented", "embeddings are not available");
         return -1;
     }
-    cJSON *root = api_parse_body_object(c->req, e);
+    cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
     if (!root) return -1;
     int rc = -1;
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");

@@ -259,9 +259,8 @@ static void prepare_work(api_job *j) {
     api_call *c = (api_call *)j;
     srv_api *api = c->api;
     srv_api_error *e = &c->prep_error;
-    srv_http_req *req = c->req;
     c->prep_failed = true;
-    if (srv_api_parse_gen(c->kind, req->body, req->body_len, &api->limits, &c->gen, e) != 0) return;
+    if (srv_api_parse_gen(c->kind, c->job.body, c->job.body_len, &api->limits, &c->gen, e) != 0) return;
     if (api_prepare_gen(api, c, e) == 0) c->prep_failed = false;
 }
 

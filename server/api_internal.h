@@ -48,12 +48,17 @@ typedef struct api_sub {  /* one scheduler request: one prompt with its n choice
 } api_sub;
 
 /* Work done off the loop (api_offload): `work` runs on a pool thread, then `done` on the loop thread. While
- * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. */
+ * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. `work` must not
+ * touch `req` at all (the client may leave and the HTTP layer free the request meanwhile): api_offload moves
+ * the request's body into the job (`body`, owned by the job, freed once `work` has run), and that is all
+ * `work` reads of the request. */
 typedef struct api_job api_job;
 struct api_job {
     uv_work_t w;
     srv_api *api;
-    srv_http_req *req;    /* NULL once the client is gone */
+    srv_http_req *req;    /* NULL once the client is gone; loop thread only */
+    char *body;           /* the request's body, taken over by api_offload for `work`; NULL after it */
+    size_t body_len;
     void (*work)(api_job *j);
     void (*done)(api_job *j);
 };
@@ -150,7 +155,7 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
                       srv_sched_request *sr);
 
 /* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */
-cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
+cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e);
 
 /* api_responses.c */
 void api_route_responses(srv_api *api, srv_http_req *req);

@@ -105,7 +105,7 @@ static void resp_work(api_job *j) {
     srv_api *api = c->api;
     srv_api_error *e = &c->prep_error;
     c->prep_failed = true;
-    cJSON *root = api_parse_body_object(c->req, e);
+    cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
     if (!root) return;
     int rc = srv_resp_parse(root, store_lookup, api->resp_store, &r->rq, e);
     cJSON_Delete(root);

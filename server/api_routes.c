@@ -81,10 +81,10 @@ typedef struct text_job {
     srv_api_error err;
 } text_job;
 
-cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e) {
-    if (srv_api_check_json(req->body, req->body_len, e) != SRV_API_OK) return NULL;
+cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e) {
+    if (srv_api_check_json(body, body_len, e) != SRV_API_OK) return NULL;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
+    cJSON *root = cJSON_ParseWithLengthOpts(body ? body : "", body_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
@@ -93,8 +93,8 @@ cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e) {
     return root;
 }
 
-static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = api_parse_body_object(req, e), *o = NULL;
+static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
+    cJSON *root = api_parse_body_object(j->body, j->body_len, e), *o = NULL;
     if (!root) return NULL;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
@@ -143,8 +143,8 @@ static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error
     return o;
 }
 
-static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = api_parse_body_object(req, e);
+static cJSON *detokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
+    cJSON *root = api_parse_body_object(j->body, j->body_len, e);
     if (!root) return NULL;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(toks)) {
@@ -183,7 +183,7 @@ static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_err
 
 static void text_work(api_job *j) {
     text_job *t = (text_job *)j;
-    t->out = t->detok ? detokenize_body(j->api, j->req, &t->err) : tokenize_body(j->api, j->req, &t->err);
+    t->out = t->detok ? detokenize_body(j->api, j, &t->err) : tokenize_body(j->api, j, &t->err);
     t->failed = !t->out;
 }
 
@@ -338,10 +338,14 @@ void srv_api_handle(void *ud, srv_http_req *req) {
 }
 
 /* ---- work off the loop ------------------------------------------------------------------------------------ */
-static void offload_work(uv_work_t *w) {
-    api_job *j = (api_job *)w;
+/* Runs `work` and drops the body it read. */
+static void run_work(api_job *j) {
     j->work(j);
+    free(j->body);
+    j->body = NULL;
+    j->body_len = 0;
 }
+static void offload_work(uv_work_t *w) { run_work((api_job *)w); }
 static void offload_after(uv_work_t *w, int status) {
     (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
     api_job *j = (api_job *)w;
@@ -350,12 +354,18 @@ static void offload_after(uv_work_t *w, int status) {
 }
 void api_offload(srv_api *api, api_job *j) {
     j->api = api;
+    if (j->req) { /* the body moves into the job: the request may die while `work` reads it */
+        j->body = j->req->body;
+        j->body_len = j->req->body_len;
+        j->req->body = NULL;
+        j->req->body_len = 0;
+    }
     if (api->loop) {
         api->n_jobs++;
         if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
         api->n_jobs--;
     }
-    j->work(j);
+    run_work(j);
     j->done(j);
 }
 

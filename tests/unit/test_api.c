@@ -1407,6 +1407,44 @@ Test(api, disconnect_cancels_generation) {
     fake_stop(f); /* waits for the cancelled request's DONE */
 }
 
+/* Clients that leave while their body is being prepared on the thread pool: the preparation reads the body
+ * the job took over, never the request the HTTP layer may free on disconnect (under ASan a read of a freed
+ * request fails here; this timing did not catch the old code, which read req->body from the pool thread).
+ * Every route with work off the loop, several rounds; the server still answers. */
+Test(api, leaving_during_preparation) {
+    fake *f = fake_start(NULL);
+    size_t n = 2u << 20;
+    char *big = malloc(n + 256);
+    cr_assert(big);
+    const char *routes[] = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings",
+                            "/tokenize"};
+    for (int round = 0; round < 3; round++) {
+        for (size_t k = 0; k < sizeof routes / sizeof routes[0]; k++) {
+            const char *fmt = k == 1 ? "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}]}" :
+                              k == 2 || k == 3 ? "{\"input\":\"%s\"}" : k == 4 ? "{\"content\":\"%s\"}"
+                                                                            : "{\"prompt\":\"%s\"}";
+            char *text = malloc(n + 1);
+            cr_assert(text);
+            for (size_t i = 0; i < n; i++) text[i] = (char)('a' + (i * 7 + k) % 26);
+            text[n] = 0;
+            int bl = snprintf(big, n + 256, fmt, text);
+            free(text);
+            char head[256];
+            snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nContent-Length: %d\r\n\r\n", routes[k], bl);
+            int fd = tc_connect(f->port);
+            cr_assert_eq(tc_sends(fd, head), 0);
+            cr_assert_eq(tc_send(fd, big, (size_t)bl), 0);
+            close(fd); /* gone while the body is parsed and tokenized off the loop */
+        }
+    }
+    free(big);
+    usleep(200000);
+    tc_resp r;
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"hey\"}", NULL, &r), 200);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
 /* Shutdown after the grace period: srv_api_cancel_all answers 503 to a waiting non-streaming request and
  * ends a stream with an error event and [DONE]. */
 Test(api, cancel_all_on_shutdown) {
