@@ -190,6 +190,10 @@ static const st_series k_st_series[] = {
     ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, prompt_tokens_total),
     ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, generation_tokens_total),
     ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64, preemptions),
+    ST("kvserve:context_shifts_total", "Context shifts (context_shift): half of a full context dropped after n_keep.",
+       ST_U64, context_shifts),
+    ST("kvserve:context_shifts_recomputed_total", "Context shifts done by recomputing the kept tokens.", ST_U64,
+       context_shifts_recomputed),
 };
 #undef ST
 

@@ -226,6 +226,7 @@ static void load_done(uv_work_t *w, int status) {
         .n_ctx = n_ctx, .parallel = c->parallel, .batch_tokens = c->batch_tokens,
         .threads = eng_ctx_n_threads(d->ctx), .device = eng_ctx_device(d->ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu",
         .simd = eng_simd_name(eng_simd_detect()),
+        .scheduling_policy = c->scheduling_policy, .context_shift = c->context_shift, .n_keep = c->n_keep,
     };
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
