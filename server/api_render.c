@@ -39,15 +39,20 @@ char *api_utf8_sanitize(const char *s, size_t n) {
     return o;
 }
 
+/* The request log's UTC timestamp, e.g. 2026-11-24T21:04:33Z. */
+static void log_timestamp(char ts[32]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(ts, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
 void api_log_request(srv_api *api, const char *method, const char *path, int status,
                         const srv_sched_usage *u, double ttft_ms, double total_ms) {
     if (api->log_format == SRV_LOG_NONE) return;
     FILE *f = api->log ? api->log : stderr;
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
     char ts[32];
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    log_timestamp(ts);
     int32_t p = u ? u->prompt_tokens : 0, c = u ? u->completion_tokens : 0, k = u ? u->cached_tokens : 0;
     if (api->log_format == SRV_LOG_JSON) {
         cJSON *o = cJSON_CreateObject();
@@ -77,11 +82,8 @@ void api_log_request(srv_api *api, const char *method, const char *path, int sta
 void api_log_truncated(srv_api *api, const api_call *c, int32_t idx) {
     if (api->log_format == SRV_LOG_NONE) return;
     FILE *f = api->log ? api->log : stderr;
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
     char ts[32];
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    log_timestamp(ts);
     long long tokens = (long long)api->kv_blocks * api->kv_block_size;
     if (api->log_format == SRV_LOG_JSON)
         fprintf(f, "{\"ts\":\"%s\",\"level\":\"warning\",\"event\":\"kv_pool_truncated\",\"id\":\"%s\","

@@ -13,7 +13,7 @@
 // SOAK_ABORT (fraction of requests aborted, default 0.25), SOAK_TSAN, SOAK_SEED, SOAK_JSON (a file to write the
 // figures to). Prints one summary and exits 1 when a check fails.
 import http from 'node:http';
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
 import { startServer, testModel, metric } from '../e2e/server.mjs';
 
 const MINUTES = Number(process.env.SOAK_MINUTES || 5);
@@ -107,6 +107,12 @@ const procStatus = (pid) => {
   return m ? Number(m[1]) * 1024 : 0;
 };
 const openFds = (pid) => readdirSync(`/proc/${pid}/fd`).length;
+// What each open fd is (socket:[inode], anon_inode:[eventfd], a path), to name the ones that stayed open.
+const fdTargets = (pid) => readdirSync(`/proc/${pid}/fd`).map((f) => {
+  try { return readlinkSync(`/proc/${pid}/fd/${f}`).replace(/\[\d+\]$/, ''); } catch { return '?'; }
+});
+const extra = (a, b) => { const m = new Map(); for (const x of a) m.set(x, (m.get(x) || 0) + 1);
+  return b.filter((x) => { const k = m.get(x) || 0; if (k > 0) { m.set(x, k - 1); return false; } return true; }); };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const MiB = (b) => (b / 1048576).toFixed(1);
 
@@ -146,7 +152,7 @@ async function main() {
     figures.references = specs.length;
     figures.reference_seconds = (Date.now() - t0) / 1000;
     await sleep(1000); // the references' last connections close
-    const fdStart = openFds(pid), rssStart = procStatus(pid);
+    const fdStart = openFds(pid), fdsStart = fdTargets(pid), rssStart = procStatus(pid);
 
     // 2. load: CLIENTS workers until the deadline
     const tLoad = Date.now(), deadline = tLoad + MINUTES * 60000, warmEnd = tLoad + Math.max(20000, MINUTES * 60000 * 0.2);
@@ -196,13 +202,19 @@ async function main() {
     const tIdle = Date.now();
     for (;;) {
       m = await metrics(srv.base);
+      await sleep(500); // the /metrics connection itself closes
       if ((m.running === 0 && m.waiting === 0 && m.used === 0 && openFds(pid) <= fdStart) || Date.now() - tIdle > 30000) break;
-      await sleep(200);
     }
-    const fdEnd = openFds(pid), rssEnd = procStatus(pid);
+    await sleep(1000);
+    const fdEnd = openFds(pid), fdsEnd = fdTargets(pid), rssEnd = procStatus(pid);
     if (m.running !== 0 || m.waiting !== 0) fail(`not idle: running ${m.running}, waiting ${m.waiting}`);
     if (m.used !== 0 || m.free + m.cached !== m.total) fail(`KV blocks not back: used ${m.used}, free ${m.free}, cached ${m.cached}, total ${m.total}`);
-    if (fdEnd > fdStart) fail(`open fds ${fdStart} at the start, ${fdEnd} at the end`);
+    // a leak grows with the load: any socket left open, or more than one other new fd (a lazily opened one,
+    // e.g. a runtime's, is not a leak)
+    const more = extra(fdsStart, fdsEnd);
+    if (more.some((x) => x.startsWith('socket:')) || more.length > 1)
+      fail(`open fds ${fdStart} at the start, ${fdEnd} at the end; new: ${more.join(', ')}`);
+    figures.fds_new = more.join(', ');
     const preempt = m.preemptions - m0.preemptions;
     if (preempt <= 0) fail('no preemption happened: the pool was not under pressure');
     if (m.truncations !== 0) fail(`${m.truncations} choices were cut by the pool`);
