@@ -6,6 +6,7 @@
  * prefix in a sliding-window cache, and context shift's re-rotation per layer.
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -182,6 +183,8 @@ Test(families, gemma3_sliding_group_memory_bound, .timeout = 180) {
     cr_expect_eq(fs.swa_blocks_total, 0);
     cr_expect_eq(ss.blocks_total, fs.blocks_total); /* the global pool: max_seqs full-length sequences */
     cr_expect_lt(ss.bytes_total, fs.bytes_total / 2, "split %zu bytes, full %zu", ss.bytes_total, fs.bytes_total);
+    cr_log_info("gemma3 KV storage, 2 sequences of 256 positions: %zu bytes with the sliding group (%d + %d blocks), "
+                "%zu with every layer in one pool", ss.bytes_total, ss.blocks_total, ss.swa_blocks_total, fs.bytes_total);
 
     int32_t bound = (hp->n_swa + BS - 1) / BS + 1;
     run_chunks(split, toks, N, 1, V, a1, bound + 1);
