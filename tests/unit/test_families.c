@@ -220,10 +220,12 @@ static void fill(kvc_cache *kc, int32_t seq, const int32_t *toks, int32_t from, 
 /* The block manager reuses a running sequence's prefix only when the new sequence can resume from it: a
  * donor further along has released the blocks the copy would need, so the prefix comes from the prefix cache
  * (whose attach keeps the window) or is recomputed, and the new sequence can always continue. */
-Test(families, block_manager_asks_can_resume) {
+/* A small F32 cache with a window of 8: one layer in the main pool, swa_layers in a sliding group. */
+static kvc_cache *window_cache(int32_t swa_layers, bool prefix_caching) {
     kvc_params p;
     kvc_params_default(&p);
     p.n_layer = 1;
+    p.swa_layers = swa_layers;
     p.n_kv_head = 1;
     p.head_dim = 32;
     p.block_size = BS;
@@ -232,9 +234,14 @@ Test(families, block_manager_asks_can_resume) {
     p.max_batch_tokens = 16;
     p.sliding_window = 8;
     p.dtype = KVC_DTYPE_F32;
-    p.prefix_caching = false; /* nothing to attach from the cache: a refused copy means recompute */
+    p.prefix_caching = prefix_caching;
     kvc_cache *kc = NULL;
     cr_assert_eq(kvc_create(&p, &kc), 0);
+    return kc;
+}
+
+Test(families, block_manager_asks_can_resume) {
+    kvc_cache *kc = window_cache(0, false); /* nothing to attach from the cache: a refused copy means recompute */
     srv_bm bm;
     srv_bm_init(&bm, kc);
     int32_t toks[64];
@@ -280,21 +287,7 @@ Test(families, block_manager_asks_can_resume) {
  * blocks cached) and the sequence can resume. */
 Test(families, block_manager_sliding_group) {
     for (int caching = 0; caching < 2; caching++) {
-        kvc_params p;
-        kvc_params_default(&p);
-        p.n_layer = 1;
-        p.swa_layers = 2;
-        p.n_kv_head = 1;
-        p.head_dim = 32;
-        p.block_size = BS;
-        p.n_blocks = 64;
-        p.max_seqs = 4;
-        p.max_batch_tokens = 16;
-        p.sliding_window = 8;
-        p.dtype = KVC_DTYPE_F32;
-        p.prefix_caching = caching;
-        kvc_cache *kc = NULL;
-        cr_assert_eq(kvc_create(&p, &kc), 0);
+        kvc_cache *kc = window_cache(2, caching);
         srv_bm bm;
         srv_bm_init(&bm, kc);
         int32_t toks[64], donor, fresh;
