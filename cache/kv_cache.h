@@ -293,8 +293,9 @@ typedef struct kvc_shift {
  * Errors: KVC_ERR_BAD_SEQ, KVC_ERR_INVALID (begin < 0 or end < begin), KVC_ERR_NOT_SUPPORTED,
  * KVC_ERR_STATE, KVC_ERR_NOMEM (allocator->copy failed while moving: the sequence is then left truncated
  * to begin, the only state that is still consistent). With a sliding group, a removal from the middle must be
- * possible in both pools (else KVC_ERR_NOT_SUPPORTED, nothing changed), and a failed move leaves both truncated
- * to begin. */
+ * possible in both pools and leave a sequence the group can resume (its window after the removal may not reach
+ * positions before begin that it released); else KVC_ERR_NOT_SUPPORTED, nothing changed. A failed move leaves
+ * both truncated to begin. */
 int kvc_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift);
 
 /* Whether seq can continue at position pos with what is cached: pos <= length (committed), and with a

@@ -138,6 +138,14 @@ int kvc_prefix_match(const kvc_cache *c, const int32_t *tokens, int32_t n, int32
     return kvc_pool_prefix_match(c->swa, tokens, *n_matched, n_matched);
 }
 
+/* Whether the group's sequence could go on at new_len after a move that keeps positions before begin in place
+ * (every block from begin's on is held, kvc_pool_can_move): the window before new_len must not reach a position
+ * before begin that the group released. A removal that would leave the sequence stuck is refused instead. */
+static bool group_resumes_after(const kvc_cache *g, int32_t seq, int32_t new_len, int32_t begin) {
+    int32_t lo = new_len > g->p.sliding_window ? new_len - g->p.sliding_window : 0;
+    return lo >= begin || g->seqs[seq].table[lo / g->lay.block_size] >= 0; /* released blocks lead the table */
+}
+
 int kvc_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift) {
     if (!c || !c->swa) return kvc_pool_remove(c, seq, begin, end, shift);
     if (!kvc_seq_is_live(c, seq)) return KVC_ERR_BAD_SEQ;
@@ -145,7 +153,8 @@ int kvc_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift 
     if (begin < 0 || end < begin) return KVC_ERR_INVALID;
     int32_t len = kvc_seq_len(c, seq);
     if (begin < len && end > begin && end < len &&
-        (!kvc_pool_can_move(c, seq, begin) || !kvc_pool_can_move(c->swa, seq, begin))) {
+        (!kvc_pool_can_move(c, seq, begin) || !kvc_pool_can_move(c->swa, seq, begin) ||
+         !group_resumes_after(c->swa, seq, len - (end - begin), begin))) {
         if (shift) *shift = (kvc_shift){begin, 0, 0};
         return KVC_ERR_NOT_SUPPORTED;
     }

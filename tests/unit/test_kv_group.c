@@ -203,6 +203,7 @@ static void op_remove(gtest *t, bool middle) {
     }
     int32_t begin = kvct_range(&t->rng, r->len - 1), end = begin + 1 + kvct_range(&t->rng, r->len - 1 - begin);
     kvc_shift sh;
+    bool could_resume = kvc_can_resume(t->c, id, r->len);
     int rc = kvc_remove(t->c, id, begin, end, &sh);
     if (rc == KVC_ERR_NOT_SUPPORTED) {
         t->n_not_supported++;
@@ -215,6 +216,7 @@ static void op_remove(gtest *t, bool middle) {
     memmove(r->vpos + begin, r->vpos + end, (size_t)(r->len - end) * sizeof *r->vpos);
     r->len -= d;
     t->n_shift++;
+    cr_assert(!could_resume || kvc_can_resume(t->c, id, r->len), "a shift left seq %d unable to resume", id);
 }
 
 static void run(uint64_t seed, int32_t window, int32_t bs, int32_t n_blocks, int32_t swa_blocks, int ops) {
