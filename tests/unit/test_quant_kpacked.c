@@ -197,3 +197,58 @@ Test(quant_kpacked, q5_K_vs_rows) { run_type(ENG_Q_Q5_K, 0x3C6EF372FE94F82BULL, 
 Test(quant_kpacked, q6_K_vs_rows) { run_type(ENG_Q_Q6_K, 0xD1B54A32D192ED03ULL, 44); }
 Test(quant_kpacked, q4_0_vs_rows) { run_type(ENG_Q_Q4_0, 0x8CB92BA72F3D8DD7ULL, 30); }
 Test(quant_kpacked, q5_0_vs_rows) { run_type(ENG_Q_Q5_0, 0xABCDEF0123456789ULL, 30); }
+
+/* eng_wpack_row: every row read back from the packed layout is the packed row's bytes, so it dequantizes to the
+ * same floats (embedding lookups of a tied output matrix read the packed copy); rows of a last partial group
+ * too. Q8_0 random codes include -128. */
+static void row_back(uint32_t type, uint64_t seed) {
+    const eng_qtype_info *ti = eng_qtype_get(type);
+    rng r = {seed};
+    for (int iter = 0; iter < 12; iter++) {
+        const int64_t be = ti->block_elems;
+        const int64_t k = iter == 11 ? ENG_PACK_MAX_K : be * rint_in(&r, 1, be == 256 ? 8 : 40);
+        const int64_t n_out = rint_in(&r, 1, 50);
+        size_t wb = eng_qtype_row_bytes(type, k), pb = eng_wpack_bytes(type, n_out, k);
+        cr_assert_gt(pb, 0);
+        uint8_t *W = malloc(wb * (size_t)n_out), *row = malloc(wb);
+        void *P = aligned_alloc(64, (pb + 63) / 64 * 64);
+        float *a = malloc((size_t)k * 4), *b = malloc((size_t)k * 4);
+        cr_assert(W && row && P && a && b);
+        for (int64_t j = 0; j < n_out; j++) {
+            if (type == ENG_Q_Q8_0)
+                for (int64_t blk = 0; blk < k / 32; blk++) {
+                    uint8_t *p = W + j * wb + blk * 34;
+                    for (int e = 0; e < 34; e++) p[e] = (uint8_t)rng_next(&r);
+                    uint16_t d = rand_half(&r, false);
+                    memcpy(p, &d, 2);
+                }
+            else
+                random_wrow(&r, type, k, W + j * wb, iter % 3 == 1);
+        }
+        cr_assert_eq(eng_wpack(type, W, n_out, k, P), 0);
+        for (int64_t j = 0; j < n_out; j++) {
+            memset(row, 0xA5, wb);
+            cr_assert_eq(eng_wpack_row(type, P, n_out, k, j, row), 0);
+            cr_assert(memcmp(row, W + j * wb, wb) == 0, "%s: row %lld of %lld (k %lld) read back differs (iter %d)",
+                      ti->name, (long long)j, (long long)n_out, (long long)k, iter);
+            cr_assert_eq(eng_dequantize_row(type, row, a, k), 0);
+            cr_assert_eq(eng_dequantize_row(type, W + j * wb, b, k), 0);
+            cr_assert(memcmp(a, b, (size_t)k * 4) == 0, "%s: row %lld dequantizes differently", ti->name, (long long)j);
+        }
+        cr_assert_eq(eng_wpack_row(type, P, n_out, k, n_out, row), ENG_ERR_INVALID);
+        cr_assert_eq(eng_wpack_row(type, P, n_out, k, -1, row), ENG_ERR_INVALID);
+        cr_assert_eq(eng_wpack_row(type, NULL, n_out, k, 0, row), ENG_ERR_INVALID);
+        free(W); free(row); free(P); free(a); free(b);
+    }
+}
+
+Test(quant_kpacked, rows_read_back) {
+    row_back(ENG_Q_Q8_0, 11);
+    row_back(ENG_Q_Q4_0, 12);
+    row_back(ENG_Q_Q5_0, 13);
+    row_back(ENG_Q_Q4_K, 14);
+    row_back(ENG_Q_Q5_K, 15);
+    row_back(ENG_Q_Q6_K, 16);
+    uint8_t row[256];
+    cr_assert_eq(eng_wpack_row(ENG_Q_F16, row, 1, 64, 0, row), ENG_ERR_INVALID);
+}
