@@ -3,7 +3,7 @@
  *
  *   kvquant-bench [type] [seconds-per-case] [gemv]     type: q8_0 (default), q4_0, q4_K, q6_K, f16, ...
  *
- * With "gemv": only m = 1 on bench-1b's shapes, see gemv_1b.
+ * With "gemv": only m = 1 on bench-1b's shapes, see gemv_1b ("gemv-shapes": without the weight pass).
  *
  * Every figure is the best of 5 rounds, timed in thread CPU time (the machine may be shared).
  *
@@ -199,7 +199,7 @@ static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *
  * [2048 -> 2048] (wq, wo), [2048 -> 8192] (gate, up) and [8192 -> 2048] (down) matrices cycled through >= 320 MB
  * of copies; then a bench-1b weight pass (16 layers x 7 matrices and the [2048 -> 128256] output, all in type),
  * T = 1 and 2 threads, each matrix split by whole groups in halves, wall time (best of 5). */
-static int gemv_1b(uint32_t type, double secs, float *tmp) {
+static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass) {
     const eng_qtype_info *ti = eng_qtype_get(type);
     eng_simd_level top = eng_simd_detect();
     if (eng_wpack_bytes(type, 16, 2048) == 0 || top < ENG_SIMD_AVX2) {
@@ -240,6 +240,11 @@ static int gemv_1b(uint32_t type, double secs, float *tmp) {
                    mat / per * 1e-9);
             free(p);
         }
+    if (!pass) {
+        free(x);
+        free(y);
+        return 0;
+    }
     /* the bench-1b weight pass */
     enum { NL = 16, NM = NL * 7 + 1 };
     static const int64_t lk[7] = {2048, 2048, 2048, 2048, 2048, 2048, 8192}, ln[7] = {2048, 512, 512, 2048, 8192, 8192, 2048};
@@ -289,9 +294,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "unknown or unsupported type\n");
         return 2;
     }
-    if (argc > 3 && strcmp(argv[3], "gemv") == 0) {
+    if (argc > 3 && strncmp(argv[3], "gemv", 4) == 0) {
         float *t = malloc(sizeof(float) * 8192 * 2);
-        int rc = t ? gemv_1b(type, secs, t) : 1;
+        int rc = t ? gemv_1b(type, secs, t, strcmp(argv[3], "gemv-shapes") != 0) : 1;
         free(t);
         return rc;
     }

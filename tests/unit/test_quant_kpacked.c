@@ -252,3 +252,36 @@ Test(quant_kpacked, rows_read_back) {
     uint8_t row[256];
     cr_assert_eq(eng_wpack_row(ENG_Q_F16, row, 1, 64, 0, row), ENG_ERR_INVALID);
 }
+
+/* m = 1 over many whole groups (the AVX-512 kernel then reads 4 groups side by side; Q4_K / Q5_K from 16
+ * super-blocks per row on): every level equals the scalar row kernel bit for bit, for the whole range and for
+ * ranges that start and end inside groups. */
+Test(quant_kpacked, single_row_many_groups) {
+    const uint32_t types[] = {ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K};
+    rng r = {77};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int iter = 0; iter < 4; iter++) {
+            const uint32_t type = types[ti], dt = eng_qtype_get(type)->dot_type;
+            const int64_t k = iter < 2 ? 4096 : 2048 * iter, n_out = 16 * rint_in(&r, 9, 14) + rint_in(&r, 0, 15);
+            size_t wb = eng_qtype_row_bytes(type, k), xb = eng_qtype_row_bytes(dt, k), pb = eng_wpack_bytes(type, n_out, k);
+            uint8_t *W = malloc(wb * (size_t)n_out), *X = malloc(xb);
+            void *P = aligned_alloc(64, (pb + 63) / 64 * 64);
+            float *tmp = malloc((size_t)k * 4), *yref = malloc((size_t)n_out * 4), *y = malloc((size_t)n_out * 4);
+            cr_assert(W && X && P && tmp && yref && y);
+            for (int64_t j = 0; j < n_out; j++) random_wrow(&r, type, k, W + j * wb, iter == 1);
+            random_xrow(&r, dt, k, X, tmp, iter == 1);
+            cr_assert_eq(eng_wpack(type, W, n_out, k, P), 0);
+            eng_gemm(ENG_SIMD_SCALAR, type, W, k, X, 1, yref, n_out, 0, n_out);
+            for (int l = ENG_SIMD_SCALAR; l <= (int)eng_simd_detect(); l++) {
+                const int64_t jb = iter % 2 ? rint_in(&r, 1, 40) : 0, je = n_out - (iter % 2 ? rint_in(&r, 0, 40) : 0);
+                for (int64_t j = 0; j < n_out; j++) y[j] = -1.f;
+                eng_gemm_wpacked((eng_simd_level)l, type, P, n_out, k, X, 1, y, n_out, jb, je);
+                for (int64_t j = 0; j < n_out; j++)
+                    cr_assert(j < jb || j >= je ? y[j] == -1.f : same_float(y[j], yref[j]),
+                              "%s %s k %lld row %lld of [%lld, %lld): %.9g vs %.9g", eng_qtype_get(type)->name,
+                              eng_simd_name(l), (long long)k, (long long)j, (long long)jb, (long long)je, (double)y[j],
+                              (double)yref[j]);
+            }
+            free(W); free(X); free(P); free(tmp); free(yref); free(y);
+        }
+}
