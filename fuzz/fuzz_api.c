@@ -1,7 +1,7 @@
 /*
  * fuzz_api.c: request JSON parsing of every route.
  *
- * Input: byte 0 selects the route (mod 4), byte 1 the vocabulary size used for token-id checks; the rest is
+ * Input: byte 0 selects the route (mod 5), byte 1 the vocabulary size used for token-id checks; the rest is
  * the request body.
  *   0 /v1/completions, 1 /v1/chat/completions: srv_api_parse_gen (pure). Checks: success and failure are
  *     exclusive and complete (a 400 with a message, or a request within every documented range); a body the
@@ -9,6 +9,11 @@
  *   2 /tokenize, 3 /detokenize: the route itself (srv_api_handle over srv_http_adopt_fd) with a backend whose
  *     tokens are bytes. Checks: the answer is 200 or 400 with a JSON body; a 200 tokenize returns one token per
  *     byte of the content (no truncation), a 200 detokenize returns a content string.
+ *   4 /v1/responses: srv_resp_parse (pure; previous_response_id "resp_x" finds a stored conversation with a call
+ *     "call_x", others are unknown), then srv_api_parse_gen_json on the chat body it makes. Checks: a failure is a
+ *     400 (404 for an unknown previous_response_id) with a message and nothing left allocated; on success the
+ *     chat parse takes the body whole or answers 400, never more or fewer messages than instructions plus the
+ *     stored conversation plus the input gave.
  */
 #define FZ_WITH_HTTP
 #include "fuzz_util.h"
@@ -19,6 +24,8 @@
 
 #include "server/api.h"
 #include "server/json_check.h"
+#include "server/api_chat.h"
+#include "server/responses_map.h"
 
 typedef struct fz_api { uv_loop_t loop; srv_http *h; srv_api *api; } fz_api;
 static fz_api *G; /* the harness's one state (libFuzzer gives no user pointer) */
@@ -151,17 +158,63 @@ static void check_route(const char *path, const char *body, size_t len) {
     FZ_CHECK(srv_http_body_bytes(G->h) == 0, "body bytes left");
 }
 
+static int stored(void *ud, const char *id, cJSON **msgs) {
+    (void)ud;
+    if (strcmp(id, "resp_x")) return -1;
+    *msgs = cJSON_Parse("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\","
+                        "\"tool_calls\":[{\"id\":\"call_x\",\"type\":\"function\",\"function\":{\"name\":"
+                        "\"f\",\"arguments\":\"{}\"}}]}]");
+    return *msgs ? 0 : -2;
+}
+
+static void check_responses(const char *body, size_t len, int32_t n_vocab) {
+    srv_api_error e;
+    memset(&e, 0, sizeof e);
+    if (srv_api_check_json(body, len, &e) != SRV_API_OK) return;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return;
+    srv_resp_req q;
+    int r = srv_resp_parse(root, stored, NULL, &q, &e);
+    cJSON_Delete(root);
+    if (r != 0) {
+        FZ_CHECK(r == SRV_API_ERR_INVALID, "srv_resp_parse returned %d", r);
+        FZ_CHECK((e.status == 400 || (e.status == 404 && !strcmp(e.param, "previous_response_id"))) && e.message[0],
+                 "error status %d param '%s' message '%s'", e.status, e.param, e.message);
+        FZ_CHECK(!q.chat && !q.conv && !q.tools, "left allocated after a failure");
+        return;
+    }
+    FZ_CHECK(q.chat && q.conv && q.tools && q.tool_choice && q.text_format, "a field missing after success");
+    int n_conv = cJSON_GetArraySize(q.conv);
+    FZ_CHECK(n_conv >= 1, "no conversation");
+    srv_api_limits lim;
+    srv_api_limits_default(&lim);
+    lim.n_vocab = n_vocab;
+    srv_api_gen g;
+    memset(&e, 0, sizeof e);
+    r = srv_api_parse_gen_json(SRV_API_CHAT, q.chat, &lim, &g, &e);
+    if (r == SRV_API_OK) {
+        FZ_CHECK(g.n_msgs == n_conv + (q.instructions ? 1 : 0), "%d messages for %d + instructions", g.n_msgs, n_conv);
+        FZ_CHECK(g.max_tokens == q.max_output, "max_tokens %d, max_output_tokens %d", g.max_tokens, q.max_output);
+        FZ_CHECK(g.chat && g.chat->parallel_tool_calls == q.parallel_tool_calls, "parallel_tool_calls");
+        srv_api_gen_free(&g);
+    } else {
+        FZ_CHECK(r == SRV_API_ERR_INVALID && e.status == 400 && e.message[0], "chat parse %d status %d", r, e.status);
+    }
+    srv_resp_req_free(&q);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!G) LLVMFuzzerInitialize(NULL, NULL);
     if (size < 2) return 0;
     const char *body = (const char *)data + 2;
     size_t len = size - 2;
     int32_t n_vocab = 1 + data[1];
-    switch (data[0] & 3) {
+    switch (data[0] % 5) {
     case 0: check_gen(SRV_API_COMPLETION, body, len, n_vocab); break;
     case 1: check_gen(SRV_API_CHAT, body, len, n_vocab); break;
     case 2: check_route("/tokenize", body, len); break;
     case 3: check_route("/detokenize", body, len); break;
+    case 4: check_responses(body, len, n_vocab); break;
     }
     return 0;
 }

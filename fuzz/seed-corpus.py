@@ -56,7 +56,8 @@ def http():
     put("http", "auth-public", b"\x02POST /health HTTP/1.1\r\nContent-Length: 1\r\n\r\nx")
     put("http", "auth-chunked", b"\x02POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n0\r\n\r\n")
 
-# ---- api: byte 0 = route (0 completions, 1 chat, 2 tokenize, 3 detokenize), byte 1 = vocabulary size - 1
+# ---- api: byte 0 = route (0 completions, 1 chat, 2 tokenize, 3 detokenize, 4 responses), byte 1 = vocabulary
+# size - 1
 def api():
     C = [
         '{"model":"m","prompt":"Once upon a time","max_tokens":16,"temperature":0.7,"top_p":0.9,"stop":["\\n\\n"]}',
@@ -81,6 +82,18 @@ def api():
     for i, b in enumerate(H): put("api", "chat-%d" % i, bytes([1, 255]) + b.encode())
     for i, b in enumerate(T): put("api", "tokenize-%d" % i, bytes([2, 255]) + b.encode())
     for i, b in enumerate(D): put("api", "detokenize-%d" % i, bytes([3, 255]) + b.encode())
+    R = [
+        '{"model":"m","instructions":"Be brief.","input":"Hello","max_output_tokens":8,"temperature":0.5,"stream":true}',
+        '{"input":[{"role":"developer","content":"D"},{"type":"message","role":"user","content":[{"type":"input_text","text":"a"}]},'
+        '{"type":"function_call","call_id":"c1","name":"f","arguments":"{\\"x\\":1}"},{"type":"function_call_output","call_id":"c1","output":"42"}],'
+        '"tools":[{"type":"function","name":"f","parameters":{"type":"object"},"strict":true}],"tool_choice":{"type":"function","name":"f"},'
+        '"parallel_tool_calls":false}',
+        '{"previous_response_id":"resp_x","input":[{"type":"function_call_output","call_id":"call_x","output":[{"type":"input_text","text":"ok"}]}]}',
+        '{"previous_response_id":"resp_y","input":"x"}', '{"input":"x","tools":[{"type":"web_search"}]}',
+        '{"input":"x","tool_choice":"required","tools":[{"type":"function","name":"g"}],"text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}}}',
+        '{"input":[{"type":"reasoning"}]}', '{"input":[{"type":"function_call_output","call_id":"nope","output":"x"}]}',
+    ]
+    for i, b in enumerate(R): put("api", "responses-%d" % i, bytes([4, 255]) + b.encode())
 
 # ---- json: texts
 def json_():

@@ -4,10 +4,12 @@
 # Uses sudo when not root. Does nothing (and touches no network) when everything is present.
 set -euo pipefail
 
-# libzmq3-dev, libmsgpack-dev: KV-cache events; python3-zmq, -msgpack, -xxhash: the e2e event subscriber.
+# libzmq3-dev, libmsgpack-dev: KV-cache events; python3-zmq, -msgpack, -xxhash: the e2e event subscriber;
+# python3-jsonschema: the JSON Schema validator of the constrained tool-call tests (e2e_tool_choice);
+# python3-yaml: the deploy/k8s manifests' test.
 pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev libcriterion-dev node-llhttp
       libpcre2-dev libxxhash-dev libzmq3-dev libmsgpack-dev nodejs npm python3 python3-zmq python3-msgpack
-      python3-xxhash chromium)
+      python3-xxhash python3-jsonschema python3-yaml chromium)
 # Wanted but not required: without them the tests that need them say SKIPPED (chromium: the chat page's
 # browser test). A failure to install them is a warning, not an error.
 optional=(chromium)

@@ -26,6 +26,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/tool_format.h"
 #include "server/web.h"
 
 enum {
@@ -62,6 +63,8 @@ typedef struct srv_api_limits {
     int32_t max_n;              /* most choices per prompt (n), >= 1 */
     int32_t max_stop;           /* most stop strings (default 16) */
     int32_t max_prompts;        /* most prompts in one /v1/completions array (default 64) */
+    bool priority_scheduling;   /* scheduling_policy "priority": a request's `priority` may be any int32;
+                                   false (default, "fcfs"): only 0 is accepted (400 otherwise, as vLLM) */
 } srv_api_limits;
 
 typedef struct srv_api_gen {
@@ -83,12 +86,16 @@ typedef struct srv_api_gen {
     bool logprobs;              /* completions: "logprobs" given; chat: "logprobs": true */
     int32_t top_logprobs;       /* 0..KVS_MAX_TOP_LOGPROBS (completions: the logprobs value) */
     bool stream, include_usage, ignore_eos, echo;
+    bool has_n_keep; int32_t n_keep; /* "n_keep" (llama.cpp's): prompt tokens a context shift keeps, BOS not
+                                        counted; -1: the whole prompt. Absent: the server's default */
     char *user;
     char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
                                    the model's FIM prompt (server/api_fim.c) */
     srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
     char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
     struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api_chat.h) */
+    int32_t priority;           /* vLLM's `priority` (lower is more urgent), default 0; nonzero only when
+                                   limits.priority_scheduling */
 } srv_api_gen;
 
 void srv_api_limits_default(srv_api_limits *l);
@@ -98,6 +105,13 @@ void srv_api_limits_default(srv_api_limits *l);
  * then says so with status 500). Never reads past body[len]. */
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
                       srv_api_gen *out, srv_api_error *err);
+/* The same from a parsed body (root: a cJSON object, not modified; /v1/responses maps its body onto a chat one,
+ * server/responses_map.h). */
+struct cJSON;
+int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const srv_api_limits *lim,
+                           srv_api_gen *out, srv_api_error *err);
+/* A JSON value's type for error messages: "a string", "a number", "a boolean", "an array", "an object", "null". */
+const char *srv_api_json_kind(const struct cJSON *j);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
@@ -127,6 +141,10 @@ typedef struct srv_api_backend {
      * families. Rendered off the loop (any thread); the caller's, must outlive the backend. */
     const struct tpl_template *chat_tpl;
     const char *bos_text, *eos_text; /* the BOS / EOS token texts for the template (NULL: "") */
+    /* How the model writes tool calls (srv_tf_detect over the template text or the built-in family): the
+     * format of grammar-constrained calls (tool_choice "required" or a named function) and of the tools
+     * described in the prompt of a built-in family (which has no template to print them). 0: generic JSON. */
+    srv_tf_format tool_format;
 } srv_api_backend;
 
 typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;
@@ -157,6 +175,11 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *backend);
 /* Updates the model facts once the model is loaded: id (copied; NULL keeps the current one), the context
  * length (0: unchecked) and the vocabulary size for token-id validation (0: unchecked). */
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab);
+/* The context shift (scheduler.h, "Context shift"): on: a request's max_tokens may pass the context (only the
+ * prompt must fit); n_keep: the default of the request field n_keep (-1: the whole prompt); bos: the model's BOS
+ * token (-1: none), which n_keep does not count and a shift always keeps when the prompt starts with it.
+ * Default: off, n_keep 0, bos -1. Loop thread, before requests arrive. */
+void srv_api_set_context_shift(srv_api *api, bool on, int32_t n_keep, int32_t bos);
 /* Fill-in-the-middle tokens of the model (eng_token_fim; -1: the model has none, `suffix` is then a 400). */
 void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid);
 /* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */
@@ -169,10 +192,15 @@ void srv_api_log_http(void *ud, const char *method, const char *path, int status
  * srv_api; NULL: response_format json_object/json_schema answer 400 "not available"). Loop thread. */
 struct srv_gcache;
 void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc);
+/* Graceful drain (SIGTERM): from now on GET/HEAD /health (and /v1/health) answer 503 {"status":"draining"},
+ * /metrics answers as before (with kvserve:draining 1), and every other request gets 503 with "Retry-After: 1"
+ * and an OpenAI error JSON (code "server_draining"); requests already accepted, including those still being
+ * prepared off the loop, run on. One way: there is no undraining. Loop thread. */
+void srv_api_set_draining(srv_api *api);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
-/* Cancels every generating request (shutdown after the grace period): streams end with an error event,
- * others answer 503. */
+/* Cancels every generating request (shutdown after the grace period): streams end with an error event and
+ * [DONE], others answer 503 with Retry-After. */
 void srv_api_cancel_all(srv_api *api);
 
 #endif /* KVSERVE_SERVER_API_H */

@@ -16,8 +16,8 @@
 typedef enum {
     SRV_TOOL_CHOICE_AUTO = 0,  /* the default: the model may call tools */
     SRV_TOOL_CHOICE_NONE,      /* no tools in the prompt, no parsing of calls */
-    SRV_TOOL_CHOICE_REQUIRED,  /* accepted; not grammar-constrained yet (behaves as auto) */
-    SRV_TOOL_CHOICE_NAMED,     /* {"type":"function","function":{"name":N}}: accepted; behaves as auto */
+    SRV_TOOL_CHOICE_REQUIRED,  /* the output is grammar-constrained to tool calls (server/tool_format.h) */
+    SRV_TOOL_CHOICE_NAMED,     /* {"type":"function","function":{"name":N}}: constrained to calls of N */
 } srv_tool_choice;
 
 typedef struct srv_chat_req {

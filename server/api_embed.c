@@ -5,7 +5,8 @@
  *
  * Body: input (a string, a list of strings, a list of token ids, a list of token-id lists), model (ignored),
  * encoding_format ("float", default, or "base64": the vector's little-endian float32 bytes, which the openai
- * SDKs decode), dimensions (only the model's own size; anything else is a 400), user (ignored). */
+ * SDKs decode), dimensions (only the model's own size; anything else is a 400), user (ignored), priority (vLLM's:
+ * the scheduling priority of every input; see api_parse_priority). */
 #include "server/api_internal.h"
 
 #include <math.h>
@@ -45,7 +46,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
         srv_api_set_error(e, 501, "server_error", NULL, "not_implemented", "embeddings are not available");
         return -1;
     }
-    cJSON *root = api_parse_body_object(c->req, e);
+    cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
     if (!root) return -1;
     int rc = -1;
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
@@ -65,6 +66,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
              "be shortened", (int)api->n_embd);
         goto out;
     }
+    if (api_parse_priority(root, &api->limits, &c->priority, e) < 0) goto out;
     if (!in || cJSON_IsNull(in)) { EBAD("input", "'input' is required"); goto out; }
     bool one = cJSON_IsString(in) || (cJSON_IsArray(in) && cJSON_IsNumber(in->child));
     if (!one && !cJSON_IsArray(in)) {
@@ -141,6 +143,7 @@ static int embed_submit(api_call *c, int32_t i) {
     eng_sampling_params_default(&sr.sampling);
     sr.embed = true;
     sr.pooling = api->pooling;
+    sr.priority = c->priority;
     sr.cb = embed_event;
     sr.user = &c->subs[i];
     int r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);

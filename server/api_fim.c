@@ -69,9 +69,9 @@ void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid) {
 void api_route_infill(srv_api *api, srv_http_req *req) {
     static const char *const copied[] = {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
                                          "presence_penalty", "frequency_penalty", "max_tokens", "ignore_eos",
-                                         "logit_bias", "n"};
+                                         "logit_bias", "n", "priority"};
     srv_api_error e;
-    cJSON *root = api_parse_body_object(req, &e), *out = NULL;
+    cJSON *root = api_parse_body_object(req->body, req->body_len, &e), *out = NULL;
     if (!root) { api_reply_error(api, req, &e, NULL); return; }
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "input_prefix");
     const cJSON *suf = cJSON_GetObjectItemCaseSensitive(root, "input_suffix");

@@ -172,7 +172,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
     }
 }
 
-static int submit_error_status(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
+int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
     switch (r) {
     case SRV_SCHED_ERR_QUEUE_FULL:
         srv_api_set_error(e, 429, "rate_limit_error", NULL, "queue_full",
@@ -240,18 +240,34 @@ tokfail:
     return -1;
 }
 
+int32_t api_n_keep(const srv_api *api, const int32_t *toks, int32_t n, bool has, int32_t n_keep) {
+    int32_t k = has ? n_keep : api->n_keep;
+    if (k < 0) return n;
+    int64_t keep = (int64_t)k + (n > 0 && api->bos >= 0 && toks[0] == api->bos);
+    return keep > n ? n : (int32_t)keep;
+}
+
+bool api_ctx_exceeded(const srv_api *api, int32_t n, int32_t max_tokens) {
+    if (api->n_ctx <= 0) return false;
+    if (n >= api->n_ctx) return true;
+    return !api->context_shift && max_tokens > 0 && (int64_t)n + max_tokens > api->n_ctx;
+}
+
 /* Pool thread: parse the body, render and tokenize every prompt and check it against the context, before
  * anything is queued. Touches only the call and read-only parts of the API. */
 static void prepare_work(api_job *j) {
     api_call *c = (api_call *)j;
     srv_api *api = c->api;
     srv_api_error *e = &c->prep_error;
-    srv_http_req *req = c->req;
     c->prep_failed = true;
+    if (srv_api_parse_gen(c->kind, c->job.body, c->job.body_len, &api->limits, &c->gen, e) != 0) return;
+    if (api_prepare_gen(api, c, e) == 0) c->prep_failed = false;
+}
+
+int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
     srv_api_kind kind = c->kind;
-    if (srv_api_parse_gen(kind, req->body, req->body_len, &api->limits, &c->gen, e) != 0) return;
     srv_api_gen *g = &c->gen;
-    if (api_prepare_grammar(api, c, e) != 0) return;
+    if (api_prepare_grammar(api, c, e) != 0) return -1;
     c->n_subs = kind == SRV_API_CHAT ? 1 : g->n_prompts;
     c->n_choices = c->n_subs * g->n;
     c->subs = calloc((size_t)c->n_subs, sizeof *c->subs);
@@ -260,21 +276,20 @@ static void prepare_work(api_job *j) {
     c->prep_ntok = calloc((size_t)c->n_subs, sizeof *c->prep_ntok);
     if (!c->subs || !c->choices || !c->prep_toks || !c->prep_ntok) {
         srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
-        return;
+        return -1;
     }
     int32_t **toks = c->prep_toks, *ntok = c->prep_ntok;
     for (int32_t i = 0; i < c->n_subs; i++) {
         c->subs[i].call = c;
         c->subs[i].prompt_index = i;
-        if (build_prompt(api, c, i, &toks[i], &ntok[i], e)) return;
+        if (build_prompt(api, c, i, &toks[i], &ntok[i], e)) return -1;
         const char *param = kind == SRV_API_CHAT ? "messages" : "prompt";
         if (ntok[i] < 1) {
             srv_api_set_error(e, 400, NULL, param, NULL, "the prompt is empty (0 tokens)");
-            return;
+            return -1;
         }
-        if (api->n_ctx > 0 && (ntok[i] >= api->n_ctx ||
-                               (g->max_tokens > 0 && (int64_t)ntok[i] + g->max_tokens > api->n_ctx))) {
-            if (g->max_tokens > 0)
+        if (api_ctx_exceeded(api, ntok[i], g->max_tokens)) {
+            if (g->max_tokens > 0 && ntok[i] < api->n_ctx)
                 srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
                                   "This model's maximum context length is %d tokens. However, you requested %lld "
                                   "tokens (%d in the prompt, %d for the completion). Please reduce the prompt or "
@@ -284,10 +299,41 @@ static void prepare_work(api_job *j) {
                 srv_api_set_error(e, 400, NULL, param, "context_length_exceeded",
                                   "This model's maximum context length is %d tokens. However, the prompt has %d "
                                   "tokens.", (int)api->n_ctx, (int)ntok[i]);
-            return;
+            return -1;
         }
     }
-    c->prep_failed = false;
+    return 0;
+}
+
+void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_toks, int32_t i,
+                      srv_sched_request *sr) {
+    const srv_api_gen *g = &c->gen;
+    memset(sr, 0, sizeof *sr);
+    sr->prompt = toks;
+    sr->n_prompt = n_toks;
+    sr->n = g->n;
+    sr->max_tokens = g->max_tokens;
+    sr->n_keep = api_n_keep(api, toks, n_toks, g->has_n_keep, g->n_keep);
+    eng_sampling_params_default(&sr->sampling);
+    sr->sampling.temperature = g->temperature;
+    sr->sampling.top_k = g->top_k;
+    sr->sampling.top_p = g->top_p;
+    sr->sampling.min_p = g->min_p;
+    sr->sampling.repetition_penalty = g->repetition_penalty;
+    sr->sampling.presence_penalty = g->presence_penalty;
+    sr->sampling.frequency_penalty = g->frequency_penalty;
+    sr->sampling.seed = g->has_seed ? g->seed + (uint64_t)i * (uint64_t)g->n : rng_next(api);
+    sr->sampling.logit_bias = g->logit_bias;
+    sr->sampling.n_logit_bias = (size_t)g->n_logit_bias;
+    sr->sampling.n_top_logprobs = g->logprobs ? g->top_logprobs : 0;
+    sr->stop = (const char *const *)g->stop;
+    sr->n_stop = (size_t)g->n_stop;
+    sr->ignore_eos = g->ignore_eos;
+    /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
+     * penalties alone look only at generated tokens */
+    sr->penalize_prompt = g->repetition_penalty != 1.0f;
+    sr->grammar = c->grammar ? srv_gcache_matcher(c->grammar) : NULL;
+    sr->priority = g->priority;
 }
 
 static void prepare_done(api_job *j);
@@ -324,44 +370,22 @@ static void prepare_done(api_job *j) {
         api_call_free(c);
         return;
     }
+    const char *extra = NULL;
     if (!fail && c->shutdown) {
         srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
+        extra = "Retry-After: 1\r\n";
         fail = true;
     }
     c->stream = !fail && g->stream;
     /* Queue one scheduler request per prompt. */
-    const char *extra = NULL;
     for (int32_t i = 0; !fail && i < c->n_subs; i++) {
         srv_sched_request sr;
-        memset(&sr, 0, sizeof sr);
-        sr.prompt = toks[i];
-        sr.n_prompt = ntok[i];
-        sr.n = g->n;
-        sr.max_tokens = g->max_tokens;
-        eng_sampling_params_default(&sr.sampling);
-        sr.sampling.temperature = g->temperature;
-        sr.sampling.top_k = g->top_k;
-        sr.sampling.top_p = g->top_p;
-        sr.sampling.min_p = g->min_p;
-        sr.sampling.repetition_penalty = g->repetition_penalty;
-        sr.sampling.presence_penalty = g->presence_penalty;
-        sr.sampling.frequency_penalty = g->frequency_penalty;
-        sr.sampling.seed = g->has_seed ? g->seed + (uint64_t)i * (uint64_t)g->n : rng_next(api);
-        sr.sampling.logit_bias = g->logit_bias;
-        sr.sampling.n_logit_bias = (size_t)g->n_logit_bias;
-        sr.sampling.n_top_logprobs = g->logprobs ? g->top_logprobs : 0;
-        sr.stop = (const char *const *)g->stop;
-        sr.n_stop = (size_t)g->n_stop;
-        sr.ignore_eos = g->ignore_eos;
-        /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
-         * penalties alone look only at generated tokens */
-        sr.penalize_prompt = g->repetition_penalty != 1.0f;
-        sr.grammar = c->grammar ? srv_gcache_matcher(c->grammar) : NULL;
+        api_fill_request(api, c, toks[i], ntok[i], i, &sr);
         sr.cb = on_sched_event;
         sr.user = &c->subs[i];
         r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
         if (r != 0) {
-            int st = submit_error_status(r, &e, api->n_ctx, ntok[i]);
+            int st = api_submit_error(r, &e, api->n_ctx, ntok[i]);
             if (st == 503 || st == 429) extra = "Retry-After: 1\r\n";
             fail = true;
             break;

@@ -5,8 +5,9 @@
  *   api_generate.c  completions and chat completions: prompts, submission to the scheduler, its events
  *   api_render.c    responses: JSON bodies, SSE chunks, logprobs, final responses, error replies, the access log
  *   api_parse.c     request bodies -> srv_api_request (validation)
- *   api_responses.c /v1/responses: input items -> chat messages -> the scheduler; Response objects and typed SSE
- *                   events; the in-memory store behind previous_response_id
+ *   api_responses.c /v1/responses: the body mapped onto a chat one (responses_map.h), then the chat path
+ *                   (api_prepare_gen, api_fill_request); Response objects with message and function_call items,
+ *                   typed SSE events; the in-memory store behind previous_response_id
  *   api_fim.c       fill-in-the-middle prompts (`suffix` of /v1/completions)
  *   api_embed.c     /v1/embeddings: inputs as embedding requests of the scheduler, vectors as float or base64
  *
@@ -47,12 +48,17 @@ typedef struct api_sub {  /* one scheduler request: one prompt with its n choice
 } api_sub;
 
 /* Work done off the loop (api_offload): `work` runs on a pool thread, then `done` on the loop thread. While
- * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. */
+ * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. `work` must not
+ * touch `req` at all (the client may leave and the HTTP layer free the request meanwhile): api_offload moves
+ * the request's body into the job (`body`, owned by the job, freed once `work` has run), and that is all
+ * `work` reads of the request. */
 typedef struct api_job api_job;
 struct api_job {
     uv_work_t w;
     srv_api *api;
-    srv_http_req *req;    /* NULL once the client is gone */
+    srv_http_req *req;    /* NULL once the client is gone; loop thread only */
+    char *body;           /* the request's body, taken over by api_offload for `work`; NULL after it */
+    size_t body_len;
     void (*work)(api_job *j);
     void (*done)(api_job *j);
 };
@@ -85,6 +91,7 @@ struct api_call {
     bool embd_b64;
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
     struct srv_gcache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
+    int32_t priority;     /* /v1/embeddings, /v1/responses: the request's `priority` (generation: gen.priority) */
 };
 
 struct srv_api {
@@ -105,12 +112,16 @@ struct srv_api {
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
     int32_t n_jobs;       /* jobs out on the thread pool */
     bool closing;         /* srv_api_free is waiting for them */
+    bool draining;        /* srv_api_set_draining: /health 503 "draining", new requests 503 */
     uint64_t rng;
     int64_t created;
     srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
     api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
     int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
+    bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
+    int32_t n_keep;       /* the default of the request field n_keep */
+    int32_t bos;          /* the model's BOS token (-1: none) */
     struct srv_gcache *gcache; /* response_format grammars (NULL: not available) */
 };
 
@@ -124,11 +135,27 @@ void api_on_abort(void *ud, srv_http_req *req);
 /* api_generate.c: links a new call into api->calls and sets its arrival, method, path, request and abort */
 void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
+/* The srv_sched_request.n_keep of a prompt: the request's n_keep (has: given) or the server's default, plus the
+ * BOS token when the prompt starts with it; the whole prompt for -1. */
+int32_t api_n_keep(const srv_api *api, const int32_t *toks, int32_t n, bool has, int32_t n_keep);
+/* Whether a prompt of n tokens with max_tokens (<= 0: none) passes the context: the prompt must leave room
+ * for one token, and without the context shift the prompt + max_tokens must fit. */
+bool api_ctx_exceeded(const srv_api *api, int32_t n, int32_t max_tokens);
 void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);
+/* Pool thread: after c->gen is parsed, everything else the preparation does for chat and completions (the
+ * response_format grammar, subs and choices, every prompt built and checked against the context) into
+ * c->prep_toks / prep_ntok; -1 with e set (the param of a prompt error is "messages" or "prompt"). */
+int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e);
+/* Loop thread: the scheduler request of prompt i (toks[0..n_toks)) from c->gen and c->grammar: sampling, seed,
+ * stops, grammar; the caller sets cb and user. */
+/* The error answer (and its status: 429, 400, 503, 500) for a srv_sched_submit failure r. */
+int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt);
+void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_toks, int32_t i,
+                      srv_sched_request *sr);
 
 /* api_routes.c: the body as a JSON object after the strict pass (NULL with e set: 400) */
-cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e);
+cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e);
 
 /* api_responses.c */
 void api_route_responses(srv_api *api, srv_http_req *req);
@@ -157,12 +184,18 @@ cJSON *api_chunk_base(api_call *c);
 void api_sse_send(api_call *c, cJSON *o, const char *raw);
 /* api_parse.c: "a boolean", "a number", ... "null" (for messages about a field's JSON type) */
 const char *api_json_kind(const cJSON *j);
+/* api_parse.c: the body's `priority` (an int32; absent or null: 0) into *out. 1 set, 0 absent, -1 with a 400 in
+ * err naming the field: not an integer, out of range, or nonzero without lim->priority_scheduling. */
+int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *out, srv_api_error *err);
 
 /* api_structured.c: response_format */
 /* Parses response_format into g (1 set, 0 absent, -1 invalid with err, -2 out of memory). */
 int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *err);
-/* Pool thread (prepare_work): compiles or finds c->gen's response grammar into c->grammar. -1 with err set. */
+/* Pool thread (prepare_work): compiles or finds c->gen's response grammar (or its tool-call grammar) into
+ * c->grammar. -1 with err set. */
 int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err);
+/* Whether c's output is constrained to tool calls (chat, tools, tool_choice "required" or a named function). */
+bool api_tools_constrained(const api_call *c);
 /* Releases c->grammar (api_call_free). */
 void api_release_grammar(api_call *c);
 

@@ -18,6 +18,7 @@ void srv_api_limits_default(srv_api_limits *l) {
     l->max_n = 16;
     l->max_stop = 16;
     l->max_prompts = 64;
+    l->priority_scheduling = false;
 }
 
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
@@ -89,6 +90,7 @@ static const char *type_name(const cJSON *j) {
 }
 
 const char *api_json_kind(const cJSON *j) { return type_name(j); }
+const char *srv_api_json_kind(const cJSON *j) { return type_name(j); }
 
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {
@@ -111,6 +113,19 @@ static int get_int(const cJSON *obj, const char *name, double lo, double hi, dou
     if (v < lo || v > hi) return BAD("'%s' must be an integer between %.0f and %.0f, got %.0f", name, lo, hi, v);
     *out = v;
     return 1;
+}
+
+int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *out, srv_api_error *err) {
+    const char *name = "priority";
+    double d = 0;
+    *out = 0;
+    int r = get_int(root, name, INT32_MIN, INT32_MAX, &d, err);
+    if (r < 0) return r;
+    if (r && d != 0 && !lim->priority_scheduling)
+        return BAD("'priority' is %.0f but priority scheduling is not enabled: only 0 is accepted under the fcfs "
+                   "scheduling policy (start the server with --scheduling-policy priority)", d);
+    *out = (int32_t)d;
+    return r;
 }
 
 static int get_bool(const cJSON *obj, const char *name, bool *out, srv_api_error *err) {
@@ -345,8 +360,14 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         g->include_usage = iu && cJSON_IsTrue(iu);
     }
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
+    if ((r = get_int(root, "n_keep", -1, INT32_MAX, &d, err)) < 0) return r;
+    if (r) {
+        g->has_n_keep = true;
+        g->n_keep = (int32_t)d;
+    }
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
     if ((r = api_parse_response_format(root, g, err)) < 0) return r;
+    if ((r = api_parse_priority(root, lim, &g->priority, err)) < 0) return r;
     if (kind == SRV_API_COMPLETION) {
         if ((r = get_int(root, "logprobs", 0, KVS_MAX_TOP_LOGPROBS, &d, err)) < 0) return r;
         if (r) { g->logprobs = true; g->top_logprobs = (int32_t)d; }
@@ -383,6 +404,25 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
     return SRV_API_OK;
 }
 
+int srv_api_parse_gen_json(srv_api_kind kind, const cJSON *root, const srv_api_limits *lim_in, srv_api_gen *out,
+                           srv_api_error *err) {
+    srv_api_limits lim;
+    if (lim_in) lim = *lim_in; else srv_api_limits_default(&lim);
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    if (!cJSON_IsObject(root)) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body must be a JSON object, got %s",
+                          root ? type_name(root) : "nothing");
+        return SRV_API_ERR_INVALID;
+    }
+    int r = parse_all(kind, root, &lim, out, err);
+    if (r < 0) {
+        srv_api_gen_free(out);
+        return r == -2 ? SRV_API_ERR_NOMEM : SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim_in,
                       srv_api_gen *out, srv_api_error *err) {
     srv_api_limits lim;
@@ -412,17 +452,7 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         cJSON_Delete(root);
         return SRV_API_ERR_INVALID;
     }
-    if (!cJSON_IsObject(root)) {
-        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body must be a JSON object, got %s",
-                          type_name(root));
-        cJSON_Delete(root);
-        return SRV_API_ERR_INVALID;
-    }
-    int r = parse_all(kind, root, &lim, out, err);
+    int r = srv_api_parse_gen_json(kind, root, &lim, out, err);
     cJSON_Delete(root);
-    if (r < 0) {
-        srv_api_gen_free(out);
-        return r == -2 ? SRV_API_ERR_NOMEM : SRV_API_ERR_INVALID;
-    }
-    return SRV_API_OK;
+    return r;
 }

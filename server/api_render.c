@@ -343,7 +343,7 @@ void api_finish_call(api_call *c) {
         return;
     }
     if (error) {
-        api_reply_error(api, req, &e, NULL);
+        api_reply_error(api, req, &e, c->shutdown && e.status == 503 ? "Retry-After: 1\r\n" : NULL);
         api_call_free(c);
         return;
     }

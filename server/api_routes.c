@@ -16,8 +16,9 @@
 /* ---- simple routes --------------------------------------------------------------------------------------- */
 static void route_health(srv_api *api, srv_http_req *req) {
     cJSON *o = cJSON_CreateObject();
-    if (o) cJSON_AddStringToObject(o, "status", api->has_backend ? "ok" : "loading");
-    api_reply_json(api, req, api->has_backend ? 200 : 503, o, NULL, -1);
+    const char *st = api->draining ? "draining" : api->has_backend ? "ok" : "loading";
+    if (o) cJSON_AddStringToObject(o, "status", st);
+    api_reply_json(api, req, api->has_backend && !api->draining ? 200 : 503, o, NULL, -1);
     cJSON_Delete(o);
 }
 
@@ -80,10 +81,10 @@ typedef struct text_job {
     srv_api_error err;
 } text_job;
 
-cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e) {
-    if (srv_api_check_json(req->body, req->body_len, e) != SRV_API_OK) return NULL;
+cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e) {
+    if (srv_api_check_json(body, body_len, e) != SRV_API_OK) return NULL;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(req->body ? req->body : "", req->body_len, &end, false);
+    cJSON *root = cJSON_ParseWithLengthOpts(body ? body : "", body_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
@@ -92,8 +93,8 @@ cJSON *api_parse_body_object(const srv_http_req *req, srv_api_error *e) {
     return root;
 }
 
-static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = api_parse_body_object(req, e), *o = NULL;
+static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
+    cJSON *root = api_parse_body_object(j->body, j->body_len, e), *o = NULL;
     if (!root) return NULL;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
@@ -142,8 +143,8 @@ static cJSON *tokenize_body(srv_api *api, const srv_http_req *req, srv_api_error
     return o;
 }
 
-static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_error *e) {
-    cJSON *root = api_parse_body_object(req, e);
+static cJSON *detokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
+    cJSON *root = api_parse_body_object(j->body, j->body_len, e);
     if (!root) return NULL;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(toks)) {
@@ -182,7 +183,7 @@ static cJSON *detokenize_body(srv_api *api, const srv_http_req *req, srv_api_err
 
 static void text_work(api_job *j) {
     text_job *t = (text_job *)j;
-    t->out = t->detok ? detokenize_body(j->api, j->req, &t->err) : tokenize_body(j->api, j->req, &t->err);
+    t->out = t->detok ? detokenize_body(j->api, j, &t->err) : tokenize_body(j->api, j, &t->err);
     t->failed = !t->out;
 }
 
@@ -276,6 +277,15 @@ void srv_api_handle(void *ud, srv_http_req *req) {
         if (!strcmp(req->path, ROUTES[i].path)) { rt = &ROUTES[i]; break; }
     const char *model_id = !strncmp(req->path, "/v1/models/", 11) ? req->path + 11
                            : !strncmp(req->path, "/models/", 8) ? req->path + 8 : NULL;
+    if (api->draining && !(rt && (rt->id == R_HEALTH || rt->id == R_METRICS))) {
+        /* readiness already fails (/health); a request that still arrives is turned away at once, and its
+         * connection closes after the answer (srv_http_set_keep_alive), so the client reconnects elsewhere */
+        if (api->metrics) api->metrics->requests_refused_draining++;
+        api_reply_err(api, req, 503, "server_error", NULL, "server_draining", "Retry-After: 1\r\n",
+                      "the server is shutting down (draining) and accepts no new requests; "
+                      "retry on another replica");
+        return;
+    }
     if (req->method == HTTP_OPTIONS && (rt || (model_id && *model_id))) {
         route_preflight(api, req, rt && rt->method == HTTP_POST ? "POST" : "GET");
         return;
@@ -328,10 +338,14 @@ void srv_api_handle(void *ud, srv_http_req *req) {
 }
 
 /* ---- work off the loop ------------------------------------------------------------------------------------ */
-static void offload_work(uv_work_t *w) {
-    api_job *j = (api_job *)w;
+/* Runs `work` and drops the body it read. */
+static void run_work(api_job *j) {
     j->work(j);
+    free(j->body);
+    j->body = NULL;
+    j->body_len = 0;
 }
+static void offload_work(uv_work_t *w) { run_work((api_job *)w); }
 static void offload_after(uv_work_t *w, int status) {
     (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
     api_job *j = (api_job *)w;
@@ -340,12 +354,18 @@ static void offload_after(uv_work_t *w, int status) {
 }
 void api_offload(srv_api *api, api_job *j) {
     j->api = api;
+    if (j->req) { /* the body moves into the job: the request may die while `work` reads it */
+        j->body = j->req->body;
+        j->body_len = j->req->body_len;
+        j->req->body = NULL;
+        j->req->body_len = 0;
+    }
     if (api->loop) {
         api->n_jobs++;
         if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
         api->n_jobs--;
     }
-    j->work(j);
+    run_work(j);
     j->done(j);
 }
 
@@ -373,6 +393,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     if (!api->rng) api->rng = 1;
     api->created = (int64_t)time(NULL);
     api->fim[0] = api->fim[1] = api->fim[2] = -1;
+    api->bos = -1;
     if (!(api->resp_store = api_resp_store_create())) { srv_api_free(api); return SRV_API_ERR_NOMEM; }
     *out = api;
     return SRV_API_OK;
@@ -397,6 +418,13 @@ void srv_api_set_backend(srv_api *api, const srv_api_backend *be) {
     else { memset(&api->be, 0, sizeof api->be); api->has_backend = false; }
 }
 
+void srv_api_set_context_shift(srv_api *api, bool on, int32_t n_keep, int32_t bos) {
+    if (!api) return;
+    api->context_shift = on;
+    api->n_keep = n_keep < -1 ? -1 : n_keep;
+    api->bos = bos;
+}
+
 int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t n_vocab) {
     if (!api) return SRV_API_ERR_INVALID;
     if (model_id) {
@@ -408,6 +436,12 @@ int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t
     api->n_ctx = n_ctx;
     api->limits.n_vocab = n_vocab;
     return SRV_API_OK;
+}
+
+void srv_api_set_draining(srv_api *api) {
+    if (!api) return;
+    api->draining = true;
+    if (api->metrics) api->metrics->draining = true;
 }
 
 int32_t srv_api_in_flight(const srv_api *api) { return api ? api->n_calls : 0; }

@@ -4,13 +4,18 @@
  *   {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}
  * The schema is compiled into a grammar (grammar/) in the request's preparation, off the loop, through the
  * model's grammar cache (server/grammar_cache.h), and the scheduler constrains every choice with it. A keyword
- * the compiler cannot enforce is a 400 naming it (param response_format), never a silent ignore. */
+ * the compiler cannot enforce is a 400 naming it (param response_format), never a silent ignore.
+ * tool_choice "required" or a named function goes the same way: a grammar of tool calls in the model's format
+ * whose arguments follow each function's parameters (server/tool_format.h); it takes precedence over
+ * response_format, and a parameters keyword it cannot enforce is a 400 (param tools) naming the function and
+ * the keyword. */
 #include "server/api_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/api_chat.h"
 #include "server/grammar_cache.h"
 
 #define RF_BAD(...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), -1)
@@ -54,9 +59,52 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
     return 1;
 }
 
+static int tool_compile(void *ud, gmr_grammar **g, char *err, size_t err_len) {
+    return srv_tf_compile(ud, g, err, err_len);
+}
+
+/* tool_choice "required" or a named function: the output is constrained to tool calls in the model's format. */
+static int prepare_tool_grammar(srv_api *api, api_call *c, srv_api_error *err) {
+    const char *param = "tool_choice";
+    const srv_chat_req *r = c->gen.chat;
+    if (!api->gcache) return RF_BAD("'tool_choice' \"required\" or a named function is not available on this server");
+    srv_tf_choice ch = {
+        .tools = r->tools,
+        .name = r->tool_choice == SRV_TOOL_CHOICE_NAMED ? r->tool_name : NULL,
+        .parallel = r->parallel_tool_calls,
+        .format = api->be.tool_format,
+    };
+    char *key = srv_tf_key(&ch);
+    char msg[400];
+    int rc = key ? srv_gcache_get_with(api->gcache, key, tool_compile, &ch, &c->grammar, msg, sizeof msg)
+                 : KVS_ERR_NOMEM;
+    free(key);
+    switch (rc) {
+    case KVS_OK:
+        return 0;
+    case KVS_ERR_NOMEM:
+        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory compiling the tool-call grammar");
+        return -1;
+    case KVS_ERR_UNSUPPORTED:
+        param = "tools";
+        return RF_BAD("function parameters not supported for constrained tool calls: %s", msg);
+    default:
+        param = "tools";
+        return RF_BAD("invalid function parameters: %s", msg);
+    }
+}
+
+bool api_tools_constrained(const api_call *c) {
+    const srv_chat_req *r = c->gen.kind == SRV_API_CHAT ? c->gen.chat : NULL;
+    return r && r->tools &&
+           (r->tool_choice == SRV_TOOL_CHOICE_REQUIRED || r->tool_choice == SRV_TOOL_CHOICE_NAMED);
+}
+
 int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     const char *param = "response_format";
     srv_api_gen *g = &c->gen;
+    /* a forced tool call decides the whole output: it takes precedence over response_format */
+    if (api_tools_constrained(c)) return prepare_tool_grammar(api, c, err);
     if (g->rf == SRV_API_RF_TEXT) return 0;
     if (!api->gcache) return RF_BAD("'response_format' %s is not available on this server",
                                     g->rf == SRV_API_RF_JSON_OBJECT ? "json_object" : "json_schema");

@@ -42,6 +42,8 @@ static const key_def KEYS[] = {
     I(parallel, 1, 4096, "most sequences generating at once"),
     I(batch_tokens, 1, 1048576, "token budget of one engine step"),
     I(ctx_size, 0, 16777216, "longest sequence in tokens (0: the model's training context)"),
+    B(context_shift, "a generation reaching ctx_size drops half of its context after n_keep tokens and goes on"),
+    I(n_keep, -1, 16777216, "prompt tokens a context shift keeps, BOS not counted (-1: all; requests may set n_keep)"),
     I(kv_blocks, 0, 1 << 30, "KV pool size in blocks (0: from kv_cache_mb)"),
     I(kv_cache_mb, 0, 1 << 24, "KV pool budget in MiB when kv_blocks is 0 (0: engine default)"),
     S(kv_dtype, "f16|f32|q8_0", "KV storage type"),
@@ -51,6 +53,8 @@ static const key_def KEYS[] = {
     N(gpu_memory_fraction, 0.01, 1.0, "CUDA: share of GPU memory for weights and KV"),
     I(max_queue, 1, 1000000, "waiting requests before new ones get 429"),
     I(max_queued_tokens, 0, 2147483647, "prompt tokens of waiting requests before new ones get 429 (0: no limit)"),
+    S(scheduling_policy, "fcfs|priority", "request order: arrival, or a request's `priority` (lower first) then "
+      "arrival"),
     I(max_n, 1, 4096, "largest n (choices) a request may ask"),
     I(max_stop, 0, 1024, "most stop strings per request"),
     S(api_key, NULL, "require 'Authorization: Bearer KEY' (also env KVSERVE_API_KEY)"),
@@ -62,7 +66,7 @@ static const key_def KEYS[] = {
     I(header_limit_kb, 1, 1048576, "largest request line + headers in KiB (else 431)"),
     I(max_connections, 1, 1000000, "most open connections (more get 503)"),
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
-    N(shutdown_grace_s, 0, 86400, "seconds running requests get to finish on SIGINT/SIGTERM"),
+    N(shutdown_grace_s, 0, 86400, "drain timeout: seconds in-flight requests get to finish after SIGTERM/SIGINT"),
     S(log_format, "text|json|none", "request log format (stderr)"),
     S(pooling, "|mean|cls|last", "embedding pooling (empty: the model's <arch>.pooling_type; none/absent: mean)"),
     S(chat_template, NULL,
@@ -86,6 +90,7 @@ void srv_config_default(srv_config *c) {
     snprintf(c->device, sizeof c->device, "auto");
     c->gpu_memory_fraction = 0.9;
     c->max_queue = 256;
+    snprintf(c->scheduling_policy, sizeof c->scheduling_policy, "fcfs");
     c->max_n = 16;
     c->max_stop = 16;
     c->timeout_s = 30;

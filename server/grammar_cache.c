@@ -151,12 +151,26 @@ static srv_gcache_entry *take_hit(srv_gcache *c, srv_gcache_entry *e) {
     return e;
 }
 
+typedef struct schema_src { const cJSON *schema; } schema_src;
+
+static int compile_schema(void *ud, gmr_grammar **g, char *err, size_t err_len) {
+    const cJSON *schema = ((const schema_src *)ud)->schema;
+    return schema ? gmr_compile_schema(schema, NULL, g, err, err_len) : gmr_compile_json_object(NULL, g, err, err_len);
+}
+
 int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcache_entry **out, char *err,
                    size_t err_len) {
     if (err && err_len) err[0] = 0;
-    if (!c || !out || (schema && !key)) return KVS_ERR_INVALID;
+    if (schema && !key) return KVS_ERR_INVALID;
+    schema_src src = {schema};
+    return srv_gcache_get_with(c, schema ? key : "\001json_object", compile_schema, &src, out, err, err_len);
+}
+
+int srv_gcache_get_with(srv_gcache *c, const char *k, srv_gcache_compile_fn compile, void *ud,
+                        srv_gcache_entry **out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!c || !out || !k || !compile) return KVS_ERR_INVALID;
     *out = NULL;
-    const char *k = schema ? key : "\001json_object";
     uv_mutex_lock(&c->mu);
     srv_gcache_entry *e = find(c, k);
     if (e) {
@@ -170,8 +184,7 @@ int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcac
         free(e);
         return KVS_ERR_NOMEM;
     }
-    int rc = schema ? gmr_compile_schema(schema, NULL, &e->g, err, err_len)
-                    : gmr_compile_json_object(NULL, &e->g, err, err_len);
+    int rc = compile(ud, &e->g, err, err_len);
     if (rc == KVS_OK) rc = gmr_matcher_create(e->g, c->vocab, c->mask_bytes, &e->tmpl);
     if (rc != KVS_OK) {
         if (err && err_len && !err[0]) snprintf(err, err_len, "%s", kvs_strerror(rc));

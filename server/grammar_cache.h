@@ -1,7 +1,8 @@
 /* grammar_cache.h: the server's compiled response grammars (prefix srv_gcache_).
  *
  * One per loaded model. It owns the model's gmr_vocab (built once at load, read-only afterwards) and a bounded
- * LRU of compiled grammars keyed by their source (the kind and the schema's canonical JSON text). Each entry
+ * LRU of compiled grammars keyed by their source (the kind and the schema's canonical JSON text, or the key of
+ * a caller-built grammar such as a tool-call grammar). Each entry
  * holds the gmr_grammar and a template gmr_matcher at its start; requests clone the template (the scheduler
  * does, per choice), so the masks computed for one request serve every later request with the same schema.
  *
@@ -43,6 +44,13 @@ const gmr_vocab *srv_gcache_vocab(const srv_gcache *c);
  * with its message in err, KVS_ERR_INVALID, KVS_ERR_NOMEM. */
 int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcache_entry **out, char *err,
                    size_t err_len);
+/* The same for a grammar built by the caller: compile(ud, &g, err, err_len) runs (on the calling thread, outside
+ * the lock) only when no entry has this key; it returns 0 with *g set, or an error code with its message in err,
+ * which srv_gcache_get_with returns. key must not collide with a schema's JSON text (start it with a control
+ * byte, as srv_tf_key does). */
+typedef int (*srv_gcache_compile_fn)(void *ud, gmr_grammar **g, char *err, size_t err_len);
+int srv_gcache_get_with(srv_gcache *c, const char *key, srv_gcache_compile_fn compile, void *ud,
+                        srv_gcache_entry **out, char *err, size_t err_len);
 /* The entry's template matcher (at the grammar's start): clone it, never advance it. */
 const gmr_matcher *srv_gcache_matcher(const srv_gcache_entry *e);
 void srv_gcache_release(srv_gcache *c, srv_gcache_entry *e); /* NULL e is a no-op */

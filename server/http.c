@@ -37,6 +37,7 @@ struct srv_http {
     conn *conns;               /* doubly linked list of open connections */
     int32_t n_conns, n_active;
     bool stopping;
+    bool no_keep_alive;        /* srv_http_set_keep_alive(false): every answer closes its connection */
     size_t body_bytes;         /* request-body memory reserved across all connections */
     char *bearer_key;          /* header-time authentication (NULL: off) */
     char **public_paths; int32_t n_public;
@@ -283,7 +284,7 @@ static void fail_and_close(conn *c, int status, const char *msg, const char *cod
 static void finish_request(conn *c, bool close_conn) {
     c->srv->n_active--;
     req_clear(c);
-    if (close_conn || !c->keep_alive || c->srv->stopping) {
+    if (close_conn || !c->keep_alive || c->srv->stopping || c->srv->no_keep_alive) {
         drain_and_close(c);
         return;
     }
@@ -696,6 +697,10 @@ void srv_http_set_header_hook(srv_http *h, srv_http_header_hook hook, void *ud) 
     h->hook_ud = ud;
 }
 
+void srv_http_set_keep_alive(srv_http *h, bool allow) {
+    if (h) h->no_keep_alive = !allow;
+}
+
 int32_t srv_http_active_requests(const srv_http *h) { return h ? h->n_active : 0; }
 int32_t srv_http_open_connections(const srv_http *h) { return h ? h->n_conns : 0; }
 
@@ -767,7 +772,7 @@ static conn *req_conn(const srv_http_req *req) {
 
 static int head(conn *c, int status, const char *ctype, const char *extra, bool has_len, size_t len,
                 char *buf, size_t cap) {
-    bool close = !c->keep_alive || c->srv->stopping;
+    bool close = !c->keep_alive || c->srv->stopping || c->srv->no_keep_alive;
     char lenbuf[64] = "", ctbuf[160] = "", hook[HOOK_CAP];
     bool bodiless = status == 204 || status == 304;
     if (has_len && !bodiless) snprintf(lenbuf, sizeof lenbuf, "Content-Length: %zu\r\n", len);

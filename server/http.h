@@ -102,6 +102,12 @@ int srv_http_port(const srv_http *h);
 /* Stops accepting new connections (graceful shutdown, step 1). Idle keep-alive connections are closed;
  * connections with a request in progress stay until their response is done and are then closed. */
 void srv_http_stop_accepting(srv_http *h);
+/* Keep-alive on (the default) or off. Off (graceful drain): every response from then on says "Connection:
+ * close" and its connection closes once the response is sent, so that clients reconnect (through their load
+ * balancer, to another replica); the listener stays open, and idle keep-alive connections stay until their next
+ * request is answered or idle_timeout_ms passes. A stream that began before keeps its head (keep-alive) but its
+ * connection still closes after it ends. Loop thread. */
+void srv_http_set_keep_alive(srv_http *h, bool allow);
 /* Number of requests being handled now (dispatched, not yet finished). */
 int32_t srv_http_active_requests(const srv_http *h);
 int32_t srv_http_open_connections(const srv_http *h);

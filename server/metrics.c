@@ -190,6 +190,10 @@ static const st_series k_st_series[] = {
     ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, prompt_tokens_total),
     ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, generation_tokens_total),
     ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64, preemptions),
+    ST("kvserve:context_shifts_total", "Context shifts (context_shift): half of a full context dropped after n_keep.",
+       ST_U64, context_shifts),
+    ST("kvserve:context_shifts_recomputed_total", "Context shifts done by recomputing the kept tokens.", ST_U64,
+       context_shifts_recomputed),
 };
 #undef ST
 
@@ -228,6 +232,11 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
             (unsigned long long)st->requests_rejected_tokens);
     gauge(&b, "kvserve:queued_prompt_tokens", "Prompt tokens of waiting, never admitted requests.",
           (double)st->queued_tokens);
+    gauge(&b, "kvserve:draining",
+          "1 while the server drains after SIGTERM/SIGINT (health 503, new requests 503), else 0.",
+          m->draining ? 1 : 0);
+    counter(&b, "kvserve:requests_refused_draining_total", "Requests answered 503 because the server was draining.",
+            m->requests_refused_draining);
     meta(&b, "kvserve:request_success_total", "counter", "Finished generation requests by finish reason.");
     kvs_buf_printf(&b, "kvserve:request_success_total{finished_reason=\"stop\"} %llu\n",
             (unsigned long long)m->requests_finished_stop);

@@ -51,6 +51,8 @@ typedef struct srv_metrics {
     srv_histogram prompt_len, gen_len;         /* tokens per request */
     uint64_t http_requests[SRV_METRICS_STATUS_CLASSES]; /* by status class */
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort, requests_finished_error;
+    bool draining;                 /* graceful drain under way (srv_api_set_draining): kvserve:draining 1 */
+    uint64_t requests_refused_draining; /* requests answered 503 because the server was draining */
     char model_name[256];          /* the model_name label of the vllm: metrics ("" until the model is loaded) */
     const struct srv_kvev *kvev;   /* the KV-cache event publisher (its counters), NULL when disabled */
 } srv_metrics;

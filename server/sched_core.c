@@ -38,9 +38,13 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->parallel = 64;
     p->max_queue = 256;
     p->n_ctx = 0;
+    p->context_shift = false;
     p->max_queued_tokens = 0;
     p->on_step = NULL;
     p->on_step_ctx = NULL;
+    p->policy = SRV_SCHED_FCFS;
+    p->on_trace = NULL;
+    p->on_trace_ctx = NULL;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -57,11 +61,21 @@ int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
     return 0;
 }
 
-/* Inserts keeping the vector sorted by id. */
+/* Whether a comes after b in the queues' order (priority, then arrival). */
+static bool req_after(const sched_req *a, const sched_req *b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->id > b->id;
+}
+
 int sched_vec_insert_sorted(req_vec *q, sched_req *r) {
     int32_t at = q->n;
-    while (at > 0 && q->v[at - 1]->id > r->id) at--;
+    while (at > 0 && req_after(q->v[at - 1], r)) at--;
     return sched_vec_insert(q, at, r);
+}
+
+void sched_trace(srv_sched *s, srv_sched_trace_kind kind, const sched_req *r, bool repeated) {
+    if (!s->p.on_trace) return;
+    srv_sched_trace t = {.kind = kind, .id = r->id, .priority = r->priority, .repeated = repeated};
+    s->p.on_trace(s->p.on_trace_ctx, &t);
 }
 
 void sched_vec_remove(req_vec *q, sched_req *r) {
@@ -82,6 +96,7 @@ static void req_free(srv_sched *s, sched_req *r) {
             sched_grammar_release(c);
             srv_stop_free(c->stop);
             free(c->gen);
+            free(c->shctx);
             kvs_buf_free(&c->txt);
             free(c->smp);
         }
@@ -93,6 +108,7 @@ static void req_free(srv_sched *s, sched_req *r) {
 /* The choice's known tokens as one array (scratch, valid until the next call); NULL on allocation failure. */
 static const int32_t *known_tokens(srv_sched *s, const sched_req *r, const sched_choice *c) {
     int32_t n = known_len(r, c);
+    if (c->shctx) return c->shctx;
     if (c->n_gen == 0) return r->prompt;
     if (n > s->tok_cap) {
         int32_t *p = realloc(s->tok_buf, (size_t)n * sizeof *p);
@@ -148,6 +164,7 @@ bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c) 
             int32_t kd = known_len(p, d);
             if (kd - d->n_cached <= 1) continue; /* not prefilling */
             int32_t lim = n < kd ? n : kd, l = 0;
+            if (d->clean < lim) lim = d->clean;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
             int32_t full = l / s->block_size * s->block_size;
             if (full >= s->block_size && d->n_cached < full) return true;
@@ -168,6 +185,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
             int32_t lim = srv_bm_seq_len(&s->bm, d->seq), kd = known_len(p, d);
             if (kd < lim) lim = kd;
             if (n < lim) lim = n;
+            if (d->clean < lim) lim = d->clean; /* a shifted sequence lends only its unshifted head */
             if (lim <= best) continue;
             int32_t l = 0;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
@@ -188,6 +206,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
     if (srv_bm_seq_open(&s->bm, &seq) != 0) return -1;
+    c->clean = INT32_MAX;
     if (r->embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
         memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
         c->seq = seq;
@@ -325,7 +344,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
     s->n_entries = s->n_groups = 0;
     s->batch_embd = false;
     int32_t reserved = 0, budget = s->p.batch_tokens;
-    /* 1. decode tokens of running choices, FCFS */
+    /* 1. decode tokens of running choices, in queue order */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
         for (int32_t j = 0; j < r->n && budget > 0; j++) {
@@ -349,7 +368,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
     }
     /* 2. prompt chunks and recomputation of admitted requests */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) prefill_request(s, s->running.v[i], &budget, &reserved);
-    /* 3. admissions, FCFS: stop at the first request that must wait */
+    /* 3. admissions in queue order: stop at the first request that must wait */
     while (s->waiting.n > 0 && budget > 0) {
         sched_req *h = s->waiting.v[0];
         int rc = sched_admit_head(s);
@@ -429,9 +448,12 @@ static void thread_main(void *arg) {
             uv_cond_wait(&s->cv, &s->mu);
         if (s->stop) break;
         s->cancel_signal = false;
-        bool ok = true;
-        for (int32_t i = 0; i < s->incoming.n && ok; i++) ok = sched_vec_insert_sorted(&s->waiting, s->incoming.v[i]) == 0;
-        if (ok) s->incoming.n = 0;
+        /* into the waiting queue; on allocation failure the rest stay incoming and are retried next time */
+        int32_t moved = 0;
+        while (moved < s->incoming.n && sched_vec_insert_sorted(&s->waiting, s->incoming.v[moved]) == 0)
+            sched_trace(s, SRV_SCHED_TRACE_QUEUED, s->incoming.v[moved++], false);
+        memmove(s->incoming.v, s->incoming.v + moved, (size_t)(s->incoming.n - moved) * sizeof *s->incoming.v);
+        s->incoming.n -= moved;
         uv_mutex_unlock(&s->mu);
         step(s);
         uv_mutex_lock(&s->mu);
@@ -476,7 +498,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (!params || !ops || !loop || !out) return SRV_SCHED_ERR_INVALID;
     *out = NULL;
     if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
-        params->max_queued_tokens < 0)
+        params->max_queued_tokens < 0 || (params->policy != SRV_SCHED_FCFS && params->policy != SRV_SCHED_PRIORITY))
         return SRV_SCHED_ERR_INVALID;
     if (ops->n_vocab < 1 || !ops->cache || !ops->decode || !ops->get_logits || !ops->token_is_eog ||
         !ops->detok_push || !ops->detok_flush || !ops->sampler_create || !ops->sampler_free ||
@@ -553,13 +575,15 @@ void srv_sched_free(srv_sched *s) {
     uv_mutex_unlock(&s->mu);
     if (s->thread_started) uv_thread_join(&s->thread);
     /* The scheduler thread is gone: this thread now owns the engine state. End everything as cancelled. */
-    for (int32_t i = 0; i < s->incoming.n; i++)
-        if (sched_vec_insert_sorted(&s->waiting, s->incoming.v[i]) != 0) {
+    for (int32_t i = 0; i < s->incoming.n; i++) {
+        sched_req *r = s->incoming.v[i];
+        sched_trace(s, SRV_SCHED_TRACE_QUEUED, r, false);
+        if (sched_vec_insert_sorted(&s->waiting, r) != 0) {
             /* cannot list it: end it directly */
-            sched_req *r = s->incoming.v[i];
             for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
             sched_emit_outputs(s, r);
         }
+    }
     s->incoming.n = 0;
     while (s->running.n > 0) {
         sched_req *r = s->running.v[s->running.n - 1];
@@ -582,6 +606,7 @@ void srv_sched_free(srv_sched *s) {
 int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     if (!s || !req || !id || !req->cb || !req->prompt || req->n_prompt < 1 || req->n < 1 ||
         req->n > s->p.parallel || (req->n_stop > 0 && !req->stop) ||
+        (s->p.policy == SRV_SCHED_FCFS && req->priority != 0) ||
         (req->sampling.n_logit_bias > 0 && !req->sampling.logit_bias) || req->sampling.n_top_logprobs < 0 ||
         req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS)
         return SRV_SCHED_ERR_INVALID;
@@ -614,6 +639,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     memcpy(r->prompt, req->prompt, (size_t)req->n_prompt * sizeof *r->prompt);
     r->n_prompt = req->n_prompt;
     r->max_tokens = req->max_tokens;
+    r->n_keep = req->n_keep < 0 || req->n_keep > req->n_prompt ? req->n_prompt : req->n_keep;
     r->sp = req->sampling;
     if (req->sampling.n_logit_bias > 0) {
         r->bias = malloc(req->sampling.n_logit_bias * sizeof *r->bias);
@@ -624,6 +650,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     r->ignore_eos = req->ignore_eos;
     r->penalize_prompt = req->penalize_prompt;
     r->report_eog = req->report_eog;
+    r->priority = req->priority;
     r->cb = req->cb;
     r->user = req->user;
     atomic_init(&r->cancelled, false);
@@ -632,6 +659,7 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     for (int32_t i = 0; i < req->n; i++) {
         r->ch[i].idx = i;
         r->ch[i].seq = -1;
+        r->ch[i].clean = INT32_MAX;
         if (srv_stop_create(req->stop, req->n_stop, &r->ch[i].stop) != SRV_STOP_OK) goto nomem;
     }
     if (req->grammar) {

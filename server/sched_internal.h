@@ -1,8 +1,9 @@
-/* sched_internal.h: what the scheduler's three files share; only server/sched_*.c include it.
+/* sched_internal.h: what the scheduler's files share; only server/sched_*.c include it.
  *
  *   sched_core.c    the queue, the threads, batch building and one step (decode, hand logits on)
  *   sched_policy.c  admission (who may start, how many blocks a request needs) and preemption
  *   sched_output.c  sampling, detokenizing, stop strings, the events posted to the loop thread, statistics
+ *   sched_grammar.c constrained decoding; sched_shift.c the context shift
  *
  * All of it runs on the scheduler thread except where a comment says the loop thread.
  */
@@ -22,6 +23,12 @@ typedef struct sched_choice {
     int32_t n_cached;       /* tokens of the known tokens committed in seq */
     int32_t *gen;           /* generated tokens [n_gen] */
     int32_t n_gen, cap_gen;
+    /* after a context shift (sched_shift.c): the choice's context, which replaces prompt + gen as its known
+     * tokens; NULL before the first shift */
+    int32_t *shctx;
+    int32_t n_shctx, cap_shctx;
+    int32_t clean;          /* leading positions of seq whose K/V are a plain prefill of the known tokens (what
+                               another sequence may copy): INT32_MAX, or keep after an in-place shift */
     void *sampler;          /* created on the scheduler thread at first admission */
     eng_detok detok;
     srv_stop *stop;
@@ -40,11 +47,13 @@ typedef struct sched_choice {
 
 typedef struct sched_req {
     uint64_t id;
+    int32_t priority;        /* srv_sched_request.priority (0 under FCFS); the queues' key is (priority, id) */
     struct sched_req *live_prev, *live_next; /* the live list (under mu) */
     int32_t *prompt;
     int32_t n_prompt;
     int32_t n;
     int32_t max_tokens;
+    int32_t n_keep;          /* leading prompt tokens a context shift keeps, 0 .. n_prompt */
     eng_sampling_params sp;
     eng_logit_bias *bias;
     bool ignore_eos;
@@ -125,8 +134,8 @@ struct srv_sched {
     bool cancel_signal;
 
     /* scheduler thread only */
-    req_vec waiting;         /* sorted by id (FCFS; preempted requests keep their place) */
-    req_vec running;         /* sorted by id */
+    req_vec waiting;         /* sorted by (priority, id) (preempted requests keep their place) */
+    req_vec running;         /* sorted by (priority, id) */
     int32_t seqs_reserved;   /* unfinished choices of running requests */
     int32_t *b_token, *b_pos, *b_seq;
     bool *b_logits;
@@ -144,11 +153,16 @@ struct srv_sched {
     uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
     uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
     uint64_t c_finished[5];
+    uint64_t c_shift, c_shift_recomputed; /* context shifts, and those done by recomputing */
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
-static inline int32_t known_len(const sched_req *r, const sched_choice *c) { return r->n_prompt + c->n_gen; }
+/* A choice's known tokens: prompt + generated, or after a context shift its shifted context. */
+static inline int32_t known_len(const sched_req *r, const sched_choice *c) {
+    return c->shctx ? c->n_shctx : r->n_prompt + c->n_gen;
+}
 
 static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_t pos) {
+    if (c->shctx) return c->shctx[pos];
     return pos < r->n_prompt ? r->prompt[pos] : c->gen[pos - r->n_prompt];
 }
 
@@ -157,16 +171,19 @@ static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_
 /* sched_core.c: request vectors and the prefix-sharing wait */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c);
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r);
+/* Inserts keeping the vector sorted by (priority, id). */
 int sched_vec_insert_sorted(req_vec *q, sched_req *r);
 void sched_vec_remove(req_vec *q, sched_req *r);
+/* Tells the trace observer (srv_sched_params.on_trace), if any, that r moved (see srv_sched_trace_kind). */
+void sched_trace(srv_sched *s, srv_sched_trace_kind kind, const sched_req *r, bool repeated);
 
 /* sched_policy.c: admission and preemption */
 int sched_admit_head(srv_sched *s);
 void sched_finish_no_room(srv_sched *s, sched_req *r);
 sched_req *sched_pick_victim(srv_sched *s);
 void sched_preempt(srv_sched *s, sched_req *r);
-/* The pool cannot hold the next step: preempts the latest request that may be, or (one request running) ends
- * the request that cannot fit even alone. */
+/* The pool cannot hold the next step: preempts the least urgent request that may be (sched_pick_victim), or
+ * (one request running) ends the request that cannot fit even alone. */
 void sched_relieve_pool(srv_sched *s);
 
 /* sched_output.c: sampling, outputs, events and statistics */
@@ -179,6 +196,13 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
 /* An embedding request's group just ran (rows first .. first + n - 1 at positions pos0 ..): pools the rows and,
  * after the last prompt token, writes the vector and ends the choice. */
 void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0);
+
+/* sched_shift.c: the context shift (scheduler.h, "Context shift") */
+/* Choice c has just sampled the token that brought its context to n_ctx: shifts the context and returns true
+ * (it goes on), or returns false (nothing left to discard, or out of memory: the caller ends it with "length"). */
+bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c);
+/* Appends a sampled token to a shifted choice's context; false when out of memory. No-op before a shift. */
+bool sched_shift_push(sched_choice *c, int32_t token);
 
 /* sched_grammar.c: constrained decoding (srv_sched_request.grammar) */
 /* Clones the template for every choice (submit, loop thread). SRV_SCHED_ERR_INVALID (vocabulary size) or _NOMEM. */

@@ -182,6 +182,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     }
     out_push(s, e);
     s->c_finished[overall]++;
+    sched_trace(s, SRV_SCHED_TRACE_ENDED, r, false);
     if (r->running) sched_vec_remove(&s->running, r);
     else sched_vec_remove(&s->waiting, r);
     r->running = false;
@@ -243,6 +244,8 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->batch_tokens_total = s->c_batch_tokens;
     for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];
     st->queued_tokens = s->n_queued_tokens;
+    st->context_shifts = s->c_shift;
+    st->context_shifts_recomputed = s->c_shift_recomputed;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
@@ -285,6 +288,10 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         c->cap_gen = cap;
     }
     c->gen[c->n_gen++] = smp.token;
+    if (!sched_shift_push(c, smp.token)) {
+        sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
+        return;
+    }
     r->usage.completion_tokens++;
     s->c_gen_total++;
     if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
@@ -312,8 +319,13 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         return;
     }
     if (c->finished) return;
-    if ((r->max_tokens > 0 && c->n_gen >= r->max_tokens) || (s->p.n_ctx > 0 && known_len(r, c) >= s->p.n_ctx))
+    if (r->max_tokens > 0 && c->n_gen >= r->max_tokens) {
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+    } else if (s->p.n_ctx > 0 && known_len(r, c) >= s->p.n_ctx) {
+        /* the context is full: shift it (scheduler.h, "Context shift") or end */
+        if (!(s->p.context_shift && r->max_tokens > 0 && sched_context_shift(s, r, c)))
+            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
+    }
 }
 
 void sched_fail_request(srv_sched *s, sched_req *r, const char *msg) {

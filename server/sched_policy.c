@@ -1,15 +1,17 @@
 /* sched_policy.c: who runs. Admission of the queue's head (the KV blocks a request needs, how many the running
- * requests still need, shared prompt blocks counted once) and preemption (the latest-arrived running request
- * gives its blocks back and is recomputed later). See scheduler.h for the contract. */
+ * requests still need, shared prompt blocks counted once) and preemption (the least urgent running request,
+ * by (priority, arrival), gives its blocks back and is recomputed later). See scheduler.h for the contract. */
 #include "server/sched_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- preemption --------------------------------------------------------------------------------------------- */
-/* Frees the request's sequences and puts it back in the waiting queue at its FCFS place (ahead of every
- * request that arrived after it). Samplers, detokenizers, stop matchers and generated tokens are kept. */
+/* Frees the request's sequences and puts it back in the waiting queue at its (priority, arrival) place (ahead
+ * of every request of its priority that arrived after it). Samplers, detokenizers, stop matchers and generated
+ * tokens are kept. */
 void sched_preempt(srv_sched *s, sched_req *r) {
+    sched_trace(s, SRV_SCHED_TRACE_PREEMPTED, r, r->protect);
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->seq >= 0) {
@@ -34,14 +36,16 @@ void sched_preempt(srv_sched *s, sched_req *r) {
     }
 }
 
-/* The request to preempt when the pool is full: the latest-arrived running request that has made progress
- * since its last preemption; failing that, the latest-arrived one (a repeated preemption, counted), but never
- * the only running request. NULL when fewer than two requests run. */
+/* The request to preempt when the pool is full: among the running requests of the largest priority value (the
+ * least urgent; all of them under FCFS), the latest-arrived one that has made progress since its last
+ * preemption; failing that, the latest-arrived of them (a repeated preemption, counted). NULL when fewer than
+ * two requests run (a request alone is never preempted). */
 sched_req *sched_pick_victim(srv_sched *s) {
     if (s->running.n < 2) return NULL;
-    for (int32_t i = s->running.n - 1; i >= 0; i--)
+    sched_req *last = s->running.v[s->running.n - 1];
+    for (int32_t i = s->running.n - 1; i >= 0 && s->running.v[i]->priority == last->priority; i--)
         if (!s->running.v[i]->protect) return s->running.v[i];
-    return s->running.v[s->running.n - 1];
+    return last;
 }
 
 /* Ends the unfinished choices of a request that cannot fit the pool even alone: "length" for a choice that
@@ -62,7 +66,7 @@ static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
         const sched_choice *c = &r->ch[i];
         if (c->finished) continue;
         int64_t b = ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
-        if (!first) b -= r->n_prompt / bs;
+        if (!first) b -= (c->shctx ? r->n_keep : r->n_prompt) / bs; /* a shifted context shares only its head */
         total += b;
         first = false;
     }
@@ -109,6 +113,7 @@ static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choic
             const sched_choice *d = &p->ch[j];
             if (d->finished || d->seq < 0) continue;
             int32_t lim = n < d->n_cached ? n : d->n_cached, l = 0;
+            if (d->clean < lim) lim = d->clean;
             if (lim / s->block_size <= best) continue;
             while (l < lim && token_at(r, c, l) == token_at(p, d, l)) l++;
             if (l / s->block_size > best) best = l / s->block_size;
@@ -117,8 +122,8 @@ static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choic
     return best;
 }
 
-/* Tries to admit the head of the waiting queue. Returns 1 when admitted, 0 when it must wait (FCFS: nothing
- * behind it is admitted either), -1 when it was finished instead (does not fit, sampler failure). */
+/* Tries to admit the head of the waiting queue. Returns 1 when admitted, 0 when it must wait (nothing behind
+ * it is admitted either), -1 when it was finished instead (does not fit, sampler failure). */
 int sched_admit_head(srv_sched *s) {
     sched_req *r = s->waiting.v[0];
     if (s->seqs_reserved + r->n_unfinished > s->p.parallel) return 0;
@@ -154,6 +159,7 @@ int sched_admit_head(srv_sched *s) {
         return 0;
     }
     r->running = true;
+    sched_trace(s, SRV_SCHED_TRACE_ADMITTED, r, false);
     s->seqs_reserved += r->n_unfinished;
     if (r->timings.t_start == 0) r->timings.t_start = uv_hrtime();
     if (!r->admitted_once) {

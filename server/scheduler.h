@@ -11,8 +11,8 @@
  *
  * Steps
  *   Each step builds one ragged eng_batch: first the next decode token of every running choice, then chunks
- *   of prompts (new requests, and preempted ones that recompute), in FCFS order, until the step's token
- *   budget (batch_tokens) is spent. A long prompt is split across steps (chunked prefill). Logits are asked
+ *   of prompts (new requests, and preempted ones that recompute), in queue order (see Order), until the
+ *   step's token budget (batch_tokens) is spent. A long prompt is split across steps (chunked prefill). Logits are asked
  *   only for decode tokens and for the last prompt token. At most `parallel` sequences (choices) are
  *   admitted at once.
  *
@@ -28,23 +28,48 @@
  *     block included), the prefix is copied from it (kvc_copy_prefix: full blocks shared, the partial block
  *     copied); such copies count as prefix-cache queries and hits in the stats.
  *
+ * Order (scheduling policy, srv_sched_params.policy; vLLM's --scheduling-policy)
+ *   Both queues are ordered by the key (priority, arrival): the waiting queue is admitted in that order and
+ *   the running requests get their decode tokens and prompt chunks in that order. Under SRV_SCHED_FCFS (the
+ *   default) every priority is 0 (submit refuses another value), so the order is arrival order. Under
+ *   SRV_SCHED_PRIORITY a lower srv_sched_request.priority is more urgent; equal priorities keep arrival order.
+ *   As in vLLM's scheduler, a waiting request never preempts a running one, however urgent: it goes to the
+ *   head of the queue and is admitted as soon as it fits.
+ *
  * Admission
  *   The head of the waiting queue is admitted when its choices fit the sequence limit (parallel) and its
  *   whole known context (+1 token per choice) fits the blocks that are available (free + cached) minus what
  *   the running requests still need to reach their known length (+1 token per choice); prefix blocks that a
- *   running sequence holds are credited. FCFS: when the head must wait, nobody behind it is admitted.
+ *   running sequence holds are credited. When the head must wait, nobody behind it is admitted.
  *
  * KV pool exhaustion
- *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the latest-arrived running
- *   request is preempted: its sequences are freed and it goes back to the waiting queue at its FCFS place
- *   (ahead of every later arrival); later it recomputes prompt + already generated tokens (prefix caching
- *   usually makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees
- *   no difference. A preempted request is not chosen again before it has generated at least one new token
- *   (no thrash); only when every running request is in that state is the latest one preempted anyway
- *   (counted in stats.preemptions_repeated), and the oldest running request is never preempted, so the
- *   system always progresses. A request whose prompt cannot fit even alone finishes with
- *   SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache"; a choice whose growing context no longer
- *   fits the pool while it runs alone finishes with SRV_SCHED_FINISH_LENGTH.
+ *   When a decode token finds no block (or decode returns ENG_ERR_KV_FULL), the least urgent running request
+ *   is preempted: the one with the largest priority value, among those the latest arrival. Its sequences are
+ *   freed and it goes back to the waiting queue at its (priority, arrival) place (ahead of every later
+ *   arrival of its priority); later it recomputes prompt + already generated tokens (prefix caching usually
+ *   makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees no
+ *   difference. Among the running requests of that largest priority, one that was preempted and has not
+ *   generated a token since is passed over (no thrash); only when every one of them is in that state is the
+ *   latest preempted anyway (counted in stats.preemptions_repeated). A request running alone is never
+ *   preempted. A request whose prompt cannot fit even alone finishes with SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache";
+ *   a choice whose growing context no longer fits the pool while it runs alone finishes with
+ *   SRV_SCHED_FINISH_LENGTH.
+ *
+ * Context shift (params.context_shift, as llama.cpp's --context-shift)
+ *   When a choice's context (the n_cached tokens its sequence holds plus the one just sampled) reaches n_ctx
+ *   and its request has max_tokens > 0, not reached: keep = the request's n_keep (leading prompt tokens),
+ *   n_discard = (n_cached - keep) / 2; positions [keep, keep + n_discard) are dropped, the later tokens move
+ *   down by n_discard, and generation goes on (n_discard == 0: the choice ends with "length"). The sequence
+ *   is shifted in place through ops.seq_remove (the moved keys re-rotated by -n_discard); when that is not
+ *   possible (blocks shared with another sequence, released by a sliding window, no seq_remove) the sequence
+ *   is freed and the kept tokens are recomputed, as after a preemption. From then on the choice's context is
+ *   the kept tokens: a preemption recomputes exactly these at their new positions, i.e. a fresh prefill of
+ *   them, which equals the shifted cache in the first layer only (deeper layers of a shifted cache still
+ *   carry what attention saw of the dropped tokens), so the tokens after a recompute may differ from those
+ *   of an uninterrupted run. A shifted sequence lends no position at or after keep to another sequence
+ *   (prefix copy), and the cache never publishes its shifted blocks to the prefix cache (kvc_remove drops
+ *   their hashes). Without context_shift, or without max_tokens (so that no request generates without
+ *   bound), a choice reaching n_ctx ends with "length". usage.completion_tokens counts every token sampled.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -132,6 +157,11 @@ typedef struct srv_engine_ops {
      * (eng_get_embeddings semantics). */
     float *(*get_embd)(void *ctx, int32_t i);
     int32_t n_embd;          /* the hidden size (needed with get_embd) */
+    /* Optional (may be NULL): eng_seq_remove semantics, for the context shift (srv_sched_params.context_shift):
+     * removes positions [begin, end) of seq, moves the later ones down and re-rotates their keys. Any error
+     * (ENG_ERR_UNSUPPORTED when the sequence shares the blocks involved or a sliding window released them,
+     * ...) makes the scheduler recompute the shifted context instead; NULL: it always recomputes. */
+    int (*seq_remove)(void *ctx, int32_t seq, int32_t begin, int32_t end);
 } srv_engine_ops;
 
 /* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
@@ -142,6 +172,27 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
 void srv_engine_ops_release(srv_engine_ops *ops); /* NULL is a no-op */
 
 /* ---- parameters ------------------------------------------------------------------------------------------- */
+/* How the queues are ordered (see "Order" above). */
+typedef enum {
+    SRV_SCHED_FCFS = 0,     /* arrival order; every request's priority must be 0 */
+    SRV_SCHED_PRIORITY = 1, /* (priority, arrival): lower priority values first */
+} srv_sched_policy;
+
+/* What the optional trace observer is told (srv_sched_params.on_trace). */
+typedef enum {
+    SRV_SCHED_TRACE_QUEUED = 1,    /* a submitted request entered the waiting queue */
+    SRV_SCHED_TRACE_ADMITTED = 2,  /* it moved from the waiting queue to the running requests */
+    SRV_SCHED_TRACE_PREEMPTED = 3, /* it moved back from running to waiting (KV pool full) */
+    SRV_SCHED_TRACE_ENDED = 4,     /* it left the queues for good (its DONE event is posted) */
+} srv_sched_trace_kind;
+
+typedef struct srv_sched_trace {
+    srv_sched_trace_kind kind;
+    uint64_t id;              /* the request id submit returned */
+    int32_t priority;         /* its srv_sched_request.priority */
+    bool repeated;            /* PREEMPTED: it had not generated a token since its previous preemption */
+} srv_sched_trace;
+
 typedef struct srv_sched_params {
     int32_t batch_tokens; /* token budget of one step (decode tokens + prompt chunks), default 512; must not
                              exceed the engine's max_batch_tokens */
@@ -153,10 +204,20 @@ typedef struct srv_sched_params {
                              limit; a submit that would pass it returns SRV_SCHED_ERR_QUEUE_FULL, except into
                              an empty queue (so a long prompt is never refused forever) */
     int32_t n_ctx;        /* longest sequence (prompt + generated) in tokens; a choice reaching it ends with
-                             "length". 0: unlimited (the cache's own max_seq_len still applies) */
+                             "length" (unless context_shift). 0: unlimited (the cache's own max_seq_len still
+                             applies) */
+    bool context_shift;   /* default false. With n_ctx > 0: a choice whose context reaches n_ctx while its
+                             request's max_tokens (> 0) is not reached shifts its context instead of ending:
+                             see "Context shift" above */
     void (*on_step)(void *ctx); /* optional (NULL by default): called on the scheduler thread at the end of every
                                    step, after the cache calls of that step (KV-cache events flush per step) */
     void *on_step_ctx;
+    srv_sched_policy policy;  /* SRV_SCHED_FCFS (default) or SRV_SCHED_PRIORITY */
+    void (*on_trace)(void *ctx, const srv_sched_trace *t); /* optional observer (NULL by default) of every move of a
+                                   request between the queues, in the order the scheduler makes them: on the
+                                   scheduler thread, and inside srv_sched_free (loop thread, after the scheduler
+                                   thread has ended) for the requests it ends. Must not call the scheduler. */
+    void *on_trace_ctx;
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -244,6 +305,8 @@ typedef struct srv_sched_request {
     bool penalize_prompt;     /* the repetition/presence/frequency penalties also see the prompt tokens (as
                                  llama.cpp's server does); false: only generated tokens (needs
                                  ops.sampler_accept, ignored without it) */
+    int32_t n_keep;           /* context shift: leading prompt tokens kept when the context is shifted (the API
+                                 layer counts the BOS token in); < 0 or > n_prompt: the whole prompt */
     bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
                                  last DELTA (for callers that print token ids, like `kvserve generate`) */
     bool embed;               /* an embedding request: the prompt is prefilled like any other (same batches,
@@ -264,6 +327,8 @@ typedef struct srv_sched_request {
                                  matchers (like the samplers). The template, its grammar and its vocabulary
                                  must outlive the request (until its DONE event); the scheduler frees its clones
                                  before posting DONE. */
+    int32_t priority;         /* lower is more urgent (vLLM's `priority`), any int32; must be 0 under
+                                 SRV_SCHED_FCFS (else SRV_SCHED_ERR_INVALID) */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;
@@ -283,7 +348,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
 void srv_sched_free(srv_sched *s);
 
 /* Queues a request (everything is copied; req may be freed on return) and writes its id (> 0) to *id.
- * Errors: SRV_SCHED_ERR_INVALID, SRV_SCHED_ERR_TOO_LONG (n_prompt >= n_ctx), SRV_SCHED_ERR_QUEUE_FULL,
+ * Errors: SRV_SCHED_ERR_INVALID (also a nonzero priority under SRV_SCHED_FCFS), SRV_SCHED_ERR_TOO_LONG (n_prompt >= n_ctx), SRV_SCHED_ERR_QUEUE_FULL,
  * SRV_SCHED_ERR_NOMEM, SRV_SCHED_ERR_STOPPED. On error no callback is ever made. Loop thread only. */
 int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id);
 
@@ -314,6 +379,8 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
+    uint64_t context_shifts;          /* context shifts (params.context_shift), in place or recomputed */
+    uint64_t context_shifts_recomputed; /* of those, shifts done by recomputing the kept tokens */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

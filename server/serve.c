@@ -1,5 +1,5 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
- * scheduler thread, signals and graceful shutdown. */
+ * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
 #include "server/grammar_cache.h"
 
@@ -31,7 +31,7 @@ typedef struct daemon_state {
     uv_signal_t sigint, sigterm;
     uv_timer_t poll;
     uv_work_t load;
-    bool loading, shutting_down, cancelled, finalized;
+    bool loading, shutting_down, cancelled, closing, finalized;
     uint64_t deadline_ns;
     /* the engine */
     eng_model *model;
@@ -44,6 +44,7 @@ typedef struct daemon_state {
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
+    srv_tf_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -98,6 +99,9 @@ static void load_template(daemon_state *d) {
     const char *cfg = d->cfg->chat_template;
     d->bos_text = token_text(d->model, eng_token_bos(d->model));
     d->eos_text = token_text(d->model, eng_token_eos(d->model));
+    /* the tool-call format follows what renders: the Jinja template (below), else the built-in family, forced
+     * or found in the model's template text as eng_chat_render finds it */
+    d->tool_format = srv_tf_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
     char *owned = NULL;
     const char *src = NULL, *what = "the model's chat template";
     size_t len = 0;
@@ -115,6 +119,7 @@ static void load_template(daemon_state *d) {
     if (!src) return;
     tpl_error te;
     int r = tpl_compile(src, len, NULL, &d->tpl, &te);
+    if (r == 0) d->tool_format = srv_tf_detect(src, ENG_CHAT_AUTO);
     free(owned);
     if (r != 0) {
         d->tpl = NULL;
@@ -178,7 +183,9 @@ static void load_done(uv_work_t *w, int status) {
     sp.parallel = c->parallel;
     sp.max_queue = c->max_queue;
     sp.max_queued_tokens = c->max_queued_tokens;
+    sp.policy = !strcmp(c->scheduling_policy, "priority") ? SRV_SCHED_PRIORITY : SRV_SCHED_FCFS;
     sp.n_ctx = n_ctx;
+    sp.context_shift = c->context_shift;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
         kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
         sp.on_step = srv_kvev_step_end;
@@ -199,6 +206,7 @@ static void load_done(uv_work_t *w, int status) {
         if (slash) id = slash + 1;
     }
     srv_api_set_model(d->api, id, n_ctx, hp->n_vocab);
+    srv_api_set_context_shift(d->api, c->context_shift, c->n_keep, eng_token_bos(d->model));
     /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last);
      * a generative model without one (or "none") gets mean */
     srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS
@@ -218,18 +226,32 @@ static void load_done(uv_work_t *w, int status) {
         .n_ctx = n_ctx, .parallel = c->parallel, .batch_tokens = c->batch_tokens,
         .threads = eng_ctx_n_threads(d->ctx), .device = eng_ctx_device(d->ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu",
         .simd = eng_simd_name(eng_simd_detect()),
+        .scheduling_policy = c->scheduling_policy, .context_shift = c->context_shift, .n_keep = c->n_keep,
     };
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
-                          d->eos_text};
+                          d->eos_text, d->tool_format};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
-    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads)\n", id,
-            hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx));
+    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s)\n",
+            id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx),
+            srv_tf_name(d->tool_format));
 }
 
-/* ---- shutdown ------------------------------------------------------------------------------------------------- */
+/* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
+ * SIGTERM/SIGINT (begin_shutdown): the listener stays open so that readiness probes and routers see the server
+ * drain: /health answers 503 "draining", every new request 503 with Retry-After (srv_api_set_draining), and each
+ * answer closes its connection. Requests already accepted run on for shutdown_grace_s. Then, polled every 50 ms:
+ *   1. nothing runs any more                     -> closing (2)
+ *      the grace period is over, or a 2nd signal -> the rest are cancelled: streams end with an error event and
+ *                                                   [DONE], others 503; the listener closes; after CANCEL_WAIT_NS
+ *                                                   at most -> closing (2)
+ *   2. closing: the listener and idle connections close; answers still being written get CLOSE_WAIT_NS to leave
+ *      (no stream is cut mid-event by closing its socket under it) -> finalize: the loop runs down, exit 0. */
+#define CANCEL_WAIT_NS 2000000000ull /* cancelled requests must be gone by then */
+#define CLOSE_WAIT_NS 3000000000ull  /* the last answers must have left by then (> the HTTP layer's linger) */
+
 static void finalize(daemon_state *d) {
     if (d->finalized) return;
     d->finalized = true;
@@ -246,37 +268,44 @@ static void finalize(daemon_state *d) {
     uv_close((uv_handle_t *)&d->sigterm, NULL);
 }
 
+static void begin_closing(daemon_state *d) {
+    d->closing = true;
+    srv_http_stop_accepting(d->http);
+    d->deadline_ns = uv_hrtime() + CLOSE_WAIT_NS;
+}
+
+static void cancel_running(daemon_state *d, const char *why) {
+    fprintf(stderr, "kvserve: %s: cancelling %d running request(s)\n", why, (int)srv_api_in_flight(d->api));
+    srv_api_cancel_all(d->api);
+    srv_http_stop_accepting(d->http);
+    d->cancelled = true;
+    d->deadline_ns = uv_hrtime() + CANCEL_WAIT_NS;
+}
+
 static void on_poll(uv_timer_t *t) {
     daemon_state *d = t->data;
     if (!d->shutting_down || d->loading) return;
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
     uint64_t now = uv_hrtime();
-    if (idle) { finalize(d); return; }
-    if (!d->cancelled && now >= d->deadline_ns) {
-        fprintf(stderr, "kvserve: grace period over: cancelling %d running request(s)\n",
-                (int)srv_api_in_flight(d->api));
-        srv_api_cancel_all(d->api);
-        d->cancelled = true;
-        d->deadline_ns = now + 2000000000ull; /* then give up on them */
+    if (d->closing) {
+        if (srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) finalize(d);
         return;
     }
-    if (d->cancelled && now >= d->deadline_ns) finalize(d);
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
+    if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
+    else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
 }
 
 static void begin_shutdown(daemon_state *d, const char *why) {
     if (d->shutting_down) {
-        if (why && !d->cancelled) { /* a second signal: do not wait for the grace period */
-            srv_api_cancel_all(d->api);
-            d->cancelled = true;
-            d->deadline_ns = uv_hrtime() + 2000000000ull;
-        }
+        if (why && !d->cancelled && !d->closing) cancel_running(d, "second signal"); /* no more waiting */
         return;
     }
     d->shutting_down = true;
+    srv_api_set_draining(d->api);
+    srv_http_set_keep_alive(d->http, false);
     if (why)
-        fprintf(stderr, "kvserve: %s: no new connections; %d request(s) get %.1f s to finish\n", why,
-                (int)srv_http_active_requests(d->http), d->cfg->shutdown_grace_s);
-    srv_http_stop_accepting(d->http);
+        fprintf(stderr, "kvserve: %s: draining (/health 503, new requests 503); %d running request(s) get %.1f s "
+                "to finish\n", why, (int)srv_api_in_flight(d->api), d->cfg->shutdown_grace_s);
     d->deadline_ns = uv_hrtime() + (uint64_t)(d->cfg->shutdown_grace_s * 1e9);
     uv_timer_start(&d->poll, on_poll, 0, 50);
 }
@@ -311,6 +340,7 @@ int srv_main(const srv_config *cfg) {
     srv_api_limits_default(&ac.limits);
     ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
     ac.limits.max_stop = cfg->max_stop;
+    ac.limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
     ac.api_key = cfg->api_key;
     ac.parse_special_in_content = cfg->parse_special_in_content;
     ac.loop = &d->loop;

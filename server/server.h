@@ -50,6 +50,10 @@ typedef struct srv_config {
     int32_t parallel;           /* most sequences generating at once, default 64 */
     int32_t batch_tokens;       /* token budget of one engine step, default 512 */
     int32_t ctx_size;           /* longest sequence; 0: the model's training context */
+    bool context_shift;         /* a generation reaching ctx_size drops half of its context after n_keep and
+                                   goes on (scheduler.h, "Context shift"); default false: it ends with "length" */
+    int32_t n_keep;             /* default n_keep of requests: prompt tokens a context shift keeps, BOS not
+                                   counted (-1: the whole prompt), default 0 */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: from kv_cache_mb */
     int32_t kv_cache_mb;        /* KV pool budget in MiB when kv_blocks == 0; 0: the engine's default */
     char kv_dtype[8];           /* "f16" (default), "f32", "q8_0" */
@@ -59,6 +63,8 @@ typedef struct srv_config {
     double gpu_memory_fraction; /* (0, 1], default 0.9 */
     int32_t max_queue;          /* waiting requests before 429, default 256 */
     int32_t max_queued_tokens;  /* prompt tokens of waiting requests before 429; 0 (default): no limit */
+    char scheduling_policy[16]; /* "fcfs" (default: arrival order; a nonzero request `priority` is a 400) or
+                                   "priority" (lower `priority` first, then arrival), as vLLM's */
     int32_t max_n;              /* largest "n" a request may ask, default 16 */
     int32_t max_stop;           /* most stop strings per request, default 16 */
     char api_key[256];          /* "": no authentication */
@@ -72,7 +78,8 @@ typedef struct srv_config {
     int32_t header_limit_kb;    /* request line + headers above this get 431, default 16 */
     int32_t max_connections;    /* default 1024 */
     int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */
-    double shutdown_grace_s;    /* SIGINT/SIGTERM: time running requests get to finish, default 10 */
+    double shutdown_grace_s;    /* SIGTERM/SIGINT: the drain timeout, time in-flight requests get to finish while
+                                   /health and new requests answer 503; default 10 */
     char log_format[8];         /* "text" (default), "json", "none" */
     char chat_template[1024];   /* "": the model's template; a file that exists: a Jinja template read from it;
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
@@ -105,9 +112,11 @@ void srv_config_usage(FILE *f);
 /* Writes the configuration as a JSON object (malloc'd; the api_key is masked). */
 char *srv_config_to_json(const srv_config *cfg);
 
-/* Runs the daemon until SIGINT/SIGTERM: binds, loads the model (GET /health answers 503 "loading"
- * meanwhile), serves, and on a signal stops accepting, lets running requests finish for shutdown_grace_s,
- * cancels the rest and returns 0. Returns 1 when start-up fails (message on stderr). */
+/* Runs the daemon until SIGTERM/SIGINT: binds, loads the model (GET /health answers 503 "loading"
+ * meanwhile), serves, and on a signal drains: it keeps listening, /health answers 503 "draining", new requests
+ * 503 with Retry-After, in-flight requests run on for up to shutdown_grace_s and the rest are then cancelled
+ * (streams end with an error event and [DONE], others 503); once nothing runs the listener closes and it returns
+ * 0. A second signal cancels at once. Returns 1 when start-up fails (message on stderr). */
 int srv_main(const srv_config *cfg);
 
 #ifdef __cplusplus

@@ -27,11 +27,13 @@ void srv_tc_result_free(srv_tc_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Parses one JSON value at s[0..len) (leading whitespace skipped); *used: bytes consumed. NULL when none. */
+/* Parses one JSON value at s[0..len) (leading JSON whitespace skipped); *used: bytes consumed. NULL when none. */
 static cJSON *parse_value(const char *s, size_t len, size_t *used) {
     size_t i = 0;
     while (i < len && is_ws(s[i])) i++;
-    if (i == len) return NULL;
+    /* cJSON skips every byte <= 0x20 before a value, NULs included; only JSON's own whitespace may precede one
+     * here, as srv_tc_stream_safe assumes (a NUL-led text is content, never a call) */
+    if (i == len || (unsigned char)s[i] <= 0x20) return NULL;
     const char *end = NULL;
     cJSON *v = cJSON_ParseWithLengthOpts(s + i, len - i, &end, false);
     if (!v) return NULL;

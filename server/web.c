@@ -23,8 +23,9 @@ struct srv_web {
     char headers_200[1024];
     char headers_304[128];
     bool have_model;
-    char *model_id, *model_path, *chat_template, *chat_family, *device, *simd;
-    int32_t n_ctx, parallel, batch_tokens, threads;
+    char *model_id, *model_path, *chat_template, *chat_family, *device, *simd, *policy;
+    int32_t n_ctx, parallel, batch_tokens, threads, n_keep;
+    bool context_shift;
 };
 
 const unsigned char *srv_web_page_bytes(size_t *len) {
@@ -78,8 +79,8 @@ int srv_web_create(srv_web **out) {
 
 static void clear_model(srv_web *w) {
     free(w->model_id); free(w->model_path); free(w->chat_template);
-    free(w->chat_family); free(w->device); free(w->simd);
-    w->model_id = w->model_path = w->chat_template = w->chat_family = w->device = w->simd = NULL;
+    free(w->chat_family); free(w->device); free(w->simd); free(w->policy);
+    w->model_id = w->model_path = w->chat_template = w->chat_family = w->device = w->simd = w->policy = NULL;
     w->have_model = false;
 }
 
@@ -100,7 +101,9 @@ int srv_web_set_model(srv_web *w, const srv_web_model *m) {
     w->chat_family = dup_or_empty(m->chat_family);
     w->device = dup_or_empty(m->device);
     w->simd = dup_or_empty(m->simd);
-    if (!w->model_id || !w->model_path || !w->chat_template || !w->chat_family || !w->device || !w->simd) {
+    w->policy = dup_or_empty(m->scheduling_policy ? m->scheduling_policy : "fcfs");
+    if (!w->model_id || !w->model_path || !w->chat_template || !w->chat_family || !w->device || !w->simd ||
+        !w->policy) {
         clear_model(w);
         return SRV_WEB_ERR_NOMEM;
     }
@@ -108,6 +111,8 @@ int srv_web_set_model(srv_web *w, const srv_web_model *m) {
     w->parallel = m->parallel;
     w->batch_tokens = m->batch_tokens;
     w->threads = m->threads;
+    w->context_shift = m->context_shift;
+    w->n_keep = m->n_keep;
     w->have_model = true;
     return SRV_WEB_OK;
 }
@@ -152,7 +157,13 @@ char *srv_web_props_json(const srv_web *w) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON *dgs = cJSON_AddObjectToObject(o, "default_generation_settings");
-    if (dgs) cJSON_AddNumberToObject(dgs, "n_ctx", w->n_ctx);
+    if (dgs) {
+        cJSON_AddNumberToObject(dgs, "n_ctx", w->n_ctx);
+        cJSON *params = cJSON_AddObjectToObject(dgs, "params");
+        if (params) cJSON_AddNumberToObject(params, "n_keep", w->n_keep);
+    }
+    cJSON_AddBoolToObject(o, "context_shift", w->context_shift);
+    cJSON_AddStringToObject(o, "scheduling_policy", w->policy);
     cJSON_AddNumberToObject(o, "total_slots", w->parallel);
     cJSON_AddStringToObject(o, "model_alias", w->model_id);
     cJSON_AddStringToObject(o, "model_path", w->model_path);

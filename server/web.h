@@ -41,6 +41,9 @@ typedef struct srv_web_model {
     int32_t threads;            /* engine threads */
     const char *device;         /* "cpu" or "cuda" */
     const char *simd;           /* CPU kernel level in use ("scalar", "avx2", "avx512") */
+    const char *scheduling_policy; /* "fcfs" or "priority" (NULL: "fcfs") */
+    bool context_shift;         /* the server's context_shift setting */
+    int32_t n_keep;             /* the default n_keep of requests */
 } srv_web_model;
 
 typedef struct srv_web srv_web;

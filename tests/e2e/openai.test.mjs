@@ -262,6 +262,39 @@ describe('concurrency and cancellation', () => {
   });
 });
 
+describe('context shift', () => {
+  test('with --context-shift a long generation crosses the context size; without it max_tokens must fit', async () => {
+    const cs = await startServer(model.path, ['--ctx-size', '64', '--context-shift', '--parallel', '4', '--threads', '2']);
+    const off = await startServer(model.path, ['--ctx-size', '64', '--parallel', '4', '--threads', '2']);
+    try {
+      const c = new OpenAI({ baseURL: `${cs.base}/v1`, apiKey: 'x', maxRetries: 0, timeout: 300000 });
+      const r = await complete(c, PROMPTS[0], { max_tokens: 150, ignore_eos: true, n_keep: 2 });
+      assert.equal(r.choices[0].finish_reason, 'length');
+      assert.equal(r.usage.completion_tokens, 150);
+      assert.ok(r.usage.prompt_tokens + r.usage.completion_tokens > 64 * 2, 'generated past the context twice');
+      if (model.shared) assert.ok(r.choices[0].text.length > 0);
+      // the same request streamed gives the same text (greedy, one sequence)
+      const s = await streamText(c, PROMPTS[0], { max_tokens: 150, ignore_eos: true, n_keep: 2 });
+      assert.equal(s.finish, 'length');
+      assert.equal(s.text, r.choices[0].text);
+      // no max_tokens: the context bounds the generation even with the shift on
+      const chat = await c.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }],
+        temperature: 0, ignore_eos: true });
+      assert.equal(chat.choices[0].finish_reason, 'length');
+      assert.equal(chat.usage.prompt_tokens + chat.usage.completion_tokens, 64);
+      // a bad n_keep is a 400 naming it
+      await assert.rejects(complete(c, 'x', { n_keep: -5 }), (e) => e.status === 400 && /n_keep/.test(e.message));
+      // without the shift the same request does not fit
+      const c2 = new OpenAI({ baseURL: `${off.base}/v1`, apiKey: 'x', maxRetries: 0, timeout: 300000 });
+      await assert.rejects(complete(c2, PROMPTS[0], { max_tokens: 150 }),
+        (e) => e.status === 400 && e.code === 'context_length_exceeded');
+    } finally {
+      assert.equal(await cs.stop(), 0);
+      assert.equal(await off.stop(), 0);
+    }
+  });
+});
+
 describe('small pools and queues', () => {
   test('a tiny KV pool completes every request correctly through preemption', async () => {
     const small = await startServer(model.path, ['--parallel', '16', '--kv-blocks', '24', '--block-size', '16']);

@@ -239,6 +239,20 @@ describe('routes without /v1 and /props', () => {
     assert.equal(p.build.device, 'cpu');
     assert.equal(p.build.threads, 2);
     assert.equal(p.is_sleeping, false);
+    assert.equal(p.context_shift, false, 'off by default');
+    assert.equal(p.scheduling_policy, 'fcfs');
+    assert.equal(p.default_generation_settings.params.n_keep, 0);
+  });
+
+  test('/props reports the scheduling policy and the context shift settings', async () => {
+    const s = await startServer(model.path, ['--threads', '1', '--scheduling-policy', 'priority', '--context-shift',
+      '--n-keep', '4']);
+    try {
+      const p = await (await fetch(`${s.base}/props`)).json();
+      assert.equal(p.scheduling_policy, 'priority');
+      assert.equal(p.context_shift, true);
+      assert.equal(p.default_generation_settings.params.n_keep, 4);
+    } finally { await s.stop(); }
   });
 });
 

@@ -86,6 +86,15 @@ static const vcase VCASES[] = {
     {C, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", NULL},
     {C, "{\"prompt\":\"x\",\"suffix\":5}", 400, "suffix", "string"},
     {C, "{\"prompt\":\"x\",\"suffix\":\"s\"}", 0, NULL, NULL},
+    /* priority under the default fcfs policy: only 0 (as vLLM); a clear 400 naming the field otherwise */
+    {C, "{\"prompt\":\"x\",\"priority\":0}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"priority\":null}", 0, NULL, NULL},
+    {C, "{\"prompt\":\"x\",\"priority\":1}", 400, "priority", "not enabled"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":-2}", 400, "priority", "fcfs"},
+    {C, "{\"prompt\":\"x\",\"priority\":1.5}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":\"1\"}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":true}", 400, "priority", "integer"},
+    {C, "{\"prompt\":\"x\",\"priority\":2147483648}", 400, "priority", "between -2147483648 and 2147483647"},
     {H, "{}", 400, "messages", "required"},
     {H, "{\"messages\":{}}", 400, "messages", "array"},
     {H, "{\"messages\":[]}", 400, "messages", "empty"},
@@ -201,6 +210,41 @@ Test(api_parse, fields) {
     srv_api_gen_free(&g);
 }
 
+/* Under the priority policy any int32 priority parses (lower is more urgent); absent is 0. */
+Test(api_parse, priority_under_priority_policy) {
+    srv_api_limits lim;
+    srv_api_limits_default(&lim);
+    cr_assert(!lim.priority_scheduling, "fcfs is the default");
+    lim.priority_scheduling = true;
+    static const struct { const char *body; int32_t want; } ok[] = {
+        {"{\"prompt\":\"x\"}", 0},
+        {"{\"prompt\":\"x\",\"priority\":7}", 7},
+        {"{\"prompt\":\"x\",\"priority\":-3}", -3},
+        {"{\"prompt\":\"x\",\"priority\":2147483647}", INT32_MAX},
+        {"{\"prompt\":\"x\",\"priority\":-2147483648}", INT32_MIN},
+        {"{\"prompt\":\"x\",\"priority\":1e2}", 100},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        srv_api_gen g;
+        srv_api_error e;
+        cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, ok[i].body, strlen(ok[i].body), &lim, &g, &e), 0, "%s: %s",
+                     ok[i].body, e.message);
+        cr_assert_eq(g.priority, ok[i].want, "%s", ok[i].body);
+        srv_api_gen_free(&g);
+    }
+    static const char *const bad[] = {"{\"prompt\":\"x\",\"priority\":-2147483649}",
+                                      "{\"prompt\":\"x\",\"priority\":0.5}",
+                                      "{\"prompt\":\"x\",\"priority\":[1]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        srv_api_gen g;
+        srv_api_error e;
+        cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, bad[i], strlen(bad[i]), &lim, &g, &e), SRV_API_ERR_INVALID);
+        cr_assert_eq(e.status, 400);
+        cr_assert_str_eq(e.param, "priority");
+        cr_assert(strstr(e.message, "'priority'"), "%s", e.message);
+    }
+}
+
 /* Random mutations of a valid body never crash the parser and always give either OK or a 400 with a message. */
 Test(api_parse, fuzz_mutations) {
     const char *base = "{\"prompt\":[\"ab\",\"c\"],\"max_tokens\":5,\"temperature\":0.7,\"stop\":[\"x\"],"
@@ -235,6 +279,7 @@ Test(api_parse, fuzz_mutations) {
 }
 
 /* ---- 2. a fake scheduler backend --------------------------------------------------------------------------- */
+enum { FAKE_EMBD = 4 };
 typedef struct fake fake;
 typedef struct freq {
     fake *f;
@@ -243,6 +288,7 @@ typedef struct freq {
     srv_sched_event_cb cb;
     void *user;
     bool cancelled, fail, slow;
+    bool embed;           /* an embedding request: ends at once with STOP and the fake's vector */
     const char *script;   /* when set: the text generated, one byte per step */
     uv_timer_t t;
 } freq;
@@ -257,12 +303,14 @@ struct fake {
     atomic_int n_cancel, n_submit, n_done;
     /* the last request submitted, for checks */
     eng_sampling_params last_sp;
-    int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop;
+    int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop, last_n_keep;
     bool last_ignore_eos;
+    int32_t last_priority;
     char last_stop0[32];
     freq *live[64];   /* requests not yet done (loop thread only) */
     tpl_template *tpl; /* the chat template handed to the API (NULL: fake_chat) */
     uv_async_t cancel_all; /* runs srv_api_cancel_all on the loop thread */
+    uv_async_t drain;      /* starts a graceful drain on the loop thread, as serve.c does on SIGTERM */
 };
 
 static void freq_closed(uv_handle_t *h) { free(h->data); }
@@ -283,6 +331,11 @@ static void emit_done(freq *q, srv_sched_finish fin) {
     ev.timings.t_first_token = now - 1000000;
     ev.timings.t_end = now;
     ev.t = now;
+    static const float vec[FAKE_EMBD] = {0.6f, 0.8f, 0.0f, 0.0f};
+    if (q->embed && fin == SRV_SCHED_FINISH_STOP) {
+        ev.embd = vec;
+        ev.n_embd = FAKE_EMBD;
+    }
     atomic_fetch_add(&q->f->n_done, 1);
     for (int i = 0; i < 64; i++)
         if (q->f->live[i] == q) q->f->live[i] = NULL;
@@ -330,15 +383,16 @@ static void freq_tick(uv_timer_t *t) {
         uv_timer_start(&q->t, freq_tick, q->slow ? 20 : 1, 0);
         return;
     }
+    srv_sched_finish fin = q->embed ? SRV_SCHED_FINISH_STOP : SRV_SCHED_FINISH_LENGTH;
     for (int32_t c = 0; c < q->n; c++) {
         memset(&ev, 0, sizeof ev);
         ev.type = SRV_SCHED_EV_CHOICE_END;
         ev.id = q->id;
         ev.choice = c;
-        ev.finish = SRV_SCHED_FINISH_LENGTH;
+        ev.finish = fin;
         q->cb(&ev, q->user);
     }
-    emit_done(q, SRV_SCHED_FINISH_LENGTH);
+    emit_done(q, fin);
 }
 
 static bool prompt_has(const srv_sched_request *r, const char *word) {
@@ -359,10 +413,12 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     f->last_n_prompt = r->n_prompt;
     memcpy(f->last_prompt, r->prompt, (size_t)(r->n_prompt < 512 ? r->n_prompt : 512) * sizeof(int32_t));
     f->last_max_tokens = r->max_tokens;
+    f->last_n_keep = r->n_keep;
     f->last_n_stop = (int32_t)r->n_stop;
     f->last_stop0[0] = 0;
     if (r->n_stop) snprintf(f->last_stop0, sizeof f->last_stop0, "%s", r->stop[0]);
     f->last_ignore_eos = r->ignore_eos;
+    f->last_priority = r->priority;
     freq *q = calloc(1, sizeof *q);
     q->f = f;
     q->id = ++f->next_id;
@@ -375,6 +431,8 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     q->cb = r->cb;
     q->user = r->user;
     q->fail = prompt_has(r, "FAIL");
+    q->embed = r->embed;
+    if (q->embed) q->max_tokens = 0;
     /* a model answering with a tool call (Hermes/Qwen format) */
     if (prompt_has(r, "TOOLSCRIPT")) {
         q->script = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
@@ -465,6 +523,7 @@ static void fake_on_stop(uv_loop_t *loop, void *ud) {
     fake *f = ud;
     srv_http_close(f->h);
     uv_close((uv_handle_t *)&f->cancel_all, NULL);
+    uv_close((uv_handle_t *)&f->drain, NULL);
 }
 
 static void on_cancel_all(uv_async_t *a) {
@@ -472,10 +531,18 @@ static void on_cancel_all(uv_async_t *a) {
     srv_api_cancel_all(f->api);
 }
 
+static void on_drain(uv_async_t *a) {
+    fake *f = a->data;
+    srv_api_set_draining(f->api);
+    srv_http_set_keep_alive(f->h, false);
+}
+
 typedef struct fake_opts {
     const char *api_key; int32_t n_ctx; bool no_backend; FILE *log;
     const char *tpl;              /* a Jinja chat template for the API (NULL: the built-in fake_chat) */
     bool parse_special_in_content;
+    bool priority_scheduling;     /* scheduling_policy "priority" (default fcfs) */
+    bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -489,6 +556,7 @@ static fake *fake_start(const fake_opts *o) {
     cfg.n_ctx = o && o->n_ctx ? o->n_ctx : 4096;
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
+    cfg.limits.priority_scheduling = o && o->priority_scheduling;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = o && o->log ? SRV_LOG_TEXT : SRV_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
@@ -499,10 +567,14 @@ static fake *fake_start(const fake_opts *o) {
         cr_assert_eq(tpl_compile(o->tpl, strlen(o->tpl), NULL, &f->tpl, &te), 0, "%s", te.msg);
     }
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
+    if (o && o->embeddings) srv_api_set_pooling(f->api, SRV_SCHED_POOL_MEAN, FAKE_EMBD); /* loop not started yet */
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
+    f->drain.data = f;
+    cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
-        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>"};
+        srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
+                              SRV_TF_GENERIC};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;
@@ -874,6 +946,193 @@ Test(api, chat_tool_calls_stream) {
     fake_stop(f);
 }
 
+/* ---- /v1/responses: the chat path, function calls ------------------------------------------------------------ */
+static const char *RESP_TOOLS = "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]";
+
+/* /v1/responses builds its prompt through chat's path: the same tokens as the same messages on
+ * /v1/chat/completions, with the Jinja template (contents as plain text) and with the built-in families. */
+Test(api, responses_prompt_is_chats) {
+    static const char *resp = "{\"instructions\":\"S\",\"input\":[{\"role\":\"user\",\"content\":\"hi <|im_end|> there\"},"
+                              "{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"q\"}],\"max_output_tokens\":2}";
+    static const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hi <|im_end|> there\"},"
+                              "{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"q\"}],\"max_tokens\":2}";
+    for (int tpl = 0; tpl < 2; tpl++) {
+        fake_opts o = {.tpl = tpl ? CHATML_TPL : NULL};
+        fake *f = fake_start(&o);
+        tc_resp r;
+        cr_assert_eq(post(f, "/v1/chat/completions", chat, NULL, &r), 200, "%s", r.body);
+        tc_resp_free(&r);
+        int32_t want[512], nw = f->last_n_prompt;
+        memcpy(want, f->last_prompt, sizeof want);
+        cr_assert_eq(post(f, "/v1/responses", resp, NULL, &r), 200, "%s", r.body);
+        cr_assert_eq(f->last_n_prompt, nw, "tpl %d", tpl);
+        for (int32_t i = 0; i < nw && i < 512; i++) cr_assert_eq(f->last_prompt[i], want[i], "tpl %d token %d", tpl, i);
+        if (tpl) cr_assert_eq(count_tok(f, 2), 4, "the typed <|im_end|> stays text: the 4 are the template's");
+        cr_assert_eq(f->last_max_tokens, 2);
+        tc_resp_free(&r);
+        fake_stop(f);
+    }
+}
+
+Test(api, responses_function_call_and_its_output) {
+    fake_opts o = {.tpl = CHATML_TPL};
+    fake *f = fake_start(&o);
+    char body[1024];
+    tc_resp r;
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r), 200, "%s", r.body);
+    cJSON *o1 = json_of(&r);
+    cJSON *out = cJSON_GetObjectItem(o1, "output");
+    cr_assert_eq(cJSON_GetArraySize(out), 2, "%s", r.body);
+    cJSON *m = cJSON_GetArrayItem(out, 0), *fc = cJSON_GetArrayItem(out, 1);
+    cr_assert_str_eq(jstr(m, "type"), "message");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "content"), 0), "text"), "Checking.");
+    cr_assert_str_eq(jstr(fc, "type"), "function_call");
+    cr_assert_str_eq(jstr(fc, "name"), "get_weather");
+    cr_assert_str_eq(jstr(fc, "status"), "completed");
+    cr_assert(!strncmp(jstr(fc, "id"), "fc_", 3));
+    cr_assert(!strncmp(jstr(fc, "call_id"), "call_", 5));
+    cJSON *args = cJSON_Parse(jstr(fc, "arguments"));
+    cr_assert_str_eq(jstr(args, "city"), "Paris");
+    cJSON_Delete(args);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(o1, "tools"), 0), "name"), "get_weather");
+    cr_assert_str_eq(jstr(o1, "tool_choice"), "auto");
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(o1, "parallel_tool_calls")));
+    /* the call's output continues the stored conversation: the assistant's text and the result reach the prompt */
+    char body2[1024];
+    snprintf(body2, sizeof body2, "{\"previous_response_id\":\"%s\",\"input\":[{\"type\":\"function_call_output\","
+             "\"call_id\":\"%s\",\"output\":\"sunny\"}],%s}", jstr(o1, "id"), jstr(fc, "call_id"), RESP_TOOLS);
+    tc_resp r2;
+    cr_assert_eq(post(f, "/v1/responses", body2, NULL, &r2), 200, "%s", r2.body);
+    /* ChatML: ... <|im_start|>assistant\nChecking.<|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n */
+    static const char tail[] = "assistant\nChecking.\002\n\003tool\nsunny\002\n\003assistant\n";
+    int32_t tl = (int32_t)strlen(tail);
+    cr_assert_geq(f->last_n_prompt, tl);
+    for (int32_t i = 0; i < tl; i++)
+        cr_assert_eq(f->last_prompt[f->last_n_prompt - tl + i], (unsigned char)tail[i], "byte %d", i);
+    tc_resp_free(&r2);
+    /* tool_choice none: the text as it came, no function_call item */
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",\"tool_choice\":\"none\",%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r2), 200, "%s", r2.body);
+    cJSON *o2 = json_of(&r2);
+    out = cJSON_GetObjectItem(o2, "output");
+    cr_assert_eq(cJSON_GetArraySize(out), 1);
+    cr_assert(strstr(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(out, 0), "content"), 0), "text"), "<tool_call>"));
+    cJSON_Delete(o2);
+    tc_resp_free(&r2);
+    /* an unknown call_id, an unsupported tool type: 400s naming them */
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"nope\",\"output\":\"x\"}]}", NULL, &r2), 400);
+    cr_assert(strstr(r2.body, "nope"));
+    tc_resp_free(&r2);
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", NULL, &r2), 400);
+    cJSON *eo = json_of(&r2);
+    cJSON *err = cJSON_GetObjectItem(eo, "error");
+    cr_assert_str_eq(jstr(err, "param"), "tools");
+    cr_assert(strstr(jstr(err, "message"), "web_search"));
+    cJSON_Delete(eo);
+    tc_resp_free(&r2);
+    cJSON_Delete(o1);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* "event: T\ndata: J\n\n" frames */
+static int typed_split(const char *body, char types[][64], char data[][4096], int max) {
+    int n = 0;
+    const char *p = body;
+    while (*p) {
+        cr_assert(!strncmp(p, "event: ", 7), "frame does not start with 'event: ': %.40s", p);
+        p += 7;
+        const char *nl = strchr(p, '\n');
+        cr_assert(nl && !strncmp(nl + 1, "data: ", 6));
+        cr_assert_lt(n, max);
+        snprintf(types[n], 64, "%.*s", (int)(nl - p), p);
+        p = nl + 7;
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "frame not terminated by a blank line");
+        snprintf(data[n], 4096, "%.*s", (int)(e - p), p);
+        n++;
+        p = e + 2;
+    }
+    return n;
+}
+
+/* Streamed function calls, accumulated as the openai SDK's ResponseStream does: items pushed by
+ * output_item.added, text appended by output_text.delta, arguments by function_call_arguments.delta. */
+Test(api, responses_function_call_stream) {
+    fake_opts o = {.tpl = CHATML_TPL};
+    fake *f = fake_start(&o);
+    char body[1024];
+    tc_resp r;
+    snprintf(body, sizeof body, "{\"input\":\"TOOLSCRIPT\",\"stream\":true,%s}", RESP_TOOLS);
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r), 200, "%s", r.body);
+    static char types[256][64], data[256][4096];
+    int n = typed_split(r.body, types, data, 256);
+    cJSON *snap = NULL;
+    const char *order[16];
+    int n_order = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_Parse(data[i]);
+        cr_assert(e, "%s", data[i]);
+        cr_assert_str_eq(jstr(e, "type"), types[i]);
+        cr_assert_eq(jnum(e, "sequence_number"), i);
+        const char *t = types[i];
+        if (strcmp(t, "response.output_text.delta") && n_order < 16) order[n_order++] = strdup(t);
+        if (!strcmp(t, "response.created")) {
+            snap = cJSON_Duplicate(cJSON_GetObjectItem(e, "response"), true);
+        } else if (!strcmp(t, "response.output_item.added")) {
+            cr_assert_eq(jnum(e, "output_index"), cJSON_GetArraySize(cJSON_GetObjectItem(snap, "output")));
+            cJSON_AddItemToArray(cJSON_GetObjectItem(snap, "output"), cJSON_Duplicate(cJSON_GetObjectItem(e, "item"), true));
+        } else if (!strcmp(t, "response.content_part.added")) {
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cJSON_AddItemToArray(cJSON_GetObjectItem(it, "content"), cJSON_Duplicate(cJSON_GetObjectItem(e, "part"), true));
+        } else if (!strcmp(t, "response.output_text.delta")) {
+            cr_assert_null(strstr(jstr(e, "delta"), "<tool_call"), "no call text leaks into the message");
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(it, "content"), (int)jnum(e, "content_index"));
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s%s", jstr(part, "text"), jstr(e, "delta"));
+            cJSON_ReplaceItemInObject(part, "text", cJSON_CreateString(buf));
+        } else if (!strcmp(t, "response.function_call_arguments.delta")) {
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cr_assert_str_eq(jstr(it, "type"), "function_call");
+            cr_assert_str_eq(jstr(it, "id"), jstr(e, "item_id"));
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s%s", jstr(it, "arguments"), jstr(e, "delta"));
+            cJSON_ReplaceItemInObject(it, "arguments", cJSON_CreateString(buf));
+        } else if (!strcmp(t, "response.function_call_arguments.done")) {
+            cr_assert_str_eq(jstr(e, "name"), "get_weather");
+            cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(snap, "output"), (int)jnum(e, "output_index"));
+            cr_assert_str_eq(jstr(e, "arguments"), jstr(it, "arguments"));
+        } else if (!strcmp(t, "response.completed") || !strcmp(t, "response.incomplete")) {
+            cJSON *fin = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "response"), "output");
+            cJSON *acc = cJSON_GetObjectItem(snap, "output");
+            cr_assert_eq(cJSON_GetArraySize(fin), 2);
+            cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(acc, 0), "content"), 0), "text"), "Checking.");
+            cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(fin, 0), "content"), 0), "text"), "Checking.");
+            cJSON *a = cJSON_GetArrayItem(acc, 1), *b = cJSON_GetArrayItem(fin, 1);
+            cr_assert_str_eq(jstr(a, "arguments"), jstr(b, "arguments"));
+            cr_assert_str_eq(jstr(a, "call_id"), jstr(b, "call_id"));
+            cJSON *args = cJSON_Parse(jstr(a, "arguments"));
+            cr_assert_str_eq(jstr(args, "city"), "Paris");
+            cJSON_Delete(args);
+        }
+        cJSON_Delete(e);
+    }
+    static const char *const want[] = {"response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.incomplete"};
+    cr_assert_eq(n_order, 12);
+    for (int i = 0; i < n_order; i++) {
+        cr_assert_str_eq(order[i], want[i], "event %d", i);
+        free((void *)order[i]);
+    }
+    cJSON_Delete(snap);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
 Test(api, completion_stream_without_usage) {
     fake *f = fake_start(NULL);
     tc_resp r;
@@ -1026,6 +1285,44 @@ Test(api, context_length_exceeded) {
     fake_stop(f);
 }
 
+/* With the context shift on, max_tokens may pass the context (the prompt must still fit), and n_keep reaches
+ * the scheduler with the BOS token counted in (the fake tokenizer's BOS is 1), clamped to the prompt. */
+Test(api, context_shift_and_n_keep) {
+    fake_opts opts = {.n_ctx = 32};
+    fake *f = fake_start(&opts);
+    srv_api_set_context_shift(f->api, true, 2, 1);
+    tc_resp r;
+    static const struct { const char *extra; int32_t want; } K[] = {
+        {"", 3}, {",\"n_keep\":0", 1}, {",\"n_keep\":4", 5}, {",\"n_keep\":-1", 11}, {",\"n_keep\":100", 11},
+    };
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":\"0123456789\",\"max_tokens\":30%s}", K[i].extra);
+        cr_assert_eq(post(f, "/v1/completions", body, NULL, &r), 200, "%s", body);
+        tc_resp_free(&r);
+        cr_assert_eq(f->last_max_tokens, 30);
+        cr_assert_eq(f->last_n_prompt, 11);
+        cr_assert_eq(f->last_n_keep, K[i].want, "%s: n_keep %d", body, f->last_n_keep);
+    }
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"max_tokens\":100,\"n_keep\":-1}", NULL, &r), 200);
+    tc_resp_free(&r);
+    cr_assert_eq(f->last_n_keep, f->last_n_prompt);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"x\",\"n_keep\":-2}", NULL, &r), 400);
+    cr_assert(strstr(r.body, "n_keep"));
+    tc_resp_free(&r);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"%040d\",\"max_tokens\":4}", 0); /* the prompt itself does not fit */
+    cr_assert_eq(post(f, "/v1/completions", body, NULL, &r), 400);
+    cr_assert(strstr(r.body, "context_length_exceeded") && !strstr(r.body, "for the completion"), "%s", r.body);
+    tc_resp_free(&r);
+    /* off again: prompt + max_tokens must fit */
+    srv_api_set_context_shift(f->api, false, 0, 1);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":30}", NULL, &r), 400);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
 Test(api, auth) {
     fake_opts opts = {.api_key = "sekret"};
     fake *f = fake_start(&opts);
@@ -1110,6 +1407,44 @@ Test(api, disconnect_cancels_generation) {
     fake_stop(f); /* waits for the cancelled request's DONE */
 }
 
+/* Clients that leave while their body is being prepared on the thread pool: the preparation reads the body
+ * the job took over, never the request the HTTP layer may free on disconnect (under ASan a read of a freed
+ * request fails here; this timing did not catch the old code, which read req->body from the pool thread).
+ * Every route with work off the loop, several rounds; the server still answers. */
+Test(api, leaving_during_preparation) {
+    fake *f = fake_start(NULL);
+    size_t n = 2u << 20;
+    char *big = malloc(n + 256);
+    cr_assert(big);
+    const char *routes[] = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings",
+                            "/tokenize"};
+    for (int round = 0; round < 3; round++) {
+        for (size_t k = 0; k < sizeof routes / sizeof routes[0]; k++) {
+            const char *fmt = k == 1 ? "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}]}" :
+                              k == 2 || k == 3 ? "{\"input\":\"%s\"}" : k == 4 ? "{\"content\":\"%s\"}"
+                                                                            : "{\"prompt\":\"%s\"}";
+            char *text = malloc(n + 1);
+            cr_assert(text);
+            for (size_t i = 0; i < n; i++) text[i] = (char)('a' + (i * 7 + k) % 26);
+            text[n] = 0;
+            int bl = snprintf(big, n + 256, fmt, text);
+            free(text);
+            char head[256];
+            snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nContent-Length: %d\r\n\r\n", routes[k], bl);
+            int fd = tc_connect(f->port);
+            cr_assert_eq(tc_sends(fd, head), 0);
+            cr_assert_eq(tc_send(fd, big, (size_t)bl), 0);
+            close(fd); /* gone while the body is parsed and tokenized off the loop */
+        }
+    }
+    free(big);
+    usleep(200000);
+    tc_resp r;
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"hey\"}", NULL, &r), 200);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
 /* Shutdown after the grace period: srv_api_cancel_all answers 503 to a waiting non-streaming request and
  * ends a stream with an error event and [DONE]. */
 Test(api, cancel_all_on_shutdown) {
@@ -1142,6 +1477,80 @@ Test(api, cancel_all_on_shutdown) {
     close(fa);
     close(fb);
     free(ca);
+    free(cb);
+    fake_stop(f);
+}
+
+/* Graceful drain (srv_api_set_draining + srv_http_set_keep_alive(false), as serve.c does on SIGTERM): /health
+ * answers 503 "draining" and closes its connection; new requests on any other route get 503 with Retry-After
+ * and an OpenAI error; /metrics still answers, with kvserve:draining 1; a stream accepted before the drain runs
+ * on (nothing is cancelled) until the grace period's srv_api_cancel_all ends it with an error event and [DONE],
+ * and its connection then closes. */
+static char evd[1024][4096];
+Test(api, drain_refuses_new_requests_running_ones_continue) {
+    fake *f = fake_start(NULL);
+    const char *b = "{\"prompt\":\"SLOW\",\"stream\":true}";
+    char req[512];
+    int fb = tc_connect(f->port);
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b), b);
+    cr_assert_eq(tc_sends(fb, req), 0);
+    for (int i = 0; i < 500 && atomic_load(&f->n_submit) < 1; i++) usleep(5000);
+    cr_assert_eq(atomic_load(&f->n_submit), 1);
+    tc_resp r;
+    cr_assert_eq(get(f, "/health", NULL, &r), 200);
+    cr_assert(tc_has_header(&r, "connection", "keep-alive"));
+    tc_resp_free(&r);
+    uv_async_send(&f->drain);
+    int st = 0;
+    for (int i = 0; i < 400 && (st = get(f, "/health", NULL, &r)) == 200; i++) { tc_resp_free(&r); usleep(5000); }
+    cr_assert_eq(st, 503);
+    cJSON *o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "status"), "draining");
+    cJSON_Delete(o);
+    cr_assert(tc_has_header(&r, "connection", "close"), "%s", r.headers);
+    tc_resp_free(&r);
+    const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        cr_assert_eq(post(f, paths[i], "{\"prompt\":\"x\"}", NULL, &r), 503, "%s", paths[i]);
+        cr_assert(tc_has_header(&r, "retry-after", "1"), "%s: %s", paths[i], r.headers);
+        cr_assert(tc_has_header(&r, "connection", "close"));
+        o = json_of(&r);
+        cJSON *err = cJSON_GetObjectItem(o, "error");
+        cr_assert_str_eq(jstr(err, "type"), "server_error");
+        cr_assert_str_eq(jstr(err, "code"), "server_draining");
+        cr_assert(strstr(jstr(err, "message"), "draining"));
+        cJSON_Delete(o);
+        tc_resp_free(&r);
+    }
+    cr_assert_eq(get(f, "/v1/models", NULL, &r), 503);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/v1/models/fake-model", NULL, &r), 503);
+    tc_resp_free(&r);
+    cr_assert_eq(get(f, "/metrics", NULL, &r), 200);
+    cr_assert(strstr(r.body, "\nkvserve:draining 1\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "\nkvserve:requests_refused_draining_total 6\n"), "%s", r.body);
+    tc_resp_free(&r);
+    usleep(100000); /* the stream keeps generating meanwhile */
+    cr_assert_eq(atomic_load(&f->n_cancel), 0, "draining cancelled a running request");
+    cr_assert_eq(atomic_load(&f->n_done), 0);
+    cr_assert_eq(atomic_load(&f->n_submit), 1, "a request was queued while draining");
+    uv_async_send(&f->cancel_all); /* the grace period is over */
+    tc_conn *cb = malloc(sizeof *cb);
+    tc_init(cb, fb);
+    cr_assert_eq(tc_read(cb, &r), 0);
+    cr_assert_eq(r.status, 200);
+    int n = sse_split(r.body, evd, 1024);
+    cr_assert_gt(n, 6, "the stream ran on during the drain: %d events", n);
+    cr_assert_str_eq(evd[n - 1], "[DONE]");
+    cr_assert(strstr(evd[n - 2], "\"error\"") && strstr(evd[n - 2], "shutting down"), "%s", evd[n - 2]);
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *e = cJSON_Parse(evd[i]);
+        cr_assert(e, "event %d is not JSON: %s", i, evd[i]);
+        cJSON_Delete(e);
+    }
+    tc_resp_free(&r);
+    cr_assert(tc_wait_closed(fb, 3000), "the stream's connection stayed open after the drain");
+    close(fb);
     free(cb);
     fake_stop(f);
 }
@@ -1430,4 +1839,65 @@ Test(serve, real_binary_end_to_end, .timeout = 60, .fini = kill_server) {
     unlink(model);
     unlink(logp);
     rmdir(dir);
+}
+
+/* `priority` on every route that reaches the scheduler: under fcfs (the default) a nonzero value is a 400 naming
+ * the field and nothing is queued, 0 is fine; under the priority policy the value reaches the scheduler. */
+Test(api, priority_field_on_every_route) {
+    static const char *const routes[][2] = {
+        {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2%s}"},
+        {"/completions", "{\"prompt\":\"hi\",\"max_tokens\":2%s}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2%s}"},
+        {"/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2%s}"},
+        {"/v1/responses", "{\"input\":\"hi\",\"max_output_tokens\":2%s}"},
+        {"/v1/embeddings", "{\"input\":\"hi\"%s}"},
+        {"/embeddings", "{\"input\":\"hi\"%s}"},
+    };
+    enum { NROUTES = sizeof routes / sizeof routes[0] };
+    for (int pol = 0; pol < 2; pol++) {
+        fake_opts opts = {.priority_scheduling = pol == 1, .embeddings = true};
+        fake *f = fake_start(&opts);
+        int submitted = 0;
+        for (int i = 0; i < NROUTES; i++) {
+            char body[256];
+            tc_resp r;
+            /* a nonzero priority */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":-4");
+            int st = post(f, routes[i][0], body, NULL, &r);
+            if (!pol) {
+                cr_assert_eq(st, 400, "fcfs %s: %d %s", routes[i][0], st, r.body);
+                cJSON *o = json_of(&r);
+                cJSON *e = cJSON_GetObjectItem(o, "error");
+                cr_assert_str_eq(jstr(e, "param"), "priority", "%s", routes[i][0]);
+                cr_assert(strstr(jstr(e, "message"), "not enabled"), "%s: %s", routes[i][0], jstr(e, "message"));
+                cJSON_Delete(o);
+                cr_assert_eq(atomic_load(&f->n_submit), submitted, "%s queued a refused request", routes[i][0]);
+            } else {
+                cr_assert_eq(st, 200, "priority %s: %d %s", routes[i][0], st, r.body);
+                cr_assert_eq(atomic_load(&f->n_submit), ++submitted);
+                cr_assert_eq(f->last_priority, -4, "%s", routes[i][0]);
+            }
+            tc_resp_free(&r);
+            /* not an integer: a 400 naming the field under either policy */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":\"high\"");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 400, "%s", routes[i][0]);
+            cr_assert(strstr(r.body, "\"param\":\"priority\""), "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":1e12");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 400, "%s", routes[i][0]);
+            cr_assert(strstr(r.body, "\"param\":\"priority\""), "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            /* 0 and absent are accepted everywhere */
+            snprintf(body, sizeof body, routes[i][1], ",\"priority\":0");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 200, "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            cr_assert_eq(f->last_priority, 0);
+            snprintf(body, sizeof body, routes[i][1], "");
+            cr_assert_eq(post(f, routes[i][0], body, NULL, &r), 200, "%s: %s", routes[i][0], r.body);
+            tc_resp_free(&r);
+            submitted += 2;
+            cr_assert_eq(atomic_load(&f->n_submit), submitted);
+        }
+        fake_stop(f);
+    }
 }

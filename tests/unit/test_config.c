@@ -176,6 +176,16 @@ Test(config, flags_and_precedence) {
     const char *a6[] = {"serve", "--no-prefix-caching", "--prefix-caching", "--port", "2"};
     cr_assert_eq(run_args(&c, err, sizeof err, 5, a6), SRV_OK, "%s", err);
     cr_assert(c.prefix_caching);
+    /* the context shift: off by default, a bare flag turns it on; n_keep -1 .. */
+    cr_assert(!c.context_shift);
+    cr_assert_eq(c.n_keep, 0);
+    const char *a7[] = {"serve", "--context-shift", "--n-keep", "-1"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 4, a7), SRV_OK, "%s", err);
+    cr_assert(c.context_shift);
+    cr_assert_eq(c.n_keep, -1);
+    const char *a8[] = {"serve", "--n-keep=-2"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 2, a8), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "n_keep"), "%s", err);
     unlink(p);
 }
 
@@ -282,4 +292,31 @@ Test(config, kv_events_config) {
     cr_assert_eq(srv_config_set(&c, "kv-events-config", "{\"bogus\": 1}", err, sizeof err), SRV_ERR_INVALID);
     cr_assert(strstr(err, "bogus"), "%s", err);
     cr_assert_eq(srv_config_set(&c, "kv-events-config", "not json", err, sizeof err), SRV_ERR_INVALID);
+}
+
+/* scheduling_policy (vLLM's --scheduling-policy): fcfs by default, priority from the file or the flag, anything
+ * else refused by name. */
+Test(config, scheduling_policy) {
+    srv_config c;
+    srv_config_default(&c);
+    cr_assert_str_eq(c.scheduling_policy, "fcfs");
+    char err[512];
+    const char *p = write_tmp("{\"scheduling_policy\":\"priority\"}");
+    const char *a1[] = {"serve", "--config", p};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a1), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "priority");
+    const char *a2[] = {"serve", "--config", p, "--scheduling-policy", "fcfs"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 5, a2), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "fcfs");
+    const char *a3[] = {"serve", "--scheduling-policy=priority"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 2, a3), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.scheduling_policy, "priority");
+    const char *a4[] = {"serve", "--scheduling-policy", "lifo"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a4), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "scheduling_policy") && strstr(err, "fcfs|priority"), "%s", err);
+    unlink(p);
+    p = write_tmp("{\"scheduling_policy\":1}");
+    cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "scheduling_policy"), "%s", err);
+    unlink(p);
 }

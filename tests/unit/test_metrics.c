@@ -118,6 +118,8 @@ Test(metrics, exposition_format) {
     st.kv_usage = 0.5;
     st.kv_blocks_used = 7;
     st.preemptions = 11;
+    st.context_shifts = 4;
+    st.context_shifts_recomputed = 1;
     char *text;
     size_t len;
     cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
@@ -128,7 +130,8 @@ Test(metrics, exposition_format) {
                           "kvserve:kv_blocks_cached 0\n", "kvserve:kv_blocks_free 0\n",
                           "kvserve:prefix_cache_queries_total 0\n", "kvserve:prefix_cache_hits_total 0\n",
                           "kvserve:prompt_tokens_total 0\n", "kvserve:generation_tokens_total 0\n",
-                          "kvserve:num_preemptions_total 11\n", "kvserve:time_to_first_token_seconds_count 1000\n",
+                          "kvserve:num_preemptions_total 11\n", "kvserve:context_shifts_total 4\n",
+                          "kvserve:context_shifts_recomputed_total 1\n", "kvserve:time_to_first_token_seconds_count 1000\n",
                           "kvserve:inter_token_latency_seconds_count 1000\n",
                           "kvserve:e2e_request_latency_seconds_count 1000\n",
                           "kvserve:request_queue_time_seconds_count 0\n",

@@ -330,6 +330,7 @@ typedef struct req_spec {
     bool penalize_prompt;
     int32_t top;
     const gmr_matcher *grammar;
+    int32_t priority;
 } req_spec;
 
 /* ---- collecting results ----------------------------------------------------------------------------------- */
@@ -491,6 +492,7 @@ static int submit(harness *h, const struct req_spec *q, struct result *r) {
     rq.ignore_eos = q->ignore_eos;
     rq.penalize_prompt = q->penalize_prompt;
     rq.grammar = q->grammar;
+    rq.priority = q->priority;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -509,12 +511,14 @@ static srv_sched_params params(int32_t batch, int32_t parallel) {
     return p;
 }
 
-/* Runs one request alone in a roomy pool and returns its result. */
+/* Runs one request alone in a roomy pool (fcfs: its priority cannot matter alone) and returns its result. */
 static void run_alone(const req_spec *q, result *out) {
     harness *h = malloc(sizeof *h);
     srv_sched_params p = params(64, 8);
     hz_init(h, 8, 1024, &p);
-    cr_assert_eq(submit(h, q, out), SRV_SCHED_OK);
+    req_spec one = *q;
+    one.priority = 0;
+    cr_assert_eq(submit(h, &one, out), SRV_SCHED_OK);
     hz_run(h, 1);
     hz_free(h);
     free(h);
@@ -1480,6 +1484,336 @@ Test(scheduler, queued_tokens_limit) {
     cr_assert_eq(st.requests_rejected_tokens, 2);
     cr_assert_eq(st.queued_tokens, 0);
     hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* ---- scheduling policy (fcfs | priority) ----------------------------------------------------------------------- */
+/* The scheduler's moves between its queues, as the trace observer reports them (scheduler thread), replayed
+ * afterwards against a model of the two queues. */
+typedef struct trace_log {
+    uv_mutex_t mu;
+    srv_sched_trace *t;
+    int32_t n, cap;
+    bool oom;
+} trace_log;
+
+static void on_trace(void *ctx, const srv_sched_trace *t) {
+    trace_log *l = ctx;
+    uv_mutex_lock(&l->mu);
+    if (l->n == l->cap) {
+        int32_t cap = l->cap ? l->cap * 2 : 256;
+        srv_sched_trace *v = realloc(l->t, (size_t)cap * sizeof *v);
+        if (!v) l->oom = true;
+        else { l->t = v; l->cap = cap; }
+    }
+    if (l->n < l->cap) l->t[l->n++] = *t;
+    uv_mutex_unlock(&l->mu);
+}
+
+static trace_log *trace_log_new(void) {
+    trace_log *l = calloc(1, sizeof *l);
+    cr_assert(l);
+    uv_mutex_init(&l->mu);
+    return l;
+}
+
+static void trace_log_free(trace_log *l) {
+    uv_mutex_destroy(&l->mu);
+    free(l->t);
+    free(l);
+}
+
+enum { Q_NONE = 0, Q_WAITING, Q_RUNNING, Q_ENDED };
+
+typedef struct replay_stats {
+    int32_t preemptions;      /* PREEMPTED moves */
+    int32_t by_priority;      /* preemptions where a later-arrived, more urgent request kept running */
+    int32_t urgent_first;     /* admissions of a request that arrived after another still waiting one */
+    int32_t repeated;         /* preemptions of a request that had not progressed since its previous one */
+} replay_stats;
+
+/* Replays the trace of requests with ids 1..n (arrival order; prio[id - 1] their priorities) and checks every
+ * move against the policy: an admission takes the first waiting request by (priority, arrival); a preemption
+ * takes a running request of the largest priority value, passing over only later arrivals of that priority that
+ * were preempted before (not yet progressed, hence protected), and the latest of them when it is a repeated
+ * one; never a request running alone. Under fcfs, first admissions come in arrival order (no request is
+ * overtaken, so none starves). Every request ends. */
+static replay_stats replay_trace(const trace_log *l, const int32_t *prio, int32_t n, bool fcfs, const char *what) {
+    replay_stats rs = {0, 0, 0, 0};
+    int *state = calloc((size_t)n + 1, sizeof *state), *preempted = calloc((size_t)n + 1, sizeof *preempted);
+    cr_assert(state && preempted && !l->oom);
+    int32_t last_first_admit = 0;
+    bool *admitted = calloc((size_t)n + 1, sizeof *admitted);
+    cr_assert(admitted);
+    for (int32_t k = 0; k < l->n; k++) {
+        const srv_sched_trace *t = &l->t[k];
+        cr_assert(t->id >= 1 && t->id <= (uint64_t)n, "%s: move %d: unknown id %llu", what, k,
+                  (unsigned long long)t->id);
+        int32_t id = (int32_t)t->id;
+        cr_assert_eq(t->priority, prio[id - 1], "%s: move %d: priority of %d", what, k, id);
+        switch (t->kind) {
+        case SRV_SCHED_TRACE_QUEUED:
+            cr_assert_eq(state[id], Q_NONE, "%s: move %d: %d queued twice", what, k, id);
+            state[id] = Q_WAITING;
+            break;
+        case SRV_SCHED_TRACE_ADMITTED: {
+            cr_assert_eq(state[id], Q_WAITING, "%s: move %d: %d admitted but not waiting", what, k, id);
+            for (int32_t j = 1; j <= n; j++) {
+                if (state[j] != Q_WAITING || j == id) continue;
+                bool before = prio[j - 1] < prio[id - 1] || (prio[j - 1] == prio[id - 1] && j < id);
+                cr_assert(!before, "%s: move %d: admitted %d (priority %d) while %d (priority %d) waits ahead of it",
+                          what, k, id, prio[id - 1], j, prio[j - 1]);
+                if (j < id) rs.urgent_first++;
+            }
+            if (!admitted[id]) {
+                if (fcfs) cr_assert_gt(id, last_first_admit, "%s: fcfs: %d first admitted after %d", what, id,
+                                       last_first_admit);
+                if (id > last_first_admit) last_first_admit = id;
+                admitted[id] = true;
+            }
+            state[id] = Q_RUNNING;
+            break;
+        }
+        case SRV_SCHED_TRACE_PREEMPTED: {
+            cr_assert_eq(state[id], Q_RUNNING, "%s: move %d: %d preempted but not running", what, k, id);
+            int32_t n_run = 0, maxp = INT32_MIN;
+            bool overtook = false; /* a later arrival, more urgent, kept running */
+            for (int32_t j = 1; j <= n; j++) {
+                if (state[j] != Q_RUNNING) continue;
+                n_run++;
+                if (prio[j - 1] > maxp) maxp = prio[j - 1];
+                if (j > id && prio[j - 1] < prio[id - 1]) overtook = true;
+            }
+            cr_assert_geq(n_run, 2, "%s: move %d: the only running request was preempted", what, k);
+            cr_assert_eq(prio[id - 1], maxp, "%s: move %d: preempted %d (priority %d) while a running request has "
+                         "priority %d", what, k, id, prio[id - 1], maxp);
+            for (int32_t j = id + 1; j <= n; j++) {
+                if (state[j] != Q_RUNNING || prio[j - 1] != maxp) continue;
+                cr_assert(!t->repeated, "%s: move %d: repeated preemption of %d, not of the latest %d", what, k, id, j);
+                cr_assert_gt(preempted[j], 0, "%s: move %d: preempted %d, but the later %d of the same priority has "
+                             "never been preempted (it cannot be protected)", what, k, id, j);
+            }
+            rs.preemptions++;
+            if (overtook) rs.by_priority++;
+            preempted[id]++;
+            state[id] = Q_WAITING;
+            break;
+        }
+        case SRV_SCHED_TRACE_ENDED:
+            cr_assert(state[id] == Q_WAITING || state[id] == Q_RUNNING, "%s: move %d: %d ended twice or unqueued",
+                      what, k, id);
+            state[id] = Q_ENDED;
+            break;
+        default: cr_assert_fail("%s: move %d: kind %d", what, k, (int)t->kind);
+        }
+    }
+    for (int32_t j = 1; j <= n; j++) cr_assert_eq(state[j], Q_ENDED, "%s: request %d never ended", what, j);
+    free(state);
+    free(preempted);
+    free(admitted);
+    return rs;
+}
+
+/* Randomized arrivals (a first burst, then one more from inside every DONE callback), random priorities and a
+ * tiny pool, under both policies: every move between the queues follows the policy (replay_trace), every request
+ * completes with exactly the output it has alone (preemption and recomputation change nothing), and nothing is
+ * left in the pool. */
+static replay_stats priority_round(uint64_t seed, srv_sched_policy policy, int32_t n_prio) {
+    harness *h = malloc(sizeof *h);
+    trace_log *log = trace_log_new();
+    cr_assert(h);
+    uint64_t rng = seed * 7777 + (uint64_t)policy;
+    /* small step budgets too: a recomputing request then takes several steps, during which the pool may fill up
+     * again (the protected case of the victim rule) */
+    srv_sched_params p = params(seed % 2 ? 4 + (int32_t)(mix64(rng++) % 8) : 16 + (int32_t)(mix64(rng++) % 24), 8);
+    p.policy = policy;
+    p.on_trace = on_trace;
+    p.on_trace_ctx = log;
+    hz_init(h, 4, 24 + (int32_t)(mix64(rng++) % 12), &p);
+    /* every third round the engine also reports a full pool every third batch of several sequences: preemptions
+     * then also hit requests that are still recomputing (protected), which the victim rule must handle */
+    bool inject = seed % 3 == 0;
+    if (inject) h->m.inject_full_every = 3;
+    enum { NR = 20, FIRST = 8 };
+    req_spec *q = calloc(NR, sizeof *q);
+    result *res = calloc(NR, sizeof *res);
+    int32_t prio[NR];
+    int cancel_at[NR];
+    for (int i = 0; i < NR; i++) {
+        rand_prompt(&rng, &q[i], 3 + (int32_t)(mix64(rng++) % 28));
+        q[i].n = inject ? 1 : 1 + (int32_t)(mix64(rng++) % 2);
+        q[i].max_tokens = 6 + (int32_t)(mix64(rng++) % 22);
+        q[i].temp = mix64(rng++) % 3 == 0 ? 0.0f : 1.0f;
+        q[i].seed = seed * 131 + (uint64_t)i;
+        q[i].ignore_eos = mix64(rng++) % 2 == 0;
+        q[i].priority = policy == SRV_SCHED_PRIORITY ? (int32_t)(mix64(rng++) % (uint64_t)n_prio) - 1 : 0;
+        prio[i] = q[i].priority;
+        cancel_at[i] = 0;
+    }
+    h->chain = q;
+    h->chain_res = res;
+    h->chain_next = FIRST;
+    h->chain_n = NR;
+    h->chain_cancel = cancel_at;
+    for (int i = 0; i < FIRST; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    hz_run(h, NR);
+    srv_sched_stats st;
+    srv_sched_get_stats(h->s, &st);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    cr_assert_eq(st.requests_running + st.requests_waiting, 0);
+    char what[96];
+    snprintf(what, sizeof what, "%s seed %llu", policy == SRV_SCHED_PRIORITY ? "priority" : "fcfs",
+             (unsigned long long)seed);
+    uv_mutex_lock(&log->mu);
+    replay_stats rs = replay_trace(log, prio, NR, policy == SRV_SCHED_FCFS, what);
+    uv_mutex_unlock(&log->mu);
+    cr_assert_eq((uint64_t)rs.preemptions, st.preemptions, "%s: every preemption is traced", what);
+    rs.repeated = (int32_t)st.preemptions_repeated;
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "%s req %d: %s", what, i, res[i].error);
+        result alone;
+        run_alone(&q[i], &alone);
+        char w[128];
+        snprintf(w, sizeof w, "%s req %d", what, i);
+        assert_same(&res[i], &alone, w);
+    }
+    hz_free(h);
+    trace_log_free(log);
+    free(h);
+    free(q);
+    free(res);
+    return rs;
+}
+
+Test(scheduler, priority_policy_randomized_tiny_pool) {
+    replay_stats tot = {0, 0, 0, 0};
+    for (uint64_t seed = 1; seed <= 60; seed++) {
+        replay_stats r = priority_round(seed, SRV_SCHED_PRIORITY, seed % 2 ? 3 : 8);
+        tot.preemptions += r.preemptions;
+        tot.by_priority += r.by_priority;
+        tot.urgent_first += r.urgent_first;
+        tot.repeated += r.repeated;
+    }
+    cr_log_info("priority rounds: %d preemptions (%d repeated), %d of them of a request a later arrival outranked, "
+                "%d admissions ahead of an earlier arrival", tot.preemptions, tot.repeated, tot.by_priority,
+                tot.urgent_first);
+    /* the rounds exercised what they are meant to: the pool filled up, priorities chose victims other than the
+     * latest arrival, and later arrivals were admitted ahead of earlier, less urgent ones */
+    cr_assert_gt(tot.preemptions, 0, "the pool never filled up");
+    cr_assert_gt(tot.by_priority, 0, "priority never changed the preemption victim");
+    cr_assert_gt(tot.urgent_first, 0, "priority never changed the admission order");
+}
+
+/* fcfs: the same randomized arrivals; admission is in arrival order (no request is ever overtaken, so none
+ * starves), victims follow the arrival rule (the latest that may be preempted), every request completes. */
+Test(scheduler, fcfs_policy_randomized_tiny_pool) {
+    int32_t pre = 0;
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        replay_stats r = priority_round(seed, SRV_SCHED_FCFS, 1);
+        cr_assert_eq(r.urgent_first, 0);
+        pre += r.preemptions;
+    }
+    cr_log_info("fcfs rounds: %d preemptions", pre);
+    cr_assert_gt(pre, 0, "the pool never filled up");
+}
+
+/* One request at a time (parallel 1): while the first one runs, requests with priorities 5, 1, 5, -3, 1 arrive;
+ * they run in the order -3, 1, 1, 5, 5 (equal priorities in arrival order). Under fcfs a nonzero priority is
+ * refused, and zero runs in arrival order. */
+Test(scheduler, priority_orders_the_queue) {
+    for (int pol = 0; pol < 2; pol++) {
+        harness *h = malloc(sizeof *h);
+        srv_sched_params p = params(32, 1);
+        p.policy = pol ? SRV_SCHED_PRIORITY : SRV_SCHED_FCFS;
+        hz_init(h, 4, 256, &p);
+        enum { NR = 6 };
+        static const int32_t prios[NR] = {0, 5, 1, 5, -3, 1};
+        static const int expect_done[NR] = {0, 4, 2, 5, 1, 3}; /* position of request i in the DONE order */
+        req_spec q[NR];
+        result *res = calloc(NR, sizeof *res);
+        uint64_t rng = 21;
+        for (int i = 0; i < NR; i++) {
+            memset(&q[i], 0, sizeof q[i]);
+            rand_prompt(&rng, &q[i], 6 + i);
+            q[i].n = 1;
+            q[i].max_tokens = 3;
+            q[i].ignore_eos = true;
+            q[i].priority = pol ? prios[i] : 0;
+        }
+        if (!pol) {
+            req_spec bad = q[1];
+            bad.priority = 5;
+            result r;
+            cr_assert_eq(submit(h, &bad, &r), SRV_SCHED_ERR_INVALID, "fcfs accepted a nonzero priority");
+        }
+        gate_close(h);
+        cr_assert_eq(submit(h, &q[0], &res[0]), SRV_SCHED_OK);
+        gate_wait_inside(h); /* q[0] admitted, engine held: the others queue behind it */
+        for (int i = 1; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+        gate_open(h);
+        hz_run(h, NR);
+        for (int i = 0; i < NR; i++) {
+            assert_clean(&res[i]);
+            cr_assert_eq(res[i].done_seq, pol ? expect_done[i] : i, "%s: request %d (priority %d) finished %d-th",
+                         pol ? "priority" : "fcfs", i, q[i].priority, res[i].done_seq);
+        }
+        hz_free(h);
+        free(h);
+        free(res);
+    }
+}
+
+/* Under KV pressure the least urgent running request gives way, even when it arrived first: a request with
+ * priority 9 is admitted first, then two with priority 0 fill the pool; the first preemption takes the
+ * priority-9 request (fcfs would take the latest arrival), and all three still equal their runs alone. */
+Test(scheduler, priority_preempts_least_urgent_first) {
+    harness *h = malloc(sizeof *h);
+    trace_log *log = trace_log_new();
+    srv_sched_params p = params(64, 8);
+    p.policy = SRV_SCHED_PRIORITY;
+    p.on_trace = on_trace;
+    p.on_trace_ctx = log;
+    hz_init(h, 4, 16, &p); /* 64 tokens for three requests of 12 + 20 tokens */
+    enum { NR = 3 };
+    static const int32_t prios[NR] = {9, 0, 0};
+    req_spec q[NR];
+    result *res = calloc(NR, sizeof *res);
+    uint64_t rng = 5;
+    for (int i = 0; i < NR; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        rand_prompt(&rng, &q[i], 12);
+        q[i].n = 1;
+        q[i].max_tokens = 20;
+        q[i].ignore_eos = true;
+        q[i].temp = 1.0f;
+        q[i].seed = 40 + (uint64_t)i;
+        q[i].priority = prios[i];
+    }
+    gate_close(h);
+    cr_assert_eq(submit(h, &q[0], &res[0]), SRV_SCHED_OK);
+    gate_wait_inside(h); /* the priority-9 request runs first */
+    for (int i = 1; i < NR; i++) cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    gate_open(h);
+    hz_run(h, NR);
+    uv_mutex_lock(&log->mu);
+    replay_stats rs = replay_trace(log, prios, NR, false, "least urgent first");
+    int32_t first_victim = 0;
+    for (int32_t k = 0; k < log->n && !first_victim; k++)
+        if (log->t[k].kind == SRV_SCHED_TRACE_PREEMPTED) first_victim = (int32_t)log->t[k].id;
+    uv_mutex_unlock(&log->mu);
+    cr_assert_gt(rs.preemptions, 0, "the pool never filled up");
+    cr_assert_eq(first_victim, 1, "the first victim was %d, not the priority-9 request", first_victim);
+    cr_assert_gt(res[0].timings.n_preempted, 0);
+    for (int i = 0; i < NR; i++) {
+        assert_clean(&res[i]);
+        result alone;
+        run_alone(&q[i], &alone);
+        assert_same(&res[i], &alone, "least urgent first");
+    }
+    hz_free(h);
+    trace_log_free(log);
     free(h);
     free(res);
 }

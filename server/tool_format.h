@@ -1,0 +1,88 @@
+/*
+ * tool_format.h: how a model writes tool calls, and what follows from it (prefix srv_tf_): the format picked
+ * from the chat template or built-in family, the grammar that constrains the output to tool calls in that
+ * format (tool_choice "required" or a named function), and the tools described in the prompt for the built-in
+ * families (which have no template to print them). The calls the grammar produces are exactly what
+ * srv_tc_parse (server/tool_calls.h) reads back. Pure functions, no I/O, any thread.
+ *
+ * Formats (what the constrained output looks like; N a tool's name as a JSON string, A its arguments, a JSON
+ * object valid against its `parameters` schema):
+ *   HERMES   <tool_call>\n{"name": N, "arguments": A}\n</tool_call>          (Qwen, Hermes; several: joined by \n)
+ *   LLAMA3   {"name": N, "parameters": A}                                  (Llama 3.x JSON tool calling; several:
+ *                                                                          a JSON array of them)
+ *   MISTRAL  [TOOL_CALLS][{"name": N, "arguments": A}, ...]
+ *   GENERIC  {"name": N, "arguments": A}                                   (several: a JSON array of them)
+ * Mistral's [TOOL_CALLS] and, in some vocabularies, <tool_call> are special tokens that a grammar never allows:
+ * the constrained output spells them out in ordinary tokens (the same text).
+ */
+#ifndef KVSERVE_SERVER_TOOL_FORMAT_H
+#define KVSERVE_SERVER_TOOL_FORMAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/common.h"
+#include "engine/engine.h"
+#include "grammar/grammar.h"
+
+typedef enum {
+    SRV_TF_GENERIC = 0,
+    SRV_TF_HERMES = 1,
+    SRV_TF_LLAMA3 = 2,
+    SRV_TF_MISTRAL = 3,
+} srv_tf_format;
+
+/* The format for a chat template text (NULL: none) rendered as `family` when it is not run as Jinja
+ * (ENG_CHAT_AUTO: the family eng_chat_detect finds in the text, ChatML when none). The markers the parser
+ * knows decide first: "<tool_call>" Hermes, "[TOOL_CALLS]" Mistral, "<|python_tag|>" or a Llama 3 header
+ * Llama 3; otherwise the family: ChatML (and the ChatML fallback) Hermes, llama3 Llama 3, mistral Mistral,
+ * the others generic. */
+srv_tf_format srv_tf_detect(const char *template_text, eng_chat_family family);
+/* "generic", "hermes", "llama3", "mistral" */
+const char *srv_tf_name(srv_tf_format f);
+
+/* ---- constrained tool calls -------------------------------------------------------------------------------- */
+
+typedef struct srv_tf_choice {
+    const cJSON *tools;    /* the request's tools: [{type: "function", function: {name, parameters?}}, ...]
+                              (validated by srv_chat_parse) */
+    const char *name;      /* a named tool_choice: only this function (it must be in tools); NULL: any of them */
+    bool parallel;         /* true: one or more calls; false: exactly one */
+    srv_tf_format format;
+} srv_tf_choice;
+
+/* The cache key of the grammar srv_tf_compile builds for ch (malloc'd text, NULL on OOM): it starts with the
+ * byte 0x02, which no JSON Schema key (JSON text) starts with. */
+char *srv_tf_key(const srv_tf_choice *ch);
+
+/* Compiles the grammar of the output ch allows: the call(s) in ch->format, names an enum of the allowed tools
+ * (or the named one), each call's arguments constrained by its function's `parameters` JSON Schema through
+ * gmr_compile_schema (default options). A function without parameters takes {} only; a schema without "type"
+ * is taken as {"type": "object", ...} unless it has $ref, anyOf, oneOf, allOf, enum or const at the top (then
+ * it is compiled as it is). On success *out is the grammar (gmr_grammar_free).
+ * Errors (err names the tool as tools[i] with its function name, and the schema's problem): KVS_ERR_INVALID (a
+ * bad argument, no tool to call, or the named one missing), KVS_ERR_TYPE (parameters not an object schema),
+ * gmr_compile_schema's KVS_ERR_UNSUPPORTED (the keyword named), KVS_ERR_FORMAT, KVS_ERR_LIMIT,
+ * KVS_ERR_NOMEM. */
+int srv_tf_compile(const srv_tf_choice *ch, gmr_grammar **out, char *err, size_t err_len);
+
+/* ---- prompts for the built-in families ------------------------------------------------------------------ */
+
+/* Appends to *b a system-prompt text that describes the tools and how to call them in format f: Hermes the
+ * <tools></tools> list and the <tool_call> envelope; Llama 3 the functions as JSON and the {"name",
+ * "parameters"} answer; Mistral an [AVAILABLE_TOOLS] list and the [TOOL_CALLS] answer; generic the functions
+ * and the {"name", "arguments"} answer. 0 or KVS_ERR_NOMEM. */
+int srv_tf_prompt(srv_tf_format f, const cJSON *tools, kvs_buf *b);
+
+/* Appends to *b the text of an assistant message's tool_calls ([{function: {name, arguments (an object)}}])
+ * as the model writes them in format f (so that the history reads like its own output). 0 or KVS_ERR_NOMEM. */
+int srv_tf_calls_text(srv_tf_format f, const cJSON *tool_calls, kvs_buf *b);
+
+/* How a tool result (a `tool` message's content) is shown to a built-in family: *role becomes the role to
+ * render it with ("user", or "ipython" for Llama 3) and *b gets the content (Hermes <tool_response>...,
+ * Mistral [TOOL_RESULTS]..., otherwise a short "Result of ..." line). 0 or KVS_ERR_NOMEM. */
+int srv_tf_result_text(srv_tf_format f, const char *name, const char *content, const char **role, kvs_buf *b);
+
+#endif /* KVSERVE_SERVER_TOOL_FORMAT_H */
