@@ -111,10 +111,21 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
 
+/* The 6-bit codes of the 4 quads of one Q6_K sub-block (its 3 lines at p) as unsigned bytes:
+ * code = low 4 bits | high 2 bits << 4 (ternary-logic imm 0xF8: a | (b & c)). */
+INL void q6_codes(const uint8_t *p, __m512i *q0, __m512i *q1, __m512i *q2, __m512i *q3) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i L0 = _mm512_load_si512((const void *)p), L1 = _mm512_load_si512((const void *)(p + 64));
+    __m512i H = _mm512_load_si512((const void *)(p + 128));
+    *q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
+    *q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4), _mm512_slli_epi16(H, 2), m30, 0xF8);
+    *q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
+    *q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4), _mm512_srli_epi16(H, 2), m30, 0xF8);
+}
+
 INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
                    const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
     const bool two = RN <= 4;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[MAXC];
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
@@ -124,16 +135,8 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
         for (int g = 0; g < 16; g++) {
-            __m512i L0 = _mm512_load_si512((const void *)(rec + KP6_SUB * g));
-            __m512i L1 = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 64));
-            __m512i H = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 128));
-            /* code = low 4 bits | high 2 bits << 4; imm 0xF8: a | (b & c) */
-            __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
-            __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),
-                                                   _mm512_slli_epi16(H, 2), m30, 0xF8);
-            __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
-            __m512i q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4),
-                                                   _mm512_srli_epi16(H, 2), m30, 0xF8);
+            __m512i q0, q1, q2, q3;
+            q6_codes(rec + KP6_SUB * g, &q0, &q1, &q2, &q3);
             __m512i a0[MAXC], a1[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) {
@@ -316,7 +319,6 @@ INL void q45k_gemv(const bool q5, const uint8_t *grp, size_t gbytes, int64_t nsb
 
 INL void q6k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
                   float *y) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[KG];
     UNROLL
     for (int g = 0; g < KG; g++) acc[g] = _mm512_setzero_ps();
@@ -331,15 +333,8 @@ INL void q6k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t 
             UNROLL
             for (int g = 0; g < KG; g++) {
                 const uint8_t *rec = grp + (size_t)g * gbytes + sb * KP6_REC;
-                __m512i L0 = _mm512_load_si512((const void *)(rec + KP6_SUB * s));
-                __m512i L1 = _mm512_load_si512((const void *)(rec + KP6_SUB * s + 64));
-                __m512i H = _mm512_load_si512((const void *)(rec + KP6_SUB * s + 128));
-                __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
-                __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),
-                                                       _mm512_slli_epi16(H, 2), m30, 0xF8);
-                __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
-                __m512i q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4),
-                                                       _mm512_srli_epi16(H, 2), m30, 0xF8);
+                __m512i q0, q1, q2, q3;
+                q6_codes(rec + KP6_SUB * s, &q0, &q1, &q2, &q3);
                 __m512i a0 = _mm512_dpbusd_epi32(b0, q0, x0), a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
                 a0 = _mm512_dpbusd_epi32(a0, q2, x2);
                 a1 = _mm512_dpbusd_epi32(a1, q3, x3);
