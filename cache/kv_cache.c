@@ -220,7 +220,7 @@ static int block_copy(kvc_cache *c, int32_t dst, int32_t src) {
 }
 
 /* ---- creation -------------------------------------------------------------------------------------------- */
-int kvc_create(const kvc_params *params, kvc_cache **out) {
+int kvc_pool_create(const kvc_params *params, kvc_cache **out) {
     if (!params || !out) return KVC_ERR_INVALID;
     *out = NULL;
     kvc_params p = *params;
@@ -274,12 +274,12 @@ int kvc_create(const kvc_params *params, kvc_cache **out) {
     }
     if (!c->blocks || !c->free_stack || !c->buckets || !c->seqs || !c->batch_seqs ||
         (p.prefix_caching && !c->btok)) {
-        kvc_free(c);
+        kvc_pool_free(c);
         return KVC_ERR_NOMEM;
     }
     void *base = a->alloc(a->ctx, total);
     if (!base) {
-        kvc_free(c);
+        kvc_pool_free(c);
         return KVC_ERR_NOMEM;
     }
     c->lay = (kvc_layout){p.n_layer, p.n_kv_head, p.head_dim, p.block_size, p.n_blocks, p.dtype,
@@ -299,7 +299,7 @@ int kvc_create(const kvc_params *params, kvc_cache **out) {
     return KVC_OK;
 }
 
-void kvc_free(kvc_cache *c) {
+void kvc_pool_free(kvc_cache *c) {
     if (!c) return;
     if (c->lay.base) c->alloc->free(c->alloc->ctx, c->lay.base);
     if (c->seqs) {
@@ -316,7 +316,7 @@ void kvc_get_layout(const kvc_cache *c, kvc_layout *out) {
 }
 
 /* ---- slots ------------------------------------------------------------------------------------------------- */
-int kvc_seq_alloc(kvc_cache *c, int32_t *seq_out) {
+int kvc_pool_seq_alloc(kvc_cache *c, int32_t *seq_out) {
     if (!c || !seq_out) return KVC_ERR_INVALID;
     if (c->pending) return KVC_ERR_STATE;
     for (int32_t s = 0; s < c->p.max_seqs; s++) {
@@ -342,7 +342,7 @@ static void seq_release_from(kvc_cache *c, kvc_seq *s, int32_t from) {
     if (s->n_table > from) s->n_table = from;
 }
 
-int kvc_seq_free(kvc_cache *c, int32_t seq) {
+int kvc_pool_seq_free(kvc_cache *c, int32_t seq) {
     if (!c) return KVC_ERR_INVALID;
     if (!seq_ok(c, seq)) return KVC_ERR_BAD_SEQ;
     if (c->pending) return KVC_ERR_STATE;
@@ -474,7 +474,7 @@ static void batch_rollback(kvc_cache *c) {
     c->pending = false;
 }
 
-int kvc_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t *slots_out) {
+int kvc_pool_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t *slots_out) {
     if (!c || !entries || !slots_out || n < 1) return KVC_ERR_INVALID;
     if (c->pending) return KVC_ERR_STATE;
     if (n > c->p.max_batch_tokens) return KVC_ERR_TOO_LARGE;
@@ -492,7 +492,7 @@ int kvc_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t
             c->batch_seqs[c->n_batch_seqs++] = sid;
         }
         if ((int64_t)entries[i].pos != (int64_t)s->len + s->batch_n) { rc = KVC_ERR_POSITION; break; }
-        if (s->batch_n == 0 && !kvc_can_resume(c, sid, s->len)) { rc = KVC_ERR_POSITION; break; }
+        if (s->batch_n == 0 && !kvc_pool_can_resume(c, sid, s->len)) { rc = KVC_ERR_POSITION; break; }
         if (entries[i].pos == INT32_MAX ||
             (c->p.max_seq_len > 0 && entries[i].pos >= c->p.max_seq_len)) { rc = KVC_ERR_TOO_LARGE; break; }
         s->batch_n++;
@@ -542,7 +542,7 @@ int kvc_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t
     return KVC_OK;
 }
 
-int kvc_finish_forward(kvc_cache *c, bool ok) {
+int kvc_pool_finish_forward(kvc_cache *c, bool ok) {
     if (!c) return KVC_ERR_INVALID;
     if (!c->pending) return KVC_ERR_STATE;
     if (!ok) {
@@ -580,7 +580,7 @@ int32_t kvc_block_refcount(const kvc_cache *c, int32_t block) {
 }
 
 /* ---- sharing ---------------------------------------------------------------------------------------------------- */
-int kvc_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
+int kvc_pool_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
     if (!c) return KVC_ERR_INVALID;
     if (!seq_ok(c, src) || !seq_ok(c, dst)) return KVC_ERR_BAD_SEQ;
     if (c->pending) return KVC_ERR_STATE;
@@ -639,7 +639,7 @@ static int32_t prefix_walk(const kvc_cache *c, const int32_t *tokens, int32_t n,
     return i;
 }
 
-int kvc_attach_prefix(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_cached) {
+int kvc_pool_attach_prefix(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_cached) {
     if (!c || !n_cached) return KVC_ERR_INVALID;
     if (!seq_ok(c, seq)) return KVC_ERR_BAD_SEQ;
     if (c->pending) return KVC_ERR_STATE;
@@ -671,7 +671,7 @@ int kvc_attach_prefix(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t 
     return KVC_OK;
 }
 
-int kvc_prefix_match(const kvc_cache *c, const int32_t *tokens, int32_t n, int32_t *n_matched) {
+int kvc_pool_prefix_match(const kvc_cache *c, const int32_t *tokens, int32_t n, int32_t *n_matched) {
     if (!c || !n_matched || n < 0 || (n > 0 && !tokens)) return KVC_ERR_INVALID;
     *n_matched = prefix_walk(c, tokens, n, NULL) * c->lay.block_size;
     return KVC_OK;
@@ -692,7 +692,17 @@ static void *slot_row(const kvc_layout *l, int32_t region, int32_t block, int32_
            (size_t)head * l->head_stride + (size_t)off * l->row_bytes;
 }
 
-int kvc_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift) {
+bool kvc_pool_can_move(const kvc_cache *c, int32_t seq, int32_t begin) {
+    /* Middle removal: every block from the one holding begin on must be present and exclusive. */
+    const kvc_seq *s = &c->seqs[seq];
+    for (int32_t i = begin / c->lay.block_size; i < s->n_table; i++) {
+        int32_t b = s->table[i];
+        if (b < 0 || c->blocks[b].ref != 1) return false;
+    }
+    return true;
+}
+
+int kvc_pool_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift) {
     if (!c) return KVC_ERR_INVALID;
     if (!seq_ok(c, seq)) return KVC_ERR_BAD_SEQ;
     if (c->pending) return KVC_ERR_STATE;
@@ -705,12 +715,8 @@ int kvc_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift 
         seq_truncate(c, s, begin);
         return KVC_OK;
     }
-    /* Middle removal: every block from the one holding begin on must be present and exclusive. */
+    if (!kvc_pool_can_move(c, seq, begin)) return KVC_ERR_NOT_SUPPORTED;
     int32_t first = begin / bs;
-    for (int32_t i = first; i < s->n_table; i++) {
-        int32_t b = s->table[i];
-        if (b < 0 || c->blocks[b].ref != 1) return KVC_ERR_NOT_SUPPORTED;
-    }
     int32_t delta = end - begin, n_move = len - end;
     /* Contents from `first` on change (or the blocks go away): drop their hashes. */
     for (int32_t i = first; i < s->n_table; i++)
@@ -751,7 +757,7 @@ int kvc_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift 
     return KVC_OK;
 }
 
-bool kvc_can_resume(const kvc_cache *c, int32_t seq, int32_t pos) {
+bool kvc_pool_can_resume(const kvc_cache *c, int32_t seq, int32_t pos) {
     if (!seq_ok(c, seq) || pos < 0) return false;
     const kvc_seq *s = &c->seqs[seq];
     if (pos > s->len) return false;
@@ -777,7 +783,7 @@ void kvc_set_event_cb(kvc_cache *c, kvc_event_cb cb, void *ctx) {
     c->event_ctx = cb ? ctx : NULL;
 }
 
-int kvc_reset_prefix_cache(kvc_cache *c) {
+int kvc_pool_reset_prefix_cache(kvc_cache *c) {
     if (!c) return KVC_ERR_INVALID;
     if (c->pending || c->n_used > 0) return KVC_ERR_STATE;
     /* Unhash quietly (one CLEARED stands for all of them), then the blocks join the free stack. */

@@ -4,7 +4,8 @@
  * What it is: the bookkeeping of the KV memory: blocks, per-sequence block tables, reference counts, the
  * prefix-cache index, and the storage itself (one allocation through a kvc_allocator).
  * Owns: the pool's storage and every table; nothing global. Files: kv_cache.c (the pool), kv_check.c (stats and
- * the invariant checker), host_alloc.c (host memory), kvc_internal.h (the private layout).
+ * the invariant checker), kv_group.c (the public calls over the pool and its sliding-window group), host_alloc.c
+ * (host memory), kvc_internal.h (the private layout).
  * Must never: compute attention or know a model (it stores rows of head_dim values, whatever they mean),
  * decide which request runs (the server's scheduler does, through server/block_manager.h), or allocate device
  * memory itself (the engine hands it an allocator).
@@ -35,6 +36,16 @@
  * where a row is one token of one head in the storage dtype (head_dim f32, head_dim f16, or head_dim/32 Q8_0
  * blocks of 34 bytes). So one block of one head is contiguous: block_size rows, which is what attention reads.
  * Memory comes from a kvc_allocator: host memory by default, device memory for the CUDA engine, a mock in tests.
+ *
+ * Sliding-window group (kvc_params.swa_layers > 0, for models that mix sliding-window and global layers, as
+ * Gemma 3 does, like llama.cpp's iSWA cache): the cache then holds two pools of the same block size, dtype and
+ * head shape, with the same sequence ids and lengths: the main pool (n_layer global layers, no window: every
+ * position stays) and the sliding group (swa_layers layers, blocks wholly before a sequence's window released as
+ * it advances, so its memory is bounded by the window whatever the context). Every call below acts on both in
+ * lockstep and keeps its all-or-nothing contract over both; block tables, layout, stats and events describe the
+ * main pool unless they say otherwise, and the sliding group is reached for reading through kvc_swa_group (its
+ * layout and block tables) and kvc_swa_slots (its slots of the pending forward). The group is sized so that it
+ * never runs out (see swa_blocks): admission looks at the main pool alone.
  *
  * Threads: a cache is single-writer. It belongs to the scheduler thread: every call on one cache must come
  * from one thread at a time (no internal locking). kvc_get_stats() reads plain counters and is the only call
@@ -112,22 +123,30 @@ typedef struct kvc_params {
     int32_t max_batch_tokens; /* largest batch kvc_start_forward accepts, >= 1 */
     int32_t max_seq_len;      /* longest sequence in tokens (the model context); 0 means unlimited */
     int32_t sliding_window;   /* 0 = none; else attention sees only the last sliding_window positions, and
-                                 blocks wholly before a sequence's window are released as it advances */
+                                 blocks wholly before a sequence's window are released as it advances (in the
+                                 sliding group alone when swa_layers > 0) */
+    int32_t swa_layers;       /* 0 = no sliding group; else (sliding_window > 0 required) the layers of the
+                                 sliding group, stored apart from the n_layer layers of the main pool */
+    int32_t swa_blocks;       /* blocks of the sliding group; 0 = enough that it can never be full: max_seqs *
+                                 (ceil(sliding_window / block_size) + 4) + ceil(max_batch_tokens / block_size)
+                                 (each sequence holds at most its window's blocks plus one, a batch adds its
+                                 own tokens' blocks and one copy-on-write per sequence) */
     kvc_dtype dtype;          /* storage type of K and V */
     bool prefix_caching;      /* keep full blocks hashed for reuse (automatic prefix caching) */
     const kvc_allocator *allocator; /* NULL = kvc_host_allocator(); must outlive the cache */
 } kvc_params;
 
 /* Fills *p with defaults: block_size 16, dtype F16, prefix_caching true, max_seq_len 0, sliding_window 0,
- * allocator NULL; the shape fields, n_blocks/mem_bytes, max_seqs and max_batch_tokens are zeroed and must
- * be set by the caller. */
+ * swa_layers 0, swa_blocks 0, allocator NULL; the shape fields, n_blocks/mem_bytes, max_seqs and
+ * max_batch_tokens are zeroed and must be set by the caller. */
 void kvc_params_default(kvc_params *p);
 
 typedef struct kvc_cache kvc_cache;
 
-/* Creates a cache and allocates its whole storage up front. Returns KVC_OK and sets *out, or
- * KVC_ERR_INVALID (a field out of range: the shape, a budget below one block, Q8_0 with head_dim % 32 != 0),
- * KVC_ERR_NOMEM. The caller owns *out and frees it with kvc_free. */
+/* Creates a cache and allocates its whole storage up front (both pools with a sliding group; mem_bytes is the
+ * main pool's budget). Returns KVC_OK and sets *out, or KVC_ERR_INVALID (a field out of range: the shape, a
+ * budget below one block, Q8_0 with head_dim % 32 != 0, swa_layers > 0 without a sliding window), KVC_ERR_NOMEM.
+ * The caller owns *out and frees it with kvc_free. */
 int kvc_create(const kvc_params *params, kvc_cache **out);
 
 /* Frees the cache and its storage. NULL is a no-op. */
@@ -154,6 +173,15 @@ static inline void *kvc_row_ptr(const kvc_layout *l, int32_t layer, int kv, int3
     return (char *)l->base + (size_t)(2 * layer + kv) * l->layer_bytes + (size_t)block * l->block_stride +
            (size_t)head * l->head_stride + (size_t)off * l->row_bytes;
 }
+
+/* The sliding group of a cache created with swa_layers > 0, else NULL. For reading only (kvc_get_layout: its
+ * layout, whose n_layer is swa_layers; kvc_block_table: a sequence's table there, released leading blocks -1):
+ * every mutating call goes through the owning cache. Valid for the cache's lifetime. */
+const kvc_cache *kvc_swa_group(const kvc_cache *cache);
+
+/* The sliding group's slot of each entry of the pending forward (in the order given to kvc_start_forward; the
+ * group's own layout applies), or NULL when the cache has no sliding group or no forward is pending. */
+const int32_t *kvc_swa_slots(const kvc_cache *cache);
 
 /* ---- slots (sequence ids) ------------------------------------------------------------------------------------ */
 /* Allocates the lowest free sequence id; the new sequence is empty. KVC_ERR_NO_SLOT when all are in use;
@@ -264,12 +292,16 @@ typedef struct kvc_shift {
  * shift->n == 0 when nothing moved (shift->pos = begin, shift->delta = 0).
  * Errors: KVC_ERR_BAD_SEQ, KVC_ERR_INVALID (begin < 0 or end < begin), KVC_ERR_NOT_SUPPORTED,
  * KVC_ERR_STATE, KVC_ERR_NOMEM (allocator->copy failed while moving: the sequence is then left truncated
- * to begin, the only state that is still consistent). */
+ * to begin, the only state that is still consistent). With a sliding group, a removal from the middle must be
+ * possible in both pools and leave a sequence the group can resume (its window after the removal may not reach
+ * positions before begin that it released); else KVC_ERR_NOT_SUPPORTED, nothing changed. A failed move leaves
+ * both truncated to begin. */
 int kvc_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift);
 
 /* Whether seq can continue at position pos with what is cached: pos <= length (committed), and with a
  * sliding window every position in [pos - sliding_window, pos) is still held. False for a bad id or
- * pos < 0. To continue at pos < length, kvc_remove(seq, pos, INT32_MAX) first. */
+ * pos < 0. To continue at pos < length, kvc_remove(seq, pos, INT32_MAX) first. With a sliding group the window
+ * is checked there. */
 bool kvc_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos);
 
 /* Blocks that a new batch of n_tokens tokens appended to seq would need from the pool (new blocks plus
@@ -325,7 +357,7 @@ typedef struct kvc_stats {
     int32_t blocks_total, blocks_used, blocks_cached, blocks_free;
     int32_t block_size;
     int32_t seqs_live;
-    size_t bytes_total;        /* storage bytes */
+    size_t bytes_total;        /* storage bytes (both pools with a sliding group) */
     size_t bytes_per_block;    /* all layers, K and V */
     double usage;              /* blocks_used / blocks_total */
     int64_t tokens_live;       /* sum of live sequence lengths (committed tokens) */
@@ -333,6 +365,7 @@ typedef struct kvc_stats {
     uint64_t prefix_hit_tokens;   /* tokens it attached, total */
     uint64_t evictions;           /* cached blocks evicted */
     uint64_t cow_copies;          /* blocks copied on write or by kvc_copy_prefix */
+    int32_t swa_blocks_total, swa_blocks_used; /* the sliding group's blocks (0 without one) */
 } kvc_stats;
 
 /* Writes the counters (O(1)) to *out. */

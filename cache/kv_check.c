@@ -6,7 +6,7 @@
 #include <string.h>
 
 /* ---- accounting ------------------------------------------------------------------------------------------------------ */
-void kvc_get_stats(const kvc_cache *c, kvc_stats *o) {
+void kvc_pool_get_stats(const kvc_cache *c, kvc_stats *o) {
     if (!c || !o) return;
     memset(o, 0, sizeof *o);
     o->blocks_total = c->lay.n_blocks;
@@ -32,7 +32,7 @@ void kvc_get_stats(const kvc_cache *c, kvc_stats *o) {
         goto out;                                         \
     } while (0)
 
-int kvc_check(const kvc_cache *c, char *msg, size_t msg_len) {
+int kvc_pool_check(const kvc_cache *c, char *msg, size_t msg_len) {
     if (!c) return KVC_ERR_INVALID;
     if (msg && msg_len > 0) msg[0] = '\0';
     int rc = KVC_OK;

@@ -75,7 +75,33 @@ struct kvc_cache {
 
     kvc_event_cb event_cb; /* optional, see kvc_set_event_cb */
     void *event_ctx;
+
+    /* The sliding-window group (kv_group.c): a second pool for the swa_layers layers, kept in lockstep with this
+     * one (same sequence ids and lengths) by the public calls; NULL when the cache has none. */
+    struct kvc_cache *swa;
+    int32_t *swa_slots;  /* [max_batch_tokens] its slots of the pending forward */
+    bool swa_slots_valid;
 };
+
+/* The pool itself (kv_cache.c, kv_check.c): the public calls of kv_cache.h for one group of layers. kv_group.c's
+ * public calls run them on the main pool and, in lockstep, on the sliding-window group. */
+int kvc_pool_create(const kvc_params *params, kvc_cache **out);
+void kvc_pool_free(kvc_cache *c);
+int kvc_pool_seq_alloc(kvc_cache *c, int32_t *seq_out);
+int kvc_pool_seq_free(kvc_cache *c, int32_t seq);
+int kvc_pool_start_forward(kvc_cache *c, const kvc_entry *entries, int32_t n, int32_t *slots_out);
+int kvc_pool_finish_forward(kvc_cache *c, bool ok);
+int kvc_pool_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len);
+int kvc_pool_attach_prefix(kvc_cache *c, int32_t seq, const int32_t *tokens, int32_t n, int32_t *n_cached);
+int kvc_pool_prefix_match(const kvc_cache *c, const int32_t *tokens, int32_t n, int32_t *n_matched);
+int kvc_pool_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_shift *shift);
+/* Whether a removal from the middle starting at begin can move the tokens after it (seq valid, begin < len):
+ * every block from the one holding begin on is present and held by seq alone. */
+bool kvc_pool_can_move(const kvc_cache *c, int32_t seq, int32_t begin);
+bool kvc_pool_can_resume(const kvc_cache *c, int32_t seq, int32_t pos);
+int kvc_pool_reset_prefix_cache(kvc_cache *c);
+void kvc_pool_get_stats(const kvc_cache *c, kvc_stats *o);
+int kvc_pool_check(const kvc_cache *c, char *msg, size_t msg_len);
 
 static inline int32_t ceil_div(int32_t a, int32_t b) { return a / b + (a % b != 0); }
 

@@ -90,6 +90,9 @@ typedef struct eng_hparams {
     float rope_freq_base_swa; /* <arch>.rope.freq_base_swa: rope base of the sliding layers (default rope_freq_base) */
     int32_t n_ctx_orig;     /* <arch>.rope.scaling.original_context_length (default n_ctx_train): contexts longer
                                use rope_factors_long, others rope_factors_short (phi3) */
+    float rope_attn_factor; /* <arch>.rope.scaling.attn_factor (default 1): LongRoPE's attention factor; the
+                               rotation's cos and sin are multiplied by it (Q and K of the rotated dimensions, so
+                               their scores by its square), whichever factor set applies, as llama.cpp does */
     float attn_scale;       /* scale of q.k before the softmax (1/sqrt(head_dim) unless the family says otherwise) */
     float embd_scale;       /* the token embeddings are multiplied by it (gemma3: sqrt(n_embd); else 1) */
     float logit_softcap;    /* <arch>.final_logit_softcapping: logits = c * tanh(logits / c); 0 = none */
@@ -240,11 +243,16 @@ typedef struct eng_ctx_params {
                                  ENG_ERR_DEVICE ("no CUDA device found"), or ENG_ERR_UNSUPPORTED in a build
                                  without CUDA ("built without CUDA") */
     float gpu_memory_fraction;/* CUDA: share of device memory for weights + KV (default 0.9) */
+    bool swa_full;            /* a model mixing sliding-window and global layers (gemma3): false (default), the
+                                 sliding layers' KV lives in a small pool bounded by the window (kv_cache.h's
+                                 sliding group; kv_blocks / kv_mem_bytes size the global layers' pool); true,
+                                 every layer keeps every position in one pool (llama.cpp's --swa-full). Same
+                                 logits either way. */
 } eng_ctx_params;
 
 /* Defaults: n_threads 0 (the cores this process may run on), n_ctx 0 (the training context), max_seqs 1,
  * max_batch_tokens 512, kv_block_size 16, kv_blocks 0 and kv_mem_bytes 0 (max_seqs * n_ctx tokens, at most
- * 1 GiB), kv_dtype F16, prefix_caching true, device AUTO, gpu_memory_fraction 0.9. */
+ * 1 GiB), kv_dtype F16, prefix_caching true, device AUTO, gpu_memory_fraction 0.9, swa_full false. */
 void eng_ctx_params_default(eng_ctx_params *p);
 
 typedef struct eng_ctx eng_ctx;

@@ -196,6 +196,11 @@ int srv_tf_compile(const srv_tf_choice *ch, gmr_grammar **out, char *err, size_t
     kvs_buf b = {0};
     int rc = named && pnames ? 0 : KVS_ERR_NOMEM;
     shape sh = shape_of(ch->format);
+    /* arguments are read by programs, and models write them on one line (", " and ": "): one byte of
+     * whitespace between two JSON tokens, so that a weak model cannot spend its tokens on blank space */
+    gmr_schema_options opts;
+    gmr_schema_options_default(&opts);
+    opts.max_ws = 1;
     kvs_buf_puts(&b, "call ::= ");
     int k = 0, i = 0;
     for (const cJSON *t = ch->tools->child; t && rc == 0; t = t->next, i++) {
@@ -204,7 +209,7 @@ int srv_tf_compile(const srv_tf_choice *ch, gmr_grammar **out, char *err, size_t
         char msg[320] = "";
         rc = params_schema(tool_fn(t), &schema, msg, sizeof msg);
         gmr_grammar *g = NULL;
-        if (rc == 0) rc = gmr_compile_schema(schema, NULL, &g, msg, sizeof msg);
+        if (rc == 0) rc = gmr_compile_schema(schema, &opts, &g, msg, sizeof msg);
         cJSON_Delete(schema);
         if (rc != 0) {
             if (rc != KVS_ERR_NOMEM)

@@ -59,7 +59,8 @@ char *srv_tf_key(const srv_tf_choice *ch);
 
 /* Compiles the grammar of the output ch allows: the call(s) in ch->format, names an enum of the allowed tools
  * (or the named one), each call's arguments constrained by its function's `parameters` JSON Schema through
- * gmr_compile_schema (default options). A function without parameters takes {} only; a schema without "type"
+ * gmr_compile_schema (default options, but at most one byte of whitespace between two JSON tokens: arguments
+ * come on one line, as models write them). A function without parameters takes {} only; a schema without "type"
  * is taken as {"type": "object", ...} unless it has $ref, anyOf, oneOf, allOf, enum or const at the top (then
  * it is compiled as it is). On success *out is the grammar (gmr_grammar_free).
  * Errors (err names the tool as tools[i] with its function name, and the schema's problem): KVS_ERR_INVALID (a

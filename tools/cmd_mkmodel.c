@@ -1,5 +1,5 @@
 /*
- * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2 GGUF with deterministic random weights.
+ * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2/phi3 GGUF with deterministic random weights.
  *
  * The weights are a pure function of (--seed, tensor name, shape, --std): each tensor has its own PRNG stream
  * (splitmix64 seeded by the seed and an FNV-1a hash of the name), and normal values are made with integer
@@ -11,6 +11,7 @@
  * SentencePiece-style ("llama") vocabulary with byte fallback, ChatML special tokens and a ChatML template.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,7 +28,7 @@ typedef struct mk_opts {
     const char *out;
     const char *preset;
     const char *vocab_from;
-    char arch[16];          /* "llama" or "qwen2" */
+    char arch[16];          /* "llama", "qwen2" or "phi3" */
     int64_t n_embd;
     int64_t n_layer;
     int64_t n_head;
@@ -41,6 +42,9 @@ typedef struct mk_opts {
     bool tied;
     bool fim;               /* built-in vocabulary: add <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> and their
                                tokenizer.ggml.fim_{pre,suf,mid}_token_id keys */
+    bool rope_factors;      /* phi3: rope_factors_long/short.weight (LongRoPE, as Phi-3 128k / Phi-3.5 have) */
+    int64_t orig_ctx;       /* > 0: <arch>.rope.scaling.original_context_length */
+    double rope_attn;       /* > 0: <arch>.rope.scaling.attn_factor; 0: LongRoPE's default (see parse_args) */
     uint64_t seed;
     double std;             /* matrices and biases */
     double embd_std;        /* token_embd and output */
@@ -50,7 +54,7 @@ static void usage(FILE *f) {
     fprintf(f,
         "usage: kvserve mkmodel -o OUT.gguf [OPTIONS]\n"
         "\n"
-        "Writes a llama/qwen2 GGUF model with deterministic random weights (same options, same bytes on every\n"
+        "Writes a llama/qwen2/phi3 GGUF model with deterministic random weights (same options, same bytes on every\n"
         "machine). Useful for tests, benchmarks and the embedded default model; its output is gibberish.\n"
         "\n"
         "  -o, --output FILE     output path (required); written atomically\n"
@@ -66,7 +70,8 @@ static void usage(FILE *f) {
         "                          bench-1b    the Llama-3.2-1B shape: llama-1b with ctx 131072, f16 (pass\n"
         "                                      --vocab-from a llama 3 vocabulary; `kvserve quantize` makes the\n"
         "                                      Q4_K_M/Q5_K_M/Q6_K/Q8_0 bench models from it)\n"
-        "  --arch llama|qwen2    architecture (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by default)\n"
+        "  --arch llama|qwen2|phi3  architecture (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by default;\n"
+        "                        phi3 fuses Q/K/V into attn_qkv and gate|up into ffn_up, and rotates halves)\n"
         "  --embd N              embedding length\n"
         "  --layers N            number of blocks\n"
         "  --heads N             attention heads\n"
@@ -84,6 +89,12 @@ static void usage(FILE *f) {
         "                        tokenizer.ggml.fim_pre/suf/mid_token_id\n"
         "  --vocab-from FILE     copy every tokenizer.* key from this GGUF (e.g. a vocab-only file); the\n"
         "                        vocabulary size follows it. Default: a built-in 'llama' (SPM) vocabulary\n"
+        "  --rope-factors        (phi3) add LongRoPE's rope_factors_short.weight (1 + 0.25 t) and\n"
+        "                        rope_factors_long.weight (1 + 15 t^2), t = i / (head-dim / 2 - 1)\n"
+        "  --orig-ctx N          rope.scaling.original_context_length: contexts longer than N use the long\n"
+        "                        factors, others the short ones\n"
+        "  --rope-attn-factor F  rope.scaling.attn_factor; default with --rope-factors and ctx > orig-ctx:\n"
+        "                        sqrt(1 + ln(ctx / orig-ctx) / ln(orig-ctx)), as llama.cpp's converter writes\n"
         "  --seed N              random seed (default 42)\n"
         "  --std F               standard deviation of matrices (default 0.05); embeddings use 0.5\n"
         "  --embd-std F          standard deviation of token_embd/output (default 0.5)\n"
@@ -180,10 +191,12 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         } else {
             snprintf(name, sizeof name, "%s", a);
         }
-        bool flag = !strcmp(name, "--tied") || !strcmp(name, "--untied") || !strcmp(name, "--fim");
+        bool flag = !strcmp(name, "--tied") || !strcmp(name, "--untied") || !strcmp(name, "--fim") ||
+                    !strcmp(name, "--rope-factors");
         if (flag) {
             if (val) { fprintf(stderr, "kvserve mkmodel: %s takes no value\n", name); return 2; }
             if (!strcmp(name, "--fim")) o->fim = true;
+            else if (!strcmp(name, "--rope-factors")) o->rope_factors = true;
             else o->tied = !strcmp(name, "--tied");
             continue;
         }
@@ -198,8 +211,8 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         if (!strcmp(name, "-o") || !strcmp(name, "--output")) o->out = val;
         else if (!strcmp(name, "--preset")) { /* applied above */ }
         else if (!strcmp(name, "--arch")) {
-            if (strcmp(val, "llama") && strcmp(val, "qwen2")) {
-                fprintf(stderr, "kvserve mkmodel: --arch must be llama or qwen2, got '%s'\n", val);
+            if (strcmp(val, "llama") && strcmp(val, "qwen2") && strcmp(val, "phi3")) {
+                fprintf(stderr, "kvserve mkmodel: --arch must be llama, qwen2 or phi3, got '%s'\n", val);
                 return 2;
             }
             snprintf(o->arch, sizeof o->arch, "%s", val);
@@ -212,6 +225,8 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         else if (!strcmp(name, "--ctx")) rc = parse_i64(name, val, 1, INT32_MAX, &o->n_ctx);
         else if (!strcmp(name, "--head-dim")) rc = parse_i64(name, val, 2, 4096, &o->head_dim);
         else if (!strcmp(name, "--rope-base")) rc = parse_f64(name, val, 1.0, 1e12, &o->rope_base);
+        else if (!strcmp(name, "--orig-ctx")) rc = parse_i64(name, val, 1, INT32_MAX, &o->orig_ctx);
+        else if (!strcmp(name, "--rope-attn-factor")) rc = parse_f64(name, val, 1e-3, 1e3, &o->rope_attn);
         else if (!strcmp(name, "--rms-eps")) rc = parse_f64(name, val, 1e-12, 1.0, &o->rms_eps);
         else if (!strcmp(name, "--std")) rc = parse_f64(name, val, 0.0, 100.0, &o->std);
         else if (!strcmp(name, "--embd-std")) rc = parse_f64(name, val, 0.0, 100.0, &o->embd_std);
@@ -251,6 +266,14 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             return 2;
         }
         o->head_dim = o->n_embd / o->n_head;
+    }
+    if (o->rope_factors && strcmp(o->arch, "phi3")) {
+        fprintf(stderr, "kvserve mkmodel: --rope-factors needs --arch phi3\n");
+        return 2;
+    }
+    if (o->rope_factors && o->orig_ctx > 0 && o->n_ctx > o->orig_ctx && o->rope_attn == 0) {
+        double scale = (double)o->n_ctx / (double)o->orig_ctx; /* LongRoPE's attention factor */
+        o->rope_attn = sqrt(1.0 + log(scale) / log((double)o->orig_ctx));
     }
     if (o->head_dim % 2) {
         fprintf(stderr, "kvserve mkmodel: head dim %lld must be even (rope rotates pairs)\n", (long long)o->head_dim);
@@ -487,6 +510,9 @@ static int add_vocab_from(eng_gguf_writer *w, const char *path, int64_t *n_vocab
 /* ---- tensors --------------------------------------------------------------------------------------------------- */
 enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS };
 
+/* One tensor of a block: blk.N.<suffix>, [ne0, ne1] */
+typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1; } mk_tdef;
+
 /* Generates tensor `name` of [ne0, ne1] and adds it in type (norms and biases: f32). */
 static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
                       size_t *total_bytes) {
@@ -524,6 +550,28 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
     return rc;
 }
 
+/* LongRoPE's per-frequency divisors (rope_factors_short/long.weight, [half] f32, all >= 1): growing from the fast
+ * rotations (i = 0, factor 1) to the slow ones, much more for the long set, as in Phi-3.5's files. Only basic
+ * arithmetic, so the values are the same on every machine. */
+static int add_rope_factors(eng_gguf_writer *w, int64_t half, size_t *total_bytes) {
+    float *f = malloc((size_t)half * sizeof *f);
+    if (!f) return ENG_ERR_NOMEM;
+    int rc = 0;
+    for (int set = 0; set < 2 && !rc; set++) {
+        for (int64_t i = 0; i < half; i++) {
+            double t = half > 1 ? (double)i / (double)(half - 1) : 0.0;
+            f[i] = (float)(set == 0 ? 1.0 + 0.25 * t : 1.0 + 15.0 * t * t);
+        }
+        const int64_t ne[1] = {half};
+        rc = eng_gguf_add_tensor(w, set == 0 ? "rope_factors_short.weight" : "rope_factors_long.weight", ENG_Q_F32,
+                                 1, ne, f, (size_t)half * sizeof *f);
+        *total_bytes += (size_t)half * sizeof *f;
+    }
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", eng_strerror(rc));
+    free(f);
+    return rc;
+}
+
 static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     char key[96], name[96];
     const char *a = o->arch;
@@ -545,6 +593,8 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     F32("attention.layer_norm_rms_epsilon", o->rms_eps);
     F32("rope.freq_base", o->rope_base);
     U32("rope.dimension_count", o->head_dim);
+    if (o->orig_ctx > 0) U32("rope.scaling.original_context_length", o->orig_ctx);
+    if (o->rope_attn > 0) F32("rope.scaling.attn_factor", o->rope_attn);
     if (o->head_dim * o->n_head != o->n_embd) {
         U32("attention.key_length", o->head_dim);
         U32("attention.value_length", o->head_dim);
@@ -599,7 +649,7 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     char name[96];
     if (!rc) rc = add_tensor(w, &o, "token_embd.weight", MK_EMBED, E, n_vocab, &total);
     for (int64_t l = 0; l < o.n_layer && !rc; l++) {
-        const struct { const char *suffix; int kind; int64_t ne0, ne1; } t[] = {
+        const mk_tdef t[] = {
             {"attn_norm.weight", MK_NORM, E, 1},   {"attn_q.weight", MK_MATRIX, E, Q},
             {"attn_k.weight", MK_MATRIX, E, KV},   {"attn_v.weight", MK_MATRIX, E, KV},
             {"attn_q.bias", MK_BIAS, Q, 1},        {"attn_k.bias", MK_BIAS, KV, 1},
@@ -607,15 +657,24 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
             {"ffn_norm.weight", MK_NORM, E, 1},    {"ffn_gate.weight", MK_MATRIX, E, F},
             {"ffn_up.weight", MK_MATRIX, E, F},    {"ffn_down.weight", MK_MATRIX, F, E},
         };
-        bool biases = !strcmp(o.arch, "qwen2");
-        for (size_t i = 0; i < sizeof t / sizeof t[0] && !rc; i++) {
-            if (t[i].kind == MK_BIAS && !biases) continue;
-            snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, t[i].suffix);
-            rc = add_tensor(w, &o, name, t[i].kind, t[i].ne0, t[i].ne1, &total);
+        /* phi3: Q, K, V rows fused in attn_qkv, gate then up rows fused in ffn_up */
+        const mk_tdef fused[] = {
+            {"attn_norm.weight", MK_NORM, E, 1},       {"attn_qkv.weight", MK_MATRIX, E, Q + 2 * KV},
+            {"attn_output.weight", MK_MATRIX, Q, E},   {"ffn_norm.weight", MK_NORM, E, 1},
+            {"ffn_up.weight", MK_MATRIX, E, 2 * F},    {"ffn_down.weight", MK_MATRIX, F, E},
+        };
+        bool biases = !strcmp(o.arch, "qwen2"), phi3 = !strcmp(o.arch, "phi3");
+        const mk_tdef *td = phi3 ? fused : t;
+        size_t nt = phi3 ? sizeof fused / sizeof fused[0] : sizeof t / sizeof t[0];
+        for (size_t i = 0; i < nt && !rc; i++) {
+            if (td[i].kind == MK_BIAS && !biases) continue;
+            snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
+            rc = add_tensor(w, &o, name, td[i].kind, td[i].ne0, td[i].ne1, &total);
         }
     }
     if (!rc) rc = add_tensor(w, &o, "output_norm.weight", MK_NORM, E, 1, &total);
     if (!rc && !o.tied) rc = add_tensor(w, &o, "output.weight", MK_EMBED, E, n_vocab, &total);
+    if (!rc && o.rope_factors) rc = add_rope_factors(w, o.head_dim / 2, &total);
     if (!rc) {
         char err[512];
         rc = eng_gguf_write(w, o.out, err, sizeof err);

@@ -1,6 +1,7 @@
 /*
  * model_families.c: the hyper-parameters that differ between model families (gemma3's sliding-window layers,
- * attention scale, embedding scale and logit soft-capping; phi3's context length for its rope factors). The
+ * attention scale, embedding scale and logit soft-capping; phi3's context length for its rope factors and
+ * LongRoPE's attention factor). The
  * tensors of each family are loaded by model.c; the forward pass reads the fields set here.
  */
 #include <math.h>
@@ -39,12 +40,16 @@ int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t e
     hp->n_swa = 0;
     hp->rope_freq_base_swa = hp->rope_freq_base;
     hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = 1.0f;
     hp->logit_softcap = 0.0f;
     hp->ffn_act = ENG_ACT_SILU;
     if ((rc = arch_int(m, "rope.scaling.original_context_length", &hp->n_ctx_orig, path, err, err_len)) != 0)
         return rc;
+    if ((rc = arch_float(m, "rope.scaling.attn_factor", &hp->rope_attn_factor, path, err, err_len)) != 0) return rc;
+    if (!(hp->rope_attn_factor > 0.0f) || isinf(hp->rope_attn_factor))
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: rope.scaling.attn_factor must be positive", path);
     if (hp->arch != ENG_ARCH_GEMMA3) return 0;
 
     /* Gemma 3 (facts as llama.cpp applies them): sliding layers when attention.sliding_window > 0, with their

@@ -64,7 +64,11 @@ struct eng_ctx {
     const eng_hparams *hp;
     int32_t n_threads, n_ctx, max_seqs, max_batch;
     kvc_cache *cache;
-    kvc_layout lay;
+    kvc_layout lay;       /* the cache's main pool: every layer, or the global layers when the sliding ones have the
+                             cache's sliding group */
+    kvc_layout lay_swa;   /* the sliding group (n_layer 0 when the cache has none) */
+    int32_t *kv_layer;    /* [n_layer] the layer's index in its pool */
+    bool *kv_in_swa;      /* [n_layer] the layer's KV is in the sliding group */
     eng_pool *pool;
     eng_simd_level simd;  /* gemm kernel level */
     int attn_level;       /* attention kernel level (ENG_OPS_*) */
@@ -76,6 +80,8 @@ struct eng_ctx {
     kvc_entry *entries;
     int32_t *slots;             /* cache slot of each row */
     const int32_t **row_blocks; /* block table of each row's sequence */
+    const int32_t *slots_swa;   /* cache slot of each row in the sliding group (when there is one) */
+    const int32_t **row_blocks_swa; /* block table of each row's sequence there */
     float *rope_cs;             /* [max_batch][n_rot]: (cos, sin) pairs of each row's position */
     float *rope_cs_swa;         /* [max_batch][n_rot]: the same for the sliding-window layers */
     int32_t *logit_idx;         /* [max_batch]: row -> logits row, or -1 */
@@ -170,6 +176,9 @@ void eng_ctx_free(eng_ctx *c) {
     kvc_free(c->cache);
     eng_cuda_free(c->cuda); /* after the cache, which lives in its device memory */
     free(c->inv_freq);
+    free(c->kv_layer);
+    free(c->kv_in_swa);
+    free((void *)c->row_blocks_swa);
     free(c->inv_freq_swa);
     free(c->entries);
     free(c->slots);
@@ -359,12 +368,26 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         eng_ctx_free(c);
         return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory repacking the weights");
     }
-    rc = eng_kv_pool_create(hp, &p, NULL, 0, &c->cache, err, err_len);
+    /* The sliding layers of a model that also has global ones keep only their window (unless swa_full). */
+    int32_t n_sliding = 0;
+    c->kv_layer = zalloc((size_t)hp->n_layer, sizeof *c->kv_layer);
+    c->kv_in_swa = zalloc((size_t)hp->n_layer, sizeof *c->kv_in_swa);
+    c->row_blocks_swa = zalloc((size_t)p.max_batch_tokens, sizeof *c->row_blocks_swa);
+    if (!c->kv_layer || !c->kv_in_swa || !c->row_blocks_swa) {
+        eng_ctx_free(c);
+        return kvs_errf(err, err_len, ENG_ERR_NOMEM, "eng_ctx_create: out of memory");
+    }
+    for (int32_t l = 0, n_global = 0; l < hp->n_layer; l++) {
+        c->kv_in_swa[l] = hp->n_swa > 0 && !hp->swa_all && !p.swa_full && model->layers[l].swa;
+        c->kv_layer[l] = c->kv_in_swa[l] ? n_sliding++ : n_global++;
+    }
+    rc = eng_kv_pool_create(hp, &p, n_sliding, NULL, 0, &c->cache, err, err_len);
     if (rc != 0) {
         eng_ctx_free(c);
         return rc;
     }
     kvc_get_layout(c->cache, &c->lay);
+    if (kvc_swa_group(c->cache)) kvc_get_layout(kvc_swa_group(c->cache), &c->lay_swa);
     rc = init_rope(c, model);
     if (rc == 0) rc = alloc_scratch(c, model, &p);
     if (rc == 0) rc = eng_pool_create(p.n_threads, &c->pool) != 0 ? ENG_ERR_NOMEM : 0;
@@ -543,7 +566,8 @@ static void tile_accum(eng_ctx *c, float *o, int32_t m, const float *p, int32_t 
  * wo_type >= 0, each row's outputs of the group's heads are quantized for wo at once. */
 static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) {
     const eng_hparams *hp = c->hp;
-    const kvc_layout *lay = &c->lay;
+    const bool in_swa = c->kv_in_swa[l];
+    const kvc_layout *lay = in_swa ? &c->lay_swa : &c->lay;
     const int32_t hd = hp->head_dim, bs = lay->block_size, G = hp->n_head / hp->n_head_kv;
     const int32_t qd = hp->n_head * hd, lds = c->n_ctx;
     const int64_t n_g = (int64_t)hp->n_head_kv * c->n_grp;
@@ -552,7 +576,7 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     const int32_t gs = G - g0 < c->grp_heads ? G - g0 : c->grp_heads, h0 = kvh * G + g0;
     const int32_t *rows = c->tile_rows + (size_t)tile * ATT_MAX_R;
     const int32_t nr = c->tile_len[tile], m = nr * gs;
-    const int32_t *pos = c->batch->pos, *blocks = c->row_blocks[rows[0]];
+    const int32_t *pos = c->batch->pos, *blocks = (in_swa ? c->row_blocks_swa : c->row_blocks)[rows[0]];
     const int32_t len = pos[rows[nr - 1]] + 1; /* positions the tile reads */
     float *q = c->th_q + (size_t)ith * c->att_q * hd, *o = c->th_o + (size_t)ith * c->att_q * hd;
     float *scores = c->th_scores + (size_t)ith * c->att_q * lds;
@@ -560,7 +584,8 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     const bool swa = c->model->layers[l].swa && hp->n_swa > 0;
     const int32_t win0 = swa && pos[rows[0]] + 1 > hp->n_swa ? pos[rows[0]] + 1 - hp->n_swa : 0;
     const int32_t tb = win0 / bs * bs; /* the first position read: the start of the block holding win0 */
-    const char *kbase = (const char *)lay->base + (size_t)(2 * l) * lay->layer_bytes + (size_t)kvh * lay->head_stride;
+    const char *kbase = (const char *)lay->base + (size_t)(2 * c->kv_layer[l]) * lay->layer_bytes +
+                        (size_t)kvh * lay->head_stride;
     const char *vbase = kbase + lay->layer_bytes;
 
     for (int32_t r = 0; r < nr; r++) /* query i = r * gs + g */
@@ -599,6 +624,13 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     }
 }
 
+/* The cache row of K (kv = 0) or V (kv = 1) of layer l, head h for batch row r, in the layer's pool. Both pools
+ * share dtype, head size and block size, so store_row and load_row take either layout. */
+static void *kv_row(const eng_ctx *c, int32_t l, int kv, int32_t r, int32_t h) {
+    if (c->kv_in_swa[l]) return kvc_row_ptr(&c->lay_swa, c->kv_layer[l], kv, c->slots_swa[r], h);
+    return kvc_row_ptr(&c->lay, c->kv_layer[l], kv, c->slots[r], h);
+}
+
 /* Post-processing of head unit u of row r, u in [0, n_head + 2 n_head_kv): u < n_head: Q head u (bias, q norm,
  * RoPE); then K head u - n_head (bias, k norm, RoPE, written to the cache); then V head u - n_head - n_head_kv
  * (bias, written to the cache). */
@@ -619,13 +651,13 @@ static void qkv_post(eng_ctx *c, const eng_layer *ly, int32_t l, int32_t r, int3
             for (int32_t i = 0; i < hd; i++) k[i] += ly->bk[(size_t)h * hd + i];
         if (ly->k_norm) eng_rmsnorm(k, k, ly->k_norm, hd, hp->rms_eps);
         eng_rope(k, hp->n_rot, cs, hp->neox_rope);
-        store_row(&c->lay, kvc_row_ptr(&c->lay, l, 0, c->slots[r], h), k, hd);
+        store_row(&c->lay, kv_row(c, l, 0, r, h), k, hd);
     } else {
         int32_t h = u - H - HKV;
         float *v = c->v + (size_t)r * HKV * hd + (size_t)h * hd;
         if (ly->bv)
             for (int32_t i = 0; i < hd; i++) v[i] += ly->bv[(size_t)h * hd + i];
-        store_row(&c->lay, kvc_row_ptr(&c->lay, l, 1, c->slots[r], h), v, hd);
+        store_row(&c->lay, kv_row(c, l, 1, r, h), v, hd);
     }
 }
 
@@ -651,12 +683,14 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     }
 }
 
-static void rope_angles(const eng_ctx *c, float *cs, double pos, bool swa) {
+/* The (cos, sin) pairs of a rotation by pos positions, both times mscale: the model's rope_attn_factor for the
+ * forward pass, 1 for a pure re-rotation (context shift). */
+static void rope_angles(const eng_ctx *c, float *cs, double pos, bool swa, float mscale) {
     const float *inv_freq = swa ? c->inv_freq_swa : c->inv_freq;
     for (int32_t i = 0; i < c->hp->n_rot / 2; i++) {
         double th = pos * (double)inv_freq[i];
-        cs[2 * i] = (float)cos(th);
-        cs[2 * i + 1] = (float)sin(th);
+        cs[2 * i] = (float)cos(th) * mscale;
+        cs[2 * i + 1] = (float)sin(th) * mscale;
     }
 }
 
@@ -715,8 +749,9 @@ static void forward_worker(void *arg, int ith, int nth) {
         if (hp->embd_scale != 1.0f)
             for (int64_t i = 0; i < E; i++) c->x[r * E + i] *= hp->embd_scale;
         memset(c->tmp + r * E, 0, (size_t)E * sizeof(float));
-        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r], false);
-        if (hp->n_swa > 0) rope_angles(c, c->rope_cs_swa + r * hp->n_rot, (double)b->pos[r], true);
+        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r], false, hp->rope_attn_factor);
+        if (hp->n_swa > 0)
+            rope_angles(c, c->rope_cs_swa + r * hp->n_rot, (double)b->pos[r], true, hp->rope_attn_factor);
     }
     eng_pool_barrier(c->pool);
 
@@ -893,9 +928,12 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (rc != 0) return rc;
     rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots);
     if (rc != 0) return eng_kv_err(rc);
+    const kvc_cache *group = kvc_swa_group(c->cache);
+    c->slots_swa = kvc_swa_slots(c->cache);
     for (int32_t i = 0; i < b->n; i++) {
         int32_t nb, len;
         rc = kvc_block_table(c->cache, b->seq[i], &c->row_blocks[i], &nb, &len);
+        if (rc == 0 && group) rc = kvc_block_table(group, b->seq[i], &c->row_blocks_swa[i], &nb, &len);
         if (rc != 0 || b->pos[i] >= len || b->pos[i] >= c->n_ctx) {
             kvc_finish_forward(c->cache, false);
             return rc != 0 ? eng_kv_err(rc) : ENG_ERR_KV;
@@ -944,23 +982,26 @@ int eng_seq_remove(eng_ctx *c, int32_t seq, int32_t begin, int32_t end) {
     /* Context shift: keys are rotated by pos * theta, so moving a key by delta positions is one more
      * rotation by delta * theta. */
     const eng_hparams *hp = c->hp;
-    const int32_t *blocks;
+    const int32_t *blocks, *blocks_swa = NULL;
     int32_t nb, len;
     if (kvc_block_table(c->cache, seq, &blocks, &nb, &len) != 0) return ENG_ERR_KV;
+    if (kvc_swa_group(c->cache) && kvc_block_table(kvc_swa_group(c->cache), seq, &blocks_swa, &nb, &len) != 0)
+        return ENG_ERR_KV;
     float *cs = c->rope_cs, *cs_swa = c->rope_cs_swa, *row = c->th_kv; /* scratch outside a decode */
-    rope_angles(c, cs, (double)sh.delta, false);
-    rope_angles(c, cs_swa, (double)sh.delta, true);
+    rope_angles(c, cs, (double)sh.delta, false, 1.0f); /* keys carry the attention factor already */
+    rope_angles(c, cs_swa, (double)sh.delta, true, 1.0f);
     int32_t bs = c->lay.block_size;
-    for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len; p++) {
-        if (blocks[p / bs] < 0) continue; /* released by a sliding window */
-        int32_t slot = blocks[p / bs] * bs + p % bs;
-        for (int32_t l = 0; l < hp->n_layer; l++)
+    for (int32_t p = sh.pos; p < sh.pos + sh.n && p < len; p++)
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            const bool in_swa = c->kv_in_swa[l];
+            const int32_t blk = (in_swa ? blocks_swa : blocks)[p / bs];
+            if (blk < 0) continue; /* released by a sliding window */
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
-                void *ptr = kvc_row_ptr(&c->lay, l, 0, slot, h);
+                void *ptr = kvc_row_ptr(in_swa ? &c->lay_swa : &c->lay, c->kv_layer[l], 0, blk * bs + p % bs, h);
                 load_row(&c->lay, row, ptr, hp->head_dim);
                 eng_rope(row, hp->n_rot, c->model->layers[l].swa ? cs_swa : cs, hp->neox_rope);
                 store_row(&c->lay, ptr, row, hp->head_dim);
             }
-    }
+        }
     return 0;
 }

@@ -104,9 +104,10 @@ static int create_backend(eng_cuda *g, const eng_model *model, const eng_ctx_par
                           char *berr, size_t berr_len) {
     const eng_hparams *hp = &model->hp;
     /* the CUDA kernels do not have gemma3's sliding windows, post norms, GELU, scales or soft-capping, nor
-     * phi3's long/short rope factors: such a model runs on the CPU (AUTO) or is refused */
+     * phi3's long/short rope factors and attention factor: such a model runs on the CPU (AUTO) or is refused */
     if (hp->n_swa > 0 || hp->ffn_act != ENG_ACT_SILU || hp->embd_scale != 1.0f || hp->logit_softcap > 0.0f ||
         hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) || model->rope_long || model->rope_short ||
+        hp->rope_attn_factor != 1.0f ||
         (model->layers && model->layers[0].post_attn_norm))
         return kvs_errf(berr, berr_len, ENG_ERR_UNSUPPORTED, "the %s family is not supported by the CUDA backend",
                         hp->arch_name);
@@ -219,7 +220,7 @@ int eng_cuda_create(const eng_model *model, const eng_ctx_params *p, eng_cuda **
      * budget, capped at four times what max_seqs full-length sequences need (room for cached prefixes beyond
      * the live ones, without host bookkeeping for millions of blocks of a tiny model). */
     kvc_cache *cache = NULL;
-    rc = eng_kv_pool_create(hp, p, cud_kv_allocator(g->be), budget, &cache, err, err_len);
+    rc = eng_kv_pool_create(hp, p, 0, cud_kv_allocator(g->be), budget, &cache, err, err_len);
     if (rc != 0) {
         eng_cuda_free(g);
         return rc;

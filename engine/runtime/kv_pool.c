@@ -13,14 +13,15 @@ int eng_kv_err(int rc) {
     }
 }
 
-int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, const kvc_allocator *alloc, size_t budget,
-                       kvc_cache **out, char *err, size_t err_len) {
+int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, int32_t swa_layers,
+                       const kvc_allocator *alloc, size_t budget, kvc_cache **out, char *err, size_t err_len) {
     size_t row_bytes = kvc_row_bytes(p->kv_dtype, hp->head_dim);
     if (row_bytes == 0)
         return kvs_errf(err, err_len, ENG_ERR_INVALID, "eng_ctx_create: the KV dtype does not fit the head size");
     int64_t per_seq = (p->n_ctx + p->kv_block_size - 1) / p->kv_block_size;
     kvs_kv_plan_req q = {
-        .block_bytes = (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)p->kv_block_size * row_bytes,
+        .block_bytes = (size_t)(hp->n_layer - swa_layers) * 2 * (size_t)hp->n_head_kv * (size_t)p->kv_block_size *
+                       row_bytes,
         .blocks_per_seq = per_seq,
         .kv_blocks = p->kv_blocks,
         .kv_mem_bytes = p->kv_mem_bytes,
@@ -34,13 +35,15 @@ int eng_kv_pool_create(const eng_hparams *hp, const eng_ctx_params *p, const kvc
     char msg[256];
     int rc = kvs_kv_plan(&q, &n_blocks, msg, sizeof msg);
     if (rc != 0) return kvs_errf(err, err_len, rc, "eng_ctx_create: %s", msg);
-    /* every field set; mem_bytes stays 0 as in kvc_params_default. A model whose layers all slide keeps only
-     * the window's blocks of each sequence (a model with global layers too needs every position). */
-    kvc_params kp = {.n_layer = hp->n_layer, .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim,
-                     .block_size = p->kv_block_size, .n_blocks = n_blocks, .max_seqs = p->max_seqs,
-                     .max_batch_tokens = p->max_batch_tokens, .max_seq_len = p->n_ctx, .dtype = p->kv_dtype,
-                     .prefix_caching = p->prefix_caching, .allocator = alloc,
-                     .sliding_window = hp->swa_all ? hp->n_swa : 0};
+    /* every field set; mem_bytes and swa_blocks (the group's default size) stay 0. A model whose layers all slide
+     * keeps only the window's blocks of each sequence; one that mixes them keeps every position of its global
+     * layers and only the window of the sliding ones (the sliding group), unless swa_layers is 0 (swa_full, or
+     * device memory), when every layer keeps every position. */
+    kvc_params kp = {.n_layer = hp->n_layer - swa_layers, .swa_layers = swa_layers, .n_kv_head = hp->n_head_kv,
+                     .head_dim = hp->head_dim, .block_size = p->kv_block_size, .n_blocks = n_blocks,
+                     .max_seqs = p->max_seqs, .max_batch_tokens = p->max_batch_tokens, .max_seq_len = p->n_ctx,
+                     .dtype = p->kv_dtype, .prefix_caching = p->prefix_caching, .allocator = alloc,
+                     .sliding_window = hp->swa_all || swa_layers > 0 ? hp->n_swa : 0};
     rc = kvc_create(&kp, out);
     if (rc == 0) return ENG_OK;
     int code = rc == KVC_ERR_NOMEM ? ENG_ERR_NOMEM : ENG_ERR_INVALID;

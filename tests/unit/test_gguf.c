@@ -1397,6 +1397,9 @@ Test(mkmodel, bad_options_fail_without_writing) {
         {"mkmodel", "-o", out, "--bogus", "1", NULL},
         {"mkmodel", "-o", out, "--arch", "gpt2", NULL},
         {"mkmodel", "-o", out, "--seed", "-1", NULL},
+        {"mkmodel", "-o", out, "--rope-factors", NULL},                 /* rope factors are phi3's */
+        {"mkmodel", "-o", out, "--arch", "phi3", "--orig-ctx", "0", NULL},
+        {"mkmodel", "-o", out, "--arch", "phi3", "--rope-attn-factor", "0", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cr_assert_eq(kvt_run_kvserve(dir, bad[i], NULL), 2, "case %zu should be a usage error", i);

@@ -369,7 +369,7 @@ static void op_forward(tctx *t) {
         for (int32_t k = 0; k < i; k++) REQ(slots[k] != slots[i], "slot %d repeated", slots[i]);
     }
     for (int j = 0; j < nid; j++) {
-        int32_t len;
+        int32_t len = 0;
         kvc_block_table(t->c, ids[j], NULL, NULL, &len);
         REQ(len == t->s[ids[j]].len + cnt[j], "pending length %d, expected %d", len, t->s[ids[j]].len + cnt[j]);
     }

@@ -3,12 +3,13 @@
  * of the cache whose prefix hashes keep only 2 bits, so nearly every lookup meets colliding hashes. Results
  * must stay exact: the cache verifies a candidate's tokens and parent identity, never the hash alone.
  *
- * This file compiles cache/kv_cache.c and cache/kv_check.c itself (with KVC_TEST_HASH_MASK); its definitions
- * take precedence over the kvcache library's, whose objects the linker then does not pull in.
+ * This file compiles cache/kv_cache.c, cache/kv_check.c and cache/kv_group.c itself (with KVC_TEST_HASH_MASK);
+ * its definitions take precedence over the kvcache library's, whose objects the linker then does not pull in.
  */
 #define KVC_TEST_HASH_MASK 0x3ULL
 #include "../../cache/kv_cache.c"
 #include "../../cache/kv_check.c"
+#include "../../cache/kv_group.c"
 
 #define KVCT_SUITE kv_cache_collide
 #include "test_kv_cache.c"

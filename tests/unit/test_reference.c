@@ -2,7 +2,9 @@
  * test_reference.c: the engine against llama.cpp's greedy completions in ../shared/reference/, by the rule of
  * ../shared/reference/README.md (accepted divergence only below a margin, mean/max logprob deltas, share of
  * steps compared, EOS at the reference's EOS step), run both one prompt at a time and as one multi-sequence
- * batch, which must agree (batch invariance). Also stories260K's 60-token greedy sequence from BOS.
+ * batch, which must agree (batch invariance). Also stories260K's 60-token greedy sequence from BOS, and a phi3
+ * model with LongRoPE factors made by `kvserve mkmodel` against llama.cpp's completions committed in
+ * tests/reference/ (both factor sets; no shared material needed).
  * Skips with a message when the shared directory is absent. The device is KVSERVE_TEST_DEVICE ("cpu", the
  * default, or "cuda": ctest's test_reference_cuda; skips when no CUDA device is present).
  */
@@ -14,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
 
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
@@ -227,17 +232,8 @@ static bool model_is_quantized(const eng_model *m) {
     return false;
 }
 
-static void check_model(const char *base) {
-    char mpath[1024], rpath[1024];
-    const char *dir = kvt_shared_dir();
-    snprintf(rpath, sizeof rpath, "%s/reference/%s.json", dir, base);
-    snprintf(mpath, sizeof mpath, "%s/models/%s%s.gguf", dir, strncmp(base, "syn-", 4) ? "" : "synthetic/", base);
-    if (!file_exists(mpath) || !file_exists(rpath))
-        cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED to ../shared", mpath);
-    char *json = kvt_read_file(rpath, NULL);
-    cr_assert_not_null(json);
-    cJSON *root = cJSON_Parse(json);
-    cr_assert_not_null(root);
+/* The model at mpath against the reference root (named base in messages), with a context of n_ctx positions. */
+static void check_ref(const char *base, const char *mpath, cJSON *root, int32_t n_ctx) {
     static ref_case cases[MAX_CASES];
     int n_cases = parse_ref(root, cases);
 
@@ -259,7 +255,7 @@ static void check_model(const char *base) {
 
     eng_ctx_params cp;
     eng_ctx_params_default(&cp);
-    cp.n_ctx = 512;
+    cp.n_ctx = n_ctx;
     cp.max_seqs = MAX_CASES;
     cp.max_batch_tokens = 1024;
     cp.kv_dtype = KVC_DTYPE_F32;
@@ -300,6 +296,20 @@ static void check_model(const char *base) {
     cr_log_info("%s: batch invariance: max logprob difference %.2e", base, max_lp_diff);
     eng_ctx_free(ctx);
     eng_model_free(m);
+}
+
+static void check_model(const char *base) {
+    char mpath[1024], rpath[1024];
+    const char *dir = kvt_shared_dir();
+    snprintf(rpath, sizeof rpath, "%s/reference/%s.json", dir, base);
+    snprintf(mpath, sizeof mpath, "%s/models/%s%s.gguf", dir, strncmp(base, "syn-", 4) ? "" : "synthetic/", base);
+    if (!file_exists(mpath) || !file_exists(rpath))
+        cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED to ../shared", mpath);
+    char *json = kvt_read_file(rpath, NULL);
+    cr_assert_not_null(json);
+    cJSON *root = cJSON_Parse(json);
+    cr_assert_not_null(root);
+    check_ref(base, mpath, root, 512);
     cJSON_Delete(root);
     free(json);
 }
@@ -355,4 +365,101 @@ Test(reference, stories260K_from_bos) {
     cr_expect_eq(matched, 60, "diverged at generated token %d", matched);
     eng_ctx_free(ctx);
     eng_model_free(m);
+}
+
+/* ---- Phi-3 with LongRoPE factors (tests/reference/mk-phi3-longrope.ctx*.json) ----------------------------------
+ * A phi3 model with rope_factors_short/long.weight, rope.scaling.original_context_length 512 and
+ * rope.scaling.attn_factor, made by `kvserve mkmodel` with the arguments the reference records (the file's SHA-256
+ * must be the recorded one), against llama.cpp's llama-server at two context sizes: 512 (not above the original
+ * context: the short factors) and 1024 (the long ones); the attention factor applies to both. The two references
+ * differ, so each factor set is in effect. */
+static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/reference/mk-phi3-longrope.ctx%d.json", KVSERVE_SOURCE_DIR, n_ctx);
+    char *json = kvt_read_file(path, NULL);
+    cr_assert_not_null(json, "%s: cannot read", path);
+    cJSON *root = cJSON_Parse(json);
+    cr_assert_not_null(root, "%s: invalid JSON", path);
+    cJSON *nc = cJSON_GetObjectItem(root, "n_ctx");
+    cr_assert(cJSON_IsNumber(nc) && nc->valuedouble == n_ctx, "%s: n_ctx", path);
+    *json_out = json;
+    return root;
+}
+
+/* Makes the reference's model in dir (model path in mpath) and checks its SHA-256. */
+static void longrope_model(cJSON *root, const char *dir, char *mpath, size_t cap) {
+    snprintf(mpath, cap, "%s/mk-phi3-longrope.gguf", dir);
+    const char *args[32];
+    int n = 0;
+    args[n++] = "mkmodel";
+    args[n++] = "-o";
+    args[n++] = mpath;
+    cJSON *a;
+    cJSON_ArrayForEach(a, cJSON_GetObjectItem(root, "mkmodel_args")) {
+        cr_assert(cJSON_IsString(a) && n < 31);
+        args[n++] = a->valuestring;
+    }
+    args[n] = NULL;
+    cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0, "kvserve mkmodel failed");
+    size_t len = 0;
+    char *data = kvt_read_file(mpath, &len);
+    cr_assert_not_null(data);
+    uint8_t h[32];
+    kvs_sha256(data, len, h);
+    free(data);
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(root, "model_sha256"));
+    cr_assert(want && !strcmp(hex, want), "mkmodel's phi3 model changed (sha256 %s, reference %s): regenerate the "
+              "reference with scripts/ref-longrope.py", hex, want ? want : "?");
+}
+
+static void check_longrope(int32_t n_ctx) {
+    char *json = NULL, dir[] = "/tmp/kvserve-longrope-XXXXXX", mpath[256];
+    cJSON *root = longrope_ref(n_ctx, &json);
+    cr_assert_not_null(mkdtemp(dir));
+    longrope_model(root, dir, mpath, sizeof mpath);
+    eng_model *m = NULL;
+    char err[512];
+    cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    cr_assert_eq(hp->n_ctx_orig, 512);
+    cr_assert_gt(hp->rope_attn_factor, 1.0f);
+    eng_model_free(m);
+    char name[64];
+    snprintf(name, sizeof name, "mk-phi3-longrope ctx %d", n_ctx);
+    check_ref(name, mpath, root, n_ctx);
+    unlink(mpath);
+    rmdir(dir);
+    cJSON_Delete(root);
+    free(json);
+}
+
+Test(reference, phi3_longrope_short_factors) { check_longrope(512); }
+Test(reference, phi3_longrope_long_factors) { check_longrope(1024); }
+
+/* The two references are not the same: the context size (hence the factor set) changes llama.cpp's results. */
+Test(reference, phi3_longrope_factor_sets_differ) {
+    char *j1 = NULL, *j2 = NULL;
+    cJSON *r1 = longrope_ref(512, &j1), *r2 = longrope_ref(1024, &j2);
+    static ref_case c1[MAX_CASES], c2[MAX_CASES];
+    int n1 = parse_ref(r1, c1), n2 = parse_ref(r2, c2);
+    cr_assert_eq(n1, n2);
+    double max_d = 0.0;
+    int diff_tokens = 0;
+    for (int c = 0; c < n1; c++)
+        for (int i = 0; i < c1[c].n_steps && i < c2[c].n_steps; i++) {
+            if (c1[c].steps[i].token != c2[c].steps[i].token) {
+                diff_tokens++;
+                break;
+            }
+            max_d = fmax(max_d, fabs(c1[c].steps[i].logprob - c2[c].steps[i].logprob));
+        }
+    cr_log_info("phi3 LongRoPE: short vs long factors: %d cases diverge, max logprob difference before %.3f",
+                diff_tokens, max_d);
+    cr_expect(diff_tokens > 0 || max_d > 0.1, "the factor sets hardly change the results (max %.4f)", max_d);
+    cJSON_Delete(r1);
+    cJSON_Delete(r2);
+    free(j1);
+    free(j2);
 }
