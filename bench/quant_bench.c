@@ -1,7 +1,9 @@
 /*
  * quant_bench.c: micro-benchmark of eng_gemm (not a test: no assertions, timing only).
  *
- *   kvquant-bench [type] [seconds-per-case]     type: q8_0 (default), q4_0, q4_K, q6_K, f16, ...
+ *   kvquant-bench [type] [seconds-per-case] [gemv]     type: q8_0 (default), q4_0, q4_K, q6_K, f16, ...
+ *
+ * With "gemv": only m = 1 on bench-1b's shapes, see gemv_1b ("gemv-shapes": without the weight pass).
  *
  * Every figure is the best of 5 rounds, timed in thread CPU time (the machine may be shared).
  *
@@ -192,6 +194,98 @@ static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *
     free(y);
 }
 
+/* ---- gemv mode: m = 1 on bench-1b's shapes ------------------------------------------------------------------ */
+/* One thread, thread CPU time: GB/s of packed weights streamed at m = 1 for each packed level, on bench-1b's
+ * [2048 -> 2048] (wq, wo), [2048 -> 8192] (gate, up) and [8192 -> 2048] (down) matrices cycled through >= 320 MB
+ * of copies; then a bench-1b weight pass (16 layers x 7 matrices and the [2048 -> 128256] output, all in type),
+ * T = 1 and 2 threads, each matrix split by whole groups in halves, wall time (best of 5). */
+static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass) {
+    const eng_qtype_info *ti = eng_qtype_get(type);
+    eng_simd_level top = eng_simd_detect();
+    if (eng_wpack_bytes(type, 16, 2048) == 0 || top < ENG_SIMD_AVX2) {
+        fprintf(stderr, "gemv mode: %s has no packed kernel on this CPU\n", ti->name);
+        return 2;
+    }
+    const shape shapes[] = {{"2048->2048", 2048, 2048}, {"2048->8192", 2048, 8192}, {"8192->2048", 8192, 2048}};
+    size_t xb = eng_qtype_row_bytes(ti->dot_type, 8192);
+    uint8_t *x = malloc(xb);
+    float *y = malloc(sizeof(float) * 128256);
+    if (!x || !y) return 1;
+    for (int64_t i = 0; i < 8192; i++) tmp[i] = frand();
+    printf("kvquant-bench gemv: %s weights packed, m = 1, one thread, thread CPU time (best of 5)\n", ti->name);
+    for (int l = ENG_SIMD_AVX2; l <= (int)top; l++)
+        for (int si = 0; si < 3; si++) {
+            const shape *s = &shapes[si];
+            eng_quantize_row(ti->dot_type, tmp, x, s->k);
+            size_t mat = eng_wpack_bytes(type, s->n, s->k);
+            int copies = (int)((320u << 20) / mat) + 1;
+            uint8_t *w = make_weights(type, s->k, s->n, tmp + 8192), *p = aligned_alloc(64, mat * (size_t)copies);
+            if (!w || !p) return 1;
+            for (int cp = 0; cp < copies; cp++) eng_wpack(type, w, s->n, s->k, p + (size_t)cp * mat);
+            free(w);
+            double per = 1e30;
+            int calls = 0;
+            for (int round = 0; round < 5; round++) {
+                int rc = 0;
+                double t0 = now_s(), t;
+                do {
+                    eng_gemm_wpacked((eng_simd_level)l, type, p + (size_t)(calls++ % copies) * mat, s->n, s->k, x, 1, y,
+                                     s->n, 0, s->n);
+                    rc++;
+                    t = now_s() - t0;
+                } while (t < secs / 5 || rc < 2);
+                if (t / rc < per) per = t / rc;
+            }
+            printf("  packed-%-7s %-11s %8.3f ms/call %7.2f GB/s\n", eng_simd_name((eng_simd_level)l), s->name, per * 1e3,
+                   mat / per * 1e-9);
+            free(p);
+        }
+    if (!pass) {
+        free(x);
+        free(y);
+        return 0;
+    }
+    /* the bench-1b weight pass */
+    enum { NL = 16, NM = NL * 7 + 1 };
+    static const int64_t lk[7] = {2048, 2048, 2048, 2048, 2048, 2048, 8192}, ln[7] = {2048, 512, 512, 2048, 8192, 8192, 2048};
+    uint8_t *w[NM];
+    int64_t k[NM], n[NM];
+    size_t total = 0;
+    for (int i = 0; i < NM; i++) {
+        k[i] = i == NM - 1 ? 2048 : lk[i % 7];
+        n[i] = i == NM - 1 ? 128256 : ln[i % 7];
+        uint8_t *rows = make_weights(type, k[i], n[i], tmp + 8192);
+        if (!rows || !(w[i] = pack(type, rows, k[i], n[i]))) return 1;
+        free(rows);
+        total += eng_wpack_bytes(type, n[i], k[i]);
+    }
+    eng_quantize_row(ti->dot_type, tmp, x, 8192); /* its first 2048 values' blocks serve the k = 2048 matrices */
+    printf("bench-1b weight pass (%.1f MB of packed %s), m = 1, level %s, wall time, best of 5:\n", total / 1e6, ti->name,
+           eng_simd_name(top));
+    for (int nt = 1; nt <= 2; nt++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
+            pthread_t th[2];
+            pass_args a[2];
+            double t0 = wall_s();
+            for (int t = 0; t < nt; t++) {
+                a[t] = (pass_args){.type = type, .level = top, .packed = true, .n_mats = NM, .w = w, .k = k, .n = n,
+                                   .x576 = x, .x1536 = x, .y = y, .m = 1, .tid = t, .nthreads = nt};
+                if (t > 0) pthread_create(&th[t], NULL, pass_worker, &a[t]);
+            }
+            pass_worker(&a[0]);
+            for (int t = 1; t < nt; t++) pthread_join(th[t], NULL);
+            double dt = wall_s() - t0;
+            if (dt < best) best = dt;
+        }
+        printf("  %d thread(s): %7.2f ms/pass  %6.1f tok/s  %6.2f GB/s\n", nt, best * 1e3, 1.0 / best, total / best * 1e-9);
+    }
+    for (int i = 0; i < NM; i++) free(w[i]);
+    free(x);
+    free(y);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     uint32_t type = argc > 1 ? parse_type(argv[1]) : ENG_Q_Q8_0;
     double secs = argc > 2 ? atof(argv[2]) : 0.25;
@@ -199,6 +293,12 @@ int main(int argc, char **argv) {
     if (!ti || !ti->supported) {
         fprintf(stderr, "unknown or unsupported type\n");
         return 2;
+    }
+    if (argc > 3 && strncmp(argv[3], "gemv", 4) == 0) {
+        float *t = malloc(sizeof(float) * 8192 * 2);
+        int rc = t ? gemv_1b(type, secs, t, strcmp(argv[3], "gemv-shapes") != 0) : 1;
+        free(t);
+        return rc;
     }
     const eng_qtype_info *di = eng_qtype_get(ti->dot_type);
     eng_simd_level top = eng_simd_detect();

@@ -117,6 +117,11 @@ void eng_model_free(eng_model *model);
 const eng_hparams *eng_model_hparams(const eng_model *model);
 /* Total bytes of weight data (for bandwidth figures). */
 size_t eng_model_weight_bytes(const eng_model *model);
+/* Bytes of matrix data a CPU decode step of one sequence reads: every layer matrix and the output matrix, packed
+ * size for the matrices a CPU context repacked (the layout its kernels stream), else their GGUF size; the
+ * embedding row, norms and the KV cache are not counted. Divided into a read bandwidth it bounds the speed of
+ * single-sequence decoding. 0 for NULL or a vocab_only model. */
+size_t eng_model_decode_bytes(const eng_model *model);
 /* tokenizer.chat_template, or NULL when the model has none. Owned by the model. */
 const char *eng_model_chat_template(const eng_model *model);
 

@@ -7,7 +7,12 @@
  * (untimed), so the timed decode steps attend over contexts of P..P+N-1 tokens. Token ids are fixed
  * pseudo-random values (the speed does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
- *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...}
+ *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...,
+ *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (the last three on the CPU only)
+ * Also (both outputs) the read bandwidth of the machine: the best of BW_ROUNDS rounds in which the context's threads
+ * each sum their part of a BW_BYTES buffer (larger than the caches), "read_gb_s"; the matrix bytes one decode step of
+ * one sequence reads, "decode_bytes_per_token" (eng_model_decode_bytes: packed sizes); and their quotient
+ * "decode_limit_tok_s", the speed single-sequence decoding could reach if streaming the weights were all it did.
  * RSS after load: the process's resident memory (VmRSS of /proc/self/status) once the model is loaded and the
  * context created (the CPU weights repacked, their mapped pages released), before any batch runs; the peak
  * (VmHWM) at the same moment. Both are 0 where /proc is absent.
@@ -19,6 +24,7 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +52,66 @@ static size_t proc_status_bytes(const char *key) {
     }
     fclose(f);
     return v;
+}
+
+/* ---- read bandwidth ------------------------------------------------------------------------------------- */
+enum { BW_BYTES = 256 << 20, BW_ROUNDS = 5, BW_MAX_THREADS = 256 };
+typedef unsigned long long bw_vec __attribute__((vector_size(16)));
+
+typedef struct bw_arg {
+    const bw_vec *p;        /* this thread's part */
+    size_t n;               /* its vectors (a multiple of 4) */
+    unsigned long long sum; /* kept so that the loads are not optimized away */
+} bw_arg;
+
+static void *bw_worker(void *v) {
+    bw_arg *a = v;
+    bw_vec s0 = {0, 0}, s1 = s0, s2 = s0, s3 = s0; /* four chains, 64 bytes per iteration */
+    for (size_t i = 0; i < a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    bw_vec s = s0 + s1 + s2 + s3;
+    a->sum += s[0] + s[1];
+    return NULL;
+}
+
+/* Bytes per second that nth threads read together from a buffer larger than the caches (each its own part; the
+ * best of BW_ROUNDS rounds, wall time from starting the threads to joining them), or 0 when it cannot be
+ * measured (out of memory, threads that cannot start). */
+static double read_bandwidth(int nth) {
+    if (nth < 1 || nth > BW_MAX_THREADS) return 0;
+    bw_vec *buf = aligned_alloc(64, BW_BYTES);
+    if (!buf) return 0;
+    memset(buf, 1, BW_BYTES);
+    const size_t nv = BW_BYTES / sizeof(bw_vec);
+    bw_arg args[BW_MAX_THREADS];
+    pthread_t th[BW_MAX_THREADS];
+    size_t bytes = 0;
+    for (int i = 0; i < nth; i++) {
+        size_t b = nv * (size_t)i / (size_t)nth / 4 * 4, e = nv * (size_t)(i + 1) / (size_t)nth / 4 * 4;
+        args[i] = (bw_arg){buf + b, e - b, 0};
+        bytes += (e - b) * sizeof(bw_vec);
+    }
+    double best = 0;
+    bool ok = true;
+    for (int r = 0; r < BW_ROUNDS && ok; r++) {
+        double t0 = kvs_now_s();
+        int started = 1;
+        for (; started < nth; started++)
+            if (pthread_create(&th[started], NULL, bw_worker, &args[started]) != 0) break;
+        bw_worker(&args[0]);
+        for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+        double t = kvs_now_s() - t0;
+        ok = started == nth;
+        if (best == 0 || t < best) best = t;
+    }
+    unsigned long long sum = 0;
+    for (int i = 0; i < nth; i++) sum += args[i].sum;
+    free(buf);
+    return ok && best > 0 && sum != 0 ? (double)bytes / best : 0;
 }
 
 static void bench_usage(FILE *f) {
@@ -232,12 +298,15 @@ int kvs_cmd_bench(int argc, char **argv) {
         if (t < 0) goto done;
         dec[i] = (double)bl[i] * (double)n / t;
     }
+    /* after the timed runs (its buffer is not in the RSS figures); CPU contexts only */
+    const bool on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
+    const double bw = on_gpu ? 0 : read_bandwidth(eng_ctx_n_threads(ctx));
+    const double dbytes = on_gpu ? 0 : (double)eng_model_decode_bytes(model);
 
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", hp->name);
         cJSON_AddNumberToObject(o, "threads", eng_ctx_n_threads(ctx));
-        bool on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
         cJSON_AddStringToObject(o, "device", on_gpu ? "cuda" : "cpu");
         char gpu[256];
         if (on_gpu && cud_available(gpu, sizeof gpu) > 0) cJSON_AddStringToObject(o, "gpu", gpu);
@@ -246,6 +315,11 @@ int kvs_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
         cJSON_AddNumberToObject(o, "rss_after_load_bytes", (double)rss_load);
         cJSON_AddNumberToObject(o, "rss_peak_bytes", (double)rss_peak);
+        if (bw > 0 && dbytes > 0) {
+            cJSON_AddNumberToObject(o, "read_gb_s", bw / 1e9);
+            cJSON_AddNumberToObject(o, "decode_bytes_per_token", dbytes);
+            cJSON_AddNumberToObject(o, "decode_limit_tok_s", bw / dbytes);
+        }
         cJSON *arr = cJSON_AddArrayToObject(o, "decode");
         for (int i = 0; i < nb; i++) {
             cJSON *d = cJSON_CreateObject();
@@ -260,8 +334,11 @@ int kvs_cmd_bench(int argc, char **argv) {
     } else {
         printf("model: %s (%s, %.1f MB of weights), %d thread(s), device %s\n", hp->name, hp->arch_name,
                (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx),
-               eng_ctx_device(ctx) == ENG_DEVICE_CUDA ? "cuda" : "cpu");
+               on_gpu ? "cuda" : "cpu");
         printf("resident memory after load: %.1f MB (peak %.1f MB)\n", (double)rss_load / 1e6, (double)rss_peak / 1e6);
+        if (bw > 0 && dbytes > 0)
+            printf("read bandwidth %.1f GB/s (%d threads); a decode step reads %.1f MB of weights: at most %.1f tok/s "
+                   "for one sequence\n", bw / 1e9, eng_ctx_n_threads(ctx), dbytes / 1e6, bw / dbytes);
         printf("%-28s %12s\n", "test", "tok/s");
         char label[64];
         snprintf(label, sizeof label, "prefill %ld tokens", p);

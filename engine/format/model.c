@@ -424,12 +424,25 @@ int eng_model_pack_cpu(eng_model *m) {
             eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ms / sizeof ms[0] && rc == 0; i++) rc = pack_matrix(m, ms[i], true);
         }
-        /* a tied output shares token_embd's rows, which embedding lookups keep reading */
-        if (rc == 0) rc = pack_matrix(m, &m->output, m->output.data != m->tok_embd.data);
+        /* a tied output shares token_embd's rows: embedding lookups then read the packed copy (eng_model_embd_row),
+         * so its mapped pages go as well */
+        if (rc == 0) rc = pack_matrix(m, &m->output, true);
         m->packed = rc == 0;
     }
     pthread_mutex_unlock(&m->pack_lock);
     return rc;
+}
+
+int eng_model_embd_row(const eng_model *m, int32_t t, float *dst, void *scratch) {
+    const eng_matrix *e = &m->tok_embd;
+    if (t < 0 || t >= e->n_out) return ENG_ERR_INVALID;
+    const void *row = (const char *)e->data + (size_t)t * e->row_bytes;
+    if (m->output.packed && m->output.data == e->data) { /* tied and packed: the mapped rows were released */
+        int rc = eng_wpack_row(e->type, m->output.packed, e->n_out, e->k, t, scratch);
+        if (rc != 0) return rc;
+        row = scratch;
+    }
+    return eng_dequantize_row(e->type, row, dst, e->k);
 }
 
 void eng_model_free(eng_model *m) {
@@ -454,5 +467,21 @@ void eng_model_free(eng_model *m) {
 
 const eng_hparams *eng_model_hparams(const eng_model *m) { return m ? &m->hp : NULL; }
 size_t eng_model_weight_bytes(const eng_model *m) { return m ? m->weight_bytes : 0; }
+static size_t matrix_stream_bytes(const eng_matrix *w) {
+    size_t pb = w->packed ? eng_wpack_bytes(w->type, w->n_out, w->k) : 0;
+    return pb ? pb : w->row_bytes * (size_t)w->n_out;
+}
+
+size_t eng_model_decode_bytes(const eng_model *m) {
+    if (!m || m->vocab_only || !m->layers) return 0;
+    size_t n = matrix_stream_bytes(&m->output);
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const eng_layer *ly = &m->layers[l];
+        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) n += matrix_stream_bytes(ms[i]);
+    }
+    return n;
+}
+
 const char *eng_model_chat_template(const eng_model *m) { return m ? m->chat_template : NULL; }
 const struct eng_vocab *eng_model_vocab(const eng_model *m) { return m ? m->vocab : NULL; }

@@ -86,10 +86,17 @@ int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_
 
 /* Repacks every matrix whose type and shape allow it (eng_wpack_bytes) for the AVX2 and AVX-512 kernels, once
  * per model (later calls return at once; safe from several threads). In a memory-mapped model, the mapped
- * pages of the repacked layer matrices are then released (they refault from the file if something reads them
- * again, such as a CUDA context uploading the weights); token_embd keeps them for embedding lookups.
+ * pages of the repacked matrices are then released (they refault from the file if something reads them again,
+ * such as a CUDA context uploading the weights). That includes a tied output matrix, whose packed copy then
+ * serves the embedding lookups (eng_model_embd_row); an untied token_embd is only read where looked up.
  * Returns 0 or ENG_ERR_NOMEM (the matrices packed before the failure stay packed and usable). */
 int eng_model_pack_cpu(eng_model *m);
+
+/* Token t's embedding (n_embd floats, not scaled by hp.embd_scale) into dst: the dequantized row t of token_embd,
+ * read from the packed output matrix when the output is tied and packed (the same bytes, so the same floats).
+ * scratch must hold tok_embd.row_bytes bytes (used only in that case). Returns 0, ENG_ERR_INVALID (t outside
+ * [0, n_vocab)) or the error of eng_dequantize_row. Safe from any thread (with its own scratch). */
+int eng_model_embd_row(const eng_model *m, int32_t t, float *dst, void *scratch);
 
 /* The model's tokenizer (owned by the model). Declared for the tokenizer in engine/text/tokenizer.h too. */
 const struct eng_vocab *eng_model_vocab(const eng_model *m);

@@ -131,6 +131,10 @@ size_t eng_packed_q8_0_bytes(int64_t n_out, int64_t k);
  * eng_packed_q8_0_bytes(n_out, k) bytes and be 64-byte aligned. Returns 0, or ENG_ERR_INVALID for a NULL
  * pointer or a shape that cannot be packed. */
 int eng_pack_q8_0(const void *W, int64_t n_out, int64_t k, void *dst);
+/* Row j (0 <= j < n_out) of a packed Q8_0 matrix P (eng_pack_q8_0 with the same n_out and k) written back as its
+ * GGUF bytes (k / 32 Q8_0 blocks) into row: the same bytes as the row that was packed. Returns 0, or
+ * ENG_ERR_INVALID for a NULL pointer, a shape that cannot be packed or j out of range. */
+int eng_packed_q8_0_row(const void *P, int64_t n_out, int64_t k, int64_t j, void *row);
 /* eng_gemm over a packed matrix P (from eng_pack_q8_0 with the same n_out and k): for r in [0, m) and
  * j in [j_begin, min(j_end, n_out)): y[r * ldy + j] = dot(W row j, x row r), x rows in Q8_0 as for eng_gemm.
  * Levels ENG_SIMD_AVX512 (VNNI) and ENG_SIMD_AVX2 run SIMD kernels whose integer block dots are exact (results

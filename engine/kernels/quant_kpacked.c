@@ -171,6 +171,108 @@ int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst)
     return 0;
 }
 
+/* ---- reading one row back ----------------------------------------------------------------------------------
+ * The inverse of the packing functions above: row i of a group back into GGUF blocks. Every field of a block is
+ * kept by the packed layout (Q4_K / Q5_K's 12 bytes of scales hold exactly the 8 six-bit scales and mins; Q6_K's d
+ * was widened from fp16 to float exactly), so the bytes are those of the row that was packed. */
+static void unpack_q0_block(uint32_t type, const uint8_t *grp, int64_t b, int64_t nb, int i, uint8_t *blk) {
+    const uint8_t *code = grp + b * kp0_code_bytes(type);
+    uint8_t *qs = blk + (type == ENG_Q_Q4_0 ? 2 : 6), *qh = blk + 2;
+    memcpy(blk, grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, 2);
+    if (type == ENG_Q_Q5_0) memset(qh, 0, 4);
+    for (int t = 0; t < 4; t++)
+        for (int e = 0; e < 4; e++) {
+            const int lo = 4 * t + e, hi = 16 + lo; /* value lo in the low nibble of qs[lo], hi in its high one */
+            qs[lo] = code[64 * t + 4 * i + e];
+            if (type == ENG_Q_Q5_0) {
+                const uint8_t h = code[256 + 4 * i + e];
+                qh[lo / 8] |= (uint8_t)(((h >> t) & 1) << (lo % 8));
+                qh[hi / 8] |= (uint8_t)(((h >> (4 + t)) & 1) << (hi % 8));
+            }
+        }
+}
+
+/* Row i of a Q4_K (qh NULL) or Q5_K record back into the fields of its block. */
+static void unpack_q45_K_rec(const uint8_t *rec, int i, uint16_t *d, uint16_t *dmin, uint8_t *scales, uint8_t *qs,
+                             uint8_t *qh) {
+    const bool q5 = qh != NULL;
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = rec[KP45_SC(q5) + 16 * j + i];
+        mn[j] = rec[KP45_MN(q5) + 32 * (j / 2) + 2 * i + j % 2];
+    }
+    for (int j = 0; j < 4; j++) { /* the inverse of eng_k4_scale_min */
+        scales[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4));
+    }
+    memset(qs, 0, 128);
+    if (qh) memset(qh, 0, 32);
+    for (int j = 0; j < 8; j++)
+        for (int t = 0; t < 4; t++)
+            for (int e = 0; e < 4; e++) {
+                const int lo = 32 * j + 4 * t + e, hi = lo + 16;
+                const uint8_t c = rec[KP45_SUB(q5) * j + 64 * t + 4 * i + e];
+                const int vals[2] = {lo, hi}, nib[2] = {c & 0xF, c >> 4};
+                for (int v = 0; v < 2; v++) { /* value l of sub-block j: qs[32 (j / 2) + l], nibble j % 2 */
+                    const int l = vals[v] % 32;
+                    qs[32 * (j / 2) + l] |= (uint8_t)(nib[v] << (4 * (j % 2)));
+                    if (qh) qh[l] |= (uint8_t)(((rec[KP45_SUB(q5) * j + 256 + 4 * i + e] >> (4 * v + t)) & 1) << j);
+                }
+            }
+    memcpy(d, rec + KP45_D(q5) + 2 * i, 2);
+    memcpy(dmin, rec + KP45_DMIN(q5) + 2 * i, 2);
+}
+
+static void unpack_q6_K_rec(const uint8_t *rec, int i, eng_blk_q6_K *b) {
+    memset(b->ql, 0, sizeof b->ql);
+    memset(b->qh, 0, sizeof b->qh);
+    for (int g = 0; g < 16; g++) {
+        b->scales[g] = (int8_t)rec[KP6_SC + 16 * g + i];
+        for (int q = 0; q < 4; q++)
+            for (int e = 0; e < 4; e++) {
+                const uint8_t lo = rec[KP6_SUB * g + 64 * (q / 2) + 4 * i + e];
+                const int c = ((q % 2 ? lo >> 4 : lo & 0xF) | (((rec[KP6_SUB * g + 128 + 4 * i + e] >> (2 * q)) & 3) << 4));
+                const int v = 16 * g + 4 * q + e, n = v / 128, a = v % 128 / 32, l = v % 32; /* as q6_code */
+                b->ql[64 * n + l + 32 * (a & 1)] |= (uint8_t)((c & 0xF) << (a >= 2 ? 4 : 0));
+                b->qh[32 * n + l] |= (uint8_t)((c >> 4) << (2 * a));
+            }
+    }
+    float d;
+    memcpy(&d, rec + KP6_D + 4 * i, 4);
+    b->d = eng_f32_to_fp16(d);
+}
+
+int eng_wpack_row(uint32_t type, const void *P, int64_t n_out, int64_t k, int64_t j, void *row) {
+    if (type == ENG_Q_Q8_0) return eng_packed_q8_0_row(P, n_out, k, j, row);
+    if (!P || !row || j < 0 || j >= n_out || eng_wpack_bytes(type, n_out, k) == 0) return ENG_ERR_INVALID;
+    int64_t nb;
+    size_t gbytes, xb;
+    eng_kp_shape(type, k, &nb, &gbytes, &xb);
+    const uint8_t *grp = (const uint8_t *)P + (size_t)(j / KP_ROWS) * gbytes;
+    const int i = (int)(j % KP_ROWS);
+    const int64_t bsz = eng_qtype_get(type)->block_bytes;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = (uint8_t *)row + b * bsz;
+        if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+            unpack_q0_block(type, grp, b, nb, i, blk);
+        } else if (type == ENG_Q_Q4_K) {
+            eng_blk_q4_K q;
+            unpack_q45_K_rec(grp + b * KP4_REC, i, &q.d, &q.dmin, q.scales, q.qs, NULL);
+            memcpy(blk, &q, sizeof q);
+        } else if (type == ENG_Q_Q5_K) {
+            eng_blk_q5_K q;
+            unpack_q45_K_rec(grp + b * KP5_REC, i, &q.d, &q.dmin, q.scales, q.qs, q.qh);
+            memcpy(blk, &q, sizeof q);
+        } else {
+            eng_blk_q6_K q;
+            unpack_q6_K_rec(grp + b * KP6_REC, i, &q);
+            memcpy(blk, &q, sizeof q);
+        }
+    }
+    return 0;
+}
+
 /* ---- scalar reference kernels ----------------------------------------------------------------------------- */
 static float kx_d(const uint8_t *xb) {
     float d;

@@ -30,6 +30,13 @@ size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k);
  * be 64-byte aligned. Returns 0, or ENG_ERR_INVALID for a NULL pointer or a type / shape that cannot be packed. */
 int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst);
 
+/* Row j (0 <= j < n_out) of the packed matrix P (eng_wpack with the same type, n_out and k) written back as its
+ * GGUF bytes (eng_qtype_row_bytes(type, k) of them) into row: exactly the bytes of the row that was packed, so
+ * eng_dequantize_row of it gives that row's values bit for bit (embedding lookups of a tied output matrix read the
+ * packed copy this way). Returns 0, or ENG_ERR_INVALID for a NULL pointer, a type / shape that cannot be packed or
+ * j out of range. */
+int eng_wpack_row(uint32_t type, const void *P, int64_t n_out, int64_t k, int64_t j, void *row);
+
 /* y[r * ldy + j] = dot(W row j, x row r) for r in [0, m) and j in [j_begin, min(j_end, n_out)), over the packed
  * matrix P (eng_wpack with the same type, n_out and k); x rows are quantized to the type's dot_type (Q8_K for
  * Q4_K / Q5_K / Q6_K, Q8_0 for Q8_0 / Q4_0 / Q5_0) as for eng_gemm. l must not exceed eng_simd_detect(). Only rows

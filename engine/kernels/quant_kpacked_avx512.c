@@ -111,10 +111,21 @@ INL void q45k_group(const bool q5, const int RN, const uint8_t *grp, int64_t nsb
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
 
+/* The 6-bit codes of the 4 quads of one Q6_K sub-block (its 3 lines at p) as unsigned bytes:
+ * code = low 4 bits | high 2 bits << 4 (ternary-logic imm 0xF8: a | (b & c)). */
+INL void q6_codes(const uint8_t *p, __m512i *q0, __m512i *q1, __m512i *q2, __m512i *q3) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i L0 = _mm512_load_si512((const void *)p), L1 = _mm512_load_si512((const void *)(p + 64));
+    __m512i H = _mm512_load_si512((const void *)(p + 128));
+    *q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
+    *q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4), _mm512_slli_epi16(H, 2), m30, 0xF8);
+    *q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
+    *q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4), _mm512_srli_epi16(H, 2), m30, 0xF8);
+}
+
 INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
                    const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
     const bool two = RN <= 4;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[MAXC];
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
@@ -124,16 +135,8 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
         for (int g = 0; g < 16; g++) {
-            __m512i L0 = _mm512_load_si512((const void *)(rec + KP6_SUB * g));
-            __m512i L1 = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 64));
-            __m512i H = _mm512_load_si512((const void *)(rec + KP6_SUB * g + 128));
-            /* code = low 4 bits | high 2 bits << 4; imm 0xF8: a | (b & c) */
-            __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m4), _mm512_slli_epi16(H, 4), m30, 0xF8);
-            __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),
-                                                   _mm512_slli_epi16(H, 2), m30, 0xF8);
-            __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m4), H, m30, 0xF8);
-            __m512i q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4),
-                                                   _mm512_srli_epi16(H, 2), m30, 0xF8);
+            __m512i q0, q1, q2, q3;
+            q6_codes(rec + KP6_SUB * g, &q0, &q1, &q2, &q3);
             __m512i a0[MAXC], a1[MAXC];
             UNROLL
             for (int c = 0; c < RN; c++) {
@@ -244,6 +247,126 @@ GROUP_SET(q4k)
 GROUP_SET(q5k)
 GROUP_SET(q6k)
 
+/* ---- one activation row (m = 1), KG whole groups at a time ------------------------------------------------
+ * Per super-block, the activation quads are broadcast once for the KG groups and the KG groups' records are read
+ * side by side (KG sequential streams). A row's integer sums and float operations are those of q45k_group /
+ * q6k_group with one activation row (RN = 1), in the same order, so the results are the same bit for bit; reading
+ * the activations once per super-block instead of once per group keeps them in L1 and halves the broadcasts when
+ * rows are long, and halves the broadcasts per weight byte. kvquant-bench gemv-shapes (one thread, thread CPU time):
+ * Q6_K 13-14 -> 15.5-18.5 GB/s on bench-1b's shapes, Q4_K / Q5_K [8192 -> 2048] 13-15 -> 15-18 GB/s; Q4_K / Q5_K with
+ * k = 2048 read slower this way (16-17 -> 13-16 GB/s), so they keep the one-group kernel there. */
+#define KG 4 /* groups per call */
+
+INL void q45k_gemv(const bool q5, const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
+                   const int32_t *xp, float *y) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const int64_t rb = q5 ? KP5_REC : KP4_REC;
+    __m512 acc[KG];
+    UNROLL
+    for (int g = 0; g < KG; g++) acc[g] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        __m512i sumi[KG];
+        UNROLL
+        for (int g = 0; g < KG; g++) sumi[g] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i xl[4], xh[4];
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                xl[t] = bq(xs + 32 * j + 4 * t);
+                xh[t] = bq(xs + 32 * j + 16 + 4 * t);
+            }
+            UNROLL
+            for (int g = 0; g < KG; g++) {
+                const uint8_t *rec = grp + (size_t)g * gbytes + sb * rb;
+                const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
+                __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+                UNROLL
+                for (int t = 0; t < 4; t++) {
+                    __m512i L = _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 64 * t));
+                    __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                    if (q5) {
+                        lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                        hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
+                    }
+                    a0 = _mm512_dpbusd_epi32(a0, lo, xl[t]);
+                    a1 = _mm512_dpbusd_epi32(a1, hi, xh[t]);
+                }
+                __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP45_SC(q5) + 16 * j)));
+                sumi[g] = _mm512_add_epi32(sumi[g], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
+            }
+        }
+        const __m512 xdv = _mm512_set1_ps(xd[sb * MAXC]);
+        UNROLL
+        for (int g = 0; g < KG; g++) {
+            const uint8_t *rec = grp + (size_t)g * gbytes + sb * rb;
+            __m512i summ = _mm512_setzero_si512();
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP45_MN(q5) + 32 * p)));
+                summ = _mm512_dpwssd_epi32(summ, mn, _mm512_set1_epi32(xp[sb * MAXC * KP_XP + p]));
+            }
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_D(q5))));
+            __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_DMIN(q5))));
+            __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi[g])),
+                                     _mm512_mul_ps(_mm512_mul_ps(dmw, xdv), _mm512_cvtepi32_ps(summ)));
+            acc[g] = _mm512_add_ps(acc[g], t);
+        }
+    }
+    UNROLL
+    for (int g = 0; g < KG; g++) _mm512_storeu_ps(y + KP_ROWS * g, acc[g]);
+}
+
+INL void q6k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
+                  float *y) {
+    __m512 acc[KG];
+    UNROLL
+    for (int g = 0; g < KG; g++) acc[g] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
+        __m512i sumi[KG];
+        UNROLL
+        for (int g = 0; g < KG; g++) sumi[g] = _mm512_setzero_si512();
+        for (int s = 0; s < 16; s++) {
+            const __m512i x0 = bq(xs + 16 * s), x1 = bq(xs + 16 * s + 4), x2 = bq(xs + 16 * s + 8),
+                          x3 = bq(xs + 16 * s + 12), b0 = _mm512_set1_epi32(xp[sb * MAXC * KP_XP + s]);
+            UNROLL
+            for (int g = 0; g < KG; g++) {
+                const uint8_t *rec = grp + (size_t)g * gbytes + sb * KP6_REC;
+                __m512i q0, q1, q2, q3;
+                q6_codes(rec + KP6_SUB * s, &q0, &q1, &q2, &q3);
+                __m512i a0 = _mm512_dpbusd_epi32(b0, q0, x0), a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
+                a0 = _mm512_dpbusd_epi32(a0, q2, x2);
+                a1 = _mm512_dpbusd_epi32(a1, q3, x3);
+                __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP6_SC + 16 * s)));
+                sumi[g] = _mm512_add_epi32(sumi[g], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
+            }
+        }
+        const __m512 xdv = _mm512_set1_ps(xd[sb * MAXC]);
+        UNROLL
+        for (int g = 0; g < KG; g++) {
+            __m512 dw = _mm512_loadu_ps((const float *)(grp + (size_t)g * gbytes + sb * KP6_REC + KP6_D));
+            acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi[g])));
+        }
+    }
+    UNROLL
+    for (int g = 0; g < KG; g++) _mm512_storeu_ps(y + KP_ROWS * g, acc[g]);
+}
+
+TGT static void q4k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
+                         const int32_t *xp, float *y) {
+    q45k_gemv(false, grp, gbytes, nsb, xq, xd, xp, y);
+}
+TGT static void q5k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
+                         const int32_t *xp, float *y) {
+    q45k_gemv(true, grp, gbytes, nsb, xq, xd, xp, y);
+}
+TGT static void q6k_gemv_fn(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
+                            const int32_t *xp, float *y) {
+    q6k_gemv(grp, gbytes, nsb, xq, xd, xp, y);
+}
+typedef void (*gemv_fn)(const uint8_t *, size_t, int64_t, const uint8_t *, const float *, const int32_t *, float *);
+
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je) {
     static const group_fn *const tabs[5] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab};
@@ -256,6 +379,20 @@ bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
     int32_t xp[KP_MAX_SB * MAXC * KP_XP];
     _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
+    static const gemv_fn gemvs[5] = {NULL, NULL, q4k_gemv, q5k_gemv, q6k_gemv_fn};
+    /* Q4_K / Q5_K: only long rows gain (their activations no longer fit in L1 beside a group's stream); with
+     * k = 2048 the KG streams read slower than one (measured) */
+    if (m == 1 && gemvs[ti] && (type == ENG_Q_Q6_K || nsb >= 16)) { /* whole groups KG at a time, the partial ones at the ends and the rest one by one */
+        eng_kp_prep(type, false, xq, xb, 1, nsb, MAXC, xd, xp);
+        int64_t g = g_begin;
+        for (; g < g_end && kp_group_rows(g, jb, je) != 0xFFFFu; g++)
+            tab[0](P + (size_t)g * gbytes, nsb, xq, xb, xd, xp, y + g * KP_ROWS, ldy, (__mmask16)kp_group_rows(g, jb, je));
+        for (; g + KG <= g_end && kp_group_rows(g + KG - 1, jb, je) == 0xFFFFu; g += KG)
+            gemvs[ti](P + (size_t)g * gbytes, gbytes, nsb, xq, xd, xp, y + g * KP_ROWS);
+        for (; g < g_end; g++)
+            tab[0](P + (size_t)g * gbytes, nsb, xq, xb, xd, xp, y + g * KP_ROWS, ldy, (__mmask16)kp_group_rows(g, jb, je));
+        return true;
+    }
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {

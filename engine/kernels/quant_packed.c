@@ -53,6 +53,22 @@ int eng_pack_q8_0(const void *W, int64_t n_out, int64_t k, void *dst) {
     return 0;
 }
 
+int eng_packed_q8_0_row(const void *P, int64_t n_out, int64_t k, int64_t j, void *row) {
+    if (!P || !row || j < 0 || j >= n_out || eng_packed_q8_0_bytes(n_out, k) == 0) return ENG_ERR_INVALID;
+    const int64_t nb = k / ENG_QK;
+    const uint8_t *codes = (const uint8_t *)P + (size_t)(j / GROUP) * ENG_PACK_GROUP_BYTES(k);
+    const uint8_t *scales = codes + (size_t)nb * 512;
+    const int i = (int)(j % GROUP);
+    eng_blk_q8_0 *blk = row;
+    for (int64_t b = 0; b < nb; b++) {
+        memcpy(&blk[b].d, scales + (size_t)(b * GROUP + i) * 2, 2);
+        for (int t = 0; t < 8; t++)
+            for (int e = 0; e < 4; e++)
+                blk[b].qs[4 * t + e] = (int8_t)(codes[(size_t)b * 512 + (size_t)t * 64 + (size_t)i * 4 + (size_t)e] - 128);
+    }
+    return 0;
+}
+
 /* The reference: the scalar Q8_0 dot of each row, read from the packed layout (same operations in the
  * same order as eng_vec_dot_scalar, so the same floats). */
 static void gemm_packed_scalar(const uint8_t *P, int64_t n_out, int64_t k, const uint8_t *xq, int64_t m, float *y,

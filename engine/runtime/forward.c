@@ -101,6 +101,8 @@ struct eng_ctx {
     void *xq[MAX_GROUP]; /* [max_batch][xq_row_cap] quantized activations, one buffer per distinct dot type */
     void *th_xq;         /* [n_threads][MAX_GROUP][SMALL_M][xq_row_cap] per-thread quantized rows (small batches) */
     float *th_xn;        /* [n_threads][SMALL_M][n_embd] per-thread normed rows (small batches) */
+    void *th_embd;       /* [n_threads][embd_row_cap] a token_embd row read back from the packed output matrix */
+    size_t embd_row_cap;
     void *xq_att;        /* [max_batch][xq_row_cap] the attention output quantized for wo */
     void *xq_ffn;        /* [max_batch][xq_row_cap] silu(gate) * up quantized for w_down */
     size_t xq_row_cap;
@@ -189,6 +191,7 @@ void eng_ctx_free(eng_ctx *c) {
     free(c->x2);
     free(c->th_xq);
     free(c->th_xn);
+    free(c->th_embd);
     free(c->xn);
     free(c->q);
     free(c->k);
@@ -274,7 +277,9 @@ static int alloc_scratch(eng_ctx *c, const eng_model *model, const eng_ctx_param
     c->x2 = zalloc(MB * E, sizeof(float));
     c->th_xq = zalloc((size_t)p->n_threads * MAX_GROUP * SMALL_M, c->xq_row_cap);
     c->th_xn = zalloc((size_t)p->n_threads * SMALL_M * E, sizeof(float));
-    if (!c->x2 || !c->th_xq || !c->th_xn) return ENG_ERR_NOMEM;
+    c->embd_row_cap = (model->tok_embd.row_bytes + 63) / 64 * 64;
+    c->th_embd = zalloc((size_t)p->n_threads, c->embd_row_cap);
+    if (!c->x2 || !c->th_xq || !c->th_xn || !c->th_embd) return ENG_ERR_NOMEM;
     c->xn = zalloc(MB * E, sizeof(float));
     c->q = zalloc(MB * QD, sizeof(float));
     c->k = zalloc(MB * KD, sizeof(float));
@@ -740,8 +745,7 @@ static void forward_worker(void *arg, int ith, int nth) {
 
     /* embeddings and rotation angles */
     for (int64_t r = rb; r < re; r++) {
-        const char *row = (const char *)mdl->tok_embd.data + (size_t)b->token[r] * mdl->tok_embd.row_bytes;
-        eng_dequantize_row(mdl->tok_embd.type, row, c->x + r * E, E);
+        (void)eng_model_embd_row(mdl, b->token[r], c->x + r * E, (char *)c->th_embd + (size_t)ith * c->embd_row_cap);
         if (hp->embd_scale != 1.0f)
             for (int64_t i = 0; i < E; i++) c->x[r * E + i] *= hp->embd_scale;
         memset(c->tmp + r * E, 0, (size_t)E * sizeof(float));

@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
+#include "engine/format/model.h"
 #include "engine/kernels/ops.h"
 #include "engine/kernels/quant.h"
 
@@ -779,6 +780,35 @@ Test(forward, batch_invariance) {
 
 /* eng_get_embeddings: the normed final hidden state of each row that asked, equal to the dense reference's and
  * the same whether a row runs alone or in a batch with another sequence (rows that did not ask give NULL). */
+/* A tied output matrix, once packed, serves the embedding lookups from its packed copy (its mapped rows are
+ * released): every token's embedding is still exactly its dequantized row (bit for bit). F16 has no packed
+ * layout: its lookups read the mapped rows. */
+Test(forward, tied_embeddings_from_packed_rows) {
+    const uint32_t types[] = {ENG_Q_Q8_0, ENG_Q_Q4_0, ENG_Q_F16};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        rmodel m;
+        make_model(&m, CFG_QWEN2, 131 + ti, types[ti]);
+        eng_model *mdl = NULL;
+        char err[256];
+        cr_assert_eq(eng_model_load(m.path, NULL, &mdl, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(eng_model_pack_cpu(mdl), 0);
+        cr_assert_eq(mdl->output.packed != NULL, types[ti] != ENG_Q_F16);
+        cr_assert_eq(mdl->output.data, mdl->tok_embd.data);
+        float row[64];
+        char scratch[512];
+        cr_assert(m.E <= 64 && mdl->tok_embd.row_bytes <= sizeof scratch);
+        for (int32_t t = 0; t < m.V; t++) {
+            cr_assert_eq(eng_model_embd_row(mdl, t, row, scratch), 0);
+            cr_assert(memcmp(row, m.tok + (size_t)t * m.E, (size_t)m.E * sizeof(float)) == 0,
+                      "type %u: token %d's embedding differs", types[ti], t);
+        }
+        cr_assert_eq(eng_model_embd_row(mdl, -1, row, scratch), ENG_ERR_INVALID);
+        cr_assert_eq(eng_model_embd_row(mdl, m.V, row, scratch), ENG_ERR_INVALID);
+        eng_model_free(mdl);
+        free_rmodel(&m);
+    }
+}
+
 Test(forward, embeddings_match_reference_and_batching) {
     rmodel m;
     make_model(&m, CFG_QWEN2, 97, ENG_Q_F32);

@@ -197,3 +197,91 @@ Test(quant_kpacked, q5_K_vs_rows) { run_type(ENG_Q_Q5_K, 0x3C6EF372FE94F82BULL, 
 Test(quant_kpacked, q6_K_vs_rows) { run_type(ENG_Q_Q6_K, 0xD1B54A32D192ED03ULL, 44); }
 Test(quant_kpacked, q4_0_vs_rows) { run_type(ENG_Q_Q4_0, 0x8CB92BA72F3D8DD7ULL, 30); }
 Test(quant_kpacked, q5_0_vs_rows) { run_type(ENG_Q_Q5_0, 0xABCDEF0123456789ULL, 30); }
+
+/* eng_wpack_row: every row read back from the packed layout is the packed row's bytes, so it dequantizes to the
+ * same floats (embedding lookups of a tied output matrix read the packed copy); rows of a last partial group
+ * too. Q8_0 random codes include -128. */
+static void row_back(uint32_t type, uint64_t seed) {
+    const eng_qtype_info *ti = eng_qtype_get(type);
+    rng r = {seed};
+    for (int iter = 0; iter < 12; iter++) {
+        const int64_t be = ti->block_elems;
+        const int64_t k = iter == 11 ? ENG_PACK_MAX_K : be * rint_in(&r, 1, be == 256 ? 8 : 40);
+        const int64_t n_out = rint_in(&r, 1, 50);
+        size_t wb = eng_qtype_row_bytes(type, k), pb = eng_wpack_bytes(type, n_out, k);
+        cr_assert_gt(pb, 0);
+        uint8_t *W = malloc(wb * (size_t)n_out), *row = malloc(wb);
+        void *P = aligned_alloc(64, (pb + 63) / 64 * 64);
+        float *a = malloc((size_t)k * 4), *b = malloc((size_t)k * 4);
+        cr_assert(W && row && P && a && b);
+        for (int64_t j = 0; j < n_out; j++) {
+            if (type == ENG_Q_Q8_0)
+                for (int64_t blk = 0; blk < k / 32; blk++) {
+                    uint8_t *p = W + j * wb + blk * 34;
+                    for (int e = 0; e < 34; e++) p[e] = (uint8_t)rng_next(&r);
+                    uint16_t d = rand_half(&r, false);
+                    memcpy(p, &d, 2);
+                }
+            else
+                random_wrow(&r, type, k, W + j * wb, iter % 3 == 1);
+        }
+        cr_assert_eq(eng_wpack(type, W, n_out, k, P), 0);
+        for (int64_t j = 0; j < n_out; j++) {
+            memset(row, 0xA5, wb);
+            cr_assert_eq(eng_wpack_row(type, P, n_out, k, j, row), 0);
+            cr_assert(memcmp(row, W + j * wb, wb) == 0, "%s: row %lld of %lld (k %lld) read back differs (iter %d)",
+                      ti->name, (long long)j, (long long)n_out, (long long)k, iter);
+            cr_assert_eq(eng_dequantize_row(type, row, a, k), 0);
+            cr_assert_eq(eng_dequantize_row(type, W + j * wb, b, k), 0);
+            cr_assert(memcmp(a, b, (size_t)k * 4) == 0, "%s: row %lld dequantizes differently", ti->name, (long long)j);
+        }
+        cr_assert_eq(eng_wpack_row(type, P, n_out, k, n_out, row), ENG_ERR_INVALID);
+        cr_assert_eq(eng_wpack_row(type, P, n_out, k, -1, row), ENG_ERR_INVALID);
+        cr_assert_eq(eng_wpack_row(type, NULL, n_out, k, 0, row), ENG_ERR_INVALID);
+        free(W); free(row); free(P); free(a); free(b);
+    }
+}
+
+Test(quant_kpacked, rows_read_back) {
+    row_back(ENG_Q_Q8_0, 11);
+    row_back(ENG_Q_Q4_0, 12);
+    row_back(ENG_Q_Q5_0, 13);
+    row_back(ENG_Q_Q4_K, 14);
+    row_back(ENG_Q_Q5_K, 15);
+    row_back(ENG_Q_Q6_K, 16);
+    uint8_t row[256];
+    cr_assert_eq(eng_wpack_row(ENG_Q_F16, row, 1, 64, 0, row), ENG_ERR_INVALID);
+}
+
+/* m = 1 over many whole groups (the AVX-512 kernel then reads 4 groups side by side; Q4_K / Q5_K from 16
+ * super-blocks per row on): every level equals the scalar row kernel bit for bit, for the whole range and for
+ * ranges that start and end inside groups. */
+Test(quant_kpacked, single_row_many_groups) {
+    const uint32_t types[] = {ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K};
+    rng r = {77};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int iter = 0; iter < 4; iter++) {
+            const uint32_t type = types[ti], dt = eng_qtype_get(type)->dot_type;
+            const int64_t k = iter < 2 ? 4096 : 2048 * iter, n_out = 16 * rint_in(&r, 9, 14) + rint_in(&r, 0, 15);
+            size_t wb = eng_qtype_row_bytes(type, k), xb = eng_qtype_row_bytes(dt, k), pb = eng_wpack_bytes(type, n_out, k);
+            uint8_t *W = malloc(wb * (size_t)n_out), *X = malloc(xb);
+            void *P = aligned_alloc(64, (pb + 63) / 64 * 64);
+            float *tmp = malloc((size_t)k * 4), *yref = malloc((size_t)n_out * 4), *y = malloc((size_t)n_out * 4);
+            cr_assert(W && X && P && tmp && yref && y);
+            for (int64_t j = 0; j < n_out; j++) random_wrow(&r, type, k, W + j * wb, iter == 1);
+            random_xrow(&r, dt, k, X, tmp, iter == 1);
+            cr_assert_eq(eng_wpack(type, W, n_out, k, P), 0);
+            eng_gemm(ENG_SIMD_SCALAR, type, W, k, X, 1, yref, n_out, 0, n_out);
+            for (int l = ENG_SIMD_SCALAR; l <= (int)eng_simd_detect(); l++) {
+                const int64_t jb = iter % 2 ? rint_in(&r, 1, 40) : 0, je = n_out - (iter % 2 ? rint_in(&r, 0, 40) : 0);
+                for (int64_t j = 0; j < n_out; j++) y[j] = -1.f;
+                eng_gemm_wpacked((eng_simd_level)l, type, P, n_out, k, X, 1, y, n_out, jb, je);
+                for (int64_t j = 0; j < n_out; j++)
+                    cr_assert(j < jb || j >= je ? y[j] == -1.f : same_float(y[j], yref[j]),
+                              "%s %s k %lld row %lld of [%lld, %lld): %.9g vs %.9g", eng_qtype_get(type)->name,
+                              eng_simd_name(l), (long long)k, (long long)j, (long long)jb, (long long)je, (double)y[j],
+                              (double)yref[j]);
+            }
+            free(W); free(X); free(P); free(tmp); free(yref); free(y);
+        }
+}
