@@ -440,12 +440,7 @@ static void prepare_done(api_job *j) {
         return;
     }
     if (c->stream) {
-        if (srv_http_stream_begin(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n") != 0) {
-            c->req = NULL;
-            srv_http_abort(req);
-            api_cancel_subs(c);
-            return;
-        }
+        if (api_stream_begin(c, req) != 0) return;
         for (int32_t i = 0; i < c->n_choices && c->req; i++) {
             api_sub *s = &c->subs[i / g->n];
             if (kind == SRV_API_CHAT) api_stream_chunk(c, i, NULL, 0, NULL, 0, SRV_SCHED_FINISH_NONE, true);

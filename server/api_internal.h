@@ -218,6 +218,12 @@ void api_reply_err(srv_api *api, srv_http_req *req, int status, const char *type
     __attribute__((format(printf, 8, 9)));
 void api_reply_error(srv_api *api, srv_http_req *req, const srv_api_error *e, const char *extra);
 void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u, double ttft_ms);
+/* Starts c's SSE answer on req (200, text/event-stream). -1 when the connection is gone: then c->req is
+ * cleared, the request aborted and c's scheduler requests cancelled. Loop thread. */
+int api_stream_begin(api_call *c, srv_http_req *req);
+/* A stream write failed while c->req is still set (the client does not read): logs 499, counts an abort,
+ * clears c->req, aborts the request and cancels c's scheduler requests. Loop thread. */
+void api_stream_client_gone(api_call *c);
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp, int32_t n_smp, srv_sched_finish finish, bool role);
 char *api_utf8_sanitize(const char *s, size_t n);
 

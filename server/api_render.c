@@ -188,14 +188,24 @@ void api_sse_send(api_call *c, cJSON *obj, const char *literal) {
     int r = srv_http_stream_write(c->req, msg, pl + 8);
     free(msg);
     if (r != 0 && !c->req) return; /* the write found the connection gone: on_abort already cleaned up */
-    if (r != 0) { /* the client does not read (or is gone): stop generating for it */
-        srv_http_req *req = c->req;
-        c->req = NULL;
-        if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-        api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
-        srv_http_abort(req);
-        api_cancel_subs(c);
-    }
+    if (r != 0) api_stream_client_gone(c);
+}
+
+void api_stream_client_gone(api_call *c) {
+    srv_http_req *req = c->req;
+    c->req = NULL;
+    if (c->api->metrics) c->api->metrics->requests_finished_abort++;
+    api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
+    srv_http_abort(req);
+    api_cancel_subs(c);
+}
+
+int api_stream_begin(api_call *c, srv_http_req *req) {
+    if (srv_http_stream_begin(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n") == 0) return 0;
+    c->req = NULL;
+    srv_http_abort(req);
+    api_cancel_subs(c);
+    return -1;
 }
 
 static cJSON *bytes_array(const char *p, int n) {

@@ -191,14 +191,7 @@ static void resp_send(resp_call *r, const char *type, cJSON *obj) {
     free(s);
     int rc = s && !b.oom ? srv_http_stream_write(c->req, b.data, b.len) : -1;
     kvs_buf_free(&b);
-    if (rc != 0 && c->req) { /* the client does not read or is gone: stop generating for it */
-        srv_http_req *req = c->req;
-        c->req = NULL;
-        if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-        api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
-        srv_http_abort(req);
-        api_cancel_subs(c);
-    }
+    if (rc != 0 && c->req) api_stream_client_gone(c); /* the client does not read or is gone */
 }
 
 /* {item_id, output_index[, content_index: 0]} */
@@ -446,12 +439,7 @@ static void resp_done(api_job *j) {
     }
     c->stream = r->rq.stream;
     if (c->stream) {
-        if (srv_http_stream_begin(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n") != 0) {
-            c->req = NULL;
-            srv_http_abort(req);
-            api_cancel_subs(c);
-            return;
-        }
+        if (api_stream_begin(c, req) != 0) return;
         stream_start(r);
     }
 }
