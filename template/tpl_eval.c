@@ -262,6 +262,8 @@ static int eval_filter(tctx *c, const node *n, const tv *blockin, tv *out) {
     int rc;
     if (n->kind != N_FILTER) return eval(c, n, out);
     if (n->a) rc = n->a->kind == N_FILTER ? eval_filter(c, n->a, blockin, &in) : eval(c, n->a, &in);
+    else if (!blockin) /* a filter block's bare filter reached as a value (`{% filter up.er %}`) */
+        return tpl_fail(c, n, KVS_ERR_TYPE, "filter '%s' used without an input", n->name ? n->name : "?");
     else { in = *blockin; tv_incref(in); rc = 0; }
     if (rc) return rc;
     targs a;
