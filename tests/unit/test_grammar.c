@@ -509,45 +509,22 @@ Test(grammar, differential_byte_vocab) {
     gmr_vocab_free(v);
 }
 
-/* The model's pieces again (for the brute force and the output), as helper_vocab builds them. */
-#include "engine/engine.h"
-
 Test(grammar, differential_qwen2_vocab, .timeout = 600) {
     char path[1024];
     snprintf(path, sizeof path, "%s/models/vocab-only/ggml-vocab-qwen2.gguf", kvt_shared_dir());
     FILE *f = fopen(path, "rb");
     if (!f) cr_skip_test("%s not found (no ../shared): the real-vocabulary walk is skipped; the byte vocabulary one ran", path);
     fclose(f);
-    eng_load_params lp;
-    eng_load_params_default(&lp);
-    lp.vocab_only = true;
-    eng_model *model = NULL;
     char err[512];
-    cr_assert_eq(eng_model_load(path, &lp, &model, err, sizeof err), 0, "%s", err);
-    int32_t n = eng_model_hparams(model)->n_vocab;
-    char **pieces = calloc((size_t)n, sizeof *pieces);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    uint8_t *flags = calloc((size_t)n, 1);
-    cr_assert(pieces && lens && flags);
-    for (int32_t t = 0; t < n; t++) {
-        char buf[1100];
-        cr_assert_eq(eng_token_to_piece(model, t, false, buf, sizeof buf, &lens[t]), 0);
-        pieces[t] = malloc(lens[t] + 1);
-        memcpy(pieces[t], buf, lens[t]);
-        flags[t] = (uint8_t)((eng_token_is_eog(model, t) ? GMR_TOKEN_EOG : 0) | (eng_token_is_special(model, t) ? GMR_TOKEN_SPECIAL : 0));
-    }
-    eng_model_free(model);
     gmr_vocab *v = NULL;
-    cr_assert_eq(kvt_load_vocab(path, &v, err, sizeof err), 0, "%s", err);
+    kvt_pieces pc;
+    cr_assert_eq(kvt_load_vocab_pieces(path, &v, &pc, err, sizeof err), 0, "%s", err);
     walk_stats st = {0};
-    run_walks(v, (const char *const *)pieces, lens, flags, n, SAN_BUILD ? 3 : 8, 800, SAN_BUILD ? 150 : 40, 0x2545F4914F6CDD1DULL, &st);
+    run_walks(v, (const char *const *)pc.pieces, pc.lens, pc.flags, pc.n, SAN_BUILD ? 3 : 8, 800, SAN_BUILD ? 150 : 40, 0x2545F4914F6CDD1DULL, &st);
     cr_log_info("qwen2 vocabulary: %d walks, %d finished, %d steps, %d masks brute-forced", st.runs, st.finished,
                 st.steps, st.checked);
     cr_expect_geq(st.finished * 10, st.runs * 6, "too few walks finished: %d of %d", st.finished, st.runs);
-    for (int32_t t = 0; t < n; t++) free(pieces[t]);
-    free(pieces);
-    free(lens);
-    free(flags);
+    kvt_pieces_free(&pc);
     gmr_vocab_free(v);
 }
 

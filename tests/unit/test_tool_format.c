@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
 #include "helper_rng.h"
 #include "helper_shared.h"
 #include "helper_vocab.h"
@@ -244,40 +243,23 @@ Test(tool_format, random_walks_qwen2_vocab, .timeout = 600) {
     FILE *fp = fopen(path, "rb");
     if (!fp) cr_skip_test("%s not found (no ../shared): the real-vocabulary walks are skipped", path);
     fclose(fp);
-    eng_load_params lp;
-    eng_load_params_default(&lp);
-    lp.vocab_only = true;
-    eng_model *model = NULL;
     char err[512];
-    cr_assert_eq(eng_model_load(path, &lp, &model, err, sizeof err), 0, "%s", err);
-    int32_t n = eng_model_hparams(model)->n_vocab;
-    char **pieces = calloc((size_t)n, sizeof *pieces);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    cr_assert(pieces && lens);
-    for (int32_t t = 0; t < n; t++) {
-        char buf[1100];
-        cr_assert_eq(eng_token_to_piece(model, t, false, buf, sizeof buf, &lens[t]), 0);
-        pieces[t] = malloc(lens[t] + 1);
-        memcpy(pieces[t], buf, lens[t]);
-    }
-    eng_model_free(model);
     gmr_vocab *v = NULL;
-    cr_assert_eq(kvt_load_vocab(path, &v, err, sizeof err), 0, "%s", err);
+    kvt_pieces pc;
+    cr_assert_eq(kvt_load_vocab_pieces(path, &v, &pc, err, sizeof err), 0, "%s", err);
     cJSON *tools = cJSON_Parse(TOOLS);
     int multi = 0, finished = 0, total = 0;
     const walk_case cases[] = {{SRV_TF_HERMES, true, NULL}, {SRV_TF_HERMES, false, "get_weather"},
                                {SRV_TF_LLAMA3, true, NULL}, {SRV_TF_MISTRAL, false, NULL}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int nw = SAN_BUILD ? 2 : 5;
-        finished += check_case(tools, &cases[i], v, (const char *const *)pieces, lens, nw, 1500, 77 + i, &multi);
+        finished += check_case(tools, &cases[i], v, (const char *const *)pc.pieces, pc.lens, nw, 1500, 77 + i, &multi);
         total += nw;
     }
     cr_log_info("qwen2 vocabulary: %d of %d walks finished", finished, total);
     cr_expect_geq(finished * 10, total * 7, "too few walks finished: %d of %d", finished, total);
     cJSON_Delete(tools);
-    for (int32_t t = 0; t < n; t++) free(pieces[t]);
-    free(pieces);
-    free(lens);
+    kvt_pieces_free(&pc);
     gmr_vocab_free(v);
 }
 
