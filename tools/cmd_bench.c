@@ -8,6 +8,7 @@
  * pseudo-random values (the speed does not depend on them). Output: a table, or with --json one object
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...,
+ *    "huge_pages_after_load_bytes":...,
  *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (the last three on the CPU only)
  * Also (both outputs) the read bandwidth of the machine: the best of BW_ROUNDS rounds in which the context's threads
  * each sum their part of a BW_BYTES buffer (larger than the caches), "read_gb_s"; the matrix bytes one decode step of
@@ -15,7 +16,8 @@
  * "decode_limit_tok_s", the speed single-sequence decoding could reach if streaming the weights were all it did.
  * RSS after load: the process's resident memory (VmRSS of /proc/self/status) once the model is loaded and the
  * context created (the CPU weights repacked, their mapped pages released), before any batch runs; the peak
- * (VmHWM) at the same moment. Both are 0 where /proc is absent.
+ * (VmHWM) at the same moment; and how much of it is in transparent huge pages ("huge_pages_after_load_bytes",
+ * AnonHugePages of /proc/self/smaps_rollup: the repacked weights ask for them). All are 0 where /proc is absent.
  *
  *
  * Unlike `generate` and `serve`, bench drives eng_decode with its own loop, on purpose: it measures the
@@ -39,8 +41,9 @@
 enum { MAX_B = 64 };
 
 /* The value of a "Key:   N kB" line of /proc/self/status in bytes, or 0 when it cannot be read. */
-static size_t proc_status_bytes(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
+/* The kB figure after key in a /proc file ("VmRSS:" in /proc/self/status), in bytes; 0 when absent. */
+static size_t proc_kb_field(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
     if (!f) return 0;
     char line[256];
     size_t v = 0, klen = strlen(key);
@@ -281,7 +284,8 @@ int kvs_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "kvserve bench: %s\n", err);
         goto done;
     }
-    size_t rss_load = proc_status_bytes("VmRSS:"), rss_peak = proc_status_bytes("VmHWM:");
+    size_t rss_load = proc_kb_field("/proc/self/status", "VmRSS:"), rss_peak = proc_kb_field("/proc/self/status", "VmHWM:");
+    size_t huge_load = proc_kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
     size_t mb = (size_t)cp.max_batch_tokens;
     tok = malloc(mb * sizeof *tok);
     pos = malloc(mb * sizeof *pos);
@@ -315,6 +319,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
         cJSON_AddNumberToObject(o, "rss_after_load_bytes", (double)rss_load);
         cJSON_AddNumberToObject(o, "rss_peak_bytes", (double)rss_peak);
+        cJSON_AddNumberToObject(o, "huge_pages_after_load_bytes", (double)huge_load);
         if (bw > 0 && dbytes > 0) {
             cJSON_AddNumberToObject(o, "read_gb_s", bw / 1e9);
             cJSON_AddNumberToObject(o, "decode_bytes_per_token", dbytes);
