@@ -367,6 +367,69 @@ Test(reference, stories260K_from_bos) {
     eng_model_free(m);
 }
 
+/* The logits do not depend on how many threads compute them, bit for bit: every stage hands its rows out in chunks
+ * whose sizes depend on the thread count and on which thread comes first (guided chunks for small batches), and
+ * each output row must still be computed whole, the same way, by whichever thread takes it. A 24-token prefill
+ * (logits for every row) then 8 greedy single-token steps, with 1, 2 and 3 threads, on the packed K-quant,
+ * Q4_0 and Q8_0 paths. */
+static void thread_count_invariance(const char *base) {
+    char mpath[1024], err[512];
+    snprintf(mpath, sizeof mpath, "%s/models/synthetic/%s.gguf", kvt_shared_dir(), base);
+    if (!file_exists(mpath)) cr_skip_test("shared test material not found (%s): set KVSERVE_SHARED", mpath);
+    if (test_device() != ENG_DEVICE_CPU) cr_skip_test("thread counts are a CPU matter");
+    eng_model *m = NULL;
+    cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
+    const int32_t V = eng_model_hparams(m)->n_vocab, P = 24, N = 8;
+    float *first = malloc(sizeof(float) * (size_t)V * (P + N));
+    cr_assert_not_null(first);
+    for (int32_t nth = 1; nth <= 3; nth++) {
+        eng_ctx_params cp;
+        eng_ctx_params_default(&cp);
+        cp.n_ctx = 128;
+        cp.n_threads = nth;
+        cp.max_batch_tokens = P;
+        cp.kv_dtype = KVC_DTYPE_F16;
+        cp.device = ENG_DEVICE_CPU;
+        eng_ctx *ctx = NULL;
+        cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
+        int32_t seq, tok[24], pos[24], sq[24];
+        bool want[24];
+        cr_assert_eq(kvc_seq_alloc(eng_ctx_cache(ctx), &seq), 0);
+        for (int32_t i = 0; i < P; i++) tok[i] = (i * 7919 + 13) % V, pos[i] = i, sq[i] = seq, want[i] = true;
+        eng_batch b = {P, tok, pos, sq, want, NULL};
+        cr_assert_eq(eng_decode(ctx, &b), 0);
+        int32_t next = 0;
+        for (int32_t step = 0; step <= N; step++) {
+            for (int32_t r = 0; r < (step == 0 ? P : 1); r++) {
+                const float *lg = eng_get_logits(ctx, r);
+                float *keep = first + (size_t)V * (size_t)(step == 0 ? r : P + step - 1);
+                if (nth == 1) memcpy(keep, lg, sizeof(float) * (size_t)V);
+                else cr_assert(memcmp(keep, lg, sizeof(float) * (size_t)V) == 0,
+                               "%s: %d threads: the logits of %s %d differ from one thread's", base, nth,
+                               step == 0 ? "prompt row" : "decode step", step == 0 ? r : step);
+                if (r == (step == 0 ? P - 1 : 0)) {
+                    next = 0;
+                    for (int32_t i = 1; i < V; i++)
+                        if (lg[i] > lg[next]) next = i;
+                }
+            }
+            if (step == N) break;
+            int32_t p = P + step;
+            bool w = true;
+            eng_batch d = {1, &next, &p, &seq, &w, NULL};
+            cr_assert_eq(eng_decode(ctx, &d), 0);
+        }
+        eng_ctx_free(ctx);
+    }
+    free(first);
+    eng_model_free(m);
+}
+
+Test(reference, thread_count_invariance_q4_k_m) { thread_count_invariance("syn-llama-q4_k_m"); }
+Test(reference, thread_count_invariance_q6_k) { thread_count_invariance("syn-llama-q6_k"); }
+Test(reference, thread_count_invariance_q4_0) { thread_count_invariance("syn-llama-q4_0"); }
+Test(reference, thread_count_invariance_q8_0) { thread_count_invariance("syn-llama-q8_0"); }
+
 /* ---- Phi-3 with LongRoPE factors (tests/reference/mk-phi3-longrope.ctx*.json) ----------------------------------
  * A phi3 model with rope_factors_short/long.weight, rope.scaling.original_context_length 512 and
  * rope.scaling.attn_factor, made by `kvserve mkmodel` with the arguments the reference records (the file's SHA-256
