@@ -257,7 +257,10 @@ Test(sched_engine, bitwise_under_random_preemption, .timeout = 300) {
     uint64_t preempted = 0;
     for (int round = 0; round < 4; round++) {
         /* 10..17 blocks of 16 for up to 8 sequences of up to ~190 tokens */
-        shape sh = {10 + (int32_t)(RND() % 8), 16 + (int32_t)(RND() % 49), 1 + (int32_t)(RND() % 2)};
+        shape sh;
+        sh.kv_blocks = 10 + (int32_t)(RND() % 8); /* one draw per statement: an initializer list's order is unspecified */
+        sh.batch_tokens = 16 + (int32_t)(RND() % 49);
+        sh.n_threads = 1 + (int32_t)(RND() % 2);
         preempted += run_shaped(model, sp, NR, sh, together);
         char what[96];
         snprintf(what, sizeof what, "round %d (blocks %d, budget %d, threads %d)", round, sh.kv_blocks,
