@@ -176,6 +176,9 @@ static int concat2(tctx *c, const node *n, tstr *a, tstr *b, tv *out) {
 
 static int repeat(tctx *c, const node *n, tv seq, int64_t times, tv *out) {
     if (times < 0) times = 0;
+    /* an empty string or list repeated is empty at once (as in Python): the loops below would otherwise spin
+     * `times` rounds of no work ('' * 1000000000 took 23 s; libFuzzer found it) */
+    if (seq.t == TV_STR ? seq.s->len == 0 : seq.c->n == 0) times = 0;
     int rc;
     if (seq.t == TV_STR) {
         if (seq.s->len && (uint64_t)times > c->t->lim.max_output / seq.s->len)
