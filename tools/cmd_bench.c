@@ -40,7 +40,6 @@
 
 enum { MAX_B = 64 };
 
-/* The value of a "Key:   N kB" line of /proc/self/status in bytes, or 0 when it cannot be read. */
 /* The kB figure after key in a /proc file ("VmRSS:" in /proc/self/status), in bytes; 0 when absent. */
 static size_t proc_kb_field(const char *path, const char *key) {
     FILE *f = fopen(path, "r");
@@ -284,7 +283,8 @@ int kvs_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "kvserve bench: %s\n", err);
         goto done;
     }
-    size_t rss_load = proc_kb_field("/proc/self/status", "VmRSS:"), rss_peak = proc_kb_field("/proc/self/status", "VmHWM:");
+    size_t rss_load = proc_kb_field("/proc/self/status", "VmRSS:");
+    size_t rss_peak = proc_kb_field("/proc/self/status", "VmHWM:");
     size_t huge_load = proc_kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
     size_t mb = (size_t)cp.max_batch_tokens;
     tok = malloc(mb * sizeof *tok);

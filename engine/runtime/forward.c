@@ -465,7 +465,7 @@ static bool next_chunk(_Atomic int64_t *ctr, int64_t n, int nth, int64_t min_uni
     int64_t pos = atomic_load_explicit(ctr, memory_order_relaxed);
     for (;;) {
         if (pos >= n) return false;
-        int64_t per = (guided ? n - pos : n / 2) / (2 * (int64_t)nth);
+        int64_t per = guided ? (n - pos) / (2 * (int64_t)nth) : n / (4 * (int64_t)nth);
         if (per < min_units) per = min_units;
         if (per > n - pos) per = n - pos;
         if (atomic_compare_exchange_weak_explicit(ctr, &pos, pos + per, memory_order_relaxed, memory_order_relaxed)) {

@@ -379,7 +379,8 @@ static void thread_count_invariance(const char *base) {
     if (test_device() != ENG_DEVICE_CPU) cr_skip_test("thread counts are a CPU matter");
     eng_model *m = NULL;
     cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
-    const int32_t V = eng_model_hparams(m)->n_vocab, P = 24, N = 8;
+    enum { P = 24, N = 8 }; /* prompt rows, decode steps */
+    const int32_t V = eng_model_hparams(m)->n_vocab;
     float *first = malloc(sizeof(float) * (size_t)V * (P + N));
     cr_assert_not_null(first);
     for (int32_t nth = 1; nth <= 3; nth++) {
@@ -392,8 +393,8 @@ static void thread_count_invariance(const char *base) {
         cp.device = ENG_DEVICE_CPU;
         eng_ctx *ctx = NULL;
         cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
-        int32_t seq, tok[24], pos[24], sq[24];
-        bool want[24];
+        int32_t seq, tok[P], pos[P], sq[P];
+        bool want[P];
         cr_assert_eq(kvc_seq_alloc(eng_ctx_cache(ctx), &seq), 0);
         for (int32_t i = 0; i < P; i++) tok[i] = (i * 7919 + 13) % V, pos[i] = i, sq[i] = seq, want[i] = true;
         eng_batch b = {P, tok, pos, sq, want, NULL};

@@ -257,8 +257,8 @@ Test(sched_engine, bitwise_under_random_preemption, .timeout = 300) {
     uint64_t preempted = 0;
     for (int round = 0; round < 4; round++) {
         /* 10..17 blocks of 16 for up to 8 sequences of up to ~190 tokens */
-        shape sh;
-        sh.kv_blocks = 10 + (int32_t)(RND() % 8); /* one draw per statement: an initializer list's order is unspecified */
+        shape sh; /* one draw per statement: the evaluation order inside an initializer list is unspecified */
+        sh.kv_blocks = 10 + (int32_t)(RND() % 8);
         sh.batch_tokens = 16 + (int32_t)(RND() % 49);
         sh.n_threads = 1 + (int32_t)(RND() % 2);
         preempted += run_shaped(model, sp, NR, sh, together);
