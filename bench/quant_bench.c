@@ -3,7 +3,8 @@
  *
  *   kvquant-bench [type] [seconds-per-case] [gemv]     type: q8_0 (default), q4_0, q4_K, q6_K, f16, ...
  *
- * With "gemv": only m = 1 on bench-1b's shapes, see gemv_1b ("gemv-shapes": without the weight pass).
+ * With "gemv": only m = 1 on bench-1b's shapes, see gemv_1b ("gemv-shapes": without the weight pass; "gemv-cache":
+ * the shapes cut to rows that stay in L2, without the weight pass: the kernel's arithmetic limit).
  *
  * Every figure is the best of 5 rounds, timed in thread CPU time (the machine may be shared).
  *
@@ -23,6 +24,7 @@
  * (m = 128, output for 1 row) tokens/s; for Q8_0 at each packed level, for other types at the best level.
  */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,10 +88,19 @@ static double wall_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* bytes on 2 MiB transparent huge pages where it holds whole ones, as the engine packs its matrices
+ * (engine/format/model.c pack_matrix): the streaming speed differs between huge and 4 KiB pages */
+static uint8_t *alloc_huge(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    uint8_t *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+    if (p && bytes >= huge) (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    return p;
+}
+
 /* Packs n rows of a matrix (the layout the engine runs from AVX2 up). */
 static uint8_t *pack(uint32_t type, const uint8_t *w, int64_t k, int64_t n) {
     size_t bytes = eng_wpack_bytes(type, n, k);
-    uint8_t *p = bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
+    uint8_t *p = bytes ? alloc_huge(bytes) : NULL;
     if (p && eng_wpack(type, w, n, k, p) != 0) {
         free(p);
         return NULL;
@@ -199,7 +210,7 @@ static void model_pass(uint32_t type, eng_simd_level level, bool packed, float *
  * [2048 -> 2048] (wq, wo), [2048 -> 8192] (gate, up) and [8192 -> 2048] (down) matrices cycled through >= 320 MB
  * of copies; then a bench-1b weight pass (16 layers x 7 matrices and the [2048 -> 128256] output, all in type),
  * T = 1 and 2 threads, each matrix split by whole groups in halves, wall time (best of 5). */
-static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass) {
+static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass, bool cached) {
     const eng_qtype_info *ti = eng_qtype_get(type);
     eng_simd_level top = eng_simd_detect();
     if (eng_wpack_bytes(type, 16, 2048) == 0 || top < ENG_SIMD_AVX2) {
@@ -215,11 +226,14 @@ static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass) {
     printf("kvquant-bench gemv: %s weights packed, m = 1, one thread, thread CPU time (best of 5)\n", ti->name);
     for (int l = ENG_SIMD_AVX2; l <= (int)top; l++)
         for (int si = 0; si < 3; si++) {
-            const shape *s = &shapes[si];
+            shape sh = shapes[si];
+            const shape *s = &sh;
+            if (cached) /* the arithmetic's limit: few enough rows (whole groups) for the matrix to stay in L2 */
+                while (sh.n > 16 && eng_wpack_bytes(type, sh.n, sh.k) > (768u << 10)) sh.n /= 2;
             eng_quantize_row(ti->dot_type, tmp, x, s->k);
             size_t mat = eng_wpack_bytes(type, s->n, s->k);
-            int copies = (int)((320u << 20) / mat) + 1;
-            uint8_t *w = make_weights(type, s->k, s->n, tmp + 8192), *p = aligned_alloc(64, mat * (size_t)copies);
+            int copies = cached ? 1 : (int)((320u << 20) / mat) + 1;
+            uint8_t *w = make_weights(type, s->k, s->n, tmp + 8192), *p = alloc_huge(mat * (size_t)copies);
             if (!w || !p) return 1;
             for (int cp = 0; cp < copies; cp++) eng_wpack(type, w, s->n, s->k, p + (size_t)cp * mat);
             free(w);
@@ -236,8 +250,8 @@ static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass) {
                 } while (t < secs / 5 || rc < 2);
                 if (t / rc < per) per = t / rc;
             }
-            printf("  packed-%-7s %-11s %8.3f ms/call %7.2f GB/s\n", eng_simd_name((eng_simd_level)l), s->name, per * 1e3,
-                   mat / per * 1e-9);
+            printf("  packed-%-7s %-11s %6lld rows %8.3f ms/call %7.2f GB/s\n", eng_simd_name((eng_simd_level)l), s->name,
+                   (long long)s->n, per * 1e3, mat / per * 1e-9);
             free(p);
         }
     if (!pass) {
@@ -296,7 +310,8 @@ int main(int argc, char **argv) {
     }
     if (argc > 3 && strncmp(argv[3], "gemv", 4) == 0) {
         float *t = malloc(sizeof(float) * 8192 * 2);
-        int rc = t ? gemv_1b(type, secs, t, strcmp(argv[3], "gemv-shapes") != 0) : 1;
+        const bool cached = strcmp(argv[3], "gemv-cache") == 0;
+        int rc = t ? gemv_1b(type, secs, t, strcmp(argv[3], "gemv") == 0, cached) : 1;
         free(t);
         return rc;
     }

@@ -247,125 +247,101 @@ GROUP_SET(q4k)
 GROUP_SET(q5k)
 GROUP_SET(q6k)
 
-/* ---- one activation row (m = 1), KG whole groups at a time ------------------------------------------------
- * Per super-block, the activation quads are broadcast once for the KG groups and the KG groups' records are read
- * side by side (KG sequential streams). A row's integer sums and float operations are those of q45k_group /
- * q6k_group with one activation row (RN = 1), in the same order, so the results are the same bit for bit; reading
- * the activations once per super-block instead of once per group keeps them in L1 and halves the broadcasts when
- * rows are long, and halves the broadcasts per weight byte. kvquant-bench gemv-shapes (one thread, thread CPU time):
- * Q6_K 13-14 -> 15.5-18.5 GB/s on bench-1b's shapes, Q4_K / Q5_K [8192 -> 2048] 13-15 -> 15-18 GB/s; Q4_K / Q5_K with
- * k = 2048 read slower this way (16-17 -> 13-16 GB/s), so they keep the one-group kernel there. */
-#define KG 4 /* groups per call */
+/* ---- one activation row (m = 1), one group at a time ------------------------------------------------------
+ * A row's integer sums and float operations are those of q45k_group / q6k_group with one activation row (RN = 1),
+ * in the same order, so the results are the same bit for bit. What differs is how memory is met:
+ *  - one group at a time, so each thread reads its rows as one sequential stream (the hardware prefetcher follows
+ *    one stream better than the 4 side by side of an earlier version);
+ *  - the activations are prepared with one row per block (xd[sb], xp[sb * KP_XP], 64 bytes per super-block), and
+ *    the next super-block's activations and sums are prefetched into L1 at each super-block: a group of a row of
+ *    8192 values streams 108 KB of weights between two reads of the same activations, more than L1 holds, and loads
+ *    that missed L1 held the stream back.
+ * Measured with kvquant-bench gemv-shapes (one thread, Q6_K, bench-1b's shapes): 18-21 GB/s before, 31-33 GB/s
+ * after, the speed of a plain read loop; two threads reach the machine's two-thread read bandwidth. */
+INL void prefetch_x(const uint8_t *xs_next, const int32_t *xp_next) {
+    for (int l = 0; l < KX_BYTES; l += 64) _mm_prefetch((const char *)xs_next + l, _MM_HINT_T0);
+    _mm_prefetch((const char *)xp_next, _MM_HINT_T0);
+}
 
-INL void q45k_gemv(const bool q5, const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
-                   const int32_t *xp, float *y) {
+INL void q45k_gemv(const bool q5, const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
+                   float *y, __mmask16 mask) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     const int64_t rb = q5 ? KP5_REC : KP4_REC;
-    __m512 acc[KG];
-    UNROLL
-    for (int g = 0; g < KG; g++) acc[g] = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
-        __m512i sumi[KG];
-        UNROLL
-        for (int g = 0; g < KG; g++) sumi[g] = _mm512_setzero_si512();
+        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS, *rec = grp + sb * rb;
+        if (sb + 1 < nsb) prefetch_x(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
+        __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            __m512i xl[4], xh[4];
+            const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
             UNROLL
             for (int t = 0; t < 4; t++) {
-                xl[t] = bq(xs + 32 * j + 4 * t);
-                xh[t] = bq(xs + 32 * j + 16 + 4 * t);
-            }
-            UNROLL
-            for (int g = 0; g < KG; g++) {
-                const uint8_t *rec = grp + (size_t)g * gbytes + sb * rb;
-                const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
-                __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
-                UNROLL
-                for (int t = 0; t < 4; t++) {
-                    __m512i L = _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 64 * t));
-                    __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
-                    if (q5) {
-                        lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
-                        hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
-                    }
-                    a0 = _mm512_dpbusd_epi32(a0, lo, xl[t]);
-                    a1 = _mm512_dpbusd_epi32(a1, hi, xh[t]);
+                __m512i L = _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 64 * t));
+                __m512i lo = _mm512_and_si512(L, m4), hi = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                if (q5) {
+                    lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
                 }
-                __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP45_SC(q5) + 16 * j)));
-                sumi[g] = _mm512_add_epi32(sumi[g], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
+                a0 = _mm512_dpbusd_epi32(a0, lo, bq(xs + 32 * j + 4 * t));
+                a1 = _mm512_dpbusd_epi32(a1, hi, bq(xs + 32 * j + 16 + 4 * t));
             }
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP45_SC(q5) + 16 * j)));
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
         }
-        const __m512 xdv = _mm512_set1_ps(xd[sb * MAXC]);
+        __m512i summ = _mm512_setzero_si512();
         UNROLL
-        for (int g = 0; g < KG; g++) {
-            const uint8_t *rec = grp + (size_t)g * gbytes + sb * rb;
-            __m512i summ = _mm512_setzero_si512();
-            UNROLL
-            for (int p = 0; p < 4; p++) {
-                __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP45_MN(q5) + 32 * p)));
-                summ = _mm512_dpwssd_epi32(summ, mn, _mm512_set1_epi32(xp[sb * MAXC * KP_XP + p]));
-            }
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_D(q5))));
-            __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_DMIN(q5))));
-            __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi[g])),
-                                     _mm512_mul_ps(_mm512_mul_ps(dmw, xdv), _mm512_cvtepi32_ps(summ)));
-            acc[g] = _mm512_add_ps(acc[g], t);
+        for (int p = 0; p < 4; p++) {
+            __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rec + KP45_MN(q5) + 32 * p)));
+            summ = _mm512_dpwssd_epi32(summ, mn, _mm512_set1_epi32(xp[sb * KP_XP + p]));
         }
+        const __m512 xdv = _mm512_set1_ps(xd[sb]);
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_D(q5))));
+        __m512 dmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + KP45_DMIN(q5))));
+        __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi)),
+                                 _mm512_mul_ps(_mm512_mul_ps(dmw, xdv), _mm512_cvtepi32_ps(summ)));
+        acc = _mm512_add_ps(acc, t);
     }
-    UNROLL
-    for (int g = 0; g < KG; g++) _mm512_storeu_ps(y + KP_ROWS * g, acc[g]);
+    _mm512_mask_storeu_ps(y, mask, acc);
 }
 
-INL void q6k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
-                  float *y) {
-    __m512 acc[KG];
-    UNROLL
-    for (int g = 0; g < KG; g++) acc[g] = _mm512_setzero_ps();
+INL void q6k_gemv(const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp, float *y,
+                  __mmask16 mask) {
+    __m512 acc = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
-        __m512i sumi[KG];
-        UNROLL
-        for (int g = 0; g < KG; g++) sumi[g] = _mm512_setzero_si512();
+        const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS, *rec = grp + sb * KP6_REC;
+        if (sb + 1 < nsb) prefetch_x(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
+        __m512i sumi = _mm512_setzero_si512();
         for (int s = 0; s < 16; s++) {
-            const __m512i x0 = bq(xs + 16 * s), x1 = bq(xs + 16 * s + 4), x2 = bq(xs + 16 * s + 8),
-                          x3 = bq(xs + 16 * s + 12), b0 = _mm512_set1_epi32(xp[sb * MAXC * KP_XP + s]);
-            UNROLL
-            for (int g = 0; g < KG; g++) {
-                const uint8_t *rec = grp + (size_t)g * gbytes + sb * KP6_REC;
-                __m512i q0, q1, q2, q3;
-                q6_codes(rec + KP6_SUB * s, &q0, &q1, &q2, &q3);
-                __m512i a0 = _mm512_dpbusd_epi32(b0, q0, x0), a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
-                a0 = _mm512_dpbusd_epi32(a0, q2, x2);
-                a1 = _mm512_dpbusd_epi32(a1, q3, x3);
-                __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP6_SC + 16 * s)));
-                sumi[g] = _mm512_add_epi32(sumi[g], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
-            }
+            __m512i q0, q1, q2, q3;
+            q6_codes(rec + KP6_SUB * s, &q0, &q1, &q2, &q3);
+            const uint8_t *xc = xs + 16 * s;
+            __m512i a0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(xp[sb * KP_XP + s]), q0, bq(xc));
+            __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, bq(xc + 4));
+            a0 = _mm512_dpbusd_epi32(a0, q2, bq(xc + 8));
+            a1 = _mm512_dpbusd_epi32(a1, q3, bq(xc + 12));
+            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + KP6_SC + 16 * s)));
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
         }
-        const __m512 xdv = _mm512_set1_ps(xd[sb * MAXC]);
-        UNROLL
-        for (int g = 0; g < KG; g++) {
-            __m512 dw = _mm512_loadu_ps((const float *)(grp + (size_t)g * gbytes + sb * KP6_REC + KP6_D));
-            acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(sumi[g])));
-        }
+        __m512 dw = _mm512_loadu_ps((const float *)(rec + KP6_D));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[sb])), _mm512_cvtepi32_ps(sumi)));
     }
-    UNROLL
-    for (int g = 0; g < KG; g++) _mm512_storeu_ps(y + KP_ROWS * g, acc[g]);
+    _mm512_mask_storeu_ps(y, mask, acc);
 }
 
-TGT static void q4k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
-                         const int32_t *xp, float *y) {
-    q45k_gemv(false, grp, gbytes, nsb, xq, xd, xp, y);
+TGT static void q4k_gemv(const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
+                         float *y, __mmask16 mask) {
+    q45k_gemv(false, grp, nsb, xq, xd, xp, y, mask);
 }
-TGT static void q5k_gemv(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
-                         const int32_t *xp, float *y) {
-    q45k_gemv(true, grp, gbytes, nsb, xq, xd, xp, y);
+TGT static void q5k_gemv(const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
+                         float *y, __mmask16 mask) {
+    q45k_gemv(true, grp, nsb, xq, xd, xp, y, mask);
 }
-TGT static void q6k_gemv_fn(const uint8_t *grp, size_t gbytes, int64_t nsb, const uint8_t *xq, const float *xd,
-                            const int32_t *xp, float *y) {
-    q6k_gemv(grp, gbytes, nsb, xq, xd, xp, y);
+TGT static void q6k_gemv_fn(const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
+                            float *y, __mmask16 mask) {
+    q6k_gemv(grp, nsb, xq, xd, xp, y, mask);
 }
-typedef void (*gemv_fn)(const uint8_t *, size_t, int64_t, const uint8_t *, const float *, const int32_t *, float *);
+typedef void (*gemv_fn)(const uint8_t *, int64_t, const uint8_t *, const float *, const int32_t *, float *, __mmask16);
 
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je) {
@@ -377,20 +353,13 @@ bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_
     const group_fn *tab = tabs[ti];
     const int64_t g_begin = jb / KP_ROWS, g_end = (je + KP_ROWS - 1) / KP_ROWS;
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
-    int32_t xp[KP_MAX_SB * MAXC * KP_XP];
+    _Alignas(64) int32_t xp[KP_MAX_SB * MAXC * KP_XP];
     _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
     static const gemv_fn gemvs[5] = {NULL, NULL, q4k_gemv, q5k_gemv, q6k_gemv_fn};
-    /* Q4_K / Q5_K: only long rows gain (their activations no longer fit in L1 beside a group's stream); with
-     * k = 2048 the KG streams read slower than one (measured) */
-    if (m == 1 && gemvs[ti] && (type == ENG_Q_Q6_K || nsb >= 16)) { /* whole groups KG at a time, the partial ones at the ends and the rest one by one */
-        eng_kp_prep(type, false, xq, xb, 1, nsb, MAXC, xd, xp);
-        int64_t g = g_begin;
-        for (; g < g_end && kp_group_rows(g, jb, je) != 0xFFFFu; g++)
-            tab[0](P + (size_t)g * gbytes, nsb, xq, xb, xd, xp, y + g * KP_ROWS, ldy, (__mmask16)kp_group_rows(g, jb, je));
-        for (; g + KG <= g_end && kp_group_rows(g + KG - 1, jb, je) == 0xFFFFu; g += KG)
-            gemvs[ti](P + (size_t)g * gbytes, gbytes, nsb, xq, xd, xp, y + g * KP_ROWS);
-        for (; g < g_end; g++)
-            tab[0](P + (size_t)g * gbytes, nsb, xq, xb, xd, xp, y + g * KP_ROWS, ldy, (__mmask16)kp_group_rows(g, jb, je));
+    if (m == 1 && gemvs[ti]) { /* one row per block in xd / xp (see q6k_gemv) */
+        eng_kp_prep(type, false, xq, xb, 1, nsb, 1, xd, xp);
+        for (int64_t g = g_begin; g < g_end; g++)
+            gemvs[ti](P + (size_t)g * gbytes, nsb, xq, xd, xp, y + g * KP_ROWS, (__mmask16)kp_group_rows(g, jb, je));
         return true;
     }
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {

@@ -253,9 +253,9 @@ Test(quant_kpacked, rows_read_back) {
     cr_assert_eq(eng_wpack_row(ENG_Q_F16, row, 1, 64, 0, row), ENG_ERR_INVALID);
 }
 
-/* m = 1 over many whole groups (the AVX-512 kernel then reads 4 groups side by side; Q4_K / Q5_K from 16
- * super-blocks per row on): every level equals the scalar row kernel bit for bit, for the whole range and for
- * ranges that start and end inside groups. */
+/* m = 1 over many whole groups (the kernels' one-row path, which prefetches each next super-block's activations):
+ * every level equals the scalar row kernel bit for bit, for the whole range and for ranges that start and end
+ * inside groups. */
 Test(quant_kpacked, single_row_many_groups) {
     const uint32_t types[] = {ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K};
     rng r = {77};
