@@ -113,8 +113,8 @@ static inline unsigned group_rows(int64_t g, int64_t jb, int64_t je) {
 #define UNROLL_RN _Pragma("GCC unroll 8")
 #endif
 #define MAXC 8      /* activation rows per kernel call */
-/* No software prefetch: with m = 1 the hardware prefetcher already streams the groups (prefetching 1-4 KiB
- * ahead measured 5-30% slower in bench/quant_bench.c). */
+/* No software prefetch of the weights: the hardware prefetcher already streams the groups (prefetching 1-4 KiB
+ * ahead measured 5-30% slower in bench/quant_bench.c); m = 1 prefetches the activations (gemv_packed_avx512). */
 #define GCHUNK 16   /* groups computed per preparation of the activation rows (their weights stay in L2) */
 
 /* Per activation block and row: d_x as float and -128 * sum(q_x). */
@@ -198,6 +198,39 @@ GROUP_FN(7)
 GROUP_FN(8)
 static const group_fn k_group[MAXC] = {group_1, group_2, group_3, group_4, group_5, group_6, group_7, group_8};
 
+/* One activation row (m = 1): group_kernel's operations with RN = 1, in the same order (so the same floats bit for
+ * bit), one group after another so that a thread reads one stream, with d_x and -128 * sum(x) per block side by
+ * side (xdc[2b], xdc[2b + 1]) and the activations a few blocks ahead prefetched into L1: a group streams 544
+ * bytes per block, 35-139 KB between two reads of the same activations on bench-1b's shapes, more than L1
+ * holds, and activation loads that missed L1 held the stream back. kvquant-bench q8_0 gemv-shapes, one thread:
+ * 17 GB/s (this level's m = 1 then ran the AVX2 kernel) -> 24.5 (k = 2048) and 29.6 (k = 8192). */
+TGT static void gemv_packed_avx512(const uint8_t *codes, int64_t nb, const uint8_t *xq, const int32_t *xdc, float *y,
+                                   __mmask16 mask) {
+    enum { AHEAD = 4 }; /* blocks */
+    const uint16_t *scales = (const uint16_t *)(codes + (size_t)nb * 512);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (b + AHEAD < nb) {
+            _mm_prefetch((const char *)(xq + (size_t)(b + AHEAD) * 34), _MM_HINT_T0);
+            _mm_prefetch((const char *)(xq + (size_t)(b + AHEAD) * 34 + 33), _MM_HINT_T0);
+            _mm_prefetch((const char *)(xdc + 2 * (b + 2 * AHEAD)), _MM_HINT_T0);
+        }
+        const uint8_t *line = codes + (size_t)b * 512, *xb = xq + (size_t)b * 34 + 2;
+        __m512i a0 = _mm512_set1_epi32(xdc[2 * b + 1]), a1 = _mm512_setzero_si512();
+UNROLL_RN
+        for (int t = 0; t < 8; t++) {
+            __m512i w = _mm512_load_si512((const void *)(line + t * 64)), xv = _mm512_set1_epi32(load_quad(xb + 4 * t));
+            if (t & 1) a1 = _mm512_dpbusd_epi32(a1, w, xv);
+            else a0 = _mm512_dpbusd_epi32(a0, w, xv);
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(scales + b * GROUP)));
+        float xd;
+        memcpy(&xd, &xdc[2 * b], 4);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
+    }
+    _mm512_mask_storeu_ps(y, mask, acc);
+}
+
 TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m,
                                    float *y, int64_t ldy, int64_t jb, int64_t je) {
     const int64_t nb = k / ENG_QK;
@@ -205,6 +238,17 @@ TGT static void gemm_packed_avx512(const uint8_t *P, int64_t k, const uint8_t *x
     const int64_t g_begin = jb / GROUP, g_end = (je + GROUP - 1) / GROUP;
     float xd[(ENG_PACK_MAX_K / ENG_QK) * MAXC];
     int32_t xc[(ENG_PACK_MAX_K / ENG_QK) * MAXC];
+    if (m == 1) {
+        _Alignas(64) int32_t xdc[2 * (ENG_PACK_MAX_K / ENG_QK)]; /* (d_x, -128 * sum) per block */
+        prep_x(xq, xb, 1, nb, xd, xc);
+        for (int64_t b = 0; b < nb; b++) {
+            memcpy(&xdc[2 * b], &xd[b * MAXC], 4);
+            xdc[2 * b + 1] = xc[b * MAXC];
+        }
+        for (int64_t g = g_begin; g < g_end; g++)
+            gemv_packed_avx512(P + (size_t)g * gbytes, nb, xq, xdc, y + g * GROUP, (__mmask16)group_rows(g, jb, je));
+        return;
+    }
     for (int64_t g0 = g_begin; g0 < g_end; g0 += GCHUNK) {
         int64_t g1 = g0 + GCHUNK < g_end ? g0 + GCHUNK : g_end;
         for (int64_t c0 = 0; c0 < m; c0 += MAXC) {
@@ -370,7 +414,7 @@ void eng_gemm_packed_q8_0(eng_simd_level l, const void *P, int64_t n_out, int64_
     if (j_end > n_out) j_end = n_out;
     if (!P || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_packed_q8_0_bytes(n_out, k) == 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-    if (l >= ENG_SIMD_AVX512 && m > 1) {
+    if (l >= ENG_SIMD_AVX512) {
         gemm_packed_avx512(P, k, xq, m, y, ldy, j_begin, j_end);
         return;
     }

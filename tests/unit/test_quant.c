@@ -579,7 +579,8 @@ Test(quant, gemm_levels_vs_scalar) {
 /* Packed Q8_0 matrices: the scalar kernel over the packed layout gives exactly the scalar eng_gemm floats
  * of the original rows (so the packing loses nothing), every SIMD level stays within the accumulation-order
  * bound of them (exact in integer mode), only rows in [jb, je) are written, and any split of the rows into
- * ranges (as threads do) gives the same floats as one call. Shapes include n_out not a multiple of 16, odd
+ * ranges (as threads do) gives the same floats as one call, and each activation row alone (m = 1: its own kernel
+ * on AVX-512) gives the floats it gets in the batch. Shapes include n_out not a multiple of 16, odd
  * block counts, every activation tile size up to 8 and beyond, and long rows up to ENG_PACK_MAX_K (the AVX2
  * kernel converts the activations in pieces). Extreme iterations (integer mode) use only the codes -128, -127
  * and 127 (weights; -128 occurs in GGUF files) and +-127 (activations), in runs of one sign, so that block
@@ -608,8 +609,8 @@ Test(quant, packed_q8_0_vs_rows) {
         uint8_t *W = malloc(wb * (size_t)n_out), *X = malloc(wb * (size_t)m);
         void *P = aligned_alloc(64, (pbytes + 63) / 64 * 64);
         float *tmp = malloc((size_t)k * 4), *y = malloc((size_t)(m * ldy) * 4), *yref = malloc((size_t)(m * ldy) * 4);
-        float *ysplit = malloc((size_t)(m * ldy) * 4);
-        cr_assert(W && X && P && tmp && y && yref && ysplit);
+        float *ysplit = malloc((size_t)(m * ldy) * 4), *y1 = malloc((size_t)(m * ldy) * 4);
+        cr_assert(W && X && P && tmp && y && yref && ysplit && y1);
         for (int64_t j = 0; j < n_out; j++) random_wrow(&r, ENG_Q_Q8_0, k, W + j * wb, int_mode);
         for (int64_t i = 0; i < m; i++) random_xrow(&r, ENG_Q_Q8_0, k, X + i * wb, tmp, int_mode);
         if (extreme) { /* codes after the 2-byte scale (1.0 in integer mode) of each 34-byte block */
@@ -635,8 +636,10 @@ Test(quant, packed_q8_0_vs_rows) {
         for (int64_t i = 0; i < m * ldy; i++) yref[i] = -12345.f;
         eng_gemm(ENG_SIMD_SCALAR, ENG_Q_Q8_0, W, k, X, m, yref, ldy, jb, je < n_out ? je : n_out);
         for (int l = ENG_SIMD_SCALAR; l <= (int)top; l++) {
-            for (int64_t i = 0; i < m * ldy; i++) y[i] = ysplit[i] = -12345.f;
+            for (int64_t i = 0; i < m * ldy; i++) y[i] = ysplit[i] = y1[i] = -12345.f;
             eng_gemm_packed_q8_0((eng_simd_level)l, P, n_out, k, X, m, y, ldy, jb, je);
+            for (int64_t i = 0; i < m; i++)
+                eng_gemm_packed_q8_0((eng_simd_level)l, P, n_out, k, X + i * wb, 1, y1 + i * ldy, ldy, jb, je);
             /* the same rows in random pieces */
             for (int64_t a = jb; a < je;) {
                 int64_t b = a + rng_int(&r, 1, 20);
@@ -649,6 +652,9 @@ Test(quant, packed_q8_0_vs_rows) {
                     float a = y[i * ldy + j], b = yref[i * ldy + j];
                     cr_assert_eq(a, ysplit[i * ldy + j], "%s packed split y[%lld][%lld] (iter %d)",
                                  eng_simd_name(l), (long long)i, (long long)j, iter);
+                    cr_assert_eq(fbits(a), fbits(y1[i * ldy + j]), "%s packed m=1 y[%lld][%lld] %.9g vs batched %.9g "
+                                 "(iter %d)", eng_simd_name(l), (long long)i, (long long)j, (double)y1[i * ldy + j],
+                                 (double)a, iter);
                     if (l == ENG_SIMD_SCALAR || int_mode || j < jb || j >= je || j >= n_out) {
                         cr_assert_eq(a, b, "%s packed m %lld k %lld n_out %lld rows [%lld,%lld) y[%lld][%lld] "
                                      "%.9g vs %.9g (iter %d)", eng_simd_name(l), (long long)m, (long long)k,
@@ -666,7 +672,7 @@ Test(quant, packed_q8_0_vs_rows) {
                     }
                 }
         }
-        free(W); free(X); free(P); free(tmp); free(y); free(yref); free(ysplit);
+        free(W); free(X); free(P); free(tmp); free(y); free(yref); free(ysplit); free(y1);
     }
 }
 
