@@ -179,6 +179,12 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        if (RN == 1 && b + 4 < nb) { /* m = 1: activations 4 blocks ahead into L1, as q6k_gemv */
+            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0)), _MM_HINT_T0);
+            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0) + 33), _MM_HINT_T0);
+            _mm_prefetch((const char *)(xd + (b + 4) * MAXC), _MM_HINT_T0);
+            _mm_prefetch((const char *)(xp + (b + 4) * MAXC), _MM_HINT_T0);
+        }
         const uint8_t *code = grp + b * cb;
         const __m512i H = q5 ? _mm512_load_si512((const void *)(code + 256)) : m4;
         __m512i a0[MAXC], a1[MAXC];
