@@ -203,7 +203,8 @@ static const group_fn k_group[MAXC] = {group_1, group_2, group_3, group_4, group
  * side (xdc[2b], xdc[2b + 1]) and the activations a few blocks ahead prefetched into L1: a group streams 544
  * bytes per block, 35-139 KB between two reads of the same activations on bench-1b's shapes, more than L1
  * holds, and activation loads that missed L1 held the stream back. kvquant-bench q8_0 gemv-shapes, one thread:
- * 17 GB/s (this level's m = 1 then ran the AVX2 kernel) -> 24.5 (k = 2048) and 29.6 (k = 8192). */
+ * 17 GB/s (this level's m = 1 then ran the AVX2 kernel) -> 24.5 (k = 2048) and 29.6 (k = 8192); rows under 1024
+ * values keep the AVX2 kernel (see eng_gemm_packed_q8_0). */
 TGT static void gemv_packed_avx512(const uint8_t *codes, int64_t nb, const uint8_t *xq, const int32_t *xdc, float *y,
                                    __mmask16 mask) {
     enum { AHEAD = 4 }; /* blocks */
@@ -414,7 +415,10 @@ void eng_gemm_packed_q8_0(eng_simd_level l, const void *P, int64_t n_out, int64_
     if (j_end > n_out) j_end = n_out;
     if (!P || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_packed_q8_0_bytes(n_out, k) == 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-    if (l >= ENG_SIMD_AVX512) {
+    /* m = 1 with short rows (groups under 17 KB keep the activations in L1 anyway): the AVX2 kernel, which reads
+     * the first half of every line first, measured faster there (kvquant-bench q8_0, one thread, [576 -> 1536]:
+     * 21 GB/s against 14 for gemv_packed_avx512; [1536 -> 576] 16 against 22, so the AVX-512 one from k = 1024) */
+    if (l >= ENG_SIMD_AVX512 && (m > 1 || k >= 1024)) {
         gemm_packed_avx512(P, k, xq, m, y, ldy, j_begin, j_end);
         return;
     }
