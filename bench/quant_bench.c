@@ -24,7 +24,6 @@
  * (m = 128, output for 1 row) tokens/s; for Q8_0 at each packed level, for other types at the best level.
  */
 #include <pthread.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,19 +87,10 @@ static double wall_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* bytes on 2 MiB transparent huge pages where it holds whole ones, as the engine packs its matrices
- * (engine/format/model.c pack_matrix): the streaming speed differs between huge and 4 KiB pages */
-static uint8_t *alloc_huge(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    uint8_t *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
-    if (p && bytes >= huge) (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
-    return p;
-}
-
 /* Packs n rows of a matrix (the layout the engine runs from AVX2 up). */
 static uint8_t *pack(uint32_t type, const uint8_t *w, int64_t k, int64_t n) {
     size_t bytes = eng_wpack_bytes(type, n, k);
-    uint8_t *p = bytes ? alloc_huge(bytes) : NULL;
+    uint8_t *p = eng_wpack_alloc(bytes); /* huge pages, as the engine's */
     if (p && eng_wpack(type, w, n, k, p) != 0) {
         free(p);
         return NULL;
@@ -233,7 +223,7 @@ static int gemv_1b(uint32_t type, double secs, float *tmp, bool pass, bool cache
             eng_quantize_row(ti->dot_type, tmp, x, s->k);
             size_t mat = eng_wpack_bytes(type, s->n, s->k);
             int copies = cached ? 1 : (int)((320u << 20) / mat) + 1;
-            uint8_t *w = make_weights(type, s->k, s->n, tmp + 8192), *p = alloc_huge(mat * (size_t)copies);
+            uint8_t *w = make_weights(type, s->k, s->n, tmp + 8192), *p = eng_wpack_alloc(mat * (size_t)copies);
             if (!w || !p) return 1;
             for (int cp = 0; cp < copies; cp++) eng_wpack(type, w, s->n, s->k, p + (size_t)cp * mat);
             free(w);

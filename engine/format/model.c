@@ -396,15 +396,8 @@ static int pack_matrix(eng_model *m, eng_matrix *w, bool release) {
     if (w->packed) return 0;
     size_t bytes = eng_wpack_bytes(w->type, w->n_out, w->k);
     if (bytes == 0) return 0;
-    /* Matrices of 2 MiB or more start on a 2 MiB boundary and ask for transparent huge pages over their whole
-     * 2 MiB pages (the tail stays in small pages, so nothing beyond the matrix becomes resident): decoding one
-     * sequence streams every matrix once per token, and a plain two-thread read loop over such pages runs 3-11%
-     * faster here than over 4 KiB pages (fewer TLB misses). Advice only: without THP it changes nothing. */
-    const size_t huge = (size_t)2 << 20;
-    void *p = bytes >= huge ? aligned_alloc(huge, (bytes + huge - 1) / huge * huge)
-                            : aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *p = eng_wpack_alloc(bytes); /* on huge pages when 2 MiB or more */
     if (!p) return ENG_ERR_NOMEM;
-    if (bytes >= huge) (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
     int rc = eng_wpack(w->type, w->data, w->n_out, w->k, p);
     if (rc != 0) {
         free(p);

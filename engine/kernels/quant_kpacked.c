@@ -34,6 +34,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/engine.h"
 #include "engine/kernels/quant_kpacked_impl.h"
@@ -422,6 +423,15 @@ void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int 
             }
         }
     }
+}
+
+void *eng_wpack_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes == 0 || bytes > SIZE_MAX - huge) return NULL;
+    if (bytes < huge) return aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+    if (p) (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    return p;
 }
 
 void eng_gemm_wpacked(eng_simd_level l, uint32_t type, const void *P, int64_t n_out, int64_t k, const void *xq,

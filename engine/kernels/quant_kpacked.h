@@ -26,6 +26,14 @@
  * cannot be packed (n_out < 1, k not a positive multiple of the type's block, k > ENG_PACK_MAX_K). */
 size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k);
 
+/* A buffer for a packed matrix of bytes bytes (eng_wpack_bytes), to be released with free(): 64-byte aligned, and
+ * when it is 2 MiB or more, 2 MiB aligned with transparent huge pages asked for over its whole 2 MiB pages (the tail
+ * stays in small pages, so nothing beyond the matrix becomes resident). Decoding one sequence streams every matrix
+ * once per token, and a plain two-thread read loop over such pages runs 3-11% faster here than over 4 KiB pages
+ * (fewer TLB misses). The advice is only advice: without THP it changes nothing. NULL when bytes is 0 or the
+ * allocation fails. */
+void *eng_wpack_alloc(size_t bytes);
+
 /* Packs the matrix W ([n_out][k] rows of type, as in GGUF) into dst, which must hold eng_wpack_bytes bytes and
  * be 64-byte aligned. Returns 0, or ENG_ERR_INVALID for a NULL pointer or a type / shape that cannot be packed. */
 int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst);

@@ -190,6 +190,18 @@ Test(quant_kpacked, sizes_and_errors) {
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, NULL, 1, 256, w), ENG_ERR_INVALID);
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, w, 1, 256, NULL), ENG_ERR_INVALID);
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, w, 1, 128, w), ENG_ERR_INVALID);
+    /* eng_wpack_alloc: nothing for 0 bytes or a size that cannot be rounded up; 64-byte alignment below 2 MiB,
+     * 2 MiB alignment from there (whole huge pages), the whole size writable */
+    cr_assert_null(eng_wpack_alloc(0));
+    cr_assert_null(eng_wpack_alloc(SIZE_MAX));
+    const size_t sizes[3] = {100, (size_t)3 << 20, (size_t)2 << 20};
+    for (int i = 0; i < 3; i++) {
+        uint8_t *p = eng_wpack_alloc(sizes[i]);
+        cr_assert_not_null(p);
+        cr_assert_eq((uintptr_t)p % (sizes[i] < ((size_t)2 << 20) ? 64 : ((size_t)2 << 20)), 0);
+        memset(p, 1, sizes[i]);
+        free(p);
+    }
 }
 
 Test(quant_kpacked, q4_K_vs_rows) { run_type(ENG_Q_Q4_K, 0x9E3779B97F4A7C15ULL, 44); }
