@@ -34,14 +34,6 @@ INL int32_t ld32(const uint8_t *p) {
 }
 INL __m256i bq(const uint8_t *p) { return _mm256_set1_epi32(ld32(p)); }
 
-/* m = 1 (RN = 1): the next super-block's activation quads and prepared sums into L1 (see the AVX-512 file's one-row
- * kernels: a group streams more than L1 holds between two reads of the same activations). */
-INL void prefetch_next(const int RN, int64_t sb, int64_t nsb, const uint8_t *xs, const int32_t *xp) {
-    if (RN != 1 || sb + 1 >= nsb) return;
-    for (int l = 0; l < KX_BYTES; l += 64) _mm_prefetch((const char *)xs + KX_BYTES - KX_QS + l, _MM_HINT_T0);
-    _mm_prefetch((const char *)(xp + (sb + 1) * MAXC * KP_XP), _MM_HINT_T0);
-}
-
 
 /* 8 bytes (one per row) as int16 pairs (v, v) in 8 int32 lanes; sgn: the bytes are int8. */
 INL __m256i pair8(const uint8_t *p, bool sgn) {
@@ -74,7 +66,8 @@ INL void q45k_half(const bool q5, const int RN, const uint8_t *grp, int64_t nsb,
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *rec = grp + sb * (q5 ? KP5_REC : KP4_REC), *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
-        if (!q5) prefetch_next(RN, sb, nsb, xs, xp); /* Q5_K measured slower with it (14.5 -> 11.6 GB/s) */
+        if (RN == 1 && !q5 && sb + 1 < nsb) /* m = 1; Q5_K measured slower with it (14.5 -> 11.6 GB/s) */
+            kp_prefetch_sb(xs + KX_BYTES - KX_QS, xp + (sb + 1) * MAXC * KP_XP);
         __m256i sumi[MAXC];
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
@@ -142,7 +135,7 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *rec = grp + sb * KP6_REC, *xs = xq + (size_t)sb * KX_BYTES + KX_QS;
-        prefetch_next(RN, sb, nsb, xs, xp);
+        if (RN == 1 && sb + 1 < nsb) kp_prefetch_sb(xs + KX_BYTES - KX_QS, xp + (sb + 1) * MAXC * KP_XP); /* m = 1 */
         __m256i sumi[MAXC];
         UNROLL
         for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
@@ -189,12 +182,7 @@ INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, in
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        if (RN == 1 && b + 4 < nb) { /* m = 1: activations 4 blocks ahead into L1 */
-            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0)), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0) + 33), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xd + (b + 4) * MAXC), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xp + (b + 4) * MAXC), _MM_HINT_T0);
-        }
+        if (RN == 1 && b + 4 < nb) kp_prefetch_q0(xq, xd, xp, b + 4, MAXC); /* m = 1: 4 blocks ahead */
         const uint8_t *code = grp + b * cb;
         const __m256i H = q5 ? _mm256_load_si256((const __m256i *)(code + 256 + 32 * h)) : m4;
         __m256i p[MAXC], s[MAXC];

@@ -179,12 +179,7 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
     UNROLL
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        if (RN == 1 && b + 4 < nb) { /* m = 1: activations 4 blocks ahead into L1, as q6k_gemv */
-            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0)), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xq + (size_t)(b + 4) * sizeof(eng_blk_q8_0) + 33), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xd + (b + 4) * MAXC), _MM_HINT_T0);
-            _mm_prefetch((const char *)(xp + (b + 4) * MAXC), _MM_HINT_T0);
-        }
+        if (RN == 1 && b + 4 < nb) kp_prefetch_q0(xq, xd, xp, b + 4, MAXC); /* m = 1: 4 blocks ahead */
         const uint8_t *code = grp + b * cb;
         const __m512i H = q5 ? _mm512_load_si512((const void *)(code + 256)) : m4;
         __m512i a0[MAXC], a1[MAXC];
@@ -264,10 +259,6 @@ GROUP_SET(q6k)
  *    that missed L1 held the stream back.
  * Measured with kvquant-bench gemv-shapes (one thread, Q6_K, bench-1b's shapes): 18-21 GB/s before, 31-33 GB/s
  * after, the speed of a plain read loop; two threads reach the machine's two-thread read bandwidth. */
-INL void prefetch_x(const uint8_t *xs_next, const int32_t *xp_next) {
-    for (int l = 0; l < KX_BYTES; l += 64) _mm_prefetch((const char *)xs_next + l, _MM_HINT_T0);
-    _mm_prefetch((const char *)xp_next, _MM_HINT_T0);
-}
 
 INL void q45k_gemv(const bool q5, const uint8_t *grp, int64_t nsb, const uint8_t *xq, const float *xd, const int32_t *xp,
                    float *y, __mmask16 mask) {
@@ -276,7 +267,7 @@ INL void q45k_gemv(const bool q5, const uint8_t *grp, int64_t nsb, const uint8_t
     __m512 acc = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS, *rec = grp + sb * rb;
-        if (sb + 1 < nsb) prefetch_x(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
+        if (sb + 1 < nsb) kp_prefetch_sb(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const __m512i H = q5 ? _mm512_load_si512((const void *)(rec + KP45_SUB(q5) * j + 256)) : m4;
@@ -316,7 +307,7 @@ INL void q6k_gemv(const uint8_t *grp, int64_t nsb, const uint8_t *xq, const floa
     __m512 acc = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *xs = xq + (size_t)sb * KX_BYTES + KX_QS, *rec = grp + sb * KP6_REC;
-        if (sb + 1 < nsb) prefetch_x(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
+        if (sb + 1 < nsb) kp_prefetch_sb(xs + KX_BYTES - KX_QS, xp + (sb + 1) * KP_XP);
         __m512i sumi = _mm512_setzero_si512();
         for (int s = 0; s < 16; s++) {
             __m512i q0, q1, q2, q3;

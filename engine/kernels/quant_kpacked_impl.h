@@ -51,6 +51,23 @@ static inline unsigned kp_group_rows(int64_t g, int64_t jb, int64_t je) {
     return ((1u << (hi - lo)) - 1u) << (lo - g * KP_ROWS);
 }
 
+/* m = 1 kernels: a group streams more weight bytes between two reads of the same activations than L1 holds (108 KB
+ * for a Q6_K row of 8192 values), so those loads missed L1 and held the weight stream back; the kernels prefetch the
+ * activations they read next into L1 (hint 3: all cache levels).
+ * kp_prefetch_sb: one Q8_K activation block (xblk, KX_BYTES) and the 64-byte line of its prepared sums at xp.
+ * kp_prefetch_q0: Q8_0 activation block b of row xq (34 bytes, two lines at most) and its prepared d_x and sum at
+ * xd / xp + b * stride. */
+static inline void kp_prefetch_sb(const uint8_t *xblk, const int32_t *xp) {
+    for (int l = 0; l < KX_BYTES; l += 64) __builtin_prefetch(xblk + l, 0, 3);
+    __builtin_prefetch(xp, 0, 3);
+}
+static inline void kp_prefetch_q0(const uint8_t *xq, const float *xd, const int32_t *xp, int64_t b, int stride) {
+    __builtin_prefetch(xq + (size_t)b * sizeof(eng_blk_q8_0), 0, 3);
+    __builtin_prefetch(xq + (size_t)b * sizeof(eng_blk_q8_0) + sizeof(eng_blk_q8_0) - 1, 0, 3);
+    __builtin_prefetch(xd + b * stride, 0, 3);
+    __builtin_prefetch(xp + b * stride, 0, 3);
+}
+
 /* The kernel table index of type (0..4: Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; -1 for other types) and, for rows of
  * k values: *nb blocks (Q4_0 / Q5_0) or super-blocks per row, *gbytes bytes per packed group and *xb bytes per
  * activation row. */
