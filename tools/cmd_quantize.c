@@ -61,20 +61,6 @@ static const qz_ftype k_ftypes[] = {
     {"Q6_K", QZ_Q6_K, 18, ENG_Q_Q6_K},
 };
 
-static void usage(FILE *f) {
-    fprintf(f,
-        "usage: kvserve quantize IN.gguf OUT.gguf TYPE [--threads N]\n"
-        "\n"
-        "Quantizes the f32/f16/bf16 matrices of a GGUF model as llama.cpp's llama-quantize does without an\n"
-        "importance matrix (same per-tensor types, same bytes). 1-D tensors and norms keep their type.\n"
-        "\n"
-        "  TYPE           Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K\n"
-        "  -t, --threads N  worker threads (default: the number of cores)\n"
-        "  -h, --help     this text\n"
-        "\n"
-        "OUT is written to a temporary file beside it and renamed at the end: a failure leaves no partial file.\n");
-}
-
 static const qz_ftype *ftype_find(const char *s) {
     if (!strcasecmp(s, "Q4_K")) s = "Q4_K_M";
     if (!strcasecmp(s, "Q5_K")) s = "Q5_K_M";
@@ -647,47 +633,35 @@ typedef struct qz_args {
     long threads;
 } qz_args;
 
+static const kvs_opt qz_opts_table[] = {
+    KVS_OPT_THREADS(qz_args, threads),
+};
+static const kvs_cli qz_cli = {
+    "quantize", "IN.gguf OUT.gguf TYPE [--threads N]",
+    "Quantizes the f32/f16/bf16 matrices of a GGUF model as llama.cpp's llama-quantize does without an\n"
+    "importance matrix (same per-tensor types, same bytes). 1-D tensors and norms keep their type.\n"
+    "\n"
+    "  TYPE                  Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K\n",
+    "OUT is written to a temporary file beside it and renamed at the end: a failure leaves no partial file.\n",
+    qz_opts_table, sizeof qz_opts_table / sizeof qz_opts_table[0], 3,
+};
+
 /* 0 to go on, 1 after --help, 2 on a usage error. */
 static int parse_args(int argc, char **argv, qz_args *a) {
     const char *pos[3];
     int npos = 0;
     a->threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            usage(stdout);
-            return 1;
-        }
-        if (!strcmp(s, "-t") || !strcmp(s, "--threads") || !strncmp(s, "--threads=", 10)) {
-            const char *v = !strncmp(s, "--threads=", 10) ? s + 10 : i + 1 < argc ? argv[++i] : NULL;
-            if (!v || !kvs_parse_long(v, 1, 1024, &a->threads)) {
-                fprintf(stderr, "kvserve quantize: --threads wants an integer in 1..1024\n");
-                return 2;
-            }
-            continue;
-        }
-        if (s[0] == '-' && s[1]) {
-            fprintf(stderr, "kvserve quantize: unknown option '%s' (see --help)\n", s);
-            return 2;
-        }
-        if (npos == 3) {
-            fprintf(stderr, "kvserve quantize: too many arguments (see --help)\n");
-            return 2;
-        }
-        pos[npos++] = s;
-    }
+    int prc = kvs_cli_parse(&qz_cli, a, argc, argv, pos, &npos);
+    if (prc) return prc;
     if (npos != 3) {
-        usage(stderr);
+        kvs_cli_usage(&qz_cli, stderr);
         return 2;
     }
     a->in = pos[0];
     a->out = pos[1];
     a->ft = ftype_find(pos[2]);
-    if (!a->ft) {
-        fprintf(stderr, "kvserve quantize: unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K)\n",
-                pos[2]);
-        return 2;
-    }
+    if (!a->ft)
+        return kvs_cli_fail(&qz_cli, "unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K)", pos[2]);
     return 0;
 }
 
