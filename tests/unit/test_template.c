@@ -24,6 +24,7 @@
 #include "helper_rng.h"
 #include "helper_shared.h"
 #include "template/template.h"
+#include "template/tpl_internal.h"
 
 /* ---- helpers -------------------------------------------------------------------------------------------------- */
 
@@ -1668,4 +1669,11 @@ Test(template, cli_render_template) {
     cr_assert_eq(run_cli(args3, op, ep), 2);
     unlink(tp); unlink(op); unlink(ep); unlink(bad);
     rmdir(dir);
+}
+
+/* The filters and methods are found by bsearch in name tables: every table must be in strcmp order, or names
+ * past a misplaced one would go missing. */
+Test(template, dispatch_tables_are_sorted) {
+    cr_assert(tpl_filters_sorted(), "the filter table is not in strcmp order");
+    cr_assert(tpl_methods_sorted(), "a method table is not in strcmp order");
 }
