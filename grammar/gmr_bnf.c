@@ -254,18 +254,17 @@ static uint32_t b_seq(bnf *x) {
     return gb_rule_of(b, &q);
 }
 
-static uint32_t b_alts(bnf *x) {
-    gb *b = x->b;
-    uint32_t r = gb_rule_new(b);
-    for (;;) {
-        uint32_t q = b_seq(x);
-        gb_alt_ref(b, r, q);
-        skip_ws(x);
-        if (b->err || x->p[x->i] != '|') break;
-        x->i++;
-    }
-    return r;
+static uint32_t b_branch(void *x) { return b_seq(x); }
+
+static bool b_bar(void *v) {
+    bnf *x = v;
+    skip_ws(x);
+    if (x->p[x->i] != '|') return false;
+    x->i++;
+    return true;
 }
+
+static uint32_t b_alts(bnf *x) { return gb_alternatives(x->b, b_branch, b_bar, x); }
 
 int gmr_compile_bnf(const char *text, const gmr_named_grammar *named, size_t n_named, gmr_grammar **out, char *err,
                     size_t err_len) {

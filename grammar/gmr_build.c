@@ -103,6 +103,13 @@ void gb_alt_ref(gb *b, uint32_t r, uint32_t q) {
     gb_alt(b, r, &s);
 }
 
+uint32_t gb_alternatives(gb *b, uint32_t (*branch)(void *ctx), bool (*bar)(void *ctx), void *ctx) {
+    uint32_t r = gb_rule_new(b);
+    do gb_alt_ref(b, r, branch(ctx));
+    while (!b->err && bar(ctx));
+    return r;
+}
+
 static void seq_push(gb *b, gb_seq *s, gmr_el e) {
     if (b->err) return;
     if (++b->n_el > GMR_MAX_ELEMS) {

@@ -63,6 +63,9 @@ uint32_t gb_rule_new(gb *b);
 void gb_alt(gb *b, uint32_t r, gb_seq *s);
 /* Adds to rule r the alternative made of rule q alone. */
 void gb_alt_ref(gb *b, uint32_t r, uint32_t q);
+/* A new rule of alternatives separated by '|': branch(ctx) parses one and returns its rule; bar(ctx) consumes
+ * a following '|' (true) or finds none (false). Stops at the first error. */
+uint32_t gb_alternatives(gb *b, uint32_t (*branch)(void *ctx), bool (*bar)(void *ctx), void *ctx);
 /* Marks r as defined even with no alternatives (an empty language). */
 void gb_define(gb *b, uint32_t r);
 void gb_seq_free(gb_seq *s);

@@ -320,17 +320,16 @@ static uint32_t rx_seq(rx *x) {
     return gb_rule_of(b, &s);
 }
 
-static uint32_t rx_alt(rx *x) {
-    gb *b = x->b;
-    uint32_t r = gb_rule_new(b);
-    for (;;) {
-        uint32_t q = rx_seq(x);
-        gb_alt_ref(b, r, q);
-        if (b->err || x->i >= x->n || x->p[x->i] != '|') break;
-        x->i++;
-    }
-    return r;
+static uint32_t rx_branch(void *x) { return rx_seq(x); }
+
+static bool rx_bar(void *v) {
+    rx *x = v;
+    if (x->i >= x->n || x->p[x->i] != '|') return false;
+    x->i++;
+    return true;
 }
+
+static uint32_t rx_alt(rx *x) { return gb_alternatives(x->b, rx_branch, rx_bar, x); }
 
 uint32_t gmr_regex_rule(gb *b, const char *pattern, uint32_t any_char) {
     size_t n = strlen(pattern);

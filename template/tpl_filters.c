@@ -416,8 +416,7 @@ static int filter_round(tctx *c, const node *n, const char *name, tv in, fargs *
 
 /* wordcount */
 static int filter_wordcount(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     int rc;
     tv s;
     if ((rc = to_str(c, n, in, &s))) return rc;
@@ -436,8 +435,7 @@ static int filter_wordcount(tctx *c, const node *n, const char *name, tv in, far
 
 /* safe: the string marked safe (a copy unless it already is) */
 static int filter_safe(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     tv s;
     int rc;
     if ((rc = to_str(c, n, in, &s))) return rc;
@@ -466,8 +464,7 @@ static int filter_default(tctx *c, const node *n, const char *name, tv in, fargs
 }
 
 static int filter_string(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     return to_str(c, n, in, out);
 }
 
@@ -486,8 +483,7 @@ static int filter_trim(tctx *c, const node *n, const char *name, tv in, fargs *a
 
 /* length / count */
 static int filter_length(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     switch (in.t) {
     case TV_UNDEF: *out = tv_int(0); return 0;
     case TV_STR: *out = tv_int((int64_t)tpl_u8_len(in.s->data, in.s->len)); return 0;
@@ -540,8 +536,7 @@ static int filter_replace(tctx *c, const node *n, const char *name, tv in, fargs
 
 /* escape / e / forceescape */
 static int filter_escape(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     tv s;
     int rc;
     if ((rc = to_str(c, n, in, &s))) return rc;
@@ -578,14 +573,12 @@ static int filter_first_last(tctx *c, const node *n, const char *name, tv in, fa
 }
 
 static int filter_list(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     return tpl_iter_list(c, n, in, out);
 }
 
 static int filter_items(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     if (in.t == TV_UNDEF) return tcont_new(c, n, TC_LIST, 0, out);
     if (in.t != TV_DICT || in.c->kind != TC_DICT) return tpl_fail(c, n, KVS_ERR_TYPE, "can only get item pairs from a mapping");
     return tpl_method(c, n, in, "items", NULL, 0, NULL, NULL, 0, out);
@@ -605,8 +598,7 @@ static int filter_float(tctx *c, const node *n, const char *name, tv in, fargs *
 }
 
 static int filter_abs(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     if (in.t == TV_INT) { if (in.i == INT64_MIN) return tpl_fail(c, n, KVS_ERR_LIMIT, "integer overflow"); *out = tv_int(in.i < 0 ? -in.i : in.i); return 0; }
     if (in.t == TV_BOOL) { *out = tv_int(in.b); return 0; }
     if (in.t == TV_FLOAT) { *out = tv_float(fabs(in.f)); return 0; }

@@ -191,8 +191,7 @@ static int str_case(tctx *c, const node *n, tstr *s, const char *name, fargs *a,
 }
 
 static int str_swapcase(tctx *c, const node *n, tstr *s, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     int rc;
     tstr *r = NULL;
     if ((rc = tstr_alloc(c, n, s->len, &r))) return rc;
@@ -258,8 +257,7 @@ static int str_join(tctx *c, const node *n, tstr *s, const char *name, fargs *a,
 }
 
 static int str_splitlines(tctx *c, const node *n, tstr *s, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     int rc;
     if ((rc = tcont_new(c, n, TC_LIST, 0, out))) return rc;
     size_t i = 0;
@@ -276,9 +274,7 @@ static int str_splitlines(tctx *c, const node *n, tstr *s, const char *name, far
 
 /* isdigit, isalpha, isalnum, isspace, islower, isupper */
 static int str_is(tctx *c, const node *n, tstr *s, const char *name, fargs *a, tv *out) {
-    (void)c;
-    (void)n;
-    (void)a;
+    (void)c; (void)n; (void)a;
     bool r = s->len > 0, cased = false;
     for (size_t i = 0; i < s->len && r; i++) {
         unsigned char ch = (unsigned char)s->data[i];
@@ -307,8 +303,7 @@ static int str_remove_affix(tctx *c, const node *n, tstr *s, const char *name, f
 /* ---- list methods: each gets the list, the name it was called by and the arguments; *out is None unless
  * the method returns a value ------------------------------------------------------------------------------------ */
 static int list_append(tctx *c, const node *n, tcont *l, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)out;
+    (void)name; (void)out;
     tv *x = tpl_arg(a, 0, NULL);
     if (!x) return tpl_fail(c, n, KVS_ERR_TYPE, "append() takes exactly one argument");
     tv_incref(*x);
@@ -329,8 +324,7 @@ static int list_pop(tctx *c, const node *n, tcont *l, const char *name, fargs *a
 }
 
 static int list_insert(tctx *c, const node *n, tcont *l, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)out;
+    (void)name; (void)out;
     int rc;
     tv *x = tpl_arg(a, 0, NULL), *v = tpl_arg(a, 1, NULL);
     if (!x || !v || !tpl_is_intlike(*x)) return tpl_fail(c, n, KVS_ERR_TYPE, "insert(index, value)");
@@ -346,8 +340,7 @@ static int list_insert(tctx *c, const node *n, tcont *l, const char *name, fargs
 }
 
 static int list_extend(tctx *c, const node *n, tcont *l, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)out;
+    (void)name; (void)out;
     int rc;
     tv *x = tpl_arg(a, 0, NULL);
     if (!x) return tpl_fail(c, n, KVS_ERR_TYPE, "extend() takes exactly one argument");
@@ -384,20 +377,13 @@ static int list_find(tctx *c, const node *n, tcont *l, const char *name, fargs *
 }
 
 static int list_reverse(tctx *c, const node *n, tcont *l, const char *name, fargs *a, tv *out) {
-    (void)c;
-    (void)n;
-    (void)name;
-    (void)a;
-    (void)out;
+    (void)c; (void)n; (void)name; (void)a; (void)out;
     for (size_t i = 0; i < l->n / 2; i++) { tv t = l->items[i]; l->items[i] = l->items[l->n - 1 - i]; l->items[l->n - 1 - i] = t; }
     return 0;
 }
 
 static int list_clear(tctx *c, const node *n, tcont *l, const char *name, fargs *a, tv *out) {
-    (void)n;
-    (void)name;
-    (void)a;
-    (void)out;
+    (void)n; (void)name; (void)a; (void)out;
     while (l->n) tv_decref(c, l->items[--l->n]);
     return 0;
 }
@@ -487,8 +473,7 @@ static int dict_update(tctx *c, const node *n, tcont *d, const char *name, fargs
 }
 
 static int dict_copy(tctx *c, const node *n, tcont *d, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     int rc;
     if ((rc = tcont_new(c, n, TC_DICT, d->n, out))) return rc;
     for (size_t i = 0; i < d->n; i++) {
@@ -499,8 +484,7 @@ static int dict_copy(tctx *c, const node *n, tcont *d, const char *name, fargs *
 }
 
 static int dict_clear(tctx *c, const node *n, tcont *d, const char *name, fargs *a, tv *out) {
-    (void)name;
-    (void)a;
+    (void)name; (void)a;
     *out = tv_none();
     while (d->n)
         if (tdict_del(c, d, d->n - 1)) return tpl_fail(c, n, KVS_ERR_NOMEM, "out of memory");
