@@ -203,17 +203,6 @@ static uint32_t b_item(bnf *x) {
     return e->rule;
 }
 
-static bool read_num(bnf *x, uint32_t *v) {
-    if (x->p[x->i] < '0' || x->p[x->i] > '9') return false;
-    uint64_t n = 0;
-    while (x->p[x->i] >= '0' && x->p[x->i] <= '9') {
-        n = n * 10 + (uint64_t)(x->p[x->i++] - '0');
-        if (n > BNF_MAX_COUNT) n = BNF_MAX_COUNT + 1;
-    }
-    *v = (uint32_t)n;
-    return true;
-}
-
 static uint32_t b_seq(bnf *x) {
     gb *b = x->b;
     gb_seq q = {0};
@@ -229,21 +218,10 @@ static uint32_t b_seq(bnf *x) {
         else if (c == '*') mn = 0, mx = GMR_INF, x->i++;
         else if (c == '+') mx = GMR_INF, x->i++;
         else if (c == '{') {
-            x->i++;
-            if (!read_num(x, &mn)) {
+            if (gb_count(x->p, SIZE_MAX, &x->i, BNF_MAX_COUNT, &mn, &mx) != GB_COUNT_OK || mx < mn) {
                 bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
                 break;
             }
-            mx = mn;
-            if (x->p[x->i] == ',') {
-                x->i++;
-                if (!read_num(x, &mx)) mx = GMR_INF;
-            }
-            if (x->p[x->i] != '}' || mx < mn) {
-                bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
-                break;
-            }
-            x->i++;
             if (mn > BNF_MAX_COUNT || (mx != GMR_INF && mx > BNF_MAX_COUNT)) {
                 bfail(x, KVS_ERR_LIMIT, "repetition count above 100000");
                 break;
