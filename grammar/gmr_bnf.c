@@ -218,11 +218,12 @@ static uint32_t b_seq(bnf *x) {
         else if (c == '*') mn = 0, mx = GMR_INF, x->i++;
         else if (c == '+') mx = GMR_INF, x->i++;
         else if (c == '{') {
-            if (gb_count(x->p, SIZE_MAX, &x->i, BNF_MAX_COUNT, &mn, &mx) != GB_COUNT_OK || mx < mn) {
+            int cr = gb_count(x->p, SIZE_MAX, &x->i, BNF_MAX_COUNT, &mn, &mx);
+            if (cr == GB_COUNT_NONE || cr == GB_COUNT_BAD || mx < mn) {
                 bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
                 break;
             }
-            if (mn > BNF_MAX_COUNT || (mx != GMR_INF && mx > BNF_MAX_COUNT)) {
+            if (cr == GB_COUNT_LIMIT) {
                 bfail(x, KVS_ERR_LIMIT, "repetition count above 100000");
                 break;
             }

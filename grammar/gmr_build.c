@@ -133,7 +133,7 @@ int gb_count(const char *p, size_t n, size_t *i, uint32_t max, uint32_t *mn, uin
     *i = j;
     if (j >= n || p[j] != '}') return GB_COUNT_BAD;
     *i = j + 1;
-    return GB_COUNT_OK;
+    return *mn > max || (*mx != GMR_INF && *mx > max) ? GB_COUNT_LIMIT : GB_COUNT_OK;
 }
 
 static void seq_push(gb *b, gb_seq *s, gmr_el e) {

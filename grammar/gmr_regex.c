@@ -277,7 +277,7 @@ static uint32_t rx_seq(rx *x) {
                     rx_fail(x, KVS_ERR_SYNTAX, "bad {m,n} quantifier");
                     break;
                 }
-                if (cr == GB_COUNT_OK && (mn > RX_MAX_COUNT || (mx != GMR_INF && mx > RX_MAX_COUNT))) {
+                if (cr == GB_COUNT_LIMIT) {
                     rx_fail(x, KVS_ERR_LIMIT, "repetition count above 10000");
                     break;
                 }
