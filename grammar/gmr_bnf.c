@@ -219,12 +219,9 @@ static uint32_t b_seq(bnf *x) {
         else if (c == '+') mx = GMR_INF, x->i++;
         else if (c == '{') {
             int cr = gb_count(x->p, SIZE_MAX, &x->i, BNF_MAX_COUNT, &mn, &mx);
-            if (cr == GB_COUNT_NONE || cr == GB_COUNT_BAD || mx < mn) {
-                bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
-                break;
-            }
-            if (cr == GB_COUNT_LIMIT) {
-                bfail(x, KVS_ERR_LIMIT, "repetition count above 100000");
+            if (cr != GB_COUNT_OK || mx < mn) {   /* a malformed count before one too large */
+                bool limit = cr == GB_COUNT_LIMIT && mx >= mn;
+                bfail(x, limit ? KVS_ERR_LIMIT : KVS_ERR_SYNTAX, limit ? "repetition count above 100000" : "bad {m,n}");
                 break;
             }
         }
