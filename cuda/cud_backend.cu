@@ -18,13 +18,13 @@ namespace {
 int report(const char *call, cudaError_t e, const char *file, int line) {
     fprintf(stderr, "kvserve: CUDA call %s failed: %s (%s) at %s:%d\n", call, cudaGetErrorString(e),
             cudaGetErrorName(e), file, line);
-    return e == cudaErrorMemoryAllocation ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+    return e == cudaErrorMemoryAllocation ? KVS_ERR_NOMEM : KVS_ERR_DEVICE;
 }
 
 int report_blas(const char *call, cublasStatus_t s, const char *file, int line) {
     fprintf(stderr, "kvserve: cuBLAS call %s failed: %s (%d) at %s:%d\n", call, cublasGetStatusString(s), (int)s,
             file, line);
-    return s == CUBLAS_STATUS_ALLOC_FAILED ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? KVS_ERR_NOMEM : KVS_ERR_DEVICE;
 }
 
 #define CK(call)                                                                                                 \
@@ -143,13 +143,13 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
     if (!t->data) {
         if (required) {
             snprintf(err, err_len, "tensor %s missing", what);
-            return ENG_ERR_INVALID;
+            return KVS_ERR_INVALID;
         }
-        return ENG_OK;
+        return KVS_OK;
     }
     if (cud_type_block_elems(t->type) == 0) {
         snprintf(err, err_len, "tensor %s: type %u has no CUDA kernels", what, t->type);
-        return ENG_ERR_UNSUPPORTED;
+        return KVS_ERR_UNSUPPORTED;
     }
     cudaError_t e = cudaMalloc(&out->d, t->nbytes);
     if (e != cudaSuccess) {
@@ -157,7 +157,7 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, err_len, "out of device memory uploading %s (%zu bytes; %zu of %zu bytes free, %zu uploaded)",
                  what, t->nbytes, fr, tot, be->weight_bytes);
-        return ENG_ERR_NOMEM;
+        return KVS_ERR_NOMEM;
     }
     CK(cudaMemcpy(out->d, t->data, t->nbytes, cudaMemcpyHostToDevice));
     out->type = t->type;
@@ -165,7 +165,7 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
     out->ne1 = t->ne1;
     out->owned = true;
     be->weight_bytes += t->nbytes;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, const char *what) {
@@ -176,9 +176,9 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, err_len, "out of device memory for %s (%zu bytes; %zu of %zu bytes free)", what,
                  n * sizeof(T), fr, tot);
-        return ENG_ERR_NOMEM;
+        return KVS_ERR_NOMEM;
     }
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
@@ -188,14 +188,14 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
     const int64_t k = w.ne0, n_out = w.ne1;
     if (m <= MATVEC_MAX_ROWS) {
         CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
-        return ENG_OK;
+        return KVS_OK;
     }
     const float alpha = 1.f, beta = 0.f;
     if (w.type == CUD_F32) {
         // f32 weights stay f32 (full precision, like the CPU engine's f32 dot products)
         CKB(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, (const float *)w.d,
                         (int)k, x, (int)k, &beta, y, (int)n_out));
-        return ENG_OK;
+        return KVS_OK;
     }
     const __half *wh;
     if (w.type == CUD_F16) {
@@ -211,7 +211,7 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
     CKB(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, wh, CUDA_R_16F, (int)k,
                      be->x16, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT));
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // Everything after the metadata upload: runs on be->st, capturable into a graph.
@@ -260,7 +260,7 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         if ((rc = matmul(be, L.w_down, be->g, rows, be->tmp))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
     }
-    if (n_out == 0) return ENG_OK; // no row wants logits (a prefill chunk)
+    if (n_out == 0) return KVS_OK; // no row wants logits (a prefill chunk)
     CK(cud_gather_rows(be->x, be->n_embd, be->d_out, n_out, be->xo, be->st));
     CK(cud_rmsnorm(be->xo, (const float *)be->output_norm.d, be->xo, n_out, be->n_embd, be->rms_eps, be->st));
     return matmul(be, be->output, be->xo, n_out, be->logits);
@@ -276,7 +276,7 @@ void drop_graphs(cud_backend *be) {
 // only grows them if a plan ever exceeds that, and then drops the graphs captured with the old buffers.
 int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &geo) {
     size_t need = (size_t)rows * be->n_head * geo.max_partitions * be->hd;
-    if (geo.max_partitions <= 1 || need <= be->part_cap) return ENG_OK;
+    if (geo.max_partitions <= 1 || need <= be->part_cap) return KVS_OK;
     drop_graphs(be);
     if (be->part_acc) CK(cudaFree(be->part_acc));
     if (be->part_ml) CK(cudaFree(be->part_ml));
@@ -285,7 +285,7 @@ int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &ge
     CK(cudaMalloc((void **)&be->part_acc, need * sizeof(float)));
     CK(cudaMalloc((void **)&be->part_ml, need / be->hd * 2 * sizeof(float)));
     be->part_cap = need;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 int32_t round_pow2(int32_t n) {
@@ -381,7 +381,7 @@ static int init_device(const cud_model_desc *m, const cud_params *p, cud_backend
     be->hd = m->head_dim;
     be->n_ff = m->n_ff;
     be->rms_eps = m->rms_eps;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // Uploads the weights and the RoPE table; *largest receives the element count of the largest matrix cuBLAS
@@ -406,10 +406,10 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
     const int32_t half = m->n_rot / 2;
     if (m->rope_freqs.data && (m->rope_freqs.type != CUD_F32 || m->rope_freqs.nbytes < (size_t)half * sizeof(float))) {
         snprintf(err, err_len, "rope_freqs.weight: expected %d f32 values", half);
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     }
     be->h_inv_freq = (float *)calloc((size_t)(half > 0 ? half : 1), sizeof(float));
-    if (!be->h_inv_freq) return ENG_ERR_NOMEM;
+    if (!be->h_inv_freq) return KVS_ERR_NOMEM;
     for (int32_t i = 0; i < half; i++) {
         double f = (double)m->rope_freq_scale * pow((double)m->rope_freq_base, -2.0 * i / m->n_rot);
         if (m->rope_freqs.data) f /= ((const float *)m->rope_freqs.data)[i];
@@ -419,7 +419,7 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
     CK(cudaMemcpy(be->inv_freq, be->h_inv_freq, (size_t)half * sizeof(float), cudaMemcpyHostToDevice));
     if ((rc = dalloc(&be->rot_cs, (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
     be->layers = (dev_layer *)calloc((size_t)m->n_layer, sizeof(dev_layer));
-    if (!be->layers) return ENG_ERR_NOMEM;
+    if (!be->layers) return KVS_ERR_NOMEM;
     for (int32_t l = 0; l < m->n_layer; l++) new (&be->layers[l]) dev_layer();
     // The f16 scratch holds the largest matrix that cuBLAS reads dequantized (not f16 or f32 already).
     auto needs_f16 = [](const cud_tensor &t) { return t.data && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32; };
@@ -444,7 +444,7 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
         }
     }
     *largest_out = largest;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // The activations, logits and f16 activation scratch of max_batch_tokens rows.
@@ -468,7 +468,7 @@ static int alloc_activations(const cud_model_desc *m, const cud_params *p, cud_b
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
@@ -495,11 +495,11 @@ static int make_f16_copies(const cud_model_desc *m, const cud_params *p, cud_bac
     bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
     if (cache) {
         auto make = [&](dev_tensor &t) -> int {
-            if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
+            if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return KVS_OK;
             int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
             if (r) return r;
             CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
-            return ENG_OK;
+            return KVS_OK;
         };
         if ((rc = make(be->output))) return rc;
         for (int32_t l = 0; l < m->n_layer; l++) {
@@ -510,7 +510,7 @@ static int make_f16_copies(const cud_model_desc *m, const cud_params *p, cud_bac
         CK(cudaStreamSynchronize(be->st));
         *largest = 1; // no per-product scratch needed
     }
-    return ENG_OK;
+    return KVS_OK;
 }
 
 static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be, size_t *kv_budget, char *err,
@@ -548,7 +548,7 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     CK(cudaMemGetInfo(&fr, &tot));
     double reserve = (1.0 - (double)p->memory_fraction) * (double)tot;
     *kv_budget = (double)fr > reserve ? (size_t)((double)fr - reserve) : 0;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,
@@ -561,17 +561,17 @@ extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params 
         params->memory_fraction <= 0.f || params->memory_fraction > 1.f || params->block_size < 1 ||
         (params->kv_dtype != KVC_DTYPE_F16 && params->kv_dtype != KVC_DTYPE_F32)) {
         snprintf(err, err_len, "invalid CUDA backend parameters (the GPU KV cache supports f16 and f32)");
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     }
     if (model->head_dim < 1 || model->head_dim > 256 || model->n_head_kv < 1 || model->n_head % model->n_head_kv != 0 ||
         model->n_rot < 0 || model->n_rot > model->head_dim || model->n_rot % 2 != 0) {
         snprintf(err, err_len, "head_dim %d / heads %d:%d not supported by the CUDA attention kernel",
                  model->head_dim, model->n_head, model->n_head_kv);
-        return ENG_ERR_UNSUPPORTED;
+        return KVS_ERR_UNSUPPORTED;
     }
     *out = nullptr;
     cud_backend *be = new (std::nothrow) cud_backend();
-    if (!be) return ENG_ERR_NOMEM;
+    if (!be) return KVS_ERR_NOMEM;
     int rc = create(model, params, be, kv_budget_bytes, err, err_len);
     if (rc) {
         if (!err[0]) snprintf(err, err_len, "CUDA backend setup failed (error %d; the CUDA error is on stderr)", rc);
@@ -579,7 +579,7 @@ extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params 
         return rc;
     }
     *out = be;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" const kvc_allocator *cud_kv_allocator(cud_backend *be) { return be ? &be->alloc : nullptr; }
@@ -587,7 +587,7 @@ extern "C" const kvc_allocator *cud_kv_allocator(cud_backend *be) { return be ? 
 extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     if (!be || !l || !l->base || (l->dtype != KVC_DTYPE_F16 && l->dtype != KVC_DTYPE_F32) ||
         l->n_kv_head != be->n_head_kv || l->head_dim != be->hd || l->n_layer != be->n_layer)
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     be->kv.base = l->base;
     be->kv.layer_bytes = l->layer_bytes;
     be->kv.block_stride = l->block_stride;
@@ -598,18 +598,18 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     be->kv.head_dim = l->head_dim;
     be->kv.f16 = l->dtype == KVC_DTYPE_F16;
     be->kv_set = true;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if (!be || !b || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 0 ||
         b->n_out > b->n || !b->token || !b->pos || !b->slot || (b->n_out > 0 && (!logits || !b->out_rows)))
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     CK(cudaSetDevice(be->device));
     int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
     if (rc) return rc;
     for (int32_t i = 0; i < b->n; i++)
-        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return ENG_ERR_INVALID;
+        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return KVS_ERR_INVALID;
 
     cud_graph_key key{};
     const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
@@ -617,7 +617,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     const int32_t rows = graph ? key.n_rows : b->n;
     const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
     const int32_t n_out = graph ? rows : b->n_out;
-    if (rows > be->p.max_batch_tokens) return ENG_ERR_INVALID;
+    if (rows > be->p.max_batch_tokens) return KVS_ERR_INVALID;
 
     // Stage the metadata (padding rows: token 0, position 0 of sequence 0, no cache write, logits unused).
     int32_t *h = be->h_meta;
@@ -710,12 +710,12 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float),
                            cudaMemcpyDeviceToHost, be->st));
     CK(cudaStreamSynchronize(be->st));
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, int32_t delta) {
-    if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return ENG_ERR_INVALID;
-    if (n == 0 || delta == 0 || be->rope.n_rot < 2) return ENG_OK;
+    if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return KVS_ERR_INVALID;
+    if (n == 0 || delta == 0 || be->rope.n_rot < 2) return KVS_OK;
     CK(cudaSetDevice(be->device));
     // The angles of delta positions, as the CPU engine computes them (double, then f32).
     const int32_t half = be->rope.n_rot / 2;
@@ -736,16 +736,16 @@ extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, in
     CK(cudaMemcpyAsync(be->rot_slots, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
     CK(cud_kv_rerotate(&be->kv, be->n_layer, be->rot_slots, n, be->rot_cs, &be->rope, be->st));
     CK(cudaStreamSynchronize(be->st));
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k,
                                    float *out) {
-    if (!data || !out || rows < 1 || k < 1) return ENG_ERR_INVALID;
+    if (!data || !out || rows < 1 || k < 1) return KVS_ERR_INVALID;
     int be = cud_type_block_elems(type), bb = cud_type_block_bytes(type);
-    if (!be || k % be) return ENG_ERR_UNSUPPORTED;
-    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return ENG_ERR_INVALID;
-    if (cud_available(nullptr, 0) < 1) return ENG_ERR_UNSUPPORTED;
+    if (!be || k % be) return KVS_ERR_UNSUPPORTED;
+    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return KVS_ERR_INVALID;
+    if (cud_available(nullptr, 0) < 1) return KVS_ERR_UNSUPPORTED;
     void *d = nullptr;
     float *y = nullptr;
     CK(cudaMalloc(&d, nbytes));
@@ -756,5 +756,5 @@ extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbyte
     cudaFree(d);
     if (y) cudaFree(y);
     if (e != cudaSuccess) return report("cud_dequantize_host", e, __FILE__, __LINE__);
-    return ENG_OK;
+    return KVS_OK;
 }
