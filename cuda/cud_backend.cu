@@ -103,6 +103,9 @@ struct cud_backend {
     size_t tables_cap = 0;
     cud_tables host_tables{};
     int32_t *h_meta = nullptr; // pinned staging [5][T]
+    // decode products (cud_mmv.cuh): on unless KVSERVE_CUDA_MMV=old
+    bool mmv = true;
+    cud_act_bufs act{};      // [MATVEC_MAX_ROWS][widest] quantized activations of the current product input
     // KV
     kvc_allocator alloc{};
     cud_kv_view kv{};
@@ -151,7 +154,9 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
         snprintf(err, err_len, "tensor %s: type %u has no CUDA kernels", what, t->type);
         return KVS_ERR_UNSUPPORTED;
     }
-    cudaError_t e = cudaMalloc(&out->d, t->nbytes);
+    // padded to 16 bytes: k_mmv reads whole aligned 16-byte words (the padding is zeroed, never used)
+    const size_t padded = (t->nbytes + 15) / 16 * 16;
+    cudaError_t e = cudaMalloc(&out->d, padded);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
@@ -160,6 +165,7 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
         return KVS_ERR_NOMEM;
     }
     CK(cudaMemcpy(out->d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+    if (padded > t->nbytes) CK(cudaMemset((char *)out->d + t->nbytes, 0, padded - t->nbytes));
     out->type = t->type;
     out->ne0 = t->ne0;
     out->ne1 = t->ne1;
@@ -184,8 +190,12 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
 // y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
 // More rows: cuBLAS, in f32 for f32 weights, else on the weights dequantized to f16 and f16 activations with
 // f32 accumulation.
-int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y) {
+int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y, bool quantized = false) {
     const int64_t k = w.ne0, n_out = w.ne1;
+    if (quantized && m <= MATVEC_MAX_ROWS && cud_mmv_supported(w.type, k)) {
+        CK(cud_mmv(w.type, w.d, n_out, k, &be->act, m, y, be->n_sm, be->st));
+        return KVS_OK;
+    }
     if (m <= MATVEC_MAX_ROWS) {
         CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
         return KVS_OK;
@@ -214,6 +224,28 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
     return KVS_OK;
 }
 
+// The input x [m][k] of the products that follow, RMSNorm'ed with norm_w first when it is not NULL. With the
+// decode products (m <= MATVEC_MAX_ROWS, k % 32 == 0, KVSERVE_CUDA_MMV not "old") the rows are normed and
+// quantized once into be->act (*quantized = true) and *xin is their f32 copy, for the products whose types
+// k_mmv lacks; otherwise the old path: cud_rmsnorm into norm_out (when norm_w), *xin the rows to read.
+int prep_input(cud_backend *be, const float *x, const float *norm_w, int32_t m, int64_t k, float *norm_out,
+               const float **xin, bool *quantized) {
+    if (be->mmv && m <= MATVEC_MAX_ROWS && k % 32 == 0) {
+        CK(cud_act_quant(x, norm_w, be->rms_eps, m, k, &be->act, be->st));
+        *xin = be->act.xf;
+        *quantized = true;
+        return KVS_OK;
+    }
+    *quantized = false;
+    if (norm_w) {
+        CK(cud_rmsnorm(x, norm_w, norm_out, m, (int32_t)k, be->rms_eps, be->st));
+        *xin = norm_out;
+    } else {
+        *xin = x;
+    }
+    return KVS_OK;
+}
+
 // Everything after the metadata upload: runs on be->st, capturable into a graph.
 int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo) {
     const int32_t qw = be->n_head * be->hd, kw = be->n_head_kv * be->hd;
@@ -221,11 +253,13 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
     CK(cud_rope_cs(be->d_pos, be->inv_freq, rows, be->rope.n_rot, be->cs, be->st));
     for (int32_t l = 0; l < be->n_layer; l++) {
         const dev_layer &L = be->layers[l];
-        CK(cud_rmsnorm(be->x, (const float *)L.attn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
         int rc;
-        if ((rc = matmul(be, L.wq, be->xn, rows, be->q))) return rc;
-        if ((rc = matmul(be, L.wk, be->xn, rows, be->k))) return rc;
-        if ((rc = matmul(be, L.wv, be->xn, rows, be->v))) return rc;
+        const float *xin;
+        bool qa;
+        if ((rc = prep_input(be, be->x, (const float *)L.attn_norm.d, rows, be->n_embd, be->xn, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.wq, xin, rows, be->q, qa))) return rc;
+        if ((rc = matmul(be, L.wk, xin, rows, be->k, qa))) return rc;
+        if ((rc = matmul(be, L.wv, xin, rows, be->v, qa))) return rc;
         if (L.bq.d) CK(cud_add_bias(be->q, (const float *)L.bq.d, rows, qw, be->st));
         if (L.bk.d) CK(cud_add_bias(be->k, (const float *)L.bk.d, rows, kw, be->st));
         if (L.bv.d) CK(cud_add_bias(be->v, (const float *)L.bv.d, rows, kw, be->st));
@@ -251,19 +285,24 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         a.part_ml = be->part_ml;
         a.scale = 1.0f / sqrtf((float)be->hd);
         CK(cud_paged_attention(&be->kv, l, &a, be->st));
-        if ((rc = matmul(be, L.wo, be->att, rows, be->tmp))) return rc;
+        if ((rc = prep_input(be, be->att, nullptr, rows, (int64_t)qw, nullptr, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.wo, xin, rows, be->tmp, qa))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
-        CK(cud_rmsnorm(be->x, (const float *)L.ffn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
-        if ((rc = matmul(be, L.w_gate, be->xn, rows, be->g))) return rc;
-        if ((rc = matmul(be, L.w_up, be->xn, rows, be->u))) return rc;
+        if ((rc = prep_input(be, be->x, (const float *)L.ffn_norm.d, rows, be->n_embd, be->xn, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.w_gate, xin, rows, be->g, qa))) return rc;
+        if ((rc = matmul(be, L.w_up, xin, rows, be->u, qa))) return rc;
         CK(cud_swiglu(be->g, be->u, (int64_t)rows * be->n_ff, be->st));
-        if ((rc = matmul(be, L.w_down, be->g, rows, be->tmp))) return rc;
+        if ((rc = prep_input(be, be->g, nullptr, rows, be->n_ff, nullptr, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.w_down, xin, rows, be->tmp, qa))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
     }
     if (n_out == 0) return KVS_OK; // no row wants logits (a prefill chunk)
     CK(cud_gather_rows(be->x, be->n_embd, be->d_out, n_out, be->xo, be->st));
-    CK(cud_rmsnorm(be->xo, (const float *)be->output_norm.d, be->xo, n_out, be->n_embd, be->rms_eps, be->st));
-    return matmul(be, be->output, be->xo, n_out, be->logits);
+    const float *xin;
+    bool qa;
+    int rc = prep_input(be, be->xo, (const float *)be->output_norm.d, n_out, be->n_embd, be->xo, &xin, &qa);
+    if (rc) return rc;
+    return matmul(be, be->output, xin, n_out, be->logits, qa);
 }
 
 void drop_graphs(cud_backend *be) {
@@ -350,7 +389,8 @@ extern "C" void cud_backend_free(cud_backend *be) {
                     (void *)be->w16, (void *)be->x16, be->blas_ws, (void *)be->part_acc, (void *)be->part_ml,
                     (void *)be->d_token, (void *)be->d_pos, (void *)be->d_seq, (void *)be->d_slot,
                     (void *)be->d_out, (void *)be->d_tables, (void *)be->inv_freq, (void *)be->cs,
-                    (void *)be->rot_cs, (void *)be->rot_slots})
+                    (void *)be->rot_cs, (void *)be->rot_slots, (void *)be->act.xf, (void *)be->act.q8,
+                    (void *)be->act.d8, (void *)be->act.qk, (void *)be->act.dk, (void *)be->act.bk})
         fr(p);
     if (be->h_meta) cudaFreeHost(be->h_meta);
     cud_tables_free(&be->host_tables);
@@ -468,6 +508,17 @@ static int alloc_activations(const cud_model_desc *m, const cud_params *p, cud_b
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
+    const char *mmv_env = getenv("KVSERVE_CUDA_MMV");
+    be->mmv = !(mmv_env && strcmp(mmv_env, "old") == 0);
+    if (be->mmv) {
+        const size_t A = (size_t)MATVEC_MAX_ROWS * widest;
+        if ((rc = dalloc(&be->act.xf, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.q8, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.qk, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.d8, A / 32 + 1, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.dk, A / 256 + 1, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.bk, A / 16 + 1, err, err_len, "quantized activations"))) return rc;
+    }
     return KVS_OK;
 }
 

@@ -146,14 +146,37 @@ Test(cuda_engine, logits_stories_match_cpu, .timeout = 600) { check_logits("stor
 
 /* ---- device selection (runs on every machine) and GPU-vs-CPU differential scripts ----------------------- */
 
+/* The kvserve executable: $KVSERVE_BIN when set, else `kvserve` next to this test binary (where the build puts
+ * it, and where a copied kit keeps it), else the build folder this test was compiled in. */
+static void kvserve_path(char *out, size_t len) {
+    const char *env = getenv("KVSERVE_BIN");
+    if (env && env[0]) {
+        snprintf(out, len, "%s", env);
+        return;
+    }
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            int w = snprintf(out, len, "%s/kvserve", self);
+            if (w > 0 && (size_t)w < len && access(out, X_OK) == 0) return;
+        }
+    }
+    snprintf(out, len, "%s", KVSERVE_BINARY);
+}
+
 /* Writes a random-weight model with `kvserve mkmodel ARGS` into a fresh temporary directory; *dir receives
  * the directory (removed by rm_model). */
 static void mk_model(const char *args, char *path, size_t len, char *dir, size_t dir_len) {
     snprintf(dir, dir_len, "/tmp/kvs-cudaeng-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, len, "%s/m.gguf", dir);
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' %s >/dev/null", KVSERVE_BINARY, path, args);
+    char cmd[4096], bin[1100];
+    kvserve_path(bin, sizeof bin);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' %s >/dev/null", bin, path, args);
     cr_assert_eq(system(cmd), 0, "%s failed", cmd);
 }
 
