@@ -223,16 +223,14 @@ template <> CUD_MMV_FN int mmv_wq4<CUD_Q4_0>(const uint8_t *b, int, int i) {
                      (int)((n >> 24) & 0xF) - 8);
 }
 template <> CUD_MMV_FN int mmv_wq4<CUD_Q5_0>(const uint8_t *b, int, int i) {
+    // as Q4_0, plus bit e of qh as the fifth bit of element e (elements 4i .. 4i + 3)
     const uint32_t qh = mmv_ld4(b + 2);
     const uint32_t w = mmv_ld4(b + 6 + 4 * (i & 3));
-    const int e0 = 4 * i; // element index of the first value
-    int v[4];
-    for (int c = 0; c < 4; c++) {
-        const int e = e0 + c;
-        const int lo = i < 4 ? (int)((w >> (8 * c)) & 0xF) : (int)((w >> (8 * c + 4)) & 0xF);
-        v[c] = (lo | (int)(((qh >> e) & 1u) << 4)) - 16;
-    }
-    return mmv_pack4(v[0], v[1], v[2], v[3]);
+    const uint32_t n = i < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
+    const uint32_t hb = (qh >> (4 * i)) & 0xFu;
+    const uint32_t q = n | ((hb & 1u) << 4) | ((hb & 2u) << 11) | ((hb & 4u) << 18) | ((hb & 8u) << 25);
+    return mmv_pack4((int)(q & 0xFF) - 16, (int)((q >> 8) & 0xFF) - 16, (int)((q >> 16) & 0xFF) - 16,
+                     (int)((q >> 24) & 0xFF) - 16);
 }
 template <> CUD_MMV_FN int mmv_wq4<CUD_Q4_K>(const uint8_t *b, int sub, int i) {
     const uint32_t w = mmv_ld4(b + 16 + 32 * (sub / 2) + 4 * i);
