@@ -790,6 +790,47 @@ extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, in
     return KVS_OK;
 }
 
+extern "C" int cud_measure_bandwidth(int32_t device, double *bytes_per_s) {
+    if (!bytes_per_s) return KVS_ERR_INVALID;
+    *bytes_per_s = 0;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+        cudaGetLastError();
+        return KVS_ERR_UNSUPPORTED;
+    }
+    CK(cudaSetDevice(device));
+    size_t fr = 0, tot = 0;
+    CK(cudaMemGetInfo(&fr, &tot));
+    size_t bytes = (size_t)1 << 30;
+    if (bytes > fr / 4) bytes = fr / 4 / 256 * 256;
+    if (bytes < ((size_t)1 << 20)) return KVS_ERR_NOMEM;
+    void *a = nullptr, *b = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    float best_ms = 0.f;
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    for (int round = 0; round < 6 && e == cudaSuccess; round++) { // round 0 warms up
+        e = cudaEventRecord(e0, 0);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+        if (e == cudaSuccess) e = cudaEventRecord(e1, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        float ms = 0.f;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+        if (e == cudaSuccess && round > 0 && ms > 0.f && (best_ms == 0.f || ms < best_ms)) best_ms = ms;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    if (e != cudaSuccess) return report("cud_measure_bandwidth", e, __FILE__, __LINE__);
+    if (best_ms <= 0.f) return KVS_ERR_DEVICE;
+    *bytes_per_s = 2.0 * (double)bytes / ((double)best_ms * 1e-3);
+    return KVS_OK;
+}
+
 extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k,
                                    float *out) {
     if (!data || !out || rows < 1 || k < 1) return KVS_ERR_INVALID;

@@ -132,6 +132,12 @@ int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len
     return cud_available(name, name_len);
 }
 
+int cud_measure_bandwidth(int32_t device, double *bytes_per_s) {
+    (void)device;
+    if (bytes_per_s) *bytes_per_s = 0;
+    return KVS_ERR_UNSUPPORTED;
+}
+
 int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,
                        size_t *kv_budget_bytes, char *err, size_t err_len) {
     (void)model; (void)params;

@@ -9,7 +9,7 @@
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...,
  *    "huge_pages_after_load_bytes":...,
- *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (the last three on the CPU only)
+ *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (GPU: bandwidth of a device-to-device copy)
  * Also (both outputs) the read bandwidth of the machine: the best of BW_ROUNDS rounds in which the context's threads
  * each sum their part of a BW_BYTES buffer (larger than the caches), "read_gb_s"; the matrix bytes one decode step of
  * one sequence reads, "decode_bytes_per_token" (eng_model_decode_bytes: packed sizes); and their quotient
@@ -304,8 +304,10 @@ int kvs_cmd_bench(int argc, char **argv) {
     }
     /* after the timed runs (its buffer is not in the RSS figures); CPU contexts only */
     const bool on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
-    const double bw = on_gpu ? 0 : read_bandwidth(eng_ctx_n_threads(ctx));
-    const double dbytes = on_gpu ? 0 : (double)eng_model_decode_bytes(model);
+    double bw = 0; /* GPU: a device-to-device copy's bytes moved per second (cud_measure_bandwidth) */
+    if (!on_gpu) bw = read_bandwidth(eng_ctx_n_threads(ctx));
+    else if (cud_measure_bandwidth(0, &bw) != 0) bw = 0;
+    const double dbytes = (double)eng_model_decode_bytes(model);
 
     if (json) {
         cJSON *o = cJSON_CreateObject();
