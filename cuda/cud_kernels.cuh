@@ -91,6 +91,18 @@ typedef struct cud_attn_args {
 // sequences (causality from pos: the chunk's earlier rows are already in the cache).
 cudaError_t cud_paged_attention(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st);
 
+// ---- split-KV decode attention (cud_attn.cuh) ----
+// Whether cud_attn_split takes the shape: n_head / n_kv_head <= 8 query heads per KV head, a K/V row of a
+// power-of-two count of 16-byte words (head_dim 8, 16, ..., 256 in an f16 cache; 4, ..., 256 in f32).
+bool cud_attn_split_supported(int32_t n_head, int32_t n_kv_head, int32_t head_dim, bool f16);
+// The `partitions` to pass for rows whose contexts (pos + 1) are at most max_ctx (<= 32).
+int cud_attn_split_grid(int32_t max_ctx);
+// The same attention as cud_paged_attention, one block per (split, KV head, row) with the query heads of a
+// GQA group sharing every K/V word read. A row's splits depend on its own context only (attn_n_split), never
+// on the batch. a->partitions: cud_attn_split_grid of the longest context; part_acc [rows][n_head][32][hd]
+// and part_ml [rows][n_head][32][2] (the split stride is always 32) when it is > 1. partition_tokens unused.
+cudaError_t cud_attn_split(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st);
+
 // ---- decode products (m <= 8 activation rows; see cud_mmv.cuh) ----
 // Quantized activation rows (device buffers of at least m rows): f32 copy, Q8_0 and Q8_K forms.
 typedef struct cud_act_bufs {
