@@ -58,6 +58,7 @@ struct graph_entry {
 
 constexpr int MAX_GRAPHS = 32;
 constexpr int MATVEC_MAX_ROWS = 8; // batches up to this many rows use the quantized matvec kernels
+constexpr int SPLIT_MAX_ROWS = 64;  // batches up to this many rows use the split-KV attention
 
 } // namespace
 
@@ -97,12 +98,23 @@ struct cud_backend {
     void *blas_ws = nullptr; // cuBLAS workspace (fixed, so cuBLAS calls can be captured into graphs)
     float *part_acc = nullptr, *part_ml = nullptr;
     size_t part_cap = 0;     // floats in part_acc (part_ml holds part_cap / hd * 2)
+    // split-KV decode attention (cud_attn_split): on unless KVSERVE_CUDA_ATTN=old, for batches of at most
+    // split_rows rows when the shape is supported
+    bool attn_split_env = true; // KVSERVE_CUDA_ATTN is not "old"
+    bool attn_split = false;    // ... and the model's heads and the pool's type are supported
+    int32_t split_rows = 0;
+    float *sp_acc = nullptr; // [split_rows][n_head][32][hd] unnormalized outputs of the splits
+    float *sp_ml = nullptr;  // [split_rows][n_head][32][2]  their (max, sum)
     // batch metadata on the device
     int32_t *d_token = nullptr, *d_pos = nullptr, *d_seq = nullptr, *d_slot = nullptr, *d_out = nullptr;
     int32_t *d_tables = nullptr;
     size_t tables_cap = 0;
     cud_tables host_tables{};
     int32_t *h_meta = nullptr; // pinned staging [5][T]
+    int32_t *h_tables = nullptr; // pinned staging of the block tables [h_tables_cap]
+    size_t h_tables_cap = 0;
+    float *h_logits = nullptr;   // pinned staging of the logits rows copied back [h_logits_rows][n_vocab]
+    int32_t h_logits_rows = 0;
     // decode products (cud_mmv.cuh): on unless KVSERVE_CUDA_MMV=old
     bool mmv = true;
     cud_act_bufs act{};      // [MATVEC_MAX_ROWS][widest] quantized activations of the current product input
@@ -247,7 +259,9 @@ int prep_input(cud_backend *be, const float *x, const float *norm_w, int32_t m, 
 }
 
 // Everything after the metadata upload: runs on be->st, capturable into a graph.
-int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo) {
+// split_grid: cud_attn_split_grid of the longest context (the split-KV attention's grid).
+int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo,
+               int32_t split_grid) {
     const int32_t qw = be->n_head * be->hd, kw = be->n_head_kv * be->hd;
     CK(cud_get_rows(be->tok_embd.type, be->tok_embd.d, be->n_embd, be->d_token, rows, be->x, be->st));
     CK(cud_rope_cs(be->d_pos, be->inv_freq, rows, be->rope.n_rot, be->cs, be->st));
@@ -284,7 +298,15 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         a.part_acc = be->part_acc;
         a.part_ml = be->part_ml;
         a.scale = 1.0f / sqrtf((float)be->hd);
-        CK(cud_paged_attention(&be->kv, l, &a, be->st));
+        if (be->attn_split && rows <= be->split_rows) {
+            a.partitions = split_grid;
+            a.partition_tokens = 0;
+            a.part_acc = be->sp_acc;
+            a.part_ml = be->sp_ml;
+            CK(cud_attn_split(&be->kv, l, &a, be->st));
+        } else {
+            CK(cud_paged_attention(&be->kv, l, &a, be->st));
+        }
         if ((rc = prep_input(be, be->att, nullptr, rows, (int64_t)qw, nullptr, &xin, &qa))) return rc;
         if ((rc = matmul(be, L.wo, xin, rows, be->tmp, qa))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
@@ -390,9 +412,11 @@ extern "C" void cud_backend_free(cud_backend *be) {
                     (void *)be->d_token, (void *)be->d_pos, (void *)be->d_seq, (void *)be->d_slot,
                     (void *)be->d_out, (void *)be->d_tables, (void *)be->inv_freq, (void *)be->cs,
                     (void *)be->rot_cs, (void *)be->rot_slots, (void *)be->act.xf, (void *)be->act.q8,
-                    (void *)be->act.d8, (void *)be->act.qk, (void *)be->act.dk, (void *)be->act.bk})
+                    (void *)be->act.d8, (void *)be->act.qk, (void *)be->act.dk, (void *)be->act.bk,
+                    (void *)be->sp_acc, (void *)be->sp_ml})
         fr(p);
-    if (be->h_meta) cudaFreeHost(be->h_meta);
+    for (void *p : {(void *)be->h_meta, (void *)be->h_tables, (void *)be->h_logits})
+        if (p) cudaFreeHost(p);
     cud_tables_free(&be->host_tables);
     if (be->blas) cublasDestroy(be->blas);
     if (be->st) cudaStreamDestroy(be->st);
@@ -581,16 +605,36 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     if ((rc = dalloc(&be->part_acc, be->part_cap, err, err_len, "attention partitions"))) return rc;
     if ((rc = dalloc(&be->part_ml, be->part_cap / (size_t)m->head_dim * 2, err, err_len, "attention partitions")))
         return rc;
-    // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
+    // Split-KV decode attention (KVSERVE_CUDA_ATTN=old: the old kernel for every batch): batches of up to
+    // SPLIT_MAX_ROWS rows, partial results with a fixed stride of ATTN_MAX_SPLITS (32) splits per head.
     {
-        size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
+        const char *attn_env = getenv("KVSERVE_CUDA_ATTN");
+        be->attn_split_env = !(attn_env && strcmp(attn_env, "old") == 0);
+        be->attn_split = be->attn_split_env && cud_attn_split_supported(m->n_head, m->n_head_kv, m->head_dim,
+                                                                        p->kv_dtype == KVC_DTYPE_F16);
+        if (be->attn_split) {
+            be->split_rows = p->max_batch_tokens < SPLIT_MAX_ROWS ? p->max_batch_tokens : SPLIT_MAX_ROWS;
+            const size_t n = (size_t)be->split_rows * (size_t)m->n_head * 32;
+            if ((rc = dalloc(&be->sp_acc, n * (size_t)m->head_dim, err, err_len, "attention splits"))) return rc;
+            if ((rc = dalloc(&be->sp_ml, n * 2, err, err_len, "attention splits"))) return rc;
+        }
+    }
+    // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
+    const size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
+    {
         size_t stride = (size_t)round_pow2(p->max_blocks_per_seq > 0 ? p->max_blocks_per_seq : 1);
         be->tables_cap = seqs * stride;
         if ((rc = dalloc(&be->d_tables, be->tables_cap, err, err_len, "block tables"))) return rc;
     }
     for (int32_t **d : {&be->d_token, &be->d_pos, &be->d_seq, &be->d_slot, &be->d_out})
         if ((rc = dalloc(d, T, err, err_len, "batch metadata"))) return rc;
-    CK(cudaMallocHost((void **)&be->h_meta, 5 * T * sizeof(int32_t)));
+    // Pinned staging of everything a step copies (stream-ordered copies, no staging through pageable memory):
+    // the metadata, the block tables and the logits rows of up to max_seqs sequences (grown on demand).
+    CK(cudaHostAlloc((void **)&be->h_meta, 5 * T * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&be->h_tables, be->tables_cap * sizeof(int32_t), cudaHostAllocDefault));
+    be->h_tables_cap = be->tables_cap;
+    CK(cudaHostAlloc((void **)&be->h_logits, seqs * (size_t)m->n_vocab * sizeof(float), cudaHostAllocDefault));
+    be->h_logits_rows = (int32_t)seqs;
     be->alloc.alloc = kv_alloc;
     be->alloc.copy = kv_copy;
     be->alloc.free = kv_free;
@@ -648,6 +692,10 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     be->kv.n_kv_head = l->n_kv_head;
     be->kv.head_dim = l->head_dim;
     be->kv.f16 = l->dtype == KVC_DTYPE_F16;
+    if (be->attn_split && !cud_attn_split_supported(be->n_head, be->n_head_kv, be->hd, be->kv.f16)) {
+        drop_graphs(be);
+        be->attn_split = false;
+    }
     be->kv_set = true;
     return KVS_OK;
 }
@@ -661,6 +709,14 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if (rc) return rc;
     for (int32_t i = 0; i < b->n; i++)
         if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return KVS_ERR_INVALID;
+    if (b->n_out > be->h_logits_rows) { // more logits rows than max_seqs (a prefill asking for every row)
+        if (be->h_logits) CK(cudaFreeHost(be->h_logits));
+        be->h_logits = nullptr;
+        be->h_logits_rows = 0;
+        CK(cudaHostAlloc((void **)&be->h_logits, (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float),
+                         cudaHostAllocDefault));
+        be->h_logits_rows = b->n_out;
+    }
 
     cud_graph_key key{};
     const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
@@ -692,15 +748,22 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         // Graphs captured against the old table buffer are stale.
         drop_graphs(be);
     }
-    if (stride == be->host_tables.stride) {
-        CK(cudaMemcpyAsync(be->d_tables, be->host_tables.tables, tables_need * sizeof(int32_t),
-                           cudaMemcpyHostToDevice, be->st));
-    } else {
-        CK(cudaMemcpy2DAsync(be->d_tables, (size_t)stride * sizeof(int32_t), be->host_tables.tables,
-                             (size_t)be->host_tables.stride * sizeof(int32_t),
-                             (size_t)be->host_tables.stride * sizeof(int32_t), (size_t)be->host_tables.n_seqs,
-                             cudaMemcpyHostToDevice, be->st));
+    if (tables_need > be->h_tables_cap) { // beyond the sizes planned at creation only
+        if (be->h_tables) CK(cudaFreeHost(be->h_tables));
+        be->h_tables = nullptr;
+        be->h_tables_cap = 0;
+        CK(cudaHostAlloc((void **)&be->h_tables, tables_need * 2 * sizeof(int32_t), cudaHostAllocDefault));
+        be->h_tables_cap = tables_need * 2;
     }
+    // The tables at the step's stride (the graph bucket's may be wider: -1 past each sequence's blocks).
+    // The previous step's copies have completed (it ended with a stream synchronization).
+    for (int32_t sq = 0; sq < be->host_tables.n_seqs; sq++) {
+        const int32_t *src = be->host_tables.tables + (size_t)sq * be->host_tables.stride;
+        int32_t *row = be->h_tables + (size_t)sq * stride;
+        memcpy(row, src, (size_t)be->host_tables.stride * sizeof(int32_t));
+        for (int32_t k = be->host_tables.stride; k < stride; k++) row[k] = -1;
+    }
+    CK(cudaMemcpyAsync(be->d_tables, be->h_tables, tables_need * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
     int32_t *dst[5] = {be->d_token, be->d_pos, be->d_seq, be->d_slot, be->d_out};
     for (int f = 0; f < 5; f++)
         CK(cudaMemcpyAsync(dst[f], h + f * T, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
@@ -712,9 +775,10 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     cud_attn_geometry geo;
     if ((rc = cud_attn_plan(rows, be->n_head, be->hd, be->kv.block_size, max_ctx, be->n_sm, &geo))) return rc;
     if ((rc = ensure_partitions(be, rows, geo))) return rc;
+    const int32_t split_grid = cud_attn_split_grid(max_ctx);
 
     if (!graph) {
-        if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+        if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
     } else {
         // A shape runs eagerly the first time (module loading, cuBLAS setup happen outside any capture), is
         // captured the second time, and replays from then on.
@@ -722,7 +786,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         for (int i = 0; i < be->n_graphs; i++)
             if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
         if (gi < 0) {
-            if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+            if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
             if (be->n_graphs == MAX_GRAPHS) {
                 if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
                 memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
@@ -735,7 +799,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
                 cudaGraph_t g = nullptr;
                 cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
                 if (ce == cudaSuccess) {
-                    rc = run_layers(be, rows, n_out, stride, geo);
+                    rc = run_layers(be, rows, n_out, stride, geo, split_grid);
                     ce = cudaStreamEndCapture(be->st, &g);
                 }
                 if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
@@ -748,7 +812,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
                     if (exec) cudaGraphExecDestroy(exec);
                     drop_graphs(be);
                     be->p.use_graphs = false;
-                    if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+                    if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
                     exec = nullptr;
                 } else {
                     be->graphs[gi].exec = exec;
@@ -757,10 +821,12 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
             if (exec) CK(cudaGraphLaunch(exec, be->st));
         }
     }
-    if (b->n_out > 0)
-        CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float),
-                           cudaMemcpyDeviceToHost, be->st));
+    // Only the rows the caller asked for (gathered into the first n_out rows), through pinned memory; the
+    // step's one synchronization is the stream's, below.
+    const size_t out_bytes = (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float);
+    if (b->n_out > 0) CK(cudaMemcpyAsync(be->h_logits, be->logits, out_bytes, cudaMemcpyDeviceToHost, be->st));
     CK(cudaStreamSynchronize(be->st));
+    if (b->n_out > 0) memcpy(logits, be->h_logits, out_bytes);
     return KVS_OK;
 }
 
