@@ -12,6 +12,7 @@
  *    longest context of the batch) it ran in. */
 #include <criterion/criterion.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
