@@ -9,7 +9,7 @@
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...,
  *    "huge_pages_after_load_bytes":...,
- *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (the last three on the CPU only)
+ *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (GPU: bandwidth of a device-to-device copy)
  * Also (both outputs) the read bandwidth of the machine: the best of BW_ROUNDS rounds in which the context's threads
  * each sum their part of a BW_BYTES buffer (larger than the caches), "read_gb_s"; the matrix bytes one decode step of
  * one sequence reads, "decode_bytes_per_token" (eng_model_decode_bytes: packed sizes); and their quotient
@@ -294,7 +294,8 @@ static void print_table(const bench_opts *o, const bench_result *r) {
 }
 
 /* The timed runs on a created context: the prefill (after a warm-up), then each -b entry; then the read
- * bandwidth (CPU contexts only, after the timed runs: its buffer is not in the RSS figures). 0, or -1 (printed). */
+ * bandwidth (the CPU's read loop, or the GPU's device-to-device copy; after the timed runs: its buffer is not in
+ * the RSS figures). 0, or -1 (printed). */
 static int run_all(const bench_opts *o, const eng_model *model, eng_ctx *ctx, int32_t max_batch, bench_result *r) {
     const eng_hparams *hp = eng_model_hparams(model);
     size_t mb = (size_t)max_batch;
@@ -312,8 +313,10 @@ static int run_all(const bench_opts *o, const eng_model *model, eng_ctx *ctx, in
         r->dec[i] = (double)o->b.v[i] * (double)o->n / t;
     }
     r->on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
-    r->bw = r->on_gpu ? 0 : read_bandwidth(eng_ctx_n_threads(ctx));
-    r->dbytes = r->on_gpu ? 0 : (double)eng_model_decode_bytes(model);
+    /* GPU: the bytes per second of a device-to-device copy (cud_measure_bandwidth) */
+    if (!r->on_gpu) r->bw = read_bandwidth(eng_ctx_n_threads(ctx));
+    else if (cud_measure_bandwidth(0, &r->bw) != 0) r->bw = 0;
+    r->dbytes = (double)eng_model_decode_bytes(model);
     rc = 0;
 done:
     free(tok);
