@@ -291,7 +291,7 @@ int fattn_check(std::mt19937 &rng, int hd, int G, int bs, int32_t prefix, int32_
             for (int d = 0; d < hd; d++) {
                 const double got = out[((size_t)r * n_head + h) * hd + d], err = fabs(got - ref[d]);
                 if (err > *worst) *worst = err;
-                if (!(err <= 4e-3)) {
+                if (!(err <= 2e-3)) {
                     snprintf(msg, msg_len, "k_fattn hd %d G %d block %d prefix %d rows %d: row %d head %d dim %d: "
                              "GPU %.6g, reference %.6g", hd, G, bs, prefix, n, r, h, d, got, ref[d]);
                     return KVS_ERR_DEVICE;
