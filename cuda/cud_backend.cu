@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cuda/cud_fattn.h"
 #include "cuda/cud_kernels.cuh"
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
@@ -105,6 +106,12 @@ struct cud_backend {
     int32_t split_rows = 0;
     float *sp_acc = nullptr; // [split_rows][n_head][32][hd] unnormalized outputs of the splits
     float *sp_ml = nullptr;  // [split_rows][n_head][32][2]  their (max, sum)
+    // tensor-core prefill attention (cud_fattn): on unless KVSERVE_CUDA_FATTN=old, for ungraphed batches with a
+    // run of at least two consecutive positions of one sequence (a prompt chunk), when the shape is supported
+    bool fattn = false;
+    int32_t *d_fa_tiles = nullptr; // [max_batch_tokens][2] the step's tiles (cud_fattn_plan)
+    int32_t *h_fa_tiles = nullptr; // pinned staging of the same
+    int32_t fa_n_tiles = 0;        // tiles of the current step; 0: the step does not use cud_fattn
     // batch metadata on the device
     int32_t *d_token = nullptr, *d_pos = nullptr, *d_seq = nullptr, *d_slot = nullptr, *d_out = nullptr;
     int32_t *d_tables = nullptr;
@@ -298,7 +305,11 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         a.part_acc = be->part_acc;
         a.part_ml = be->part_ml;
         a.scale = 1.0f / sqrtf((float)be->hd);
-        if (be->attn_split && rows <= be->split_rows) {
+        if (be->fa_n_tiles > 0) {
+            const cud_fattn_args fa{be->q, be->att, be->d_pos, be->d_seq, be->d_tables, stride, be->d_fa_tiles,
+                                    be->fa_n_tiles, be->n_head, be->n_head_kv, be->hd, a.scale};
+            CK(cud_fattn(&be->kv, l, &fa, be->st));
+        } else if (be->attn_split && rows <= be->split_rows) {
             a.partitions = split_grid;
             a.partition_tokens = 0;
             a.part_acc = be->sp_acc;
@@ -413,8 +424,9 @@ extern "C" void cud_backend_free(cud_backend *be) {
                     (void *)be->d_out, (void *)be->d_tables, (void *)be->inv_freq, (void *)be->cs,
                     (void *)be->rot_cs, (void *)be->rot_slots, (void *)be->act.xf, (void *)be->act.q8,
                     (void *)be->act.d8, (void *)be->act.qk, (void *)be->act.dk, (void *)be->act.bk,
-                    (void *)be->sp_acc, (void *)be->sp_ml})
+                    (void *)be->sp_acc, (void *)be->sp_ml, (void *)be->d_fa_tiles})
         fr(p);
+    if (be->h_fa_tiles) cudaFreeHost(be->h_fa_tiles);
     for (void *p : {(void *)be->h_meta, (void *)be->h_tables, (void *)be->h_logits})
         if (p) cudaFreeHost(p);
     cud_tables_free(&be->host_tables);
@@ -619,6 +631,16 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
             if ((rc = dalloc(&be->sp_ml, n * 2, err, err_len, "attention splits"))) return rc;
         }
     }
+    // Tensor-core prefill attention (KVSERVE_CUDA_FATTN=old: the other kernels for prompt chunks too).
+    {
+        const char *fa_env = getenv("KVSERVE_CUDA_FATTN");
+        be->fattn = !(fa_env && strcmp(fa_env, "old") == 0) &&
+                    cud_fattn_supported(m->n_head, m->n_head_kv, m->head_dim, p->kv_dtype == KVC_DTYPE_F16);
+        if (be->fattn) {
+            if ((rc = dalloc(&be->d_fa_tiles, 2 * T, err, err_len, "attention tiles"))) return rc;
+            CK(cudaHostAlloc((void **)&be->h_fa_tiles, 2 * T * sizeof(int32_t), cudaHostAllocDefault));
+        }
+    }
     // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
     const size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
     {
@@ -696,6 +718,7 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
         drop_graphs(be);
         be->attn_split = false;
     }
+    if (be->fattn && !cud_fattn_supported(be->n_head, be->n_head_kv, be->hd, be->kv.f16)) be->fattn = false;
     be->kv_set = true;
     return KVS_OK;
 }
@@ -776,6 +799,18 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if ((rc = cud_attn_plan(rows, be->n_head, be->hd, be->kv.block_size, max_ctx, be->n_sm, &geo))) return rc;
     if ((rc = ensure_partitions(be, rows, geo))) return rc;
     const int32_t split_grid = cud_attn_split_grid(max_ctx);
+    // Prompt chunks (never captured: a batch with one is not graph-eligible) take the tensor-core attention.
+    be->fa_n_tiles = 0;
+    if (!graph && be->fattn) {
+        int32_t longest = 0;
+        const int32_t nt = cud_fattn_plan(b->pos, b->seq_index, b->n, be->n_head, be->n_head_kv, be->h_fa_tiles,
+                                          &longest);
+        if (longest >= 2) {
+            CK(cudaMemcpyAsync(be->d_fa_tiles, be->h_fa_tiles, (size_t)nt * 2 * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, be->st));
+            be->fa_n_tiles = nt;
+        }
+    }
 
     if (!graph) {
         if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;

@@ -4,9 +4,14 @@
 # the test binaries, lib/ with their shared libraries, shared/ with the test models and vocabularies); this
 # script may be copied into it. Every figure and log goes to OUT:
 #   run.log                 everything printed
-#   tests-{new,old,attn-old}.log  test_cuda_engine and test_reference on the GPU, CUDA graphs on, per kernel
-#                           path: new (the new decode products and the split-KV attention), old (both old:
-#                           KVSERVE_CUDA_MMV=old KVSERVE_CUDA_ATTN=old), attn-old (new products, old attention);
+#   fattn-selftest.log      test_cuda_fattn_gpu (when the kit has it: pack.sh with TESTS="test_cuda_engine
+#                           test_reference test_cuda_fattn_gpu"): mma.sync against its host emulation, k_fattn
+#                           against a softmax in double
+#   tests-{new,old,attn-old,fattn-old}.log  test_cuda_engine and test_reference on the GPU, CUDA graphs on, per
+#                           kernel path: new (the new decode products, the split-KV attention, the tensor-core
+#                           prefill attention), old (all old: KVSERVE_CUDA_MMV=old KVSERVE_CUDA_ATTN=old
+#                           KVSERVE_CUDA_FATTN=old), attn-old (new products, old decode attention), fattn-old
+#                           (everything new but the prefill attention);
 #                           graphs-off.log and graphs-off-attn-old.log once more without graphs
 #   gen-{cpu,cuda-new,cuda-old,cuda-attn-old}.txt   greedy stories260K text (must be identical)
 #   bench.jsonl             `kvserve bench --device cuda --json` per model and kernel path ("file", "path" fields);
@@ -22,12 +27,13 @@ status=0
 fail() { echo "!! FAILED: $*"; status=1; }
 t0=$(date +%s); step() { echo; echo "== [t+$(( $(date +%s) - t0 ))s] $*"; }
 # kernel paths: the environment each one runs with
-PATHS="new old attn-old"
+PATHS="new old attn-old fattn-old"
 path_env() {
     case $1 in
-        new) echo "KVSERVE_CUDA_MMV=new KVSERVE_CUDA_ATTN=new" ;;
-        old) echo "KVSERVE_CUDA_MMV=old KVSERVE_CUDA_ATTN=old" ;;
-        attn-old) echo "KVSERVE_CUDA_MMV=new KVSERVE_CUDA_ATTN=old" ;;
+        new) echo "KVSERVE_CUDA_MMV=new KVSERVE_CUDA_ATTN=new KVSERVE_CUDA_FATTN=new" ;;
+        old) echo "KVSERVE_CUDA_MMV=old KVSERVE_CUDA_ATTN=old KVSERVE_CUDA_FATTN=old" ;;
+        attn-old) echo "KVSERVE_CUDA_MMV=new KVSERVE_CUDA_ATTN=old KVSERVE_CUDA_FATTN=new" ;;
+        fattn-old) echo "KVSERVE_CUDA_MMV=new KVSERVE_CUDA_ATTN=new KVSERVE_CUDA_FATTN=old" ;;
     esac
 }
 
@@ -45,6 +51,12 @@ if [ -f "$M/synthetic/syn-llama-f16.gguf" ]; then
             "$B/kvserve" quantize "$M/synthetic/syn-llama-f16.gguf" "$M/synthetic/syn-llama-$lq.gguf" $q >/dev/null ||
             fail "quantize $q"
     done
+fi
+
+if [ -x "$B/test_cuda_fattn_gpu" ]; then
+    step "tensor-core attention self-test (mma.sync against the host emulation, k_fattn against the host)"
+    timeout 120 "$B/test_cuda_fattn_gpu" -j1 --verbose >"$OUT/fattn-selftest.log" 2>&1 || fail "test_cuda_fattn_gpu"
+    grep -E "^\[(FAIL|----|====)\]" "$OUT/fattn-selftest.log" | tail -5
 fi
 
 for path in $PATHS; do
@@ -96,10 +108,11 @@ for m in b1b-q4_k_m b1b-q8_0 b1b-f16 b135-q8_0; do
             --json | sed "s/^{/{\"file\":\"$m\",\"path\":\"$path\",/" | tee -a "$OUT/bench.jsonl" || fail "bench $m $path"
     done
 done
-# A long context, where the attention's KV reads weigh more: split-KV against the old attention.
+# A long context, where the attention's KV reads weigh more: split-KV against the old attention, and the
+# 4000-token prefill with the tensor-core attention (new) against the old kernel (fattn-old).
 for m in b1b-q4_k_m b135-q8_0; do
     [ -f "$W/$m.gguf" ] || continue
-    for path in new attn-old; do
+    for path in new attn-old fattn-old; do
         step "kvserve bench $m, 4000-token prompt ($path)"
         env $(path_env $path) timeout 180 "$B/kvserve" bench -m "$W/$m.gguf" --device cuda -p 4000 -n 64 -b 1,8,16 \
             --json | sed "s/^{/{\"file\":\"$m\",\"path\":\"$path\",\"ctx\":\"long\",/" | tee -a "$OUT/bench.jsonl" ||
