@@ -31,7 +31,7 @@
 #include "engine/runtime/forward_cuda.h"
 #include "engine/runtime/kv_pool.h"
 #include "common/common.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 #include "engine/kernels/ops.h"
 #include "engine/kernels/quant.h"
 #include "engine/kernels/quant_kpacked.h"

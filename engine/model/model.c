@@ -1,5 +1,5 @@
 /* model.c: loading a GGUF model (llama, qwen2, qwen3) into struct eng_model, with every tensor checked. */
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 #include "common/common.h"
 
 #include <errno.h>
