@@ -186,7 +186,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
         eng_batch pb = prompt_batch(tok, pos, seq, want, p, ids[i], (uint32_t)i + 1, n_vocab);
         int rc = eng_decode(ctx, &pb);
         if (rc != 0) {
-            fprintf(stderr, "kvserve bench: prefill of sequence %d failed: %s\n", i, eng_strerror(rc));
+            fprintf(stderr, "kvserve bench: prefill of sequence %d failed: %s\n", i, kvs_strerror(rc));
             goto out;
         }
     }

@@ -502,7 +502,7 @@ static int add_vocab_from(eng_gguf_writer *w, const char *path, int64_t *n_vocab
         const eng_gguf_kv *kv = eng_gguf_kv_at(g, i);
         if (kv->key.len > 10 && !memcmp(kv->key.ptr, "tokenizer.", 10)) rc = eng_gguf_add_kv_from(w, kv);
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: %s: cannot copy the tokenizer block: %s\n", path, eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: %s: cannot copy the tokenizer block: %s\n", path, kvs_strerror(rc));
     eng_gguf_close(g);
     return rc;
 }
@@ -543,7 +543,7 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
         const int64_t ne[2] = {ne0, ne1};
         rc = eng_gguf_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, data, nbytes);
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, kvs_strerror(rc));
     *total_bytes += nbytes;
     free(vals);
     free(data);
@@ -567,7 +567,7 @@ static int add_rope_factors(eng_gguf_writer *w, int64_t half, size_t *total_byte
                                  1, ne, f, (size_t)half * sizeof *f);
         *total_bytes += (size_t)half * sizeof *f;
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", kvs_strerror(rc));
     free(f);
     return rc;
 }
@@ -642,7 +642,7 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     }
     eng_gguf_writer_free(tw);
     if (rc && rc != ENG_ERR_IO && rc != ENG_ERR_FORMAT && rc != ENG_ERR_UNSUPPORTED)
-        fprintf(stderr, "kvserve mkmodel: cannot build the metadata: %s\n", eng_strerror(rc));
+        fprintf(stderr, "kvserve mkmodel: cannot build the metadata: %s\n", kvs_strerror(rc));
 
     const int64_t E = o.n_embd, Q = o.n_head * o.head_dim, KV = o.n_head_kv * o.head_dim, F = o.n_ff;
     size_t total = 0;

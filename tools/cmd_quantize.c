@@ -616,7 +616,7 @@ static int build_writer(const eng_gguf *g, const qz_plan *pl, eng_gguf_writer **
         if (is_split_key(kv->key)) continue;
         rc = eng_gguf_add_kv_from(w, kv);
         if (rc) snprintf(err, err_len, "%s: cannot copy key '%.*s': %s", eng_gguf_name(g), (int)kv->key.len,
-                         kv->key.ptr, eng_strerror(rc));
+                         kv->key.ptr, kvs_strerror(rc));
     }
     if (!rc) rc = eng_gguf_add_u32(w, "general.quantization_version", 2);
     if (!rc) rc = eng_gguf_add_u32(w, "general.file_type", pl->pol.ft->file_type);
@@ -626,7 +626,7 @@ static int build_writer(const eng_gguf *g, const qz_plan *pl, eng_gguf_writer **
         if (rc) snprintf(err, err_len, "%s: tensor '%s': cannot describe it as %s", eng_gguf_name(g), q->name,
                          eng_qtype_get(q->out_type) ? eng_qtype_get(q->out_type)->name : "?");
     }
-    if (rc && !err[0]) snprintf(err, err_len, "cannot build the header: %s", eng_strerror(rc));
+    if (rc && !err[0]) snprintf(err, err_len, "cannot build the header: %s", kvs_strerror(rc));
     if (rc) {
         eng_gguf_writer_free(w);
         return rc;
@@ -715,7 +715,7 @@ int kvs_cmd_quantize(int argc, char **argv) {
     if (!rc && (rc = eng_gguf_write_header(w, &hdr, &hdr_len)) != 0) snprintf(err, sizeof err, "out of memory");
     int threads = a.threads > 0 ? (int)a.threads : eng_cpu_count();
     if (!rc && (rc = eng_pool_create(threads, &pool)) != 0)
-        snprintf(err, sizeof err, "cannot start %d threads: %s", threads, eng_strerror(rc));
+        snprintf(err, sizeof err, "cannot start %d threads: %s", threads, kvs_strerror(rc));
     if (!rc) {
         rc = out_open(&o, a.out, err, sizeof err);
         opened = rc == 0;
@@ -742,7 +742,7 @@ int kvs_cmd_quantize(int argc, char **argv) {
         int crc = out_close(&o, rc == 0, a.out, err, sizeof err);
         if (!rc) rc = crc;
     }
-    if (rc) fprintf(stderr, "kvserve quantize: %s\n", err[0] ? err : eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve quantize: %s\n", err[0] ? err : kvs_strerror(rc));
     else {
         double dt = kvs_now_s() - t0;
         if (pl.pol.n_fallback)
