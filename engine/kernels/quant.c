@@ -763,8 +763,7 @@ const char *eng_simd_name(eng_simd_level l) {
     return "unknown";
 }
 
-/* type's kernels at level l (the scalar ones are the table's). */
-static const eng_qkernels *kernels_at(eng_simd_level l, uint32_t type) {
+const eng_qkernels *eng_qkernels_at(eng_simd_level l, uint32_t type) {
     return l >= ENG_SIMD_AVX512 ? &eng_qlevel_avx512.k[type]
            : l >= ENG_SIMD_AVX2 ? &eng_qlevel_avx2.k[type]
                                 : &k_types[type].scalar;
@@ -799,7 +798,7 @@ int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float
     int rc = row_args(type, src, dst, n, &nb);
     if (rc) return rc;
     for (int lv = n > 0 ? (int)l : ENG_SIMD_SCALAR; lv >= ENG_SIMD_SCALAR; lv--) {
-        eng_deq_fn f = kernels_at((eng_simd_level)lv, type)->dequantize;
+        eng_deq_fn f = eng_qkernels_at((eng_simd_level)lv, type)->dequantize;
         if (f) {
             f(src, dst, nb);
             return ENG_OK;
@@ -817,7 +816,7 @@ int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *
     int rc = row_args(type, src, dst, n, &nb);
     if (rc) return rc;
     for (int lv = n > 0 ? (int)l : ENG_SIMD_SCALAR; lv >= ENG_SIMD_SCALAR; lv--) {
-        eng_quant_fn f = kernels_at((eng_simd_level)lv, type)->quantize;
+        eng_quant_fn f = eng_qkernels_at((eng_simd_level)lv, type)->quantize;
         if (f) {
             f(src, dst, nb);
             return ENG_OK;
@@ -831,7 +830,7 @@ int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *
 static const eng_qkernels *dot_kernels(eng_simd_level l, uint32_t wtype, eng_simd_level *at) {
     if (!eng_qtraits_get(wtype)) return NULL;
     for (int lv = (int)l; lv >= ENG_SIMD_SCALAR; lv--) {
-        const eng_qkernels *k = kernels_at((eng_simd_level)lv, wtype);
+        const eng_qkernels *k = eng_qkernels_at((eng_simd_level)lv, wtype);
         if (k->tiles || k->vec_dot) {
             *at = (eng_simd_level)lv;
             return k;

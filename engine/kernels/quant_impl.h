@@ -88,12 +88,19 @@ typedef float (*eng_dot_fn)(int64_t nb, const void *w_row, const void *x_row);
 typedef void (*eng_tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
                             int64_t ldy);
 
+/* eng_gemm_wpacked's kernel over a packed matrix (quant_kpacked.h) for rows [jb, je) (already clipped to
+ * n_out); returns false when it does not handle the type. */
+typedef bool (*eng_packed_gemm_fn)(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m,
+                                   float *y, int64_t ldy, int64_t jb, int64_t je);
+
 /* A type's kernels at one level (NULL: none at this level). */
 typedef struct eng_qkernels {
     eng_deq_fn dequantize;         /* the same bits as the scalar one */
     eng_quant_fn quantize;         /* activations: the same bytes as the scalar one */
     eng_dot_fn vec_dot;
     const eng_tile_fn (*tiles)[4]; /* [RM - 1][RN - 1] for RM <= tile_m, RN <= tile_n: eng_gemm uses tiles */
+    eng_packed_gemm_fn packed_gemm; /* the packed layout of Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (quant_kpacked*.c); NULL at
+                                     * the scalar level: eng_gemm_wpacked then runs quant_kpacked.c's reference */
 } eng_qkernels;
 
 /* One SIMD level's kernels (quant_avx2.c, quant_avx512.c; all NULL on other architectures). */
@@ -120,6 +127,15 @@ typedef struct eng_qtraits {
 
 /* The table's row of type, or NULL for an unknown id. */
 const eng_qtraits *eng_qtraits_get(uint32_t type);
+/* The kernels of a known type (eng_qtraits_get not NULL) at level l: the level's table, the scalar ones in
+ * quant.c's. */
+const eng_qkernels *eng_qkernels_at(eng_simd_level l, uint32_t type);
+
+/* The packed kernels of quant_kpacked_avx2.c and quant_kpacked_avx512.c (x86 only; see eng_packed_gemm_fn). */
+bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                        int64_t ldy, int64_t jb, int64_t je);
+bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                      int64_t ldy, int64_t jb, int64_t je);
 
 /* The weight quantizers of quantize.c with their own rounding rules (the others are the scalar quantize). */
 void eng_weights_q8_0(const float *x, void *dst, int64_t nb);
