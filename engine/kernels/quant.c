@@ -779,24 +779,20 @@ static eng_simd_level row_level(void) {
     return ENG_SIMD_SCALAR;
 }
 
-/* The kernels at the best level <= l (the scalar level when n is 0) that convert a row of type to float
- * (to_float) or from float, after the checks both row conversions make: a known type, n a whole number of
- * blocks, buffers when n > 0. Returns them with the block count in *nb, or NULL with the error in *rc. */
-static const eng_qkernels *row_kernels(eng_simd_level l, uint32_t type, bool to_float, const void *src,
-                                       const void *dst, int64_t n, int64_t *nb, int *rc) {
+/* The checks both row conversions make (a known type, n a whole number of blocks, buffers when n > 0), then the
+ * kernels at the best level <= l (the scalar level when n is 0) that convert a row of type to float (to_float)
+ * or from float, into *k with the block count in *nb. Returns 0, ENG_ERR_INVALID or ENG_ERR_UNSUPPORTED. */
+static int row_kernels(eng_simd_level l, uint32_t type, bool to_float, const void *src, const void *dst, int64_t n,
+                       const eng_qkernels **k, int64_t *nb) {
     const eng_qtype_info *t = eng_qtype_get(type);
-    *rc = ENG_ERR_UNSUPPORTED; /* an unknown type, or no kernel */
-    if (!t) return NULL;
-    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) {
-        *rc = ENG_ERR_INVALID;
-        return NULL;
-    }
+    if (!t) return ENG_ERR_UNSUPPORTED;
+    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
     *nb = n / t->block_elems;
     for (int lv = n > 0 ? (int)l : ENG_SIMD_SCALAR; lv >= ENG_SIMD_SCALAR; lv--) {
-        const eng_qkernels *k = eng_qkernels_at((eng_simd_level)lv, type);
-        if (to_float ? k->dequantize != NULL : k->quantize != NULL) return k;
+        *k = eng_qkernels_at((eng_simd_level)lv, type);
+        if (to_float ? (*k)->dequantize != NULL : (*k)->quantize != NULL) return ENG_OK;
     }
-    return NULL;
+    return ENG_ERR_UNSUPPORTED;
 }
 
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
@@ -804,12 +800,11 @@ int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
 }
 
 int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
+    const eng_qkernels *k;
     int64_t nb;
-    int rc;
-    const eng_qkernels *k = row_kernels(l, type, true, src, dst, n, &nb, &rc);
-    if (!k) return rc;
-    k->dequantize(src, dst, nb);
-    return ENG_OK;
+    int rc = row_kernels(l, type, true, src, dst, n, &k, &nb);
+    if (rc == ENG_OK) k->dequantize(src, dst, nb);
+    return rc;
 }
 
 int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
@@ -817,12 +812,11 @@ int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
 }
 
 int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {
+    const eng_qkernels *k;
     int64_t nb;
-    int rc;
-    const eng_qkernels *k = row_kernels(l, type, false, src, dst, n, &nb, &rc);
-    if (!k) return rc;
-    k->quantize(src, dst, nb);
-    return ENG_OK;
+    int rc = row_kernels(l, type, false, src, dst, n, &k, &nb);
+    if (rc == ENG_OK) k->quantize(src, dst, nb);
+    return rc;
 }
 
 /* The best kernels at or below level l that multiply wtype's rows (tiles or vec_dot), with their level in
