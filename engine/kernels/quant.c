@@ -697,41 +697,42 @@ static float dot_q8_K(int64_t nb, const void *wv, const void *xv) {
 
 /* ---- the per-type table (quant_impl.h) ----------------------------------------------------------------------- */
 #define F16_AT(o) {ENG_QF_F16, o}
+#define SCALAR(deq, quant, dot) {.dequantize = deq, .quantize = quant, .vec_dot = dot}
 #define NO_FIELD {ENG_QF_NONE, 0}
 /* Per type: {name, values per block, bytes per block, usable as weights, activation type}, the scalar
  * {dequantize, quantize, vec_dot}, the weight quantizer and the fields that must be finite. */
 static const eng_qtraits k_types[ENG_Q_COUNT] = {
-    [ENG_Q_F32] = {{"f32", 1, 4, true, ENG_Q_F32}, {deq_f32, quant_f32, dot_f32, NULL}, quant_f32,
+    [ENG_Q_F32] = {{"f32", 1, 4, true, ENG_Q_F32}, SCALAR(deq_f32, quant_f32, dot_f32), quant_f32,
                    {{ENG_QF_F32, 0}, NO_FIELD}},
-    [ENG_Q_F16] = {{"f16", 1, 2, true, ENG_Q_F32}, {deq_f16, quant_f16, dot_f16, NULL}, quant_f16,
+    [ENG_Q_F16] = {{"f16", 1, 2, true, ENG_Q_F32}, SCALAR(deq_f16, quant_f16, dot_f16), quant_f16,
                    {F16_AT(0), NO_FIELD}},
-    [ENG_Q_Q4_0] = {{"q4_0", 32, 18, true, ENG_Q_Q8_0}, {deq_q4_0, quant_q4_0, dot_q4_0, NULL}, quant_q4_0,
+    [ENG_Q_Q4_0] = {{"q4_0", 32, 18, true, ENG_Q_Q8_0}, SCALAR(deq_q4_0, quant_q4_0, dot_q4_0), quant_q4_0,
                     {F16_AT(0), NO_FIELD}},
-    [ENG_Q_Q4_1] = {{"q4_1", 32, 20, true, ENG_Q_Q8_1}, {deq_q4_1, quant_q4_1, dot_q4_1, NULL}, quant_q4_1,
+    [ENG_Q_Q4_1] = {{"q4_1", 32, 20, true, ENG_Q_Q8_1}, SCALAR(deq_q4_1, quant_q4_1, dot_q4_1), quant_q4_1,
                     {F16_AT(0), F16_AT(2)}},
-    [ENG_Q_Q5_0] = {{"q5_0", 32, 22, true, ENG_Q_Q8_0}, {deq_q5_0, quant_q5_0, dot_q5_0, NULL}, quant_q5_0,
+    [ENG_Q_Q5_0] = {{"q5_0", 32, 22, true, ENG_Q_Q8_0}, SCALAR(deq_q5_0, quant_q5_0, dot_q5_0), quant_q5_0,
                     {F16_AT(0), NO_FIELD}},
-    [ENG_Q_Q5_1] = {{"q5_1", 32, 24, true, ENG_Q_Q8_1}, {deq_q5_1, quant_q5_1, dot_q5_1, NULL}, quant_q5_1,
+    [ENG_Q_Q5_1] = {{"q5_1", 32, 24, true, ENG_Q_Q8_1}, SCALAR(deq_q5_1, quant_q5_1, dot_q5_1), quant_q5_1,
                     {F16_AT(0), F16_AT(2)}},
-    [ENG_Q_Q8_0] = {{"q8_0", 32, 34, true, ENG_Q_Q8_0}, {deq_q8_0, quant_q8_0, dot_q8_0, NULL}, eng_weights_q8_0,
+    [ENG_Q_Q8_0] = {{"q8_0", 32, 34, true, ENG_Q_Q8_0}, SCALAR(deq_q8_0, quant_q8_0, dot_q8_0), eng_weights_q8_0,
                     {F16_AT(0), NO_FIELD}},
     /* Q8_1 is an activation format only: it can be quantized and dequantized, not used as weights. */
-    [ENG_Q_Q8_1] = {{"q8_1", 32, 36, false, ENG_Q_Q8_1}, {deq_q8_1, quant_q8_1, NULL, NULL}, NULL,
+    [ENG_Q_Q8_1] = {{"q8_1", 32, 36, false, ENG_Q_Q8_1}, SCALAR(deq_q8_1, quant_q8_1, NULL), NULL,
                     {NO_FIELD, NO_FIELD}},
     /* K-quant weight types have no activation quantizer */
-    [ENG_Q_Q2_K] = {{"q2_K", 256, 84, true, ENG_Q_Q8_K}, {deq_q2_K, NULL, dot_q2_K, NULL}, NULL,
+    [ENG_Q_Q2_K] = {{"q2_K", 256, 84, true, ENG_Q_Q8_K}, SCALAR(deq_q2_K, NULL, dot_q2_K), NULL,
                     {F16_AT(80), F16_AT(82)}},
-    [ENG_Q_Q3_K] = {{"q3_K", 256, 110, true, ENG_Q_Q8_K}, {deq_q3_K, NULL, dot_q3_K, NULL}, NULL,
+    [ENG_Q_Q3_K] = {{"q3_K", 256, 110, true, ENG_Q_Q8_K}, SCALAR(deq_q3_K, NULL, dot_q3_K), NULL,
                     {F16_AT(108), NO_FIELD}},
-    [ENG_Q_Q4_K] = {{"q4_K", 256, 144, true, ENG_Q_Q8_K}, {deq_q4_K, NULL, dot_q4_K, NULL}, eng_weights_q4_K,
+    [ENG_Q_Q4_K] = {{"q4_K", 256, 144, true, ENG_Q_Q8_K}, SCALAR(deq_q4_K, NULL, dot_q4_K), eng_weights_q4_K,
                     {F16_AT(0), F16_AT(2)}},
-    [ENG_Q_Q5_K] = {{"q5_K", 256, 176, true, ENG_Q_Q8_K}, {deq_q5_K, NULL, dot_q5_K, NULL}, eng_weights_q5_K,
+    [ENG_Q_Q5_K] = {{"q5_K", 256, 176, true, ENG_Q_Q8_K}, SCALAR(deq_q5_K, NULL, dot_q5_K), eng_weights_q5_K,
                     {F16_AT(0), F16_AT(2)}},
-    [ENG_Q_Q6_K] = {{"q6_K", 256, 210, true, ENG_Q_Q8_K}, {deq_q6_K, NULL, dot_q6_K, NULL}, eng_weights_q6_K,
+    [ENG_Q_Q6_K] = {{"q6_K", 256, 210, true, ENG_Q_Q8_K}, SCALAR(deq_q6_K, NULL, dot_q6_K), eng_weights_q6_K,
                     {F16_AT(208), NO_FIELD}},
-    [ENG_Q_Q8_K] = {{"q8_K", 256, 292, true, ENG_Q_Q8_K}, {deq_q8_K, quant_q8_K, dot_q8_K, NULL}, NULL,
+    [ENG_Q_Q8_K] = {{"q8_K", 256, 292, true, ENG_Q_Q8_K}, SCALAR(deq_q8_K, quant_q8_K, dot_q8_K), NULL,
                     {{ENG_QF_F32, 0}, NO_FIELD}},
-    [ENG_Q_BF16] = {{"bf16", 1, 2, true, ENG_Q_F32}, {deq_bf16, quant_bf16, dot_bf16, NULL}, quant_bf16,
+    [ENG_Q_BF16] = {{"bf16", 1, 2, true, ENG_Q_F32}, SCALAR(deq_bf16, quant_bf16, dot_bf16), quant_bf16,
                     {{ENG_QF_BF16, 0}, NO_FIELD}},
 };
 
