@@ -114,22 +114,22 @@ static int open_bytes(const char *dir, const char *fname, const buf *b, char *er
     return rc;
 }
 
-/* ---- eng_strerror ---------------------------------------------------------------------------------------------- */
+/* ---- kvs_strerror ---------------------------------------------------------------------------------------------- */
 Test(gguf, strerror_every_code) {
     const int codes[] = {ENG_OK, ENG_ERR_INVALID, ENG_ERR_NOMEM, ENG_ERR_IO, ENG_ERR_FORMAT, ENG_ERR_UNSUPPORTED,
                          ENG_ERR_NOT_FOUND, ENG_ERR_TYPE, ENG_ERR_TOO_LARGE, ENG_ERR_KV_FULL, ENG_ERR_KV,
                          ENG_ERR_DEVICE};
     size_t n = sizeof codes / sizeof codes[0];
-    const char *unknown = eng_strerror(-1000);
+    const char *unknown = kvs_strerror(-1000);
     cr_assert_not_null(unknown);
     for (size_t i = 0; i < n; i++) {
-        const char *s = eng_strerror(codes[i]);
+        const char *s = kvs_strerror(codes[i]);
         cr_assert(s && *s, "code %d has no text", codes[i]);
         cr_assert_str_neq(s, unknown, "code %d falls through to the unknown text", codes[i]);
-        for (size_t j = 0; j < i; j++) cr_assert_str_neq(s, eng_strerror(codes[j]), "codes %d and %d share text",
+        for (size_t j = 0; j < i; j++) cr_assert_str_neq(s, kvs_strerror(codes[j]), "codes %d and %d share text",
                                                          codes[i], codes[j]);
     }
-    cr_assert_not_null(eng_strerror(1));
+    cr_assert_not_null(kvs_strerror(1));
 }
 
 /* ---- round trips ------------------------------------------------------------------------------------------------ */

@@ -1,5 +1,5 @@
 /* model.c: loading a GGUF model (llama, qwen2, qwen3) into struct eng_model, with every tensor checked. */
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 #include "common/common.h"
 
 #include <errno.h>
@@ -237,6 +237,28 @@ static int load_fused(loader *L, int l, eng_layer *ly, int64_t E, int64_t QD, in
     return 1;
 }
 
+/* One tensor of a layer, blk.<l>.<suffix>: a matrix [k -> n] into mat (always required), or (mat NULL) a vector
+ * of k floats into vec, absent only when not required. */
+typedef struct layer_tensor {
+    const char *suffix;
+    eng_matrix *mat;
+    float **vec;
+    int64_t k, n;
+    bool required;
+} layer_tensor;
+
+/* Loads ts[0..n) of layer l in order; returns 0 or the first error. */
+static int load_layer_tensors(loader *L, int l, const layer_tensor *ts, size_t n) {
+    char name[96];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, ts[i].suffix);
+        int rc = ts[i].mat ? load_matrix(L, name, ts[i].k, ts[i].n, ts[i].mat)
+                           : load_vector(L, name, ts[i].k, ts[i].required, ts[i].vec);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
 static int load_tensors(loader *L) {
     eng_model *m = L->m;
     eng_hparams *hp = &m->hp;
@@ -276,33 +298,34 @@ static int load_tensors(loader *L) {
     bool biases_required = hp->arch == ENG_ARCH_QWEN2;
     bool qk_norm_required = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
     bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
-    char name[96];
-#define T(suffix) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), name)
     for (int l = 0; l < hp->n_layer; l++) {
         eng_layer *ly = &m->layers[l];
-        if ((rc = load_vector(L, T("attn_norm.weight"), E, true, &ly->attn_norm)) != 0) return rc;
+        const layer_tensor norm[] = {{"attn_norm.weight", NULL, &ly->attn_norm, E, 0, true}};
+        if ((rc = load_layer_tensors(L, l, norm, 1)) != 0) return rc;
         int fused = hp->arch == ENG_ARCH_PHI3 ? load_fused(L, l, ly, E, QD, KD, F) : 0;
         if (fused < 0) return fused;
-        if (!fused) {
-            if ((rc = load_matrix(L, T("attn_q.weight"), E, QD, &ly->wq)) != 0) return rc;
-            if ((rc = load_matrix(L, T("attn_k.weight"), E, KD, &ly->wk)) != 0) return rc;
-            if ((rc = load_matrix(L, T("attn_v.weight"), E, KD, &ly->wv)) != 0) return rc;
-            if ((rc = load_matrix(L, T("ffn_gate.weight"), E, F, &ly->w_gate)) != 0) return rc;
-            if ((rc = load_matrix(L, T("ffn_up.weight"), E, F, &ly->w_up)) != 0) return rc;
-        }
-        if ((rc = load_matrix(L, T("attn_output.weight"), QD, E, &ly->wo)) != 0) return rc;
-        if ((rc = load_vector(L, T("attn_q.bias"), QD, biases_required, &ly->bq)) != 0) return rc;
-        if ((rc = load_vector(L, T("attn_k.bias"), KD, biases_required, &ly->bk)) != 0) return rc;
-        if ((rc = load_vector(L, T("attn_v.bias"), KD, biases_required, &ly->bv)) != 0) return rc;
-        if ((rc = load_vector(L, T("attn_q_norm.weight"), HD, qk_norm_required, &ly->q_norm)) != 0) return rc;
-        if ((rc = load_vector(L, T("attn_k_norm.weight"), HD, qk_norm_required, &ly->k_norm)) != 0) return rc;
-        if ((rc = load_vector(L, T("ffn_norm.weight"), E, true, &ly->ffn_norm)) != 0) return rc;
-        if ((rc = load_matrix(L, T("ffn_down.weight"), F, E, &ly->w_down)) != 0) return rc;
-        if ((rc = load_vector(L, T("post_attention_norm.weight"), E, post_norms, &ly->post_attn_norm)) != 0)
-            return rc;
-        if ((rc = load_vector(L, T("post_ffw_norm.weight"), E, post_norms, &ly->post_ffn_norm)) != 0) return rc;
+        const layer_tensor unfused[] = {
+            {"attn_q.weight", &ly->wq, NULL, E, QD, true},
+            {"attn_k.weight", &ly->wk, NULL, E, KD, true},
+            {"attn_v.weight", &ly->wv, NULL, E, KD, true},
+            {"ffn_gate.weight", &ly->w_gate, NULL, E, F, true},
+            {"ffn_up.weight", &ly->w_up, NULL, E, F, true},
+        };
+        if (!fused && (rc = load_layer_tensors(L, l, unfused, sizeof unfused / sizeof unfused[0])) != 0) return rc;
+        const layer_tensor rest[] = {
+            {"attn_output.weight", &ly->wo, NULL, QD, E, true},
+            {"attn_q.bias", NULL, &ly->bq, QD, 0, biases_required},
+            {"attn_k.bias", NULL, &ly->bk, KD, 0, biases_required},
+            {"attn_v.bias", NULL, &ly->bv, KD, 0, biases_required},
+            {"attn_q_norm.weight", NULL, &ly->q_norm, HD, 0, qk_norm_required},
+            {"attn_k_norm.weight", NULL, &ly->k_norm, HD, 0, qk_norm_required},
+            {"ffn_norm.weight", NULL, &ly->ffn_norm, E, 0, true},
+            {"ffn_down.weight", &ly->w_down, NULL, F, E, true},
+            {"post_attention_norm.weight", NULL, &ly->post_attn_norm, E, 0, post_norms},
+            {"post_ffw_norm.weight", NULL, &ly->post_ffn_norm, E, 0, post_norms},
+        };
+        if ((rc = load_layer_tensors(L, l, rest, sizeof rest / sizeof rest[0])) != 0) return rc;
     }
-#undef T
     return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);
 }
 

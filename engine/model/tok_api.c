@@ -1,9 +1,9 @@
 /*
- * tok_api.c: engine.h's token functions over the model's vocabulary (eng_model_vocab, from the model module).
- * Kept apart from tokenizer.c so that code using only eng_vocab_* does not need the model module linked.
+ * tok_api.c: engine.h's token functions over the model's vocabulary (eng_model_vocab, model.h).
+ * Kept apart from text/tokenizer.c, which knows vocabularies only, not models.
  */
 #include "engine/text/tokenizer.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 
 int32_t eng_token_bos(const eng_model *model) {
     return model ? eng_vocab_bos(eng_model_vocab(model)) : -1;

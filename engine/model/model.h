@@ -1,7 +1,8 @@
 /*
  * model.h: the loaded model (internal to the engine module). Defines struct eng_model, which engine.h keeps
- * opaque, so that the forward pass (forward.c) and the tokenizer (tokenizer.c, through eng_model_vocab) can
- * read it. A model is read-only after eng_model_load returns: any thread may read it concurrently.
+ * opaque, so that the forward pass (runtime/) and engine.h's token functions (model/tok_api.c, through
+ * eng_model_vocab) can read it. A model is read-only after eng_model_load returns: any thread may read it
+ * concurrently.
  *
  * Matrices stay in their GGUF format (in the mapping, not copied); small vectors (norm weights, biases,
  * rope frequency factors) are dequantized to f32 at load time into memory the model owns.

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 
 /* <arch>.suffix as a float (*out unchanged when absent): 0 or ENG_ERR_FORMAT */
 static int arch_float(eng_model *m, const char *suffix, float *out, const char *path, char *err, size_t err_len) {
