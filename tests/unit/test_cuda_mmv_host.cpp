@@ -2,7 +2,7 @@
  *  - activation quantization: k_act_quant's per-thread steps and reductions (run as arrays) give the CPU
  *    engine's eng_quantize_row Q8_0 and Q8_K bytes bit for bit (ties of magnitude, zero blocks included);
  *  - integer block sums: the units' integer sums, turned into block terms and added in the CPU engine's
- *    order, give eng_vec_dot_scalar's result bit for bit (so every integer sum and block term equals the CPU's);
+ *    order, give eng_vec_dot's scalar-level result bit for bit (so every integer sum and block term equals the CPU's);
  *  - index maps: at awkward shapes (one block per row, rows not a multiple of anything, rows wider than one
  *    staging chunk, every m from 1 to 8), every byte of the matrix is staged, every unit computed exactly once,
  *    and no 16-byte word read lies past the matrix padded to 16 bytes;
@@ -247,7 +247,7 @@ template <uint32_t T> static void check_block_terms(const char *name) {
                         }
                         s += mmv_block_term<T>(row + b * tr::BB, av, b, a_, isum, msum);
                     }
-                    float c = eng_vec_dot_scalar(T, k, row, xq.data());
+                    float c = eng_vec_dot(ENG_SIMD_SCALAR, T, k, row, xq.data());
                     cr_assert(memcmp(&s, &c, 4) == 0, "%s k %ld trial %d act %d row %d: kernel %a, CPU %a", name,
                               (long)k, trial, a_, j, (double)s, (double)c);
                 }
