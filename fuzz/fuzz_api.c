@@ -22,10 +22,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "server/api.h"
-#include "server/json_check.h"
-#include "server/api_chat.h"
-#include "server/responses_map.h"
+#include "server/api/api.h"
+#include "server/api/json_check_internal.h"
+#include "server/api/chat_internal.h"
+#include "server/api/responses_map_internal.h"
 
 typedef struct fz_api { uv_loop_t loop; srv_http *h; srv_api *api; } fz_api;
 static fz_api *G; /* the harness's one state (libFuzzer gives no user pointer) */

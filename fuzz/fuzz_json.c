@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "server/json_check.h"
+#include "server/api/json_check_internal.h"
 
 typedef struct tally { size_t n_strings, bytes, n_values; } tally;
 

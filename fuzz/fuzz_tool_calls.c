@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "server/tool_calls.h"
+#include "server/api/tool_calls_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *text = (const char *)data;

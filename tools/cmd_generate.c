@@ -23,7 +23,7 @@
 
 #include "common/common.h"
 #include "engine/engine.h"
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "server/grammar_cache.h"
+#include "server/api/grammar_cache_internal.h"
 
 void kvt_pieces_free(kvt_pieces *p) {
     if (!p) return;

@@ -7,7 +7,7 @@
 
 #include <signal.h>
 
-#include "server/api.h"
+#include "server/api/api.h"
 #include "template/template.h"
 #include "srv_test_client.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/api_chat.h"
+#include "server/api/chat_internal.h"
 
 static const char CHATML[] =
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

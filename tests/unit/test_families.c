@@ -17,7 +17,7 @@
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
-#include "server/block_manager.h"
+#include "server/sched/block_manager_internal.h"
 #include "tests/unit/helper_shared.h"
 
 enum { BS = 4, N_TOK = 96 };

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <uv.h>
 
-#include "server/api.h"
-#include "server/grammar_cache.h"
+#include "server/api/api.h"
+#include "server/api/grammar_cache_internal.h"
 
 /* A byte-level vocabulary: token t < 128 is the byte t (0 is the EOG, control bytes special), then a few
  * multi-byte pieces. */

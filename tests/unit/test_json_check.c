@@ -9,7 +9,7 @@
 
 #include "common/common.h"
 #include "helper_rng.h"
-#include "server/json_check.h"
+#include "server/api/json_check_internal.h"
 
 typedef struct jcase { const char *text; int rc; size_t offset; const char *msg; } jcase;
 

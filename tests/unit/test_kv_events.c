@@ -13,7 +13,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "server/kv_events.h"
+#include "server/obs/kv_events.h"
 
 /* ---- configuration ---------------------------------------------------------------------------------------- */
 Test(kv_events, config_keys) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/metrics.h"
+#include "server/obs/obs.h"
 
 Test(metrics, histogram_vs_reference) {
     unsigned seed = 4242;

@@ -12,8 +12,8 @@
 
 #include "helper_rng.h"
 #include "helper_shared.h"
-#include "server/api_chat.h"
-#include "server/responses_map.h"
+#include "server/api/chat_internal.h"
+#include "server/api/responses_map_internal.h"
 
 static cJSON *parse(const char *json) {
     cJSON *root = cJSON_Parse(json);

@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 
 #define MAXT 256
 #define MAXC 2

@@ -9,7 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/common.h"
-#include "server/tool_calls.h"
+#include "server/api/tool_calls_internal.h"
 
 static srv_tc_result parse(const char *s) {
     srv_tc_result r;

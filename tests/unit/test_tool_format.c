@@ -16,8 +16,8 @@
 #include "helper_rng.h"
 #include "helper_shared.h"
 #include "helper_vocab.h"
-#include "server/tool_calls.h"
-#include "server/tool_format.h"
+#include "server/api/tool_calls_internal.h"
+#include "server/api/tool_format_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SAN_BUILD 1
