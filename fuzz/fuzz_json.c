@@ -1,5 +1,5 @@
 /*
- * fuzz_json.c: the strict JSON pass (server/json_check.h) against cJSON.
+ * fuzz_json.c: the strict JSON pass (server/api/json_check_internal.h) against cJSON.
  *
  * Input: the text. Checks: when srv_json_check accepts, cJSON parses the same text completely and its tree has
  * the same number of values and strings and the same total string length (so no escape ends or cuts a string,

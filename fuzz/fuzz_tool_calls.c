@@ -1,5 +1,5 @@
 /*
- * fuzz_tool_calls.c: tool calls parsed out of generated text (server/tool_calls.h).
+ * fuzz_tool_calls.c: tool calls parsed out of generated text (server/api/tool_calls_internal.h).
  *
  * Input: the generated text (any bytes). Checks: srv_tc_parse succeeds; content_len is the whole text when there
  * are no calls and at most the text otherwise; every call has a non-empty name and arguments that parse as a

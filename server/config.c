@@ -11,8 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "engine/engine.h"
-#include "server/http/cors.h"
-#include "server/obs/kv_events.h"
+#include "server/http/http.h"
+#include "server/obs/obs.h"
 
 typedef enum { K_STR, K_INT, K_NUM, K_BOOL, K_LIST, K_JSON } key_type; /* K_LIST: a string, or in a file a list of them */
 

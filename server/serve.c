@@ -1,7 +1,6 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
  * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
-#include "server/api/grammar_cache_internal.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -12,12 +11,9 @@
 #include "engine/engine.h"
 #include "engine/kernels/quant.h"
 #include "server/api/api.h"
-#include "server/http/cors.h"
 #include "server/http/http.h"
-#include "server/obs/kv_events.h"
 #include "server/obs/obs.h"
 #include "server/sched/sched.h"
-#include "server/http/web.h"
 #include "template/template.h"
 
 typedef struct daemon_state {

@@ -8,8 +8,8 @@
  * srv_engine_ops. Must never: run kernels or touch the cache's internals (block_manager.h is the door), or
  * choose an HTTP status outside the API layer (api_*.c).
  *
- * The server is a libuv loop running the HTTP layer (server/http.h) and the OpenAI-compatible API
- * (server/api.h) on one thread, and the continuous-batching scheduler (server/scheduler.h) on its own thread
+ * The server is a libuv loop running the HTTP layer (server/http/http.h) and the OpenAI-compatible API
+ * (server/api/api.h) on one thread, and the continuous-batching scheduler (server/sched/sched.h) on its own thread
  * that owns the engine. Configuration comes from defaults, then a JSON file (--config), then the environment
  * (KVSERVE_API_KEY), then command-line flags; every key is documented in docs/CONFIG.md and
  * config/kvserve.json.
@@ -85,7 +85,7 @@ typedef struct srv_config {
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
     bool parse_special_in_content; /* chat contents may hold control tokens (<|im_start|>...); default false */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
-                                    server/kv_events.h. In the file an object, on the command line its JSON text */
+                                    server/obs/obs.h. In the file an object, on the command line its JSON text */
 } srv_config;
 
 /* The documented defaults. */

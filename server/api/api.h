@@ -7,7 +7,7 @@
  *   2. Routing and responses (api.c): an srv_http handler that serves /v1/completions, /v1/chat/completions,
  *      /v1/models (and the same three without /v1), /health (and /v1/health), /metrics, /tokenize, /detokenize,
  *      /props and the chat page at / over a srv_api_backend (the scheduler and the model in the daemon; a fake
- *      in tests). OPTIONS on any of them is a CORS preflight, answered 204 (server/cors.h).
+ *      in tests). OPTIONS on any of them is a CORS preflight, answered 204 (server/http/http.h).
  *
  * Threads: everything runs on the loop thread (the backend's callbacks too: srv_sched delivers its events
  * there).
@@ -22,12 +22,10 @@
 #include "common/common.h"
 
 #include "engine/engine.h"
-#include "server/http/cors.h"
 #include "server/http/http.h"
 #include "server/obs/obs.h"
 #include "server/sched/sched.h"
-#include "server/api/tool_format_internal.h"
-#include "server/http/web.h"
+#include "grammar/grammar.h"
 
 enum {
     SRV_API_OK = KVS_OK,
@@ -52,7 +50,7 @@ typedef struct srv_api_prompt {
     int32_t n_tokens;
 } srv_api_prompt;
 
-/* response_format (server/api_structured.c): text (no constraint), json_object (any JSON object), json_schema
+/* response_format (server/api/api_structured.c): text (no constraint), json_object (any JSON object), json_schema
  * (a JSON Schema; compiled through grammar/ before the request is queued). */
 typedef enum { SRV_API_RF_TEXT = 0, SRV_API_RF_JSON_OBJECT = 1, SRV_API_RF_JSON_SCHEMA = 2 } srv_api_rf;
 
@@ -90,10 +88,10 @@ typedef struct srv_api_gen {
                                         counted; -1: the whole prompt. Absent: the server's default */
     char *user;
     char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
-                                   the model's FIM prompt (server/api_fim.c) */
+                                   the model's FIM prompt (server/api/api_fim.c) */
     srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
     char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
-    struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api_chat.h) */
+    struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api/chat_internal.h) */
     int32_t priority;           /* vLLM's `priority` (lower is more urgent), default 0; nonzero only when
                                    limits.priority_scheduling */
 } srv_api_gen;
@@ -106,14 +104,14 @@ void srv_api_limits_default(srv_api_limits *l);
 int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv_api_limits *lim,
                       srv_api_gen *out, srv_api_error *err);
 /* The same from a parsed body (root: a cJSON object, not modified; /v1/responses maps its body onto a chat one,
- * server/responses_map.h). */
+ * server/api/responses_map_internal.h). */
 struct cJSON;
 int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const srv_api_limits *lim,
                            srv_api_gen *out, srv_api_error *err);
 /* A JSON value's type for error messages: "a string", "a number", "a boolean", "an array", "an object", "null". */
 const char *srv_api_json_kind(const struct cJSON *j);
 void srv_api_gen_free(srv_api_gen *g);
-/* The strict JSON pass every body goes through before cJSON (server/json_check.h): invalid escapes, lone
+/* The strict JSON pass every body goes through before cJSON (server/api/json_check_internal.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
  * or SRV_API_ERR_INVALID with a 400 in *err whose message names the problem and its byte offset. */
 int srv_api_check_json(const char *body, size_t len, srv_api_error *err);
@@ -124,7 +122,49 @@ void srv_api_set_error(srv_api_error *err, int status, const char *type, const c
 /* The OpenAI error JSON {"error":{"message","type","param","code"}}; malloc'd, NULL on OOM. */
 char *srv_api_error_json(const srv_api_error *err);
 
-/* ---- 2. routes -------------------------------------------------------------------------------------------- */
+/* ---- 2. what the daemon sets up for the API ------------------------------------------------------------------
+ * How the model writes tool calls (api/tool_format.c; the rest of it is private: api/tool_format_internal.h).
+ * Formats (what constrained output looks like; N a tool's name as a JSON string, A its arguments, a JSON
+ * object valid against its `parameters` schema):
+ *   HERMES   <tool_call>\n{"name": N, "arguments": A}\n</tool_call>          (Qwen, Hermes; several: joined by \n)
+ *   LLAMA3   {"name": N, "parameters": A}                                  (Llama 3.x JSON tool calling; several:
+ *                                                                          a JSON array of them)
+ *   MISTRAL  [TOOL_CALLS][{"name": N, "arguments": A}, ...]
+ *   GENERIC  {"name": N, "arguments": A}                                   (several: a JSON array of them)
+ * Mistral's [TOOL_CALLS] and, in some vocabularies, <tool_call> are special tokens that a grammar never allows:
+ * the constrained output spells them out in ordinary tokens (the same text). */
+typedef enum {
+    SRV_TF_GENERIC = 0,
+    SRV_TF_HERMES = 1,
+    SRV_TF_LLAMA3 = 2,
+    SRV_TF_MISTRAL = 3,
+} srv_tf_format;
+
+/* The format for a chat template text (NULL: none) rendered as `family` when it is not run as Jinja
+ * (ENG_CHAT_AUTO: the family eng_chat_detect finds in the text, ChatML when none). The markers the parser
+ * knows decide first: "<tool_call>" Hermes, "[TOOL_CALLS]" Mistral, "<|python_tag|>" or a Llama 3 header
+ * Llama 3; otherwise the family: ChatML (and the ChatML fallback) Hermes, llama3 Llama 3, mistral Mistral,
+ * the others generic. */
+srv_tf_format srv_tf_detect(const char *template_text, eng_chat_family family);
+/* "generic", "hermes", "llama3", "mistral" */
+const char *srv_tf_name(srv_tf_format f);
+
+/* The model's compiled response grammars (api/grammar_cache.c; lookups are private:
+ * api/grammar_cache_internal.h). One per loaded model: it owns the model's gmr_vocab and a bounded LRU of
+ * compiled grammars; any thread. */
+typedef struct srv_gcache srv_gcache;
+/* Builds the vocabulary index of a loaded model: each token's piece (special tokens not rendered, so they are
+ * never allowed), eog and special flags. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, or the engine's error. */
+int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out);
+
+/* Takes ownership of vocab (freed by srv_gcache_free, also on failure). max_entries >= 1 grammars kept while
+ * unreferenced (LRU); mask_cache_bytes bounds each grammar's mask cache (0: 16 MiB).
+ * Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, KVS_ERR_THREAD. */
+int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_gcache **out);
+/* Every entry must have been released. NULL is a no-op. */
+void srv_gcache_free(srv_gcache *c);
+
+/* ---- 3. routes -------------------------------------------------------------------------------------------- */
 /* What the API layer needs from the engine and the scheduler. The functions follow the semantics of the
  * engine/scheduler calls named in the comments; submit's callback events arrive on the loop thread. */
 typedef struct srv_api_backend {
@@ -193,10 +233,9 @@ void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd
 void srv_api_handle(void *ud, srv_http_req *req);
 /* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */
 void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns);
-/* The model's grammar cache for response_format (server/grammar_cache.h; the caller's, must outlive the
- * srv_api; NULL: response_format json_object/json_schema answer 400 "not available"). Loop thread. */
-struct srv_gcache;
-void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc);
+/* The model's grammar cache for response_format (section 2; the caller's, must outlive the srv_api; NULL:
+ * response_format json_object/json_schema answer 400 "not available"). Loop thread. */
+void srv_api_set_grammar_cache(srv_api *api, srv_gcache *gc);
 /* Graceful drain (SIGTERM): from now on GET/HEAD /health (and /v1/health) answer 503 {"status":"draining"},
  * /metrics answers as before (with kvserve:draining 1), and every other request gets 503 with "Retry-After: 1"
  * and an OpenAI error JSON (code "server_draining"); requests already accepted, including those still being

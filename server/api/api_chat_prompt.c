@@ -1,9 +1,10 @@
 /* api_chat_prompt.c: a chat request's prompt tokens: the template's rendering tokenized piecewise, message
  * contents as plain text (special-token parsing off) and the template's own text with it on; a final
  * assistant message continued (see api_internal.h, api_chat.h). The built-in families get the tools and the
- * tool-call history written into the messages in the model's tool format (server/tool_format.h). Runs in
+ * tool-call history written into the messages in the model's tool format (server/api/tool_format_internal.h). Runs in
  * prepare_work, off the loop. */
 #include "server/api/chat_internal.h"
+#include "server/api/tool_format_internal.h"
 #include "server/api/api_internal.h"
 
 #include <stdlib.h>
@@ -67,7 +68,7 @@ static bool has_tool_history(const cJSON *messages) {
 
 /* The messages for a built-in family when tools are involved (it has no template to print them): the tools
  * described in the system message (one is added first when there is none), assistant tool_calls written as the
- * model writes them, tool results as its format shows them (server/tool_format.h). *out NULL: no tools, the
+ * model writes them, tool results as its format shows them (server/api/tool_format_internal.h). *out NULL: no tools, the
  * request's messages serve as they are. 0 or KVS_ERR_NOMEM. */
 static int tool_messages(srv_tf_format f, const srv_chat_req *r, srv_api_msg **out, int32_t *n_out) {
     *out = NULL;

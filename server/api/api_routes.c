@@ -241,7 +241,7 @@ static const route ROUTES[] = {
     {"/index.html", HTTP_GET, R_PAGE, false},
 };
 
-/* GET /props and GET / come from server/web.c; no srv_web: 404. */
+/* GET /props and GET / come from server/http/web.c; no srv_web: 404. */
 static void route_web(srv_api *api, srv_http_req *req, route_id id) {
     if (!api->web) {
         api_reply_err(api, req, 404, NULL, NULL, "not_found", NULL, "no route for %s %s", req->method_name, req->path);

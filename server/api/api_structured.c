@@ -3,10 +3,10 @@
  *   {"type": "json_object"}                            any JSON object
  *   {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}
  * The schema is compiled into a grammar (grammar/) in the request's preparation, off the loop, through the
- * model's grammar cache (server/grammar_cache.h), and the scheduler constrains every choice with it. A keyword
+ * model's grammar cache (server/api/grammar_cache_internal.h), and the scheduler constrains every choice with it. A keyword
  * the compiler cannot enforce is a 400 naming it (param response_format), never a silent ignore.
  * tool_choice "required" or a named function goes the same way: a grammar of tool calls in the model's format
- * whose arguments follow each function's parameters (server/tool_format.h); it takes precedence over
+ * whose arguments follow each function's parameters (server/api/tool_format_internal.h); it takes precedence over
  * response_format, and a parameters keyword it cannot enforce is a 400 (param tools) naming the function and
  * the keyword. */
 #include "server/api/api_internal.h"
@@ -17,6 +17,7 @@
 
 #include "server/api/chat_internal.h"
 #include "server/api/grammar_cache_internal.h"
+#include "server/api/tool_format_internal.h"
 
 #define RF_BAD(...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), -1)
 

@@ -1,4 +1,4 @@
-/* api_chat.c: chat requests for the model's Jinja template (see api_chat.h). */
+/* chat.c: chat requests for the model's Jinja template (see chat_internal.h). */
 #include "server/api/chat_internal.h"
 
 #include <stdio.h>

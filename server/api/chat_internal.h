@@ -1,10 +1,10 @@
 /*
- * api_chat.h: chat requests for the model's own Jinja chat template (prefix srv_chat_): the messages and tools
+ * chat_internal.h: chat requests for the model's own Jinja chat template (api/chat.c, prefix srv_chat_; private to server/api/): the messages and tools
  * of a /v1/chat/completions body converted to the variables templates expect, and their rendering with the
  * content spans the prompt builder tokenizes as plain text. Pure: no I/O, no engine; any thread.
  */
-#ifndef KVSERVE_SERVER_API_CHAT_H
-#define KVSERVE_SERVER_API_CHAT_H
+#ifndef KVSERVE_SERVER_CHAT_INTERNAL_H
+#define KVSERVE_SERVER_CHAT_INTERNAL_H
 
 #include <stdbool.h>
 
@@ -16,7 +16,7 @@
 typedef enum {
     SRV_TOOL_CHOICE_AUTO = 0,  /* the default: the model may call tools */
     SRV_TOOL_CHOICE_NONE,      /* no tools in the prompt, no parsing of calls */
-    SRV_TOOL_CHOICE_REQUIRED,  /* the output is grammar-constrained to tool calls (server/tool_format.h) */
+    SRV_TOOL_CHOICE_REQUIRED,  /* the output is grammar-constrained to tool calls (server/api/tool_format_internal.h) */
     SRV_TOOL_CHOICE_NAMED,     /* {"type":"function","function":{"name":N}}: constrained to calls of N */
 } srv_tool_choice;
 
@@ -56,4 +56,4 @@ int srv_chat_render(const tpl_template *t, const srv_chat_req *r, const char *bo
 int srv_chat_find_spans(const char *text, size_t len, const srv_api_msg *msgs, int32_t n_msgs,
                         tpl_span **spans, size_t *n_spans);
 
-#endif /* KVSERVE_SERVER_API_CHAT_H */
+#endif /* KVSERVE_SERVER_CHAT_INTERNAL_H */

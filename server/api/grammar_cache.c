@@ -1,4 +1,4 @@
-/* grammar_cache.c: see grammar_cache.h. */
+/* grammar_cache.c: the compiled response grammars (see grammar_cache_internal.h and api.h). */
 #include "server/api/grammar_cache_internal.h"
 
 #include <stdio.h>

@@ -1,4 +1,5 @@
-/* grammar_cache.h: the server's compiled response grammars (prefix srv_gcache_).
+/* grammar_cache_internal.h: the server's compiled response grammars (api/grammar_cache.c, prefix srv_gcache_;
+ * private to server/api/; creating and freeing one is in server/api/api.h, for the daemon).
  *
  * One per loaded model. It owns the model's gmr_vocab (built once at load, read-only afterwards) and a bounded
  * LRU of compiled grammars keyed by their source (the kind and the schema's canonical JSON text, or the key of
@@ -10,8 +11,8 @@
  * compilation itself runs outside it, on the caller's thread). An entry stays valid until released, even when
  * the LRU drops it meanwhile; dropped entries are freed by their last release.
  */
-#ifndef KVSERVE_SERVER_GRAMMAR_CACHE_H
-#define KVSERVE_SERVER_GRAMMAR_CACHE_H
+#ifndef KVSERVE_SERVER_GRAMMAR_CACHE_INTERNAL_H
+#define KVSERVE_SERVER_GRAMMAR_CACHE_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -21,20 +22,11 @@
 #include "common/common.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
+#include "server/api/api.h"
 
-typedef struct srv_gcache srv_gcache;
 typedef struct srv_gcache_entry srv_gcache_entry;
 
-/* Builds the vocabulary index of a loaded model: each token's piece (special tokens not rendered, so they are
- * never allowed), eog and special flags. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, or the engine's error. */
-int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out);
 
-/* Takes ownership of vocab (freed by srv_gcache_free, also on failure). max_entries >= 1 grammars kept while
- * unreferenced (LRU); mask_cache_bytes bounds each grammar's mask cache (0: 16 MiB).
- * Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, KVS_ERR_THREAD. */
-int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_gcache **out);
-/* Every entry must have been released. NULL is a no-op. */
-void srv_gcache_free(srv_gcache *c);
 const gmr_vocab *srv_gcache_vocab(const srv_gcache *c);
 
 /* The grammar for a response format: schema NULL means {type: "json_object"} (any JSON object); otherwise the

@@ -1,4 +1,4 @@
-/* json_check.c: strict JSON validation ahead of cJSON (see json_check.h). */
+/* json_check.c: strict JSON validation ahead of cJSON (see json_check_internal.h). */
 #include "server/api/json_check_internal.h"
 
 #include <stdarg.h>

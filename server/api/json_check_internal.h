@@ -1,5 +1,5 @@
 /*
- * json_check.h: a strict JSON validator run on request bodies before cJSON parses them (internal to server/,
+ * json_check_internal.h: a strict JSON validator run on request bodies before cJSON parses them (internal to server/,
  * prefix srv_json_).
  *
  * cJSON is lenient where a server must not be: an invalid escape such as "\u12zz" is read as U+0000 and ends
@@ -16,8 +16,8 @@
  *
  * Thread-safe and reentrant: it touches only its arguments.
  */
-#ifndef KVSERVE_SERVER_JSON_CHECK_H
-#define KVSERVE_SERVER_JSON_CHECK_H
+#ifndef KVSERVE_SERVER_JSON_CHECK_INTERNAL_H
+#define KVSERVE_SERVER_JSON_CHECK_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -39,4 +39,4 @@ typedef struct srv_json_check_result {
  * KVS_ERR_INVALID when text is NULL with len > 0 or res is NULL). */
 int srv_json_check(const char *text, size_t len, int32_t max_depth, srv_json_check_result *res);
 
-#endif /* KVSERVE_SERVER_JSON_CHECK_H */
+#endif /* KVSERVE_SERVER_JSON_CHECK_INTERNAL_H */

@@ -1,5 +1,5 @@
 /* responses_map.c: Responses API requests as chat completions, and generated text as Responses output items
- * (see responses_map.h). */
+ * (see responses_map_internal.h). */
 #include "server/api/responses_map_internal.h"
 
 #include <math.h>

@@ -1,5 +1,6 @@
 /*
- * responses_map.h: the OpenAI Responses API mapped onto chat completions (prefix srv_resp_). Pure: no I/O, no
+ * responses_map_internal.h: the OpenAI Responses API mapped onto chat completions (api/responses_map.c, prefix
+ * srv_resp_; private to server/api/). Pure: no I/O, no
  * engine, no globals; any thread.
  *
  * A /v1/responses body becomes a /v1/chat/completions body, which then takes exactly the chat path
@@ -20,11 +21,11 @@
  *   parallel_tool_calls, temperature, top_p -> the same; max_output_tokens -> max_tokens
  *   text.format text|json_object|json_schema -> response_format
  *
- * The generated text maps back (srv_resp_output): tool calls in the model's format (server/tool_calls.h) become
+ * The generated text maps back (srv_resp_output): tool calls in the model's format (server/api/tool_calls_internal.h) become
  * function_call output items after the message item, and the assistant message that the store keeps.
  */
-#ifndef KVSERVE_SERVER_RESPONSES_MAP_H
-#define KVSERVE_SERVER_RESPONSES_MAP_H
+#ifndef KVSERVE_SERVER_RESPONSES_MAP_INTERNAL_H
+#define KVSERVE_SERVER_RESPONSES_MAP_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -86,4 +87,4 @@ int srv_resp_output(const char *text, size_t len, bool tools, bool parallel, con
                     const char *status, srv_resp_out *out);
 void srv_resp_out_free(srv_resp_out *o);
 
-#endif /* KVSERVE_SERVER_RESPONSES_MAP_H */
+#endif /* KVSERVE_SERVER_RESPONSES_MAP_INTERNAL_H */

@@ -1,4 +1,4 @@
-/* tool_calls.c: tool calls in generated text (see tool_calls.h). */
+/* tool_calls.c: tool calls in generated text (see tool_calls_internal.h). */
 #include "server/api/tool_calls_internal.h"
 
 #include <stdlib.h>

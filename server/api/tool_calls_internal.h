@@ -1,5 +1,6 @@
 /*
- * tool_calls.h: tool calls found in a model's generated text (prefix srv_tc_). Pure functions, no I/O, any
+ * tool_calls_internal.h: tool calls found in a model's generated text (api/tool_calls.c, prefix srv_tc_; private
+ * to server/api/). Pure functions, no I/O, any
  * thread.
  *
  * Formats recognised, at the end of the text (what comes before the first call is the message content):
@@ -15,8 +16,8 @@
  * JSON text (OpenAI's function.arguments). Text that looks like a call but does not parse (bad JSON, no name)
  * is not a call: the whole text stays content.
  */
-#ifndef KVSERVE_SERVER_TOOL_CALLS_H
-#define KVSERVE_SERVER_TOOL_CALLS_H
+#ifndef KVSERVE_SERVER_TOOL_CALLS_INTERNAL_H
+#define KVSERVE_SERVER_TOOL_CALLS_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,4 +49,4 @@ void srv_tc_result_free(srv_tc_result *r);
  * the same value. */
 size_t srv_tc_stream_safe(const char *text, size_t len, size_t from, bool *held);
 
-#endif /* KVSERVE_SERVER_TOOL_CALLS_H */
+#endif /* KVSERVE_SERVER_TOOL_CALLS_INTERNAL_H */

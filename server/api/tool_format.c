@@ -1,4 +1,4 @@
-/* tool_format.c: tool-call formats, their grammars and prompts (see tool_format.h). */
+/* tool_format.c: tool-call formats, their grammars and prompts (see tool_format_internal.h and api.h). */
 #include "server/api/tool_format_internal.h"
 
 #include <stdio.h>

@@ -1,9 +1,10 @@
 /*
- * tool_format.h: how a model writes tool calls, and what follows from it (prefix srv_tf_): the format picked
- * from the chat template or built-in family, the grammar that constrains the output to tool calls in that
+ * tool_format_internal.h: how a model writes tool calls, and what follows from it (api/tool_format.c, prefix
+ * srv_tf_; private to server/api/): the format picked from the chat template or built-in family (srv_tf_detect,
+ * declared in server/api/api.h for the daemon), the grammar that constrains the output to tool calls in that
  * format (tool_choice "required" or a named function), and the tools described in the prompt for the built-in
  * families (which have no template to print them). The calls the grammar produces are exactly what
- * srv_tc_parse (server/tool_calls.h) reads back. Pure functions, no I/O, any thread.
+ * srv_tc_parse (api/tool_calls_internal.h) reads back. Pure functions, no I/O, any thread.
  *
  * Formats (what the constrained output looks like; N a tool's name as a JSON string, A its arguments, a JSON
  * object valid against its `parameters` schema):
@@ -15,8 +16,8 @@
  * Mistral's [TOOL_CALLS] and, in some vocabularies, <tool_call> are special tokens that a grammar never allows:
  * the constrained output spells them out in ordinary tokens (the same text).
  */
-#ifndef KVSERVE_SERVER_TOOL_FORMAT_H
-#define KVSERVE_SERVER_TOOL_FORMAT_H
+#ifndef KVSERVE_SERVER_TOOL_FORMAT_INTERNAL_H
+#define KVSERVE_SERVER_TOOL_FORMAT_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,22 +27,7 @@
 #include "common/common.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
-
-typedef enum {
-    SRV_TF_GENERIC = 0,
-    SRV_TF_HERMES = 1,
-    SRV_TF_LLAMA3 = 2,
-    SRV_TF_MISTRAL = 3,
-} srv_tf_format;
-
-/* The format for a chat template text (NULL: none) rendered as `family` when it is not run as Jinja
- * (ENG_CHAT_AUTO: the family eng_chat_detect finds in the text, ChatML when none). The markers the parser
- * knows decide first: "<tool_call>" Hermes, "[TOOL_CALLS]" Mistral, "<|python_tag|>" or a Llama 3 header
- * Llama 3; otherwise the family: ChatML (and the ChatML fallback) Hermes, llama3 Llama 3, mistral Mistral,
- * the others generic. */
-srv_tf_format srv_tf_detect(const char *template_text, eng_chat_family family);
-/* "generic", "hermes", "llama3", "mistral" */
-const char *srv_tf_name(srv_tf_format f);
+#include "server/api/api.h"
 
 /* ---- constrained tool calls -------------------------------------------------------------------------------- */
 
@@ -86,4 +72,4 @@ int srv_tf_calls_text(srv_tf_format f, const cJSON *tool_calls, kvs_buf *b);
  * Mistral [TOOL_RESULTS]..., otherwise a short "Result of ..." line). 0 or KVS_ERR_NOMEM. */
 int srv_tf_result_text(srv_tf_format f, const char *name, const char *content, const char **role, kvs_buf *b);
 
-#endif /* KVSERVE_SERVER_TOOL_FORMAT_H */
+#endif /* KVSERVE_SERVER_TOOL_FORMAT_INTERNAL_H */

@@ -1,5 +1,5 @@
-/* cors.c: the CORS policy and its response headers (see cors.h). */
-#include "server/http/cors.h"
+/* cors.c: the CORS policy and its response headers (see http.h). */
+#include "server/http/http.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -1,7 +1,9 @@
 /*
- * http.h: kvserve's HTTP/1.1 connection layer (internal to server/, prefix srv_http_).
+ * http.h: the public header of server/http/: kvserve's HTTP/1.1 connection layer (http.c, prefix srv_http_),
+ * CORS (cors.c, srv_cors_) and the built-in chat page with GET /props (web.c, srv_web_). Used by server/api/
+ * and serve.c; includes no other server folder.
  *
- * A libuv TCP listener; one llhttp parser per connection. Requests on one connection are handled one at a
+ * The connection layer: a libuv TCP listener; one llhttp parser per connection. Requests on one connection are handled one at a
  * time in arrival order (pipelined requests wait, buffered, until the previous response is complete), so a
  * handler never sees two requests of one connection at once. Keep-alive follows HTTP/1.1 rules
  * (Connection: close, HTTP/1.0 without keep-alive).
@@ -167,5 +169,123 @@ int srv_http_adopt_fd(srv_http *h, int fd);
 
 /* Standard reason phrase ("OK", "Not Found", ...). */
 const char *srv_http_reason(int status);
+
+/* ---- CORS (http/cors.c, prefix srv_cors_) ---------------------------------------------------------------------
+ * Cross-Origin Resource Sharing for kvserve's HTTP API.
+ *
+ * Lets a page served from another origin (a browser app, a notebook, an IDE's webview) call the API. Built from
+ * the `cors_origins` setting:
+ *   ""            automatic: "*" when the server listens on a loopback address (127.0.0.0/8, ::1, localhost),
+ *                 no CORS headers otherwise
+ *   "none"        no CORS headers (browsers then refuse cross-origin calls)
+ *   "*"           any origin: Access-Control-Allow-Origin: * on every response
+ *   a list        origins separated by commas (spaces around them are ignored), each "*", "null" or
+ *                 scheme://host[:port] without a path, e.g. "http://localhost:3000, https://app.example.com".
+ *                 A request whose Origin matches one (ASCII case-insensitively) gets it echoed in
+ *                 Access-Control-Allow-Origin; every response carries Vary: Origin so that caches keep them
+ *                 apart. A "*" anywhere in the list means any origin.
+ * A response that allows the origin also says Access-Control-Expose-Headers: Retry-After, WWW-Authenticate (the
+ * headers besides the CORS-safelisted ones that clients read). Credentials (cookies) are never allowed: the API
+ * authenticates with a bearer key.
+ *
+ * Preflight (OPTIONS with Access-Control-Request-Method) is answered by the API layer with 204 and the lines of
+ * srv_cors_preflight: the route's methods, the request headers the browser asked for (echoed when they are a
+ * plain comma list of header names; otherwise Authorization, Content-Type) and Access-Control-Max-Age.
+ *
+ * Ownership: a srv_cors is created once (srv_cors_create) and read-only afterwards, so any thread may read it. */
+enum {
+    SRV_CORS_OK = 0,
+    SRV_CORS_ERR_INVALID = -1,  /* the setting is malformed: err names the entry and why */
+    SRV_CORS_ERR_NOMEM = -2,
+};
+
+#define SRV_CORS_MAX_ORIGINS 64     /* entries in one list */
+#define SRV_CORS_MAX_ORIGIN_LEN 255 /* bytes of one entry */
+#define SRV_CORS_MAX_AGE 7200       /* seconds a browser may cache a preflight answer (Chromium's cap) */
+
+typedef struct srv_cors srv_cors;
+
+/* Checks a cors_origins value without keeping it (what configuration loading calls). SRV_CORS_OK or
+ * SRV_CORS_ERR_INVALID with a message in err (err_len may be 0). NULL is "". */
+int srv_cors_check(const char *setting, char *err, size_t err_len);
+
+/* Builds the policy from the setting and the listen address (for the automatic rule). Errors as
+ * srv_cors_check, plus SRV_CORS_ERR_NOMEM. Free with srv_cors_free. */
+int srv_cors_create(const char *setting, const char *host, srv_cors **out, char *err, size_t err_len);
+void srv_cors_free(srv_cors *c);
+
+/* True when host (an address literal or "localhost") is a loopback address. */
+bool srv_cors_is_loopback(const char *host);
+/* True when the policy adds any CORS header at all. */
+bool srv_cors_enabled(const srv_cors *c);
+
+/* The srv_http_header_hook (ud: the srv_cors, may be NULL): the Access-Control-Allow-Origin, Vary and
+ * Access-Control-Expose-Headers lines this request's response needs. Returns their length (0: none; >= cap:
+ * did not fit, buf then holds ""). */
+size_t srv_cors_headers(void *ud, const srv_http_req *req, char *buf, size_t cap);
+
+/* The preflight answer's lines for a route allowing `methods` (e.g. "POST"): Access-Control-Allow-Methods
+ * (methods plus OPTIONS), Access-Control-Allow-Headers and Access-Control-Max-Age; without CORS (c NULL or
+ * disabled) only "Allow: <methods>, OPTIONS". Same return convention as srv_cors_headers. */
+size_t srv_cors_preflight(const srv_cors *c, const srv_http_req *req, const char *methods, char *buf, size_t cap);
+
+/* ---- the chat page and GET /props (http/web.c, prefix srv_web_) -----------------------------------------------
+ * The built-in chat page and GET /props.
+ *
+ * The page is web/index.html, embedded in the binary at build time (cmake/embed.cmake turns it into a C array;
+ * nothing is read from disk or fetched at run time). It must hold exactly one inline <script> and one inline
+ * <style> element without attributes: srv_web_create hashes their text (SHA-256, base64) into the page's
+ * Content-Security-Policy, so the browser runs that script and nothing else (no other script, no eval, no
+ * connection but to this server). The page is answered with an ETag (If-None-Match gives 304) and
+ * Cache-Control: no-cache, so a rebuilt server is seen at the next load.
+ *
+ * /props describes the server as llama.cpp's server does under the same names, where kvserve can honour them:
+ * default_generation_settings.n_ctx, total_slots, model_alias, model_path, chat_template, modalities,
+ * build_info, plus kvserve's own chat_template_family, batch_tokens and build {version, simd, cuda, device}.
+ *
+ * Threads: srv_web_set_model and the answering functions run on the loop thread; srv_web_create/free anywhere. */
+enum {
+    SRV_WEB_OK = 0,
+    SRV_WEB_ERR_INVALID = -1,  /* the embedded page lacks its <script> or <style> element, or a bad argument */
+    SRV_WEB_ERR_NOMEM = -2,
+};
+
+/* The model and server facts /props reports (strings copied; NULL is ""). */
+typedef struct srv_web_model {
+    const char *model_id;       /* model_alias, and the id of /v1/models */
+    const char *model_path;     /* the GGUF path as configured */
+    const char *chat_template;  /* the model's tokenizer.chat_template text, or NULL when it has none */
+    const char *chat_family;    /* the template family kvserve renders with ("chatml", "llama3", ...) */
+    int32_t n_ctx;              /* context length of one sequence */
+    int32_t parallel;           /* sequences generating at once (total_slots) */
+    int32_t batch_tokens;       /* token budget of one engine step */
+    int32_t threads;            /* engine threads */
+    const char *device;         /* "cpu" or "cuda" */
+    const char *simd;           /* CPU kernel level in use ("scalar", "avx2", "avx512") */
+    const char *scheduling_policy; /* "fcfs" or "priority" (NULL: "fcfs") */
+    bool context_shift;         /* the server's context_shift setting */
+    int32_t n_keep;             /* the default n_keep of requests */
+} srv_web_model;
+
+typedef struct srv_web srv_web;
+
+/* Creates the page server: hashes the embedded page's script and style into its CSP. */
+int srv_web_create(srv_web **out);
+void srv_web_free(srv_web *w);
+/* Sets what /props reports (once the model is loaded; before that srv_web_props_json says so). */
+int srv_web_set_model(srv_web *w, const srv_web_model *m);
+
+/* The answer to GET / for req: *status 200 (body = the page) or 304 (If-None-Match matched; no body), the
+ * content type, the extra header lines (CSP, Cache-Control, ETag, ...; owned by w) and the body (owned by w). */
+void srv_web_page(const srv_web *w, const srv_http_req *req, int *status, const char **content_type,
+                  const char **headers, const char **body, size_t *len);
+/* The page's Content-Security-Policy value (owned by w). */
+const char *srv_web_csp(const srv_web *w);
+
+/* The /props JSON (malloc'd; NULL on OOM or before srv_web_set_model). */
+char *srv_web_props_json(const srv_web *w);
+
+/* The embedded page (web/index.html as built into the binary). */
+const unsigned char *srv_web_page_bytes(size_t *len);
 
 #endif /* KVSERVE_SERVER_HTTP_H */

@@ -1,5 +1,5 @@
-/* web.c: the embedded chat page with its Content-Security-Policy, and GET /props (see web.h). */
-#include "server/http/web.h"
+/* web.c: the embedded chat page with its Content-Security-Policy, and GET /props (see http.h). */
+#include "server/http/http.h"
 
 #include <stdio.h>
 #include <stdlib.h>

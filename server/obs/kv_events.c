@@ -1,5 +1,5 @@
 /*
- * kv_events.c: KV-cache events in vLLM's wire format (see kv_events.h).
+ * kv_events.c: KV-cache events in vLLM's wire format (see obs.h).
  *
  * Collector (the scheduler thread): cache events go into a srv_kvev_batch (merged: consecutive STORED blocks of
  * one chain share one BlockStored, consecutive REMOVED share one BlockRemoved). At the end of a step the batch is
@@ -7,7 +7,7 @@
  * pipe wakes the publisher thread. Publisher thread: polls the pipe and the replay ROUTER socket; sends queued
  * batches on the PUB socket and keeps the last buffer_steps of them in a ring for replay.
  */
-#include "server/obs/kv_events.h"
+#include "server/obs/obs.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* metrics.c: Prometheus text exposition (see metrics.h). */
+/* metrics.c: Prometheus text exposition (see obs.h). */
 #include "server/obs/obs.h"
 
 #include <math.h>
@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/obs/kv_events.h"
 
 void srv_histogram_init(srv_histogram *h, const double *bounds, int32_t n) {
     memset(h, 0, sizeof *h);

@@ -1,4 +1,4 @@
-/* block_manager.c: the scheduler's view of the KV cache (see block_manager.h). */
+/* block_manager.c: the scheduler's view of the KV cache (see block_manager_internal.h). */
 #include <stdint.h>
 #include "server/sched/block_manager_internal.h"
 

@@ -1,5 +1,6 @@
 /*
- * block_manager.h: the scheduler's one door to the KV cache (prefix srv_bm_). The scheduler decides who runs;
+ * block_manager_internal.h: the scheduler's one door to the KV cache (sched/block_manager.c, prefix srv_bm_;
+ * private to server/sched/). The scheduler decides who runs;
  * the block manager answers what the pool can hold and gives sequences their blocks: a sequence per choice,
  * its prefix (from the prefix cache, or copied from a running sequence that holds more of it), forks for n > 1,
  * and the block arithmetic admission needs. Everything else the cache does (the forward protocol, block
@@ -10,8 +11,8 @@
  * srv_bm_stats, which the cache allows from any thread).
  * Errors: 0 or a kvs_err code (KVS_ERR_NO_SLOT when every sequence id is in use, KVS_ERR_NOMEM, ...).
  */
-#ifndef KVSERVE_SERVER_BLOCK_MANAGER_H
-#define KVSERVE_SERVER_BLOCK_MANAGER_H
+#ifndef KVSERVE_SERVER_BLOCK_MANAGER_INTERNAL_H
+#define KVSERVE_SERVER_BLOCK_MANAGER_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>

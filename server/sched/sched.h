@@ -1,5 +1,6 @@
 /*
- * scheduler.h: kvserve's continuous-batching scheduler (prefix srv_sched_).
+ * sched.h: the public header of server/sched/: kvserve's continuous-batching scheduler (sched_*.c, prefix
+ * srv_sched_) and its engine adapter (engine_ops.c, srv_engine_ops_). Includes no other server folder.
  *
  * Threads
  *   A dedicated scheduler thread owns the engine (through srv_engine_ops: eng_ctx and its kvc_cache). The
@@ -89,8 +90,8 @@
  *
  * Errors: functions return 0 (SRV_SCHED_OK) or a negative SRV_SCHED_ERR_* code.
  */
-#ifndef KVSERVE_SERVER_SCHEDULER_H
-#define KVSERVE_SERVER_SCHEDULER_H
+#ifndef KVSERVE_SERVER_SCHED_H
+#define KVSERVE_SERVER_SCHED_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -165,7 +166,7 @@ typedef struct srv_engine_ops {
     int (*seq_remove)(void *ctx, int32_t seq, int32_t begin, int32_t end);
 } srv_engine_ops;
 
-/* Fills *out with the real engine (server/engine_ops.c): decode = eng_decode, the context's cache, the
+/* Fills *out with the real engine (server/sched/engine_ops.c): decode = eng_decode, the context's cache, the
  * model's vocabulary and detokenizer (special tokens not rendered), eng_sampler_*. out->ctx is a small
  * allocation: release it with srv_engine_ops_release after srv_sched_free. model and ctx must outlive the
  * scheduler. Returns SRV_SCHED_OK, SRV_SCHED_ERR_INVALID (NULL arguments) or SRV_SCHED_ERR_NOMEM. */
@@ -393,4 +394,4 @@ void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
 #ifdef __cplusplus
 }
 #endif
-#endif /* KVSERVE_SERVER_SCHEDULER_H */
+#endif /* KVSERVE_SERVER_SCHED_H */

@@ -1,4 +1,4 @@
-/* sched_core.c: the continuous-batching scheduler's queue, threads and steps (see scheduler.h for the
+/* sched_core.c: the continuous-batching scheduler's queue, threads and steps (see sched.h for the
  * contract; admission and preemption are in sched_policy.c, sampling and events in sched_output.c).
  *
  * Shape of the code:

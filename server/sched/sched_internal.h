@@ -1,4 +1,4 @@
-/* sched_internal.h: what the scheduler's files share; only server/sched_*.c include it.
+/* sched_internal.h: what the scheduler's files share; only server/sched/sched_*.c include it.
  *
  *   sched_core.c    the queue, the threads, batch building and one step (decode, hand logits on)
  *   sched_policy.c  admission (who may start, how many blocks a request needs) and preemption

@@ -1,4 +1,4 @@
-/* sched_shift.c: the context shift (scheduler.h, "Context shift"; llama.cpp's --context-shift). A choice whose
+/* sched_shift.c: the context shift (sched.h, "Context shift"; llama.cpp's --context-shift). A choice whose
  * context reaches n_ctx keeps its first n_keep tokens, drops half of the rest and goes on generating. The
  * choice's known tokens become its shifted context (sched_choice.shctx), which every other part of the
  * scheduler reads through known_len / token_at, so decoding, preemption and recompute need nothing special. */

@@ -1,4 +1,4 @@
-/* stop.c: streaming stop-string matcher (see stop.h). */
+/* stop.c: streaming stop-string matcher (see stop_internal.h). */
 #include "server/sched/stop_internal.h"
 
 #include <stdlib.h>

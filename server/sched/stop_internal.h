@@ -1,5 +1,6 @@
 /*
- * stop.h: streaming stop-string matching over detokenized text (prefix srv_stop_). Pure, no threads.
+ * stop_internal.h: streaming stop-string matching over detokenized text (sched/stop.c, prefix srv_stop_;
+ * private to server/sched/). Pure, no threads.
  *
  * Text arrives in arbitrary pieces (one token's text at a time). The matcher emits text as soon as it cannot
  * be part of a stop string, holds back a tail that could still be the start of one, and on a match cuts the
@@ -12,8 +13,8 @@
  * prefix of some stop string (k = |T| if neither). Valid UTF-8 in gives valid UTF-8 out when the stop
  * strings are valid UTF-8 (a cut falls on a stop string's first byte, a character boundary).
  */
-#ifndef KVSERVE_SERVER_STOP_H
-#define KVSERVE_SERVER_STOP_H
+#ifndef KVSERVE_SERVER_STOP_INTERNAL_H
+#define KVSERVE_SERVER_STOP_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -57,4 +58,4 @@ size_t srv_stop_held(const srv_stop *s);
 #ifdef __cplusplus
 }
 #endif
-#endif /* KVSERVE_SERVER_STOP_H */
+#endif /* KVSERVE_SERVER_STOP_INTERNAL_H */

@@ -1,4 +1,4 @@
-/* test_api_chat.c: chat requests for Jinja templates (server/api_chat.h): message conversion (tool calls with
+/* test_api_chat.c: chat requests for Jinja templates (server/api/chat_internal.h): message conversion (tool calls with
  * string arguments become objects, roles, parts), tools and tool_choice, rendering with content spans, the
  * system-role retry, prefill cuts, and the Qwen2.5 template from ../shared when present. */
 #include <criterion/criterion.h>

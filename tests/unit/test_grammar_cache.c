@@ -1,5 +1,5 @@
-/* test_grammar_cache.c: the server's response_format grammar cache (server/grammar_cache.h) and the parsing of
- * response_format (server/api_structured.c through srv_api_parse_gen). */
+/* test_grammar_cache.c: the server's response_format grammar cache (server/api/grammar_cache_internal.h) and the parsing of
+ * response_format (server/api/api_structured.c through srv_api_parse_gen). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

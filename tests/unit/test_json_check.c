@@ -1,4 +1,4 @@
-/* test_json_check.c: the strict JSON pass that runs before cJSON on request bodies (server/json_check.h): a table
+/* test_json_check.c: the strict JSON pass that runs before cJSON on request bodies (server/api/json_check_internal.h): a table
  * of accepted and refused texts with the offsets and messages, the facts counted on success, and a randomized
  * comparison with cJSON over mutated bodies (what it accepts, cJSON reads completely without losing text). */
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /*
- * test_kv_events.c: KV-cache events in vLLM's wire format (server/kv_events.h): the configuration keys, the
+ * test_kv_events.c: KV-cache events in vLLM's wire format (server/obs/obs.h): the configuration keys, the
  * msgpack encoding (decoded back with msgpack-c and checked field by field: tags, order, nil, uint64 hashes,
  * merging of consecutive blocks), and the ZeroMQ publisher end to end over ipc:// sockets: frames [topic, seq,
  * payload], sequence numbers, the replay ROUTER protocol (replies then the -1 end marker), and drop accounting
@@ -13,7 +13,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "server/obs/kv_events.h"
+#include "server/obs/obs.h"
 
 /* ---- configuration ---------------------------------------------------------------------------------------- */
 Test(kv_events, config_keys) {

@@ -1,4 +1,4 @@
-/* test_responses_map.c: the Responses API mapped onto chat completions (server/responses_map.h): input items
+/* test_responses_map.c: the Responses API mapped onto chat completions (server/api/responses_map_internal.h): input items
  * (messages, function_call, function_call_output) as chat messages, tools and tool_choice, the stored
  * conversation of previous_response_id, errors naming fields and unsupported types; generated text mapped back
  * to output items (randomized against a generator of tool-call texts), and the round trip of a call's output;

@@ -1,4 +1,4 @@
-/* test_tool_calls.c: tool calls parsed out of generated text (server/tool_calls.h): every format, malformed
+/* test_tool_calls.c: tool calls parsed out of generated text (server/api/tool_calls_internal.h): every format, malformed
  * input, and the streaming hold-back checked at every split point against the final parse. */
 #include <criterion/criterion.h>
 

@@ -1,9 +1,9 @@
-/* test_tool_format.c: server/tool_format.h: the format picked per template/family, the constrained tool-call
+/* test_tool_format.c: server/api/tool_format_internal.h: the format picked per template/family, the constrained tool-call
  * grammars, and the prompt texts of the built-in families.
  *
  * The main test is randomized: for every format, parallel or not, any tool or a named one, random walks pick
  * uniformly among the tokens the grammar's mask allows until an eog token; every finished output must parse
- * (server/tool_calls.h) into calls of the allowed tools, exactly one when parallel_tool_calls is false, whose
+ * (server/api/tool_calls_internal.h) into calls of the allowed tools, exactly one when parallel_tool_calls is false, whose
  * arguments a validator written here accepts against the function's parameters. It runs over a byte
  * vocabulary, and over the real Qwen2 vocabulary (../shared) for the Hermes format, where <tool_call> is a
  * token of its own. */
