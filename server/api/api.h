@@ -1,16 +1,23 @@
 /*
- * api.h: the OpenAI-compatible API layer (internal to server/, prefix srv_api_).
+ * api.h: the public header of server/api/: the OpenAI-compatible API layer (prefix srv_api_; the daemon's other
+ * folders and tests include this header only).
  *
- * Two parts:
- *   1. Request validation (api_parse.c): pure functions that turn a JSON body into a srv_api_gen or an
- *      srv_api_error (HTTP status, message naming the field, OpenAI error type, param). No I/O, no engine.
- *   2. Routing and responses (api.c): an srv_http handler that serves /v1/completions, /v1/chat/completions,
- *      /v1/models (and the same three without /v1), /health (and /v1/health), /metrics, /tokenize, /detokenize,
- *      /props and the chat page at / over a srv_api_backend (the scheduler and the model in the daemon; a fake
- *      in tests). OPTIONS on any of them is a CORS preflight, answered 204 (server/http/http.h).
+ * Three parts:
+ *   1. Request validation (api_parse.c, api_base.c): pure functions that turn a JSON body into a srv_api_gen or
+ *      an srv_api_error (HTTP status, message naming the field, OpenAI error type, param). No I/O, no engine.
+ *   2. What the daemon sets up for it: the model's tool-call format (tool_format.c) and its grammar cache
+ *      (grammar_cache.c).
+ *   3. Routing and responses (api_routes.c and the route files): an srv_http handler that serves
+ *      /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models (and the same without
+ *      /v1), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
+ *      over a srv_api_backend (the scheduler and the model in the daemon; a fake in tests). OPTIONS on any of
+ *      them is a CORS preflight, answered 204 (server/http/http.h).
+ * Inside the folder (its private headers: api_internal.h, api_gen_internal.h, api_routes_internal.h, and one
+ * *_internal.h per mapping), files depend downward only: routes -> the generation pipeline -> a call's lifecycle
+ * (api_call.c) -> the base (api_base.c).
  *
  * Threads: everything runs on the loop thread (the backend's callbacks too: srv_sched delivers its events
- * there).
+ * there), except the preparation of requests, which runs on libuv's thread pool.
  */
 #ifndef KVSERVE_SERVER_API_H
 #define KVSERVE_SERVER_API_H
@@ -110,6 +117,9 @@ int srv_api_parse_gen_json(srv_api_kind kind, const struct cJSON *root, const sr
                            srv_api_gen *out, srv_api_error *err);
 /* A JSON value's type for error messages: "a string", "a number", "a boolean", "an array", "an object", "null". */
 const char *srv_api_json_kind(const struct cJSON *j);
+/* The member `name` of object o; NULL when o is not an object, has no such member or it is JSON null (which every
+ * field of a request body reads as absent). */
+const struct cJSON *srv_api_json_field(const struct cJSON *o, const char *name);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/api/json_check_internal.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,

@@ -1,14 +1,15 @@
 /* api_chat_prompt.c: a chat request's prompt tokens: the template's rendering tokenized piecewise, message
  * contents as plain text (special-token parsing off) and the template's own text with it on; a final
- * assistant message continued (see api_internal.h, api_chat.h). The built-in families get the tools and the
- * tool-call history written into the messages in the model's tool format (server/api/tool_format_internal.h). Runs in
- * prepare_work, off the loop. */
-#include "server/api/chat_internal.h"
-#include "server/api/tool_format_internal.h"
-#include "server/api/api_internal.h"
+ * assistant message continued (see api_gen_internal.h, chat_internal.h). The built-in families get the tools and
+ * the tool-call history written into the messages in the model's tool format (tool_format_internal.h). Runs in
+ * the preparation (api_prepare.c), off the loop. */
+#include "server/api/api_gen_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "server/api/chat_internal.h"
+#include "server/api/tool_format_internal.h"
 
 /* Appends the tokens of text[0..len) to *b (an int32_t array as bytes). */
 static int add_piece(srv_api *api, kvs_buf *b, const char *text, size_t len, bool add_special, bool parse_special) {

@@ -7,7 +7,8 @@
  * encoding_format ("float", default, or "base64": the vector's little-endian float32 bytes, which the openai
  * SDKs decode), dimensions (only the model's own size; anything else is a 400), user (ignored), priority (vLLM's:
  * the scheduling priority of every input; see api_parse_priority). */
-#include "server/api/api_internal.h"
+#include "server/api/api_gen_internal.h"
+#include "server/api/api_routes_internal.h"
 
 #include <math.h>
 #include <stdio.h>

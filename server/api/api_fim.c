@@ -1,9 +1,9 @@
-/* api_fim.c: fill-in-the-middle prompts. A completion with `suffix` is built in the model's FIM order, PSM
- * (prefix-suffix-middle), as the metadata's tokens name it: [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>,
- * and the model writes the middle. Prefix and suffix are tokenized without special tokens and without parsing
- * special-token text (so a "<|fim_middle|>" typed in code stays text). A model whose metadata names no FIM
- * tokens answers 400. */
-#include "server/api/api_internal.h"
+/* api_fim.c: fill-in-the-middle (see api_gen_internal.h): prompts, and the body of POST /infill. A completion
+ * with `suffix` is built in the model's FIM order, PSM (prefix-suffix-middle), as the metadata's tokens name it:
+ * [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>, and the model writes the middle. Prefix and suffix are
+ * tokenized without special tokens and without parsing special-token text (so a "<|fim_middle|>" typed in code
+ * stays text). A model whose metadata names no FIM tokens answers 400. */
+#include "server/api/api_gen_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,15 +64,14 @@ void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid) {
 
 /* POST /infill (llama.cpp's field names): input_prefix, input_suffix, n_predict and the sampling fields become a
  * /v1/completions body with `suffix`, which then runs as any completion (the answer has the completions shape,
- * not llama.cpp's `content`). The translation runs on the loop thread; infill bodies are small (the HTTP body
- * limit bounds them). */
-void api_route_infill(srv_api *api, srv_http_req *req) {
+ * not llama.cpp's `content`; api_routes.c hands the translated request to api_route_generate). The translation
+ * runs on the loop thread; infill bodies are small (the HTTP body limit bounds them). */
+int api_fim_infill_body(srv_http_req *req, srv_api_error *e) {
     static const char *const copied[] = {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
                                          "presence_penalty", "frequency_penalty", "max_tokens", "ignore_eos",
                                          "logit_bias", "n", "priority"};
-    srv_api_error e;
-    cJSON *root = api_parse_body_object(req->body, req->body_len, &e), *out = NULL;
-    if (!root) { api_reply_error(api, req, &e, NULL); return; }
+    cJSON *root = api_parse_body_object(req->body, req->body_len, e), *out = NULL;
+    if (!root) return -1;
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "input_prefix");
     const cJSON *suf = cJSON_GetObjectItemCaseSensitive(root, "input_suffix");
     const cJSON *mid = cJSON_GetObjectItemCaseSensitive(root, "prompt");
@@ -93,7 +92,7 @@ void api_route_infill(srv_api *api, srv_http_req *req) {
         why = "must be an integer";
     }
     if (bad) {
-        srv_api_set_error(&e, 400, NULL, bad, NULL, "'%s' %s", bad, why);
+        srv_api_set_error(e, 400, NULL, bad, NULL, "'%s' %s", bad, why);
         goto fail;
     }
     out = cJSON_CreateObject();
@@ -120,12 +119,11 @@ void api_route_infill(srv_api *api, srv_http_req *req) {
     req->body_len = strlen(body);
     cJSON_Delete(root);
     cJSON_Delete(out);
-    api_route_generate(api, req, SRV_API_COMPLETION);
-    return;
+    return 0;
 oom:
-    srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+    srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
 fail:
     cJSON_Delete(root);
     cJSON_Delete(out);
-    api_reply_error(api, req, &e, NULL);
+    return -1;
 }

@@ -1,8 +1,8 @@
-/* api_parse.c: validation of /v1/completions and /v1/chat/completions bodies (pure; see api.h). */
-#include "server/api/api.h"
+/* api_parse.c: validation of /v1/completions and /v1/chat/completions bodies (pure; see api.h) and the `priority`
+ * field the other routes read too (see api_gen_internal.h). */
+#include "server/api/api_gen_internal.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +10,6 @@
 #include <cjson/cJSON.h>
 
 #include "server/api/chat_internal.h"
-#include "server/api/api_internal.h"
-#include "server/api/json_check_internal.h"
 
 void srv_api_limits_default(srv_api_limits *l) {
     l->n_vocab = 0;
@@ -21,82 +19,15 @@ void srv_api_limits_default(srv_api_limits *l) {
     l->priority_scheduling = false;
 }
 
-void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
-                       const char *fmt, ...) {
-    if (!err) return;
-    err->status = status;
-    err->type = type ? type : "invalid_request_error";
-    err->code = code;
-    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-}
-
-char *srv_api_error_json(const srv_api_error *err) {
-    cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
-    if (!root || !e) { cJSON_Delete(root); cJSON_Delete(e); return NULL; }
-    cJSON_AddItemToObject(root, "error", e);
-    /* A message quoting the request may be cut inside a UTF-8 sequence (or quote a raw URL byte): the JSON must
-     * stay valid UTF-8 (found by fuzz_api). */
-    char *msg = api_utf8_sanitize(err->message, strlen(err->message));
-    char *param = api_utf8_sanitize(err->param, strlen(err->param));
-    if (!msg || !param) { free(msg); free(param); cJSON_Delete(root); return NULL; }
-    cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
-    if (param[0]) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
-    if (err->code) cJSON_AddStringToObject(e, "code", err->code); else cJSON_AddNullToObject(e, "code");
-    free(msg);
-    free(param);
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return s;
-}
-
-void srv_api_gen_free(srv_api_gen *g) {
-    if (!g) return;
-    free(g->model);
-    for (int32_t i = 0; i < g->n_prompts; i++) { free(g->prompts[i].text); free(g->prompts[i].tokens); }
-    free(g->prompts);
-    for (int32_t i = 0; i < g->n_msgs; i++) { free(g->msgs[i].role); free(g->msgs[i].content); }
-    free(g->msgs);
-    for (int32_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
-    free(g->stop);
-    free(g->logit_bias);
-    free(g->user);
-    free(g->suffix);
-    free(g->rf_schema);
-    if (g->chat) { srv_chat_req_free(g->chat); free(g->chat); }
-    memset(g, 0, sizeof *g);
-}
-
 /* ---- field readers: JSON null counts as absent. Each returns 1 (set), 0 (absent) or -1 (error set). ---- */
 #define BAD(...) (srv_api_set_error(err, 400, NULL, name, NULL, __VA_ARGS__), -1)
 #define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), -2)
 
-static const cJSON *field(const cJSON *obj, const char *name) {
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return (f && !cJSON_IsNull(f)) ? f : NULL;
-}
-
-static const char *type_name(const cJSON *j) {
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    return "null";
-}
-
-const char *api_json_kind(const cJSON *j) { return type_name(j); }
-const char *srv_api_json_kind(const cJSON *j) { return type_name(j); }
-
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {
-    const cJSON *f = field(obj, name);
+    const cJSON *f = srv_api_json_field(obj, name);
     if (!f) return 0;
-    if (!cJSON_IsNumber(f)) return BAD("'%s' must be a number, got %s", name, type_name(f));
+    if (!cJSON_IsNumber(f)) return BAD("'%s' must be a number, got %s", name, srv_api_json_kind(f));
     double v = f->valuedouble;
     if (!isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo))
         return BAD("'%s' must be %s %g and %g, got %g", name, lo_open ? "greater than" : "between", lo, hi, v);
@@ -105,10 +36,10 @@ static int get_num(const cJSON *obj, const char *name, double lo, double hi, boo
 }
 
 static int get_int(const cJSON *obj, const char *name, double lo, double hi, double *out, srv_api_error *err) {
-    const cJSON *f = field(obj, name);
+    const cJSON *f = srv_api_json_field(obj, name);
     if (!f) return 0;
     if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || f->valuedouble != floor(f->valuedouble))
-        return BAD("'%s' must be an integer, got %s", name, cJSON_IsNumber(f) ? "a fraction" : type_name(f));
+        return BAD("'%s' must be an integer, got %s", name, cJSON_IsNumber(f) ? "a fraction" : srv_api_json_kind(f));
     double v = f->valuedouble;
     if (v < lo || v > hi) return BAD("'%s' must be an integer between %.0f and %.0f, got %.0f", name, lo, hi, v);
     *out = v;
@@ -129,17 +60,17 @@ int api_parse_priority(const cJSON *root, const srv_api_limits *lim, int32_t *ou
 }
 
 static int get_bool(const cJSON *obj, const char *name, bool *out, srv_api_error *err) {
-    const cJSON *f = field(obj, name);
+    const cJSON *f = srv_api_json_field(obj, name);
     if (!f) return 0;
-    if (!cJSON_IsBool(f)) return BAD("'%s' must be a boolean, got %s", name, type_name(f));
+    if (!cJSON_IsBool(f)) return BAD("'%s' must be a boolean, got %s", name, srv_api_json_kind(f));
     *out = cJSON_IsTrue(f);
     return 1;
 }
 
 static int get_str(const cJSON *obj, const char *name, char **out, srv_api_error *err) {
-    const cJSON *f = field(obj, name);
+    const cJSON *f = srv_api_json_field(obj, name);
     if (!f) return 0;
-    if (!cJSON_IsString(f)) return BAD("'%s' must be a string, got %s", name, type_name(f));
+    if (!cJSON_IsString(f)) return BAD("'%s' must be a string, got %s", name, srv_api_json_kind(f));
     free(*out);
     if (!(*out = strdup(f->valuestring))) return OOM();
     return 1;
@@ -154,7 +85,7 @@ static int read_tokens(const cJSON *arr, const char *name, const srv_api_limits 
     int i = 0;
     for (const cJSON *t = arr->child; t; t = t->next, i++) {
         if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble))
-            return BAD("'%s' must hold integer token ids, item %d is %s", name, i, type_name(t));
+            return BAD("'%s' must hold integer token ids, item %d is %s", name, i, srv_api_json_kind(t));
         double v = t->valuedouble;
         if (v < 0 || v > INT32_MAX || (lim->n_vocab > 0 && v >= lim->n_vocab))
             return BAD("'%s': token id %.0f at item %d is out of range (vocabulary size %d)", name, v, i,
@@ -167,7 +98,7 @@ static int read_tokens(const cJSON *arr, const char *name, const srv_api_limits 
 
 static int parse_prompt(const cJSON *root, const srv_api_limits *lim, srv_api_gen *g, srv_api_error *err) {
     const char *name = "prompt";
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return BAD("'prompt' is required");
     if (cJSON_IsString(f)) {
         if (!(g->prompts = calloc(1, sizeof *g->prompts))) return OOM();
@@ -177,7 +108,7 @@ static int parse_prompt(const cJSON *root, const srv_api_limits *lim, srv_api_ge
     }
     if (!cJSON_IsArray(f))
         return BAD("'prompt' must be a string, an array of strings, an array of token ids or an array of "
-                   "token-id arrays, got %s", type_name(f));
+                   "token-id arrays, got %s", srv_api_json_kind(f));
     int n = cJSON_GetArraySize(f);
     if (n < 1) return BAD("'prompt' must not be an empty array");
     if (cJSON_IsNumber(f->child)) { /* one token-id prompt */
@@ -197,7 +128,7 @@ static int parse_prompt(const cJSON *root, const srv_api_limits *lim, srv_api_ge
             int r = read_tokens(it, name, lim, &g->prompts[i], err);
             if (r < 0) return r;
         } else {
-            return BAD("'prompt' must not mix types: item %d is %s", i, type_name(it));
+            return BAD("'prompt' must not mix types: item %d is %s", i, srv_api_json_kind(it));
         }
     }
     return 1;
@@ -205,9 +136,9 @@ static int parse_prompt(const cJSON *root, const srv_api_limits *lim, srv_api_ge
 
 static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err) {
     const char *name = "messages";
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return BAD("'messages' is required");
-    if (!cJSON_IsArray(f)) return BAD("'messages' must be an array, got %s", type_name(f));
+    if (!cJSON_IsArray(f)) return BAD("'messages' must be an array, got %s", srv_api_json_kind(f));
     int n = cJSON_GetArraySize(f);
     if (n < 1) return BAD("'messages' must not be empty");
     if (!(g->msgs = calloc((size_t)n, sizeof *g->msgs))) return OOM();
@@ -217,18 +148,18 @@ static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err)
         char pname[64];
         snprintf(pname, sizeof pname, "messages[%d]", i);
         name = pname;
-        if (!cJSON_IsObject(m)) return BAD("'%s' must be an object, got %s", pname, type_name(m));
-        const cJSON *role = field(m, "role");
+        if (!cJSON_IsObject(m)) return BAD("'%s' must be an object, got %s", pname, srv_api_json_kind(m));
+        const cJSON *role = srv_api_json_field(m, "role");
         snprintf(pname, sizeof pname, "messages[%d].role", i);
         if (!role) return BAD("'%s' is required", pname);
-        if (!cJSON_IsString(role)) return BAD("'%s' must be a string, got %s", pname, type_name(role));
+        if (!cJSON_IsString(role)) return BAD("'%s' must be a string, got %s", pname, srv_api_json_kind(role));
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
         if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool"))
             return BAD("'%s' must be one of system, developer, user, assistant, tool; got '%s'", pname,
                        role->valuestring);
         if (!(g->msgs[i].role = strdup(r))) return OOM();
-        const cJSON *c = field(m, "content");
+        const cJSON *c = srv_api_json_field(m, "content");
         snprintf(pname, sizeof pname, "messages[%d].content", i);
         if (!c) {
             if (strcmp(r, "assistant")) return BAD("'%s' is required", pname);
@@ -239,8 +170,8 @@ static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err)
             size_t total = 0;
             int j = 0;
             for (const cJSON *p = c->child; p; p = p->next, j++) {
-                const cJSON *ty = cJSON_IsObject(p) ? field(p, "type") : NULL;
-                const cJSON *tx = cJSON_IsObject(p) ? field(p, "text") : NULL;
+                const cJSON *ty = cJSON_IsObject(p) ? srv_api_json_field(p, "type") : NULL;
+                const cJSON *tx = cJSON_IsObject(p) ? srv_api_json_field(p, "text") : NULL;
                 if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
                     return BAD("'%s[%d]': only parts of type \"text\" are supported", pname, j);
                 if (!cJSON_IsString(tx)) return BAD("'%s[%d].text' must be a string", pname, j);
@@ -250,7 +181,7 @@ static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err)
             if (!s) return OOM();
             size_t off = 0;
             for (const cJSON *p = c->child; p; p = p->next) {
-                const char *tx = field(p, "text")->valuestring;
+                const char *tx = srv_api_json_field(p, "text")->valuestring;
                 size_t l = strlen(tx);
                 memcpy(s + off, tx, l);
                 off += l;
@@ -258,7 +189,7 @@ static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err)
             s[off] = 0;
             g->msgs[i].content = s;
         } else {
-            return BAD("'%s' must be a string or an array of content parts, got %s", pname, type_name(c));
+            return BAD("'%s' must be a string or an array of content parts, got %s", pname, srv_api_json_kind(c));
         }
     }
     return 1;
@@ -266,7 +197,7 @@ static int parse_messages(const cJSON *root, srv_api_gen *g, srv_api_error *err)
 
 static int parse_stop(const cJSON *root, const srv_api_limits *lim, srv_api_gen *g, srv_api_error *err) {
     const char *name = "stop";
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return 0;
     if (cJSON_IsString(f)) {
         if (!(g->stop = calloc(1, sizeof *g->stop))) return OOM();
@@ -274,14 +205,14 @@ static int parse_stop(const cJSON *root, const srv_api_limits *lim, srv_api_gen 
         g->n_stop = 1;
         return 1;
     }
-    if (!cJSON_IsArray(f)) return BAD("'stop' must be a string or an array of strings, got %s", type_name(f));
+    if (!cJSON_IsArray(f)) return BAD("'stop' must be a string or an array of strings, got %s", srv_api_json_kind(f));
     int n = cJSON_GetArraySize(f);
     if (n > lim->max_stop) return BAD("'stop' holds %d strings; at most %d are allowed", n, lim->max_stop);
     if (n == 0) return 0;
     if (!(g->stop = calloc((size_t)n, sizeof *g->stop))) return OOM();
     int i = 0;
     for (const cJSON *s = f->child; s; s = s->next, i++) {
-        if (!cJSON_IsString(s)) return BAD("'stop' must hold strings, item %d is %s", i, type_name(s));
+        if (!cJSON_IsString(s)) return BAD("'stop' must hold strings, item %d is %s", i, srv_api_json_kind(s));
         if (!(g->stop[i] = strdup(s->valuestring))) return OOM();
         g->n_stop = i + 1;
     }
@@ -290,10 +221,10 @@ static int parse_stop(const cJSON *root, const srv_api_limits *lim, srv_api_gen 
 
 static int parse_logit_bias(const cJSON *root, const srv_api_limits *lim, srv_api_gen *g, srv_api_error *err) {
     const char *name = "logit_bias";
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return 0;
     if (!cJSON_IsObject(f)) return BAD("'logit_bias' must be an object mapping token ids to biases, got %s",
-                                       type_name(f));
+                                       srv_api_json_kind(f));
     int n = cJSON_GetArraySize(f);
     if (n == 0) return 0;
     if (!(g->logit_bias = calloc((size_t)n, sizeof *g->logit_bias))) return OOM();
@@ -350,13 +281,13 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     if ((r = parse_stop(root, lim, g, err)) < 0) return r;
     if ((r = parse_logit_bias(root, lim, g, err)) < 0) return r;
     if ((r = get_bool(root, "stream", &g->stream, err)) < 0) return r;
-    const cJSON *so = field(root, "stream_options");
+    const cJSON *so = srv_api_json_field(root, "stream_options");
     if (so) {
         name = "stream_options";
-        if (!cJSON_IsObject(so)) return BAD("'stream_options' must be an object, got %s", type_name(so));
-        const cJSON *iu = field(so, "include_usage");
+        if (!cJSON_IsObject(so)) return BAD("'stream_options' must be an object, got %s", srv_api_json_kind(so));
+        const cJSON *iu = srv_api_json_field(so, "include_usage");
         name = "stream_options.include_usage";
-        if (iu && !cJSON_IsBool(iu)) return BAD("'%s' must be a boolean, got %s", name, type_name(iu));
+        if (iu && !cJSON_IsBool(iu)) return BAD("'%s' must be a boolean, got %s", name, srv_api_json_kind(iu));
         g->include_usage = iu && cJSON_IsTrue(iu);
     }
     if ((r = get_bool(root, "ignore_eos", &g->ignore_eos, err)) < 0) return r;
@@ -391,19 +322,6 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
     return 0;
 }
 
-int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
-    srv_json_check_result res;
-    if (len == 0 || !body) {
-        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty (expected a JSON object)");
-        return SRV_API_ERR_INVALID;
-    }
-    if (srv_json_check(body, len, SRV_JSON_MAX_DEPTH, &res) != 0) {
-        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not valid JSON: %s", res.message);
-        return SRV_API_ERR_INVALID;
-    }
-    return SRV_API_OK;
-}
-
 int srv_api_parse_gen_json(srv_api_kind kind, const cJSON *root, const srv_api_limits *lim_in, srv_api_gen *out,
                            srv_api_error *err) {
     srv_api_limits lim;
@@ -412,7 +330,7 @@ int srv_api_parse_gen_json(srv_api_kind kind, const cJSON *root, const srv_api_l
     out->kind = kind;
     if (!cJSON_IsObject(root)) {
         srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body must be a JSON object, got %s",
-                          root ? type_name(root) : "nothing");
+                          root ? srv_api_json_kind(root) : "nothing");
         return SRV_API_ERR_INVALID;
     }
     int r = parse_all(kind, root, &lim, out, err);

@@ -7,13 +7,15 @@
  * arguments. Finished responses are kept in memory (at most RESP_STORE_MAX, least recently used dropped) as
  * chat messages, tool calls included, so that previous_response_id can continue them; the continued
  * conversation renders to the same prefix, which the prefix cache then reuses. */
-#include "server/api/api_internal.h"
-#include "server/api/responses_map_internal.h"
-#include "server/api/tool_calls_internal.h"
+#include "server/api/api_gen_internal.h"
+#include "server/api/api_routes_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "server/api/responses_map_internal.h"
+#include "server/api/tool_calls_internal.h"
 
 enum { RESP_STORE_MAX = 256 };
 

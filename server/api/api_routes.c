@@ -1,10 +1,8 @@
-/* api_routes.c: request dispatch (auth, method, path), the simple routes and the srv_api lifetime (see api.h). */
-#include "server/api/api_internal.h"
+/* api_routes.c: request dispatch (auth, method, path), the simple routes and the srv_api lifetime (see api.h and
+ * api_routes_internal.h). */
+#include "server/api/api_gen_internal.h"
+#include "server/api/api_routes_internal.h"
 
-#include "common/common.h"
-
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,18 +78,6 @@ typedef struct text_job {
     bool failed;
     srv_api_error err;
 } text_job;
-
-cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e) {
-    if (srv_api_check_json(body, body_len, e) != SRV_API_OK) return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body ? body : "", body_len, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
 
 static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
     cJSON *root = api_parse_body_object(j->body, j->body_len, e), *o = NULL;
@@ -261,6 +247,16 @@ static void route_web(srv_api *api, srv_http_req *req, route_id id) {
     api_reply(api, req, status, ctype, headers, body, len, NULL, -1);
 }
 
+/* POST /infill: the body translated into a /v1/completions one (api_fim.c), then that route. */
+static void route_infill(srv_api *api, srv_http_req *req) {
+    srv_api_error e;
+    if (api_fim_infill_body(req, &e) != 0) {
+        api_reply_error(api, req, &e, NULL);
+        return;
+    }
+    api_route_generate(api, req, SRV_API_COMPLETION);
+}
+
 /* OPTIONS: a CORS preflight for a route allowing `methods`. */
 static void route_preflight(srv_api *api, srv_http_req *req, const char *methods) {
     char h[1024];
@@ -330,43 +326,11 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_EMBED: api_route_embeddings(api, req); break;
     case R_RESP: api_route_responses(api, req); break;
-    case R_INFILL: api_route_infill(api, req); break;
+    case R_INFILL: route_infill(api, req); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;
     case R_PROPS: case R_PAGE: route_web(api, req, rt->id); break;
     }
-}
-
-/* ---- work off the loop ------------------------------------------------------------------------------------ */
-/* Runs `work` and drops the body it read. */
-static void run_work(api_job *j) {
-    j->work(j);
-    free(j->body);
-    j->body = NULL;
-    j->body_len = 0;
-}
-static void offload_work(uv_work_t *w) { run_work((api_job *)w); }
-static void offload_after(uv_work_t *w, int status) {
-    (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
-    api_job *j = (api_job *)w;
-    j->api->n_jobs--;
-    j->done(j);
-}
-void api_offload(srv_api *api, api_job *j) {
-    j->api = api;
-    if (j->req) { /* the body moves into the job: the request may die while `work` reads it */
-        j->body = j->req->body;
-        j->body_len = j->req->body_len;
-        j->req->body = NULL;
-        j->req->body_len = 0;
-    }
-    if (api->loop) {
-        api->n_jobs++;
-        if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
-        api->n_jobs--;
-    }
-    run_work(j);
-    j->done(j);
 }
 
 /* ---- lifetime -------------------------------------------------------------------------------------------- */

@@ -9,7 +9,7 @@
  * whose arguments follow each function's parameters (server/api/tool_format_internal.h); it takes precedence over
  * response_format, and a parameters keyword it cannot enforce is a 400 (param tools) naming the function and
  * the keyword. */
-#include "server/api/api_internal.h"
+#include "server/api/api_gen_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     g->rf = SRV_API_RF_TEXT;
     if (!rf || cJSON_IsNull(rf)) return 0;
-    if (!cJSON_IsObject(rf)) return RF_BAD("'response_format' must be an object, got %s", api_json_kind(rf));
+    if (!cJSON_IsObject(rf)) return RF_BAD("'response_format' must be an object, got %s", srv_api_json_kind(rf));
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
     if (!cJSON_IsString(ty))
         return RF_BAD("'response_format.type' must be one of \"text\", \"json_object\", \"json_schema\"");
@@ -41,17 +41,18 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
     if (!cJSON_IsObject(js))
         return RF_BAD("'response_format.json_schema' must be an object with 'name' and 'schema', got %s",
-                      js ? api_json_kind(js) : "nothing");
+                      js ? srv_api_json_kind(js) : "nothing");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
     if (name && !cJSON_IsNull(name) && !cJSON_IsString(name))
-        return RF_BAD("'response_format.json_schema.name' must be a string, got %s", api_json_kind(name));
+        return RF_BAD("'response_format.json_schema.name' must be a string, got %s", srv_api_json_kind(name));
     const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
     if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
-        return RF_BAD("'response_format.json_schema.strict' must be a boolean, got %s", api_json_kind(strict));
+        return RF_BAD("'response_format.json_schema.strict' must be a boolean, got %s", srv_api_json_kind(strict));
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
     if (!schema || cJSON_IsNull(schema)) return RF_BAD("'response_format.json_schema.schema' is required");
     if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
-        return RF_BAD("'response_format.json_schema.schema' must be a JSON Schema object, got %s", api_json_kind(schema));
+        return RF_BAD("'response_format.json_schema.schema' must be a JSON Schema object, got %s",
+                      srv_api_json_kind(schema));
     if (!(g->rf_schema = cJSON_PrintUnformatted(schema))) {
         srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
         return -2;
@@ -95,7 +96,8 @@ static int prepare_tool_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     }
 }
 
-bool api_tools_constrained(const api_call *c) {
+/* Whether c's output is constrained to tool calls (chat, tools, tool_choice "required" or a named function). */
+static bool tools_constrained(const api_call *c) {
     const srv_chat_req *r = c->gen.kind == SRV_API_CHAT ? c->gen.chat : NULL;
     return r && r->tools &&
            (r->tool_choice == SRV_TOOL_CHOICE_REQUIRED || r->tool_choice == SRV_TOOL_CHOICE_NAMED);
@@ -105,7 +107,7 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     const char *param = "response_format";
     srv_api_gen *g = &c->gen;
     /* a forced tool call decides the whole output: it takes precedence over response_format */
-    if (api_tools_constrained(c)) return prepare_tool_grammar(api, c, err);
+    if (tools_constrained(c)) return prepare_tool_grammar(api, c, err);
     if (g->rf == SRV_API_RF_TEXT) return 0;
     if (!api->gcache) return RF_BAD("'response_format' %s is not available on this server",
                                     g->rf == SRV_API_RF_JSON_OBJECT ? "json_object" : "json_schema");
@@ -130,12 +132,6 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     }
 }
 
-void api_release_grammar(api_call *c) {
-    if (!c->grammar) return;
-    srv_gcache_release(c->api->gcache, c->grammar);
-    c->grammar = NULL;
-}
-
-void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc) {
+void srv_api_set_grammar_cache(srv_api *api, srv_gcache *gc) {
     if (api) api->gcache = gc;
 }

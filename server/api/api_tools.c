@@ -1,7 +1,8 @@
 /* api_tools.c: tool calls in chat responses: message.tool_calls, and streamed delta.tool_calls fragments
  * (text is held back once it may be a tool call; see server/api/tool_calls_internal.h). Loop thread. */
+#include "server/api/api_gen_internal.h"
+
 #include "server/api/chat_internal.h"
-#include "server/api/api_internal.h"
 #include "server/api/tool_calls_internal.h"
 
 #include <stdio.h>

@@ -8,11 +8,6 @@
 #define BAD(...) (srv_api_set_error(err, 400, NULL, pname, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
 #define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
 
-static const cJSON *field(const cJSON *o, const char *name) {
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
-    return (f && !cJSON_IsNull(f)) ? f : NULL;
-}
-
 void srv_chat_req_free(srv_chat_req *r) {
     if (!r) return;
     cJSON_Delete(r->messages);
@@ -28,7 +23,7 @@ static int content_of(const cJSON *c, cJSON **out) {
     if (cJSON_IsString(c)) return (*out = cJSON_CreateString(c->valuestring)) ? 0 : -2;
     kvs_buf b = {0};
     for (const cJSON *p = c->child; p; p = p->next) {
-        const cJSON *tx = cJSON_IsObject(p) ? field(p, "text") : NULL;
+        const cJSON *tx = cJSON_IsObject(p) ? srv_api_json_field(p, "text") : NULL;
         if (!cJSON_IsString(tx)) { kvs_buf_free(&b); return -1; }
         if (kvs_buf_append(&b, tx->valuestring, strlen(tx->valuestring))) { kvs_buf_free(&b); return -2; }
     }
@@ -46,14 +41,14 @@ static int convert_tool_calls(const cJSON *tc, int i, cJSON *msg, srv_api_error 
     int j = 0;
     for (const cJSON *c = tc->child; c; c = c->next, j++) {
         snprintf(pname, sizeof pname, "messages[%d].tool_calls[%d]", i, j);
-        const cJSON *fn = cJSON_IsObject(c) ? field(c, "function") : NULL;
-        const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+        const cJSON *fn = cJSON_IsObject(c) ? srv_api_json_field(c, "function") : NULL;
+        const cJSON *name = cJSON_IsObject(fn) ? srv_api_json_field(fn, "name") : NULL;
         if (!cJSON_IsString(name) || !name->valuestring[0])
             return BAD("'%s' must be an object with function.name a non-empty string", pname);
         cJSON *call = cJSON_Duplicate(c, true);
         if (!call) return OOM();
         cJSON_AddItemToArray(arr, call);
-        if (!field(call, "type") && !cJSON_AddStringToObject(call, "type", "function")) return OOM();
+        if (!srv_api_json_field(call, "type") && !cJSON_AddStringToObject(call, "type", "function")) return OOM();
         cJSON *cfn = cJSON_GetObjectItemCaseSensitive(call, "function");
         cJSON *args = cJSON_GetObjectItemCaseSensitive(cfn, "arguments");
         if (!args || cJSON_IsNull(args)) {
@@ -80,14 +75,14 @@ static int convert_tool_calls(const cJSON *tc, int i, cJSON *msg, srv_api_error 
 
 static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
     const char *pname = "tools";
-    const cJSON *tools = field(root, "tools");
+    const cJSON *tools = srv_api_json_field(root, "tools");
     if (tools) {
         if (!cJSON_IsArray(tools)) return BAD("'tools' must be an array");
         int j = 0;
         for (const cJSON *t = tools->child; t; t = t->next, j++) {
-            const cJSON *ty = cJSON_IsObject(t) ? field(t, "type") : NULL;
-            const cJSON *fn = cJSON_IsObject(t) ? field(t, "function") : NULL;
-            const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+            const cJSON *ty = cJSON_IsObject(t) ? srv_api_json_field(t, "type") : NULL;
+            const cJSON *fn = cJSON_IsObject(t) ? srv_api_json_field(t, "function") : NULL;
+            const cJSON *name = cJSON_IsObject(fn) ? srv_api_json_field(fn, "name") : NULL;
             if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(name) ||
                 !name->valuestring[0])
                 return BAD("'tools[%d]' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", j);
@@ -95,11 +90,11 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
     }
     out->parallel_tool_calls = true;
     pname = "parallel_tool_calls";
-    const cJSON *ptc = field(root, pname);
+    const cJSON *ptc = srv_api_json_field(root, pname);
     if (ptc && !cJSON_IsBool(ptc)) return BAD("'parallel_tool_calls' must be a boolean");
     if (ptc) out->parallel_tool_calls = cJSON_IsTrue(ptc);
     pname = "tool_choice";
-    const cJSON *tc = field(root, pname);
+    const cJSON *tc = srv_api_json_field(root, pname);
     bool have = tools && cJSON_GetArraySize(tools) > 0;
     if (cJSON_IsString(tc)) {
         const char *s = tc->valuestring;
@@ -108,12 +103,13 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
         else if (!strcmp(s, "required")) out->tool_choice = SRV_TOOL_CHOICE_REQUIRED;
         else return BAD("'tool_choice' must be \"none\", \"auto\", \"required\" or a function, got '%s'", s);
     } else if (cJSON_IsObject(tc)) {
-        const cJSON *fn = field(tc, "function");
-        const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+        const cJSON *fn = srv_api_json_field(tc, "function");
+        const cJSON *name = cJSON_IsObject(fn) ? srv_api_json_field(fn, "name") : NULL;
         if (!cJSON_IsString(name)) return BAD("'tool_choice' must name a function: {\"type\": \"function\", \"function\": {\"name\": ...}}");
         bool found = false;
         for (const cJSON *t = have ? tools->child : NULL; t && !found; t = t->next)
-            found = !strcmp(field(field(t, "function"), "name")->valuestring, name->valuestring);
+            found = !strcmp(srv_api_json_field(srv_api_json_field(t, "function"), "name")->valuestring,
+                            name->valuestring);
         if (!found) return BAD("'tool_choice' names function '%s', which is not in 'tools'", name->valuestring);
         out->tool_choice = SRV_TOOL_CHOICE_NAMED;
         if (!(out->tool_name = strdup(name->valuestring))) return OOM();
@@ -130,14 +126,14 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
 int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
     memset(out, 0, sizeof *out);
     char pname[64] = "messages";
-    const cJSON *msgs = field(root, "messages");
+    const cJSON *msgs = srv_api_json_field(root, "messages");
     if (!cJSON_IsArray(msgs) || !msgs->child) return BAD("'messages' must be a non-empty array");
     if (!(out->messages = cJSON_CreateArray())) return OOM();
     int i = 0, r;
     const cJSON *last = NULL;
     for (const cJSON *m = msgs->child; m; m = m->next, i++) {
         snprintf(pname, sizeof pname, "messages[%d]", i);
-        const cJSON *role = cJSON_IsObject(m) ? field(m, "role") : NULL;
+        const cJSON *role = cJSON_IsObject(m) ? srv_api_json_field(m, "role") : NULL;
         if (!cJSON_IsString(role)) { r = BAD("'%s' must be an object with a string role", pname); goto fail; }
         cJSON *o = cJSON_CreateObject();
         if (!o) { r = OOM(); goto fail; }
@@ -145,16 +141,16 @@ int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
         const char *rs = !strcmp(role->valuestring, "developer") ? "system" : role->valuestring;
         if (!cJSON_AddStringToObject(o, "role", rs)) { r = OOM(); goto fail; }
         cJSON *content = NULL;
-        int c = content_of(field(m, "content"), &content);
+        int c = content_of(srv_api_json_field(m, "content"), &content);
         if (c == -1) { snprintf(pname, sizeof pname, "messages[%d].content", i); r = BAD("'%s' parts must have a string text", pname); goto fail; }
         if (c == -2) { r = OOM(); goto fail; }
         if (!content && !(content = cJSON_CreateString(""))) { r = OOM(); goto fail; }
         cJSON_AddItemToObject(o, "content", content);
-        const cJSON *tcs = field(m, "tool_calls");
+        const cJSON *tcs = srv_api_json_field(m, "tool_calls");
         if (tcs && (r = convert_tool_calls(tcs, i, o, err)) != 0) goto fail;
         static const char *const KEEP[] = {"tool_call_id", "name", "reasoning_content"};
         for (size_t k = 0; k < sizeof KEEP / sizeof KEEP[0]; k++) {
-            const cJSON *v = field(m, KEEP[k]);
+            const cJSON *v = srv_api_json_field(m, KEEP[k]);
             if (cJSON_IsString(v) && !cJSON_AddStringToObject(o, KEEP[k], v->valuestring)) { r = OOM(); goto fail; }
         }
         last = o;

@@ -12,11 +12,6 @@
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
 #define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
 
-static const cJSON *field(const cJSON *o, const char *name) {
-    const cJSON *f = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, name) : NULL;
-    return (f && !cJSON_IsNull(f)) ? f : NULL;
-}
-
 void srv_resp_req_free(srv_resp_req *r) {
     if (!r) return;
     cJSON_Delete(r->chat);
@@ -31,7 +26,7 @@ void srv_resp_req_free(srv_resp_req *r) {
 
 /* ---- scalars ------------------------------------------------------------------------------------------------ */
 static int get_bool(const cJSON *root, const char *name, bool *out, srv_api_error *err) {
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return 0;
     if (!cJSON_IsBool(f)) return BAD(name, "'%s' must be a boolean, got %s", name, srv_api_json_kind(f));
     *out = cJSON_IsTrue(f);
@@ -41,7 +36,7 @@ static int get_bool(const cJSON *root, const char *name, bool *out, srv_api_erro
 /* A number copied into the chat body under chat_name (range checks are the chat parse's). */
 static int copy_number(const cJSON *root, const char *name, const char *chat_name, cJSON *chat, float *echo,
                        srv_api_error *err) {
-    const cJSON *f = field(root, name);
+    const cJSON *f = srv_api_json_field(root, name);
     if (!f) return 0;
     if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble))
         return BAD(name, "'%s' must be a number, got %s", name, srv_api_json_kind(f));
@@ -60,7 +55,7 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
     kvs_buf b = {0};
     int j = 0;
     for (const cJSON *p = c->child; p; p = p->next, j++) {
-        const cJSON *ty = field(p, "type"), *tx = field(p, "text");
+        const cJSON *ty = srv_api_json_field(p, "type"), *tx = srv_api_json_field(p, "text");
         const char *t = cJSON_IsString(ty) ? ty->valuestring : "";
         if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text")) {
             kvs_buf_free(&b);
@@ -85,17 +80,19 @@ static int add_message(cJSON *msgs, const char *role, const char *content, srv_a
 }
 
 static const char *str_field(const cJSON *o, const char *name) {
-    const cJSON *f = field(o, name);
+    const cJSON *f = srv_api_json_field(o, name);
     return cJSON_IsString(f) ? f->valuestring : NULL;
 }
 
 /* The name of the call with id call_id among the assistant tool_calls of msgs, or NULL. */
 static const char *call_name(const cJSON *msgs, const char *call_id) {
-    for (const cJSON *m = msgs->child; m; m = m->next)
-        for (const cJSON *c = field(m, "tool_calls") ? field(m, "tool_calls")->child : NULL; c; c = c->next) {
+    for (const cJSON *m = msgs->child; m; m = m->next) {
+        const cJSON *calls = srv_api_json_field(m, "tool_calls");
+        for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
             const char *id = str_field(c, "id");
-            if (id && !strcmp(id, call_id)) return str_field(field(c, "function"), "name");
+            if (id && !strcmp(id, call_id)) return str_field(srv_api_json_field(c, "function"), "name");
         }
+    }
     return NULL;
 }
 
@@ -145,7 +142,7 @@ static int add_call_output(cJSON *msgs, const cJSON *it, int i, srv_api_error *e
         return BAD(pn, "'%s': no function_call with call_id '%s' comes before it (in input or in the conversation "
                    "of previous_response_id)", pn, call_id);
     snprintf(pn, sizeof pn, "input[%d].output", i);
-    const cJSON *o = field(it, "output");
+    const cJSON *o = srv_api_json_field(it, "output");
     if (!o) return BAD(pn, "'%s' is required", pn);
     char *text = NULL;
     int r = text_of(o, pn, &text, err);
@@ -159,7 +156,7 @@ static int add_call_output(cJSON *msgs, const cJSON *it, int i, srv_api_error *e
 }
 
 static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
-    const cJSON *in = field(root, "input");
+    const cJSON *in = srv_api_json_field(root, "input");
     if (cJSON_IsString(in)) return add_message(msgs, "user", in->valuestring, err);
     if (!cJSON_IsArray(in) || !in->child)
         return BAD("input", "'input' is required: a string or a non-empty array of input items");
@@ -168,7 +165,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
         char pn[64];
         snprintf(pn, sizeof pn, "input[%d]", i);
         if (!cJSON_IsObject(it)) return BAD("input", "'%s' must be an object, got %s", pn, srv_api_json_kind(it));
-        const cJSON *ty = field(it, "type");
+        const cJSON *ty = srv_api_json_field(it, "type");
         if (ty && !cJSON_IsString(ty)) return BAD("input", "'%s.type' must be a string", pn);
         const char *t = ty ? ty->valuestring : "message";
         int r;
@@ -183,7 +180,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
                 return BAD("input", "'%s.role' must be user, assistant, system or developer", pn);
             char what[96], *text = NULL;
             snprintf(what, sizeof what, "%s.content", pn);
-            const cJSON *c = field(it, "content");
+            const cJSON *c = srv_api_json_field(it, "content");
             if (!c) return BAD("input", "'%s' is required", what);
             if ((r = text_of(c, what, &text, err)) != 0) return r;
             r = add_message(msgs, !strcmp(role, "developer") ? "system" : role, text, err);
@@ -199,7 +196,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
 
 /* ---- tools ---------------------------------------------------------------------------------------------------- */
 static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
-    const cJSON *tools = field(root, "tools");
+    const cJSON *tools = srv_api_json_field(root, "tools");
     if (!(out->tools = cJSON_CreateArray())) return OOM();
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", srv_api_json_kind(tools));
@@ -214,7 +211,8 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
                        "tools (type 'function') are", j, ty);
         const char *name = str_field(t, "name");
         if (!name || !name[0]) return BAD("tools", "'tools[%d].name' must be a non-empty string", j);
-        const cJSON *desc = field(t, "description"), *params = field(t, "parameters"), *strict = field(t, "strict");
+        const cJSON *desc = srv_api_json_field(t, "description"), *params = srv_api_json_field(t, "parameters");
+        const cJSON *strict = srv_api_json_field(t, "strict");
         if (desc && !cJSON_IsString(desc)) return BAD("tools", "'tools[%d].description' must be a string", j);
         if (params && !cJSON_IsObject(params))
             return BAD("tools", "'tools[%d].parameters' must be an object (a JSON Schema)", j);
@@ -248,7 +246,7 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
 }
 
 static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
-    const cJSON *tc = field(root, "tool_choice");
+    const cJSON *tc = srv_api_json_field(root, "tool_choice");
     if (!tc) return (out->tool_choice = cJSON_CreateString("auto")) ? 0 : OOM();
     if (cJSON_IsString(tc)) {
         const char *s = tc->valuestring;
@@ -276,7 +274,7 @@ static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *
 
 /* text.format -> response_format */
 static int map_text_format(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
-    const cJSON *text = field(root, "text"), *fmt = text ? field(text, "format") : NULL;
+    const cJSON *text = srv_api_json_field(root, "text"), *fmt = text ? srv_api_json_field(text, "format") : NULL;
     if (text && !cJSON_IsObject(text)) return BAD("text", "'text' must be an object, got %s", srv_api_json_kind(text));
     if (!fmt) {
         out->text_format = cJSON_CreateObject();
@@ -311,13 +309,13 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
     out->parallel_tool_calls = out->store = true;
     if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
     if (!(out->chat = cJSON_CreateObject())) return OOM();
-    const cJSON *model = field(root, "model");
+    const cJSON *model = srv_api_json_field(root, "model");
     if (model && !cJSON_IsString(model))
         return BAD("model", "'model' must be a string, got %s", srv_api_json_kind(model));
     if (model && !cJSON_AddStringToObject(out->chat, "model", model->valuestring)) return OOM();
     if ((r = copy_number(root, "temperature", "temperature", out->chat, &out->temperature, err))) return r;
     if ((r = copy_number(root, "top_p", "top_p", out->chat, &out->top_p, err))) return r;
-    const cJSON *mo = field(root, "max_output_tokens");
+    const cJSON *mo = srv_api_json_field(root, "max_output_tokens");
     if (mo) {
         if (!cJSON_IsNumber(mo) || mo->valuedouble != floor(mo->valuedouble) || mo->valuedouble < 1 ||
             mo->valuedouble > INT32_MAX)
@@ -325,7 +323,7 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
         out->max_output = (int32_t)mo->valuedouble;
         if (!cJSON_AddNumberToObject(out->chat, "max_tokens", mo->valuedouble)) return OOM();
     }
-    const cJSON *prio = field(root, "priority"); /* checked by chat's parser, with its policy rule */
+    const cJSON *prio = srv_api_json_field(root, "priority"); /* checked by chat's parser, with its policy rule */
     if (prio) {
         cJSON *d = cJSON_Duplicate(prio, true);
         if (!d) return OOM();
@@ -335,14 +333,14 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
     if ((r = get_bool(root, "store", &out->store, err))) return r;
     if ((r = get_bool(root, "parallel_tool_calls", &out->parallel_tool_calls, err))) return r;
     if (!cJSON_AddBoolToObject(out->chat, "parallel_tool_calls", out->parallel_tool_calls)) return OOM();
-    const cJSON *ins = field(root, "instructions");
+    const cJSON *ins = srv_api_json_field(root, "instructions");
     if (ins && !cJSON_IsString(ins))
         return BAD("instructions", "'instructions' must be a string, got %s", srv_api_json_kind(ins));
     if (ins && !(out->instructions = strdup(ins->valuestring))) return OOM();
     if ((r = map_tools(root, out, err)) || (r = map_tool_choice(root, out, err)) ||
         (r = map_text_format(root, out, err)))
         return r;
-    const cJSON *prev = field(root, "previous_response_id");
+    const cJSON *prev = srv_api_json_field(root, "previous_response_id");
     if (prev && !cJSON_IsString(prev))
         return BAD("previous_response_id", "'previous_response_id' must be a string, got %s", srv_api_json_kind(prev));
     if (prev) {
