@@ -35,12 +35,12 @@ typedef struct daemon_state {
     srv_engine_ops ops;
     bool have_ops;
     srv_sched *sched;
-    srv_gcache *gcache;     /* response_format grammars over the model's vocabulary */
-    srv_kvev *kvev;              /* KV-cache event publisher, NULL when disabled */
+    srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
+    srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
-    srv_tf_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
+    srv_tool_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -97,7 +97,8 @@ static void load_template(daemon_state *d) {
     d->eos_text = token_text(d->model, eng_token_eos(d->model));
     /* the tool-call format follows what renders: the Jinja template (below), else the built-in family, forced
      * or found in the model's template text as eng_chat_render finds it */
-    d->tool_format = srv_tf_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
+    d->tool_format =
+        srv_tool_format_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
     char *owned = NULL;
     const char *src = NULL, *what = "the model's chat template";
     size_t len = 0;
@@ -115,7 +116,7 @@ static void load_template(daemon_state *d) {
     if (!src) return;
     tpl_error te;
     int r = tpl_compile(src, len, NULL, &d->tpl, &te);
-    if (r == 0) d->tool_format = srv_tf_detect(src, ENG_CHAT_AUTO);
+    if (r == 0) d->tool_format = srv_tool_format_detect(src, ENG_CHAT_AUTO);
     free(owned);
     if (r != 0) {
         d->tpl = NULL;
@@ -150,8 +151,8 @@ static void load_work(uv_work_t *w) {
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
-    d->load_rc = srv_gcache_vocab_from_model(d->model, &gv);
-    if (d->load_rc == 0) d->load_rc = srv_gcache_create(gv, 32, 0, &d->gcache);
+    d->load_rc = srv_grammar_cache_vocab_from_model(d->model, &gv);
+    if (d->load_rc == 0) d->load_rc = srv_grammar_cache_create(gv, 32, 0, &d->gcache);
     if (d->load_rc != 0)
         snprintf(d->load_err, sizeof d->load_err, "cannot index the vocabulary for response_format: %s",
                  kvs_strerror(d->load_rc));
@@ -183,8 +184,8 @@ static void load_done(uv_work_t *w, int status) {
     sp.n_ctx = n_ctx;
     sp.context_shift = c->context_shift;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
-        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
-        sp.on_step = srv_kvev_step_end;
+        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kv_events_on_cache_event, d->kvev);
+        sp.on_step = srv_kv_events_step_end;
         sp.on_step_ctx = d->kvev;
     }
     int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
@@ -235,7 +236,7 @@ static void load_done(uv_work_t *w, int status) {
     srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s)\n",
             id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx),
-            srv_tf_name(d->tool_format));
+            srv_tool_format_name(d->tool_format));
 }
 
 /* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
@@ -260,7 +261,7 @@ static void finalize(daemon_state *d) {
     d->sched = NULL;
     if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
     d->metrics.kvev = NULL;
-    srv_kvev_free(d->kvev); /* publishes what the last steps queued */
+    srv_kv_events_free(d->kvev); /* publishes what the last steps queued */
     d->kvev = NULL;
     uv_close((uv_handle_t *)&d->poll, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
@@ -343,8 +344,9 @@ int srv_main(const srv_config *cfg) {
     ac.api_key = cfg->api_key;
     ac.parse_special_in_content = cfg->parse_special_in_content;
     ac.loop = &d->loop;
-    ac.log_format = !strcmp(cfg->log_format, "json") ? SRV_LOG_JSON : !strcmp(cfg->log_format, "none") ? SRV_LOG_NONE
-                                                                                                   : SRV_LOG_TEXT;
+    ac.log_format = !strcmp(cfg->log_format, "json")   ? SRV_API_LOG_JSON
+                    : !strcmp(cfg->log_format, "none") ? SRV_API_LOG_NONE
+                                                       : SRV_API_LOG_TEXT;
     srv_http_limits hl;
     srv_http_limits_default(&hl);
     hl.body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
@@ -383,18 +385,18 @@ int srv_main(const srv_config *cfg) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
     }
-    srv_kvev_config kc;
-    if (srv_kvev_config_parse(cfg->kv_events_config, &kc, err, sizeof err) != KVS_OK) {
+    srv_kv_events_config kc;
+    if (srv_kv_events_config_parse(cfg->kv_events_config, &kc, err, sizeof err) != KVS_OK) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
     }
-    if (srv_kvev_config_active(&kc)) {
-        if (srv_kvev_create(&kc, &d->kvev, err, sizeof err) != KVS_OK) {
+    if (srv_kv_events_config_active(&kc)) {
+        if (srv_kv_events_create(&kc, &d->kvev, err, sizeof err) != KVS_OK) {
             fprintf(stderr, "kvserve: %s\n", err);
             goto out;
         }
         d->metrics.kvev = d->kvev;
-        fprintf(stderr, "kvserve: KV-cache events on %s%s%s (topic \"%s\")\n", srv_kvev_endpoint(d->kvev),
+        fprintf(stderr, "kvserve: KV-cache events on %s%s%s (topic \"%s\")\n", srv_kv_events_endpoint(d->kvev),
                 kc.replay_endpoint[0] ? ", replay on " : "", kc.replay_endpoint, kc.topic);
     }
     uv_timer_init(&d->loop, &d->poll);
@@ -424,10 +426,10 @@ out:
     }
     srv_http_free(d->http);
     srv_api_free(d->api);
-    srv_gcache_free(d->gcache); /* after the API: its calls hold references */
+    srv_grammar_cache_free(d->gcache); /* after the API: its calls hold references */
     srv_web_free(d->web);
     srv_cors_free(d->cors);
-    srv_kvev_free(d->kvev); /* start-up failed after it was created */
+    srv_kv_events_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);

@@ -5,7 +5,7 @@
  * routes, parsing, generation, rendering), sched_*.c (the continuous-batching scheduler: core, policy, output),
  * block_manager.c (the scheduler's view of the KV cache), stop.c (stop strings), metrics.c, config.c, serve.c.
  * Owns: the event loop, connections, requests in flight, the scheduler thread; the engine only through
- * srv_engine_ops. Must never: run kernels or touch the cache's internals (block_manager.h is the door), or
+ * srv_engine_ops. Must never: run kernels or touch the cache's internals (sched/block_manager_internal.h is the door), or
  * choose an HTTP status outside the API layer (api_*.c).
  *
  * The server is a libuv loop running the HTTP layer (server/http/http.h) and the OpenAI-compatible API
@@ -51,7 +51,7 @@ typedef struct srv_config {
     int32_t batch_tokens;       /* token budget of one engine step, default 512 */
     int32_t ctx_size;           /* longest sequence; 0: the model's training context */
     bool context_shift;         /* a generation reaching ctx_size drops half of its context after n_keep and
-                                   goes on (scheduler.h, "Context shift"); default false: it ends with "length" */
+                                   goes on (sched/sched.h, "Context shift"); default false: it ends with "length" */
     int32_t n_keep;             /* default n_keep of requests: prompt tokens a context shift keeps, BOS not
                                    counted (-1: the whole prompt), default 0 */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: from kv_cache_mb */
@@ -70,7 +70,7 @@ typedef struct srv_config {
     char api_key[256];          /* "": no authentication */
     char pooling[8];            /* /v1/embeddings pooling: "" (the model's pooling_type; none or absent: mean),
                                    "mean", "cls", "last" */
-    char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (cors.h) */
+    char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (http/http.h) */
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */
     double body_limit_mb;       /* request bodies above this get 413, default 16 */

@@ -144,35 +144,35 @@ char *srv_api_error_json(const srv_api_error *err);
  * Mistral's [TOOL_CALLS] and, in some vocabularies, <tool_call> are special tokens that a grammar never allows:
  * the constrained output spells them out in ordinary tokens (the same text). */
 typedef enum {
-    SRV_TF_GENERIC = 0,
-    SRV_TF_HERMES = 1,
-    SRV_TF_LLAMA3 = 2,
-    SRV_TF_MISTRAL = 3,
-} srv_tf_format;
+    SRV_TOOL_FORMAT_GENERIC = 0,
+    SRV_TOOL_FORMAT_HERMES = 1,
+    SRV_TOOL_FORMAT_LLAMA3 = 2,
+    SRV_TOOL_FORMAT_MISTRAL = 3,
+} srv_tool_format;
 
 /* The format for a chat template text (NULL: none) rendered as `family` when it is not run as Jinja
  * (ENG_CHAT_AUTO: the family eng_chat_detect finds in the text, ChatML when none). The markers the parser
  * knows decide first: "<tool_call>" Hermes, "[TOOL_CALLS]" Mistral, "<|python_tag|>" or a Llama 3 header
  * Llama 3; otherwise the family: ChatML (and the ChatML fallback) Hermes, llama3 Llama 3, mistral Mistral,
  * the others generic. */
-srv_tf_format srv_tf_detect(const char *template_text, eng_chat_family family);
+srv_tool_format srv_tool_format_detect(const char *template_text, eng_chat_family family);
 /* "generic", "hermes", "llama3", "mistral" */
-const char *srv_tf_name(srv_tf_format f);
+const char *srv_tool_format_name(srv_tool_format f);
 
 /* The model's compiled response grammars (api/grammar_cache.c; lookups are private:
  * api/grammar_cache_internal.h). One per loaded model: it owns the model's gmr_vocab and a bounded LRU of
  * compiled grammars; any thread. */
-typedef struct srv_gcache srv_gcache;
+typedef struct srv_grammar_cache srv_grammar_cache;
 /* Builds the vocabulary index of a loaded model: each token's piece (special tokens not rendered, so they are
  * never allowed), eog and special flags. Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, or the engine's error. */
-int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out);
+int srv_grammar_cache_vocab_from_model(const eng_model *model, gmr_vocab **out);
 
-/* Takes ownership of vocab (freed by srv_gcache_free, also on failure). max_entries >= 1 grammars kept while
+/* Takes ownership of vocab (freed by srv_grammar_cache_free, also on failure). max_entries >= 1 grammars kept while
  * unreferenced (LRU); mask_cache_bytes bounds each grammar's mask cache (0: 16 MiB).
  * Errors: KVS_ERR_INVALID, KVS_ERR_NOMEM, KVS_ERR_THREAD. */
-int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_gcache **out);
+int srv_grammar_cache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_grammar_cache **out);
 /* Every entry must have been released. NULL is a no-op. */
-void srv_gcache_free(srv_gcache *c);
+void srv_grammar_cache_free(srv_grammar_cache *c);
 
 /* ---- 3. routes -------------------------------------------------------------------------------------------- */
 /* What the API layer needs from the engine and the scheduler. The functions follow the semantics of the
@@ -191,20 +191,20 @@ typedef struct srv_api_backend {
      * families. Rendered off the loop (any thread); the caller's, must outlive the backend. */
     const struct tpl_template *chat_tpl;
     const char *bos_text, *eos_text; /* the BOS / EOS token texts for the template (NULL: "") */
-    /* How the model writes tool calls (srv_tf_detect over the template text or the built-in family): the
+    /* How the model writes tool calls (srv_tool_format_detect over the template text or the built-in family): the
      * format of grammar-constrained calls (tool_choice "required" or a named function) and of the tools
      * described in the prompt of a built-in family (which has no template to print them). 0: generic JSON. */
-    srv_tf_format tool_format;
+    srv_tool_format tool_format;
 } srv_api_backend;
 
-typedef enum { SRV_LOG_TEXT = 0, SRV_LOG_JSON = 1, SRV_LOG_NONE = 2 } srv_log_format;
+typedef enum { SRV_API_LOG_TEXT = 0, SRV_API_LOG_JSON = 1, SRV_API_LOG_NONE = 2 } srv_api_log_format;
 
 typedef struct srv_api_config {
     const char *model_id;       /* /v1/models id and the "model" of responses (copied) */
     int32_t n_ctx;              /* context length for the prompt check (0: unchecked) */
     srv_api_limits limits;
     const char *api_key;        /* NULL or "": no authentication (copied) */
-    srv_log_format log_format;
+    srv_api_log_format log_format;
     void *log_stream;           /* FILE * for request logs (NULL: stderr) */
     uv_loop_t *loop;            /* the loop srv_api_handle runs on: request bodies are parsed, chat templates
                                    rendered and prompts tokenized on libuv's thread pool, so the loop stays
@@ -230,7 +230,7 @@ int srv_api_set_model(srv_api *api, const char *model_id, int32_t n_ctx, int32_t
  * pool is answered 400 context_length_exceeded naming the sizes, before it is queued. Loop thread, before the
  * backend is set. */
 void srv_api_set_kv_pool(srv_api *api, int32_t n_blocks, int32_t block_size);
-/* The context shift (scheduler.h, "Context shift"): on: a request's max_tokens may pass the context (only the
+/* The context shift (sched/sched.h, "Context shift"): on: a request's max_tokens may pass the context (only the
  * prompt must fit); n_keep: the default of the request field n_keep (-1: the whole prompt); bos: the model's BOS
  * token (-1: none), which n_keep does not count and a shift always keeps when the prompt starts with it.
  * Default: off, n_keep 0, bos -1. Loop thread, before requests arrive. */
@@ -245,7 +245,7 @@ void srv_api_handle(void *ud, srv_http_req *req);
 void srv_api_log_http(void *ud, const char *method, const char *path, int status, uint64_t t_start_ns);
 /* The model's grammar cache for response_format (section 2; the caller's, must outlive the srv_api; NULL:
  * response_format json_object/json_schema answer 400 "not available"). Loop thread. */
-void srv_api_set_grammar_cache(srv_api *api, srv_gcache *gc);
+void srv_api_set_grammar_cache(srv_api *api, srv_grammar_cache *gc);
 /* Graceful drain (SIGTERM): from now on GET/HEAD /health (and /v1/health) answer 503 {"status":"draining"},
  * /metrics answers as before (with kvserve:draining 1), and every other request gets 503 with "Retry-After: 1"
  * and an OpenAI error JSON (code "server_draining"); requests already accepted, including those still being

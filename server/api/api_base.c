@@ -93,7 +93,7 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
         srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is empty (expected a JSON object)");
         return SRV_API_ERR_INVALID;
     }
-    if (srv_json_check(body, len, SRV_JSON_MAX_DEPTH, &res) != 0) {
+    if (srv_json_check(body, len, SRV_JSON_CHECK_MAX_DEPTH, &res) != 0) {
         srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not valid JSON: %s", res.message);
         return SRV_API_ERR_INVALID;
     }
@@ -123,12 +123,12 @@ static void log_timestamp(char ts[32]) {
 
 void api_log_request(srv_api *api, const char *method, const char *path, int status, const srv_sched_usage *u,
                      double ttft_ms, double total_ms) {
-    if (api->log_format == SRV_LOG_NONE) return;
+    if (api->log_format == SRV_API_LOG_NONE) return;
     FILE *f = api->log ? api->log : stderr;
     char ts[32];
     log_timestamp(ts);
     int32_t p = u ? u->prompt_tokens : 0, c = u ? u->completion_tokens : 0, k = u ? u->cached_tokens : 0;
-    if (api->log_format == SRV_LOG_JSON) {
+    if (api->log_format == SRV_API_LOG_JSON) {
         cJSON *o = cJSON_CreateObject();
         if (!o) return;
         cJSON_AddStringToObject(o, "ts", ts);
@@ -154,12 +154,12 @@ void api_log_request(srv_api *api, const char *method, const char *path, int sta
 }
 
 void api_log_truncated(srv_api *api, const api_call *c, int32_t idx) {
-    if (api->log_format == SRV_LOG_NONE) return;
+    if (api->log_format == SRV_API_LOG_NONE) return;
     FILE *f = api->log ? api->log : stderr;
     char ts[32];
     log_timestamp(ts);
     long long tokens = (long long)api->kv_blocks * api->kv_block_size;
-    if (api->log_format == SRV_LOG_JSON)
+    if (api->log_format == SRV_API_LOG_JSON)
         fprintf(f, "{\"ts\":\"%s\",\"level\":\"warning\",\"event\":\"kv_pool_truncated\",\"id\":\"%s\","
                    "\"choice\":%d,\"kv_pool_tokens\":%lld}\n", ts, c->id, (int)idx, tokens);
     else

@@ -94,7 +94,7 @@ void api_stream_client_gone(api_call *c) {
 
 static void release_grammar(api_call *c) {
     if (!c->grammar) return;
-    srv_gcache_release(c->api->gcache, c->grammar);
+    srv_grammar_cache_release(c->api->gcache, c->grammar);
     c->grammar = NULL;
 }
 

@@ -71,10 +71,10 @@ static bool has_tool_history(const cJSON *messages) {
  * described in the system message (one is added first when there is none), assistant tool_calls written as the
  * model writes them, tool results as its format shows them (server/api/tool_format_internal.h). *out NULL: no tools, the
  * request's messages serve as they are. 0 or KVS_ERR_NOMEM. */
-static int tool_messages(srv_tf_format f, const srv_chat_req *r, srv_api_msg **out, int32_t *n_out) {
+static int tool_messages(srv_tool_format f, const srv_chat_req *r, srv_api_msg **out, int32_t *n_out) {
     *out = NULL;
     *n_out = 0;
-    if (!r || r->tool_choice == SRV_TOOL_CHOICE_NONE || (!r->tools && !has_tool_history(r->messages))) return 0;
+    if (!r || r->tool_choice == SRV_CHAT_TOOL_CHOICE_NONE || (!r->tools && !has_tool_history(r->messages))) return 0;
     int32_t n = cJSON_GetArraySize(r->messages);
     const cJSON *first = r->messages->child;
     const cJSON *fr = first ? cJSON_GetObjectItemCaseSensitive(first, "role") : NULL;
@@ -85,7 +85,7 @@ static int tool_messages(srv_tf_format f, const srv_chat_req *r, srv_api_msg **o
     int rc = 0;
     kvs_buf b = {0};
     if (add_sys) {
-        rc = srv_tf_prompt(f, r->tools, &b);
+        rc = srv_tool_format_prompt(f, r->tools, &b);
         m[k].role = strdup("system");
         m[k].content = kvs_buf_take(&b);
         if (!m[k].role || !m[k].content) rc = KVS_ERR_NOMEM;
@@ -102,14 +102,14 @@ static int tool_messages(srv_tf_format f, const srv_chat_req *r, srv_api_msg **o
         if (msg == first && r->tools && !add_sys) { /* the system message, then the tools */
             kvs_buf_puts(&b, text);
             if (text[0]) kvs_buf_puts(&b, "\n\n");
-            rc = srv_tf_prompt(f, r->tools, &b);
+            rc = srv_tool_format_prompt(f, r->tools, &b);
         } else if (!strcmp(role, "tool")) {
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(msg, "name");
-            rc = srv_tf_result_text(f, cJSON_IsString(nm) ? nm->valuestring : NULL, text, &role, &b);
+            rc = srv_tool_format_result_text(f, cJSON_IsString(nm) ? nm->valuestring : NULL, text, &role, &b);
         } else if (calls && cJSON_GetArraySize(calls) > 0) {
             kvs_buf_puts(&b, text);
             if (text[0]) kvs_buf_putc(&b, '\n');
-            rc = srv_tf_calls_text(f, calls, &b);
+            rc = srv_tool_format_calls_text(f, calls, &b);
         } else {
             kvs_buf_puts(&b, text);
         }

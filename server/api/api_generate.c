@@ -114,11 +114,13 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             c->t_first_token = t->t_first_token;
         if (api->metrics) {
             srv_metrics *m = api->metrics;
-            if (t->t_first_token) srv_histogram_observe(&m->ttft, (double)(t->t_first_token - c->t_arrival) / 1e9);
-            if (t->t_end) srv_histogram_observe(&m->e2e, (double)(t->t_end - c->t_arrival) / 1e9);
-            if (t->t_start && t->t_submit) srv_histogram_observe(&m->queue, (double)(t->t_start - t->t_submit) / 1e9);
-            srv_histogram_observe(&m->prompt_len, ev->usage.prompt_tokens);
-            srv_histogram_observe(&m->gen_len, ev->usage.completion_tokens);
+            if (t->t_first_token)
+                srv_metrics_histogram_observe(&m->ttft, (double)(t->t_first_token - c->t_arrival) / 1e9);
+            if (t->t_end) srv_metrics_histogram_observe(&m->e2e, (double)(t->t_end - c->t_arrival) / 1e9);
+            if (t->t_start && t->t_submit)
+                srv_metrics_histogram_observe(&m->queue, (double)(t->t_start - t->t_submit) / 1e9);
+            srv_metrics_histogram_observe(&m->prompt_len, ev->usage.prompt_tokens);
+            srv_metrics_histogram_observe(&m->gen_len, ev->usage.completion_tokens);
         }
         if (c->n_live == 0) finish_call(c);
         return;
@@ -129,7 +131,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
     if (ev->type == SRV_SCHED_EV_DELTA) {
         if (api->metrics && ch->last_t && ev->n_samples > 0 && ev->t > ch->last_t) {
             double dt = (double)(ev->t - ch->last_t) / 1e9 / ev->n_samples;
-            for (int32_t i = 0; i < ev->n_samples; i++) srv_histogram_observe(&api->metrics->itl, dt);
+            for (int32_t i = 0; i < ev->n_samples; i++) srv_metrics_histogram_observe(&api->metrics->itl, dt);
         }
         if (ev->n_samples > 0) ch->last_t = ev->t;
         if (c->stream && api_tools_active(c)) {

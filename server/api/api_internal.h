@@ -9,7 +9,7 @@
  * Above them, api_gen_internal.h declares the generation pipeline (parse, response_format, prompts, the
  * preparation, rendering, tool calls) and api_routes_internal.h the routes api_routes.c dispatches to. Arrows
  * point down only: routes -> pipeline -> api_call.c -> api_base.c; the mappings with their own prefix (chat.c,
- * tool_calls.c, tool_format.c, responses_map.c, json_check.c, grammar_cache.c) use at most api_base.c
+ * tool_call.c, tool_format.c, responses_map.c, json_check.c, grammar_cache.c) use at most api_base.c
  * (scripts/check-includes.py checks that no circle forms).
  *
  * Everything here runs on the event-loop thread, except the preparation of generation requests and the
@@ -89,7 +89,7 @@ struct api_call {
     int32_t n_embd, next_sub;
     bool embd_b64;
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
-    struct srv_gcache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
+    struct srv_grammar_cache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
     int32_t priority;     /* /v1/embeddings, /v1/responses: the request's `priority` (generation: gen.priority) */
 };
 
@@ -99,7 +99,7 @@ struct srv_api {
     int32_t kv_blocks, kv_block_size; /* the whole KV pool (srv_api_set_kv_pool; 0: unchecked) */
     srv_api_limits limits;
     char *api_key;
-    srv_log_format log_format;
+    srv_api_log_format log_format;
     FILE *log;
     srv_metrics *metrics;
     const srv_cors *cors; /* preflight answers (NULL: no CORS) */
@@ -122,7 +122,7 @@ struct srv_api {
     bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
     int32_t n_keep;       /* the default of the request field n_keep */
     int32_t bos;          /* the model's BOS token (-1: none) */
-    struct srv_gcache *gcache; /* response_format grammars (NULL: not available) */
+    struct srv_grammar_cache *gcache; /* response_format grammars (NULL: not available) */
 };
 
 /* ---- api_base.c ------------------------------------------------------------------------------------------- */

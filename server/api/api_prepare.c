@@ -144,6 +144,6 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
      * penalties alone look only at generated tokens */
     sr->penalize_prompt = g->repetition_penalty != 1.0f;
-    sr->grammar = c->grammar ? srv_gcache_matcher(c->grammar) : NULL;
+    sr->grammar = c->grammar ? srv_grammar_cache_matcher(c->grammar) : NULL;
     sr->priority = g->priority;
 }

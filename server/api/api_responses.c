@@ -3,7 +3,7 @@
  * model's Jinja template with content spans as plain text, the system-role retry, tools and tool_choice,
  * response_format's grammar, the context check) and api_fill_request (sampling, grammar) for the scheduler.
  * Its events become a Response object, or the typed server-sent events of a streamed one: text deltas of a
- * message item, then each tool call the model wrote (server/api/tool_calls_internal.h) as a function_call item with its
+ * message item, then each tool call the model wrote (server/api/tool_call_internal.h) as a function_call item with its
  * arguments. Finished responses are kept in memory (at most RESP_STORE_MAX, least recently used dropped) as
  * chat messages, tool calls included, so that previous_response_id can continue them; the continued
  * conversation renders to the same prefix, which the prefix cache then reuses. */
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "server/api/responses_map_internal.h"
-#include "server/api/tool_calls_internal.h"
+#include "server/api/tool_call_internal.h"
 
 enum { RESP_STORE_MAX = 256 };
 
@@ -45,7 +45,7 @@ void api_resp_store_free(api_resp_store *s) {
     free(s);
 }
 
-/* srv_resp_lookup_fn over the store (ud): a copy of the conversation `id`. Any thread. */
+/* srv_responses_map_lookup_fn over the store (ud): a copy of the conversation `id`. Any thread. */
 static int store_lookup(void *ud, const char *id, cJSON **msgs) {
     api_resp_store *s = ud;
     int rc = -1;
@@ -80,7 +80,7 @@ static void store_put(api_resp_store *s, const char *id, cJSON *conv) {
 /* ---- a call ------------------------------------------------------------------------------------------------- */
 typedef struct resp_call {
     api_call c;              /* first: api_call_free frees the whole struct */
-    srv_resp_req rq;         /* the mapped request */
+    srv_responses_map_req rq;         /* the mapped request */
     char msg_id[48];
     const char *seed;        /* the random part of c.id, for the function calls' ids */
     bool tools;              /* tool calls are parsed from the output (tools given, tool_choice not none) */
@@ -89,7 +89,7 @@ typedef struct resp_call {
     srv_sched_finish finish;
 } resp_call;
 
-static void resp_ext_free(api_call *c) { srv_resp_req_free(&((resp_call *)c)->rq); }
+static void resp_ext_free(api_call *c) { srv_responses_map_req_free(&((resp_call *)c)->rq); }
 
 static void resp_free(resp_call *r) { api_call_free(&r->c); }
 
@@ -109,7 +109,7 @@ static void resp_work(api_job *j) {
     c->prep_failed = true;
     cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
     if (!root) return;
-    int rc = srv_resp_parse(root, store_lookup, api->resp_store, &r->rq, e);
+    int rc = srv_responses_map_parse(root, store_lookup, api->resp_store, &r->rq, e);
     cJSON_Delete(root);
     if (rc != 0) return;
     c->kind = SRV_API_CHAT;
@@ -127,7 +127,7 @@ static cJSON *dup_or_null(const cJSON *j) { return j ? cJSON_Duplicate(j, true) 
  * NULL: none yet). */
 static cJSON *response_obj(resp_call *r, const char *status, const cJSON *output) {
     api_call *c = &r->c;
-    const srv_resp_req *q = &r->rq;
+    const srv_responses_map_req *q = &r->rq;
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "id", c->id);
@@ -228,7 +228,7 @@ static void send_item(resp_call *r, const char *type, int output_index, cJSON *i
 /* The message item (always output 0) and its one text part begin. */
 static void open_message(resp_call *r) {
     r->msg_open = true;
-    send_item(r, "response.output_item.added", 0, srv_resp_message_item(r->msg_id, "in_progress", NULL));
+    send_item(r, "response.output_item.added", 0, srv_responses_map_message_item(r->msg_id, "in_progress", NULL));
     cJSON *o = item_event(r->msg_id, 0, true);
     if (o) cJSON_AddItemToObject(o, "part", text_part(""));
     resp_send(r, "response.content_part.added", o);
@@ -260,7 +260,8 @@ static void stream_start(resp_call *r) {
 static void stream_text(resp_call *r) {
     api_choice *ch = &r->c.choices[0];
     size_t safe = ch->text.len;
-    if (r->tools) safe = ch->held ? ch->sent : srv_tc_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
+    if (r->tools)
+        safe = ch->held ? ch->sent : srv_tool_call_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
     if (safe <= ch->sent) return;
     if (!r->msg_open) open_message(r);
     send_text_delta(r, ch->text.data + ch->sent, safe - ch->sent);
@@ -268,7 +269,7 @@ static void stream_text(resp_call *r) {
 }
 
 /* The end of a streamed response: the rest of the message, then each function call's events. */
-static void stream_end(resp_call *r, const srv_resp_out *out, const char *status) {
+static void stream_end(resp_call *r, const srv_responses_map_out *out, const char *status) {
     api_choice *ch = &r->c.choices[0];
     int idx = 0;
     if (out->has_message) {
@@ -291,7 +292,8 @@ static void stream_end(resp_call *r, const srv_resp_out *out, const char *status
         const char *name = cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring;
         const char *args = cJSON_GetObjectItemCaseSensitive(it, "arguments")->valuestring;
         const char *call_id = cJSON_GetObjectItemCaseSensitive(it, "call_id")->valuestring;
-        send_item(r, "response.output_item.added", idx, srv_resp_call_item(id, call_id, name, "", "in_progress"));
+        send_item(r, "response.output_item.added", idx,
+                  srv_responses_map_call_item(id, call_id, name, "", "in_progress"));
         cJSON *o = item_event(id, idx, false);
         if (o) cJSON_AddStringToObject(o, "delta", args);
         resp_send(r, "response.function_call_arguments.delta", o);
@@ -326,10 +328,10 @@ static void resp_finish(resp_call *r) {
                           c->shutdown ? "the server is shutting down" : "the request was cancelled");
     }
     const char *status = r->finish == SRV_SCHED_FINISH_LENGTH ? "incomplete" : "completed";
-    srv_resp_out out;
+    srv_responses_map_out out;
     memset(&out, 0, sizeof out);
     api_choice *ch = &c->choices[0];
-    if (!error && srv_resp_output(ch->text.data, ch->text.len, r->tools, r->rq.parallel_tool_calls, r->msg_id,
+    if (!error && srv_responses_map_output(ch->text.data, ch->text.len, r->tools, r->rq.parallel_tool_calls, r->msg_id,
                                   r->seed, status, &out) != 0) {
         error = true;
         srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
@@ -365,7 +367,7 @@ static void resp_finish(resp_call *r) {
         }
     }
     c->req = NULL;
-    srv_resp_out_free(&out);
+    srv_responses_map_out_free(&out);
     resp_free(r);
 }
 

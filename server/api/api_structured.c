@@ -62,7 +62,7 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
 }
 
 static int tool_compile(void *ud, gmr_grammar **g, char *err, size_t err_len) {
-    return srv_tf_compile(ud, g, err, err_len);
+    return srv_tool_format_compile(ud, g, err, err_len);
 }
 
 /* tool_choice "required" or a named function: the output is constrained to tool calls in the model's format. */
@@ -70,15 +70,15 @@ static int prepare_tool_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     const char *param = "tool_choice";
     const srv_chat_req *r = c->gen.chat;
     if (!api->gcache) return RF_BAD("'tool_choice' \"required\" or a named function is not available on this server");
-    srv_tf_choice ch = {
+    srv_tool_format_choice ch = {
         .tools = r->tools,
-        .name = r->tool_choice == SRV_TOOL_CHOICE_NAMED ? r->tool_name : NULL,
+        .name = r->tool_choice == SRV_CHAT_TOOL_CHOICE_NAMED ? r->tool_name : NULL,
         .parallel = r->parallel_tool_calls,
         .format = api->be.tool_format,
     };
-    char *key = srv_tf_key(&ch);
+    char *key = srv_tool_format_key(&ch);
     char msg[400];
-    int rc = key ? srv_gcache_get_with(api->gcache, key, tool_compile, &ch, &c->grammar, msg, sizeof msg)
+    int rc = key ? srv_grammar_cache_get_with(api->gcache, key, tool_compile, &ch, &c->grammar, msg, sizeof msg)
                  : KVS_ERR_NOMEM;
     free(key);
     switch (rc) {
@@ -100,7 +100,7 @@ static int prepare_tool_grammar(srv_api *api, api_call *c, srv_api_error *err) {
 static bool tools_constrained(const api_call *c) {
     const srv_chat_req *r = c->gen.kind == SRV_API_CHAT ? c->gen.chat : NULL;
     return r && r->tools &&
-           (r->tool_choice == SRV_TOOL_CHOICE_REQUIRED || r->tool_choice == SRV_TOOL_CHOICE_NAMED);
+           (r->tool_choice == SRV_CHAT_TOOL_CHOICE_REQUIRED || r->tool_choice == SRV_CHAT_TOOL_CHOICE_NAMED);
 }
 
 int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
@@ -117,7 +117,7 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
         return -1;
     }
     char msg[400];
-    int rc = srv_gcache_get(api->gcache, g->rf_schema, schema, &c->grammar, msg, sizeof msg);
+    int rc = srv_grammar_cache_get(api->gcache, g->rf_schema, schema, &c->grammar, msg, sizeof msg);
     cJSON_Delete(schema);
     switch (rc) {
     case KVS_OK:
@@ -132,6 +132,6 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     }
 }
 
-void srv_api_set_grammar_cache(srv_api *api, srv_gcache *gc) {
+void srv_api_set_grammar_cache(srv_api *api, srv_grammar_cache *gc) {
     if (api) api->gcache = gc;
 }

@@ -98,9 +98,9 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
     bool have = tools && cJSON_GetArraySize(tools) > 0;
     if (cJSON_IsString(tc)) {
         const char *s = tc->valuestring;
-        if (!strcmp(s, "none")) out->tool_choice = SRV_TOOL_CHOICE_NONE;
-        else if (!strcmp(s, "auto")) out->tool_choice = SRV_TOOL_CHOICE_AUTO;
-        else if (!strcmp(s, "required")) out->tool_choice = SRV_TOOL_CHOICE_REQUIRED;
+        if (!strcmp(s, "none")) out->tool_choice = SRV_CHAT_TOOL_CHOICE_NONE;
+        else if (!strcmp(s, "auto")) out->tool_choice = SRV_CHAT_TOOL_CHOICE_AUTO;
+        else if (!strcmp(s, "required")) out->tool_choice = SRV_CHAT_TOOL_CHOICE_REQUIRED;
         else return BAD("'tool_choice' must be \"none\", \"auto\", \"required\" or a function, got '%s'", s);
     } else if (cJSON_IsObject(tc)) {
         const cJSON *fn = srv_api_json_field(tc, "function");
@@ -111,14 +111,14 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
             found = !strcmp(srv_api_json_field(srv_api_json_field(t, "function"), "name")->valuestring,
                             name->valuestring);
         if (!found) return BAD("'tool_choice' names function '%s', which is not in 'tools'", name->valuestring);
-        out->tool_choice = SRV_TOOL_CHOICE_NAMED;
+        out->tool_choice = SRV_CHAT_TOOL_CHOICE_NAMED;
         if (!(out->tool_name = strdup(name->valuestring))) return OOM();
     } else if (tc) {
         return BAD("'tool_choice' must be a string or an object");
     }
-    if (out->tool_choice == SRV_TOOL_CHOICE_REQUIRED && !have)
+    if (out->tool_choice == SRV_CHAT_TOOL_CHOICE_REQUIRED && !have)
         return BAD("'tool_choice' \"required\" needs a non-empty 'tools'");
-    if (have && out->tool_choice != SRV_TOOL_CHOICE_NONE && !(out->tools = cJSON_Duplicate(tools, true)))
+    if (have && out->tool_choice != SRV_CHAT_TOOL_CHOICE_NONE && !(out->tools = cJSON_Duplicate(tools, true)))
         return OOM();
     return 0;
 }

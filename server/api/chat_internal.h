@@ -14,11 +14,11 @@
 #include "template/template.h"
 
 typedef enum {
-    SRV_TOOL_CHOICE_AUTO = 0,  /* the default: the model may call tools */
-    SRV_TOOL_CHOICE_NONE,      /* no tools in the prompt, no parsing of calls */
-    SRV_TOOL_CHOICE_REQUIRED,  /* the output is grammar-constrained to tool calls (server/api/tool_format_internal.h) */
-    SRV_TOOL_CHOICE_NAMED,     /* {"type":"function","function":{"name":N}}: constrained to calls of N */
-} srv_tool_choice;
+    SRV_CHAT_TOOL_CHOICE_AUTO = 0,  /* the default: the model may call tools */
+    SRV_CHAT_TOOL_CHOICE_NONE,      /* no tools in the prompt, no parsing of calls */
+    SRV_CHAT_TOOL_CHOICE_REQUIRED,  /* the output is grammar-constrained to tool calls (tool_format_internal.h) */
+    SRV_CHAT_TOOL_CHOICE_NAMED,     /* {"type":"function","function":{"name":N}}: constrained to calls of N */
+} srv_chat_tool_choice;
 
 typedef struct srv_chat_req {
     cJSON *messages;           /* the messages as templates read them: role (developer -> system), content (a
@@ -26,7 +26,7 @@ typedef struct srv_chat_req {
                                   tool_calls with function.arguments an OBJECT (a JSON string from the client is
                                   parsed), tool_call_id, name */
     cJSON *tools;              /* the request's tools array; NULL when absent, empty or tool_choice is none */
-    srv_tool_choice tool_choice;
+    srv_chat_tool_choice tool_choice;
     char *tool_name;           /* NAMED: the function's name */
     bool parallel_tool_calls;  /* default true */
     bool prefill;              /* the last message is an assistant message: it is continued, not closed */

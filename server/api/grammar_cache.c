@@ -7,8 +7,8 @@
 
 #include <uv.h>
 
-struct srv_gcache_entry {
-    srv_gcache_entry *prev, *next; /* the LRU list, most recent first (NULL links when dropped) */
+struct srv_grammar_cache_entry {
+    srv_grammar_cache_entry *prev, *next; /* the LRU list, most recent first (NULL links when dropped) */
     char *key;
     gmr_grammar *g;
     gmr_matcher *tmpl;
@@ -16,17 +16,17 @@ struct srv_gcache_entry {
     bool listed;
 };
 
-struct srv_gcache {
+struct srv_grammar_cache {
     gmr_vocab *vocab;
     int32_t max_entries;
     size_t mask_bytes;
     uv_mutex_t mu;
-    srv_gcache_entry *head, *tail;
+    srv_grammar_cache_entry *head, *tail;
     int32_t n;
     uint64_t hits, misses;
 };
 
-int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out) {
+int srv_grammar_cache_vocab_from_model(const eng_model *model, gmr_vocab **out) {
     if (!model || !out) return KVS_ERR_INVALID;
     *out = NULL;
     int32_t n = eng_model_hparams(model)->n_vocab;
@@ -57,13 +57,13 @@ int srv_gcache_vocab_from_model(const eng_model *model, gmr_vocab **out) {
     return rc;
 }
 
-int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_gcache **out) {
+int srv_grammar_cache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_bytes, srv_grammar_cache **out) {
     if (!out || !vocab || max_entries < 1) {
         gmr_vocab_free(vocab);
         return KVS_ERR_INVALID;
     }
     *out = NULL;
-    srv_gcache *c = calloc(1, sizeof *c);
+    srv_grammar_cache *c = calloc(1, sizeof *c);
     if (!c) {
         gmr_vocab_free(vocab);
         return KVS_ERR_NOMEM;
@@ -80,7 +80,7 @@ int srv_gcache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_cache_b
     return KVS_OK;
 }
 
-static void entry_free(srv_gcache_entry *e) {
+static void entry_free(srv_grammar_cache_entry *e) {
     if (!e) return;
     gmr_matcher_free(e->tmpl);
     gmr_grammar_free(e->g);
@@ -88,7 +88,7 @@ static void entry_free(srv_gcache_entry *e) {
     free(e);
 }
 
-static void unlink_entry(srv_gcache *c, srv_gcache_entry *e) {
+static void unlink_entry(srv_grammar_cache *c, srv_grammar_cache_entry *e) {
     if (e->prev) e->prev->next = e->next;
     else c->head = e->next;
     if (e->next) e->next->prev = e->prev;
@@ -98,7 +98,7 @@ static void unlink_entry(srv_gcache *c, srv_gcache_entry *e) {
     c->n--;
 }
 
-static void push_front(srv_gcache *c, srv_gcache_entry *e) {
+static void push_front(srv_grammar_cache *c, srv_grammar_cache_entry *e) {
     e->prev = NULL;
     e->next = c->head;
     if (c->head) c->head->prev = e;
@@ -109,10 +109,10 @@ static void push_front(srv_gcache *c, srv_gcache_entry *e) {
 }
 
 /* Drops unreferenced entries from the cold end while the list is over its bound (under mu). */
-static void trim(srv_gcache *c) {
-    srv_gcache_entry *e = c->tail;
+static void trim(srv_grammar_cache *c) {
+    srv_grammar_cache_entry *e = c->tail;
     while (c->n > c->max_entries && e) {
-        srv_gcache_entry *prev = e->prev;
+        srv_grammar_cache_entry *prev = e->prev;
         if (e->refs == 0) {
             unlink_entry(c, e);
             entry_free(e);
@@ -121,10 +121,10 @@ static void trim(srv_gcache *c) {
     }
 }
 
-void srv_gcache_free(srv_gcache *c) {
+void srv_grammar_cache_free(srv_grammar_cache *c) {
     if (!c) return;
     while (c->head) {
-        srv_gcache_entry *e = c->head;
+        srv_grammar_cache_entry *e = c->head;
         unlink_entry(c, e);
         entry_free(e);
     }
@@ -133,16 +133,16 @@ void srv_gcache_free(srv_gcache *c) {
     free(c);
 }
 
-const gmr_vocab *srv_gcache_vocab(const srv_gcache *c) { return c ? c->vocab : NULL; }
+const gmr_vocab *srv_grammar_cache_vocab(const srv_grammar_cache *c) { return c ? c->vocab : NULL; }
 
-static srv_gcache_entry *find(srv_gcache *c, const char *key) {
-    for (srv_gcache_entry *e = c->head; e; e = e->next)
+static srv_grammar_cache_entry *find(srv_grammar_cache *c, const char *key) {
+    for (srv_grammar_cache_entry *e = c->head; e; e = e->next)
         if (!strcmp(e->key, key)) return e;
     return NULL;
 }
 
 /* A cache hit (under mu, which it unlocks): the entry becomes the most recent and gains a reference. */
-static srv_gcache_entry *take_hit(srv_gcache *c, srv_gcache_entry *e) {
+static srv_grammar_cache_entry *take_hit(srv_grammar_cache *c, srv_grammar_cache_entry *e) {
     unlink_entry(c, e);
     push_front(c, e);
     e->refs++;
@@ -158,21 +158,21 @@ static int compile_schema(void *ud, gmr_grammar **g, char *err, size_t err_len) 
     return schema ? gmr_compile_schema(schema, NULL, g, err, err_len) : gmr_compile_json_object(NULL, g, err, err_len);
 }
 
-int srv_gcache_get(srv_gcache *c, const char *key, const cJSON *schema, srv_gcache_entry **out, char *err,
-                   size_t err_len) {
+int srv_grammar_cache_get(srv_grammar_cache *c, const char *key, const cJSON *schema, srv_grammar_cache_entry **out,
+                          char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
     if (schema && !key) return KVS_ERR_INVALID;
     schema_src src = {schema};
-    return srv_gcache_get_with(c, schema ? key : "\001json_object", compile_schema, &src, out, err, err_len);
+    return srv_grammar_cache_get_with(c, schema ? key : "\001json_object", compile_schema, &src, out, err, err_len);
 }
 
-int srv_gcache_get_with(srv_gcache *c, const char *k, srv_gcache_compile_fn compile, void *ud,
-                        srv_gcache_entry **out, char *err, size_t err_len) {
+int srv_grammar_cache_get_with(srv_grammar_cache *c, const char *k, srv_grammar_cache_compile_fn compile, void *ud,
+                               srv_grammar_cache_entry **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
     if (!c || !out || !k || !compile) return KVS_ERR_INVALID;
     *out = NULL;
     uv_mutex_lock(&c->mu);
-    srv_gcache_entry *e = find(c, k);
+    srv_grammar_cache_entry *e = find(c, k);
     if (e) {
         *out = take_hit(c, e);
         return KVS_OK;
@@ -192,7 +192,7 @@ int srv_gcache_get_with(srv_gcache *c, const char *k, srv_gcache_compile_fn comp
         return rc;
     }
     uv_mutex_lock(&c->mu);
-    srv_gcache_entry *other = find(c, k); /* compiled meanwhile by another request: keep that one */
+    srv_grammar_cache_entry *other = find(c, k); /* compiled meanwhile by another request: keep that one */
     if (other) {
         *out = take_hit(c, other);
         entry_free(e);
@@ -207,9 +207,9 @@ int srv_gcache_get_with(srv_gcache *c, const char *k, srv_gcache_compile_fn comp
     return KVS_OK;
 }
 
-const gmr_matcher *srv_gcache_matcher(const srv_gcache_entry *e) { return e ? e->tmpl : NULL; }
+const gmr_matcher *srv_grammar_cache_matcher(const srv_grammar_cache_entry *e) { return e ? e->tmpl : NULL; }
 
-void srv_gcache_release(srv_gcache *c, srv_gcache_entry *e) {
+void srv_grammar_cache_release(srv_grammar_cache *c, srv_grammar_cache_entry *e) {
     if (!c || !e) return;
     uv_mutex_lock(&c->mu);
     e->refs--;
@@ -217,7 +217,7 @@ void srv_gcache_release(srv_gcache *c, srv_gcache_entry *e) {
     uv_mutex_unlock(&c->mu);
 }
 
-void srv_gcache_get_stats(srv_gcache *c, srv_gcache_stats *out) {
+void srv_grammar_cache_get_stats(srv_grammar_cache *c, srv_grammar_cache_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!c) return;

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SRV_JSON_MAX_DEPTH 256 /* the depth request bodies may nest to (cJSON's own limit is 1000) */
+#define SRV_JSON_CHECK_MAX_DEPTH 256 /* the depth request bodies may nest to (cJSON's own limit is 1000) */
 
 typedef struct srv_json_check_result {
     size_t offset;          /* on failure: byte offset of the problem in the text */

@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/api/tool_calls_internal.h"
+#include "server/api/tool_call_internal.h"
 
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
 #define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
 
-void srv_resp_req_free(srv_resp_req *r) {
+void srv_responses_map_req_free(srv_responses_map_req *r) {
     if (!r) return;
     cJSON_Delete(r->chat);
     cJSON_Delete(r->conv);
@@ -195,7 +195,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
 }
 
 /* ---- tools ---------------------------------------------------------------------------------------------------- */
-static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
+static int map_tools(const cJSON *root, srv_responses_map_req *out, srv_api_error *err) {
     const cJSON *tools = srv_api_json_field(root, "tools");
     if (!(out->tools = cJSON_CreateArray())) return OOM();
     if (!tools) return 0;
@@ -245,7 +245,7 @@ static int map_tools(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
     return 0;
 }
 
-static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
+static int map_tool_choice(const cJSON *root, srv_responses_map_req *out, srv_api_error *err) {
     const cJSON *tc = srv_api_json_field(root, "tool_choice");
     if (!tc) return (out->tool_choice = cJSON_CreateString("auto")) ? 0 : OOM();
     if (cJSON_IsString(tc)) {
@@ -273,7 +273,7 @@ static int map_tool_choice(const cJSON *root, srv_resp_req *out, srv_api_error *
 }
 
 /* text.format -> response_format */
-static int map_text_format(const cJSON *root, srv_resp_req *out, srv_api_error *err) {
+static int map_text_format(const cJSON *root, srv_responses_map_req *out, srv_api_error *err) {
     const cJSON *text = srv_api_json_field(root, "text"), *fmt = text ? srv_api_json_field(text, "format") : NULL;
     if (text && !cJSON_IsObject(text)) return BAD("text", "'text' must be an object, got %s", srv_api_json_kind(text));
     if (!fmt) {
@@ -302,7 +302,8 @@ static int map_text_format(const cJSON *root, srv_resp_req *out, srv_api_error *
 }
 
 /* ---- the request ---------------------------------------------------------------------------------------------- */
-static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_resp_req *out, srv_api_error *err) {
+static int map_all(const cJSON *root, srv_responses_map_lookup_fn lookup, void *ud, srv_responses_map_req *out,
+                   srv_api_error *err) {
     int r;
     out->max_output = -1;
     out->temperature = out->top_p = 1.0f;
@@ -367,15 +368,16 @@ static int map_all(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_r
     return 0;
 }
 
-int srv_resp_parse(const cJSON *root, srv_resp_lookup_fn lookup, void *ud, srv_resp_req *out, srv_api_error *err) {
+int srv_responses_map_parse(const cJSON *root, srv_responses_map_lookup_fn lookup, void *ud, srv_responses_map_req *out,
+                            srv_api_error *err) {
     memset(out, 0, sizeof *out);
     int r = map_all(root, lookup, ud, out, err);
-    if (r) srv_resp_req_free(out);
+    if (r) srv_responses_map_req_free(out);
     return r;
 }
 
 /* ---- output ----------------------------------------------------------------------------------------------------- */
-cJSON *srv_resp_message_item(const char *id, const char *status, const char *text) {
+cJSON *srv_responses_map_message_item(const char *id, const char *status, const char *text) {
     cJSON *m = cJSON_CreateObject();
     if (!m) return NULL;
     cJSON *content = cJSON_CreateArray();
@@ -392,8 +394,8 @@ cJSON *srv_resp_message_item(const char *id, const char *status, const char *tex
     return m;
 }
 
-cJSON *srv_resp_call_item(const char *id, const char *call_id, const char *name, const char *arguments,
-                          const char *status) {
+cJSON *srv_responses_map_call_item(const char *id, const char *call_id, const char *name, const char *arguments,
+                                   const char *status) {
     cJSON *c = cJSON_CreateObject();
     if (!c) return NULL;
     if (!cJSON_AddStringToObject(c, "type", "function_call") || !cJSON_AddStringToObject(c, "id", id) ||
@@ -405,7 +407,7 @@ cJSON *srv_resp_call_item(const char *id, const char *call_id, const char *name,
     return c;
 }
 
-void srv_resp_out_free(srv_resp_out *o) {
+void srv_responses_map_out_free(srv_responses_map_out *o) {
     if (!o) return;
     cJSON_Delete(o->items);
     cJSON_Delete(o->assistant);
@@ -414,10 +416,10 @@ void srv_resp_out_free(srv_resp_out *o) {
 }
 
 static int build_output(const char *text, size_t len, bool tools, bool parallel, const char *msg_id,
-                        const char *seed, const char *status, srv_resp_out *out) {
-    srv_tc_result tc;
+                        const char *seed, const char *status, srv_responses_map_out *out) {
+    srv_tool_call_result tc;
     memset(&tc, 0, sizeof tc);
-    if (tools && srv_tc_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
+    if (tools && srv_tool_call_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
     while (!parallel && tc.n_calls > 1) { /* the first call only */
         tc.n_calls--;
         free(tc.calls[tc.n_calls].name);
@@ -435,7 +437,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
         !cJSON_AddStringToObject(out->assistant, "content", out->content))
         goto out;
     if (out->has_message) {
-        cJSON *m = srv_resp_message_item(msg_id, status, out->content);
+        cJSON *m = srv_responses_map_message_item(msg_id, status, out->content);
         if (!m) goto out;
         cJSON_AddItemToArray(out->items, m);
     }
@@ -445,23 +447,23 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
         char id[96], call_id[96];
         snprintf(id, sizeof id, "fc_%s_%d", seed, k);
         snprintf(call_id, sizeof call_id, "call_%s_%d", seed, k);
-        cJSON *it = srv_resp_call_item(id, call_id, tc.calls[k].name, tc.calls[k].arguments, "completed");
+        cJSON *it = srv_responses_map_call_item(id, call_id, tc.calls[k].name, tc.calls[k].arguments, "completed");
         if (!it) goto out;
         cJSON_AddItemToArray(out->items, it);
         if (!add_tool_call(calls, call_id, tc.calls[k].name, tc.calls[k].arguments)) goto out;
     }
     rc = 0;
 out:
-    srv_tc_result_free(&tc);
+    srv_tool_call_result_free(&tc);
     return rc;
 }
 
-int srv_resp_output(const char *text, size_t len, bool tools, bool parallel, const char *msg_id, const char *seed,
-                    const char *status, srv_resp_out *out) {
+int srv_responses_map_output(const char *text, size_t len, bool tools, bool parallel, const char *msg_id,
+                             const char *seed, const char *status, srv_responses_map_out *out) {
     if (!out) return KVS_ERR_INVALID;
     memset(out, 0, sizeof *out);
     if ((!text && len) || !msg_id || !seed || !status) return KVS_ERR_INVALID;
     int rc = build_output(text ? text : "", len, tools, parallel, msg_id, seed, status, out);
-    if (rc) srv_resp_out_free(out);
+    if (rc) srv_responses_map_out_free(out);
     return rc;
 }

@@ -7,21 +7,21 @@
 
 static const char *const NAMES[] = {"generic", "hermes", "llama3", "mistral"};
 
-const char *srv_tf_name(srv_tf_format f) {
+const char *srv_tool_format_name(srv_tool_format f) {
     return (int)f >= 0 && (int)f < (int)(sizeof NAMES / sizeof *NAMES) ? NAMES[f] : "generic";
 }
 
-srv_tf_format srv_tf_detect(const char *t, eng_chat_family family) {
-    if (t && strstr(t, "<tool_call>")) return SRV_TF_HERMES;
-    if (t && strstr(t, "[TOOL_CALLS]")) return SRV_TF_MISTRAL;
-    if (t && strstr(t, "<|python_tag|>")) return SRV_TF_LLAMA3;
+srv_tool_format srv_tool_format_detect(const char *t, eng_chat_family family) {
+    if (t && strstr(t, "<tool_call>")) return SRV_TOOL_FORMAT_HERMES;
+    if (t && strstr(t, "[TOOL_CALLS]")) return SRV_TOOL_FORMAT_MISTRAL;
+    if (t && strstr(t, "<|python_tag|>")) return SRV_TOOL_FORMAT_LLAMA3;
     if (family == ENG_CHAT_AUTO) family = t ? eng_chat_detect(t) : ENG_CHAT_AUTO;
     switch (family) {
     case ENG_CHAT_AUTO: /* rendered as ChatML */
-    case ENG_CHAT_CHATML: return SRV_TF_HERMES;
-    case ENG_CHAT_LLAMA3: return SRV_TF_LLAMA3;
-    case ENG_CHAT_MISTRAL: return SRV_TF_MISTRAL;
-    default: return SRV_TF_GENERIC;
+    case ENG_CHAT_CHATML: return SRV_TOOL_FORMAT_HERMES;
+    case ENG_CHAT_LLAMA3: return SRV_TOOL_FORMAT_LLAMA3;
+    case ENG_CHAT_MISTRAL: return SRV_TOOL_FORMAT_MISTRAL;
+    default: return SRV_TOOL_FORMAT_GENERIC;
     }
 }
 
@@ -36,13 +36,13 @@ typedef struct shape {
     const char *close;
 } shape;
 
-static shape shape_of(srv_tf_format f) {
+static shape shape_of(srv_tool_format f) {
     switch (f) {
-    case SRV_TF_HERMES:
+    case SRV_TOOL_FORMAT_HERMES:
         return (shape){"<tool_call>\n{\"name\": ", ", \"arguments\": ", "}\n</tool_call>", "\n", NULL, NULL};
-    case SRV_TF_LLAMA3:
+    case SRV_TOOL_FORMAT_LLAMA3:
         return (shape){"{\"name\": ", ", \"parameters\": ", "}", ", ", "[", "]"};
-    case SRV_TF_MISTRAL:
+    case SRV_TOOL_FORMAT_MISTRAL:
         return (shape){"{\"name\": ", ", \"arguments\": ", "}", ", ", "[TOOL_CALLS][", "]"};
     default:
         return (shape){"{\"name\": ", ", \"arguments\": ", "}", ", ", "[", "]"};
@@ -61,16 +61,16 @@ static const char *tool_name(const cJSON *tool) {
     return cJSON_IsString(n) ? n->valuestring : NULL;
 }
 
-static bool selected(const srv_tf_choice *ch, const cJSON *tool) {
+static bool selected(const srv_tool_format_choice *ch, const cJSON *tool) {
     const char *n = tool_name(tool);
     return n && n[0] && (!ch->name || !strcmp(ch->name, n));
 }
 
-char *srv_tf_key(const srv_tf_choice *ch) {
+char *srv_tool_format_key(const srv_tool_format_choice *ch) {
     if (!ch || !cJSON_IsArray(ch->tools)) return NULL;
     cJSON *k = cJSON_CreateObject();
     cJSON *t = k ? cJSON_AddArrayToObject(k, "t") : NULL;
-    bool ok = t && cJSON_AddStringToObject(k, "f", srv_tf_name(ch->format)) &&
+    bool ok = t && cJSON_AddStringToObject(k, "f", srv_tool_format_name(ch->format)) &&
               cJSON_AddBoolToObject(k, "p", ch->parallel) &&
               (ch->name ? cJSON_AddStringToObject(k, "n", ch->name) : cJSON_AddNullToObject(k, "n"));
     for (const cJSON *tool = ch->tools->child; ok && tool; tool = tool->next) {
@@ -182,7 +182,7 @@ static void put_call(kvs_buf *b, const shape *sh, const char *name, int i) {
     put_literal(b, sh->post);
 }
 
-int srv_tf_compile(const srv_tf_choice *ch, gmr_grammar **out, char *err, size_t err_len) {
+int srv_tool_format_compile(const srv_tool_format_choice *ch, gmr_grammar **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
     if (!out) return KVS_ERR_INVALID;
     *out = NULL;
@@ -226,9 +226,9 @@ int srv_tf_compile(const srv_tf_choice *ch, gmr_grammar **out, char *err, size_t
     }
     if (rc == 0) {
         kvs_buf_puts(&b, "\nroot ::= ");
-        if (sh.open && (ch->parallel || ch->format == SRV_TF_MISTRAL)) {
+        if (sh.open && (ch->parallel || ch->format == SRV_TOOL_FORMAT_MISTRAL)) {
             /* Llama 3 and generic: a single call is also a bare object */
-            if (ch->format != SRV_TF_MISTRAL) kvs_buf_puts(&b, "call | ");
+            if (ch->format != SRV_TOOL_FORMAT_MISTRAL) kvs_buf_puts(&b, "call | ");
             put_literal(&b, sh.open);
             kvs_buf_puts(&b, " call ");
             if (ch->parallel) {
@@ -270,11 +270,11 @@ static void put_json(kvs_buf *b, const cJSON *v) {
     free(s);
 }
 
-int srv_tf_prompt(srv_tf_format f, const cJSON *tools, kvs_buf *b) {
+int srv_tool_format_prompt(srv_tool_format f, const cJSON *tools, kvs_buf *b) {
     if (!b) return KVS_ERR_INVALID;
     const cJSON *t;
     switch (f) {
-    case SRV_TF_HERMES:
+    case SRV_TOOL_FORMAT_HERMES:
         kvs_buf_puts(b, "# Tools\n\nYou may call functions to answer. Their signatures are inside <tools></tools>:\n"
                         "<tools>");
         cJSON_ArrayForEach(t, tools) { kvs_buf_putc(b, '\n'); put_json(b, t); }
@@ -282,12 +282,12 @@ int srv_tf_prompt(srv_tf_format f, const cJSON *tools, kvs_buf *b) {
                         "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
                         "<arguments-object>}\n</tool_call>");
         break;
-    case SRV_TF_LLAMA3:
+    case SRV_TOOL_FORMAT_LLAMA3:
         kvs_buf_puts(b, "You may call the functions below. To call one, answer with only a JSON object of the form "
                         "{\"name\": function name, \"parameters\": object of argument names and values}.");
         cJSON_ArrayForEach(t, tools) { kvs_buf_puts(b, "\n\n"); put_json(b, t); }
         break;
-    case SRV_TF_MISTRAL:
+    case SRV_TOOL_FORMAT_MISTRAL:
         kvs_buf_puts(b, "[AVAILABLE_TOOLS] ");
         put_json(b, tools);
         kvs_buf_puts(b, "[/AVAILABLE_TOOLS]\nTo call functions, answer with [TOOL_CALLS] followed by a JSON array of "
@@ -307,11 +307,11 @@ int srv_tf_prompt(srv_tf_format f, const cJSON *tools, kvs_buf *b) {
     return b->oom ? KVS_ERR_NOMEM : 0;
 }
 
-int srv_tf_calls_text(srv_tf_format f, const cJSON *tool_calls, kvs_buf *b) {
+int srv_tool_format_calls_text(srv_tool_format f, const cJSON *tool_calls, kvs_buf *b) {
     if (!b) return KVS_ERR_INVALID;
     shape sh = shape_of(f);
     int n = cJSON_GetArraySize(tool_calls);
-    bool wrap = sh.open && (n > 1 || f == SRV_TF_MISTRAL);
+    bool wrap = sh.open && (n > 1 || f == SRV_TOOL_FORMAT_MISTRAL);
     if (wrap) kvs_buf_puts(b, sh.open);
     int k = 0;
     const cJSON *c;
@@ -332,19 +332,20 @@ int srv_tf_calls_text(srv_tf_format f, const cJSON *tool_calls, kvs_buf *b) {
     return b->oom ? KVS_ERR_NOMEM : 0;
 }
 
-int srv_tf_result_text(srv_tf_format f, const char *name, const char *content, const char **role, kvs_buf *b) {
+int srv_tool_format_result_text(srv_tool_format f, const char *name, const char *content, const char **role,
+                                kvs_buf *b) {
     if (!b || !role) return KVS_ERR_INVALID;
     if (!content) content = "";
     *role = "user";
     switch (f) {
-    case SRV_TF_HERMES:
+    case SRV_TOOL_FORMAT_HERMES:
         kvs_buf_printf(b, "<tool_response>\n%s\n</tool_response>", content);
         break;
-    case SRV_TF_LLAMA3:
+    case SRV_TOOL_FORMAT_LLAMA3:
         *role = "ipython";
         kvs_buf_puts(b, content);
         break;
-    case SRV_TF_MISTRAL: {
+    case SRV_TOOL_FORMAT_MISTRAL: {
         cJSON *o = cJSON_CreateObject();
         if (!o || !cJSON_AddStringToObject(o, "content", content)) b->oom = true;
         kvs_buf_puts(b, "[TOOL_RESULTS] ");

@@ -1,7 +1,7 @@
 /*
  * kv_events.c: KV-cache events in vLLM's wire format (see obs.h).
  *
- * Collector (the scheduler thread): cache events go into a srv_kvev_batch (merged: consecutive STORED blocks of
+ * Collector (the scheduler thread): cache events go into a srv_kv_events_batch (merged: consecutive STORED blocks of
  * one chain share one BlockStored, consecutive REMOVED share one BlockRemoved). At the end of a step the batch is
  * encoded and the bytes are pushed on a bounded queue (a mutex held for a pointer swap only), and one byte on a
  * pipe wakes the publisher thread. Publisher thread: polls the pipe and the replay ROUTER socket; sends queued
@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 /* ---- configuration ---------------------------------------------------------------------------------------- */
-void srv_kvev_config_default(srv_kvev_config *c) {
+void srv_kv_events_config_default(srv_kv_events_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->publisher, sizeof c->publisher, "null");
     snprintf(c->endpoint, sizeof c->endpoint, "tcp://*:5557");
@@ -33,7 +33,7 @@ void srv_kvev_config_default(srv_kvev_config *c) {
     c->max_queue_size = 100000;
 }
 
-bool srv_kvev_config_active(const srv_kvev_config *c) {
+bool srv_kv_events_config_active(const srv_kv_events_config *c) {
     return c && c->enable && !strcmp(c->publisher, "zmq");
 }
 
@@ -64,9 +64,9 @@ static int cfg_int(const cJSON *it, int32_t *dst, double lo, double hi, char *er
     return KVS_OK;
 }
 
-int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, size_t el) {
-    srv_kvev_config c;
-    srv_kvev_config_default(&c);
+int srv_kv_events_config_parse(const char *json, srv_kv_events_config *out, char *err, size_t el) {
+    srv_kv_events_config c;
+    srv_kv_events_config_default(&c);
     if (err && el) err[0] = 0;
     if (!json || !*json) {
         *out = c;
@@ -116,7 +116,7 @@ int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, siz
     cJSON_Delete(root);
     if (rc != KVS_OK) return rc;
     if (!publisher_set) snprintf(c.publisher, sizeof c.publisher, "%s", c.enable ? "zmq" : "null");
-    if (srv_kvev_config_active(&c) && !c.endpoint[0]) {
+    if (srv_kv_events_config_active(&c) && !c.endpoint[0]) {
         snprintf(err, el, "kv_events_config: 'endpoint' must not be empty");
         return KVS_ERR_INVALID;
     }
@@ -124,7 +124,7 @@ int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, siz
     return KVS_OK;
 }
 
-cJSON *srv_kvev_config_to_json(const srv_kvev_config *c) {
+cJSON *srv_kv_events_config_to_json(const srv_kv_events_config *c) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     bool ok = cJSON_AddBoolToObject(o, "enable_kv_cache_events", c->enable) &&
@@ -153,17 +153,17 @@ typedef struct kvev_item {
     int32_t block_size;
 } kvev_item;
 
-struct srv_kvev_batch {
+struct srv_kv_events_batch {
     kvs_buf items, hashes, tokens; /* arrays of kvev_item, uint64_t, int32_t */
 };
 
-int srv_kvev_batch_create(srv_kvev_batch **out) {
+int srv_kv_events_batch_create(srv_kv_events_batch **out) {
     if (!out) return KVS_ERR_INVALID;
     *out = calloc(1, sizeof **out);
     return *out ? KVS_OK : KVS_ERR_NOMEM;
 }
 
-void srv_kvev_batch_free(srv_kvev_batch *b) {
+void srv_kv_events_batch_free(srv_kv_events_batch *b) {
     if (!b) return;
     kvs_buf_free(&b->items);
     kvs_buf_free(&b->hashes);
@@ -171,24 +171,26 @@ void srv_kvev_batch_free(srv_kvev_batch *b) {
     free(b);
 }
 
-void srv_kvev_batch_clear(srv_kvev_batch *b) {
+void srv_kv_events_batch_clear(srv_kv_events_batch *b) {
     if (!b) return;
     kvs_buf_clear(&b->items);
     kvs_buf_clear(&b->hashes);
     kvs_buf_clear(&b->tokens);
 }
 
-int32_t srv_kvev_batch_len(const srv_kvev_batch *b) {
+int32_t srv_kv_events_batch_len(const srv_kv_events_batch *b) {
     return b ? (int32_t)(b->items.len / sizeof(kvev_item)) : 0;
 }
 
-static kvev_item *batch_item(const srv_kvev_batch *b, int32_t i) { return (kvev_item *)b->items.data + i; }
-static const uint64_t *batch_hashes(const srv_kvev_batch *b) { return (const uint64_t *)(const void *)b->hashes.data; }
+static kvev_item *batch_item(const srv_kv_events_batch *b, int32_t i) { return (kvev_item *)b->items.data + i; }
+static const uint64_t *batch_hashes(const srv_kv_events_batch *b) {
+    return (const uint64_t *)(const void *)b->hashes.data;
+}
 
-int srv_kvev_batch_add(srv_kvev_batch *b, const kvc_event *ev) {
+int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev) {
     if (!b || !ev) return KVS_ERR_INVALID;
     if (b->items.oom || b->hashes.oom || b->tokens.oom) return KVS_ERR_NOMEM;
-    int32_t n = srv_kvev_batch_len(b);
+    int32_t n = srv_kv_events_batch_len(b);
     int32_t n_hash = (int32_t)(b->hashes.len / sizeof(uint64_t));
     kvev_item *last = n > 0 ? batch_item(b, n - 1) : NULL;
     switch (ev->kind) {
@@ -242,12 +244,12 @@ static int pack_hashes(msgpack_packer *pk, const uint64_t *h, int32_t n) {
     return r;
 }
 
-int srv_kvev_batch_encode(const srv_kvev_batch *b, double ts, int32_t dp_rank, kvs_buf *out) {
+int srv_kv_events_batch_encode(const srv_kv_events_batch *b, double ts, int32_t dp_rank, kvs_buf *out) {
     if (!b || !out) return KVS_ERR_INVALID;
     if (b->items.oom || b->hashes.oom || b->tokens.oom) return KVS_ERR_NOMEM;
     msgpack_packer pk;
     msgpack_packer_init(&pk, out, pack_write);
-    int32_t n = srv_kvev_batch_len(b);
+    int32_t n = srv_kv_events_batch_len(b);
     const uint64_t *hashes = batch_hashes(b);
     const int32_t *tokens = (const int32_t *)(const void *)b->tokens.data;
     int r = msgpack_pack_array(&pk, 3) | msgpack_pack_double(&pk, ts) | msgpack_pack_array(&pk, (size_t)n);
@@ -286,10 +288,10 @@ typedef struct kvev_msg {
     char *data;
 } kvev_msg;
 
-struct srv_kvev {
-    srv_kvev_config cfg;
+struct srv_kv_events {
+    srv_kv_events_config cfg;
     /* collector thread */
-    srv_kvev_batch *batch;
+    srv_kv_events_batch *batch;
     bool batch_lost;         /* an event could not be recorded: the batch is dropped at step end */
     uint64_t next_seq;
     kvs_buf enc;
@@ -325,7 +327,7 @@ static void be64(uint8_t out[8], uint64_t v) {
     for (int i = 7; i >= 0; i--, v >>= 8) out[i] = (uint8_t)v;
 }
 
-static void ring_push(srv_kvev *p, kvev_msg *m) {
+static void ring_push(srv_kv_events *p, kvev_msg *m) {
     int32_t cap = p->cfg.buffer_steps;
     if (p->ring_len == cap) {
         msg_free(p->ring[p->ring_head]);
@@ -338,7 +340,7 @@ static void ring_push(srv_kvev *p, kvev_msg *m) {
 }
 
 /* Answers every replay request waiting on the ROUTER socket. */
-static void serve_replay(srv_kvev *p) {
+static void serve_replay(srv_kv_events *p) {
     for (;;) {
         zmq_msg_t part[3];
         int n = 0;
@@ -383,7 +385,7 @@ static void serve_replay(srv_kvev *p) {
     }
 }
 
-static void publish_queued(srv_kvev *p, bool *stop) {
+static void publish_queued(srv_kv_events *p, bool *stop) {
     uv_mutex_lock(&p->mu);
     kvev_msg *m = p->q_head;
     p->q_head = p->q_tail = NULL;
@@ -406,7 +408,7 @@ static void publish_queued(srv_kvev *p, bool *stop) {
 }
 
 static void publisher_main(void *arg) {
-    srv_kvev *p = arg;
+    srv_kv_events *p = arg;
     for (;;) {
         zmq_pollitem_t items[2] = {{NULL, p->wake[0], ZMQ_POLLIN, 0}, {p->replay, 0, ZMQ_POLLIN, 0}};
         int n_items = p->replay ? 2 : 1;
@@ -426,23 +428,23 @@ static bool wants_bind(const char *ep) {
     return strchr(ep, '*') || strstr(ep, "::") || !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9);
 }
 
-int srv_kvev_create(const srv_kvev_config *cfg, srv_kvev **out, char *err, size_t el) {
+int srv_kv_events_create(const srv_kv_events_config *cfg, srv_kv_events **out, char *err, size_t el) {
     if (!out) return KVS_ERR_INVALID;
     *out = NULL;
-    if (!srv_kvev_config_active(cfg)) {
+    if (!srv_kv_events_config_active(cfg)) {
         snprintf(err, el, "kv events are not enabled");
         return KVS_ERR_INVALID;
     }
-    srv_kvev *p = calloc(1, sizeof *p);
+    srv_kv_events *p = calloc(1, sizeof *p);
     if (!p) return KVS_ERR_NOMEM;
     p->cfg = *cfg;
     p->wake[0] = p->wake[1] = -1;
     int rc = KVS_ERR_NOMEM;
     p->ring = calloc((size_t)cfg->buffer_steps, sizeof *p->ring);
-    if (!p->ring || srv_kvev_batch_create(&p->batch) != KVS_OK) goto fail;
+    if (!p->ring || srv_kv_events_batch_create(&p->batch) != KVS_OK) goto fail;
     if (uv_mutex_init(&p->mu) != 0) {
         free(p->ring);
-        srv_kvev_batch_free(p->batch);
+        srv_kv_events_batch_free(p->batch);
         free(p);
         return KVS_ERR_THREAD;
     }
@@ -490,11 +492,11 @@ int srv_kvev_create(const srv_kvev_config *cfg, srv_kvev **out, char *err, size_
     return KVS_OK;
 fail:
     if (rc == KVS_ERR_NOMEM) snprintf(err, el, "kv events: out of memory");
-    srv_kvev_free(p);
+    srv_kv_events_free(p);
     return rc;
 }
 
-void srv_kvev_free(srv_kvev *p) {
+void srv_kv_events_free(srv_kv_events *p) {
     if (!p) return;
     if (p->thread_started) {
         uv_mutex_lock(&p->mu);
@@ -518,33 +520,33 @@ void srv_kvev_free(srv_kvev *p) {
     if (p->wake[0] >= 0) close(p->wake[0]);
     if (p->wake[1] >= 0) close(p->wake[1]);
     if (p->mu_ok) uv_mutex_destroy(&p->mu);
-    srv_kvev_batch_free(p->batch);
+    srv_kv_events_batch_free(p->batch);
     kvs_buf_free(&p->enc);
     free(p);
 }
 
-const char *srv_kvev_endpoint(const srv_kvev *p) { return p ? p->endpoint : ""; }
+const char *srv_kv_events_endpoint(const srv_kv_events *p) { return p ? p->endpoint : ""; }
 
-void srv_kvev_on_cache_event(void *ctx, const kvc_event *ev) {
-    srv_kvev *p = ctx;
+void srv_kv_events_on_cache_event(void *ctx, const kvc_event *ev) {
+    srv_kv_events *p = ctx;
     if (!p || p->batch_lost) return;
-    if (srv_kvev_batch_add(p->batch, ev) != KVS_OK) p->batch_lost = true;
+    if (srv_kv_events_batch_add(p->batch, ev) != KVS_OK) p->batch_lost = true;
 }
 
-void srv_kvev_step_end(void *ctx) {
-    srv_kvev *p = ctx;
+void srv_kv_events_step_end(void *ctx) {
+    srv_kv_events *p = ctx;
     if (!p) return;
-    int32_t n = srv_kvev_batch_len(p->batch);
+    int32_t n = srv_kv_events_batch_len(p->batch);
     if (n == 0 && !p->batch_lost) return;
     uint64_t seq = p->next_seq++;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     kvs_buf_clear(&p->enc);
     kvev_msg *m = NULL;
-    bool ok = !p->batch_lost &&
-              srv_kvev_batch_encode(p->batch, (double)now.tv_sec + (double)now.tv_nsec / 1e9, 0, &p->enc) == KVS_OK &&
+    double ts = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    bool ok = !p->batch_lost && srv_kv_events_batch_encode(p->batch, ts, 0, &p->enc) == KVS_OK &&
               (m = calloc(1, sizeof *m)) != NULL && (m->data = malloc(p->enc.len)) != NULL;
-    srv_kvev_batch_clear(p->batch);
+    srv_kv_events_batch_clear(p->batch);
     p->batch_lost = false;
     if (ok) {
         memcpy(m->data, p->enc.data, p->enc.len);
@@ -571,11 +573,11 @@ void srv_kvev_step_end(void *ctx) {
     if (write(p->wake[1], &one, 1) < 0) {} /* EAGAIN: a wake-up is already pending */
 }
 
-void srv_kvev_get_stats(const srv_kvev *p, srv_kvev_stats *out) {
+void srv_kv_events_get_stats(const srv_kv_events *p, srv_kv_events_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!p) return;
-    srv_kvev *q = (srv_kvev *)p;
+    srv_kv_events *q = (srv_kv_events *)p;
     out->batches_queued = atomic_load_explicit(&q->queued, memory_order_relaxed);
     out->batches_published = atomic_load_explicit(&q->published, memory_order_relaxed);
     out->batches_dropped = atomic_load_explicit(&q->dropped, memory_order_relaxed);

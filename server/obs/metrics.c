@@ -10,15 +10,15 @@
 #include <time.h>
 
 
-void srv_histogram_init(srv_histogram *h, const double *bounds, int32_t n) {
+void srv_metrics_histogram_init(srv_metrics_histogram *h, const double *bounds, int32_t n) {
     memset(h, 0, sizeof *h);
-    if (n > SRV_HIST_MAX_BUCKETS) n = SRV_HIST_MAX_BUCKETS;
+    if (n > SRV_METRICS_HIST_MAX_BUCKETS) n = SRV_METRICS_HIST_MAX_BUCKETS;
     if (n < 0) n = 0;
     for (int32_t i = 0; i < n; i++) h->bounds[i] = bounds[i];
     h->n_bounds = n;
 }
 
-void srv_histogram_observe(srv_histogram *h, double v) {
+void srv_metrics_histogram_observe(srv_metrics_histogram *h, double v) {
     if (isnan(v)) return;
     int32_t i = 0;
     while (i < h->n_bounds && v > h->bounds[i]) i++;
@@ -40,12 +40,12 @@ static const double LEN_B[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5
 
 void srv_metrics_init(srv_metrics *m) {
     memset(m, 0, sizeof *m);
-    srv_histogram_init(&m->ttft, TTFT_B, NB(TTFT_B));
-    srv_histogram_init(&m->itl, ITL_B, NB(ITL_B));
-    srv_histogram_init(&m->e2e, E2E_B, NB(E2E_B));
-    srv_histogram_init(&m->queue, E2E_B, NB(E2E_B));
-    srv_histogram_init(&m->prompt_len, LEN_B, NB(LEN_B));
-    srv_histogram_init(&m->gen_len, LEN_B, NB(LEN_B));
+    srv_metrics_histogram_init(&m->ttft, TTFT_B, NB(TTFT_B));
+    srv_metrics_histogram_init(&m->itl, ITL_B, NB(ITL_B));
+    srv_metrics_histogram_init(&m->e2e, E2E_B, NB(E2E_B));
+    srv_metrics_histogram_init(&m->queue, E2E_B, NB(E2E_B));
+    srv_metrics_histogram_init(&m->prompt_len, LEN_B, NB(LEN_B));
+    srv_metrics_histogram_init(&m->gen_len, LEN_B, NB(LEN_B));
 }
 
 void srv_metrics_count_http(srv_metrics *m, int status) {
@@ -86,7 +86,7 @@ static void counter_l(kvs_buf *b, const char *name, const char *help, const char
 static void gauge(kvs_buf *b, const char *name, const char *help, double v) { gauge_l(b, name, help, "", v); }
 static void counter(kvs_buf *b, const char *name, const char *help, uint64_t v) { counter_l(b, name, help, "", v); }
 
-static void hist_l(kvs_buf *b, const char *name, const char *help, const char *labels, const srv_histogram *h) {
+static void hist_l(kvs_buf *b, const char *name, const char *help, const char *labels, const srv_metrics_histogram *h) {
     char s[64];
     const char *sep = labels[0] ? "," : "";
     meta(b, name, "histogram", help);
@@ -105,7 +105,9 @@ static void hist_l(kvs_buf *b, const char *name, const char *help, const char *l
     kvs_buf_printf(b, "%s_count%s%s%s %s\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", n);
 }
 
-static void hist(kvs_buf *b, const char *name, const char *help, const srv_histogram *h) { hist_l(b, name, help, "", h); }
+static void hist(kvs_buf *b, const char *name, const char *help, const srv_metrics_histogram *h) {
+    hist_l(b, name, help, "", h);
+}
 
 /* A label value in the exposition format: backslash, double quote and newline escaped. */
 static void escape_label(char *out, size_t cap, const char *v) {
@@ -118,7 +120,7 @@ static void escape_label(char *out, size_t cap, const char *v) {
     out[o] = 0;
 }
 
-/* vLLM's names and meanings (see metrics.h), from the same numbers as kvserve's own. */
+/* vLLM's names and meanings (see obs.h), from the same numbers as kvserve's own. */
 static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats *st) {
     char name[600], L[700], s[800];
     escape_label(name, sizeof name, m->model_name);
@@ -262,8 +264,8 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
     hist(&b, "kvserve:request_prompt_tokens", "Prompt length of finished requests.", &m->prompt_len);
     hist(&b, "kvserve:request_generation_tokens", "Generated tokens of finished requests.", &m->gen_len);
     {
-        srv_kvev_stats ks; /* zeros when events are disabled */
-        srv_kvev_get_stats(m->kvev, &ks);
+        srv_kv_events_stats ks; /* zeros when events are disabled */
+        srv_kv_events_get_stats(m->kvev, &ks);
         counter(&b, "kvserve:kv_events_queued_total",
                 "KV-cache event batches handed to the publisher (every step that changed the prefix index).",
                 ks.batches_queued);

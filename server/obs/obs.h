@@ -1,6 +1,6 @@
 /*
  * obs.h: the public header of server/obs/ (observability): the Prometheus metrics (metrics.c, prefix
- * srv_metrics_) and the KV-cache event publisher (kv_events.c, prefix srv_kvev_). Reads the scheduler's
+ * srv_metrics_) and the KV-cache event publisher (kv_events.c, prefix srv_kv_events_). Reads the scheduler's
  * statistics (server/sched/sched.h); used by server/api/ and serve.c.
  *
  * Metrics: histograms and HTTP counters are fed on the loop thread by the API layer; gauges and engine counters come
@@ -31,33 +31,33 @@
 
 enum { SRV_METRICS_OK = KVS_OK, SRV_METRICS_ERR_NOMEM = KVS_ERR_NOMEM };
 
-#define SRV_HIST_MAX_BUCKETS 24
-typedef struct srv_histogram {
+#define SRV_METRICS_HIST_MAX_BUCKETS 24
+typedef struct srv_metrics_histogram {
     int32_t n_bounds;                          /* upper bounds, ascending (the +Inf bucket is implicit) */
-    double bounds[SRV_HIST_MAX_BUCKETS];
-    uint64_t counts[SRV_HIST_MAX_BUCKETS + 1]; /* per bucket, NOT cumulative; [n_bounds] is (last, +Inf) */
+    double bounds[SRV_METRICS_HIST_MAX_BUCKETS];
+    uint64_t counts[SRV_METRICS_HIST_MAX_BUCKETS + 1]; /* per bucket, NOT cumulative; [n_bounds] is (last, +Inf) */
     double sum;
     uint64_t count;
-} srv_histogram;
+} srv_metrics_histogram;
 
-/* Sets the bounds (ascending, n <= SRV_HIST_MAX_BUCKETS; extra ones dropped) and zeroes the counts. */
-void srv_histogram_init(srv_histogram *h, const double *bounds, int32_t n);
+/* Sets the bounds (ascending, n <= SRV_METRICS_HIST_MAX_BUCKETS; extra ones dropped) and zeroes the counts. */
+void srv_metrics_histogram_init(srv_metrics_histogram *h, const double *bounds, int32_t n);
 /* Adds one observation (NaN is ignored; a value equal to a bound falls in that bound's bucket). */
-void srv_histogram_observe(srv_histogram *h, double v);
+void srv_metrics_histogram_observe(srv_metrics_histogram *h, double v);
 
 enum { SRV_METRICS_STATUS_CLASSES = 5 }; /* 1xx..5xx */
 
-struct srv_kvev;
+struct srv_kv_events;
 
 typedef struct srv_metrics {
-    srv_histogram ttft, itl, e2e, queue;       /* seconds */
-    srv_histogram prompt_len, gen_len;         /* tokens per request */
+    srv_metrics_histogram ttft, itl, e2e, queue;       /* seconds */
+    srv_metrics_histogram prompt_len, gen_len;         /* tokens per request */
     uint64_t http_requests[SRV_METRICS_STATUS_CLASSES]; /* by status class */
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort, requests_finished_error;
     bool draining;                 /* graceful drain under way (srv_api_set_draining): kvserve:draining 1 */
     uint64_t requests_refused_draining; /* requests answered 503 because the server was draining */
     char model_name[256];          /* the model_name label of the vllm: metrics ("" until the model is loaded) */
-    const struct srv_kvev *kvev;   /* the KV-cache event publisher (its counters), NULL when disabled */
+    const struct srv_kv_events *kvev;   /* the KV-cache event publisher (its counters), NULL when disabled */
 } srv_metrics;
 
 /* Zeroes the counters and sets the standard bucket bounds. */
@@ -68,7 +68,7 @@ void srv_metrics_count_http(srv_metrics *m, int status);
  * st may be NULL (engine gauges then read 0, e.g. while the model loads). */
 int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st, char **out, size_t *len);
 
-/* ---- KV-cache events (obs/kv_events.c, prefix srv_kvev_) ------------------------------------------------------
+/* ---- KV-cache events (obs/kv_events.c, prefix srv_kv_events_) ------------------------------------------------------
  * KV-cache events in vLLM's wire format.
  *
  * Routers that score replicas by prefix-cache contents (llm-d's precise prefix-cache scorer, NVIDIA Dynamo's
@@ -101,12 +101,12 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st, char **o
  *   adds the empty delimiter, a DEALER must send it first); the reply is one message [seq (8 bytes), payload] per
  *   buffered batch with seq >= start_seq, in order, then [-1 as 8 bytes (all 0xff), ""] to end.
  *
- * Threads: the collector calls (srv_kvev_on_cache_event, srv_kvev_step_end) belong to the cache owner's thread
- * (the scheduler thread); a publisher thread owns the sockets; srv_kvev_get_stats may be called from any thread.
- * Publishing never blocks the collector: a full queue drops the batch and counts it.
+ * Threads: the collector calls (srv_kv_events_on_cache_event, srv_kv_events_step_end) belong to the cache owner's
+ * thread (the scheduler thread); a publisher thread owns the sockets; srv_kv_events_get_stats may be called from any
+ * thread. Publishing never blocks the collector: a full queue drops the batch and counts it.
  *
  * Errors: KVS_OK or a negative kvs_err (common/common.h); functions that read user input write a message into err. */
-typedef struct srv_kvev_config {
+typedef struct srv_kv_events_config {
     bool enable;               /* enable_kv_cache_events */
     char publisher[8];         /* "null" or "zmq" */
     char endpoint[256];
@@ -115,66 +115,66 @@ typedef struct srv_kvev_config {
     int32_t buffer_steps;
     int32_t hwm;
     int32_t max_queue_size;
-} srv_kvev_config;
+} srv_kv_events_config;
 
 /* vLLM's defaults (disabled, publisher "null"). */
-void srv_kvev_config_default(srv_kvev_config *c);
+void srv_kv_events_config_default(srv_kv_events_config *c);
 
 /* Parses a JSON object of the keys above (NULL or "" gives the defaults). Unknown keys, wrong types and values out
  * of range are KVS_ERR_INVALID with a message naming the key. */
-int srv_kvev_config_parse(const char *json, srv_kvev_config *out, char *err, size_t err_len);
+int srv_kv_events_config_parse(const char *json, srv_kv_events_config *out, char *err, size_t err_len);
 
 /* The settings as a JSON object with every key (replay_endpoint null when empty); NULL when out of memory. The
  * caller owns it (cJSON_Delete). */
 struct cJSON;
-struct cJSON *srv_kvev_config_to_json(const srv_kvev_config *c);
+struct cJSON *srv_kv_events_config_to_json(const srv_kv_events_config *c);
 
 /* Whether the configuration publishes anything (enabled with publisher "zmq"). */
-bool srv_kvev_config_active(const srv_kvev_config *c);
+bool srv_kv_events_config_active(const srv_kv_events_config *c);
 
-typedef struct srv_kvev srv_kvev;
+typedef struct srv_kv_events srv_kv_events;
 
 /* Creates the publisher: opens the sockets (bind or connect) and starts its thread. Errors: KVS_ERR_INVALID (not
  * active), KVS_ERR_BIND (an endpoint could not be bound or connected: see err), KVS_ERR_NOMEM, KVS_ERR_THREAD. */
-int srv_kvev_create(const srv_kvev_config *cfg, srv_kvev **out, char *err, size_t err_len);
+int srv_kv_events_create(const srv_kv_events_config *cfg, srv_kv_events **out, char *err, size_t err_len);
 
 /* Publishes what is queued, stops the thread, closes the sockets and frees. Events collected since the last
- * srv_kvev_step_end are discarded. NULL is a no-op. Call it after the collector thread has stopped. */
-void srv_kvev_free(srv_kvev *p);
+ * srv_kv_events_step_end are discarded. NULL is a no-op. Call it after the collector thread has stopped. */
+void srv_kv_events_free(srv_kv_events *p);
 
 /* The PUB socket's endpoint as bound (with the port a '*' port resolved to), or the configured one. */
-const char *srv_kvev_endpoint(const srv_kvev *p);
+const char *srv_kv_events_endpoint(const srv_kv_events *p);
 
-/* kvc_event_cb: collects one cache event into the current batch (ctx is the srv_kvev). Collector thread. */
-void srv_kvev_on_cache_event(void *ctx, const kvc_event *ev);
+/* kvc_event_cb: collects one cache event into the current batch (ctx is the srv_kv_events). Collector thread. */
+void srv_kv_events_on_cache_event(void *ctx, const kvc_event *ev);
 
 /* Ends an engine step: hands the collected events, if any, to the publisher thread as one batch (ctx is the
- * srv_kvev; NULL is a no-op). Never blocks on the sockets. Collector thread. */
-void srv_kvev_step_end(void *ctx);
+ * srv_kv_events; NULL is a no-op). Never blocks on the sockets. Collector thread. */
+void srv_kv_events_step_end(void *ctx);
 
-typedef struct srv_kvev_stats {
+typedef struct srv_kv_events_stats {
     uint64_t batches_queued;    /* batches handed to the publisher thread */
     uint64_t batches_published; /* batches sent on the PUB socket */
     uint64_t batches_dropped;   /* batches lost: queue full, or memory ran out while collecting */
     uint64_t events;            /* events in queued batches (after merging consecutive blocks) */
     uint64_t replays;           /* replay requests served */
-} srv_kvev_stats;
+} srv_kv_events_stats;
 
 /* Counters (relaxed atomics). NULL p gives zeros. */
-void srv_kvev_get_stats(const srv_kvev *p, srv_kvev_stats *out);
+void srv_kv_events_get_stats(const srv_kv_events *p, srv_kv_events_stats *out);
 
 /* ---- the encoder, for tests ------------------------------------------------------------------------------------ */
-typedef struct srv_kvev_batch srv_kvev_batch;
+typedef struct srv_kv_events_batch srv_kv_events_batch;
 
-/* An empty batch builder (events merged as srv_kvev_on_cache_event does). */
-int srv_kvev_batch_create(srv_kvev_batch **out);
-void srv_kvev_batch_free(srv_kvev_batch *b);
+/* An empty batch builder (events merged as srv_kv_events_on_cache_event does). */
+int srv_kv_events_batch_create(srv_kv_events_batch **out);
+void srv_kv_events_batch_free(srv_kv_events_batch *b);
 /* Adds one event; KVS_ERR_NOMEM (the batch is then unusable until cleared), KVS_ERR_INVALID (bad kind). */
-int srv_kvev_batch_add(srv_kvev_batch *b, const kvc_event *ev);
+int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev);
 /* Number of (merged) events. */
-int32_t srv_kvev_batch_len(const srv_kvev_batch *b);
-void srv_kvev_batch_clear(srv_kvev_batch *b);
+int32_t srv_kv_events_batch_len(const srv_kv_events_batch *b);
+void srv_kv_events_batch_clear(srv_kv_events_batch *b);
 /* Encodes the batch as the msgpack EventBatch above into out (appended). */
-int srv_kvev_batch_encode(const srv_kvev_batch *b, double ts, int32_t dp_rank, kvs_buf *out);
+int srv_kv_events_batch_encode(const srv_kv_events_batch *b, double ts, int32_t dp_rank, kvs_buf *out);
 
 #endif /* KVSERVE_SERVER_OBS_H */

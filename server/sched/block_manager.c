@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include "server/sched/block_manager_internal.h"
 
-void srv_bm_init(srv_bm *bm, kvc_cache *cache) {
+void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache) {
     kvc_layout lay;
     kvc_get_layout(cache, &lay);
     bm->cache = cache;
@@ -10,14 +10,14 @@ void srv_bm_init(srv_bm *bm, kvc_cache *cache) {
     bm->n_blocks = lay.n_blocks;
 }
 
-int srv_bm_seq_open(srv_bm *bm, int32_t *seq) { return kvc_seq_alloc(bm->cache, seq); }
+int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq) { return kvc_seq_alloc(bm->cache, seq); }
 
-void srv_bm_seq_close(srv_bm *bm, int32_t seq) { kvc_seq_free(bm->cache, seq); }
+void srv_block_manager_seq_close(srv_block_manager *bm, int32_t seq) { kvc_seq_free(bm->cache, seq); }
 
-int32_t srv_bm_seq_len(const srv_bm *bm, int32_t seq) { return kvc_seq_len(bm->cache, seq); }
+int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq) { return kvc_seq_len(bm->cache, seq); }
 
-int32_t srv_bm_attach_prefix(srv_bm *bm, int32_t seq, const int32_t *tokens, int32_t n, int32_t donor,
-                             int32_t shared, bool *copied) {
+int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                        int32_t donor, int32_t shared, bool *copied) {
     int32_t matched = 0, cached = 0;
     *copied = false;
     if (shared > 0 && kvc_prefix_match(bm->cache, tokens, n, &matched) == KVC_OK && shared > matched &&
@@ -37,7 +37,7 @@ int32_t srv_bm_attach_prefix(srv_bm *bm, int32_t seq, const int32_t *tokens, int
     return cached;
 }
 
-int srv_bm_fork(srv_bm *bm, int32_t src, int32_t len, int32_t *dst) {
+int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst) {
     int32_t seq;
     int rc = kvc_seq_alloc(bm->cache, &seq);
     if (rc != KVC_OK) return rc;
@@ -50,10 +50,10 @@ int srv_bm_fork(srv_bm *bm, int32_t src, int32_t len, int32_t *dst) {
     return KVS_OK;
 }
 
-int32_t srv_bm_available(const srv_bm *bm) { return kvc_blocks_available(bm->cache); }
+int32_t srv_block_manager_available(const srv_block_manager *bm) { return kvc_blocks_available(bm->cache); }
 
-int32_t srv_bm_needed(const srv_bm *bm, int32_t seq, int32_t n_tokens) {
+int32_t srv_block_manager_needed(const srv_block_manager *bm, int32_t seq, int32_t n_tokens) {
     return kvc_blocks_needed(bm->cache, seq, n_tokens);
 }
 
-void srv_bm_stats(const srv_bm *bm, kvc_stats *out) { kvc_get_stats(bm->cache, out); }
+void srv_block_manager_stats(const srv_block_manager *bm, kvc_stats *out) { kvc_get_stats(bm->cache, out); }

@@ -122,7 +122,7 @@ static const int32_t *known_tokens(srv_sched *s, const sched_req *r, const sched
 }
 
 /* ---- batch building ------------------------------------------------------------------------------------------ */
-static int32_t blocks_avail(srv_sched *s, int32_t reserved) { return srv_bm_available(&s->bm) - reserved; }
+static int32_t blocks_avail(srv_sched *s, int32_t reserved) { return srv_block_manager_available(&s->bm) - reserved; }
 
 static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bool logits, bool prompt) {
     batch_group *g = &s->groups[s->n_groups++];
@@ -182,7 +182,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
         for (int32_t j = 0; j < p->n; j++) {
             const sched_choice *d = &p->ch[j];
             if (d == c || d->finished || d->seq < 0) continue;
-            int32_t lim = srv_bm_seq_len(&s->bm, d->seq), kd = known_len(p, d);
+            int32_t lim = srv_block_manager_seq_len(&s->bm, d->seq), kd = known_len(p, d);
             if (kd < lim) lim = kd;
             if (n < lim) lim = n;
             if (d->clean < lim) lim = d->clean; /* a shifted sequence lends only its unshifted head */
@@ -205,7 +205,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
  * (then nothing changed) or on an allocation failure (then the choice has failed). */
 static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
-    if (srv_bm_seq_open(&s->bm, &seq) != 0) return -1;
+    if (srv_block_manager_seq_open(&s->bm, &seq) != 0) return -1;
     c->clean = INT32_MAX;
     if (r->embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
         memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
@@ -215,14 +215,14 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     }
     const int32_t *toks = known_tokens(s, r, c);
     if (!toks) {
-        srv_bm_seq_close(&s->bm, seq);
+        srv_block_manager_seq_close(&s->bm, seq);
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "out of memory");
         return -1;
     }
     int32_t n = known_len(r, c) - 1, donor = -1;
     int32_t shared = best_donor(s, r, c, n, &donor);
     bool copied;
-    int32_t cached = srv_bm_attach_prefix(&s->bm, seq, toks, n, donor, shared, &copied);
+    int32_t cached = srv_block_manager_attach_prefix(&s->bm, seq, toks, n, donor, shared, &copied);
     if (copied) {
         s->c_copy_query += (uint64_t)n;
         s->c_copy_hit += (uint64_t)shared;
@@ -237,7 +237,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
 static int32_t fit_tokens(srv_sched *s, int32_t seq, int32_t want, int32_t avail, int32_t *need_out) {
     *need_out = 0;
     if (want <= 0 || avail < 0) return 0;
-    int32_t need = srv_bm_needed(&s->bm, seq, want);
+    int32_t need = srv_block_manager_needed(&s->bm, seq, want);
     if (need >= 0 && need <= avail) {
         *need_out = need;
         return want;
@@ -245,11 +245,11 @@ static int32_t fit_tokens(srv_sched *s, int32_t seq, int32_t want, int32_t avail
     int32_t lo = 0, hi = want; /* lo fits, hi does not */
     while (hi - lo > 1) {
         int32_t mid = lo + (hi - lo) / 2;
-        int32_t nm = srv_bm_needed(&s->bm, seq, mid);
+        int32_t nm = srv_block_manager_needed(&s->bm, seq, mid);
         if (nm >= 0 && nm <= avail) lo = mid;
         else hi = mid;
     }
-    if (lo > 0) *need_out = srv_bm_needed(&s->bm, seq, lo);
+    if (lo > 0) *need_out = srv_block_manager_needed(&s->bm, seq, lo);
     return lo;
 }
 
@@ -264,7 +264,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
             if (start_seq(s, r, c) != 0) continue;
             if (blocks_avail(s, *reserved) < 0) {
                 /* attaching took cached blocks that this batch already counted on: not this step */
-                srv_bm_seq_close(&s->bm, c->seq);
+                srv_block_manager_seq_close(&s->bm, c->seq);
                 c->seq = -1;
                 c->n_cached = 0;
                 continue;
@@ -296,7 +296,7 @@ static void handle_logits(srv_sched *s, sched_req *r, sched_choice *c, int32_t e
             sched_choice *d = &r->ch[i];
             if (d->finished || d->seq >= 0 || d->n_gen != 0) continue;
             int32_t seq;
-            if (srv_bm_fork(&s->bm, c->seq, r->n_prompt, &seq) != 0) continue; /* recomputed later */
+            if (srv_block_manager_fork(&s->bm, c->seq, r->n_prompt, &seq) != 0) continue; /* recomputed later */
             d->seq = seq;
             d->n_cached = r->n_prompt;
         }
@@ -350,7 +350,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
         for (int32_t j = 0; j < r->n && budget > 0; j++) {
             sched_choice *c = &r->ch[j];
             if (c->finished || c->seq < 0 || known_len(r, c) - c->n_cached != 1) continue;
-            int32_t need = srv_bm_needed(&s->bm, c->seq, 1);
+            int32_t need = srv_block_manager_needed(&s->bm, c->seq, 1);
             if (need < 0 || need > blocks_avail(s, reserved)) {
                 sched_req *victim = sched_pick_victim(s);
                 if (victim) {
@@ -510,7 +510,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (!s) return SRV_SCHED_ERR_NOMEM;
     s->p = *params;
     s->ops = *ops;
-    srv_bm_init(&s->bm, cache);
+    srv_block_manager_init(&s->bm, cache);
     s->block_size = s->bm.block_size;
     s->blocks_total = s->bm.n_blocks;
     s->next_id = 1;

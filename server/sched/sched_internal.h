@@ -109,7 +109,7 @@ typedef struct batch_group {
 struct srv_sched {
     srv_sched_params p;
     srv_engine_ops ops;
-    srv_bm bm;               /* the scheduler's only access to the KV cache */
+    srv_block_manager bm;               /* the scheduler's only access to the KV cache */
     int32_t block_size;
     int32_t blocks_total;
     int32_t *eog;            /* EOG token ids [n_eog] (banned for ignore_eos) */
@@ -200,7 +200,7 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
  * after the last prompt token, writes the vector and ends the choice. */
 void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0);
 
-/* sched_shift.c: the context shift (scheduler.h, "Context shift") */
+/* sched_shift.c: the context shift (sched.h, "Context shift") */
 /* Choice c has just sampled the token that brought its context to n_ctx: shifts the context and returns true
  * (it goes on), or returns false (nothing left to discard, or out of memory: the caller ends it with "length"). */
 bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c);

@@ -1,5 +1,5 @@
 /* sched_output.c: what a step produces. Sampling from the logits, detokenizing, stop strings, logprobs, the
- * events handed to the loop thread and the statistics. See scheduler.h for the contract. */
+ * events handed to the loop thread and the statistics. See sched.h for the contract. */
 #include "server/sched/sched_internal.h"
 
 #include <math.h>
@@ -63,7 +63,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
     c->error = error;
     c->end_pending = true;
     if (c->seq >= 0) {
-        srv_bm_seq_close(&s->bm, c->seq);
+        srv_block_manager_seq_close(&s->bm, c->seq);
         c->seq = -1;
         c->n_cached = 0;
     }
@@ -224,7 +224,7 @@ void sched_post_events(srv_sched *s, int32_t dropped_new) {
 void sched_refresh_stats_locked(srv_sched *s) {
     srv_sched_stats *st = &s->stats;
     kvc_stats ks;
-    srv_bm_stats(&s->bm, &ks);
+    srv_block_manager_stats(&s->bm, &ks);
     st->requests_running = s->running.n;
     st->requests_waiting = s->waiting.n + s->incoming.n;
     st->seqs_running = ks.seqs_live;
@@ -324,7 +324,7 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
     if (r->max_tokens > 0 && c->n_gen >= r->max_tokens) {
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
     } else if (s->p.n_ctx > 0 && known_len(r, c) >= s->p.n_ctx) {
-        /* the context is full: shift it (scheduler.h, "Context shift") or end */
+        /* the context is full: shift it (sched.h, "Context shift") or end */
         if (!(s->p.context_shift && r->max_tokens > 0 && sched_context_shift(s, r, c)))
             sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
     }

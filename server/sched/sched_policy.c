@@ -1,6 +1,6 @@
 /* sched_policy.c: who runs. Admission of the queue's head (the KV blocks a request needs, how many the running
  * requests still need, shared prompt blocks counted once) and preemption (the least urgent running request,
- * by (priority, arrival), gives its blocks back and is recomputed later). See scheduler.h for the contract. */
+ * by (priority, arrival), gives its blocks back and is recomputed later). See sched.h for the contract. */
 #include "server/sched/sched_internal.h"
 
 #include <stdlib.h>
@@ -15,7 +15,7 @@ void sched_preempt(srv_sched *s, sched_req *r) {
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->seq >= 0) {
-            srv_bm_seq_close(&s->bm, c->seq);
+            srv_block_manager_seq_close(&s->bm, c->seq);
             c->seq = -1;
             c->n_cached = 0;
         }
@@ -99,7 +99,7 @@ static int64_t running_demand(srv_sched *s) {
             sched_choice *c = &r->ch[j];
             if (c->finished) continue;
             if (c->seq >= 0) {
-                int32_t n = srv_bm_needed(&s->bm, c->seq, known_len(r, c) - c->n_cached + 1);
+                int32_t n = srv_block_manager_needed(&s->bm, c->seq, known_len(r, c) - c->n_cached + 1);
                 if (n > 0) total += n;
             } else if (!(c->idx > 0 && c->n_gen == 0)) {
                 total += ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
@@ -146,7 +146,7 @@ int sched_admit_head(srv_sched *s) {
      * are merely cached are not: attaching them takes them out of the available count just as computing
      * them would. The blocks this step already reserved are part of the running requests' demand. */
     if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
-    if (need - shared_in_use(s, r, c0) > srv_bm_available(&s->bm) - running_demand(s)) return 0;
+    if (need - shared_in_use(s, r, c0) > srv_block_manager_available(&s->bm) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && sched_prefix_wait(s, r, c0)) return 0;
     for (int32_t i = 0; i < r->n; i++) {
         sched_choice *c = &r->ch[i];

@@ -42,7 +42,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     bool in_place = false;
     if (c->seq >= 0 && c->n_cached == held && s->ops.seq_remove &&
         s->ops.seq_remove(s->ops.ctx, c->seq, keep, keep + n_discard) == ENG_OK) {
-        in_place = srv_bm_seq_len(&s->bm, c->seq) == held - n_discard;
+        in_place = srv_block_manager_seq_len(&s->bm, c->seq) == held - n_discard;
         if (in_place) {
             c->n_cached = held - n_discard;
             if (keep < c->clean) c->clean = keep;
@@ -50,7 +50,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     }
     if (!in_place && c->seq >= 0) {
         /* recompute the kept tokens: a fresh sequence attaches what it can (the kept prefix's cached blocks) */
-        srv_bm_seq_close(&s->bm, c->seq);
+        srv_block_manager_seq_close(&s->bm, c->seq);
         c->seq = -1;
         c->n_cached = 0;
         c->clean = INT32_MAX;

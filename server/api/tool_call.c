@@ -1,5 +1,5 @@
-/* tool_calls.c: tool calls in generated text (see tool_calls_internal.h). */
-#include "server/api/tool_calls_internal.h"
+/* tool_call.c: tool calls in generated text (see tool_call_internal.h). */
+#include "server/api/tool_call_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,7 @@ static const char *find_bytes(const char *h, size_t hl, const char *n, size_t nl
     return NULL;
 }
 
-void srv_tc_result_free(srv_tc_result *r) {
+void srv_tool_call_result_free(srv_tool_call_result *r) {
     if (!r) return;
     for (int i = 0; i < r->n_calls; i++) { free(r->calls[i].name); free(r->calls[i].arguments); }
     free(r->calls);
@@ -32,7 +32,7 @@ static cJSON *parse_value(const char *s, size_t len, size_t *used) {
     size_t i = 0;
     while (i < len && is_ws(s[i])) i++;
     /* cJSON skips every byte <= 0x20 before a value, NULs included; only JSON's own whitespace may precede one
-     * here, as srv_tc_stream_safe assumes (a NUL-led text is content, never a call) */
+     * here, as srv_tool_call_stream_safe assumes (a NUL-led text is content, never a call) */
     if (i == len || (unsigned char)s[i] <= 0x20) return NULL;
     const char *end = NULL;
     cJSON *v = cJSON_ParseWithLengthOpts(s + i, len - i, &end, false);
@@ -42,7 +42,7 @@ static cJSON *parse_value(const char *s, size_t len, size_t *used) {
 }
 
 /* Adds the call described by object o ({name, arguments|parameters} or {function: {...}}). -1: not a call. */
-static int add_call(srv_tc_result *r, const cJSON *o) {
+static int add_call(srv_tool_call_result *r, const cJSON *o) {
     if (!cJSON_IsObject(o)) return -1;
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(o, "function");
     if (cJSON_IsObject(fn)) o = fn;
@@ -60,7 +60,7 @@ static int add_call(srv_tc_result *r, const cJSON *o) {
     char *a = (args && cJSON_IsObject(args)) ? cJSON_PrintUnformatted(args) : strdup("{}");
     cJSON_Delete(parsed);
     char *n = strdup(name->valuestring);
-    srv_tc_call *c = realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *c);
+    srv_tool_call *c = realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *c);
     if (!a || !n || !c) { free(a); free(n); if (c) r->calls = c; return -2; }
     r->calls = c;
     c[r->n_calls].name = n;
@@ -70,7 +70,7 @@ static int add_call(srv_tc_result *r, const cJSON *o) {
 }
 
 /* A value that is a call or an array of calls (or {"tool_calls": [...]}). */
-static int add_calls(srv_tc_result *r, const cJSON *v) {
+static int add_calls(srv_tool_call_result *r, const cJSON *v) {
     const cJSON *tc = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "tool_calls") : NULL;
     if (cJSON_IsArray(tc)) v = tc;
     if (cJSON_IsArray(v)) {
@@ -85,7 +85,7 @@ static int add_calls(srv_tc_result *r, const cJSON *v) {
 }
 
 /* The call(s) in the JSON value at t[0..len): 0 and *used, -1 (no JSON or not calls), -2 (no memory). */
-static int take_calls(srv_tc_result *r, const char *t, size_t len, size_t *used) {
+static int take_calls(srv_tool_call_result *r, const char *t, size_t len, size_t *used) {
     cJSON *v = parse_value(t, len, used);
     if (!v) return -1;
     int e = add_calls(r, v);
@@ -99,7 +99,7 @@ static bool only_ws(const char *s, size_t len) {
 }
 
 /* The calls after a marker at text[off]; the rest of the text must be nothing but calls. */
-static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tc_result *r) {
+static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tool_call_result *r) {
     size_t p = off;
     if (mk == MK_HERMES) {
         static const char open[] = "<tool_call>", close[] = "</tool_call>";
@@ -156,7 +156,7 @@ static int parse_after(const char *t, size_t len, int mk, size_t off, srv_tc_res
     return rc;
 }
 
-int srv_tc_parse(const char *text, size_t len, srv_tc_result *out) {
+int srv_tool_call_parse(const char *text, size_t len, srv_tool_call_result *out) {
     if (!out) return KVS_ERR_INVALID;
     memset(out, 0, sizeof *out);
     out->content_len = len;
@@ -183,12 +183,12 @@ int srv_tc_parse(const char *text, size_t len, srv_tc_result *out) {
         cJSON_Delete(v);
         if (e == 0) out->content_len = 0;
     }
-    if (e == -2) { srv_tc_result_free(out); out->content_len = len; return KVS_ERR_NOMEM; }
-    if (e != 0) { srv_tc_result_free(out); out->content_len = len; }
+    if (e == -2) { srv_tool_call_result_free(out); out->content_len = len; return KVS_ERR_NOMEM; }
+    if (e != 0) { srv_tool_call_result_free(out); out->content_len = len; }
     return 0;
 }
 
-size_t srv_tc_stream_safe(const char *text, size_t len, size_t from, bool *held) {
+size_t srv_tool_call_stream_safe(const char *text, size_t len, size_t from, bool *held) {
     if (held) *held = false;
     if (!text || from > len) return 0;
     if (from == 0) {
