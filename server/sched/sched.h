@@ -122,9 +122,6 @@ enum {
     SRV_SCHED_ERR_TOO_LONG = KVS_ERR_TOO_LONG,     /* prompt longer than n_ctx (the API layer answers 400) */
 };
 
-/* Historical name of kvs_strerror (SRV_SCHED_* codes are kvs_err values); new code calls kvs_strerror. */
-const char *srv_sched_strerror(int err);
-
 /* ---- the engine, abstracted ------------------------------------------------------------------------------
  * Everything the scheduler needs from the engine, so that tests can run it over a mock. Every function is
  * called only from the scheduler thread (the cache() result is used only there, and by

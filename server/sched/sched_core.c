@@ -20,8 +20,6 @@
 #include <string.h>
 
 /* ---- small helpers ---------------------------------------------------------------------------------------- */
-const char *srv_sched_strerror(int err) { return kvs_strerror(err); }
-
 const char *srv_sched_finish_name(srv_sched_finish f) {
     switch (f) {
     case SRV_SCHED_FINISH_STOP: return "stop";
