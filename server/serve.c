@@ -316,6 +316,37 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 /* ---- main ------------------------------------------------------------------------------------------------------ */
+/* The API layer's settings from the configuration (cors and web are set once they exist). */
+static void api_config_of(const srv_config *cfg, uv_loop_t *loop, srv_api_config *ac) {
+    memset(ac, 0, sizeof *ac);
+    const char *slash = strrchr(cfg->model, '/');
+    ac->model_id = cfg->model_name[0] ? cfg->model_name : (slash ? slash + 1 : cfg->model);
+    srv_api_limits_default(&ac->limits);
+    ac->limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
+    ac->limits.max_stop = cfg->max_stop;
+    ac->limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
+    ac->api_key = cfg->api_key;
+    ac->parse_special_in_content = cfg->parse_special_in_content;
+    ac->loop = loop;
+    ac->log_format = !strcmp(cfg->log_format, "json")   ? SRV_API_LOG_JSON
+                     : !strcmp(cfg->log_format, "none") ? SRV_API_LOG_NONE
+                                                        : SRV_API_LOG_TEXT;
+}
+
+/* The HTTP layer's limits from the configuration. */
+static void http_limits_of(const srv_config *cfg, srv_http_limits *hl) {
+    srv_http_limits_default(hl);
+    hl->body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
+    hl->max_body_bytes_total = (size_t)(cfg->body_total_mb * 1048576.0);
+    hl->header_limit = (size_t)cfg->header_limit_kb << 10;
+    hl->read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
+    hl->idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
+    hl->max_connections = cfg->max_connections;
+    hl->max_pending_write = (size_t)cfg->write_buffer_kb << 10;
+    if (hl->read_timeout_ms < 1) hl->read_timeout_ms = 1;
+    if (hl->idle_timeout_ms < 1) hl->idle_timeout_ms = 1;
+}
+
 int srv_main(const srv_config *cfg) {
     char err[512];
     if (!cfg || srv_config_validate(cfg, err, sizeof err) != 0) {
@@ -334,30 +365,9 @@ int srv_main(const srv_config *cfg) {
     if (uv_loop_init(&d->loop) != 0) { free(d); fprintf(stderr, "kvserve: uv_loop_init failed\n"); return 1; }
     srv_metrics_init(&d->metrics);
     srv_api_config ac;
-    memset(&ac, 0, sizeof ac);
-    const char *slash = strrchr(cfg->model, '/');
-    ac.model_id = cfg->model_name[0] ? cfg->model_name : (slash ? slash + 1 : cfg->model);
-    srv_api_limits_default(&ac.limits);
-    ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
-    ac.limits.max_stop = cfg->max_stop;
-    ac.limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
-    ac.api_key = cfg->api_key;
-    ac.parse_special_in_content = cfg->parse_special_in_content;
-    ac.loop = &d->loop;
-    ac.log_format = !strcmp(cfg->log_format, "json")   ? SRV_API_LOG_JSON
-                    : !strcmp(cfg->log_format, "none") ? SRV_API_LOG_NONE
-                                                       : SRV_API_LOG_TEXT;
+    api_config_of(cfg, &d->loop, &ac);
     srv_http_limits hl;
-    srv_http_limits_default(&hl);
-    hl.body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
-    hl.max_body_bytes_total = (size_t)(cfg->body_total_mb * 1048576.0);
-    hl.header_limit = (size_t)cfg->header_limit_kb << 10;
-    hl.read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
-    hl.idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
-    hl.max_connections = cfg->max_connections;
-    hl.max_pending_write = (size_t)cfg->write_buffer_kb << 10;
-    if (hl.read_timeout_ms < 1) hl.read_timeout_ms = 1;
-    if (hl.idle_timeout_ms < 1) hl.idle_timeout_ms = 1;
+    http_limits_of(cfg, &hl);
     int rc = 1;
     if (srv_cors_create(cfg->cors_origins, cfg->host, &d->cors, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve: cors_origins: %s\n", err);

@@ -2,13 +2,12 @@
  *   {"type": "text"}                                   no constraint
  *   {"type": "json_object"}                            any JSON object
  *   {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}
- * The schema is compiled into a grammar (grammar/) in the request's preparation, off the loop, through the
- * model's grammar cache (server/api/grammar_cache_internal.h), and the scheduler constrains every choice with it. A keyword
- * the compiler cannot enforce is a 400 naming it (param response_format), never a silent ignore.
- * tool_choice "required" or a named function goes the same way: a grammar of tool calls in the model's format
- * whose arguments follow each function's parameters (server/api/tool_format_internal.h); it takes precedence over
- * response_format, and a parameters keyword it cannot enforce is a 400 (param tools) naming the function and
- * the keyword. */
+ * The schema is compiled into a grammar (grammar/) in the request's preparation, off the loop, through the model's
+ * grammar cache (server/api/grammar_cache_internal.h), and the scheduler constrains every choice with it. A keyword the
+ * compiler cannot enforce is a 400 naming it (param response_format), never a silent ignore. tool_choice "required" or
+ * a named function goes the same way: a grammar of tool calls in the model's format whose arguments follow each
+ * function's parameters (server/api/tool_format_internal.h); it takes precedence over response_format, and a parameters
+ * keyword it cannot enforce is a 400 (param tools) naming the function and the keyword. */
 #include "server/api/api_gen_internal.h"
 
 #include <stdio.h>
@@ -61,6 +60,19 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
     return 1;
 }
 
+/* The answer to a grammar's compilation rc (msg: the compiler's message): 0, or -1 with err set: 500 when out of
+ * memory compiling `what`, otherwise a 400 naming param: "<unsupported>: msg" or "<invalid>: msg". */
+static int compiled(int rc, const char *msg, const char *what, const char *param, const char *unsupported,
+                    const char *invalid, srv_api_error *err) {
+    if (rc == KVS_OK) return 0;
+    if (rc == KVS_ERR_NOMEM)
+        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory compiling the %s", what);
+    else
+        srv_api_set_error(err, 400, NULL, param, NULL, "%s: %s", rc == KVS_ERR_UNSUPPORTED ? unsupported : invalid,
+                          msg);
+    return -1;
+}
+
 static int tool_compile(void *ud, gmr_grammar **g, char *err, size_t err_len) {
     return srv_tool_format_compile(ud, g, err, err_len);
 }
@@ -81,19 +93,8 @@ static int prepare_tool_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     int rc = key ? srv_grammar_cache_get_with(api->gcache, key, tool_compile, &ch, &c->grammar, msg, sizeof msg)
                  : KVS_ERR_NOMEM;
     free(key);
-    switch (rc) {
-    case KVS_OK:
-        return 0;
-    case KVS_ERR_NOMEM:
-        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory compiling the tool-call grammar");
-        return -1;
-    case KVS_ERR_UNSUPPORTED:
-        param = "tools";
-        return RF_BAD("function parameters not supported for constrained tool calls: %s", msg);
-    default:
-        param = "tools";
-        return RF_BAD("invalid function parameters: %s", msg);
-    }
+    return compiled(rc, msg, "tool-call grammar", "tools",
+                    "function parameters not supported for constrained tool calls", "invalid function parameters", err);
 }
 
 /* Whether c's output is constrained to tool calls (chat, tools, tool_choice "required" or a named function). */
@@ -119,17 +120,8 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
     char msg[400];
     int rc = srv_grammar_cache_get(api->gcache, g->rf_schema, schema, &c->grammar, msg, sizeof msg);
     cJSON_Delete(schema);
-    switch (rc) {
-    case KVS_OK:
-        return 0;
-    case KVS_ERR_NOMEM:
-        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory compiling the response_format schema");
-        return -1;
-    case KVS_ERR_UNSUPPORTED:
-        return RF_BAD("'response_format' schema not supported: %s", msg);
-    default:
-        return RF_BAD("'response_format' has an invalid JSON Schema: %s", msg);
-    }
+    return compiled(rc, msg, "response_format schema", "response_format", "'response_format' schema not supported",
+                    "'response_format' has an invalid JSON Schema", err);
 }
 
 void srv_api_set_grammar_cache(srv_api *api, srv_grammar_cache *gc) {
