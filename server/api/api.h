@@ -98,7 +98,7 @@ typedef struct srv_api_gen {
                                    the model's FIM prompt (server/api/api_fim.c) */
     srv_api_rf rf;              /* response_format (SRV_API_RF_TEXT when absent) */
     char *rf_schema;            /* json_schema: the schema as unformatted JSON (the grammar cache's key) */
-    struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (server/api/chat_internal.h) */
+    struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (api/chat_internal.h) */
     int32_t priority;           /* vLLM's `priority` (lower is more urgent), default 0; nonzero only when
                                    limits.priority_scheduling */
 } srv_api_gen;

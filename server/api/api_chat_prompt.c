@@ -67,10 +67,10 @@ static bool has_tool_history(const cJSON *messages) {
     return false;
 }
 
-/* The messages for a built-in family when tools are involved (it has no template to print them): the tools
- * described in the system message (one is added first when there is none), assistant tool_calls written as the
- * model writes them, tool results as its format shows them (server/api/tool_format_internal.h). *out NULL: no tools, the
- * request's messages serve as they are. 0 or KVS_ERR_NOMEM. */
+/* The messages for a built-in family when tools are involved (it has no template to print them): the tools described in
+ * the system message (one is added first when there is none), assistant tool_calls written as the model writes them,
+ * tool results as its format shows them (server/api/tool_format_internal.h). *out NULL: no tools, the request's
+ * messages serve as they are. 0 or KVS_ERR_NOMEM. */
 static int tool_messages(srv_tool_format f, const srv_chat_req *r, srv_api_msg **out, int32_t *n_out) {
     *out = NULL;
     *n_out = 0;

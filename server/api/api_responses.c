@@ -1,12 +1,12 @@
 /* api_responses.c: POST /v1/responses (and /responses). The body is mapped onto a chat completions body
- * (server/api/responses_map_internal.h) and then takes the chat path itself: srv_api_parse_gen_json, api_prepare_gen (the
- * model's Jinja template with content spans as plain text, the system-role retry, tools and tool_choice,
- * response_format's grammar, the context check) and api_fill_request (sampling, grammar) for the scheduler.
- * Its events become a Response object, or the typed server-sent events of a streamed one: text deltas of a
- * message item, then each tool call the model wrote (server/api/tool_call_internal.h) as a function_call item with its
- * arguments. Finished responses are kept in memory (at most RESP_STORE_MAX, least recently used dropped) as
- * chat messages, tool calls included, so that previous_response_id can continue them; the continued
- * conversation renders to the same prefix, which the prefix cache then reuses. */
+ * (server/api/responses_map_internal.h) and then takes the chat path itself: srv_api_parse_gen_json, api_prepare_gen
+ * (the model's Jinja template with content spans as plain text, the system-role retry, tools and tool_choice,
+ * response_format's grammar, the context check) and api_fill_request (sampling, grammar) for the scheduler. Its events
+ * become a Response object, or the typed server-sent events of a streamed one: text deltas of a message item, then each
+ * tool call the model wrote (server/api/tool_call_internal.h) as a function_call item with its arguments. Finished
+ * responses are kept in memory (at most RESP_STORE_MAX, least recently used dropped) as chat messages, tool calls
+ * included, so that previous_response_id can continue them; the continued conversation renders to the same prefix,
+ * which the prefix cache then reuses. */
 #include "server/api/api_gen_internal.h"
 #include "server/api/api_routes_internal.h"
 

@@ -1,7 +1,8 @@
 /*
- * chat_internal.h: chat requests for the model's own Jinja chat template (api/chat.c, prefix srv_chat_; private to server/api/): the messages and tools
- * of a /v1/chat/completions body converted to the variables templates expect, and their rendering with the
- * content spans the prompt builder tokenizes as plain text. Pure: no I/O, no engine; any thread.
+ * chat_internal.h: chat requests for the model's own Jinja chat template (api/chat.c, prefix srv_chat_; private to
+ * server/api/): the messages and tools of a /v1/chat/completions body converted to the variables templates expect, and
+ * their rendering with the content spans the prompt builder tokenizes as plain text. Pure: no I/O, no engine; any
+ * thread.
  */
 #ifndef KVSERVE_SERVER_CHAT_INTERNAL_H
 #define KVSERVE_SERVER_CHAT_INTERNAL_H

@@ -3,10 +3,10 @@
  * CORS (cors.c, srv_cors_) and the built-in chat page with GET /props (web.c, srv_web_). Used by server/api/
  * and serve.c; includes no other server folder.
  *
- * The connection layer: a libuv TCP listener; one llhttp parser per connection. Requests on one connection are handled one at a
- * time in arrival order (pipelined requests wait, buffered, until the previous response is complete), so a
- * handler never sees two requests of one connection at once. Keep-alive follows HTTP/1.1 rules
- * (Connection: close, HTTP/1.0 without keep-alive).
+ * The connection layer: a libuv TCP listener; one llhttp parser per connection. Requests on one connection are handled
+ * one at a time in arrival order (pipelined requests wait, buffered, until the previous response is complete), so a
+ * handler never sees two requests of one connection at once. Keep-alive follows HTTP/1.1 rules (Connection: close,
+ * HTTP/1.0 without keep-alive).
  *
  * Limits, answered by the layer itself before any handler runs:
  *   body larger than body_limit (Content-Length or chunked)     -> 413, connection closed
