@@ -129,6 +129,8 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err);
 /* Fills an error (printf-style message). */
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Fills err with the 500 "out of memory" answer (type server_error); returns SRV_API_ERR_NOMEM. */
+int srv_api_set_nomem(srv_api_error *err);
 /* The OpenAI error JSON {"error":{"message","type","param","code"}}; malloc'd, NULL on OOM. */
 char *srv_api_error_json(const srv_api_error *err);
 

@@ -25,6 +25,11 @@ void srv_api_set_error(srv_api_error *err, int status, const char *type, const c
     va_end(ap);
 }
 
+int srv_api_set_nomem(srv_api_error *err) {
+    srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+    return SRV_API_ERR_NOMEM;
+}
+
 char *srv_api_error_json(const srv_api_error *err) {
     cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
     if (!root || !e) { cJSON_Delete(root); cJSON_Delete(e); return NULL; }

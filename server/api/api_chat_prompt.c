@@ -171,7 +171,7 @@ static int fallback_prompt(srv_api *api, srv_api_gen *g, int32_t **toks, int32_t
     return 0;
 oom:
     free_msgs(tm, n_tm);
-    srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    srv_api_set_nomem(e);
     return -1;
 }
 

@@ -121,7 +121,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
     }
     rc = 0;
 out:
-    if (rc == -2) srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc == -2) srv_api_set_nomem(e);
     cJSON_Delete(root);
     return rc;
 }

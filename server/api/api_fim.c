@@ -36,7 +36,7 @@ int api_fim_prompt(srv_api *api, const srv_api_prompt *p, const char *suffix, in
         free(bos);
         free(pre);
         free(suf);
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(e);
         return -1;
     }
     if (lead) out[k++] = bos[0];
@@ -121,7 +121,7 @@ int api_fim_infill_body(srv_http_req *req, srv_api_error *e) {
     cJSON_Delete(out);
     return 0;
 oom:
-    srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    srv_api_set_nomem(e);
 fail:
     cJSON_Delete(root);
     cJSON_Delete(out);

@@ -141,7 +141,7 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
                 api_stream_chunk(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples, SRV_SCHED_FINISH_NONE,
                              false);
         } else {
-            if (kvs_buf_append(&ch->text, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory"); }
+            if (kvs_buf_append(&ch->text, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_nomem(&c->error); }
             if (c->gen.logprobs && ev->n_samples > 0) {
                 if (!ch->lp) ch->lp = api_new_logprobs(c);
                 if (ch->lp) api_add_logprobs(c, ch, ch->lp, ev->samples, ev->n_samples);

@@ -21,7 +21,7 @@ void srv_api_limits_default(srv_api_limits *l) {
 
 /* ---- field readers: JSON null counts as absent. Each returns 1 (set), 0 (absent) or -1 (error set). ---- */
 #define BAD(...) (srv_api_set_error(err, 400, NULL, name, NULL, __VA_ARGS__), -1)
-#define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), -2)
+#define OOM() (srv_api_set_nomem(err), -2)
 
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, bool lo_open, float *out,
                    srv_api_error *err) {

@@ -51,7 +51,7 @@ static int build_prompt(srv_api *api, api_call *c, int32_t i, int32_t **toks, in
     }
     return 0;
 oom:
-    srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    srv_api_set_nomem(e);
     return -1;
 tokfail:
     srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed");
@@ -86,7 +86,7 @@ int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
     c->prep_toks = calloc((size_t)c->n_subs, sizeof *c->prep_toks);
     c->prep_ntok = calloc((size_t)c->n_subs, sizeof *c->prep_ntok);
     if (!c->subs || !c->choices || !c->prep_toks || !c->prep_ntok) {
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(e);
         return -1;
     }
     int32_t **toks = c->prep_toks, *ntok = c->prep_ntok;

@@ -334,7 +334,7 @@ static void resp_finish(resp_call *r) {
     if (!error && srv_responses_map_output(ch->text.data, ch->text.len, r->tools, r->rq.parallel_tool_calls, r->msg_id,
                                   r->seed, status, &out) != 0) {
         error = true;
-        srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(&e);
     }
     if (!error && r->rq.store && r->rq.conv) {
         cJSON_AddItemToArray(r->rq.conv, out.assistant);
@@ -388,7 +388,7 @@ static void resp_event(const srv_sched_event *ev, void *user) {
         char *d = api_utf8_sanitize(ev->text, ev->text_len);
         if ((!d || kvs_buf_puts(&c->choices[0].text, d)) && !c->has_error) {
             c->has_error = true;
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory");
+            srv_api_set_nomem(&c->error);
         }
         free(d);
         if (c->stream && !c->has_error) stream_text(r);

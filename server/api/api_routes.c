@@ -123,7 +123,7 @@ static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
     cJSON_Delete(root);
     if (!arr) {
         cJSON_Delete(o);
-        srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(e);
         return NULL;
     }
     return o;
@@ -163,7 +163,7 @@ static cJSON *detokenize_body(srv_api *api, const api_job *j, srv_api_error *e) 
         o = NULL;
     }
     free(s);
-    if (!o) srv_api_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!o) srv_api_set_nomem(e);
     return o;
 }
 

@@ -53,7 +53,7 @@ int api_parse_response_format(const cJSON *root, srv_api_gen *g, srv_api_error *
         return RF_BAD("'response_format.json_schema.schema' must be a JSON Schema object, got %s",
                       srv_api_json_kind(schema));
     if (!(g->rf_schema = cJSON_PrintUnformatted(schema))) {
-        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(err);
         return -2;
     }
     g->rf = SRV_API_RF_JSON_SCHEMA;
@@ -114,7 +114,7 @@ int api_prepare_grammar(srv_api *api, api_call *c, srv_api_error *err) {
                                     g->rf == SRV_API_RF_JSON_OBJECT ? "json_object" : "json_schema");
     cJSON *schema = NULL;
     if (g->rf == SRV_API_RF_JSON_SCHEMA && !(schema = cJSON_Parse(g->rf_schema))) {
-        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(err);
         return -1;
     }
     char msg[400];

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #define BAD(...) (srv_api_set_error(err, 400, NULL, pname, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
-#define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
 
 void srv_chat_req_free(srv_chat_req *r) {
     if (!r) return;
@@ -37,7 +36,7 @@ static int convert_tool_calls(const cJSON *tc, int i, cJSON *msg, srv_api_error 
     snprintf(pname, sizeof pname, "messages[%d].tool_calls", i);
     if (!cJSON_IsArray(tc)) return BAD("'%s' must be an array", pname);
     cJSON *arr = cJSON_AddArrayToObject(msg, "tool_calls");
-    if (!arr) return OOM();
+    if (!arr) return srv_api_set_nomem(err);
     int j = 0;
     for (const cJSON *c = tc->child; c; c = c->next, j++) {
         snprintf(pname, sizeof pname, "messages[%d].tool_calls[%d]", i, j);
@@ -46,14 +45,15 @@ static int convert_tool_calls(const cJSON *tc, int i, cJSON *msg, srv_api_error 
         if (!cJSON_IsString(name) || !name->valuestring[0])
             return BAD("'%s' must be an object with function.name a non-empty string", pname);
         cJSON *call = cJSON_Duplicate(c, true);
-        if (!call) return OOM();
+        if (!call) return srv_api_set_nomem(err);
         cJSON_AddItemToArray(arr, call);
-        if (!srv_api_json_field(call, "type") && !cJSON_AddStringToObject(call, "type", "function")) return OOM();
+        if (!srv_api_json_field(call, "type") && !cJSON_AddStringToObject(call, "type", "function"))
+            return srv_api_set_nomem(err);
         cJSON *cfn = cJSON_GetObjectItemCaseSensitive(call, "function");
         cJSON *args = cJSON_GetObjectItemCaseSensitive(cfn, "arguments");
         if (!args || cJSON_IsNull(args)) {
             cJSON *o = cJSON_CreateObject();
-            if (!o) return OOM();
+            if (!o) return srv_api_set_nomem(err);
             if (args) cJSON_ReplaceItemInObjectCaseSensitive(cfn, "arguments", o);
             else cJSON_AddItemToObject(cfn, "arguments", o);
         } else if (cJSON_IsString(args)) {
@@ -112,14 +112,14 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
                             name->valuestring);
         if (!found) return BAD("'tool_choice' names function '%s', which is not in 'tools'", name->valuestring);
         out->tool_choice = SRV_CHAT_TOOL_CHOICE_NAMED;
-        if (!(out->tool_name = strdup(name->valuestring))) return OOM();
+        if (!(out->tool_name = strdup(name->valuestring))) return srv_api_set_nomem(err);
     } else if (tc) {
         return BAD("'tool_choice' must be a string or an object");
     }
     if (out->tool_choice == SRV_CHAT_TOOL_CHOICE_REQUIRED && !have)
         return BAD("'tool_choice' \"required\" needs a non-empty 'tools'");
     if (have && out->tool_choice != SRV_CHAT_TOOL_CHOICE_NONE && !(out->tools = cJSON_Duplicate(tools, true)))
-        return OOM();
+        return srv_api_set_nomem(err);
     return 0;
 }
 
@@ -128,7 +128,7 @@ int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
     char pname[64] = "messages";
     const cJSON *msgs = srv_api_json_field(root, "messages");
     if (!cJSON_IsArray(msgs) || !msgs->child) return BAD("'messages' must be a non-empty array");
-    if (!(out->messages = cJSON_CreateArray())) return OOM();
+    if (!(out->messages = cJSON_CreateArray())) return srv_api_set_nomem(err);
     int i = 0, r;
     const cJSON *last = NULL;
     for (const cJSON *m = msgs->child; m; m = m->next, i++) {
@@ -136,22 +136,25 @@ int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
         const cJSON *role = cJSON_IsObject(m) ? srv_api_json_field(m, "role") : NULL;
         if (!cJSON_IsString(role)) { r = BAD("'%s' must be an object with a string role", pname); goto fail; }
         cJSON *o = cJSON_CreateObject();
-        if (!o) { r = OOM(); goto fail; }
+        if (!o) { r = srv_api_set_nomem(err); goto fail; }
         cJSON_AddItemToArray(out->messages, o);
         const char *rs = !strcmp(role->valuestring, "developer") ? "system" : role->valuestring;
-        if (!cJSON_AddStringToObject(o, "role", rs)) { r = OOM(); goto fail; }
+        if (!cJSON_AddStringToObject(o, "role", rs)) { r = srv_api_set_nomem(err); goto fail; }
         cJSON *content = NULL;
         int c = content_of(srv_api_json_field(m, "content"), &content);
         if (c == -1) { snprintf(pname, sizeof pname, "messages[%d].content", i); r = BAD("'%s' parts must have a string text", pname); goto fail; }
-        if (c == -2) { r = OOM(); goto fail; }
-        if (!content && !(content = cJSON_CreateString(""))) { r = OOM(); goto fail; }
+        if (c == -2) { r = srv_api_set_nomem(err); goto fail; }
+        if (!content && !(content = cJSON_CreateString(""))) { r = srv_api_set_nomem(err); goto fail; }
         cJSON_AddItemToObject(o, "content", content);
         const cJSON *tcs = srv_api_json_field(m, "tool_calls");
         if (tcs && (r = convert_tool_calls(tcs, i, o, err)) != 0) goto fail;
         static const char *const KEEP[] = {"tool_call_id", "name", "reasoning_content"};
         for (size_t k = 0; k < sizeof KEEP / sizeof KEEP[0]; k++) {
             const cJSON *v = srv_api_json_field(m, KEEP[k]);
-            if (cJSON_IsString(v) && !cJSON_AddStringToObject(o, KEEP[k], v->valuestring)) { r = OOM(); goto fail; }
+            if (cJSON_IsString(v) && !cJSON_AddStringToObject(o, KEEP[k], v->valuestring)) {
+                r = srv_api_set_nomem(err);
+                goto fail;
+            }
         }
         last = o;
     }
@@ -212,7 +215,7 @@ static cJSON *merge_system(const cJSON *messages) {
 }
 
 static int render_err(srv_api_error *err, int rc, const tpl_error *te) {
-    if (rc == KVS_ERR_NOMEM) return OOM();
+    if (rc == KVS_ERR_NOMEM) return srv_api_set_nomem(err);
     srv_api_set_error(err, 400, NULL, "messages", NULL, "the chat template failed on these messages: %s",
                       te->msg[0] ? te->msg : kvs_strerror(rc));
     return SRV_API_ERR_INVALID;
@@ -247,7 +250,7 @@ int srv_chat_render(const tpl_template *t, const srv_chat_req *r, const char *bo
     const char *pre = r->prefill && cJSON_IsString(lc) ? lc->valuestring : "";
     bool empty_prefill = r->prefill && !pre[0];
     if (empty_prefill) { /* nothing to continue: the turn before it with a generation prompt */
-        if (!(owned = cJSON_Duplicate(msgs, true))) return OOM();
+        if (!(owned = cJSON_Duplicate(msgs, true))) return srv_api_set_nomem(err);
         cJSON_DeleteItemFromArray(owned, cJSON_GetArraySize(owned) - 1);
         msgs = owned;
     }

@@ -10,7 +10,7 @@
 #include "server/api/tool_call_internal.h"
 
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
-#define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
+#define OOM() srv_api_set_nomem(err)
 
 void srv_responses_map_req_free(srv_responses_map_req *r) {
     if (!r) return;
