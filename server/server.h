@@ -1,12 +1,13 @@
 /*
  * server.h: the kvserve daemon (prefix srv_): configuration and the serve entry point.
  *
- * What it is: the daemon around the engine. http.c (connections, HTTP/1.1, SSE), api_*.c (the OpenAI API:
- * routes, parsing, generation, rendering), sched_*.c (the continuous-batching scheduler: core, policy, output),
- * block_manager.c (the scheduler's view of the KV cache), stop.c (stop strings), metrics.c, config.c, serve.c.
+ * What it is: the daemon around the engine, in four folders under this top (docs/ARCHITECTURE.md draws them), each
+ * with one public header: http/ (connections, HTTP/1.1, SSE, CORS, the chat page), api/ (the OpenAI API: routes,
+ * validation, prompts, answers), sched/ (the continuous-batching scheduler, its block manager, stop strings, the
+ * engine adapter), obs/ (metrics, KV-cache events); config.c and serve.c here.
  * Owns: the event loop, connections, requests in flight, the scheduler thread; the engine only through
- * srv_engine_ops. Must never: run kernels or touch the cache's internals (sched/block_manager_internal.h is the door), or
- * choose an HTTP status outside the API layer (api_*.c).
+ * srv_engine_ops. Must never: run kernels or touch the cache's internals (the scheduler's block manager is the
+ * door), or choose an HTTP status outside server/api/.
  *
  * The server is a libuv loop running the HTTP layer (server/http/http.h) and the OpenAI-compatible API
  * (server/api/api.h) on one thread, and the continuous-batching scheduler (server/sched/sched.h) on its own thread

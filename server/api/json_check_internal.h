@@ -1,6 +1,6 @@
 /*
- * json_check_internal.h: a strict JSON validator run on request bodies before cJSON parses them (internal to server/,
- * prefix srv_json_).
+ * json_check_internal.h: a strict JSON validator run on request bodies before cJSON parses them (api/json_check.c,
+ * prefix srv_json_check; private to server/api/).
  *
  * cJSON is lenient where a server must not be: an invalid escape such as "\u12zz" is read as U+0000 and ends
  * the string there, "\u0000" silently cuts the text, unpaired surrogates and raw control characters pass.
