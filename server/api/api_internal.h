@@ -4,13 +4,13 @@
  *                   (srv_api_json_kind, srv_api_json_field: in api.h), UTF-8 sanitizing, the strict JSON pass
  *                   into an object, the request log
  *   api_call.c      a call's lifecycle: ids, tokenizing, the call registry (and freeing what a call holds, its
- *                   parsed request included), abort and cancel, the KV-fit check,
- *                   submission errors, the work done off the loop (api_offload)
+ *                   parsed request included), abort and cancel, the KV-fit check, submission errors, the work
+ *                   done off the loop (api_offload)
  * Above them, api_gen_internal.h declares the generation pipeline (parse, response_format, prompts, the
  * preparation, rendering, tool calls) and api_routes_internal.h the routes api_routes.c dispatches to. Arrows
  * point down only: routes -> pipeline -> api_call.c -> api_base.c; the mappings with their own prefix (chat.c,
- * tool_call.c, tool_format.c, responses_map.c, json_check.c, grammar_cache.c) use at most api_base.c
- * (scripts/check-includes.py checks that no circle forms).
+ * tool_call.c, tool_format.c, responses_map.c, json_check.c, grammar_cache.c) use at most api_base.c, which uses
+ * only json_check.c of them (scripts/check-includes.py checks that no circle forms).
  *
  * Everything here runs on the event-loop thread, except the preparation of generation requests and the
  * tokenize/detokenize routes (api_offload): those run on libuv's thread pool and may touch only their own
