@@ -4,7 +4,7 @@
  *
  * Generates a completion for each prompt. With -f every non-empty line of the file is one JSON string (one
  * prompt). The prompts run through the same continuous-batching scheduler as `kvserve serve`
- * (server/scheduler.h, over a private event loop): each prompt is one request, all are admitted together and
+ * (server/sched/sched.h, over a private event loop): each prompt is one request, all are admitted together and
  * batched step by step (prompt chunks and decode tokens of every unfinished sequence in one batch). A
  * sequence stops at an end-of-generation token (which is kept as its last token) or after N tokens (default
  * 32). Sampling defaults to greedy (--temp 0). Prompts are tokenized with special tokens added and parsed.
@@ -24,7 +24,7 @@
 
 #include "common/common.h"
 #include "engine/engine.h"
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -6,7 +6,7 @@
 
 #include <signal.h>
 
-#include "server/http.h"
+#include "server/http/http.h"
 #include "srv_test_client.h"
 
 typedef struct hsrv {

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 
 #define NV 32
 #define GEN0 16
