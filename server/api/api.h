@@ -131,6 +131,13 @@ void srv_api_set_error(srv_api_error *err, int status, const char *type, const c
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* The OpenAI error JSON {"error":{"message","type","param","code"}}; malloc'd, NULL on OOM. */
 char *srv_api_error_json(const srv_api_error *err);
+/* Anthropic's error JSON {"type":"error","error":{"type","message"}}, the type from the status: 400 (and other
+ * 4xx not below) invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error,
+ * 408 timeout_error, 413 request_too_large, 429 rate_limit_error, 503 and 529 overloaded_error, other 5xx
+ * api_error. malloc'd, NULL on OOM. */
+char *srv_api_error_json_anthropic(const srv_api_error *err);
+/* Whether errors on this path are written in Anthropic's shape: /v1/messages and the paths under it. */
+bool srv_api_path_anthropic(const char *path);
 
 /* ---- 2. what the daemon sets up for the API ------------------------------------------------------------------
  * How the model writes tool calls (api/tool_format.c; the rest of it is private: api/tool_format_internal.h).
