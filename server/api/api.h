@@ -9,7 +9,7 @@
  *      (grammar_cache.c).
  *   3. Routing and responses (api_routes.c and the route files): an srv_http handler that serves
  *      /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models (and the same without
- *      /v1), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
+ *      /v1), /v1/messages and /v1/messages/count_tokens (Anthropic's API, errors in its shape), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
  *      over a srv_api_backend (the scheduler and the model in the daemon; a fake in tests). OPTIONS on any of
  *      them is a CORS preflight, answered 204 (server/http/http.h).
  * Inside the folder (its private headers: api_internal.h, api_gen_internal.h, api_routes_internal.h, and one
