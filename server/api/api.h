@@ -9,7 +9,7 @@
  *      (grammar_cache.c).
  *   3. Routing and responses (api_routes.c and the route files): an srv_http handler that serves
  *      /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models (and the same without
- *      /v1), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
+ *      /v1), /v1/messages and /v1/messages/count_tokens (Anthropic's API, errors in its shape), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
  *      over a srv_api_backend (the scheduler and the model in the daemon; a fake in tests). OPTIONS on any of
  *      them is a CORS preflight, answered 204 (server/http/http.h).
  * Inside the folder (its private headers: api_internal.h, api_gen_internal.h, api_routes_internal.h, and one
@@ -133,6 +133,13 @@ void srv_api_set_error(srv_api_error *err, int status, const char *type, const c
 int srv_api_set_nomem(srv_api_error *err);
 /* The OpenAI error JSON {"error":{"message","type","param","code"}}; malloc'd, NULL on OOM. */
 char *srv_api_error_json(const srv_api_error *err);
+/* Anthropic's error JSON {"type":"error","error":{"type","message"}}, the type from the status: 400 (and other
+ * 4xx not below) invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error,
+ * 408 timeout_error, 413 request_too_large, 429 rate_limit_error, 503 and 529 overloaded_error, other 5xx
+ * api_error. malloc'd, NULL on OOM. */
+char *srv_api_error_json_anthropic(const srv_api_error *err);
+/* Whether errors on this path are written in Anthropic's shape: /v1/messages and the paths under it. */
+bool srv_api_path_anthropic(const char *path);
 
 /* ---- 2. what the daemon sets up for the API ------------------------------------------------------------------
  * How the model writes tool calls (api/tool_format.c; the rest of it is private: api/tool_format_internal.h).

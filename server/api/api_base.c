@@ -50,6 +50,37 @@ char *srv_api_error_json(const srv_api_error *err) {
     return s;
 }
 
+static const char *anthropic_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 408: return "timeout_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+char *srv_api_error_json_anthropic(const srv_api_error *err) {
+    char *msg = api_utf8_sanitize(err->message, strlen(err->message));
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
+    if (!msg || !root || !e) { free(msg); cJSON_Delete(root); cJSON_Delete(e); return NULL; }
+    cJSON_AddStringToObject(root, "type", "error");
+    cJSON_AddItemToObject(root, "error", e);
+    bool ok = cJSON_AddStringToObject(e, "type", anthropic_type(err->status)) &&
+              cJSON_AddStringToObject(e, "message", msg);
+    free(msg);
+    char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+bool srv_api_path_anthropic(const char *path) {
+    return path && !strncmp(path, "/v1/messages", 12) && (path[12] == 0 || path[12] == '/' || path[12] == '?');
+}
+
 const char *srv_api_json_kind(const cJSON *j) {
     if (cJSON_IsBool(j)) return "a boolean";
     if (cJSON_IsNumber(j)) return "a number";
@@ -209,7 +240,8 @@ void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, con
 }
 
 void api_reply_error(srv_api *api, srv_http_req *req, const srv_api_error *e, const char *extra) {
-    char *s = srv_api_error_json(e);
+    /* the Anthropic routes answer every error in Anthropic's shape (the dispatch's 401, 405, 503 included) */
+    char *s = srv_api_path_anthropic(req->path) ? srv_api_error_json_anthropic(e) : srv_api_error_json(e);
     if (!s) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
     api_reply(api, req, e->status, "application/json", extra, s, strlen(s), NULL, -1);
     free(s);

@@ -141,6 +141,7 @@ void api_reply(srv_api *api, srv_http_req *req, int status, const char *ctype, c
                size_t len, const srv_sched_usage *u, double ttft_ms);
 /* obj as the body (NULL: a 500 "out of memory" body); obj stays the caller's. */
 void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u, double ttft_ms);
+/* The error body is OpenAI's, or Anthropic's on the paths srv_api_path_anthropic names. */
 void api_reply_error(srv_api *api, srv_http_req *req, const srv_api_error *e, const char *extra);
 void api_reply_err(srv_api *api, srv_http_req *req, int status, const char *type, const char *param, const char *code,
                    const char *extra, const char *fmt, ...) __attribute__((format(printf, 8, 9)));

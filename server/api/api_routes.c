@@ -203,7 +203,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
 static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP, R_INFILL } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP, R_INFILL, R_MSG, R_MSG_COUNT } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
@@ -218,6 +218,8 @@ static const route ROUTES[] = {
     {"/infill", HTTP_POST, R_INFILL, true},
     {"/v1/responses", HTTP_POST, R_RESP, true},
     {"/responses", HTTP_POST, R_RESP, true},
+    {"/v1/messages", HTTP_POST, R_MSG, true},
+    {"/v1/messages/count_tokens", HTTP_POST, R_MSG_COUNT, true},
     {"/v1/embeddings", HTTP_POST, R_EMBED, true},
     {"/embeddings", HTTP_POST, R_EMBED, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
@@ -292,7 +294,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
                       req->method_name, req->path);
         } else if (!auth_ok(api, req)) {
             api_reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
-                      "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'");
+                      "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')");
         } else {
             route_model(api, req, model_id);
         }
@@ -311,7 +313,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     }
     if (rt->id != R_HEALTH && rt->id != R_PAGE && !auth_ok(api, req)) {
         api_reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
-                  "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'");
+                  "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')");
         return;
     }
     if (rt->needs_model && !api->has_backend) {
@@ -326,6 +328,8 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_EMBED: api_route_embeddings(api, req); break;
     case R_RESP: api_route_responses(api, req); break;
+    case R_MSG: api_route_messages(api, req, false); break;
+    case R_MSG_COUNT: api_route_messages(api, req, true); break;
     case R_INFILL: route_infill(api, req); break;
     case R_TOK: route_text(api, req, false); break;
     case R_DETOK: route_text(api, req, true); break;

@@ -4,6 +4,7 @@
  *   api_generate.c   /v1/completions, /v1/chat/completions (and /infill, whose body api_fim.c translates)
  *   api_responses.c  /v1/responses, and the store behind previous_response_id
  *   api_embed.c      /v1/embeddings
+ *   api_messages.c   /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API)
  * api_routes.c itself holds the dispatch, the simple routes (health, models, metrics, tokenize, detokenize,
  * props, the page) and the srv_api lifetime.
  */
@@ -19,6 +20,9 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
 void api_route_responses(srv_api *api, srv_http_req *req);
 api_resp_store *api_resp_store_create(void); /* NULL on failure */
 void api_resp_store_free(api_resp_store *s);
+
+/* api_messages.c: count_tokens answers {"input_tokens": N} without generating. */
+void api_route_messages(srv_api *api, srv_http_req *req, bool count_tokens);
 
 /* api_embed.c */
 void api_route_embeddings(srv_api *api, srv_http_req *req);

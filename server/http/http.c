@@ -456,7 +456,8 @@ static void conn_process(conn *c) {
             int st = c->fail_status ? c->fail_status : 400;
             const char *msg = st == 413 ? "request body too large" :
                               st == 431 ? "request header fields too large" :
-                              st == 401 ? "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'" :
+                              st == 401 ? "Incorrect or missing API key: send the header 'Authorization: Bearer "
+                                          "<key>' (or 'x-api-key: <key>')" :
                               st == 503 ? "too many request bodies in flight on this server; retry later" :
                               st == 500 ? "out of memory" : "malformed HTTP request";
             if (st == 400 && e == HPE_INVALID_METHOD) msg = "unknown HTTP method";
@@ -742,16 +743,23 @@ int srv_http_set_bearer_key(srv_http *h, const char *key, const char *const *pub
     return SRV_HTTP_OK;
 }
 
-bool srv_http_bearer_ok(const srv_http_req *req, const char *key) {
-    if (!key || !key[0]) return true;
-    const char *v = srv_http_header_get(req, "authorization");
-    if (!v || strncasecmp(v, "Bearer ", 7)) return false;
-    v += 7;
-    while (*v == ' ') v++;
+/* v == key (key not empty), in time independent of where they differ. */
+static bool key_equal(const char *v, const char *key) {
     size_t a = strlen(v), b = strlen(key);
     unsigned diff = (unsigned)(a ^ b); /* compares every byte whatever the first difference (timing) */
     for (size_t i = 0; i < a; i++) diff |= (unsigned char)v[i] ^ (unsigned char)key[i % b];
     return diff == 0;
+}
+
+bool srv_http_bearer_ok(const srv_http_req *req, const char *key) {
+    if (!key || !key[0]) return true;
+    const char *x = srv_http_header_get(req, "x-api-key"); /* Anthropic's clients send the key this way */
+    if (x && key_equal(x, key)) return true;
+    const char *v = srv_http_header_get(req, "authorization");
+    if (!v || strncasecmp(v, "Bearer ", 7)) return false;
+    v += 7;
+    while (*v == ' ') v++;
+    return key_equal(v, key);
 }
 
 void srv_http_set_log(srv_http *h, srv_http_log_cb cb, void *ud) {

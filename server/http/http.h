@@ -17,7 +17,8 @@
  *   request bodies of all connections would hold more than max_body_bytes_total (reserved at the
  *   Content-Length when announced, else as a chunked body grows) -> 503 with Retry-After, closed
  *   with srv_http_set_bearer_key: a request announcing a body (Content-Length > 0 or chunked) to a
- *   non-public path without "Authorization: Bearer <key>"        -> 401 when its headers are complete, before
+ *   non-public path without "Authorization: Bearer <key>" (or
+ *   "x-api-key: <key>")                                          -> 401 when its headers are complete, before
  *                                                                  any of the body is read; closed
  *   idle keep-alive connection for idle_timeout_ms               -> closed silently
  * Every answer the layer sends itself is reported to the callback of srv_http_set_log (so that the request
@@ -150,8 +151,9 @@ size_t srv_http_pending_write(const srv_http_req *req);
  * are never refused here: the handler answers them (it must check the key itself too). SRV_HTTP_ERR_NOMEM,
  * SRV_HTTP_ERR_INVALID (n_public < 0, or paths NULL with n_public > 0). */
 int srv_http_set_bearer_key(srv_http *h, const char *key, const char *const *public_paths, int32_t n_public);
-/* Whether req carries "Authorization: Bearer <key>" (scheme case-insensitive, the key compared in time
- * independent of where it differs). true when key is NULL or "". */
+/* Whether req carries "Authorization: Bearer <key>" (scheme case-insensitive) or "x-api-key: <key>" (as
+ * Anthropic's clients send it), the key compared in time independent of where it differs. true when key is NULL
+ * or "". */
 bool srv_http_bearer_ok(const srv_http_req *req, const char *key);
 
 /* Called for every answer the layer sends itself (method and path "-" when the request line was not

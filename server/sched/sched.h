@@ -284,6 +284,8 @@ typedef struct srv_sched_event {
     const char *error;        /* FINISH_ERROR: a message ("prompt does not fit in the KV cache", ...) */
     bool truncated;           /* CHOICE_END with FINISH_LENGTH: the choice was cut because its context no
                                  longer fits the whole KV pool, not by max_tokens or n_ctx */
+    int32_t stop_match;       /* CHOICE_END with FINISH_STOP: 1 + the index in request.stop of the stop string
+                                 that ended the choice; 0 otherwise (an EOG token, or another event) */
     srv_sched_usage usage;    /* DONE */
     srv_sched_timings timings;/* DONE */
     const float *embd;        /* DONE of an embedding request that finished with STOP: the pooled, L2-normalized

@@ -142,6 +142,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
             e->ev.t = now;
             e->ev.finish = c->reason;
             e->ev.truncated = c->pool_cut && c->reason == SRV_SCHED_FINISH_LENGTH;
+            e->ev.stop_match = c->reason == SRV_SCHED_FINISH_STOP ? srv_stop_matched_index(c->stop) + 1 : 0;
             e->ev.error = c->reason == SRV_SCHED_FINISH_ERROR ? (c->error ? c->error : "internal error") : NULL;
             out_push(s, e);
         }
