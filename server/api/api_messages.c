@@ -4,7 +4,7 @@
  * system-role retry, tools and tool_choice with its grammar, the context and KV checks) and api_fill_request for
  * the scheduler. Its events become a Message object, or Anthropic's server-sent events for a streamed one:
  * message_start, ping, a text block (content_block_start, text_delta per step, content_block_stop), then each
- * tool call the model wrote (server/api/tool_calls_internal.h) as a tool_use block whose input arrives as one
+ * tool call the model wrote (server/api/tool_call_internal.h) as a tool_use block whose input arrives as one
  * input_json_delta, then message_delta (stop_reason, stop_sequence, usage) and message_stop. With tools, text is
  * held back from where it may become a call, as on chat. count_tokens renders and tokenizes the prompt the same
  * way and answers {"input_tokens": N} without generating. Errors on these paths are written in Anthropic's shape
@@ -17,11 +17,11 @@
 #include <string.h>
 
 #include "server/api/messages_map_internal.h"
-#include "server/api/tool_calls_internal.h"
+#include "server/api/tool_call_internal.h"
 
 typedef struct msg_call {
     api_call c;              /* first: api_call_free frees the whole struct */
-    srv_msg_req rq;          /* the mapped request */
+    srv_messages_map_req rq;          /* the mapped request */
     bool count;              /* /v1/messages/count_tokens */
     int32_t n_input;         /* count_tokens: the prompt's tokens */
     const char *seed;        /* the random part of c.id, for the tool_use ids */
@@ -32,7 +32,7 @@ typedef struct msg_call {
     srv_sched_finish finish;
 } msg_call;
 
-static void msg_ext_free(api_call *c) { srv_msg_req_free(&((msg_call *)c)->rq); }
+static void msg_ext_free(api_call *c) { srv_messages_map_req_free(&((msg_call *)c)->rq); }
 
 static void msg_free(msg_call *m) { api_call_free(&m->c); }
 
@@ -46,7 +46,7 @@ static void msg_work(api_job *j) {
     c->prep_failed = true;
     cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
     if (!root) return;
-    int rc = srv_msg_parse(root, m->count, &m->rq, e);
+    int rc = srv_messages_map_parse(root, m->count, &m->rq, e);
     cJSON_Delete(root);
     if (rc != 0) return;
     c->kind = SRV_API_CHAT;
@@ -130,8 +130,8 @@ static void send_text_delta(msg_call *m, const char *text, size_t len) {
 
 static void stream_start(msg_call *m) {
     api_call *c = &m->c;
-    cJSON *msg = srv_msg_message(c->id, c->api->model_id, NULL, NULL, NULL,
-                                 srv_msg_usage(c->prep_ntok[0], 0, 0));
+    cJSON *msg = srv_messages_map_message(c->id, c->api->model_id, NULL, NULL, NULL,
+                                 srv_messages_map_usage(c->prep_ntok[0], 0, 0));
     cJSON *o = cJSON_CreateObject();
     if (o && msg) cJSON_AddItemToObject(o, "message", msg);
     else { cJSON_Delete(msg); cJSON_Delete(o); o = NULL; }
@@ -143,7 +143,7 @@ static void stream_start(msg_call *m) {
 static void stream_text(msg_call *m) {
     api_choice *ch = &m->c.choices[0];
     size_t safe = ch->text.len;
-    if (m->tools) safe = ch->held ? ch->sent : srv_tc_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
+    if (m->tools) safe = ch->held ? ch->sent : srv_tool_call_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
     if (safe <= ch->sent) return;
     if (!m->text_open) open_text(m);
     send_text_delta(m, ch->text.data + ch->sent, safe - ch->sent);
@@ -151,7 +151,7 @@ static void stream_text(msg_call *m) {
 }
 
 /* The end of a streamed message: the rest of the text, each tool_use block, message_delta, message_stop. */
-static void stream_end(msg_call *m, const srv_msg_out *out, const char *stop_reason, const char *stop_seq) {
+static void stream_end(msg_call *m, const srv_messages_map_out *out, const char *stop_reason, const char *stop_seq) {
     api_call *c = &m->c;
     api_choice *ch = &c->choices[0];
     int k = 0;
@@ -188,7 +188,7 @@ static void stream_end(msg_call *m, const srv_msg_out *out, const char *stop_rea
         if (stop_seq) cJSON_AddStringToObject(d, "stop_sequence", stop_seq);
         else cJSON_AddNullToObject(d, "stop_sequence");
         cJSON_AddNullToObject(d, "stop_details");
-        cJSON *u = srv_msg_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
+        cJSON *u = srv_messages_map_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
         if (u) cJSON_AddItemToObject(o, "usage", u);
     }
     msg_send(m, "message_delta", o);
@@ -217,16 +217,16 @@ static void msg_finish(msg_call *m) {
         srv_api_set_error(&e, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
                           c->shutdown ? "the server is shutting down" : "the request was cancelled");
     }
-    srv_msg_out out;
+    srv_messages_map_out out;
     memset(&out, 0, sizeof out);
     api_choice *ch = &c->choices[0];
-    if (!error && srv_msg_output(ch->text.data, ch->text.len, m->tools, m->rq.parallel_tool_calls, m->seed,
+    if (!error && srv_messages_map_output(ch->text.data, ch->text.len, m->tools, m->rq.parallel_tool_calls, m->seed,
                                  &out) != 0) {
         error = true;
         srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
     }
     const char *stop_seq = matched_stop(m);
-    const char *reason = srv_msg_stop_reason(out.n_calls, m->finish == SRV_SCHED_FINISH_LENGTH, stop_seq != NULL);
+    const char *reason = srv_messages_map_stop_reason(out.n_calls, m->finish == SRV_SCHED_FINISH_LENGTH, stop_seq != NULL);
     if (out.n_calls > 0) stop_seq = NULL;
     if (api->metrics) {
         if (error) api->metrics->requests_finished_error++;
@@ -247,15 +247,15 @@ static void msg_finish(msg_call *m) {
         if (error) {
             api_reply_error(api, c->req, &e, NULL);
         } else {
-            cJSON *u = srv_msg_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
-            cJSON *o = srv_msg_message(c->id, api->model_id, out.content, reason, stop_seq, u);
+            cJSON *u = srv_messages_map_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
+            cJSON *o = srv_messages_map_message(c->id, api->model_id, out.content, reason, stop_seq, u);
             out.content = NULL;
             api_reply_json(api, c->req, 200, o, &c->usage, ttft);
             cJSON_Delete(o);
         }
     }
     c->req = NULL;
-    srv_msg_out_free(&out);
+    srv_messages_map_out_free(&out);
     msg_free(m);
 }
 

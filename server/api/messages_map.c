@@ -7,12 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/api/tool_calls_internal.h"
+#include "server/api/tool_call_internal.h"
 
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
-#define OOM() (srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory"), SRV_API_ERR_NOMEM)
 
-void srv_msg_req_free(srv_msg_req *r) {
+void srv_messages_map_req_free(srv_messages_map_req *r) {
     if (!r) return;
     cJSON_Delete(r->chat);
     memset(r, 0, sizeof *r);
@@ -29,14 +28,14 @@ static int copy_number(const cJSON *root, const char *name, cJSON *chat, srv_api
     if (!f) return 0;
     if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble))
         return BAD(name, "%s: must be a number, got %s", name, srv_api_json_kind(f));
-    return cJSON_AddNumberToObject(chat, name, f->valuedouble) ? 0 : OOM();
+    return cJSON_AddNumberToObject(chat, name, f->valuedouble) ? 0 : srv_api_set_nomem(err);
 }
 
 /* ---- content -------------------------------------------------------------------------------------------------- */
 /* A string, or an array of text blocks joined by "\n" (what: the field's name for messages). */
 static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *err) {
     *out = NULL;
-    if (cJSON_IsString(c)) return (*out = strdup(c->valuestring)) ? 0 : OOM();
+    if (cJSON_IsString(c)) return (*out = strdup(c->valuestring)) ? 0 : srv_api_set_nomem(err);
     if (!cJSON_IsArray(c))
         return BAD(what, "%s: must be a string or an array of text blocks, got %s", what, srv_api_json_kind(c));
     kvs_buf b = {0};
@@ -54,7 +53,7 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
         kvs_buf_puts(&b, tx);
     }
     kvs_buf_putc(&b, 0);
-    if (b.oom) { kvs_buf_free(&b); return OOM(); }
+    if (b.oom) { kvs_buf_free(&b); return srv_api_set_nomem(err); }
     *out = b.data;
     return 0;
 }
@@ -62,9 +61,9 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
 /* Appends {role, content} to msgs; *m (may be NULL) gets the new message. */
 static int add_message(cJSON *msgs, const char *role, const char *content, cJSON **m, srv_api_error *err) {
     cJSON *o = cJSON_CreateObject();
-    if (!o) return OOM();
+    if (!o) return srv_api_set_nomem(err);
     cJSON_AddItemToArray(msgs, o);
-    if (!cJSON_AddStringToObject(o, "role", role) || !cJSON_AddStringToObject(o, "content", content)) return OOM();
+    if (!cJSON_AddStringToObject(o, "role", role) || !cJSON_AddStringToObject(o, "content", content)) return srv_api_set_nomem(err);
     if (m) *m = o;
     return 0;
 }
@@ -99,10 +98,10 @@ static int add_tool_use(cJSON *calls, const cJSON *b, const char *pn, srv_api_er
     const cJSON *in = srv_api_json_field(b, "input");
     if (in && !cJSON_IsObject(in)) return BAD(pn, "%s.input: must be an object, got %s", pn, srv_api_json_kind(in));
     char *args = in ? cJSON_PrintUnformatted(in) : strdup("{}");
-    if (!args) return OOM();
+    if (!args) return srv_api_set_nomem(err);
     bool ok = add_tool_call(calls, id, name, args);
     free(args);
-    return ok ? 0 : OOM();
+    return ok ? 0 : srv_api_set_nomem(err);
 }
 
 /* messages[i].content[j] of type tool_result (a user message): a tool message answering an earlier call. */
@@ -116,13 +115,13 @@ static int add_tool_result(cJSON *msgs, const cJSON *b, const char *pn, srv_api_
     char what[160], *text = NULL;
     snprintf(what, sizeof what, "%s.content", pn);
     const cJSON *c = srv_api_json_field(b, "content");
-    int r = c ? text_of(c, what, &text, err) : ((text = strdup("")) ? 0 : OOM());
+    int r = c ? text_of(c, what, &text, err) : ((text = strdup("")) ? 0 : srv_api_set_nomem(err));
     if (r) return r;
     cJSON *m = NULL;
     r = add_message(msgs, "tool", text, &m, err);
     free(text);
     if (r) return r;
-    if (!cJSON_AddStringToObject(m, "tool_call_id", id) || !cJSON_AddStringToObject(m, "name", name)) return OOM();
+    if (!cJSON_AddStringToObject(m, "tool_call_id", id) || !cJSON_AddStringToObject(m, "name", name)) return srv_api_set_nomem(err);
     return 0;
 }
 
@@ -156,7 +155,7 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
             if (n_text++) kvs_buf_putc(&text, '\n');
             kvs_buf_puts(&text, tx);
         } else if (!user && !strcmp(ty, "tool_use")) {
-            if (!calls && !(calls = cJSON_CreateArray())) { r = OOM(); break; }
+            if (!calls && !(calls = cJSON_CreateArray())) { r = srv_api_set_nomem(err); break; }
             r = add_tool_use(calls, b, bn, err);
         } else if (user && !strcmp(ty, "tool_result")) {
             r = add_tool_result(msgs, b, bn, err);
@@ -169,7 +168,7 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
         }
     }
     kvs_buf_putc(&text, 0);
-    if (!r && text.oom) r = OOM();
+    if (!r && text.oom) r = srv_api_set_nomem(err);
     if (!r && (!user || n_text > 0 || !c->child)) {
         cJSON *o = NULL;
         r = add_message(msgs, role, text.data, &o, err);
@@ -182,7 +181,7 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
 
 static int map_messages(const cJSON *root, cJSON *chat, srv_api_error *err) {
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
-    if (!msgs) return OOM();
+    if (!msgs) return srv_api_set_nomem(err);
     const cJSON *sys = srv_api_json_field(root, "system");
     if (sys) {
         char *s = NULL;
@@ -210,7 +209,7 @@ static int map_tools(const cJSON *root, cJSON *chat, srv_api_error *err) {
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return BAD("tools", "tools: must be an array, got %s", srv_api_json_kind(tools));
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
-    if (!out) return OOM();
+    if (!out) return srv_api_set_nomem(err);
     int j = 0;
     for (const cJSON *t = tools->child; t; t = t->next, j++) {
         if (!cJSON_IsObject(t)) return BAD("tools", "tools[%d]: must be an object", j);
@@ -225,19 +224,19 @@ static int map_tools(const cJSON *root, cJSON *chat, srv_api_error *err) {
         if (!schema) return BAD("tools", "tools[%d].input_schema: Field required", j);
         if (!cJSON_IsObject(schema)) return BAD("tools", "tools[%d].input_schema: must be an object (a JSON Schema)", j);
         cJSON *ct = cJSON_CreateObject(), *fn = cJSON_CreateObject(), *p = cJSON_Duplicate(schema, true);
-        if (!ct || !fn || !p) { cJSON_Delete(ct); cJSON_Delete(fn); cJSON_Delete(p); return OOM(); }
+        if (!ct || !fn || !p) { cJSON_Delete(ct); cJSON_Delete(fn); cJSON_Delete(p); return srv_api_set_nomem(err); }
         cJSON_AddItemToArray(out, ct);
         bool ok = cJSON_AddStringToObject(ct, "type", "function") != NULL;
         cJSON_AddItemToObject(ct, "function", fn);
         ok = ok && cJSON_AddStringToObject(fn, "name", name);
         if (desc) ok = ok && cJSON_AddStringToObject(fn, "description", desc->valuestring);
         cJSON_AddItemToObject(fn, "parameters", p);
-        if (!ok) return OOM();
+        if (!ok) return srv_api_set_nomem(err);
     }
     return 0;
 }
 
-static int map_tool_choice(const cJSON *root, srv_msg_req *out, srv_api_error *err) {
+static int map_tool_choice(const cJSON *root, srv_messages_map_req *out, srv_api_error *err) {
     const cJSON *tc = srv_api_json_field(root, "tool_choice");
     if (!tc) return 0;
     if (!cJSON_IsObject(tc))
@@ -250,31 +249,31 @@ static int map_tool_choice(const cJSON *root, srv_msg_req *out, srv_api_error *e
     out->parallel_tool_calls = !cJSON_IsTrue(dp);
     if (!strcmp(ty, "auto") || !strcmp(ty, "none") || !strcmp(ty, "any")) {
         const char *s = !strcmp(ty, "any") ? "required" : ty;
-        if (!cJSON_AddStringToObject(out->chat, "tool_choice", s)) return OOM();
+        if (!cJSON_AddStringToObject(out->chat, "tool_choice", s)) return srv_api_set_nomem(err);
     } else if (!strcmp(ty, "tool")) {
         const char *name = str_field(tc, "name");
         if (!name || !name[0]) return BAD("tool_choice", "tool_choice.name: must be a non-empty string");
         cJSON *c = cJSON_AddObjectToObject(out->chat, "tool_choice");
         cJSON *fn = c ? cJSON_AddObjectToObject(c, "function") : NULL;
         if (!fn || !cJSON_AddStringToObject(c, "type", "function") || !cJSON_AddStringToObject(fn, "name", name))
-            return OOM();
+            return srv_api_set_nomem(err);
     } else {
         return BAD("tool_choice", "tool_choice.type: must be \"auto\", \"any\", \"tool\" or \"none\", got '%s'", ty);
     }
-    return cJSON_AddBoolToObject(out->chat, "parallel_tool_calls", out->parallel_tool_calls) ? 0 : OOM();
+    return cJSON_AddBoolToObject(out->chat, "parallel_tool_calls", out->parallel_tool_calls) ? 0 : srv_api_set_nomem(err);
 }
 
 /* ---- the request ---------------------------------------------------------------------------------------------- */
-static int map_all(const cJSON *root, bool count, srv_msg_req *out, srv_api_error *err) {
+static int map_all(const cJSON *root, bool count, srv_messages_map_req *out, srv_api_error *err) {
     int r;
     out->max_tokens = -1;
     out->parallel_tool_calls = true;
     if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
-    if (!(out->chat = cJSON_CreateObject())) return OOM();
+    if (!(out->chat = cJSON_CreateObject())) return srv_api_set_nomem(err);
     const cJSON *model = srv_api_json_field(root, "model");
     if (model && !cJSON_IsString(model))
         return BAD("model", "model: must be a string, got %s", srv_api_json_kind(model));
-    if (model && !cJSON_AddStringToObject(out->chat, "model", model->valuestring)) return OOM();
+    if (model && !cJSON_AddStringToObject(out->chat, "model", model->valuestring)) return srv_api_set_nomem(err);
     if (!count) {
         const cJSON *mt = srv_api_json_field(root, "max_tokens");
         if (!mt) return BAD("max_tokens", "max_tokens: Field required");
@@ -282,7 +281,7 @@ static int map_all(const cJSON *root, bool count, srv_msg_req *out, srv_api_erro
             mt->valuedouble > INT32_MAX)
             return BAD("max_tokens", "max_tokens: must be an integer >= 1");
         out->max_tokens = (int32_t)mt->valuedouble;
-        if (!cJSON_AddNumberToObject(out->chat, "max_tokens", mt->valuedouble)) return OOM();
+        if (!cJSON_AddNumberToObject(out->chat, "max_tokens", mt->valuedouble)) return srv_api_set_nomem(err);
         if ((r = copy_number(root, "temperature", out->chat, err)) || (r = copy_number(root, "top_p", out->chat, err)) ||
             (r = copy_number(root, "top_k", out->chat, err)))
             return r;
@@ -299,7 +298,7 @@ static int map_all(const cJSON *root, bool count, srv_msg_req *out, srv_api_erro
                 if (!cJSON_IsString(s) || !s->valuestring[0])
                     return BAD("stop_sequences", "stop_sequences[%d]: must be a non-empty string", k);
             cJSON *d = cJSON_Duplicate(stops, true);
-            if (!d) return OOM();
+            if (!d) return srv_api_set_nomem(err);
             cJSON_AddItemToObject(out->chat, "stop", d);
         }
         const cJSON *md = srv_api_json_field(root, "metadata");
@@ -308,11 +307,11 @@ static int map_all(const cJSON *root, bool count, srv_msg_req *out, srv_api_erro
         const cJSON *uid = srv_api_json_field(md, "user_id");
         if (uid && !cJSON_IsString(uid))
             return BAD("metadata", "metadata.user_id: must be a string, got %s", srv_api_json_kind(uid));
-        if (uid && !cJSON_AddStringToObject(out->chat, "user", uid->valuestring)) return OOM();
+        if (uid && !cJSON_AddStringToObject(out->chat, "user", uid->valuestring)) return srv_api_set_nomem(err);
         const cJSON *prio = srv_api_json_field(root, "priority"); /* chat's parser checks it with its policy */
         if (prio) {
             cJSON *d = cJSON_Duplicate(prio, true);
-            if (!d) return OOM();
+            if (!d) return srv_api_set_nomem(err);
             cJSON_AddItemToObject(out->chat, "priority", d);
         }
     }
@@ -320,16 +319,16 @@ static int map_all(const cJSON *root, bool count, srv_msg_req *out, srv_api_erro
     return map_messages(root, out->chat, err);
 }
 
-int srv_msg_parse(const cJSON *root, bool count_tokens, srv_msg_req *out, srv_api_error *err) {
+int srv_messages_map_parse(const cJSON *root, bool count_tokens, srv_messages_map_req *out, srv_api_error *err) {
     if (!out) return SRV_API_ERR_INVALID;
     memset(out, 0, sizeof *out);
     int r = map_all(root, count_tokens, out, err);
-    if (r) srv_msg_req_free(out);
+    if (r) srv_messages_map_req_free(out);
     return r;
 }
 
 /* ---- output ----------------------------------------------------------------------------------------------------- */
-void srv_msg_out_free(srv_msg_out *o) {
+void srv_messages_map_out_free(srv_messages_map_out *o) {
     if (!o) return;
     cJSON_Delete(o->content);
     free(o->text);
@@ -337,10 +336,10 @@ void srv_msg_out_free(srv_msg_out *o) {
 }
 
 static int build_output(const char *text, size_t len, bool tools, bool parallel, const char *seed,
-                        srv_msg_out *out) {
-    srv_tc_result tc;
+                        srv_messages_map_out *out) {
+    srv_tool_call_result tc;
     memset(&tc, 0, sizeof tc);
-    if (tools && srv_tc_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
+    if (tools && srv_tool_call_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
     while (!parallel && tc.n_calls > 1) { /* the first call only */
         tc.n_calls--;
         free(tc.calls[tc.n_calls].name);
@@ -365,7 +364,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
         cJSON *b = cJSON_CreateObject();
         if (!b) goto out;
         cJSON_AddItemToArray(out->content, b);
-        /* srv_tc_parse gives the arguments as the compact JSON text of an object */
+        /* srv_tool_call_parse gives the arguments as the compact JSON text of an object */
         cJSON *in = cJSON_Parse(tc.calls[k].arguments);
         if (!in) goto out;
         bool ok = cJSON_AddStringToObject(b, "type", "tool_use") && cJSON_AddStringToObject(b, "id", id) &&
@@ -375,26 +374,26 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
     }
     rc = 0;
 out:
-    srv_tc_result_free(&tc);
+    srv_tool_call_result_free(&tc);
     return rc;
 }
 
-int srv_msg_output(const char *text, size_t len, bool tools, bool parallel, const char *seed, srv_msg_out *out) {
+int srv_messages_map_output(const char *text, size_t len, bool tools, bool parallel, const char *seed, srv_messages_map_out *out) {
     if (!out) return KVS_ERR_INVALID;
     memset(out, 0, sizeof *out);
     if ((!text && len) || !seed) return KVS_ERR_INVALID;
     int rc = build_output(text ? text : "", len, tools, parallel, seed, out);
-    if (rc) srv_msg_out_free(out);
+    if (rc) srv_messages_map_out_free(out);
     return rc;
 }
 
-const char *srv_msg_stop_reason(int n_calls, bool length, bool stop_string) {
+const char *srv_messages_map_stop_reason(int n_calls, bool length, bool stop_string) {
     if (n_calls > 0) return "tool_use";
     if (length) return "max_tokens";
     return stop_string ? "stop_sequence" : "end_turn";
 }
 
-cJSON *srv_msg_usage(int32_t prompt_tokens, int32_t cached_tokens, int32_t output_tokens) {
+cJSON *srv_messages_map_usage(int32_t prompt_tokens, int32_t cached_tokens, int32_t output_tokens) {
     cJSON *u = cJSON_CreateObject();
     if (!u) return NULL;
     if (cached_tokens < 0) cached_tokens = 0;
@@ -409,11 +408,11 @@ cJSON *srv_msg_usage(int32_t prompt_tokens, int32_t cached_tokens, int32_t outpu
     return u;
 }
 
-cJSON *srv_msg_message(const char *id, const char *model, cJSON *content, const char *stop_reason,
+cJSON *srv_messages_map_message(const char *id, const char *model, cJSON *content, const char *stop_reason,
                        const char *stop_sequence, cJSON *usage) {
     cJSON *m = cJSON_CreateObject();
     if (!content) content = cJSON_CreateArray();
-    if (!usage) usage = srv_msg_usage(0, 0, 0);
+    if (!usage) usage = srv_messages_map_usage(0, 0, 0);
     if (!m || !content || !usage) { cJSON_Delete(m); cJSON_Delete(content); cJSON_Delete(usage); return NULL; }
     bool ok = cJSON_AddStringToObject(m, "id", id ? id : "") && cJSON_AddStringToObject(m, "type", "message") &&
               cJSON_AddStringToObject(m, "role", "assistant") && cJSON_AddStringToObject(m, "model", model ? model : "");

@@ -19,9 +19,9 @@ static cJSON *parse(const char *json) {
     return root;
 }
 
-static int map(const char *json, bool count, srv_msg_req *r, srv_api_error *e) {
+static int map(const char *json, bool count, srv_messages_map_req *r, srv_api_error *e) {
     cJSON *root = parse(json);
-    int rc = srv_msg_parse(root, count, r, e);
+    int rc = srv_messages_map_parse(root, count, r, e);
     cJSON_Delete(root);
     return rc;
 }
@@ -55,7 +55,7 @@ Test(msg_map, every_field_becomes_chat) {
         "{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_2\",\"is_error\":true,"
         "\"content\":[{\"type\":\"text\",\"text\":\"failed\"}]},{\"type\":\"text\",\"text\":\"Thanks\"}]},"
         "{\"role\":\"assistant\",\"content\":\"You are\"}]}";
-    srv_msg_req r;
+    srv_messages_map_req r;
     srv_api_error e;
     cr_assert_eq(map(body, false, &r, &e), 0, "%s", e.message);
     cr_assert_eq(r.max_tokens, 7);
@@ -101,7 +101,7 @@ Test(msg_map, every_field_becomes_chat) {
     cr_assert_str_eq(g.model, "claude-x");
     cr_assert(!g.stream);
     cr_assert_eq(g.n_msgs, 7);
-    cr_assert_eq(g.chat->tool_choice, SRV_TOOL_CHOICE_NAMED);
+    cr_assert_eq(g.chat->tool_choice, SRV_CHAT_TOOL_CHOICE_NAMED);
     cr_assert_str_eq(g.chat->tool_name, "get_weather");
     cr_assert(!g.chat->parallel_tool_calls);
     cr_assert(g.chat->prefill, "a final assistant message is continued, as Anthropic's prefill");
@@ -110,18 +110,18 @@ Test(msg_map, every_field_becomes_chat) {
     cr_assert_str_eq(str(fn, "description"), "The weather");
     cr_assert(cJSON_IsObject(cJSON_GetObjectItem(fn, "parameters")));
     srv_api_gen_free(&g);
-    srv_msg_req_free(&r);
+    srv_messages_map_req_free(&r);
 }
 
 Test(msg_map, tool_choice_types) {
     static const char *const types[] = {"auto", "any", "none", "tool\",\"name\":\"noop"};
-    static const srv_tool_choice want[] = {SRV_TOOL_CHOICE_AUTO, SRV_TOOL_CHOICE_REQUIRED, SRV_TOOL_CHOICE_NONE,
-                                           SRV_TOOL_CHOICE_NAMED};
+    static const srv_chat_tool_choice want[] = {SRV_CHAT_TOOL_CHOICE_AUTO, SRV_CHAT_TOOL_CHOICE_REQUIRED, SRV_CHAT_TOOL_CHOICE_NONE,
+                                           SRV_CHAT_TOOL_CHOICE_NAMED};
     for (int i = 0; i < 4; i++) {
         char body[1024];
         snprintf(body, sizeof body, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
                  "\"tool_choice\":{\"type\":\"%s\"}," TOOLS "}", types[i]);
-        srv_msg_req r;
+        srv_messages_map_req r;
         srv_api_error e;
         cr_assert_eq(map(body, false, &r, &e), 0, "%s", e.message);
         cr_assert(r.parallel_tool_calls);
@@ -130,20 +130,20 @@ Test(msg_map, tool_choice_types) {
         cr_assert_eq(g.chat->tool_choice, want[i], "type %s", types[i]);
         cr_assert(g.chat->parallel_tool_calls);
         srv_api_gen_free(&g);
-        srv_msg_req_free(&r);
+        srv_messages_map_req_free(&r);
     }
     /* no tool_choice: chat's default (auto), parallel calls */
-    srv_msg_req r;
+    srv_messages_map_req r;
     srv_api_error e;
     cr_assert_eq(map("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," TOOLS "}", false, &r,
                      &e), 0, "%s", e.message);
     cr_assert_null(cJSON_GetObjectItem(r.chat, "tool_choice"));
     cr_assert(r.parallel_tool_calls);
-    srv_msg_req_free(&r);
+    srv_messages_map_req_free(&r);
 }
 
 Test(msg_map, count_tokens_body) {
-    srv_msg_req r;
+    srv_messages_map_req r;
     srv_api_error e;
     /* no max_tokens needed; generation fields are not passed on */
     cr_assert_eq(map("{\"model\":\"m\",\"system\":\"S\",\"stream\":\"ignored\",\"stop_sequences\":3,"
@@ -157,7 +157,7 @@ Test(msg_map, count_tokens_body) {
     cr_assert_eq(srv_api_parse_gen_json(SRV_API_CHAT, r.chat, NULL, &g, &e), 0, "%s", e.message);
     cr_assert_eq(g.max_tokens, -1);
     srv_api_gen_free(&g);
-    srv_msg_req_free(&r);
+    srv_messages_map_req_free(&r);
     /* ... but the messages are checked as for /v1/messages */
     cr_assert_eq(map("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", true, &r, &e),
                  SRV_API_ERR_INVALID);
@@ -234,7 +234,7 @@ Test(msg_map, bad_inputs_name_the_field) {
         {"{\"max_tokens\":8,\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        srv_msg_req r;
+        srv_messages_map_req r;
         srv_api_error e;
         memset(&e, 0, sizeof e);
         int rc = map(cases[i].body, false, &r, &e);
@@ -248,21 +248,21 @@ Test(msg_map, bad_inputs_name_the_field) {
 /* ---- output ----------------------------------------------------------------------------------------------- */
 Test(msg_map, text_without_tools_is_one_text_block) {
     const char *t = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
-    srv_msg_out o;
-    cr_assert_eq(srv_msg_output(t, strlen(t), false, true, "s", &o), 0);
+    srv_messages_map_out o;
+    cr_assert_eq(srv_messages_map_output(t, strlen(t), false, true, "s", &o), 0);
     cr_assert_eq(o.n_calls, 0);
     cr_assert(o.has_text);
     cr_assert_eq(cJSON_GetArraySize(o.content), 1);
     cr_assert_str_eq(str(cJSON_GetArrayItem(o.content, 0), "type"), "text");
     cr_assert_str_eq(str(cJSON_GetArrayItem(o.content, 0), "text"), t, "no tools: a call is only text");
-    srv_msg_out_free(&o);
-    cr_assert_eq(srv_msg_output(NULL, 0, true, true, "s", &o), 0);
+    srv_messages_map_out_free(&o);
+    cr_assert_eq(srv_messages_map_output(NULL, 0, true, true, "s", &o), 0);
     cr_assert(!o.has_text);
     cr_assert_eq(cJSON_GetArraySize(o.content), 0, "empty output: no blocks");
-    srv_msg_out_free(&o);
-    cr_assert_eq(srv_msg_output(NULL, 3, true, true, "s", &o), KVS_ERR_INVALID);
-    cr_assert_eq(srv_msg_output("x", 1, true, true, NULL, &o), KVS_ERR_INVALID);
-    cr_assert_eq(srv_msg_output("x", 1, true, true, "s", NULL), KVS_ERR_INVALID);
+    srv_messages_map_out_free(&o);
+    cr_assert_eq(srv_messages_map_output(NULL, 3, true, true, "s", &o), KVS_ERR_INVALID);
+    cr_assert_eq(srv_messages_map_output("x", 1, true, true, NULL, &o), KVS_ERR_INVALID);
+    cr_assert_eq(srv_messages_map_output("x", 1, true, true, "s", NULL), KVS_ERR_INVALID);
 }
 
 /* A random JSON object of strings and integers. */
@@ -307,8 +307,8 @@ Test(msg_map, tool_calls_become_tool_use_blocks_randomized) {
         }
         cr_assert(!b.oom);
         bool parallel = rng_next(&g) & 1;
-        srv_msg_out o;
-        cr_assert_eq(srv_msg_output(b.data, b.len, true, parallel, "abc", &o), 0);
+        srv_messages_map_out o;
+        cr_assert_eq(srv_messages_map_output(b.data, b.len, true, parallel, "abc", &o), 0);
         int calls = parallel || k < 1 ? k : 1;
         cr_assert_eq(o.n_calls, calls, "iter %d", iter);
         cr_assert_eq(o.has_text, pl > 0, "iter %d: a text block when there is text", iter);
@@ -342,9 +342,9 @@ Test(msg_map, tool_calls_become_tool_use_blocks_randomized) {
             cJSON_AddItemToArray(uc, tr);
         }
         cJSON_AddItemToArray(msgs, um);
-        srv_msg_req r;
+        srv_messages_map_req r;
         srv_api_error e;
-        cr_assert_eq(srv_msg_parse(req, false, &r, &e), 0, "%s", e.message);
+        cr_assert_eq(srv_messages_map_parse(req, false, &r, &e), 0, "%s", e.message);
         cJSON *cm = cJSON_GetObjectItem(r.chat, "messages");
         cr_assert_eq(cJSON_GetArraySize(cm), 2 + calls + (calls == 0 ? 1 : 0), "iter %d", iter);
         cJSON *ca = cJSON_GetArrayItem(cm, 1);
@@ -358,30 +358,30 @@ Test(msg_map, tool_calls_become_tool_use_blocks_randomized) {
             cJSON_Delete(args);
             cr_assert_str_eq(str(cJSON_GetArrayItem(cm, 2 + c), "name"), names[c]);
         }
-        srv_msg_req_free(&r);
+        srv_messages_map_req_free(&r);
         cJSON_Delete(req);
         for (int c = 0; c < k; c++) cJSON_Delete(want[c]);
-        srv_msg_out_free(&o);
+        srv_messages_map_out_free(&o);
         kvs_buf_free(&b);
     }
 }
 
 Test(msg_map, stop_reason_usage_and_message) {
-    cr_assert_str_eq(srv_msg_stop_reason(1, true, true), "tool_use");
-    cr_assert_str_eq(srv_msg_stop_reason(0, true, false), "max_tokens");
-    cr_assert_str_eq(srv_msg_stop_reason(0, false, true), "stop_sequence");
-    cr_assert_str_eq(srv_msg_stop_reason(0, false, false), "end_turn");
-    cJSON *u = srv_msg_usage(100, 64, 7);
+    cr_assert_str_eq(srv_messages_map_stop_reason(1, true, true), "tool_use");
+    cr_assert_str_eq(srv_messages_map_stop_reason(0, true, false), "max_tokens");
+    cr_assert_str_eq(srv_messages_map_stop_reason(0, false, true), "stop_sequence");
+    cr_assert_str_eq(srv_messages_map_stop_reason(0, false, false), "end_turn");
+    cJSON *u = srv_messages_map_usage(100, 64, 7);
     cr_assert_eq(cJSON_GetObjectItem(u, "input_tokens")->valueint, 36, "cache reads are counted apart");
     cr_assert_eq(cJSON_GetObjectItem(u, "cache_read_input_tokens")->valueint, 64);
     cr_assert_eq(cJSON_GetObjectItem(u, "cache_creation_input_tokens")->valueint, 0);
     cr_assert_eq(cJSON_GetObjectItem(u, "output_tokens")->valueint, 7);
     cJSON_Delete(u);
-    u = srv_msg_usage(10, 20, 0);
+    u = srv_messages_map_usage(10, 20, 0);
     cr_assert_eq(cJSON_GetObjectItem(u, "input_tokens")->valueint, 0);
     cr_assert_eq(cJSON_GetObjectItem(u, "cache_read_input_tokens")->valueint, 10);
     cJSON *content = parse("[{\"type\":\"text\",\"text\":\"hi\"}]");
-    cJSON *m = srv_msg_message("msg_1", "model-x", content, "stop_sequence", "END", u);
+    cJSON *m = srv_messages_map_message("msg_1", "model-x", content, "stop_sequence", "END", u);
     cr_assert_str_eq(str(m, "id"), "msg_1");
     cr_assert_str_eq(str(m, "type"), "message");
     cr_assert_str_eq(str(m, "role"), "assistant");
@@ -392,7 +392,7 @@ Test(msg_map, stop_reason_usage_and_message) {
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(m, "content")), 1);
     cr_assert(cJSON_IsObject(cJSON_GetObjectItem(m, "usage")));
     cJSON_Delete(m);
-    m = srv_msg_message("msg_2", "x", NULL, NULL, NULL, NULL);
+    m = srv_messages_map_message("msg_2", "x", NULL, NULL, NULL, NULL);
     cr_assert(cJSON_IsArray(cJSON_GetObjectItem(m, "content")));
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(m, "stop_reason")));
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(m, "stop_sequence")));
