@@ -16,7 +16,8 @@
  *      temperature > 0: logits / temperature, then top-k, then top-p (smallest set of the most likely tokens
  *      whose probability reaches top_p, on the tempered distribution restricted to the top-k set), then min-p
  *      (keeps tokens whose probability is >= min_p times the most likely token's), then one draw from the
- *      renormalized kept set with the sampler's RNG. Temperature is applied BEFORE the filters (the
+ *      renormalized kept set with the sampler's RNG, walking the kept tokens in id order (u = uniform * their
+ *      total mass; the first token whose cumulative mass exceeds u; the GPU sampler draws the same way). Temperature is applied BEFORE the filters (the
  *      HF transformers / vLLM order; llama.cpp's default chain applies it after them).
  *   5. the chosen token is appended to the penalty history.
  * Logits that are NaN count as -inf (a bias that turns a logit into NaN, -inf + inf, bans it). When every
@@ -28,7 +29,8 @@
  * (a copy, the max, the first index of it, plus the raw log-sum-exp). top-k <= 256 uses a bounded heap
  * (one comparison for most tokens), larger k a quickselect; top-p finds, with a histogram of the probability
  * mass by binary exponent, the bucket where the cumulative mass reaches top_p and then runs a mass-guided
- * quickselect over the tokens of that bucket and above: O(n_vocab) expected, nothing is sorted.
+ * quickselect over the tokens of that bucket and above: O(n_vocab) expected; the kept set is put in id order for the
+ * draw (a sort of at most 256 ids after a top-k <= 256, else one O(n_vocab) scan).
  * Probabilities use eng_smp_exp (relative error < 3.6e-7), exactly 1 for the most likely token.
  *
  * Parameters (eng_sampler_create returns ENG_ERR_INVALID otherwise): n_vocab > 0; temperature, top_p not NaN;
@@ -374,6 +376,30 @@ static int32_t top_p_select(const float *p, int32_t *idx, int32_t nc, double tar
     return hi; /* one candidate left (or none): it is needed, or everything is */
 }
 
+static int cmp_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Puts the kept tokens idx[0..*nc) in id order, the order of the draw (the GPU sampler, cuda/cud_sample.cuh,
+ * walks them so). After a top-k <= 256 (from_heap) there are at most 256: a sort. Otherwise l[0..n) holds
+ * probabilities (>= +0) for every token: the kept ones are marked by their sign bit and collected by one scan. */
+static void ids_in_order(float *l, int32_t *idx, int32_t *nc, int32_t n, bool from_heap) {
+    if (from_heap) {
+        qsort(idx, (size_t)*nc, sizeof *idx, cmp_id);
+        return;
+    }
+    for (int32_t i = 0; i < *nc; i++) l[idx[i]] = -l[idx[i]]; /* +0 becomes -0: still marked */
+    int32_t w = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (signbit(l[i])) {
+            l[i] = -l[i];
+            idx[w++] = i;
+        }
+    }
+    *nc = w;
+}
+
 int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
     if (!s || !logits || !out) return ENG_ERR_INVALID;
     const int32_t n = s->n_vocab;
@@ -401,7 +427,8 @@ int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
     int32_t *idx = s->idx;
     int32_t nc = -1; /* candidates in idx[0..nc); -1: all tokens, probabilities in l[] */
     double sum = 0.0;
-    if (s->p.top_k > 0 && s->p.top_k <= 256) {
+    const bool from_heap = s->p.top_k > 0 && s->p.top_k <= 256;
+    if (from_heap) {
         /* top-k on the untempered logits (tempering is monotonic: same set, and top_k = 1 stays greedy
          * even where tempering would round two logits to one value) */
         nc = heap_top(l, n, s->p.top_k, idx);
@@ -464,6 +491,7 @@ int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
             nc = w;
         }
         if (nc == 0) return ENG_ERR_INVALID; /* unreachable: the best token is always kept */
+        ids_in_order(l, idx, &nc, n, from_heap);
         for (int32_t i = 0; i < nc; i++) total += l[idx[i]];
         double u = rng_uniform(&s->rng) * total, acc = 0.0;
         chosen = idx[nc - 1];
