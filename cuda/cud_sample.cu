@@ -73,7 +73,7 @@ struct dev_row {
     uint64_t rng[4];
 };
 
-__global__ void __launch_bounds__(SMP_THREADS)
+__global__ void __launch_bounds__(SMP_THREADS, 2)
 k_sample(const float *logits, int64_t ld, int32_t n_vocab, const dev_row *rows, const int32_t *bias_tok,
          const float *bias_val, const int32_t *pen_tok, const int32_t *pen_cnt, const uint32_t *masks, float *work,
          smp_row_out *out) {
