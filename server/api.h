@@ -117,6 +117,10 @@ void srv_api_gen_free(srv_api_gen *g);
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
  * or SRV_API_ERR_INVALID with a 400 in *err whose message names the problem and its byte offset. */
 int srv_api_check_json(const char *body, size_t len, srv_api_error *err);
+/* Duplicate keys in a parsed body (server/json_check.h, srv_json_check_dup_keys): SRV_API_OK, or
+ * SRV_API_ERR_INVALID with a 400 naming the key and where it is (SRV_API_ERR_NOMEM, a 500, when out of memory).
+ * Every body goes through it after cJSON. */
+int srv_api_check_dup_keys(const struct cJSON *root, srv_api_error *err);
 
 /* Fills an error (printf-style message). */
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,

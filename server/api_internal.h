@@ -148,6 +148,12 @@ void api_route_generate(srv_api *api, srv_http_req *req, srv_api_kind kind);
  * admission counts for it); when it does not, fills e with a 400 naming the sizes (param: the request field)
  * and returns -1. Any thread (reads only the pool size). */
 int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char *param, srv_api_error *e);
+/* n > 1 choices with max_tokens (api_budget.c): each choice's context grows to n_prompt + max_tokens (at most
+ * n_ctx); when the n of them together (prompt blocks shared) cannot fit the whole KV pool the request could only
+ * finish with choices cut short ("truncated"), so it is refused up front: -1 with a 400 context_length_exceeded
+ * (param "n") in *e naming the sizes; 0 when it fits, n == 1, max_tokens is absent or the pool is unknown. */
+int api_check_kv_fit_choices(const srv_api *api, int32_t n_prompt, int32_t n, int32_t max_tokens,
+                             srv_api_error *e);
 /* api_render.c: logs that choice idx of call c was cut by the KV pool (a warning line in the request log) */
 void api_log_truncated(srv_api *api, const api_call *c, int32_t idx);
 int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out, int32_t *n_out);

@@ -404,6 +404,21 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
     return SRV_API_OK;
 }
 
+int srv_api_check_dup_keys(const cJSON *root, srv_api_error *err) {
+    srv_json_check_result res;
+    int r = srv_json_check_dup_keys(root, &res);
+    if (r == KVS_ERR_NOMEM) {
+        srv_api_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        return SRV_API_ERR_NOMEM;
+    }
+    if (r != 0) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not accepted: %s (a key may appear "
+                          "once per object)", res.message);
+        return SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 int srv_api_parse_gen_json(srv_api_kind kind, const cJSON *root, const srv_api_limits *lim_in, srv_api_gen *out,
                            srv_api_error *err) {
     srv_api_limits lim;
@@ -452,7 +467,8 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         cJSON_Delete(root);
         return SRV_API_ERR_INVALID;
     }
-    int r = srv_api_parse_gen_json(kind, root, &lim, out, err);
+    int r = srv_api_check_dup_keys(root, err);
+    if (r == SRV_API_OK) r = srv_api_parse_gen_json(kind, root, &lim, out, err);
     cJSON_Delete(root);
     return r;
 }

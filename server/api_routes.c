@@ -90,6 +90,10 @@ cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e
         srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
         return NULL;
     }
+    if (srv_api_check_dup_keys(root, e) != SRV_API_OK) {
+        cJSON_Delete(root);
+        return NULL;
+    }
     return root;
 }
 

@@ -543,6 +543,7 @@ typedef struct fake_opts {
     bool parse_special_in_content;
     bool priority_scheduling;     /* scheduling_policy "priority" (default fcfs) */
     bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
+    int32_t kv_blocks, kv_block_size; /* srv_api_set_kv_pool when kv_blocks > 0 */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -568,6 +569,7 @@ static fake *fake_start(const fake_opts *o) {
     }
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
     if (o && o->embeddings) srv_api_set_pooling(f->api, SRV_SCHED_POOL_MEAN, FAKE_EMBD); /* loop not started yet */
+    if (o && o->kv_blocks > 0) srv_api_set_kv_pool(f->api, o->kv_blocks, o->kv_block_size);
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     f->drain.data = f;
@@ -1282,6 +1284,35 @@ Test(api, context_length_exceeded) {
     cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":21}", NULL, &r), 200);
     tc_resp_free(&r);
     cr_assert_eq(atomic_load(&f->n_submit), 1);
+    fake_stop(f);
+}
+
+/* n choices that cannot fit the whole KV pool with their max_tokens are refused up front (issue 30: n=64 on a
+ * small pool came back "truncated" after ~60 tokens although max_tokens was 300), naming n and the sizes; the
+ * same n with a max_tokens that fits, and n=1 with a long max_tokens, are queued. */
+Test(api, n_choices_that_cannot_fit_the_pool) {
+    fake_opts opts = {.n_ctx = 512, .kv_blocks = 8, .kv_block_size = 16};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    /* 11 prompt tokens: 4 choices of up to 71 tokens need 4 x 5 blocks */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":60,\"n\":4}", NULL, &r), 400);
+    cJSON *o = json_of(&r);
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    cr_assert_str_eq(jstr(e, "code"), "context_length_exceeded");
+    cr_assert_str_eq(jstr(e, "param"), "n");
+    cr_assert(strstr(jstr(e, "message"), "n=4") && strstr(jstr(e, "message"), "20 KV-cache blocks"), "%s",
+              jstr(e, "message"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_submit), 0);
+    /* 4 x 2 blocks fit */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":10,\"n\":4}", NULL, &r), 200,
+                 "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":300}", NULL, &r), 200, "%s",
+                 r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_submit), 2);
     fake_stop(f);
 }
 
