@@ -65,6 +65,8 @@ typedef struct srv_api_limits {
     int32_t max_prompts;        /* most prompts in one /v1/completions array (default 64) */
     bool priority_scheduling;   /* scheduling_policy "priority": a request's `priority` may be any int32;
                                    false (default, "fcfs"): only 0 is accepted (400 otherwise, as vLLM) */
+    uint32_t template_ms;       /* wall-clock budget of one chat-template render (default 5000; 0: none) */
+    size_t template_bytes;      /* bytes one render may allocate in all (default 1 GiB; 0: none) */
 } srv_api_limits;
 
 typedef struct srv_api_gen {

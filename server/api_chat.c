@@ -178,7 +178,8 @@ static int render_vars(const tpl_template *t, cJSON *messages, const srv_chat_re
     cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
     cJSON_AddStringToObject(vars, "bos_token", bos ? bos : "");
     cJSON_AddStringToObject(vars, "eos_token", eos ? eos : "");
-    tpl_render_params p = {.vars = vars, .now = NULL, .mark_content = true};
+    tpl_render_params p = {.vars = vars, .now = NULL, .mark_content = true, .max_ms = r->render_ms,
+                           .max_alloc_bytes = r->render_bytes, .cancel = r->cancel};
     int rc = tpl_render(t, &p, out, te);
     cJSON_Delete(vars);
     return rc;
@@ -299,6 +300,10 @@ static bool template_has_system_role(const tpl_template *t, const srv_chat_req *
 
 static int render_err(srv_api_error *err, int rc, const tpl_error *te) {
     if (rc == KVS_ERR_NOMEM) return OOM();
+    if (rc == KVS_ERR_CLOSED) { /* abandoned: the client went away */
+        srv_api_set_error(err, 499, NULL, NULL, NULL, "the client closed the request");
+        return SRV_API_ERR_INVALID;
+    }
     srv_api_set_error(err, 400, NULL, "messages", NULL, "the chat template failed on these messages: %s",
                       te->msg[0] ? te->msg : kvs_strerror(rc));
     return SRV_API_ERR_INVALID;

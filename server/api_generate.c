@@ -95,6 +95,7 @@ void api_on_abort(void *ud, srv_http_req *req) {
     (void)req;
     api_call *c = ud;
     c->req = NULL;
+    atomic_store(&c->job.cancel, true); /* a preparation still out stops rendering (its result is dropped) */
     if (c->api->metrics) c->api->metrics->requests_finished_abort++;
     /* 499: the client closed the connection before the answer was complete (nginx's convention) */
     api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));

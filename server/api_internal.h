@@ -19,6 +19,9 @@
 #ifndef KVSERVE_API_INTERNAL_H
 #define KVSERVE_API_INTERNAL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+
 #include <cjson/cJSON.h>
 
 #include "server/api.h"
@@ -62,6 +65,8 @@ struct api_job {
     size_t body_len;
     void (*work)(api_job *j);
     void (*done)(api_job *j);
+    _Atomic bool cancel;  /* set on the loop thread when the client leaves or the API drains: `work` may stop
+                             early (template renders read it); its result is then discarded */
 };
 /* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
 void api_offload(srv_api *api, api_job *j);

@@ -205,6 +205,7 @@ static void text_done(api_job *j) {
 static void text_abort(void *ud, srv_http_req *req) {
     (void)req;
     ((text_job *)ud)->job.req = NULL;
+    atomic_store(&((text_job *)ud)->job.cancel, true);
 }
 
 static void route_text(srv_api *api, srv_http_req *req, bool detok) {

@@ -172,3 +172,31 @@ test('a second signal cancels at once: every stream ends with an error event and
       if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
     }
   });
+
+// SIGHUP (issue 30): it ended the process at once, with no drain and no log line, cutting open streams. It is
+// ignored with a log line: the stream in flight finishes normally, the server keeps answering, and SIGTERM still
+// drains and exits 0.
+test('SIGHUP is ignored with a log line: streams run on, the server keeps serving', { timeout: 120000 }, async () => {
+  const srv = await startServer(model.path, ['--parallel', '4', '--threads', '2', '--shutdown-grace-s', '5']);
+  const exited = exitOf(srv.child);
+  try {
+    const stream = await openStream(srv.base, { max_tokens: 48, ignore_eos: true });
+    srv.child.kill('SIGHUP');
+    const raw = await stream.done;
+    assert.equal(checkSse(raw, 'stream'), 'finish');
+    assert.equal(srv.child.exitCode, null, 'the process ended on SIGHUP');
+    assert.equal(srv.child.signalCode, null);
+    const h = await fetch(`${srv.base}/health`);
+    assert.equal(h.status, 200);
+    await h.text();
+    for (let i = 0; i < 100 && !/SIGHUP: ignored/.test(srv.log()); i++) await new Promise((r) => setTimeout(r, 20));
+    assert.match(srv.log(), /SIGHUP: ignored/);
+    srv.child.kill('SIGTERM');
+    const { code, signal } = await exited;
+    assert.equal(signal, null);
+    assert.equal(code, 0, srv.log().slice(-4000));
+    assert.ok(!SANITIZER.test(srv.log()), srv.log().slice(-20000));
+  } finally {
+    if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
+  }
+});
