@@ -210,6 +210,10 @@ void srv_api_set_grammar_cache(srv_api *api, struct srv_gcache *gc);
 void srv_api_set_draining(srv_api *api);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
+/* Jobs out on the thread pool (parsing, rendering, tokenizing, detokenizing): they call the backend, so the
+ * backend must not be cleared (srv_api_set_backend NULL) nor freed while this is above 0 (issue 30: a drain that
+ * did so crashed a /tokenize still running). Loop thread. */
+int32_t srv_api_jobs_out(const srv_api *api);
 /* Cancels every generating request (shutdown after the grace period): streams end with an error event and
  * [DONE], others answer 503 with Retry-After. */
 void srv_api_cancel_all(srv_api *api);

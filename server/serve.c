@@ -291,10 +291,14 @@ static void on_poll(uv_timer_t *t) {
     if (!d->shutting_down || d->loading) return;
     uint64_t now = uv_hrtime();
     if (d->closing) {
-        if (srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) finalize(d);
+        /* jobs on the thread pool still call the backend that finalize clears: they are awaited (a client that
+         * left has its job skipped or its render abandoned, so this is short) */
+        if ((srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) && srv_api_jobs_out(d->api) == 0)
+            finalize(d);
         return;
     }
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 &&
+                srv_api_jobs_out(d->api) == 0;
     if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
     else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
 }
