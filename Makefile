@@ -23,7 +23,8 @@ all: build
 
 deps:
 	@bash scripts/install-deps.sh
-	@test -d tests/e2e/node_modules/openai -a -d tests/e2e/node_modules/puppeteer-core || \
+	@test -d tests/e2e/node_modules/openai -a -d tests/e2e/node_modules/puppeteer-core \
+	  -a -d tests/e2e/node_modules/@anthropic-ai/sdk || \
 	  npm ci --prefix tests/e2e --no-audit --no-fund
 
 build: deps

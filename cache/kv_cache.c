@@ -32,7 +32,6 @@
 #include <string.h>
 
 /* ---- small helpers --------------------------------------------------------------------------------------- */
-const char *kvc_strerror(int err) { return kvs_strerror(err); }
 
 size_t kvc_row_bytes(kvc_dtype dtype, int32_t head_dim) {
     if (head_dim < 1) return 0;

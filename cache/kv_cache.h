@@ -84,9 +84,6 @@ enum {
                                                     max_seq_len */
 };
 
-/* Historical name of kvs_strerror (KVC_* codes are kvs_err values); new code calls kvs_strerror. */
-const char *kvc_strerror(int err);
-
 /* ---- storage ------------------------------------------------------------------------------------------------ */
 typedef enum {
     KVC_DTYPE_F32 = 0,  /* row = head_dim floats */

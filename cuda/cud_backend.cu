@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cuda/cud_fattn.h"
 #include "cuda/cud_kernels.cuh"
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
@@ -18,13 +19,13 @@ namespace {
 int report(const char *call, cudaError_t e, const char *file, int line) {
     fprintf(stderr, "kvserve: CUDA call %s failed: %s (%s) at %s:%d\n", call, cudaGetErrorString(e),
             cudaGetErrorName(e), file, line);
-    return e == cudaErrorMemoryAllocation ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+    return e == cudaErrorMemoryAllocation ? KVS_ERR_NOMEM : KVS_ERR_DEVICE;
 }
 
 int report_blas(const char *call, cublasStatus_t s, const char *file, int line) {
     fprintf(stderr, "kvserve: cuBLAS call %s failed: %s (%d) at %s:%d\n", call, cublasGetStatusString(s), (int)s,
             file, line);
-    return s == CUBLAS_STATUS_ALLOC_FAILED ? ENG_ERR_NOMEM : ENG_ERR_DEVICE;
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? KVS_ERR_NOMEM : KVS_ERR_DEVICE;
 }
 
 #define CK(call)                                                                                                 \
@@ -58,6 +59,7 @@ struct graph_entry {
 
 constexpr int MAX_GRAPHS = 32;
 constexpr int MATVEC_MAX_ROWS = 8; // batches up to this many rows use the quantized matvec kernels
+constexpr int SPLIT_MAX_ROWS = 64;  // batches up to this many rows use the split-KV attention
 
 } // namespace
 
@@ -97,12 +99,32 @@ struct cud_backend {
     void *blas_ws = nullptr; // cuBLAS workspace (fixed, so cuBLAS calls can be captured into graphs)
     float *part_acc = nullptr, *part_ml = nullptr;
     size_t part_cap = 0;     // floats in part_acc (part_ml holds part_cap / hd * 2)
+    // split-KV decode attention (cud_attn_split): on unless KVSERVE_CUDA_ATTN=old, for batches of at most
+    // split_rows rows when the shape is supported
+    bool attn_split_env = true; // KVSERVE_CUDA_ATTN is not "old"
+    bool attn_split = false;    // ... and the model's heads and the pool's type are supported
+    int32_t split_rows = 0;
+    float *sp_acc = nullptr; // [split_rows][n_head][32][hd] unnormalized outputs of the splits
+    float *sp_ml = nullptr;  // [split_rows][n_head][32][2]  their (max, sum)
+    // tensor-core prefill attention (cud_fattn): on unless KVSERVE_CUDA_FATTN=old, for ungraphed batches with a
+    // run of at least two consecutive positions of one sequence (a prompt chunk), when the shape is supported
+    bool fattn = false;
+    int32_t *d_fa_tiles = nullptr; // [max_batch_tokens][2] the step's tiles (cud_fattn_plan)
+    int32_t *h_fa_tiles = nullptr; // pinned staging of the same
+    int32_t fa_n_tiles = 0;        // tiles of the current step; 0: the step does not use cud_fattn
     // batch metadata on the device
     int32_t *d_token = nullptr, *d_pos = nullptr, *d_seq = nullptr, *d_slot = nullptr, *d_out = nullptr;
     int32_t *d_tables = nullptr;
     size_t tables_cap = 0;
     cud_tables host_tables{};
     int32_t *h_meta = nullptr; // pinned staging [5][T]
+    int32_t *h_tables = nullptr; // pinned staging of the block tables [h_tables_cap]
+    size_t h_tables_cap = 0;
+    float *h_logits = nullptr;   // pinned staging of the logits rows copied back [h_logits_rows][n_vocab]
+    int32_t h_logits_rows = 0;
+    // decode products (cud_mmv.cuh): on unless KVSERVE_CUDA_MMV=old
+    bool mmv = true;
+    cud_act_bufs act{};      // [MATVEC_MAX_ROWS][widest] quantized activations of the current product input
     // KV
     kvc_allocator alloc{};
     cud_kv_view kv{};
@@ -143,29 +165,32 @@ int upload(cud_backend *be, const cud_tensor *t, dev_tensor *out, bool required,
     if (!t->data) {
         if (required) {
             snprintf(err, err_len, "tensor %s missing", what);
-            return ENG_ERR_INVALID;
+            return KVS_ERR_INVALID;
         }
-        return ENG_OK;
+        return KVS_OK;
     }
     if (cud_type_block_elems(t->type) == 0) {
         snprintf(err, err_len, "tensor %s: type %u has no CUDA kernels", what, t->type);
-        return ENG_ERR_UNSUPPORTED;
+        return KVS_ERR_UNSUPPORTED;
     }
-    cudaError_t e = cudaMalloc(&out->d, t->nbytes);
+    // padded to 16 bytes: k_mmv reads whole aligned 16-byte words (the padding is zeroed, never used)
+    const size_t padded = (t->nbytes + 15) / 16 * 16;
+    cudaError_t e = cudaMalloc(&out->d, padded);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, err_len, "out of device memory uploading %s (%zu bytes; %zu of %zu bytes free, %zu uploaded)",
                  what, t->nbytes, fr, tot, be->weight_bytes);
-        return ENG_ERR_NOMEM;
+        return KVS_ERR_NOMEM;
     }
     CK(cudaMemcpy(out->d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+    if (padded > t->nbytes) CK(cudaMemset((char *)out->d + t->nbytes, 0, padded - t->nbytes));
     out->type = t->type;
     out->ne0 = t->ne0;
     out->ne1 = t->ne1;
     out->owned = true;
     be->weight_bytes += t->nbytes;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, const char *what) {
@@ -176,26 +201,30 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, err_len, "out of device memory for %s (%zu bytes; %zu of %zu bytes free)", what,
                  n * sizeof(T), fr, tot);
-        return ENG_ERR_NOMEM;
+        return KVS_ERR_NOMEM;
     }
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
 // More rows: cuBLAS, in f32 for f32 weights, else on the weights dequantized to f16 and f16 activations with
 // f32 accumulation.
-int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y) {
+int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, float *y, bool quantized = false) {
     const int64_t k = w.ne0, n_out = w.ne1;
+    if (quantized && m <= MATVEC_MAX_ROWS && cud_mmv_supported(w.type, k)) {
+        CK(cud_mmv(w.type, w.d, n_out, k, &be->act, m, y, be->n_sm, be->st));
+        return KVS_OK;
+    }
     if (m <= MATVEC_MAX_ROWS) {
         CK(cud_matvec(w.type, w.d, n_out, k, x, m, y, be->st));
-        return ENG_OK;
+        return KVS_OK;
     }
     const float alpha = 1.f, beta = 0.f;
     if (w.type == CUD_F32) {
         // f32 weights stay f32 (full precision, like the CPU engine's f32 dot products)
         CKB(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, (const float *)w.d,
                         (int)k, x, (int)k, &beta, y, (int)n_out));
-        return ENG_OK;
+        return KVS_OK;
     }
     const __half *wh;
     if (w.type == CUD_F16) {
@@ -211,21 +240,47 @@ int matmul(cud_backend *be, const dev_tensor &w, const float *x, int32_t m, floa
     CKB(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, m, (int)k, &alpha, wh, CUDA_R_16F, (int)k,
                      be->x16, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT));
-    return ENG_OK;
+    return KVS_OK;
+}
+
+// The input x [m][k] of the products that follow, RMSNorm'ed with norm_w first when it is not NULL. With the
+// decode products (m <= MATVEC_MAX_ROWS, k % 32 == 0, KVSERVE_CUDA_MMV not "old") the rows are normed and
+// quantized once into be->act (*quantized = true) and *xin is their f32 copy, for the products whose types
+// k_mmv lacks; otherwise the old path: cud_rmsnorm into norm_out (when norm_w), *xin the rows to read.
+int prep_input(cud_backend *be, const float *x, const float *norm_w, int32_t m, int64_t k, float *norm_out,
+               const float **xin, bool *quantized) {
+    if (be->mmv && m <= MATVEC_MAX_ROWS && k % 32 == 0) {
+        CK(cud_act_quant(x, norm_w, be->rms_eps, m, k, &be->act, be->st));
+        *xin = be->act.xf;
+        *quantized = true;
+        return KVS_OK;
+    }
+    *quantized = false;
+    if (norm_w) {
+        CK(cud_rmsnorm(x, norm_w, norm_out, m, (int32_t)k, be->rms_eps, be->st));
+        *xin = norm_out;
+    } else {
+        *xin = x;
+    }
+    return KVS_OK;
 }
 
 // Everything after the metadata upload: runs on be->st, capturable into a graph.
-int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo) {
+// split_grid: cud_attn_split_grid of the longest context (the split-KV attention's grid).
+int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, const cud_attn_geometry &geo,
+               int32_t split_grid) {
     const int32_t qw = be->n_head * be->hd, kw = be->n_head_kv * be->hd;
     CK(cud_get_rows(be->tok_embd.type, be->tok_embd.d, be->n_embd, be->d_token, rows, be->x, be->st));
     CK(cud_rope_cs(be->d_pos, be->inv_freq, rows, be->rope.n_rot, be->cs, be->st));
     for (int32_t l = 0; l < be->n_layer; l++) {
         const dev_layer &L = be->layers[l];
-        CK(cud_rmsnorm(be->x, (const float *)L.attn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
         int rc;
-        if ((rc = matmul(be, L.wq, be->xn, rows, be->q))) return rc;
-        if ((rc = matmul(be, L.wk, be->xn, rows, be->k))) return rc;
-        if ((rc = matmul(be, L.wv, be->xn, rows, be->v))) return rc;
+        const float *xin;
+        bool qa;
+        if ((rc = prep_input(be, be->x, (const float *)L.attn_norm.d, rows, be->n_embd, be->xn, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.wq, xin, rows, be->q, qa))) return rc;
+        if ((rc = matmul(be, L.wk, xin, rows, be->k, qa))) return rc;
+        if ((rc = matmul(be, L.wv, xin, rows, be->v, qa))) return rc;
         if (L.bq.d) CK(cud_add_bias(be->q, (const float *)L.bq.d, rows, qw, be->st));
         if (L.bk.d) CK(cud_add_bias(be->k, (const float *)L.bk.d, rows, kw, be->st));
         if (L.bv.d) CK(cud_add_bias(be->v, (const float *)L.bv.d, rows, kw, be->st));
@@ -250,20 +305,37 @@ int run_layers(cud_backend *be, int32_t rows, int32_t n_out, int32_t stride, con
         a.part_acc = be->part_acc;
         a.part_ml = be->part_ml;
         a.scale = 1.0f / sqrtf((float)be->hd);
-        CK(cud_paged_attention(&be->kv, l, &a, be->st));
-        if ((rc = matmul(be, L.wo, be->att, rows, be->tmp))) return rc;
+        if (be->fa_n_tiles > 0) {
+            const cud_fattn_args fa{be->q, be->att, be->d_pos, be->d_seq, be->d_tables, stride, be->d_fa_tiles,
+                                    be->fa_n_tiles, be->n_head, be->n_head_kv, be->hd, a.scale};
+            CK(cud_fattn(&be->kv, l, &fa, be->st));
+        } else if (be->attn_split && rows <= be->split_rows) {
+            a.partitions = split_grid;
+            a.partition_tokens = 0;
+            a.part_acc = be->sp_acc;
+            a.part_ml = be->sp_ml;
+            CK(cud_attn_split(&be->kv, l, &a, be->st));
+        } else {
+            CK(cud_paged_attention(&be->kv, l, &a, be->st));
+        }
+        if ((rc = prep_input(be, be->att, nullptr, rows, (int64_t)qw, nullptr, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.wo, xin, rows, be->tmp, qa))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
-        CK(cud_rmsnorm(be->x, (const float *)L.ffn_norm.d, be->xn, rows, be->n_embd, be->rms_eps, be->st));
-        if ((rc = matmul(be, L.w_gate, be->xn, rows, be->g))) return rc;
-        if ((rc = matmul(be, L.w_up, be->xn, rows, be->u))) return rc;
+        if ((rc = prep_input(be, be->x, (const float *)L.ffn_norm.d, rows, be->n_embd, be->xn, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.w_gate, xin, rows, be->g, qa))) return rc;
+        if ((rc = matmul(be, L.w_up, xin, rows, be->u, qa))) return rc;
         CK(cud_swiglu(be->g, be->u, (int64_t)rows * be->n_ff, be->st));
-        if ((rc = matmul(be, L.w_down, be->g, rows, be->tmp))) return rc;
+        if ((rc = prep_input(be, be->g, nullptr, rows, be->n_ff, nullptr, &xin, &qa))) return rc;
+        if ((rc = matmul(be, L.w_down, xin, rows, be->tmp, qa))) return rc;
         CK(cud_add(be->x, be->tmp, (int64_t)rows * be->n_embd, be->st));
     }
-    if (n_out == 0) return ENG_OK; // no row wants logits (a prefill chunk)
+    if (n_out == 0) return KVS_OK; // no row wants logits (a prefill chunk)
     CK(cud_gather_rows(be->x, be->n_embd, be->d_out, n_out, be->xo, be->st));
-    CK(cud_rmsnorm(be->xo, (const float *)be->output_norm.d, be->xo, n_out, be->n_embd, be->rms_eps, be->st));
-    return matmul(be, be->output, be->xo, n_out, be->logits);
+    const float *xin;
+    bool qa;
+    int rc = prep_input(be, be->xo, (const float *)be->output_norm.d, n_out, be->n_embd, be->xo, &xin, &qa);
+    if (rc) return rc;
+    return matmul(be, be->output, xin, n_out, be->logits, qa);
 }
 
 void drop_graphs(cud_backend *be) {
@@ -276,7 +348,7 @@ void drop_graphs(cud_backend *be) {
 // only grows them if a plan ever exceeds that, and then drops the graphs captured with the old buffers.
 int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &geo) {
     size_t need = (size_t)rows * be->n_head * geo.max_partitions * be->hd;
-    if (geo.max_partitions <= 1 || need <= be->part_cap) return ENG_OK;
+    if (geo.max_partitions <= 1 || need <= be->part_cap) return KVS_OK;
     drop_graphs(be);
     if (be->part_acc) CK(cudaFree(be->part_acc));
     if (be->part_ml) CK(cudaFree(be->part_ml));
@@ -285,7 +357,7 @@ int ensure_partitions(cud_backend *be, int32_t rows, const cud_attn_geometry &ge
     CK(cudaMalloc((void **)&be->part_acc, need * sizeof(float)));
     CK(cudaMalloc((void **)&be->part_ml, need / be->hd * 2 * sizeof(float)));
     be->part_cap = need;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 int32_t round_pow2(int32_t n) {
@@ -350,9 +422,13 @@ extern "C" void cud_backend_free(cud_backend *be) {
                     (void *)be->w16, (void *)be->x16, be->blas_ws, (void *)be->part_acc, (void *)be->part_ml,
                     (void *)be->d_token, (void *)be->d_pos, (void *)be->d_seq, (void *)be->d_slot,
                     (void *)be->d_out, (void *)be->d_tables, (void *)be->inv_freq, (void *)be->cs,
-                    (void *)be->rot_cs, (void *)be->rot_slots})
+                    (void *)be->rot_cs, (void *)be->rot_slots, (void *)be->act.xf, (void *)be->act.q8,
+                    (void *)be->act.d8, (void *)be->act.qk, (void *)be->act.dk, (void *)be->act.bk,
+                    (void *)be->sp_acc, (void *)be->sp_ml, (void *)be->d_fa_tiles})
         fr(p);
-    if (be->h_meta) cudaFreeHost(be->h_meta);
+    if (be->h_fa_tiles) cudaFreeHost(be->h_fa_tiles);
+    for (void *p : {(void *)be->h_meta, (void *)be->h_tables, (void *)be->h_logits})
+        if (p) cudaFreeHost(p);
     cud_tables_free(&be->host_tables);
     if (be->blas) cublasDestroy(be->blas);
     if (be->st) cudaStreamDestroy(be->st);
@@ -381,7 +457,7 @@ static int init_device(const cud_model_desc *m, const cud_params *p, cud_backend
     be->hd = m->head_dim;
     be->n_ff = m->n_ff;
     be->rms_eps = m->rms_eps;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // Uploads the weights and the RoPE table; *largest receives the element count of the largest matrix cuBLAS
@@ -406,10 +482,10 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
     const int32_t half = m->n_rot / 2;
     if (m->rope_freqs.data && (m->rope_freqs.type != CUD_F32 || m->rope_freqs.nbytes < (size_t)half * sizeof(float))) {
         snprintf(err, err_len, "rope_freqs.weight: expected %d f32 values", half);
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     }
     be->h_inv_freq = (float *)calloc((size_t)(half > 0 ? half : 1), sizeof(float));
-    if (!be->h_inv_freq) return ENG_ERR_NOMEM;
+    if (!be->h_inv_freq) return KVS_ERR_NOMEM;
     for (int32_t i = 0; i < half; i++) {
         double f = (double)m->rope_freq_scale * pow((double)m->rope_freq_base, -2.0 * i / m->n_rot);
         if (m->rope_freqs.data) f /= ((const float *)m->rope_freqs.data)[i];
@@ -419,7 +495,7 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
     CK(cudaMemcpy(be->inv_freq, be->h_inv_freq, (size_t)half * sizeof(float), cudaMemcpyHostToDevice));
     if ((rc = dalloc(&be->rot_cs, (size_t)(m->n_rot > 0 ? m->n_rot : 1), err, err_len, "rope angles"))) return rc;
     be->layers = (dev_layer *)calloc((size_t)m->n_layer, sizeof(dev_layer));
-    if (!be->layers) return ENG_ERR_NOMEM;
+    if (!be->layers) return KVS_ERR_NOMEM;
     for (int32_t l = 0; l < m->n_layer; l++) new (&be->layers[l]) dev_layer();
     // The f16 scratch holds the largest matrix that cuBLAS reads dequantized (not f16 or f32 already).
     auto needs_f16 = [](const cud_tensor &t) { return t.data && t.ne1 > 1 && t.type != CUD_F16 && t.type != CUD_F32; };
@@ -444,7 +520,7 @@ static int upload_weights(const cud_model_desc *m, cud_backend *be, int64_t *lar
         }
     }
     *largest_out = largest;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 // The activations, logits and f16 activation scratch of max_batch_tokens rows.
@@ -468,7 +544,18 @@ static int alloc_activations(const cud_model_desc *m, const cud_params *p, cud_b
     if ((rc = dalloc(&be->u, T * m->n_ff, err, err_len, "activations"))) return rc;
     if ((rc = dalloc(&be->logits, T * m->n_vocab, err, err_len, "logits"))) return rc;
     if ((rc = dalloc(&be->x16, T * widest, err, err_len, "f16 activations"))) return rc;
-    return ENG_OK;
+    const char *mmv_env = getenv("KVSERVE_CUDA_MMV");
+    be->mmv = !(mmv_env && strcmp(mmv_env, "old") == 0);
+    if (be->mmv) {
+        const size_t A = (size_t)MATVEC_MAX_ROWS * widest;
+        if ((rc = dalloc(&be->act.xf, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.q8, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.qk, A, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.d8, A / 32 + 1, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.dk, A / 256 + 1, err, err_len, "quantized activations"))) return rc;
+        if ((rc = dalloc(&be->act.bk, A / 16 + 1, err, err_len, "quantized activations"))) return rc;
+    }
+    return KVS_OK;
 }
 
 // cuBLAS reads quantized matrices as f16. Keep f16 copies of them all when they take at most half of
@@ -495,11 +582,11 @@ static int make_f16_copies(const cud_model_desc *m, const cud_params *p, cud_bac
     bool cache = need > 0 && (double)need <= avail / 2 && !(env && strcmp(env, "0") == 0);
     if (cache) {
         auto make = [&](dev_tensor &t) -> int {
-            if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return ENG_OK;
+            if (!t.d || t.ne1 < 2 || t.type == CUD_F16 || t.type == CUD_F32) return KVS_OK;
             int r = dalloc(&t.h16, (size_t)(t.ne0 * t.ne1), err, err_len, "f16 weight copies");
             if (r) return r;
             CK(cud_dequant_f16(t.type, t.d, t.ne1, t.ne0, t.h16, be->st));
-            return ENG_OK;
+            return KVS_OK;
         };
         if ((rc = make(be->output))) return rc;
         for (int32_t l = 0; l < m->n_layer; l++) {
@@ -510,7 +597,7 @@ static int make_f16_copies(const cud_model_desc *m, const cud_params *p, cud_bac
         CK(cudaStreamSynchronize(be->st));
         *largest = 1; // no per-product scratch needed
     }
-    return ENG_OK;
+    return KVS_OK;
 }
 
 static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be, size_t *kv_budget, char *err,
@@ -530,16 +617,46 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     if ((rc = dalloc(&be->part_acc, be->part_cap, err, err_len, "attention partitions"))) return rc;
     if ((rc = dalloc(&be->part_ml, be->part_cap / (size_t)m->head_dim * 2, err, err_len, "attention partitions")))
         return rc;
-    // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
+    // Split-KV decode attention (KVSERVE_CUDA_ATTN=old: the old kernel for every batch): batches of up to
+    // SPLIT_MAX_ROWS rows, partial results with a fixed stride of ATTN_MAX_SPLITS (32) splits per head.
     {
-        size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
+        const char *attn_env = getenv("KVSERVE_CUDA_ATTN");
+        be->attn_split_env = !(attn_env && strcmp(attn_env, "old") == 0);
+        be->attn_split = be->attn_split_env && cud_attn_split_supported(m->n_head, m->n_head_kv, m->head_dim,
+                                                                        p->kv_dtype == KVC_DTYPE_F16);
+        if (be->attn_split) {
+            be->split_rows = p->max_batch_tokens < SPLIT_MAX_ROWS ? p->max_batch_tokens : SPLIT_MAX_ROWS;
+            const size_t n = (size_t)be->split_rows * (size_t)m->n_head * 32;
+            if ((rc = dalloc(&be->sp_acc, n * (size_t)m->head_dim, err, err_len, "attention splits"))) return rc;
+            if ((rc = dalloc(&be->sp_ml, n * 2, err, err_len, "attention splits"))) return rc;
+        }
+    }
+    // Tensor-core prefill attention (KVSERVE_CUDA_FATTN=old: the other kernels for prompt chunks too).
+    {
+        const char *fa_env = getenv("KVSERVE_CUDA_FATTN");
+        be->fattn = !(fa_env && strcmp(fa_env, "old") == 0) &&
+                    cud_fattn_supported(m->n_head, m->n_head_kv, m->head_dim, p->kv_dtype == KVC_DTYPE_F16);
+        if (be->fattn) {
+            if ((rc = dalloc(&be->d_fa_tiles, 2 * T, err, err_len, "attention tiles"))) return rc;
+            CK(cudaHostAlloc((void **)&be->h_fa_tiles, 2 * T * sizeof(int32_t), cudaHostAllocDefault));
+        }
+    }
+    // Block tables: every sequence of a batch at full length, with the graph buckets' power-of-two stride.
+    const size_t seqs = (size_t)(p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens);
+    {
         size_t stride = (size_t)round_pow2(p->max_blocks_per_seq > 0 ? p->max_blocks_per_seq : 1);
         be->tables_cap = seqs * stride;
         if ((rc = dalloc(&be->d_tables, be->tables_cap, err, err_len, "block tables"))) return rc;
     }
     for (int32_t **d : {&be->d_token, &be->d_pos, &be->d_seq, &be->d_slot, &be->d_out})
         if ((rc = dalloc(d, T, err, err_len, "batch metadata"))) return rc;
-    CK(cudaMallocHost((void **)&be->h_meta, 5 * T * sizeof(int32_t)));
+    // Pinned staging of everything a step copies (stream-ordered copies, no staging through pageable memory):
+    // the metadata, the block tables and the logits rows of up to max_seqs sequences (grown on demand).
+    CK(cudaHostAlloc((void **)&be->h_meta, 5 * T * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&be->h_tables, be->tables_cap * sizeof(int32_t), cudaHostAllocDefault));
+    be->h_tables_cap = be->tables_cap;
+    CK(cudaHostAlloc((void **)&be->h_logits, seqs * (size_t)m->n_vocab * sizeof(float), cudaHostAllocDefault));
+    be->h_logits_rows = (int32_t)seqs;
     be->alloc.alloc = kv_alloc;
     be->alloc.copy = kv_copy;
     be->alloc.free = kv_free;
@@ -548,7 +665,7 @@ static int create(const cud_model_desc *m, const cud_params *p, cud_backend *be,
     CK(cudaMemGetInfo(&fr, &tot));
     double reserve = (1.0 - (double)p->memory_fraction) * (double)tot;
     *kv_budget = (double)fr > reserve ? (size_t)((double)fr - reserve) : 0;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,
@@ -561,17 +678,17 @@ extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params 
         params->memory_fraction <= 0.f || params->memory_fraction > 1.f || params->block_size < 1 ||
         (params->kv_dtype != KVC_DTYPE_F16 && params->kv_dtype != KVC_DTYPE_F32)) {
         snprintf(err, err_len, "invalid CUDA backend parameters (the GPU KV cache supports f16 and f32)");
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     }
     if (model->head_dim < 1 || model->head_dim > 256 || model->n_head_kv < 1 || model->n_head % model->n_head_kv != 0 ||
         model->n_rot < 0 || model->n_rot > model->head_dim || model->n_rot % 2 != 0) {
         snprintf(err, err_len, "head_dim %d / heads %d:%d not supported by the CUDA attention kernel",
                  model->head_dim, model->n_head, model->n_head_kv);
-        return ENG_ERR_UNSUPPORTED;
+        return KVS_ERR_UNSUPPORTED;
     }
     *out = nullptr;
     cud_backend *be = new (std::nothrow) cud_backend();
-    if (!be) return ENG_ERR_NOMEM;
+    if (!be) return KVS_ERR_NOMEM;
     int rc = create(model, params, be, kv_budget_bytes, err, err_len);
     if (rc) {
         if (!err[0]) snprintf(err, err_len, "CUDA backend setup failed (error %d; the CUDA error is on stderr)", rc);
@@ -579,7 +696,7 @@ extern "C" int cud_backend_create(const cud_model_desc *model, const cud_params 
         return rc;
     }
     *out = be;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" const kvc_allocator *cud_kv_allocator(cud_backend *be) { return be ? &be->alloc : nullptr; }
@@ -587,7 +704,7 @@ extern "C" const kvc_allocator *cud_kv_allocator(cud_backend *be) { return be ? 
 extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     if (!be || !l || !l->base || (l->dtype != KVC_DTYPE_F16 && l->dtype != KVC_DTYPE_F32) ||
         l->n_kv_head != be->n_head_kv || l->head_dim != be->hd || l->n_layer != be->n_layer)
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     be->kv.base = l->base;
     be->kv.layer_bytes = l->layer_bytes;
     be->kv.block_stride = l->block_stride;
@@ -597,19 +714,32 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     be->kv.n_kv_head = l->n_kv_head;
     be->kv.head_dim = l->head_dim;
     be->kv.f16 = l->dtype == KVC_DTYPE_F16;
+    if (be->attn_split && !cud_attn_split_supported(be->n_head, be->n_head_kv, be->hd, be->kv.f16)) {
+        drop_graphs(be);
+        be->attn_split = false;
+    }
+    if (be->fattn && !cud_fattn_supported(be->n_head, be->n_head_kv, be->hd, be->kv.f16)) be->fattn = false;
     be->kv_set = true;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if (!be || !b || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 0 ||
         b->n_out > b->n || !b->token || !b->pos || !b->slot || (b->n_out > 0 && (!logits || !b->out_rows)))
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     CK(cudaSetDevice(be->device));
     int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
     if (rc) return rc;
     for (int32_t i = 0; i < b->n; i++)
-        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return ENG_ERR_INVALID;
+        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return KVS_ERR_INVALID;
+    if (b->n_out > be->h_logits_rows) { // more logits rows than max_seqs (a prefill asking for every row)
+        if (be->h_logits) CK(cudaFreeHost(be->h_logits));
+        be->h_logits = nullptr;
+        be->h_logits_rows = 0;
+        CK(cudaHostAlloc((void **)&be->h_logits, (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float),
+                         cudaHostAllocDefault));
+        be->h_logits_rows = b->n_out;
+    }
 
     cud_graph_key key{};
     const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
@@ -617,7 +747,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     const int32_t rows = graph ? key.n_rows : b->n;
     const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
     const int32_t n_out = graph ? rows : b->n_out;
-    if (rows > be->p.max_batch_tokens) return ENG_ERR_INVALID;
+    if (rows > be->p.max_batch_tokens) return KVS_ERR_INVALID;
 
     // Stage the metadata (padding rows: token 0, position 0 of sequence 0, no cache write, logits unused).
     int32_t *h = be->h_meta;
@@ -641,15 +771,22 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         // Graphs captured against the old table buffer are stale.
         drop_graphs(be);
     }
-    if (stride == be->host_tables.stride) {
-        CK(cudaMemcpyAsync(be->d_tables, be->host_tables.tables, tables_need * sizeof(int32_t),
-                           cudaMemcpyHostToDevice, be->st));
-    } else {
-        CK(cudaMemcpy2DAsync(be->d_tables, (size_t)stride * sizeof(int32_t), be->host_tables.tables,
-                             (size_t)be->host_tables.stride * sizeof(int32_t),
-                             (size_t)be->host_tables.stride * sizeof(int32_t), (size_t)be->host_tables.n_seqs,
-                             cudaMemcpyHostToDevice, be->st));
+    if (tables_need > be->h_tables_cap) { // beyond the sizes planned at creation only
+        if (be->h_tables) CK(cudaFreeHost(be->h_tables));
+        be->h_tables = nullptr;
+        be->h_tables_cap = 0;
+        CK(cudaHostAlloc((void **)&be->h_tables, tables_need * 2 * sizeof(int32_t), cudaHostAllocDefault));
+        be->h_tables_cap = tables_need * 2;
     }
+    // The tables at the step's stride (the graph bucket's may be wider: -1 past each sequence's blocks).
+    // The previous step's copies have completed (it ended with a stream synchronization).
+    for (int32_t sq = 0; sq < be->host_tables.n_seqs; sq++) {
+        const int32_t *src = be->host_tables.tables + (size_t)sq * be->host_tables.stride;
+        int32_t *row = be->h_tables + (size_t)sq * stride;
+        memcpy(row, src, (size_t)be->host_tables.stride * sizeof(int32_t));
+        for (int32_t k = be->host_tables.stride; k < stride; k++) row[k] = -1;
+    }
+    CK(cudaMemcpyAsync(be->d_tables, be->h_tables, tables_need * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
     int32_t *dst[5] = {be->d_token, be->d_pos, be->d_seq, be->d_slot, be->d_out};
     for (int f = 0; f < 5; f++)
         CK(cudaMemcpyAsync(dst[f], h + f * T, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
@@ -661,9 +798,22 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     cud_attn_geometry geo;
     if ((rc = cud_attn_plan(rows, be->n_head, be->hd, be->kv.block_size, max_ctx, be->n_sm, &geo))) return rc;
     if ((rc = ensure_partitions(be, rows, geo))) return rc;
+    const int32_t split_grid = cud_attn_split_grid(max_ctx);
+    // Prompt chunks (never captured: a batch with one is not graph-eligible) take the tensor-core attention.
+    be->fa_n_tiles = 0;
+    if (!graph && be->fattn) {
+        int32_t longest = 0;
+        const int32_t nt = cud_fattn_plan(b->pos, b->seq_index, b->n, be->n_head, be->n_head_kv, be->h_fa_tiles,
+                                          &longest);
+        if (longest >= 2) {
+            CK(cudaMemcpyAsync(be->d_fa_tiles, be->h_fa_tiles, (size_t)nt * 2 * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, be->st));
+            be->fa_n_tiles = nt;
+        }
+    }
 
     if (!graph) {
-        if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+        if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
     } else {
         // A shape runs eagerly the first time (module loading, cuBLAS setup happen outside any capture), is
         // captured the second time, and replays from then on.
@@ -671,7 +821,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         for (int i = 0; i < be->n_graphs; i++)
             if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
         if (gi < 0) {
-            if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+            if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
             if (be->n_graphs == MAX_GRAPHS) {
                 if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
                 memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
@@ -684,7 +834,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
                 cudaGraph_t g = nullptr;
                 cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
                 if (ce == cudaSuccess) {
-                    rc = run_layers(be, rows, n_out, stride, geo);
+                    rc = run_layers(be, rows, n_out, stride, geo, split_grid);
                     ce = cudaStreamEndCapture(be->st, &g);
                 }
                 if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
@@ -697,7 +847,7 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
                     if (exec) cudaGraphExecDestroy(exec);
                     drop_graphs(be);
                     be->p.use_graphs = false;
-                    if ((rc = run_layers(be, rows, n_out, stride, geo))) return rc;
+                    if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
                     exec = nullptr;
                 } else {
                     be->graphs[gi].exec = exec;
@@ -706,16 +856,18 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
             if (exec) CK(cudaGraphLaunch(exec, be->st));
         }
     }
-    if (b->n_out > 0)
-        CK(cudaMemcpyAsync(logits, be->logits, (size_t)b->n_out * be->n_vocab * sizeof(float),
-                           cudaMemcpyDeviceToHost, be->st));
+    // Only the rows the caller asked for (gathered into the first n_out rows), through pinned memory; the
+    // step's one synchronization is the stream's, below.
+    const size_t out_bytes = (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float);
+    if (b->n_out > 0) CK(cudaMemcpyAsync(be->h_logits, be->logits, out_bytes, cudaMemcpyDeviceToHost, be->st));
     CK(cudaStreamSynchronize(be->st));
-    return ENG_OK;
+    if (b->n_out > 0) memcpy(logits, be->h_logits, out_bytes);
+    return KVS_OK;
 }
 
 extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, int32_t delta) {
-    if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return ENG_ERR_INVALID;
-    if (n == 0 || delta == 0 || be->rope.n_rot < 2) return ENG_OK;
+    if (!be || !be->kv_set || n < 0 || (n > 0 && !slots)) return KVS_ERR_INVALID;
+    if (n == 0 || delta == 0 || be->rope.n_rot < 2) return KVS_OK;
     CK(cudaSetDevice(be->device));
     // The angles of delta positions, as the CPU engine computes them (double, then f32).
     const int32_t half = be->rope.n_rot / 2;
@@ -736,16 +888,57 @@ extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, in
     CK(cudaMemcpyAsync(be->rot_slots, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
     CK(cud_kv_rerotate(&be->kv, be->n_layer, be->rot_slots, n, be->rot_cs, &be->rope, be->st));
     CK(cudaStreamSynchronize(be->st));
-    return ENG_OK;
+    return KVS_OK;
+}
+
+extern "C" int cud_measure_bandwidth(int32_t device, double *bytes_per_s) {
+    if (!bytes_per_s) return KVS_ERR_INVALID;
+    *bytes_per_s = 0;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+        cudaGetLastError();
+        return KVS_ERR_UNSUPPORTED;
+    }
+    CK(cudaSetDevice(device));
+    size_t fr = 0, tot = 0;
+    CK(cudaMemGetInfo(&fr, &tot));
+    size_t bytes = (size_t)1 << 30;
+    if (bytes > fr / 4) bytes = fr / 4 / 256 * 256;
+    if (bytes < ((size_t)1 << 20)) return KVS_ERR_NOMEM;
+    void *a = nullptr, *b = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    float best_ms = 0.f;
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    for (int round = 0; round < 6 && e == cudaSuccess; round++) { // round 0 warms up
+        e = cudaEventRecord(e0, 0);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+        if (e == cudaSuccess) e = cudaEventRecord(e1, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        float ms = 0.f;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+        if (e == cudaSuccess && round > 0 && ms > 0.f && (best_ms == 0.f || ms < best_ms)) best_ms = ms;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    if (e != cudaSuccess) return report("cud_measure_bandwidth", e, __FILE__, __LINE__);
+    if (best_ms <= 0.f) return KVS_ERR_DEVICE;
+    *bytes_per_s = 2.0 * (double)bytes / ((double)best_ms * 1e-3);
+    return KVS_OK;
 }
 
 extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k,
                                    float *out) {
-    if (!data || !out || rows < 1 || k < 1) return ENG_ERR_INVALID;
+    if (!data || !out || rows < 1 || k < 1) return KVS_ERR_INVALID;
     int be = cud_type_block_elems(type), bb = cud_type_block_bytes(type);
-    if (!be || k % be) return ENG_ERR_UNSUPPORTED;
-    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return ENG_ERR_INVALID;
-    if (cud_available(nullptr, 0) < 1) return ENG_ERR_UNSUPPORTED;
+    if (!be || k % be) return KVS_ERR_UNSUPPORTED;
+    if ((size_t)(k / be) * (size_t)bb * (size_t)rows != nbytes) return KVS_ERR_INVALID;
+    if (cud_available(nullptr, 0) < 1) return KVS_ERR_UNSUPPORTED;
     void *d = nullptr;
     float *y = nullptr;
     CK(cudaMalloc(&d, nbytes));
@@ -756,5 +949,5 @@ extern "C" int cud_dequantize_host(uint32_t type, const void *data, size_t nbyte
     cudaFree(d);
     if (y) cudaFree(y);
     if (e != cudaSuccess) return report("cud_dequantize_host", e, __FILE__, __LINE__);
-    return ENG_OK;
+    return KVS_OK;
 }

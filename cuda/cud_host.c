@@ -9,38 +9,38 @@
 #include "engine/engine.h"
 
 static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return ENG_OK;
+    if (need <= *cap) return KVS_OK;
     size_t n = *cap ? *cap : 64;
     while (n < need) {
-        if (n > SIZE_MAX / 2 / elem) return ENG_ERR_NOMEM;
+        if (n > SIZE_MAX / 2 / elem) return KVS_ERR_NOMEM;
         n *= 2;
     }
     void *p = realloc(*buf, n * elem);
-    if (!p) return ENG_ERR_NOMEM;
+    if (!p) return KVS_ERR_NOMEM;
     *buf = p;
     *cap = n;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 int cud_tables_build(cud_tables *t, const cud_batch *b, int32_t block_size) {
     if (!t || !b || b->n_seqs < 1 || block_size < 1 || b->n < 0 || !b->seq_len || !b->block_tables ||
         !b->n_blocks)
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     int32_t stride = 1;
     for (int32_t s = 0; s < b->n_seqs; s++) {
         int32_t len = b->seq_len[s];
-        if (len < 0) return ENG_ERR_INVALID;
+        if (len < 0) return KVS_ERR_INVALID;
         int32_t need = (int32_t)(((int64_t)len + block_size - 1) / block_size);
-        if (b->n_blocks[s] < need || (need > 0 && !b->block_tables[s])) return ENG_ERR_INVALID;
+        if (b->n_blocks[s] < need || (need > 0 && !b->block_tables[s])) return KVS_ERR_INVALID;
         if (need > stride) stride = need;
     }
     for (int32_t i = 0; i < b->n; i++)
-        if (!b->seq_index || b->seq_index[i] < 0 || b->seq_index[i] >= b->n_seqs) return ENG_ERR_INVALID;
-    if ((size_t)b->n_seqs > SIZE_MAX / (size_t)stride) return ENG_ERR_NOMEM;
+        if (!b->seq_index || b->seq_index[i] < 0 || b->seq_index[i] >= b->n_seqs) return KVS_ERR_INVALID;
+    if ((size_t)b->n_seqs > SIZE_MAX / (size_t)stride) return KVS_ERR_NOMEM;
     size_t total = (size_t)b->n_seqs * (size_t)stride;
     if (grow((void **)&t->tables, &t->cap, total, sizeof(int32_t)) ||
         grow((void **)&t->seq_len, &t->seq_cap, (size_t)b->n_seqs, sizeof(int32_t)))
-        return ENG_ERR_NOMEM;
+        return KVS_ERR_NOMEM;
     for (int32_t s = 0; s < b->n_seqs; s++) {
         int32_t need = (int32_t)(((int64_t)b->seq_len[s] + block_size - 1) / block_size);
         int32_t *row = t->tables + (size_t)s * (size_t)stride;
@@ -50,7 +50,7 @@ int cud_tables_build(cud_tables *t, const cud_batch *b, int32_t block_size) {
     }
     t->n_seqs = b->n_seqs;
     t->stride = stride;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 void cud_tables_free(cud_tables *t) {
@@ -64,7 +64,7 @@ int cud_attn_plan(int32_t n_rows, int32_t n_head, int32_t head_dim, int32_t bloc
                   int32_t n_sm, cud_attn_geometry *out) {
     if (!out || n_rows < 1 || n_head < 1 || head_dim < 1 || head_dim > 256 || block_size < 1 || max_ctx < 1 ||
         n_sm < 1)
-        return ENG_ERR_INVALID;
+        return KVS_ERR_INVALID;
     memset(out, 0, sizeof *out);
     /* One block of threads per (q head, row, partition). Without splitting there are n_rows * n_head
      * blocks; aim for at least 2 waves of blocks over the SMs, splitting long contexts into partitions of at
@@ -91,7 +91,7 @@ int cud_attn_plan(int32_t n_rows, int32_t n_head, int32_t head_dim, int32_t bloc
     out->shmem_bytes = (size_t)head_dim * sizeof(float) + (size_t)(out->threads / 32) * (size_t)block_size *
                                                               sizeof(float);
     out->needs_reduce = parts > 1;
-    return ENG_OK;
+    return KVS_OK;
 }
 
 static int32_t round_rows(int32_t n) {
@@ -132,6 +132,12 @@ int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len
     return cud_available(name, name_len);
 }
 
+int cud_measure_bandwidth(int32_t device, double *bytes_per_s) {
+    (void)device;
+    if (bytes_per_s) *bytes_per_s = 0;
+    return KVS_ERR_UNSUPPORTED;
+}
+
 int cud_backend_create(const cud_model_desc *model, const cud_params *params, cud_backend **out,
                        size_t *kv_budget_bytes, char *err, size_t err_len) {
     (void)model; (void)params;
@@ -141,22 +147,22 @@ int cud_backend_create(const cud_model_desc *model, const cud_params *params, cu
         strncpy(err, "this kvserve was built without CUDA (KVSERVE_CUDA=OFF or no nvcc)", err_len - 1);
         err[err_len - 1] = '\0';
     }
-    return ENG_ERR_UNSUPPORTED;
+    return KVS_ERR_UNSUPPORTED;
 }
 
 void cud_backend_free(cud_backend *be) { (void)be; }
 int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k, float *out) {
     (void)type; (void)data; (void)nbytes; (void)rows; (void)k; (void)out;
-    return ENG_ERR_UNSUPPORTED;
+    return KVS_ERR_UNSUPPORTED;
 }
 const kvc_allocator *cud_kv_allocator(cud_backend *be) { (void)be; return NULL; }
-int cud_backend_set_kv(cud_backend *be, const kvc_layout *layout) { (void)be; (void)layout; return ENG_ERR_UNSUPPORTED; }
+int cud_backend_set_kv(cud_backend *be, const kvc_layout *layout) { (void)be; (void)layout; return KVS_ERR_UNSUPPORTED; }
 int cud_forward(cud_backend *be, const cud_batch *batch, float *logits) {
     (void)be; (void)batch; (void)logits;
-    return ENG_ERR_UNSUPPORTED;
+    return KVS_ERR_UNSUPPORTED;
 }
 int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, int32_t delta) {
     (void)be; (void)slots; (void)n; (void)delta;
-    return ENG_ERR_UNSUPPORTED;
+    return KVS_ERR_UNSUPPORTED;
 }
 #endif

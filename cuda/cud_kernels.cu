@@ -1,5 +1,6 @@
 // cud_kernels.cu: kernels of the CUDA backend. See cud_kernels.cuh.
 #include "cuda/cud_kernels.cuh"
+#include "cuda/cud_mmv.cuh"
 
 #include <cfloat>
 
@@ -333,6 +334,164 @@ __global__ void k_attn_reduce(cud_attn_args a) {
     a.out[((int64_t)r * a.n_head + h) * a.hd + d] = L > 0.f ? o / L : 0.f;
 }
 
+
+// ---- decode products: activation quantization and k_mmv (see cud_mmv.cuh) ---------------------------------
+using namespace cud_mv;
+
+constexpr int AQ_THREADS = 256; // must equal k_rmsnorm's launch width: the fused norm gives the same bits
+
+// One block per activation row: optionally the RMSNorm (k_rmsnorm's arithmetic and reduction order), then
+// the f32 row, its Q8_0 form and (k % 256 == 0) its Q8_K form.
+__global__ void __launch_bounds__(AQ_THREADS) k_act_quant(const float *x, const float *nw, float eps, int64_t k,
+                                                          float *xf, int8_t *q8, float *d8, int8_t *qk, float *dk,
+                                                          int16_t *bk) {
+    const int64_t r = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const float *xr = x + r * k;
+    __shared__ double red[32];
+    __shared__ float pick_a[AQ_THREADS / WARP];
+    __shared__ int pick_i[AQ_THREADS / WARP];
+    __shared__ float pick_v[AQ_THREADS / WARP];
+    float scale = 1.f;
+    if (nw) {
+        double s = 0.0;
+        for (int64_t i = tid; i < k; i += blockDim.x) s += (double)xr[i] * (double)xr[i];
+        s = warp_sum_d(s);
+        if (lane == 0) red[warp] = s;
+        __syncthreads();
+        if (tid < WARP) {
+            double t = tid < (int)blockDim.x / WARP ? red[tid] : 0.0;
+            t = warp_sum_d(t);
+            if (tid == 0) red[0] = t;
+        }
+        __syncthreads();
+        scale = rms_scale(red[0], (int)k, eps);
+    }
+    const bool kq = k % 256 == 0;
+    for (int64_t base = 0; base < k; base += AQ_THREADS) {
+        const int64_t i = base + tid;
+        const bool in = i < k; // k % 32 == 0: a warp is all in or all out
+        float v = 0.f;
+        if (in) {
+            v = nw ? __fmul_rn(__fmul_rn(xr[i], scale), nw[i]) : xr[i];
+            xf[r * k + i] = v;
+        }
+        // Q8_0: one warp per 32-value block
+        float amax = fabsf(v);
+        for (int o = WARP / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d, id;
+        mmv_q8_0_scale(amax, &d, &id);
+        if (in) {
+            q8[r * k + i] = mmv_q8_code(v, id);
+            if (lane == 0) d8[r * (k / 32) + i / 32] = d;
+        }
+        if (!kq) continue; // uniform over the block
+        // Q8_K: the whole block is one 256-value super-block
+        float a = fabsf(v);
+        int ia = tid;
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            float b = __shfl_xor_sync(0xffffffffu, a, o);
+            int ib = __shfl_xor_sync(0xffffffffu, ia, o);
+            mmv_absmax_pick(&a, &ia, b, ib);
+        }
+        __syncthreads();
+        if (lane == 0) {
+            pick_a[warp] = a;
+            pick_i[warp] = ia;
+        }
+        __syncthreads();
+        float ba = pick_a[0];
+        int bi = pick_i[0];
+        for (int w = 1; w < AQ_THREADS / WARP; w++) mmv_absmax_pick(&ba, &bi, pick_a[w], pick_i[w]);
+        __syncthreads();
+        if (tid == bi) pick_v[0] = v;
+        __syncthreads();
+        float iscale, dkv;
+        mmv_q8_k_scale(ba == 0.f ? 0.f : pick_v[0], &iscale, &dkv);
+        const int8_t c = ba == 0.f ? (int8_t)0 : mmv_q8_code(v, iscale);
+        qk[r * k + i] = c;
+        int sum = c;
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((lane & 15) == 0) bk[r * (k / 16) + i / 16] = (int16_t)sum;
+        if (tid == 0) dk[r * (k / 256) + i / 256] = dkv;
+    }
+}
+
+// The decode product of cud_mmv.cuh: see the index maps and per-thread functions there.
+template <uint32_t T>
+__global__ void __launch_bounds__(MMV_THREADS) k_mmv(const uint8_t *w, int64_t n_out, int64_t k, mmv_plan p,
+                                                     mmv_act x, int m, float *y) {
+    using tr = mmv_traits<T>;
+    __shared__ uint4 stage[MMV_SMEM_WORDS];
+    __shared__ float red[MMV_WARPS][MMV_MAX_M];
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int64_t nb = k / tr::BE, bid = blockIdx.x;
+    float acc[MMV_MAX_M];
+#pragma unroll
+    for (int a = 0; a < MMV_MAX_M; a++) acc[a] = 0.f;
+    int64_t row = -1, fb0, fb1;
+    const uint4 *src = (const uint4 *)w;
+    for (int64_t ch = 0; mmv_chunk(p, n_out, nb, bid, ch, &fb0, &fb1); ch++) {
+        int64_t w0, w1;
+        mmv_chunk_words(fb0, fb1, tr::BB, &w0, &w1);
+        __syncthreads(); // the previous chunk is consumed
+        for (int64_t i = tid; w0 + i < w1; i += MMV_THREADS) stage[i] = __ldg(src + w0 + i);
+        __syncthreads();
+        const mmv_share s = mmv_thread_share(p, n_out, nb, tr::UPB, bid, fb0, fb1, tid);
+        row = s.row;
+        const uint8_t *sb = (const uint8_t *)stage;
+        for (int64_t it = 0; it < s.n_iter; it++) {
+            const int64_t u = s.t + it * s.group_threads;
+            const bool valid = u < s.units;
+            const int64_t fb = s.blk0 + (valid ? u / tr::UPB : 0);
+            const int sub = (int)(u % tr::UPB);
+            const uint8_t *blk = sb + (fb * tr::BB - w0 * 16);
+            const int64_t bcol = fb - s.row * nb;
+            if constexpr (tr::ACT == 0) {
+                if (valid) mmv_unit_float<T>(blk, x, bcol * tr::BE, m, acc);
+            } else {
+                int is[MMV_MAX_M], ms[MMV_MAX_M];
+#pragma unroll
+                for (int a = 0; a < MMV_MAX_M; a++) is[a] = ms[a] = 0;
+                if (valid) mmv_unit_ints<T>(blk, sub, x, bcol * tr::BE + 32 * sub, m, is, ms);
+                if constexpr (tr::UPB == 8) {
+#pragma unroll
+                    for (int a = 0; a < MMV_MAX_M; a++) {
+                        if (a >= m) break;
+#pragma unroll
+                        for (int o = 1; o < 8; o <<= 1) {
+                            is[a] += __shfl_xor_sync(0xffffffffu, is[a], o);
+                            ms[a] += __shfl_xor_sync(0xffffffffu, ms[a], o);
+                        }
+                    }
+                }
+                if (valid && sub == 0) {
+#pragma unroll
+                    for (int a = 0; a < MMV_MAX_M; a++) {
+                        if (a >= m) break;
+                        acc[a] = __fadd_rn(acc[a], mmv_block_term<T>(blk, x, bcol, a, is[a], ms[a]));
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < MMV_MAX_M; a++) {
+        if (a >= m) break;
+        const float v = warp_sum(acc[a]);
+        if (lane == 0) red[warp][a] = v;
+    }
+    __syncthreads();
+    const int wpg = MMV_WARPS / p.rows_per_block; // warps per row
+    if (row >= 0 && tid % (wpg * WARP) == 0) {
+        for (int a = 0; a < m; a++) {
+            float s = 0.f;
+            for (int g = 0; g < wpg; g++) s = __fadd_rn(s, red[warp + g][a]);
+            y[(int64_t)a * n_out + row] = s;
+        }
+    }
+}
+
 // grid: n_out rows; y[i][:] = x[rows[i]][:]
 __global__ void k_gather_rows(const float *x, int64_t n, const int32_t *rows, float *y) {
     const float *src = x + (int64_t)rows[blockIdx.x] * n;
@@ -494,4 +653,45 @@ cudaError_t cud_gather_rows(const float *x, int64_t n, const int32_t *rows, int3
     if (n_rows < 1) return cudaSuccess;
     k_gather_rows<<<n_rows, 256, 0, st>>>(x, n, rows, y);
     return cudaGetLastError();
+}
+
+bool cud_mmv_supported(uint32_t type, int64_t k) {
+    switch (type) {
+    case CUD_Q4_0: case CUD_Q5_0: case CUD_Q8_0: return k > 0 && k % 32 == 0;
+    case CUD_Q4_K: case CUD_Q5_K: case CUD_Q6_K: return k > 0 && k % 256 == 0;
+    case CUD_F16: case CUD_BF16: return k > 0 && k % 32 == 0; // the activations are quantized too
+    default: return false;
+    }
+}
+
+cudaError_t cud_act_quant(const float *x, const float *norm_w, float eps, int32_t m, int64_t k,
+                          const cud_act_bufs *o, cudaStream_t st) {
+    if (m < 1 || k < 32 || k % 32 != 0 || k > INT32_MAX) return cudaErrorInvalidValue;
+    k_act_quant<<<(unsigned)m, AQ_THREADS, 0, st>>>(x, norm_w, eps, k, o->xf, o->q8, o->d8, o->qk, o->dk, o->bk);
+    return cudaGetLastError();
+}
+
+cudaError_t cud_mmv(uint32_t type, const void *w, int64_t n_out, int64_t k, const cud_act_bufs *xa, int32_t m,
+                    float *y, int n_sm, cudaStream_t st) {
+    if (m < 1 || m > MMV_MAX_M || !cud_mmv_supported(type, k)) return cudaErrorInvalidValue;
+    mmv_act x{xa->q8, xa->d8, xa->qk, xa->dk, xa->bk, xa->xf, k};
+    cudaError_t e = cudaErrorInvalidValue;
+    auto go = [&]<uint32_t T>() {
+        mmv_plan p;
+        if (!mmv_make_plan<T>(n_out, k, n_sm, &p) || p.grid > INT32_MAX) return;
+        k_mmv<T><<<(unsigned)p.grid, MMV_THREADS, 0, st>>>((const uint8_t *)w, n_out, k, p, x, m, y);
+        e = cudaGetLastError();
+    };
+    switch (type) {
+    case CUD_Q4_0: go.template operator()<CUD_Q4_0>(); break;
+    case CUD_Q5_0: go.template operator()<CUD_Q5_0>(); break;
+    case CUD_Q8_0: go.template operator()<CUD_Q8_0>(); break;
+    case CUD_Q4_K: go.template operator()<CUD_Q4_K>(); break;
+    case CUD_Q5_K: go.template operator()<CUD_Q5_K>(); break;
+    case CUD_Q6_K: go.template operator()<CUD_Q6_K>(); break;
+    case CUD_F16: go.template operator()<CUD_F16>(); break;
+    case CUD_BF16: go.template operator()<CUD_BF16>(); break;
+    default: break;
+    }
+    return e;
 }

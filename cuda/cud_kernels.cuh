@@ -91,4 +91,39 @@ typedef struct cud_attn_args {
 // sequences (causality from pos: the chunk's earlier rows are already in the cache).
 cudaError_t cud_paged_attention(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st);
 
+// ---- split-KV decode attention (cud_attn.cuh) ----
+// Whether cud_attn_split takes the shape: n_head / n_kv_head <= 8 query heads per KV head, a K/V row of a
+// power-of-two count of 16-byte words (head_dim 8, 16, ..., 256 in an f16 cache; 4, ..., 256 in f32).
+bool cud_attn_split_supported(int32_t n_head, int32_t n_kv_head, int32_t head_dim, bool f16);
+// The `partitions` to pass for rows whose contexts (pos + 1) are at most max_ctx (<= 32).
+int cud_attn_split_grid(int32_t max_ctx);
+// The same attention as cud_paged_attention, one block per (split, KV head, row) with the query heads of a
+// GQA group sharing every K/V word read. A row's splits depend on its own context only (attn_n_split), never
+// on the batch. a->partitions: cud_attn_split_grid of the longest context; part_acc [rows][n_head][32][hd]
+// and part_ml [rows][n_head][32][2] (the split stride is always 32) when it is > 1. partition_tokens unused.
+cudaError_t cud_attn_split(const cud_kv_view *kv, int32_t layer, const cud_attn_args *a, cudaStream_t st);
+
+// ---- decode products (m <= 8 activation rows; see cud_mmv.cuh) ----
+// Quantized activation rows (device buffers of at least m rows): f32 copy, Q8_0 and Q8_K forms.
+typedef struct cud_act_bufs {
+    float *xf;   // [m][k]
+    int8_t *q8;  // [m][k]
+    float *d8;   // [m][k/32]
+    int8_t *qk;  // [m][k]      (written when k % 256 == 0)
+    float *dk;   // [m][k/256]
+    int16_t *bk; // [m][k/16]
+} cud_act_bufs;
+
+// Whether cud_mmv takes a [*][k] matrix of type (Q4_0, Q5_0, Q8_0 with k % 32 == 0; Q4_K, Q5_K, Q6_K with
+// k % 256 == 0; F16, BF16 with k % 32 == 0: cud_act_quant needs it).
+bool cud_mmv_supported(uint32_t type, int64_t k);
+// x [m][k] f32 -> o: RMSNorm with weights norm_w first when norm_w is not NULL (k_rmsnorm's arithmetic), then
+// the CPU engine's Q8_0 and (k % 256 == 0) Q8_K activation quantization. k % 32 == 0, 1 <= m.
+cudaError_t cud_act_quant(const float *x, const float *norm_w, float eps, int32_t m, int64_t k,
+                          const cud_act_bufs *o, cudaStream_t st);
+// y[a][j] = sum_i W[j][i] * x[a][i] for a < m <= 8 from the activations cud_act_quant wrote. The allocation
+// of w must be padded to a multiple of 16 bytes (k_mmv reads aligned 16-byte words).
+cudaError_t cud_mmv(uint32_t type, const void *w, int64_t n_out, int64_t k, const cud_act_bufs *x, int32_t m,
+                    float *y, int n_sm, cudaStream_t st);
+
 #endif

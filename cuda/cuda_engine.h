@@ -21,11 +21,11 @@
  *     launch geometry, graph bookkeeping;
  *   - the device part (cud_*.cu, built when KVSERVE_CUDA is on): kernels, cuBLAS, memory management.
  *     Without CUDA in the build, cud_available() reports no device and cud_backend_create returns
- *     ENG_ERR_UNSUPPORTED.
+ *     KVS_ERR_UNSUPPORTED.
  *
- * Threads: a backend belongs to one thread (the engine's owner). Errors: ENG_ERR_* codes of engine/engine.h;
+ * Threads: a backend belongs to one thread (the engine's owner). Errors: KVS_ERR_* codes of common/common.h;
  * every CUDA call is checked and a failure is reported on stderr with the call and the CUDA error string,
- * then returned as ENG_ERR_DEVICE (or ENG_ERR_NOMEM for out-of-memory, with the sizes in err).
+ * then returned as KVS_ERR_DEVICE (or KVS_ERR_NOMEM for out-of-memory, with the sizes in err).
  */
 #ifndef KVSERVE_CUDA_ENGINE_H
 #define KVSERVE_CUDA_ENGINE_H
@@ -35,6 +35,7 @@
 #include <stdbool.h>
 
 #include "cache/kv_cache.h"
+#include "common/common.h"
 #include "engine/engine.h"
 #include "engine/gpu_backend.h"
 
@@ -55,8 +56,8 @@ typedef struct cud_tables {
 } cud_tables;
 
 /* Flattens b's block tables into t (growing its buffers; t zero-initialized before first use).
- * Errors: ENG_ERR_INVALID (a table shorter than ceil(seq_len / block_size), a row pointing outside the
- * sequence list, n_seqs < 1), ENG_ERR_NOMEM. */
+ * Errors: KVS_ERR_INVALID (a table shorter than ceil(seq_len / block_size), a row pointing outside the
+ * sequence list, n_seqs < 1), KVS_ERR_NOMEM. */
 int cud_tables_build(cud_tables *t, const cud_batch *b, int32_t block_size);
 void cud_tables_free(cud_tables *t);
 
@@ -73,7 +74,7 @@ typedef struct cud_attn_geometry {
 } cud_attn_geometry;
 
 /* Chooses the geometry for n_rows query rows whose longest context is max_ctx tokens, on a device with
- * n_sm multiprocessors. Errors: ENG_ERR_INVALID for non-positive sizes. */
+ * n_sm multiprocessors. Errors: KVS_ERR_INVALID for non-positive sizes. */
 int cud_attn_plan(int32_t n_rows, int32_t n_head, int32_t head_dim, int32_t block_size, int32_t max_ctx,
                   int32_t n_sm, cud_attn_geometry *out);
 
@@ -90,7 +91,7 @@ typedef struct cud_graph_key {
 bool cud_graph_bucket(const cud_batch *b, int32_t max_rows, int32_t max_stride, cud_graph_key *out);
 
 /* Dequantizes rows x k values of a host tensor in type on the GPU and copies the f32 result to out
- * [rows][k] (for tests: the values must equal the CPU engine's bit for bit). ENG_ERR_UNSUPPORTED without
+ * [rows][k] (for tests: the values must equal the CPU engine's bit for bit). KVS_ERR_UNSUPPORTED without
  * a device or for a type the kernels lack. */
 int cud_dequantize_host(uint32_t type, const void *data, size_t nbytes, int64_t rows, int64_t k, float *out);
 

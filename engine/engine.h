@@ -55,9 +55,6 @@ enum {
     ENG_ERR_DEVICE = KVS_ERR_DEVICE,           /* a GPU call failed (see the log) */
 };
 
-/* Historical name of kvs_strerror (ENG_* codes are kvs_err values); new code calls kvs_strerror. */
-const char *eng_strerror(int err);
-
 /* ---- models --------------------------------------------------------------------------------------------- */
 typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4 } eng_arch;
 

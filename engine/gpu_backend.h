@@ -90,6 +90,12 @@ int32_t cud_available(char *name, size_t name_len);
  * without CUDA). why may be NULL. Never fails. */
 int32_t cud_available_why(char *name, size_t name_len, char *why, size_t why_len);
 
+/* The memory bandwidth of device `device`, measured once: the best of a few device-to-device copies of
+ * 1 GiB (or a quarter of the free memory, when less), in bytes moved (read + written) per second, into
+ * *bytes_per_s. For `kvserve bench --device cuda`'s fraction of the bandwidth limit. Errors:
+ * KVS_ERR_UNSUPPORTED (no CUDA in this build, no such device), KVS_ERR_NOMEM, KVS_ERR_DEVICE. */
+int cud_measure_bandwidth(int32_t device, double *bytes_per_s);
+
 /* Uploads the weights and prepares activations and cuBLAS; reports in *kv_budget_bytes how much device memory
  * remains for the KV pool under memory_fraction. Errors: ENG_ERR_UNSUPPORTED (no CUDA in this build, or a
  * tensor type the kernels lack), ENG_ERR_NOMEM (device memory: err gives the sizes), ENG_ERR_DEVICE. */

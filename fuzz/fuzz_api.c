@@ -9,7 +9,8 @@
  *   2 /tokenize, 3 /detokenize: the route itself (srv_api_handle over srv_http_adopt_fd) with a backend whose
  *     tokens are bytes. Checks: the answer is 200 or 400 with a JSON body; a 200 tokenize returns one token per
  *     byte of the content (no truncation), a 200 detokenize returns a content string.
- *   4 /v1/responses: srv_resp_parse (pure; previous_response_id "resp_x" finds a stored conversation with a call
+ *   4 /v1/responses: srv_responses_map_parse (pure; previous_response_id "resp_x" finds a stored conversation with a
+ *     call
  *     "call_x", others are unknown), then srv_api_parse_gen_json on the chat body it makes. Checks: a failure is a
  *     400 (404 for an unknown previous_response_id) with a message and nothing left allocated; on success the
  *     chat parse takes the body whole or answers 400, never more or fewer messages than instructions plus the
@@ -22,10 +23,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "server/api.h"
-#include "server/json_check.h"
-#include "server/api_chat.h"
-#include "server/responses_map.h"
+#include "server/api/api.h"
+#include "server/api/json_check_internal.h"
+#include "server/api/chat_internal.h"
+#include "server/api/responses_map_internal.h"
 
 typedef struct fz_api { uv_loop_t loop; srv_http *h; srv_api *api; } fz_api;
 static fz_api *G; /* the harness's one state (libFuzzer gives no user pointer) */
@@ -56,7 +57,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     cfg.model_id = "fuzz";
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
-    cfg.log_format = SRV_LOG_NONE;
+    cfg.log_format = SRV_API_LOG_NONE;
     cfg.loop = &G->loop;
     if (srv_api_create(&cfg, NULL, &G->api) != 0) abort();
     srv_api_backend be;
@@ -120,7 +121,8 @@ static void check_gen(srv_api_kind kind, const char *body, size_t len, int32_t n
     }
     /* the strict pass accepted the body (parse_gen runs it first) */
     srv_json_check_result cr;
-    FZ_CHECK(srv_json_check(body, len, SRV_JSON_MAX_DEPTH, &cr) == 0, "parse_gen accepted what the check refuses");
+    FZ_CHECK(srv_json_check(body, len, SRV_JSON_CHECK_MAX_DEPTH, &cr) == 0,
+             "parse_gen accepted what the check refuses");
     cJSON_Delete(root);
     srv_api_gen_free(&g);
 }
@@ -173,11 +175,11 @@ static void check_responses(const char *body, size_t len, int32_t n_vocab) {
     if (srv_api_check_json(body, len, &e) != SRV_API_OK) return;
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root) return;
-    srv_resp_req q;
-    int r = srv_resp_parse(root, stored, NULL, &q, &e);
+    srv_responses_map_req q;
+    int r = srv_responses_map_parse(root, stored, NULL, &q, &e);
     cJSON_Delete(root);
     if (r != 0) {
-        FZ_CHECK(r == SRV_API_ERR_INVALID, "srv_resp_parse returned %d", r);
+        FZ_CHECK(r == SRV_API_ERR_INVALID, "srv_responses_map_parse returned %d", r);
         FZ_CHECK((e.status == 400 || (e.status == 404 && !strcmp(e.param, "previous_response_id"))) && e.message[0],
                  "error status %d param '%s' message '%s'", e.status, e.param, e.message);
         FZ_CHECK(!q.chat && !q.conv && !q.tools, "left allocated after a failure");
@@ -200,7 +202,7 @@ static void check_responses(const char *body, size_t len, int32_t n_vocab) {
     } else {
         FZ_CHECK(r == SRV_API_ERR_INVALID && e.status == 400 && e.message[0], "chat parse %d status %d", r, e.status);
     }
-    srv_resp_req_free(&q);
+    srv_responses_map_req_free(&q);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,5 +1,5 @@
 /*
- * fuzz_http.c: the HTTP request path of server/http.c (llhttp parsing, limits, keep-alive, pipelining,
+ * fuzz_http.c: the HTTP request path of server/http/http.c (llhttp parsing, limits, keep-alive, pipelining,
  * half-close, HEAD, header-time authentication, the request-body budget) fed raw bytes through one connection
  * (srv_http_adopt_fd over a socketpair: no network).
  *

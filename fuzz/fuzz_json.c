@@ -1,5 +1,5 @@
 /*
- * fuzz_json.c: the strict JSON pass (server/json_check.h) against cJSON.
+ * fuzz_json.c: the strict JSON pass (server/api/json_check_internal.h) against cJSON.
  *
  * Input: the text. Checks: when srv_json_check accepts, cJSON parses the same text completely and its tree has
  * the same number of values and strings and the same total string length (so no escape ends or cuts a string,
@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "server/json_check.h"
+#include "server/api/json_check_internal.h"
 
 typedef struct tally { size_t n_strings, bytes, n_values; } tally;
 
@@ -35,7 +35,7 @@ static void same_facts(const srv_json_check_result *r, const cJSON *root, const 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *text = (const char *)data;
     srv_json_check_result res;
-    int rc = srv_json_check(text, size, SRV_JSON_MAX_DEPTH, &res);
+    int rc = srv_json_check(text, size, SRV_JSON_CHECK_MAX_DEPTH, &res);
     if (rc != 0) {
         FZ_CHECK(rc == KVS_ERR_FORMAT || rc == KVS_ERR_LIMIT, "code %d", rc);
         FZ_CHECK(res.message[0] && res.offset <= size, "message '%s' offset %zu of %zu", res.message, res.offset, size);
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *printed = cJSON_PrintUnformatted(root);
     FZ_CHECK(printed, "print failed");
     srv_json_check_result again;
-    FZ_CHECK(srv_json_check(printed, strlen(printed), SRV_JSON_MAX_DEPTH, &again) == 0,
+    FZ_CHECK(srv_json_check(printed, strlen(printed), SRV_JSON_CHECK_MAX_DEPTH, &again) == 0,
              "cJSON's printing refused: %s", again.message);
     FZ_CHECK(again.n_strings == res.n_strings && again.string_bytes == res.string_bytes,
              "strings changed by printing");

@@ -43,7 +43,7 @@ static inline double fz_now(void) {
 
 #ifdef FZ_WITH_HTTP
 #include <uv.h>
-#include "server/http.h"
+#include "server/http/http.h"
 
 /* Sends req[0..n) to a new connection of h (whose loop is loop) in pieces of at most `piece` bytes (0: all at
  * once), then half-closes (or closes fully when full_close), runs the loop and collects everything the server

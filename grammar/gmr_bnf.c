@@ -203,17 +203,6 @@ static uint32_t b_item(bnf *x) {
     return e->rule;
 }
 
-static bool read_num(bnf *x, uint32_t *v) {
-    if (x->p[x->i] < '0' || x->p[x->i] > '9') return false;
-    uint64_t n = 0;
-    while (x->p[x->i] >= '0' && x->p[x->i] <= '9') {
-        n = n * 10 + (uint64_t)(x->p[x->i++] - '0');
-        if (n > BNF_MAX_COUNT) n = BNF_MAX_COUNT + 1;
-    }
-    *v = (uint32_t)n;
-    return true;
-}
-
 static uint32_t b_seq(bnf *x) {
     gb *b = x->b;
     gb_seq q = {0};
@@ -229,23 +218,10 @@ static uint32_t b_seq(bnf *x) {
         else if (c == '*') mn = 0, mx = GMR_INF, x->i++;
         else if (c == '+') mx = GMR_INF, x->i++;
         else if (c == '{') {
-            x->i++;
-            if (!read_num(x, &mn)) {
-                bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
-                break;
-            }
-            mx = mn;
-            if (x->p[x->i] == ',') {
-                x->i++;
-                if (!read_num(x, &mx)) mx = GMR_INF;
-            }
-            if (x->p[x->i] != '}' || mx < mn) {
-                bfail(x, KVS_ERR_SYNTAX, "bad {m,n}");
-                break;
-            }
-            x->i++;
-            if (mn > BNF_MAX_COUNT || (mx != GMR_INF && mx > BNF_MAX_COUNT)) {
-                bfail(x, KVS_ERR_LIMIT, "repetition count above 100000");
+            int cr = gb_count(x->p, SIZE_MAX, &x->i, BNF_MAX_COUNT, &mn, &mx);
+            if (cr != GB_COUNT_OK || mx < mn) {   /* a malformed count before one too large */
+                bool limit = cr == GB_COUNT_LIMIT && mx >= mn;
+                bfail(x, limit ? KVS_ERR_LIMIT : KVS_ERR_SYNTAX, limit ? "repetition count above 100000" : "bad {m,n}");
                 break;
             }
         }
@@ -254,18 +230,17 @@ static uint32_t b_seq(bnf *x) {
     return gb_rule_of(b, &q);
 }
 
-static uint32_t b_alts(bnf *x) {
-    gb *b = x->b;
-    uint32_t r = gb_rule_new(b);
-    for (;;) {
-        uint32_t q = b_seq(x);
-        gb_alt_ref(b, r, q);
-        skip_ws(x);
-        if (b->err || x->p[x->i] != '|') break;
-        x->i++;
-    }
-    return r;
+static uint32_t b_branch(void *x) { return b_seq(x); }
+
+static bool b_bar(void *v) {
+    bnf *x = v;
+    skip_ws(x);
+    if (x->p[x->i] != '|') return false;
+    x->i++;
+    return true;
 }
+
+static uint32_t b_alts(bnf *x) { return gb_alternatives(x->b, b_branch, b_bar, x); }
 
 int gmr_compile_bnf(const char *text, const gmr_named_grammar *named, size_t n_named, gmr_grammar **out, char *err,
                     size_t err_len) {

@@ -103,6 +103,39 @@ void gb_alt_ref(gb *b, uint32_t r, uint32_t q) {
     gb_alt(b, r, &s);
 }
 
+uint32_t gb_alternatives(gb *b, uint32_t (*branch)(void *ctx), bool (*bar)(void *ctx), void *ctx) {
+    uint32_t r = gb_rule_new(b);
+    do gb_alt_ref(b, r, branch(ctx));
+    while (!b->err && bar(ctx));
+    return r;
+}
+
+/* A decimal number at p[*i] (saturating at max + 1); false when there is no digit. */
+static bool count_num(const char *p, size_t n, size_t *i, uint32_t max, uint32_t *v) {
+    if (*i >= n || p[*i] < '0' || p[*i] > '9') return false;
+    uint64_t x = 0;
+    while (*i < n && p[*i] >= '0' && p[*i] <= '9') {
+        x = x * 10 + (uint64_t)(p[(*i)++] - '0');
+        if (x > max) x = (uint64_t)max + 1;
+    }
+    *v = (uint32_t)x;
+    return true;
+}
+
+int gb_count(const char *p, size_t n, size_t *i, uint32_t max, uint32_t *mn, uint32_t *mx) {
+    size_t j = *i + 1;
+    if (!count_num(p, n, &j, max, mn)) return GB_COUNT_NONE;
+    *mx = *mn;
+    if (j < n && p[j] == ',') {
+        j++;
+        if (!count_num(p, n, &j, max, mx)) *mx = GMR_INF;
+    }
+    *i = j;
+    if (j >= n || p[j] != '}') return GB_COUNT_BAD;
+    *i = j + 1;
+    return *mn > max || (*mx != GMR_INF && *mx > max) ? GB_COUNT_LIMIT : GB_COUNT_OK;
+}
+
 static void seq_push(gb *b, gb_seq *s, gmr_el e) {
     if (b->err) return;
     if (++b->n_el > GMR_MAX_ELEMS) {

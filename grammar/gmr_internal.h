@@ -63,6 +63,15 @@ uint32_t gb_rule_new(gb *b);
 void gb_alt(gb *b, uint32_t r, gb_seq *s);
 /* Adds to rule r the alternative made of rule q alone. */
 void gb_alt_ref(gb *b, uint32_t r, uint32_t q);
+/* A new rule of alternatives separated by '|': branch(ctx) parses one and returns its rule; bar(ctx) consumes
+ * a following '|' (true) or finds none (false). Stops at the first error. */
+uint32_t gb_alternatives(gb *b, uint32_t (*branch)(void *ctx), bool (*bar)(void *ctx), void *ctx);
+/* The bounds of a counted repetition: p[*i] is '{' and the text ends at n or at a NUL. Reads "m}", "m,}" or
+ * "m,n}" (decimal numbers, each saturating at max + 1): GB_COUNT_OK with *i past the '}' and *mn / *mx set (*mx
+ * GMR_INF for "m,}"); GB_COUNT_LIMIT the same with a number above max; GB_COUNT_NONE when no digit follows the
+ * '{' (*i unchanged); GB_COUNT_BAD when no '}' closes the numbers. n < m is the caller's to judge. */
+enum { GB_COUNT_OK, GB_COUNT_LIMIT, GB_COUNT_NONE, GB_COUNT_BAD };
+int gb_count(const char *p, size_t n, size_t *i, uint32_t max, uint32_t *mn, uint32_t *mx);
 /* Marks r as defined even with no alternatives (an empty language). */
 void gb_define(gb *b, uint32_t r);
 void gb_seq_free(gb_seq *s);

@@ -258,17 +258,6 @@ static uint32_t rx_atom(rx *x) {
     return gmr_json_cp_rule(b, &s);
 }
 
-static bool rx_num(rx *x, uint32_t *v) {
-    if (x->i >= x->n || x->p[x->i] < '0' || x->p[x->i] > '9') return false;
-    uint64_t n = 0;
-    while (x->i < x->n && x->p[x->i] >= '0' && x->p[x->i] <= '9') {
-        n = n * 10 + (uint64_t)(x->p[x->i++] - '0');
-        if (n > RX_MAX_COUNT) n = RX_MAX_COUNT + 1;
-    }
-    *v = (uint32_t)n;
-    return true;
-}
-
 /* A sequence until | or ) or the end, as a rule of one alternative. */
 static uint32_t rx_seq(rx *x) {
     gb *b = x->b;
@@ -283,28 +272,18 @@ static uint32_t rx_seq(rx *x) {
             else if (q == '*') mn = 0, mx = GMR_INF, x->i++;
             else if (q == '+') mn = 1, mx = GMR_INF, x->i++;
             else if (q == '{') {
-                size_t save = x->i++;
-                if (!rx_num(x, &mn)) {
-                    x->i = save;   /* a literal { */
-                } else {
-                    mx = mn;
-                    if (x->i < x->n && x->p[x->i] == ',') {
-                        x->i++;
-                        if (!rx_num(x, &mx)) mx = GMR_INF;
-                    }
-                    if (x->i >= x->n || x->p[x->i] != '}') {
-                        rx_fail(x, KVS_ERR_SYNTAX, "bad {m,n} quantifier");
-                        break;
-                    }
-                    x->i++;
-                    if (mn > RX_MAX_COUNT || (mx != GMR_INF && mx > RX_MAX_COUNT)) {
-                        rx_fail(x, KVS_ERR_LIMIT, "repetition count above 10000");
-                        break;
-                    }
-                    if (mx < mn) {
-                        rx_fail(x, KVS_ERR_SYNTAX, "{m,n} with n < m");
-                        break;
-                    }
+                int cr = gb_count(x->p, x->n, &x->i, RX_MAX_COUNT, &mn, &mx);   /* NONE: a literal { */
+                if (cr == GB_COUNT_BAD) {
+                    rx_fail(x, KVS_ERR_SYNTAX, "bad {m,n} quantifier");
+                    break;
+                }
+                if (cr == GB_COUNT_LIMIT) {
+                    rx_fail(x, KVS_ERR_LIMIT, "repetition count above 10000");
+                    break;
+                }
+                if (cr == GB_COUNT_OK && mx < mn) {
+                    rx_fail(x, KVS_ERR_SYNTAX, "{m,n} with n < m");
+                    break;
                 }
             }
             if (x->i < x->n && (mn != 1 || mx != 1)) {
@@ -320,17 +299,16 @@ static uint32_t rx_seq(rx *x) {
     return gb_rule_of(b, &s);
 }
 
-static uint32_t rx_alt(rx *x) {
-    gb *b = x->b;
-    uint32_t r = gb_rule_new(b);
-    for (;;) {
-        uint32_t q = rx_seq(x);
-        gb_alt_ref(b, r, q);
-        if (b->err || x->i >= x->n || x->p[x->i] != '|') break;
-        x->i++;
-    }
-    return r;
+static uint32_t rx_branch(void *x) { return rx_seq(x); }
+
+static bool rx_bar(void *v) {
+    rx *x = v;
+    if (x->i >= x->n || x->p[x->i] != '|') return false;
+    x->i++;
+    return true;
 }
+
+static uint32_t rx_alt(rx *x) { return gb_alternatives(x->b, rx_branch, rx_bar, x); }
 
 uint32_t gmr_regex_rule(gb *b, const char *pattern, uint32_t any_char) {
     size_t n = strlen(pattern);

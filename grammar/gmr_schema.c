@@ -669,32 +669,66 @@ static uint32_t array_rule(sctx *s, const cJSON *sch) {
 
 static const char *const k_types[] = {"object", "array", "string", "number", "integer", "boolean", "null"};
 
+/* {"$ref": ...}: the referenced schema's rule, one per target (memoized, so recursive schemas terminate) */
+static uint32_t c_ref(sctx *s, const cJSON *sch, const cJSON *ref) {
+    gb *b = s->b;
+    if (!cJSON_IsString(ref)) return gb_fail(b, KVS_ERR_FORMAT, "$ref must be a string"), UINT32_MAX;
+    for (const cJSON *c = sch->child; c; c = c->next)
+        if (c->string && !is_annotation(c->string) && strcmp(c->string, "$ref"))
+            return gb_fail(b, KVS_ERR_UNSUPPORTED, "$ref with sibling keyword '%s'", c->string), UINT32_MAX;
+    const cJSON *t = resolve_ref(s, ref->valuestring);
+    if (!t) return UINT32_MAX;
+    for (size_t i = 0; i < s->n_memo; i++)
+        if (s->memo[i].node == t) return s->memo[i].rule;
+    if (s->n_memo == s->cap_memo) {
+        size_t cap = s->cap_memo ? s->cap_memo * 2 : 16;
+        refmemo *m = realloc(s->memo, cap * sizeof *m);
+        if (!m) return gb_fail(b, KVS_ERR_NOMEM, "out of memory"), UINT32_MAX;
+        s->memo = m;
+        s->cap_memo = cap;
+    }
+    uint32_t r = gb_rule_new(b);
+    s->memo[s->n_memo++] = (refmemo){t, r};
+    uint32_t body = c_schema(s, t);
+    gb_alt_ref(b, r, body);
+    return r;
+}
+
+/* anyOf / oneOf (both accept any branch: the grammar cannot check exclusivity) */
+static uint32_t c_any_of(sctx *s, const cJSON *sch, const cJSON *any) {
+    gb *b = s->b;
+    if (get(sch, "anyOf") && get(sch, "oneOf"))
+        return gb_fail(b, KVS_ERR_UNSUPPORTED, "anyOf together with oneOf"), UINT32_MAX;
+    if (!cJSON_IsArray(any) || !any->child)
+        return gb_fail(b, KVS_ERR_FORMAT, "anyOf/oneOf must be a non-empty array"), UINT32_MAX;
+    bool base = false;
+    for (const cJSON *c = sch->child; c && !base; c = c->next)
+        base = c->string && !is_annotation(c->string) && strcmp(c->string, "anyOf") && strcmp(c->string, "oneOf");
+    uint32_t r = gb_rule_new(b);
+    gb_define(b, r);
+    for (const cJSON *c = any->child; c && !b->err; c = c->next) {
+        uint32_t br;
+        if (base) {   /* the keywords beside anyOf apply to every branch */
+            cJSON *m = cJSON_CreateObject();
+            if (!m) return gb_fail(b, KVS_ERR_NOMEM, "out of memory"), UINT32_MAX;
+            for (const cJSON *k = sch->child; k; k = k->next)
+                if (k->string && strcmp(k->string, "anyOf") && strcmp(k->string, "oneOf") && !is_annotation(k->string))
+                    cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
+            br = merge_into(s, m, c, 0) ? UINT32_MAX : c_schema(s, m);
+            cJSON_Delete(m);
+        } else {
+            br = c_schema(s, c);
+        }
+        gb_alt_ref(b, r, br);
+    }
+    return r;
+}
+
 static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
     gb *b = s->b;
     if (check_keywords(s, sch)) return UINT32_MAX;
     const cJSON *ref = get(sch, "$ref");
-    if (ref) {
-        if (!cJSON_IsString(ref)) return gb_fail(b, KVS_ERR_FORMAT, "$ref must be a string"), UINT32_MAX;
-        for (const cJSON *c = sch->child; c; c = c->next)
-            if (c->string && !is_annotation(c->string) && strcmp(c->string, "$ref"))
-                return gb_fail(b, KVS_ERR_UNSUPPORTED, "$ref with sibling keyword '%s'", c->string), UINT32_MAX;
-        const cJSON *t = resolve_ref(s, ref->valuestring);
-        if (!t) return UINT32_MAX;
-        for (size_t i = 0; i < s->n_memo; i++)
-            if (s->memo[i].node == t) return s->memo[i].rule;
-        if (s->n_memo == s->cap_memo) {
-            size_t cap = s->cap_memo ? s->cap_memo * 2 : 16;
-            refmemo *m = realloc(s->memo, cap * sizeof *m);
-            if (!m) return gb_fail(b, KVS_ERR_NOMEM, "out of memory"), UINT32_MAX;
-            s->memo = m;
-            s->cap_memo = cap;
-        }
-        uint32_t r = gb_rule_new(b);
-        s->memo[s->n_memo++] = (refmemo){t, r};
-        uint32_t body = c_schema(s, t);
-        gb_alt_ref(b, r, body);
-        return r;
-    }
+    if (ref) return c_ref(s, sch, ref);
     const cJSON *all = get(sch, "allOf");
     if (all) {
         if (!cJSON_IsArray(all)) return gb_fail(b, KVS_ERR_FORMAT, "allOf must be an array"), UINT32_MAX;
@@ -707,33 +741,7 @@ static uint32_t c_schema_obj(sctx *s, const cJSON *sch) {
     }
     const cJSON *any = get(sch, "anyOf");
     if (!any) any = get(sch, "oneOf");
-    if (any) {
-        if (get(sch, "anyOf") && get(sch, "oneOf"))
-            return gb_fail(b, KVS_ERR_UNSUPPORTED, "anyOf together with oneOf"), UINT32_MAX;
-        if (!cJSON_IsArray(any) || !any->child)
-            return gb_fail(b, KVS_ERR_FORMAT, "anyOf/oneOf must be a non-empty array"), UINT32_MAX;
-        bool base = false;
-        for (const cJSON *c = sch->child; c && !base; c = c->next)
-            base = c->string && !is_annotation(c->string) && strcmp(c->string, "anyOf") && strcmp(c->string, "oneOf");
-        uint32_t r = gb_rule_new(b);
-        gb_define(b, r);
-        for (const cJSON *c = any->child; c && !b->err; c = c->next) {
-            uint32_t br;
-            if (base) {   /* the keywords beside anyOf apply to every branch */
-                cJSON *m = cJSON_CreateObject();
-                if (!m) return gb_fail(b, KVS_ERR_NOMEM, "out of memory"), UINT32_MAX;
-                for (const cJSON *k = sch->child; k; k = k->next)
-                    if (k->string && strcmp(k->string, "anyOf") && strcmp(k->string, "oneOf") && !is_annotation(k->string))
-                        cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
-                br = merge_into(s, m, c, 0) ? UINT32_MAX : c_schema(s, m);
-                cJSON_Delete(m);
-            } else {
-                br = c_schema(s, c);
-            }
-            gb_alt_ref(b, r, br);
-        }
-        return r;
-    }
+    if (any) return c_any_of(s, sch, any);
     /* the types this schema admits */
     const char *types[8];
     int nt = 0;

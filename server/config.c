@@ -11,8 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "engine/engine.h"
-#include "server/cors.h"
-#include "server/kv_events.h"
+#include "server/http/http.h"
+#include "server/obs/obs.h"
 
 typedef enum { K_STR, K_INT, K_NUM, K_BOOL, K_LIST, K_JSON } key_type; /* K_LIST: a string, or in a file a list of them */
 
@@ -203,12 +203,12 @@ static int set_json(srv_config *c, const key_def *k, const cJSON *obj, char *err
     }
     char *text = cJSON_PrintUnformatted(obj);
     if (!text) { snprintf(err, el, "config key '%s': out of memory", k->name); return SRV_ERR_NOMEM; }
-    srv_kvev_config kc;
+    srv_kv_events_config kc;
     int r = SRV_OK;
     if (strlen(text) >= k->size) {
         snprintf(err, el, "config key '%s': value too long (at most %zu bytes)", k->name, k->size - 1);
         r = SRV_ERR_INVALID;
-    } else if (srv_kvev_config_parse(text, &kc, err, el) != KVS_OK) {
+    } else if (srv_kv_events_config_parse(text, &kc, err, el) != KVS_OK) {
         r = SRV_ERR_INVALID;
     } else {
         snprintf((char *)c + k->off, k->size, "%s", obj->child ? text : "");
@@ -342,8 +342,8 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
     }
     if (check_chat_template(c->chat_template, err, el) != SRV_OK) return SRV_ERR_INVALID;
     if (!c->host[0]) { snprintf(err, el, "config key 'host': must not be empty"); return SRV_ERR_INVALID; }
-    srv_kvev_config kc;
-    if (srv_kvev_config_parse(c->kv_events_config, &kc, err, el) != KVS_OK) return SRV_ERR_INVALID;
+    srv_kv_events_config kc;
+    if (srv_kv_events_config_parse(c->kv_events_config, &kc, err, el) != KVS_OK) return SRV_ERR_INVALID;
     if (c->ctx_size > 0 && c->ctx_size < 2) {
         snprintf(err, el, "config key 'ctx_size': must be 0 or at least 2");
         return SRV_ERR_INVALID;
@@ -454,8 +454,9 @@ char *srv_config_to_json(const srv_config *c) {
         case K_NUM: cJSON_AddNumberToObject(o, k->name, *(const double *)base); break;
         case K_BOOL: cJSON_AddBoolToObject(o, k->name, *(const bool *)base); break;
         case K_JSON: { /* the effective settings, every key spelled out */
-            srv_kvev_config kc;
-            cJSON *v = srv_kvev_config_parse(base, &kc, NULL, 0) == KVS_OK ? srv_kvev_config_to_json(&kc) : NULL;
+            srv_kv_events_config kc;
+            cJSON *v = srv_kv_events_config_parse(base, &kc, NULL, 0) == KVS_OK ? srv_kv_events_config_to_json(&kc)
+                                                                                 : NULL;
             if (v) cJSON_AddItemToObject(o, k->name, v);
             break;
         }

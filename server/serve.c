@@ -1,7 +1,6 @@
 /* serve.c: the daemon (srv_main): HTTP + API on the loop thread, the model loaded on a worker thread, the
  * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
-#include "server/grammar_cache.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -11,13 +10,10 @@
 
 #include "engine/engine.h"
 #include "engine/kernels/quant.h"
-#include "server/api.h"
-#include "server/cors.h"
-#include "server/http.h"
-#include "server/kv_events.h"
-#include "server/metrics.h"
-#include "server/scheduler.h"
-#include "server/web.h"
+#include "server/api/api.h"
+#include "server/http/http.h"
+#include "server/obs/obs.h"
+#include "server/sched/sched.h"
 #include "template/template.h"
 
 typedef struct daemon_state {
@@ -39,12 +35,12 @@ typedef struct daemon_state {
     srv_engine_ops ops;
     bool have_ops;
     srv_sched *sched;
-    srv_gcache *gcache;     /* response_format grammars over the model's vocabulary */
-    srv_kvev *kvev;              /* KV-cache event publisher, NULL when disabled */
+    srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
+    srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
-    srv_tf_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
+    srv_tool_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -101,7 +97,8 @@ static void load_template(daemon_state *d) {
     d->eos_text = token_text(d->model, eng_token_eos(d->model));
     /* the tool-call format follows what renders: the Jinja template (below), else the built-in family, forced
      * or found in the model's template text as eng_chat_render finds it */
-    d->tool_format = srv_tf_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
+    d->tool_format =
+        srv_tool_format_detect(d->family == ENG_CHAT_AUTO ? eng_model_chat_template(d->model) : NULL, d->family);
     char *owned = NULL;
     const char *src = NULL, *what = "the model's chat template";
     size_t len = 0;
@@ -119,7 +116,7 @@ static void load_template(daemon_state *d) {
     if (!src) return;
     tpl_error te;
     int r = tpl_compile(src, len, NULL, &d->tpl, &te);
-    if (r == 0) d->tool_format = srv_tf_detect(src, ENG_CHAT_AUTO);
+    if (r == 0) d->tool_format = srv_tool_format_detect(src, ENG_CHAT_AUTO);
     free(owned);
     if (r != 0) {
         d->tpl = NULL;
@@ -154,8 +151,8 @@ static void load_work(uv_work_t *w) {
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
-    d->load_rc = srv_gcache_vocab_from_model(d->model, &gv);
-    if (d->load_rc == 0) d->load_rc = srv_gcache_create(gv, 32, 0, &d->gcache);
+    d->load_rc = srv_grammar_cache_vocab_from_model(d->model, &gv);
+    if (d->load_rc == 0) d->load_rc = srv_grammar_cache_create(gv, 32, 0, &d->gcache);
     if (d->load_rc != 0)
         snprintf(d->load_err, sizeof d->load_err, "cannot index the vocabulary for response_format: %s",
                  kvs_strerror(d->load_rc));
@@ -187,8 +184,8 @@ static void load_done(uv_work_t *w, int status) {
     sp.n_ctx = n_ctx;
     sp.context_shift = c->context_shift;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
-        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kvev_on_cache_event, d->kvev);
-        sp.on_step = srv_kvev_step_end;
+        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kv_events_on_cache_event, d->kvev);
+        sp.on_step = srv_kv_events_step_end;
         sp.on_step_ctx = d->kvev;
     }
     int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
@@ -239,7 +236,7 @@ static void load_done(uv_work_t *w, int status) {
     srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s)\n",
             id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx),
-            srv_tf_name(d->tool_format));
+            srv_tool_format_name(d->tool_format));
 }
 
 /* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
@@ -264,7 +261,7 @@ static void finalize(daemon_state *d) {
     d->sched = NULL;
     if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
     d->metrics.kvev = NULL;
-    srv_kvev_free(d->kvev); /* publishes what the last steps queued */
+    srv_kv_events_free(d->kvev); /* publishes what the last steps queued */
     d->kvev = NULL;
     uv_close((uv_handle_t *)&d->poll, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
@@ -332,6 +329,37 @@ static void on_sighup(uv_signal_t *s, int signum) {
 }
 
 /* ---- main ------------------------------------------------------------------------------------------------------ */
+/* The API layer's settings from the configuration (cors and web are set once they exist). */
+static void api_config_of(const srv_config *cfg, uv_loop_t *loop, srv_api_config *ac) {
+    memset(ac, 0, sizeof *ac);
+    const char *slash = strrchr(cfg->model, '/');
+    ac->model_id = cfg->model_name[0] ? cfg->model_name : (slash ? slash + 1 : cfg->model);
+    srv_api_limits_default(&ac->limits);
+    ac->limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
+    ac->limits.max_stop = cfg->max_stop;
+    ac->limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
+    ac->api_key = cfg->api_key;
+    ac->parse_special_in_content = cfg->parse_special_in_content;
+    ac->loop = loop;
+    ac->log_format = !strcmp(cfg->log_format, "json")   ? SRV_API_LOG_JSON
+                     : !strcmp(cfg->log_format, "none") ? SRV_API_LOG_NONE
+                                                        : SRV_API_LOG_TEXT;
+}
+
+/* The HTTP layer's limits from the configuration. */
+static void http_limits_of(const srv_config *cfg, srv_http_limits *hl) {
+    srv_http_limits_default(hl);
+    hl->body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
+    hl->max_body_bytes_total = (size_t)(cfg->body_total_mb * 1048576.0);
+    hl->header_limit = (size_t)cfg->header_limit_kb << 10;
+    hl->read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
+    hl->idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
+    hl->max_connections = cfg->max_connections;
+    hl->max_pending_write = (size_t)cfg->write_buffer_kb << 10;
+    if (hl->read_timeout_ms < 1) hl->read_timeout_ms = 1;
+    if (hl->idle_timeout_ms < 1) hl->idle_timeout_ms = 1;
+}
+
 int srv_main(const srv_config *cfg) {
     char err[512];
     if (!cfg || srv_config_validate(cfg, err, sizeof err) != 0) {
@@ -350,29 +378,9 @@ int srv_main(const srv_config *cfg) {
     if (uv_loop_init(&d->loop) != 0) { free(d); fprintf(stderr, "kvserve: uv_loop_init failed\n"); return 1; }
     srv_metrics_init(&d->metrics);
     srv_api_config ac;
-    memset(&ac, 0, sizeof ac);
-    const char *slash = strrchr(cfg->model, '/');
-    ac.model_id = cfg->model_name[0] ? cfg->model_name : (slash ? slash + 1 : cfg->model);
-    srv_api_limits_default(&ac.limits);
-    ac.limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
-    ac.limits.max_stop = cfg->max_stop;
-    ac.limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
-    ac.api_key = cfg->api_key;
-    ac.parse_special_in_content = cfg->parse_special_in_content;
-    ac.loop = &d->loop;
-    ac.log_format = !strcmp(cfg->log_format, "json") ? SRV_LOG_JSON : !strcmp(cfg->log_format, "none") ? SRV_LOG_NONE
-                                                                                                   : SRV_LOG_TEXT;
+    api_config_of(cfg, &d->loop, &ac);
     srv_http_limits hl;
-    srv_http_limits_default(&hl);
-    hl.body_limit = (size_t)(cfg->body_limit_mb * 1048576.0);
-    hl.max_body_bytes_total = (size_t)(cfg->body_total_mb * 1048576.0);
-    hl.header_limit = (size_t)cfg->header_limit_kb << 10;
-    hl.read_timeout_ms = (uint64_t)(cfg->timeout_s * 1000.0);
-    hl.idle_timeout_ms = (uint64_t)(cfg->idle_timeout_s * 1000.0);
-    hl.max_connections = cfg->max_connections;
-    hl.max_pending_write = (size_t)cfg->write_buffer_kb << 10;
-    if (hl.read_timeout_ms < 1) hl.read_timeout_ms = 1;
-    if (hl.idle_timeout_ms < 1) hl.idle_timeout_ms = 1;
+    http_limits_of(cfg, &hl);
     int rc = 1;
     if (srv_cors_create(cfg->cors_origins, cfg->host, &d->cors, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve: cors_origins: %s\n", err);
@@ -400,18 +408,18 @@ int srv_main(const srv_config *cfg) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
     }
-    srv_kvev_config kc;
-    if (srv_kvev_config_parse(cfg->kv_events_config, &kc, err, sizeof err) != KVS_OK) {
+    srv_kv_events_config kc;
+    if (srv_kv_events_config_parse(cfg->kv_events_config, &kc, err, sizeof err) != KVS_OK) {
         fprintf(stderr, "kvserve: %s\n", err);
         goto out;
     }
-    if (srv_kvev_config_active(&kc)) {
-        if (srv_kvev_create(&kc, &d->kvev, err, sizeof err) != KVS_OK) {
+    if (srv_kv_events_config_active(&kc)) {
+        if (srv_kv_events_create(&kc, &d->kvev, err, sizeof err) != KVS_OK) {
             fprintf(stderr, "kvserve: %s\n", err);
             goto out;
         }
         d->metrics.kvev = d->kvev;
-        fprintf(stderr, "kvserve: KV-cache events on %s%s%s (topic \"%s\")\n", srv_kvev_endpoint(d->kvev),
+        fprintf(stderr, "kvserve: KV-cache events on %s%s%s (topic \"%s\")\n", srv_kv_events_endpoint(d->kvev),
                 kc.replay_endpoint[0] ? ", replay on " : "", kc.replay_endpoint, kc.topic);
     }
     uv_timer_init(&d->loop, &d->poll);
@@ -444,10 +452,10 @@ out:
     }
     srv_http_free(d->http);
     srv_api_free(d->api);
-    srv_gcache_free(d->gcache); /* after the API: its calls hold references */
+    srv_grammar_cache_free(d->gcache); /* after the API: its calls hold references */
     srv_web_free(d->web);
     srv_cors_free(d->cors);
-    srv_kvev_free(d->kvev); /* start-up failed after it was created */
+    srv_kv_events_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);

@@ -1,15 +1,16 @@
 /*
  * server.h: the kvserve daemon (prefix srv_): configuration and the serve entry point.
  *
- * What it is: the daemon around the engine. http.c (connections, HTTP/1.1, SSE), api_*.c (the OpenAI API:
- * routes, parsing, generation, rendering), sched_*.c (the continuous-batching scheduler: core, policy, output),
- * block_manager.c (the scheduler's view of the KV cache), stop.c (stop strings), metrics.c, config.c, serve.c.
+ * What it is: the daemon around the engine, in four folders under this top (docs/ARCHITECTURE.md draws them), each
+ * with one public header: http/ (connections, HTTP/1.1, SSE, CORS, the chat page), api/ (the OpenAI API: routes,
+ * validation, prompts, answers), sched/ (the continuous-batching scheduler, its block manager, stop strings, the
+ * engine adapter), obs/ (metrics, KV-cache events); config.c and serve.c here.
  * Owns: the event loop, connections, requests in flight, the scheduler thread; the engine only through
- * srv_engine_ops. Must never: run kernels or touch the cache's internals (block_manager.h is the door), or
- * choose an HTTP status outside the API layer (api_*.c).
+ * srv_engine_ops. Must never: run kernels or touch the cache's internals (the scheduler's block manager is the
+ * door), or choose an HTTP status outside server/api/.
  *
- * The server is a libuv loop running the HTTP layer (server/http.h) and the OpenAI-compatible API
- * (server/api.h) on one thread, and the continuous-batching scheduler (server/scheduler.h) on its own thread
+ * The server is a libuv loop running the HTTP layer (server/http/http.h) and the OpenAI-compatible API
+ * (server/api/api.h) on one thread, and the continuous-batching scheduler (server/sched/sched.h) on its own thread
  * that owns the engine. Configuration comes from defaults, then a JSON file (--config), then the environment
  * (KVSERVE_API_KEY), then command-line flags; every key is documented in docs/CONFIG.md and
  * config/kvserve.json.
@@ -51,7 +52,7 @@ typedef struct srv_config {
     int32_t batch_tokens;       /* token budget of one engine step, default 512 */
     int32_t ctx_size;           /* longest sequence; 0: the model's training context */
     bool context_shift;         /* a generation reaching ctx_size drops half of its context after n_keep and
-                                   goes on (scheduler.h, "Context shift"); default false: it ends with "length" */
+                                   goes on (sched/sched.h, "Context shift"); default false: it ends with "length" */
     int32_t n_keep;             /* default n_keep of requests: prompt tokens a context shift keeps, BOS not
                                    counted (-1: the whole prompt), default 0 */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: from kv_cache_mb */
@@ -70,7 +71,7 @@ typedef struct srv_config {
     char api_key[256];          /* "": no authentication */
     char pooling[8];            /* /v1/embeddings pooling: "" (the model's pooling_type; none or absent: mean),
                                    "mean", "cls", "last" */
-    char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (cors.h) */
+    char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (http/http.h) */
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */
     double body_limit_mb;       /* request bodies above this get 413, default 16 */
@@ -85,7 +86,7 @@ typedef struct srv_config {
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
     bool parse_special_in_content; /* chat contents may hold control tokens (<|im_start|>...); default false */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
-                                    server/kv_events.h. In the file an object, on the command line its JSON text */
+                                    server/obs/obs.h. In the file an object, on the command line its JSON text */
 } srv_config;
 
 /* The documented defaults. */

@@ -157,7 +157,8 @@ static bool parse_float(const tstr *s, double *out) {
 static int to_gen(tctx *c, const node *n, tv *out) { return tcont_new(c, n, TC_GEN, 0, out); }
 
 /* the sequence filters unique, reverse, sort, dictsort, min, max and sum */
-static int filter_sequence(tctx *c, const node *n, const char *name, tv in, fargs a, tv *out) {
+static int filter_sequence(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    fargs a = *ap;
     int rc;
     if (!strcmp(name, "reverse") && in.t == TV_STR) {
         tv items;
@@ -257,9 +258,11 @@ static int filter_sequence(tctx *c, const node *n, const char *name, tv in, farg
 }
 
 /* map, select, reject, selectattr and rejectattr */
-static int filter_map_select(tctx *c, const node *n, const char *name, tv in, tv *pos, int npos, const char **kwn,
-                             tv *kwv, int nkw, tv *out) {
-    fargs a = {pos, npos, kwn, kwv, nkw};
+static int filter_map_select(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    fargs a = *ap;
+    tv *pos = a.pos, *kwv = a.kwv;
+    int npos = a.npos, nkw = a.nkw;
+    const char **kwn = a.kwn;
     int rc;
     tv items;
     /* jinja2 iterates the input only when it is truthy */
@@ -311,7 +314,9 @@ mdone:
 }
 
 /* tojson with transformers' arguments */
-static int filter_tojson(tctx *c, const node *n, tv in, fargs a, tv *out) {
+static int filter_tojson(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    (void)name;
+    fargs a = *ap;
     int rc;
     /* transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
     tv *av = tpl_arg(&a, 0, "ensure_ascii"), *iv = tpl_arg(&a, 1, "indent"), *sv = tpl_arg(&a, 2, "separators");
@@ -339,7 +344,9 @@ static int filter_tojson(tctx *c, const node *n, tv in, fargs a, tv *out) {
 }
 
 /* indent(width, first, blank) */
-static int filter_indent(tctx *c, const node *n, tv in, fargs a, tv *out) {
+static int filter_indent(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    (void)name;
+    fargs a = *ap;
     int rc;
     tv s;
     tv *w = tpl_arg(&a, 0, "width");
@@ -365,7 +372,10 @@ static int filter_indent(tctx *c, const node *n, tv in, fargs a, tv *out) {
 }
 
 /* int(default, base) */
-static int filter_int(tv in, fargs a, tv *out) {
+static int filter_int(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    (void)name;
+    if (in.t == TV_UNDEF) return tpl_undef_err(c, n, in);
+    fargs a = *ap;
     tv *dv = tpl_arg(&a, 0, "default");
     tv *bv = tpl_arg(&a, 1, "base");
     int64_t r;
@@ -382,7 +392,9 @@ static int filter_int(tv in, fargs a, tv *out) {
 }
 
 /* round(precision, method) */
-static int filter_round(tctx *c, const node *n, tv in, fargs a, tv *out) {
+static int filter_round(tctx *c, const node *n, const char *name, tv in, fargs *ap, tv *out) {
+    (void)name;
+    fargs a = *ap;
     tv *pv = tpl_arg(&a, 0, "precision"), *mv = tpl_arg(&a, 1, "method");
     int64_t prec = pv && tpl_is_intlike(*pv) ? tpl_ival(*pv) : 0;
     if (prec < -300 || prec > 300) prec = prec < 0 ? -300 : 300;
@@ -403,7 +415,8 @@ static int filter_round(tctx *c, const node *n, tv in, fargs a, tv *out) {
 }
 
 /* wordcount */
-static int filter_wordcount(tctx *c, const node *n, tv in, tv *out) {
+static int filter_wordcount(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
     int rc;
     tv s;
     if ((rc = to_str(c, n, in, &s))) return rc;
@@ -420,147 +433,234 @@ static int filter_wordcount(tctx *c, const node *n, tv in, tv *out) {
     return 0;
 }
 
+/* safe: the string marked safe (a copy unless it already is) */
+static int filter_safe(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    tv s;
+    int rc;
+    if ((rc = to_str(c, n, in, &s))) return rc;
+    if (s.s->safe) { *out = s; return 0; }
+    tsink sk = {0};
+    rc = tsink_putstr(c, n, &sk, s.s);
+    if (!rc) rc = tsink_take(c, n, &sk, out);
+    if (!rc) out->s->safe = true;
+    tsink_free(&sk);
+    tv_decref(c, s);
+    return rc;
+}
+
+/* default / d (default_value, boolean) */
+static int filter_default(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    tv *dv = tpl_arg(a, 0, "default_value");
+    bool boolean = tpl_arg_bool(a, 1, "boolean", false);
+    if (in.t == TV_UNDEF || (boolean && !tv_truthy(in))) {
+        if (dv) { tv_incref(*dv); *out = *dv; return 0; }
+        return tstr_new(c, n, "", 0, out);
+    }
+    tv_incref(in);
+    *out = in;
+    return 0;
+}
+
+static int filter_string(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    return to_str(c, n, in, out);
+}
+
+/* trim(chars) */
+static int filter_trim(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    tv s;
+    int rc;
+    tv *ch = tpl_arg(a, 0, "chars");
+    if (ch && ch->t != TV_NONE && ch->t != TV_STR) return tpl_fail(c, n, KVS_ERR_TYPE, "trim chars must be a string");
+    if ((rc = to_str(c, n, in, &s))) return rc;
+    rc = tpl_strip(c, n, s.s, ch && ch->t == TV_STR ? ch->s : NULL, 3, out);
+    tv_decref(c, s);
+    return rc;
+}
+
+/* length / count */
+static int filter_length(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    switch (in.t) {
+    case TV_UNDEF: *out = tv_int(0); return 0;
+    case TV_STR: *out = tv_int((int64_t)tpl_u8_len(in.s->data, in.s->len)); return 0;
+    case TV_LIST: if (in.c->kind == TC_GEN) break; *out = tv_int((int64_t)in.c->n); return 0;
+    case TV_DICT: if (in.c->kind == TC_NS) break; *out = tv_int((int64_t)in.c->n); return 0;
+    default: break;
+    }
+    return tpl_fail(c, n, KVS_ERR_TYPE, "object of type '%s' has no len()", tv_typename(in));
+}
+
+/* join(d, attribute) */
+static int filter_join(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    int rc;
+    tv *sep = tpl_arg(a, 0, "d"), *attr = tpl_arg(a, 1, "attribute");
+    tv sepv = tv_none();
+    if (sep && (rc = to_str(c, n, *sep, &sepv))) return rc;
+    rc = tpl_join(c, n, in, sep ? sepv.s : NULL, attr && attr->t == TV_STR ? attr->s : NULL, out);
+    tv_decref(c, sepv);
+    return rc;
+}
+
+/* lower, upper, title, capitalize */
+static int filter_case(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)a;
+    tv s;
+    int rc;
+    if ((rc = to_str(c, n, in, &s))) return rc;
+    int mode = name[0] == 'l' ? CASE_LOWER : name[0] == 'u' ? CASE_UPPER : name[0] == 't' ? CASE_JTITLE : CASE_CAP;
+    rc = tpl_case(c, n, s.s, mode, out);
+    tv_decref(c, s);
+    return rc;
+}
+
+/* replace(old, new, count) */
+static int filter_replace(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    tv s;
+    int rc;
+    tstr *old, *new;
+    tv *cnt = tpl_arg(a, 2, "count");
+    if ((rc = tpl_need_str(c, n, tpl_arg(a, 0, "old"), "replace's old", &old)) ||
+        (rc = tpl_need_str(c, n, tpl_arg(a, 1, "new"), "replace's new", &new)))
+        return rc;
+    if ((rc = to_str(c, n, in, &s))) return rc;
+    rc = tpl_replace(c, n, s.s, old, new, cnt && tpl_is_intlike(*cnt) ? tpl_ival(*cnt) : -1, out);
+    tv_decref(c, s);
+    return rc;
+}
+
+/* escape / e / forceescape */
+static int filter_escape(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    tv s;
+    int rc;
+    if ((rc = to_str(c, n, in, &s))) return rc;
+    rc = tpl_html_escape(c, n, s.s, out);
+    tv_decref(c, s);
+    return rc;
+}
+
+/* format(*args): printf-style % formatting */
+static int filter_format(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    int rc;
+    tstr *x = NULL;
+    if ((rc = tpl_need_str(c, n, &in, "format's input", &x))) return rc;
+    tv tup;
+    if ((rc = tcont_new(c, n, TC_TUPLE, (size_t)a->npos, &tup))) return rc;
+    for (int i = 0; i < a->npos && !rc; i++) { tv_incref(a->pos[i]); rc = tlist_push(c, n, tup.c, a->pos[i]); }
+    if (!rc) rc = tpl_str_mod(c, n, x, tup, out);
+    tv_decref(c, tup);
+    return rc;
+}
+
+/* first / last */
+static int filter_first_last(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)a;
+    int rc;
+    if (in.t == TV_STR) return tpl_getitem(c, n, in, tv_int(name[0] == 'f' ? 0 : -1), out);
+    tv items;
+    if ((rc = tpl_iter_list(c, n, in, &items))) return rc;
+    *out = tv_undef(NULL);
+    if (items.c->n) { *out = items.c->items[name[0] == 'f' ? 0 : items.c->n - 1]; tv_incref(*out); }
+    tv_decref(c, items);
+    return 0;
+}
+
+static int filter_list(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    return tpl_iter_list(c, n, in, out);
+}
+
+static int filter_items(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    if (in.t == TV_UNDEF) return tcont_new(c, n, TC_LIST, 0, out);
+    if (in.t != TV_DICT || in.c->kind != TC_DICT) return tpl_fail(c, n, KVS_ERR_TYPE, "can only get item pairs from a mapping");
+    return tpl_method(c, n, in, "items", NULL, 0, NULL, NULL, 0, out);
+}
+
+/* float(default) */
+static int filter_float(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    if (in.t == TV_UNDEF) return tpl_undef_err(c, n, in);
+    tv *dv = tpl_arg(a, 0, "default");
+    double f;
+    if (tpl_is_intlike(in)) { *out = tv_float((double)tpl_ival(in)); return 0; }
+    if (in.t == TV_FLOAT) { *out = in; return 0; }
+    if (in.t == TV_STR && parse_float(in.s, &f)) { *out = tv_float(f); return 0; }
+    if (dv) { tv_incref(*dv); *out = *dv; } else *out = tv_float(0);
+    return 0;
+}
+
+static int filter_abs(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name; (void)a;
+    if (in.t == TV_INT) { if (in.i == INT64_MIN) return tpl_fail(c, n, KVS_ERR_LIMIT, "integer overflow"); *out = tv_int(in.i < 0 ? -in.i : in.i); return 0; }
+    if (in.t == TV_BOOL) { *out = tv_int(in.b); return 0; }
+    if (in.t == TV_FLOAT) { *out = tv_float(fabs(in.f)); return 0; }
+    return tpl_fail(c, n, KVS_ERR_TYPE, "bad operand type for abs(): '%s'", tv_typename(in));
+}
+
+/* attr(name) */
+static int filter_attr(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out) {
+    (void)name;
+    int rc;
+    tstr *an = NULL;
+    if ((rc = tpl_need_str(c, n, tpl_arg(a, 0, "name"), "attr's name", &an))) return rc;
+    char nm[128];
+    size_t l = an->len < sizeof nm - 1 ? an->len : sizeof nm - 1;
+    memcpy(nm, an->data, l);
+    nm[l] = 0;
+    return tpl_getattr(c, n, in, nm, out);
+}
+
+/* Every filter by name, in strcmp order (bsearch; tpl_filters_sorted checks the order). Each gets the name it
+ * was called by, for the functions that serve several. */
+typedef int (*filter_fn)(tctx *c, const node *n, const char *name, tv in, fargs *a, tv *out);
+typedef struct filter_entry { const char *name; filter_fn fn; } filter_entry;
+static const filter_entry filters[] = {
+    {"abs", filter_abs},           {"attr", filter_attr},           {"capitalize", filter_case},
+    {"count", filter_length},      {"d", filter_default},           {"default", filter_default},
+    {"dictsort", filter_sequence}, {"e", filter_escape},            {"escape", filter_escape},
+    {"first", filter_first_last},  {"float", filter_float},         {"forceescape", filter_escape},
+    {"format", filter_format},     {"indent", filter_indent},       {"int", filter_int},
+    {"items", filter_items},       {"join", filter_join},           {"last", filter_first_last},
+    {"length", filter_length},     {"list", filter_list},           {"lower", filter_case},
+    {"map", filter_map_select},    {"max", filter_sequence},        {"min", filter_sequence},
+    {"reject", filter_map_select}, {"rejectattr", filter_map_select}, {"replace", filter_replace},
+    {"reverse", filter_sequence},  {"round", filter_round},         {"safe", filter_safe},
+    {"select", filter_map_select}, {"selectattr", filter_map_select}, {"sort", filter_sequence},
+    {"string", filter_string},     {"sum", filter_sequence},        {"title", filter_case},
+    {"tojson", filter_tojson},     {"trim", filter_trim},           {"unique", filter_sequence},
+    {"upper", filter_case},        {"wordcount", filter_wordcount},
+};
+
+static int entry_cmp(const void *key, const void *entry) {
+    return strcmp(key, *(const char *const *)entry);   /* every table's entries start with their name */
+}
+
+bool tpl_table_sorted(const void *table, size_t n, size_t size) {
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(*(const char *const *)((const char *)table + (i - 1) * size),
+                   *(const char *const *)((const char *)table + i * size)) >= 0)
+            return false;
+    return true;
+}
+
+const void *tpl_table_find(const void *table, size_t n, size_t size, const char *name) {
+    return bsearch(name, table, n, size, entry_cmp);
+}
+
+bool tpl_filters_sorted(void) { return tpl_table_sorted(filters, sizeof filters / sizeof filters[0], sizeof filters[0]); }
+
 int tpl_filter(tctx *c, const node *n, const char *name, tv in, tv *pos, int npos, const char **kwn, tv *kwv,
                int nkw, tv *out) {
     fargs a = {pos, npos, kwn, kwv, nkw};
-    int rc;
-    tv s;
-    tstr *x = NULL;
-    if (!strcmp(name, "safe")) {
-        if ((rc = to_str(c, n, in, &s))) return rc;
-        if (s.s->safe) { *out = s; return 0; }
-        tsink sk = {0};
-        rc = tsink_putstr(c, n, &sk, s.s);
-        if (!rc) rc = tsink_take(c, n, &sk, out);
-        if (!rc) out->s->safe = true;
-        tsink_free(&sk);
-        tv_decref(c, s);
-        return rc;
-    }
-    if (!strcmp(name, "default") || !strcmp(name, "d")) {
-        tv *dv = tpl_arg(&a, 0, "default_value");
-        bool boolean = tpl_arg_bool(&a, 1, "boolean", false);
-        if (in.t == TV_UNDEF || (boolean && !tv_truthy(in))) {
-            if (dv) { tv_incref(*dv); *out = *dv; return 0; }
-            return tstr_new(c, n, "", 0, out);
-        }
-        tv_incref(in);
-        *out = in;
-        return 0;
-    }
-    if (!strcmp(name, "tojson")) return filter_tojson(c, n, in, a, out);
-    if (!strcmp(name, "string")) return to_str(c, n, in, out);
-    if (!strcmp(name, "trim")) {
-        tv *ch = tpl_arg(&a, 0, "chars");
-        if (ch && ch->t != TV_NONE && ch->t != TV_STR) return tpl_fail(c, n, KVS_ERR_TYPE, "trim chars must be a string");
-        if ((rc = to_str(c, n, in, &s))) return rc;
-        rc = tpl_strip(c, n, s.s, ch && ch->t == TV_STR ? ch->s : NULL, 3, out);
-        tv_decref(c, s);
-        return rc;
-    }
-    if (!strcmp(name, "length") || !strcmp(name, "count")) {
-        switch (in.t) {
-        case TV_UNDEF: *out = tv_int(0); return 0;
-        case TV_STR: *out = tv_int((int64_t)tpl_u8_len(in.s->data, in.s->len)); return 0;
-        case TV_LIST: if (in.c->kind == TC_GEN) break; *out = tv_int((int64_t)in.c->n); return 0;
-        case TV_DICT: if (in.c->kind == TC_NS) break; *out = tv_int((int64_t)in.c->n); return 0;
-        default: break;
-        }
-        return tpl_fail(c, n, KVS_ERR_TYPE, "object of type '%s' has no len()", tv_typename(in));
-    }
-    if (!strcmp(name, "join")) {
-        tv *sep = tpl_arg(&a, 0, "d"), *attr = tpl_arg(&a, 1, "attribute");
-        tv sepv = tv_none();
-        if (sep && (rc = to_str(c, n, *sep, &sepv))) return rc;
-        rc = tpl_join(c, n, in, sep ? sepv.s : NULL, attr && attr->t == TV_STR ? attr->s : NULL, out);
-        tv_decref(c, sepv);
-        return rc;
-    }
-    if (!strcmp(name, "lower") || !strcmp(name, "upper") || !strcmp(name, "title") || !strcmp(name, "capitalize")) {
-        if ((rc = to_str(c, n, in, &s))) return rc;
-        int mode = name[0] == 'l' ? CASE_LOWER : name[0] == 'u' ? CASE_UPPER : name[0] == 't' ? CASE_JTITLE : CASE_CAP;
-        rc = tpl_case(c, n, s.s, mode, out);
-        tv_decref(c, s);
-        return rc;
-    }
-    if (!strcmp(name, "replace")) {
-        tstr *old, *new;
-        tv *cnt = tpl_arg(&a, 2, "count");
-        if ((rc = tpl_need_str(c, n, tpl_arg(&a, 0, "old"), "replace's old", &old)) ||
-            (rc = tpl_need_str(c, n, tpl_arg(&a, 1, "new"), "replace's new", &new)))
-            return rc;
-        if ((rc = to_str(c, n, in, &s))) return rc;
-        rc = tpl_replace(c, n, s.s, old, new, cnt && tpl_is_intlike(*cnt) ? tpl_ival(*cnt) : -1, out);
-        tv_decref(c, s);
-        return rc;
-    }
-    if (!strcmp(name, "indent")) return filter_indent(c, n, in, a, out);
-    if (!strcmp(name, "escape") || !strcmp(name, "e") || !strcmp(name, "forceescape")) {
-        if ((rc = to_str(c, n, in, &s))) return rc;
-        rc = tpl_html_escape(c, n, s.s, out);
-        tv_decref(c, s);
-        return rc;
-    }
-    if (!strcmp(name, "format")) {
-        if ((rc = tpl_need_str(c, n, &in, "format's input", &x))) return rc;
-        tv tup;
-        if ((rc = tcont_new(c, n, TC_TUPLE, (size_t)npos, &tup))) return rc;
-        for (int i = 0; i < npos && !rc; i++) { tv_incref(pos[i]); rc = tlist_push(c, n, tup.c, pos[i]); }
-        if (!rc) rc = tpl_str_mod(c, n, x, tup, out);
-        tv_decref(c, tup);
-        return rc;
-    }
-    if (!strcmp(name, "first") || !strcmp(name, "last")) {
-        if (in.t == TV_STR) return tpl_getitem(c, n, in, tv_int(name[0] == 'f' ? 0 : -1), out);
-        tv items;
-        if ((rc = tpl_iter_list(c, n, in, &items))) return rc;
-        *out = tv_undef(NULL);
-        if (items.c->n) { *out = items.c->items[name[0] == 'f' ? 0 : items.c->n - 1]; tv_incref(*out); }
-        tv_decref(c, items);
-        return 0;
-    }
-    if (!strcmp(name, "list")) {
-        if ((rc = tpl_iter_list(c, n, in, out))) return rc;
-        return 0;
-    }
-    if (!strcmp(name, "items")) {
-        if (in.t == TV_UNDEF) return tcont_new(c, n, TC_LIST, 0, out);
-        if (in.t != TV_DICT || in.c->kind != TC_DICT) return tpl_fail(c, n, KVS_ERR_TYPE, "can only get item pairs from a mapping");
-        return tpl_method(c, n, in, "items", NULL, 0, NULL, NULL, 0, out);
-    }
-    if ((!strcmp(name, "int") || !strcmp(name, "float")) && in.t == TV_UNDEF) return tpl_undef_err(c, n, in);
-    if (!strcmp(name, "wordcount")) return filter_wordcount(c, n, in, out);
-    if (!strcmp(name, "int")) return filter_int(in, a, out);
-    if (!strcmp(name, "float")) {
-        tv *dv = tpl_arg(&a, 0, "default");
-        double f;
-        if (tpl_is_intlike(in)) { *out = tv_float((double)tpl_ival(in)); return 0; }
-        if (in.t == TV_FLOAT) { *out = in; return 0; }
-        if (in.t == TV_STR && parse_float(in.s, &f)) { *out = tv_float(f); return 0; }
-        if (dv) { tv_incref(*dv); *out = *dv; } else *out = tv_float(0);
-        return 0;
-    }
-    if (!strcmp(name, "abs")) {
-        if (in.t == TV_INT) { if (in.i == INT64_MIN) return tpl_fail(c, n, KVS_ERR_LIMIT, "integer overflow"); *out = tv_int(in.i < 0 ? -in.i : in.i); return 0; }
-        if (in.t == TV_BOOL) { *out = tv_int(in.b); return 0; }
-        if (in.t == TV_FLOAT) { *out = tv_float(fabs(in.f)); return 0; }
-        return tpl_fail(c, n, KVS_ERR_TYPE, "bad operand type for abs(): '%s'", tv_typename(in));
-    }
-    if (!strcmp(name, "round")) return filter_round(c, n, in, a, out);
-    if (!strcmp(name, "attr")) {
-        tstr *an = NULL;
-        if ((rc = tpl_need_str(c, n, tpl_arg(&a, 0, "name"), "attr's name", &an))) return rc;
-        char nm[128];
-        size_t l = an->len < sizeof nm - 1 ? an->len : sizeof nm - 1;
-        memcpy(nm, an->data, l);
-        nm[l] = 0;
-        return tpl_getattr(c, n, in, nm, out);
-    }
-    if (!strcmp(name, "unique") || !strcmp(name, "reverse") || !strcmp(name, "sort") || !strcmp(name, "dictsort") ||
-        !strcmp(name, "min") || !strcmp(name, "max") || !strcmp(name, "sum"))
-        return filter_sequence(c, n, name, in, a, out);
-    if (!strcmp(name, "map") || !strcmp(name, "select") || !strcmp(name, "reject") || !strcmp(name, "selectattr") ||
-        !strcmp(name, "rejectattr"))
-        return filter_map_select(c, n, name, in, pos, npos, kwn, kwv, nkw, out);
-    return tpl_fail(c, n, KVS_ERR_TYPE, "no filter named '%s'", name);
+    const filter_entry *e = tpl_table_find(filters, sizeof filters / sizeof filters[0], sizeof filters[0], name);
+    if (!e) return tpl_fail(c, n, KVS_ERR_TYPE, "no filter named '%s'", name);
+    return e->fn(c, n, name, in, &a, out);
 }

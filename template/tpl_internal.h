@@ -283,6 +283,13 @@ int tpl_test(tctx *c, const node *n, const char *name, tv in, tv *args, int narg
 int tpl_method(tctx *c, const node *n, tv obj, const char *name, tv *args, int nargs, const char **kwn, tv *kwv,
                int nkw, tv *out);
 bool tpl_has_method(tv obj, const char *name);
+/* The name-to-function tables (filters, string/list/dict methods) are arrays of structs whose first member is
+ * the name (const char *), in strcmp order: tpl_table_find bsearches one (NULL when absent), tpl_table_sorted
+ * checks the order; tpl_filters_sorted / tpl_methods_sorted check every table (for the tests). */
+const void *tpl_table_find(const void *table, size_t n, size_t size, const char *name);
+bool tpl_table_sorted(const void *table, size_t n, size_t size);
+bool tpl_filters_sorted(void);
+bool tpl_methods_sorted(void);
 
 /* helpers shared by the builtins (tpl_builtins.c), the filters (tpl_filters.c) and the methods (tpl_methods.c) */
 typedef struct fargs {

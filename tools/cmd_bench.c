@@ -9,7 +9,7 @@
  *   {"model":..., "threads":..., "device":"cpu"|"cuda", ["gpu":NAME,] "prefill_tokens":P, "prefill_tok_s":...,
  *    "decode":[{"sequences":B,"tok_s":...}], "rss_after_load_bytes":..., "rss_peak_bytes":...,
  *    "huge_pages_after_load_bytes":...,
- *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (the last three on the CPU only)
+ *    "read_gb_s":..., "decode_bytes_per_token":..., "decode_limit_tok_s":...} (GPU: bandwidth of a device-to-device copy)
  * Also (both outputs) the read bandwidth of the machine: the best of BW_ROUNDS rounds in which the context's threads
  * each sum their part of a BW_BYTES buffer (larger than the caches), "read_gb_s"; the matrix bytes one decode step of
  * one sequence reads, "decode_bytes_per_token" (eng_model_decode_bytes: packed sizes); and their quotient
@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,32 +117,51 @@ static double read_bandwidth(int nth) {
     return ok && best > 0 && sum != 0 ? (double)bytes / best : 0;
 }
 
-static void bench_usage(FILE *f) {
-    fprintf(f, "usage: kvserve bench -m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]\n"
-               "  -m, --model FILE   GGUF model\n"
-               "  -p N               prompt length for the prefill measurement (default 128)\n"
-               "  -n N               tokens each sequence decodes (default 64)\n"
-               "  -b LIST            numbers of sequences decoding together (default 1,4,16,32; each <= %d)\n"
-               "  --threads N        worker threads (default: the number of cores)\n"
-               "  --device D         auto (default: the GPU when there is one), cpu or cuda\n"
-               "  --json             one JSON object instead of a table\n", MAX_B);
-}
+typedef struct bench_list { int v[16]; int n; } bench_list;
 
-static int parse_list(const char *s, int *out, int cap, int *n) {
-    *n = 0;
+typedef struct bench_opts {
+    const char *model;
+    long p, n, threads;
+    int device;
+    bench_list b;
+    bool json;
+} bench_opts;
+
+/* -b: a comma-separated list of 1..16 sequence counts, each in 1..MAX_B */
+static bool set_list(void *field, const char *s) {
+    bench_list *l = field, r = {.n = 0};
     const char *p = s;
     while (*p) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 1 || v > MAX_B || *n >= cap) return -1;
-        out[(*n)++] = (int)v;
+        if (errno || end == p || v < 1 || v > MAX_B || r.n >= 16) return false;
+        r.v[r.n++] = (int)v;
         if (*end == ',') end++;
-        else if (*end) return -1;
+        else if (*end) return false;
         p = end;
     }
-    return *n > 0 ? 0 : -1;
+    if (r.n == 0) return false;
+    *l = r;
+    return true;
 }
+
+#define O(f) offsetof(bench_opts, f)
+static const kvs_opt bench_opts_table[] = {
+    {"--model", "-m", KVS_OPT_STR, O(model), .arg = "FILE", .help = "GGUF model"},
+    {"-p", NULL, KVS_OPT_LONG, O(p), 1, 8192, .arg = "N", .help = "prompt length for the prefill measurement (default 128)"},
+    {"-n", NULL, KVS_OPT_LONG, O(n), 1, 8192, .arg = "N", .help = "tokens each sequence decodes (default 64)"},
+    {"-b", NULL, KVS_OPT_SET, O(b), .set = set_list, .expect = "a comma-separated list of integers in 1..64",
+     .arg = "LIST", .help = "numbers of sequences decoding together (default 1,4,16,32; each <= 64)"},
+    KVS_OPT_THREADS(bench_opts, threads),
+    KVS_OPT_DEVICE(bench_opts, device),
+    {"--json", NULL, KVS_OPT_FLAG, O(json), .flag_value = true, .help = "one JSON object instead of a table"},
+};
+#undef O
+static const kvs_cli bench_cli = {
+    "bench", "-m MODEL [-p 128] [-n 64] [-b 1,4,16,32] [--threads N] [--device D] [--json]", NULL, NULL,
+    bench_opts_table, sizeof bench_opts_table / sizeof bench_opts_table[0], 0,
+};
 
 /* Fills a batch with sequence s's p-token prompt (ids depend on salt, so sequences differ). */
 static eng_batch prompt_batch(int32_t *tok, int32_t *pos, int32_t *seq, bool *want, int32_t p, int32_t s,
@@ -186,7 +206,7 @@ static double run_decode(eng_ctx *ctx, int32_t *tok, int32_t *pos, int32_t *seq,
         eng_batch pb = prompt_batch(tok, pos, seq, want, p, ids[i], (uint32_t)i + 1, n_vocab);
         int rc = eng_decode(ctx, &pb);
         if (rc != 0) {
-            fprintf(stderr, "kvserve bench: prefill of sequence %d failed: %s\n", i, eng_strerror(rc));
+            fprintf(stderr, "kvserve bench: prefill of sequence %d failed: %s\n", i, kvs_strerror(rc));
             goto out;
         }
     }
@@ -213,152 +233,147 @@ out:
     return t;
 }
 
-int kvs_cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL;
-    long p = 128, n = 64, threads = 0;
-    int device = ENG_DEVICE_AUTO;
-    int bl[16] = {1, 4, 16, 32}, nb = 4;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            bench_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-            continue;
-        } else if (!v) ok = false;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "-p")) ok = kvs_parse_long(v, 1, 8192, &p);
-        else if (!strcmp(a, "-n")) ok = kvs_parse_long(v, 1, 8192, &n);
-        else if (!strcmp(a, "-b")) ok = parse_list(v, bl, 16, &nb) == 0;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &threads);
-        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &device);
-        else {
-            fprintf(stderr, "kvserve bench: unknown option '%s'\n", a);
-            bench_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve bench: bad or missing value for %s\n", a);
-            return 2;
-        }
-        i++;
+/* What one run measured, for print_report. */
+typedef struct bench_result {
+    const char *name, *arch;
+    double weight_bytes;
+    int threads;
+    bool on_gpu;
+    size_t rss_load, rss_peak, huge_load;
+    double prefill_tok_s;
+    double dec[16];              /* [b.n] aggregate decode tok/s per entry of -b */
+    double bw, dbytes;           /* read bandwidth (bytes/s) and decode bytes per token; 0 when not measured */
+} bench_result;
+
+static void print_json(const bench_opts *o, const bench_result *r) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", r->name);
+    cJSON_AddNumberToObject(j, "threads", r->threads);
+    cJSON_AddStringToObject(j, "device", r->on_gpu ? "cuda" : "cpu");
+    char gpu[256];
+    if (r->on_gpu && cud_available(gpu, sizeof gpu) > 0) cJSON_AddStringToObject(j, "gpu", gpu);
+    cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->p);
+    cJSON_AddNumberToObject(j, "prefill_tok_s", r->prefill_tok_s);
+    cJSON_AddNumberToObject(j, "decode_tokens", (double)o->n);
+    cJSON_AddNumberToObject(j, "rss_after_load_bytes", (double)r->rss_load);
+    cJSON_AddNumberToObject(j, "rss_peak_bytes", (double)r->rss_peak);
+    cJSON_AddNumberToObject(j, "huge_pages_after_load_bytes", (double)r->huge_load);
+    if (r->bw > 0 && r->dbytes > 0) {
+        cJSON_AddNumberToObject(j, "read_gb_s", r->bw / 1e9);
+        cJSON_AddNumberToObject(j, "decode_bytes_per_token", r->dbytes);
+        cJSON_AddNumberToObject(j, "decode_limit_tok_s", r->bw / r->dbytes);
     }
-    if (!model_path) {
-        bench_usage(stderr);
+    cJSON *arr = cJSON_AddArrayToObject(j, "decode");
+    for (int i = 0; i < o->b.n; i++) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddNumberToObject(d, "sequences", o->b.v[i]);
+        cJSON_AddNumberToObject(d, "tok_s", r->dec[i]);
+        cJSON_AddItemToArray(arr, d);
+    }
+    char *s = cJSON_PrintUnformatted(j);
+    if (s) printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+}
+
+static void print_table(const bench_opts *o, const bench_result *r) {
+    printf("model: %s (%s, %.1f MB of weights), %d thread(s), device %s\n", r->name, r->arch, r->weight_bytes / 1e6,
+           r->threads, r->on_gpu ? "cuda" : "cpu");
+    printf("resident memory after load: %.1f MB (peak %.1f MB)\n", (double)r->rss_load / 1e6, (double)r->rss_peak / 1e6);
+    if (r->bw > 0 && r->dbytes > 0)
+        printf("read bandwidth %.1f GB/s (%d threads); a decode step reads %.1f MB of weights: at most %.1f tok/s "
+               "for one sequence\n", r->bw / 1e9, r->threads, r->dbytes / 1e6, r->bw / r->dbytes);
+    printf("%-28s %12s\n", "test", "tok/s");
+    char label[64];
+    snprintf(label, sizeof label, "prefill %ld tokens", o->p);
+    printf("%-28s %12.1f\n", label, r->prefill_tok_s);
+    for (int i = 0; i < o->b.n; i++) {
+        snprintf(label, sizeof label, "decode %ld x %d sequence%s", o->n, o->b.v[i], o->b.v[i] > 1 ? "s" : "");
+        printf("%-28s %12.1f\n", label, r->dec[i]);
+    }
+}
+
+/* The timed runs on a created context: the prefill (after a warm-up), then each -b entry; then the read
+ * bandwidth (the CPU's read loop, or the GPU's device-to-device copy; after the timed runs: its buffer is not in
+ * the RSS figures). 0, or -1 (printed). */
+static int run_all(const bench_opts *o, const eng_model *model, eng_ctx *ctx, int32_t max_batch, bench_result *r) {
+    const eng_hparams *hp = eng_model_hparams(model);
+    size_t mb = (size_t)max_batch;
+    int32_t *tok = malloc(mb * sizeof *tok), *pos = malloc(mb * sizeof *pos), *seq = malloc(mb * sizeof *seq);
+    bool *want = malloc(mb * sizeof *want);
+    int rc = -1;
+    if (!tok || !pos || !seq || !want) goto done;
+    if (run_prefill(ctx, tok, pos, seq, want, (int32_t)o->p, hp->n_vocab) < 0) goto done; /* warm-up */
+    double tp = run_prefill(ctx, tok, pos, seq, want, (int32_t)o->p, hp->n_vocab);
+    if (tp < 0) goto done;
+    r->prefill_tok_s = (double)o->p / tp;
+    for (int i = 0; i < o->b.n; i++) {
+        double t = run_decode(ctx, tok, pos, seq, want, o->b.v[i], (int32_t)o->p, (int32_t)o->n, hp->n_vocab);
+        if (t < 0) goto done;
+        r->dec[i] = (double)o->b.v[i] * (double)o->n / t;
+    }
+    r->on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
+    /* GPU: the bytes per second of a device-to-device copy (cud_measure_bandwidth) */
+    if (!r->on_gpu) r->bw = read_bandwidth(eng_ctx_n_threads(ctx));
+    else if (cud_measure_bandwidth(0, &r->bw) != 0) r->bw = 0;
+    r->dbytes = (double)eng_model_decode_bytes(model);
+    rc = 0;
+done:
+    free(tok);
+    free(pos);
+    free(seq);
+    free(want);
+    return rc;
+}
+
+int kvs_cmd_bench(int argc, char **argv) {
+    bench_opts o = {.p = 128, .n = 64, .device = ENG_DEVICE_AUTO, .b = {{1, 4, 16, 32}, 4}};
+    int prc = kvs_cli_parse(&bench_cli, &o, argc, argv, NULL, NULL);
+    if (prc) return prc == 1 ? 0 : 2;
+    if (!o.model) {
+        kvs_cli_usage(&bench_cli, stderr);
         return 2;
     }
     int max_b = 1;
-    for (int i = 0; i < nb; i++)
-        if (bl[i] > max_b) max_b = bl[i];
+    for (int i = 0; i < o.b.n; i++)
+        if (o.b.v[i] > max_b) max_b = o.b.v[i];
 
     char err[512];
     eng_model *model = NULL;
     eng_ctx *ctx = NULL;
     int status = 1;
-    int32_t *tok = NULL, *pos = NULL, *seq = NULL;
-    bool *want = NULL;
-    double dec[16] = {0};
-    if (eng_model_load(model_path, NULL, &model, err, sizeof err) != 0) {
+    if (eng_model_load(o.model, NULL, &model, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve bench: %s\n", err);
         return 1;
     }
     const eng_hparams *hp = eng_model_hparams(model);
-    int32_t n_ctx = (int32_t)(p + n);
+    int32_t n_ctx = (int32_t)(o.p + o.n);
     if (n_ctx > hp->n_ctx_train) {
         fprintf(stderr, "kvserve bench: -p/-n exceed the model context %d\n", hp->n_ctx_train);
         goto done;
     }
     eng_ctx_params cp;
     eng_ctx_params_default(&cp);
-    cp.n_threads = (int32_t)threads;
-    cp.device = (eng_device)device;
+    cp.n_threads = (int32_t)o.threads;
+    cp.device = (eng_device)o.device;
     cp.n_ctx = n_ctx;
     cp.max_seqs = max_b;
-    cp.max_batch_tokens = (int32_t)(p > max_b ? p : max_b);
+    cp.max_batch_tokens = (int32_t)(o.p > max_b ? o.p : max_b);
     cp.prefix_caching = false;
     if (eng_ctx_create(model, &cp, &ctx, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve bench: %s\n", err);
         goto done;
     }
-    size_t rss_load = proc_kb_field("/proc/self/status", "VmRSS:");
-    size_t rss_peak = proc_kb_field("/proc/self/status", "VmHWM:");
-    size_t huge_load = proc_kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
-    size_t mb = (size_t)cp.max_batch_tokens;
-    tok = malloc(mb * sizeof *tok);
-    pos = malloc(mb * sizeof *pos);
-    seq = malloc(mb * sizeof *seq);
-    want = malloc(mb * sizeof *want);
-    if (!tok || !pos || !seq || !want) goto done;
-
-    if (run_prefill(ctx, tok, pos, seq, want, (int32_t)p, hp->n_vocab) < 0) goto done; /* warm-up */
-    double tp = run_prefill(ctx, tok, pos, seq, want, (int32_t)p, hp->n_vocab);
-    if (tp < 0) goto done;
-    double prefill_tok_s = (double)p / tp;
-    for (int i = 0; i < nb; i++) {
-        double t = run_decode(ctx, tok, pos, seq, want, bl[i], (int32_t)p, (int32_t)n, hp->n_vocab);
-        if (t < 0) goto done;
-        dec[i] = (double)bl[i] * (double)n / t;
-    }
-    /* after the timed runs (its buffer is not in the RSS figures); CPU contexts only */
-    const bool on_gpu = eng_ctx_device(ctx) == ENG_DEVICE_CUDA;
-    const double bw = on_gpu ? 0 : read_bandwidth(eng_ctx_n_threads(ctx));
-    const double dbytes = on_gpu ? 0 : (double)eng_model_decode_bytes(model);
-
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "model", hp->name);
-        cJSON_AddNumberToObject(o, "threads", eng_ctx_n_threads(ctx));
-        cJSON_AddStringToObject(o, "device", on_gpu ? "cuda" : "cpu");
-        char gpu[256];
-        if (on_gpu && cud_available(gpu, sizeof gpu) > 0) cJSON_AddStringToObject(o, "gpu", gpu);
-        cJSON_AddNumberToObject(o, "prefill_tokens", (double)p);
-        cJSON_AddNumberToObject(o, "prefill_tok_s", prefill_tok_s);
-        cJSON_AddNumberToObject(o, "decode_tokens", (double)n);
-        cJSON_AddNumberToObject(o, "rss_after_load_bytes", (double)rss_load);
-        cJSON_AddNumberToObject(o, "rss_peak_bytes", (double)rss_peak);
-        cJSON_AddNumberToObject(o, "huge_pages_after_load_bytes", (double)huge_load);
-        if (bw > 0 && dbytes > 0) {
-            cJSON_AddNumberToObject(o, "read_gb_s", bw / 1e9);
-            cJSON_AddNumberToObject(o, "decode_bytes_per_token", dbytes);
-            cJSON_AddNumberToObject(o, "decode_limit_tok_s", bw / dbytes);
-        }
-        cJSON *arr = cJSON_AddArrayToObject(o, "decode");
-        for (int i = 0; i < nb; i++) {
-            cJSON *d = cJSON_CreateObject();
-            cJSON_AddNumberToObject(d, "sequences", bl[i]);
-            cJSON_AddNumberToObject(d, "tok_s", dec[i]);
-            cJSON_AddItemToArray(arr, d);
-        }
-        char *s = cJSON_PrintUnformatted(o);
-        if (s) printf("%s\n", s);
-        free(s);
-        cJSON_Delete(o);
-    } else {
-        printf("model: %s (%s, %.1f MB of weights), %d thread(s), device %s\n", hp->name, hp->arch_name,
-               (double)eng_model_weight_bytes(model) / 1e6, eng_ctx_n_threads(ctx),
-               on_gpu ? "cuda" : "cpu");
-        printf("resident memory after load: %.1f MB (peak %.1f MB)\n", (double)rss_load / 1e6, (double)rss_peak / 1e6);
-        if (bw > 0 && dbytes > 0)
-            printf("read bandwidth %.1f GB/s (%d threads); a decode step reads %.1f MB of weights: at most %.1f tok/s "
-                   "for one sequence\n", bw / 1e9, eng_ctx_n_threads(ctx), dbytes / 1e6, bw / dbytes);
-        printf("%-28s %12s\n", "test", "tok/s");
-        char label[64];
-        snprintf(label, sizeof label, "prefill %ld tokens", p);
-        printf("%-28s %12.1f\n", label, prefill_tok_s);
-        for (int i = 0; i < nb; i++) {
-            snprintf(label, sizeof label, "decode %ld x %d sequence%s", n, bl[i], bl[i] > 1 ? "s" : "");
-            printf("%-28s %12.1f\n", label, dec[i]);
-        }
-    }
+    bench_result r = {.name = hp->name, .arch = hp->arch_name, .weight_bytes = (double)eng_model_weight_bytes(model),
+                      .threads = eng_ctx_n_threads(ctx)};
+    r.rss_load = proc_kb_field("/proc/self/status", "VmRSS:");
+    r.rss_peak = proc_kb_field("/proc/self/status", "VmHWM:");
+    r.huge_load = proc_kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
+    if (run_all(&o, model, ctx, cp.max_batch_tokens, &r) != 0) goto done;
+    if (o.json) print_json(&o, &r);
+    else print_table(&o, &r);
     status = 0;
 done:
-    free(tok);
-    free(pos);
-    free(seq);
-    free(want);
     eng_ctx_free(ctx);
     eng_model_free(model);
     return status;

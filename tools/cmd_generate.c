@@ -4,7 +4,7 @@
  *
  * Generates a completion for each prompt. With -f every non-empty line of the file is one JSON string (one
  * prompt). The prompts run through the same continuous-batching scheduler as `kvserve serve`
- * (server/scheduler.h, over a private event loop): each prompt is one request, all are admitted together and
+ * (server/sched/sched.h, over a private event loop): each prompt is one request, all are admitted together and
  * batched step by step (prompt chunks and decode tokens of every unfinished sequence in one batch). A
  * sequence stops at an end-of-generation token (which is kept as its last token) or after N tokens (default
  * 32). Sampling defaults to greedy (--temp 0). Prompts are tokenized with special tokens added and parsed.
@@ -17,32 +17,16 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "engine/engine.h"
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
-
-static void generate_usage(FILE *f) {
-    fprintf(f,
-            "usage: kvserve generate -m MODEL (-p PROMPT | -f PROMPTS.jsonl) [options]\n"
-            "  -m, --model FILE       GGUF model\n"
-            "  -p, --prompt TEXT      one prompt\n"
-            "  -f, --file FILE        one JSON string per line; all prompts run together as one batch\n"
-            "  -n, --n-predict N      tokens to generate per prompt (default 32)\n"
-            "  --temp T               temperature (default 0: greedy)\n"
-            "  --top-k K              top-k (default 0: off)\n"
-            "  --top-p P              top-p (default 1: off)\n"
-            "  --seed S               RNG seed (default 42)\n"
-            "  --top-logprobs K       report the K best log-probabilities per step (0..20)\n"
-            "  --json                 one JSON object per prompt\n"
-            "  --threads N            worker threads (default: the number of cores)\n"
-            "  --device D             auto (default: the GPU when there is one), cpu or cuda\n");
-}
 
 typedef struct gen_opts {
     const char *model_path, *prompt, *file;
@@ -51,6 +35,30 @@ typedef struct gen_opts {
     float temp, top_p;
     bool json;
 } gen_opts;
+
+#define O(f) offsetof(gen_opts, f)
+static const kvs_opt gen_opts_table[] = {
+    {"--model", "-m", KVS_OPT_STR, O(model_path), .arg = "FILE", .help = "GGUF model"},
+    {"--prompt", "-p", KVS_OPT_STR, O(prompt), .arg = "TEXT", .help = "one prompt"},
+    {"--file", "-f", KVS_OPT_STR, O(file), .arg = "FILE",
+     .help = "one JSON string per line; all prompts run together as one batch"},
+    {"--n-predict", "-n", KVS_OPT_LONG, O(n_predict), 1, 1 << 20, .arg = "N",
+     .help = "tokens to generate per prompt (default 32)"},
+    {"--temp", NULL, KVS_OPT_FLOAT, O(temp), .arg = "T", .help = "temperature (default 0: greedy)"},
+    {"--top-k", NULL, KVS_OPT_LONG, O(top_k), 0, 1 << 30, .arg = "K", .help = "top-k (default 0: off)"},
+    {"--top-p", NULL, KVS_OPT_FLOAT, O(top_p), .arg = "P", .help = "top-p (default 1: off)"},
+    {"--seed", NULL, KVS_OPT_LONG, O(seed), 0, (double)__LONG_MAX__, .arg = "S", .help = "RNG seed (default 42)"},
+    {"--top-logprobs", NULL, KVS_OPT_LONG, O(top_logprobs), 0, KVS_MAX_TOP_LOGPROBS, .arg = "K",
+     .help = "report the K best log-probabilities per step (0..20)"},
+    {"--json", NULL, KVS_OPT_FLAG, O(json), .flag_value = true, .help = "one JSON object per prompt"},
+    KVS_OPT_THREADS(gen_opts, threads),
+    KVS_OPT_DEVICE(gen_opts, device),
+};
+#undef O
+static const kvs_cli gen_cli = {
+    "generate", "-m MODEL (-p PROMPT | -f PROMPTS.jsonl) [options]", NULL, NULL,
+    gen_opts_table, sizeof gen_opts_table / sizeof gen_opts_table[0], 0,
+};
 
 typedef struct gen_seq {
     char *prompt;
@@ -150,48 +158,12 @@ static void print_json(const gen_seq *g, int top_k) {
 
 /* Parses the command line into *o: -1 to go on, else the exit status (help printed: 0, bad usage: 2). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->n_predict = 32;
-    o->seed = 42;
-    o->device = ENG_DEVICE_AUTO;
-    o->top_p = 1.0f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true, takes = true;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            generate_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-            takes = false;
-        } else if (!v) {
-            ok = false;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_path = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = kvs_parse_long(v, 1, 1 << 20, &o->n_predict);
-        else if (!strcmp(a, "--temp")) ok = kvs_parse_float(v, &o->temp);
-        else if (!strcmp(a, "--top-k")) ok = kvs_parse_long(v, 0, 1 << 30, &o->top_k);
-        else if (!strcmp(a, "--top-p")) ok = kvs_parse_float(v, &o->top_p);
-        else if (!strcmp(a, "--seed")) ok = kvs_parse_long(v, 0, __LONG_MAX__, &o->seed);
-        else if (!strcmp(a, "--top-logprobs")) ok = kvs_parse_long(v, 0, KVS_MAX_TOP_LOGPROBS, &o->top_logprobs);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = kvs_parse_long(v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--device")) ok = kvs_parse_device(v, &o->device);
-        else {
-            fprintf(stderr, "kvserve generate: unknown option '%s'\n", a);
-            generate_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve generate: bad or missing value for %s\n", a);
-            return 2;
-        }
-        if (takes) i++;
-    }
+    *o = (gen_opts){.n_predict = 32, .seed = 42, .device = ENG_DEVICE_AUTO, .top_p = 1.0f};
+    int prc = kvs_cli_parse(&gen_cli, o, argc, argv, NULL, NULL);
+    if (prc) return prc == 1 ? 0 : 2;
     if (!o->model_path || (!o->prompt == !o->file)) {
-        fprintf(stderr, "kvserve generate: need -m MODEL and exactly one of -p PROMPT / -f FILE\n");
-        generate_usage(stderr);
+        kvs_cli_fail(&gen_cli, "need -m MODEL and exactly one of -p PROMPT / -f FILE");
+        kvs_cli_usage(&gen_cli, stderr);
         return 2;
     }
     return -1;

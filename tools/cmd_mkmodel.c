@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
 #include "engine/kernels/quant.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 /* ---- options ------------------------------------------------------------------------------------------------ */
@@ -48,257 +50,196 @@ typedef struct mk_opts {
     uint64_t seed;
     double std;             /* matrices and biases */
     double embd_std;        /* token_embd and output */
+    bool dry_run;           /* print the header instead of writing */
 } mk_opts;
 
-static void usage(FILE *f) {
-    fprintf(f,
-        "usage: kvserve mkmodel -o OUT.gguf [OPTIONS]\n"
-        "\n"
-        "Writes a llama/qwen2/phi3 GGUF model with deterministic random weights (same options, same bytes on every\n"
-        "machine). Useful for tests, benchmarks and the embedded default model; its output is gibberish.\n"
-        "\n"
-        "  -o, --output FILE     output path (required); written atomically\n"
-        "  --preset NAME         starting shape, changed by the options below (default: default):\n"
-        "                          default     llama, embd 256, 4 blocks, 8 heads, 4 kv heads, ff 768, ctx 2048,\n"
-        "                                    untied, q8_0, built-in vocabulary (the model of `make run`)\n"
-        "                          tiny        llama, embd 64, 2 blocks, 4 heads, 2 kv heads, ff 128, ctx 512,\n"
-        "                                      separate output.weight, f32 (fast tests)\n"
-        "                          bench-135m  llama, embd 576, 30 blocks, 9 heads, 3 kv heads, ff 1536,\n"
-        "                                      ctx 4096, tied, q8_0 (pass --vocab-from a gpt-2 vocabulary)\n"
-        "                          llama-1b    llama, embd 2048, 16 blocks, 32 heads, 8 kv heads, ff 8192,\n"
-        "                                      ctx 8192, rope base 500000, tied, q8_0\n"
-        "                          bench-1b    the Llama-3.2-1B shape: llama-1b with ctx 131072, f16 (pass\n"
-        "                                      --vocab-from a llama 3 vocabulary; `kvserve quantize` makes the\n"
-        "                                      Q4_K_M/Q5_K_M/Q6_K/Q8_0 bench models from it)\n"
-        "  --arch llama|qwen2|phi3  architecture (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by default;\n"
-        "                        phi3 fuses Q/K/V into attn_qkv and gate|up into ffn_up, and rotates halves)\n"
-        "  --embd N              embedding length\n"
-        "  --layers N            number of blocks\n"
-        "  --heads N             attention heads\n"
-        "  --kv-heads N          key/value heads (must divide --heads)\n"
-        "  --ff N                feed-forward length\n"
-        "  --ctx N               training context length written to the metadata\n"
-        "  --head-dim N          per-head dimension (default embd / heads; even)\n"
-        "  --rope-base F         rope frequency base (default 10000)\n"
-        "  --rms-eps F           RMS norm epsilon\n"
-        "  --type f32|f16|q8_0   type of the matrices and embeddings (norms and biases are always f32);\n"
-        "                        q8_0 needs embd, heads*head-dim and ff to be multiples of 32\n"
-        "  --tied / --untied     without / with a separate output.weight\n"
-        "  --fim                 (built-in vocabulary) add the fill-in-the-middle control tokens <|fim_prefix|>,\n"
-        "                        <|fim_suffix|>, <|fim_middle|> at the end and name them in\n"
-        "                        tokenizer.ggml.fim_pre/suf/mid_token_id\n"
-        "  --vocab-from FILE     copy every tokenizer.* key from this GGUF (e.g. a vocab-only file); the\n"
-        "                        vocabulary size follows it. Default: a built-in 'llama' (SPM) vocabulary\n"
-        "  --rope-factors        (phi3) add LongRoPE's rope_factors_short.weight (1 + 0.25 t) and\n"
-        "                        rope_factors_long.weight (1 + 15 t^2), t = i / (head-dim / 2 - 1)\n"
-        "  --orig-ctx N          rope.scaling.original_context_length: contexts longer than N use the long\n"
-        "                        factors, others the short ones\n"
-        "  --rope-attn-factor F  rope.scaling.attn_factor; default with --rope-factors and ctx > orig-ctx:\n"
-        "                        sqrt(1 + ln(ctx / orig-ctx) / ln(orig-ctx)), as llama.cpp's converter writes\n"
-        "  --seed N              random seed (default 42)\n"
-        "  --std F               standard deviation of matrices (default 0.05); embeddings use 0.5\n"
-        "  --embd-std F          standard deviation of token_embd/output (default 0.5)\n"
-        "  -h, --help            this text\n");
-}
+/* The starting shapes of --preset (one row each; the options change them afterwards). */
+typedef struct mk_preset {
+    const char *name;
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
+    double rope_base;
+    uint32_t wtype;
+    bool tied;
+} mk_preset;
 
-static void preset_defaults(mk_opts *o) {
-    snprintf(o->arch, sizeof o->arch, "llama");
-    o->n_embd = 256; o->n_layer = 4; o->n_head = 8; o->n_head_kv = 4; o->n_ff = 768; o->n_ctx = 2048;
-    o->head_dim = 0; o->rope_base = 10000.0; o->rms_eps = -1; o->wtype = ENG_Q_Q8_0; o->tied = true;
-    o->seed = 42; o->std = 0.05; o->embd_std = 0.5;
-}
+static const mk_preset mk_presets[] = {
+    /* untied: with tied random embeddings a model mostly repeats its last input token, which reads as a bug to
+     * someone trying `make run`; a separate random output layer gives varied (random) text */
+    {"default", 256, 4, 8, 4, 768, 2048, 10000.0, ENG_Q_Q8_0, false},
+    {"tiny", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false},
+    {"bench-135m", 576, 30, 9, 3, 1536, 4096, 10000.0, ENG_Q_Q8_0, true},    /* SmolLM2-135M */
+    {"llama-1b", 2048, 16, 32, 8, 8192, 8192, 500000.0, ENG_Q_Q8_0, true},
+    {"bench-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0, ENG_Q_F16, true},  /* Llama-3.2-1B */
+    {"bench-8b", 4096, 32, 32, 8, 14336, 131072, 500000.0, ENG_Q_F16, false}, /* Llama-3.1-8B */
+};
+enum { MK_N_PRESETS = sizeof mk_presets / sizeof mk_presets[0] };
 
 static int apply_preset(mk_opts *o, const char *name) {
-    preset_defaults(o);
-    o->preset = name;
-    if (!strcmp(name, "default")) {
-        /* Untied: with tied random embeddings a model mostly repeats its last input token, which reads as
-         * a bug to someone trying `make run`; a separate random output layer gives varied (random) text. */
-        o->tied = false;
-        return 0;
-    }
-    if (!strcmp(name, "tiny")) {
-        o->n_embd = 64; o->n_layer = 2; o->n_head = 4; o->n_head_kv = 2; o->n_ff = 128; o->n_ctx = 512;
-        o->wtype = ENG_Q_F32; o->tied = false;
-        return 0;
-    }
-    if (!strcmp(name, "bench-135m")) {
-        o->n_embd = 576; o->n_layer = 30; o->n_head = 9; o->n_head_kv = 3; o->n_ff = 1536; o->n_ctx = 4096;
-        return 0;
-    }
-    if (!strcmp(name, "llama-1b") || !strcmp(name, "bench-1b")) {
-        o->n_embd = 2048; o->n_layer = 16; o->n_head = 32; o->n_head_kv = 8; o->n_ff = 8192; o->n_ctx = 8192;
-        o->rope_base = 500000.0;
-        if (!strcmp(name, "bench-1b")) {
-            o->n_ctx = 131072;  /* Llama 3.2's context_length */
-            o->wtype = ENG_Q_F16;
-        }
+    for (size_t i = 0; i < MK_N_PRESETS; i++) {
+        const mk_preset *p = &mk_presets[i];
+        if (strcmp(name, p->name)) continue;
+        snprintf(o->arch, sizeof o->arch, "llama");
+        o->preset = p->name;
+        o->n_embd = p->n_embd; o->n_layer = p->n_layer; o->n_head = p->n_head; o->n_head_kv = p->n_head_kv;
+        o->n_ff = p->n_ff; o->n_ctx = p->n_ctx; o->rope_base = p->rope_base; o->wtype = p->wtype; o->tied = p->tied;
+        o->head_dim = 0; o->rms_eps = -1; o->seed = 42; o->std = 0.05; o->embd_std = 0.5;
         return 0;
     }
     return -1;
 }
 
-static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "kvserve mkmodel: %s wants an integer in %lld..%lld, got '%s'\n", opt, (long long)lo,
-                (long long)hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+static bool set_arch(void *field, const char *v) {
+    if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "phi3")) return false;
+    snprintf(field, sizeof ((mk_opts *)0)->arch, "%s", v);
+    return true;
 }
 
-static int parse_f64(const char *opt, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kvserve mkmodel: %s wants a number in %g..%g, got '%s'\n", opt, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+static bool set_type(void *field, const char *v) {
+    uint32_t *t = field;
+    if (!strcmp(v, "f32")) *t = ENG_Q_F32;
+    else if (!strcmp(v, "f16")) *t = ENG_Q_F16;
+    else if (!strcmp(v, "q8_0")) *t = ENG_Q_Q8_0;
+    else return false;
+    return true;
 }
 
-/* Returns 0 to go on, 1 after --help, 2 on a usage error. */
-static int parse_args(int argc, char **argv, mk_opts *o) {
-    const char *preset = "default";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 1; }
-        if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[i + 1];
-        else if (!strncmp(argv[i], "--preset=", 9)) preset = argv[i] + 9;
-    }
-    if (apply_preset(o, preset) != 0) {
-        fprintf(stderr, "kvserve mkmodel: unknown preset '%s' (default, tiny, bench-135m, llama-1b, bench-1b)\n", preset);
-        return 2;
-    }
-    const int64_t big = 1 << 20;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = NULL;
-        char name[32];
-        /* --name=value or --name value */
-        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-        if (eq) {
-            size_t n = (size_t)(eq - a);
-            if (n >= sizeof name) n = sizeof name - 1;
-            memcpy(name, a, n);
-            name[n] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", a);
-        }
-        bool flag = !strcmp(name, "--tied") || !strcmp(name, "--untied") || !strcmp(name, "--fim") ||
-                    !strcmp(name, "--rope-factors");
-        if (flag) {
-            if (val) { fprintf(stderr, "kvserve mkmodel: %s takes no value\n", name); return 2; }
-            if (!strcmp(name, "--fim")) o->fim = true;
-            else if (!strcmp(name, "--rope-factors")) o->rope_factors = true;
-            else o->tied = !strcmp(name, "--tied");
-            continue;
-        }
-        if (!val) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvserve mkmodel: %s needs a value (or unknown option; see --help)\n", a);
-                return 2;
-            }
-            val = argv[++i];
-        }
-        int rc = 0;
-        if (!strcmp(name, "-o") || !strcmp(name, "--output")) o->out = val;
-        else if (!strcmp(name, "--preset")) { /* applied above */ }
-        else if (!strcmp(name, "--arch")) {
-            if (strcmp(val, "llama") && strcmp(val, "qwen2") && strcmp(val, "phi3")) {
-                fprintf(stderr, "kvserve mkmodel: --arch must be llama, qwen2 or phi3, got '%s'\n", val);
-                return 2;
-            }
-            snprintf(o->arch, sizeof o->arch, "%s", val);
-        }
-        else if (!strcmp(name, "--embd")) rc = parse_i64(name, val, 1, big, &o->n_embd);
-        else if (!strcmp(name, "--layers")) rc = parse_i64(name, val, 1, 4096, &o->n_layer);
-        else if (!strcmp(name, "--heads")) rc = parse_i64(name, val, 1, 4096, &o->n_head);
-        else if (!strcmp(name, "--kv-heads")) rc = parse_i64(name, val, 1, 4096, &o->n_head_kv);
-        else if (!strcmp(name, "--ff")) rc = parse_i64(name, val, 1, big, &o->n_ff);
-        else if (!strcmp(name, "--ctx")) rc = parse_i64(name, val, 1, INT32_MAX, &o->n_ctx);
-        else if (!strcmp(name, "--head-dim")) rc = parse_i64(name, val, 2, 4096, &o->head_dim);
-        else if (!strcmp(name, "--rope-base")) rc = parse_f64(name, val, 1.0, 1e12, &o->rope_base);
-        else if (!strcmp(name, "--orig-ctx")) rc = parse_i64(name, val, 1, INT32_MAX, &o->orig_ctx);
-        else if (!strcmp(name, "--rope-attn-factor")) rc = parse_f64(name, val, 1e-3, 1e3, &o->rope_attn);
-        else if (!strcmp(name, "--rms-eps")) rc = parse_f64(name, val, 1e-12, 1.0, &o->rms_eps);
-        else if (!strcmp(name, "--std")) rc = parse_f64(name, val, 0.0, 100.0, &o->std);
-        else if (!strcmp(name, "--embd-std")) rc = parse_f64(name, val, 0.0, 100.0, &o->embd_std);
-        else if (!strcmp(name, "--vocab-from")) o->vocab_from = val;
-        else if (!strcmp(name, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(val, &end, 0);
-            if (errno || end == val || *end || val[0] == '-') {
-                fprintf(stderr, "kvserve mkmodel: --seed wants a non-negative integer, got '%s'\n", val);
-                return 2;
-            }
-            o->seed = v;
-        } else if (!strcmp(name, "--type")) {
-            if (!strcmp(val, "f32")) o->wtype = ENG_Q_F32;
-            else if (!strcmp(val, "f16")) o->wtype = ENG_Q_F16;
-            else if (!strcmp(val, "q8_0")) o->wtype = ENG_Q_Q8_0;
-            else {
-                fprintf(stderr, "kvserve mkmodel: --type must be f32, f16 or q8_0, got '%s'\n", val);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "kvserve mkmodel: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (rc) return 2;
-    }
-    if (!o->out) {
-        fprintf(stderr, "kvserve mkmodel: -o OUT is required (see --help)\n");
-        return 2;
-    }
+static bool set_seed(void *field, const char *v) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-') return false;
+    *(uint64_t *)field = x;
+    return true;
+}
+
+#define O(f) offsetof(mk_opts, f)
+#define MK_BIG (1 << 20)
+static const kvs_opt mk_opts_table[] = {
+    {"--output", "-o", KVS_OPT_STR, O(out), .arg = "FILE", .help = "output path (required); written atomically"},
+    {"--preset", NULL, KVS_OPT_STR, O(preset), .arg = "NAME",
+     .help = "starting shape, changed by the options below (default: default):\n"
+             "  default     llama, embd 256, 4 blocks, 8 heads, 4 kv heads, ff 768, ctx 2048,\n"
+             "              untied, q8_0, built-in vocabulary (the model of `make run`)\n"
+             "  tiny        llama, embd 64, 2 blocks, 4 heads, 2 kv heads, ff 128, ctx 512,\n"
+             "              separate output.weight, f32 (fast tests)\n"
+             "  bench-135m  llama, embd 576, 30 blocks, 9 heads, 3 kv heads, ff 1536,\n"
+             "              ctx 4096, tied, q8_0 (pass --vocab-from a gpt-2 vocabulary)\n"
+             "  llama-1b    llama, embd 2048, 16 blocks, 32 heads, 8 kv heads, ff 8192,\n"
+             "              ctx 8192, rope base 500000, tied, q8_0\n"
+             "  bench-1b    the Llama-3.2-1B shape: llama-1b with ctx 131072, f16 (pass\n"
+             "              --vocab-from a llama 3 vocabulary; `kvserve quantize` makes the\n"
+             "              Q4_K_M/Q5_K_M/Q6_K/Q8_0 bench models from it)\n"
+             "  bench-8b    the Llama-3.1-8B shape: llama, embd 4096, 32 blocks, 32 heads,\n"
+             "              8 kv heads, ff 14336, ctx 131072, rope base 500000, untied, f16\n"
+             "              (pass --vocab-from a llama 3 vocabulary: about 16 GB, built in\n"
+             "              memory; --dry-run shows the header)"},
+    {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch, .expect = "llama, qwen2 or phi3", .arg = "A",
+     .help = "llama|qwen2|phi3 (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by\n"
+             "default; phi3 fuses Q/K/V into attn_qkv and gate|up into ffn_up, and\n"
+             "rotates halves)"},
+    {"--embd", NULL, KVS_OPT_I64, O(n_embd), 1, MK_BIG, .arg = "N", .help = "embedding length"},
+    {"--layers", NULL, KVS_OPT_I64, O(n_layer), 1, 4096, .arg = "N", .help = "number of blocks"},
+    {"--heads", NULL, KVS_OPT_I64, O(n_head), 1, 4096, .arg = "N", .help = "attention heads"},
+    {"--kv-heads", NULL, KVS_OPT_I64, O(n_head_kv), 1, 4096, .arg = "N", .help = "key/value heads (must divide --heads)"},
+    {"--ff", NULL, KVS_OPT_I64, O(n_ff), 1, MK_BIG, .arg = "N", .help = "feed-forward length"},
+    {"--ctx", NULL, KVS_OPT_I64, O(n_ctx), 1, INT32_MAX, .arg = "N",
+     .help = "training context length written to the metadata"},
+    {"--head-dim", NULL, KVS_OPT_I64, O(head_dim), 2, 4096, .arg = "N",
+     .help = "per-head dimension (default embd / heads; even)"},
+    {"--rope-base", NULL, KVS_OPT_DOUBLE, O(rope_base), 1.0, 1e12, .arg = "F",
+     .help = "rope frequency base (default 10000)"},
+    {"--rms-eps", NULL, KVS_OPT_DOUBLE, O(rms_eps), 1e-12, 1.0, .arg = "F", .help = "RMS norm epsilon"},
+    {"--type", NULL, KVS_OPT_SET, O(wtype), .set = set_type, .expect = "f32, f16 or q8_0", .arg = "T",
+     .help = "f32|f16|q8_0: type of the matrices and embeddings (norms and biases\n"
+             "are always f32); q8_0 needs embd, heads*head-dim and ff to be\n"
+             "multiples of 32"},
+    {"--tied", NULL, KVS_OPT_FLAG, O(tied), .flag_value = true, .help = "no separate output.weight"},
+    {"--untied", NULL, KVS_OPT_FLAG, O(tied), .flag_value = false, .help = "a separate output.weight"},
+    {"--fim", NULL, KVS_OPT_FLAG, O(fim), .flag_value = true,
+     .help = "(built-in vocabulary) add the fill-in-the-middle control tokens\n"
+             "<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> at the end and name them\n"
+             "in tokenizer.ggml.fim_pre/suf/mid_token_id"},
+    {"--vocab-from", NULL, KVS_OPT_STR, O(vocab_from), .arg = "FILE",
+     .help = "copy every tokenizer.* key from this GGUF (e.g. a vocab-only file); the\n"
+             "vocabulary size follows it. Default: a built-in 'llama' (SPM) vocabulary"},
+    {"--rope-factors", NULL, KVS_OPT_FLAG, O(rope_factors), .flag_value = true,
+     .help = "(phi3) add LongRoPE's rope_factors_short.weight (1 + 0.25 t) and\n"
+             "rope_factors_long.weight (1 + 15 t^2), t = i / (head-dim / 2 - 1)"},
+    {"--orig-ctx", NULL, KVS_OPT_I64, O(orig_ctx), 1, INT32_MAX, .arg = "N",
+     .help = "rope.scaling.original_context_length: contexts longer than N use the\n"
+             "long factors, others the short ones"},
+    {"--rope-attn-factor", NULL, KVS_OPT_DOUBLE, O(rope_attn), 1e-3, 1e3, .arg = "F",
+     .help = "rope.scaling.attn_factor; default with --rope-factors and ctx > orig-ctx:\n"
+             "sqrt(1 + ln(ctx / orig-ctx) / ln(orig-ctx)), as llama.cpp's converter writes"},
+    {"--seed", NULL, KVS_OPT_SET, O(seed), .set = set_seed, .expect = "a non-negative integer", .arg = "N",
+     .help = "random seed (default 42)"},
+    {"--std", NULL, KVS_OPT_DOUBLE, O(std), 0.0, 100.0, .arg = "F",
+     .help = "standard deviation of matrices (default 0.05)"},
+    {"--embd-std", NULL, KVS_OPT_DOUBLE, O(embd_std), 0.0, 100.0, .arg = "F",
+     .help = "standard deviation of token_embd/output (default 0.5)"},
+    {"--dry-run", NULL, KVS_OPT_FLAG, O(dry_run), .flag_value = true,
+     .help = "write nothing: print the header the options give (every metadata key\n"
+             "with its value, arrays by their length), the tensor count and the\n"
+             "weight bytes (-o is then optional)"},
+};
+#undef O
+static const kvs_cli mk_cli = {
+    "mkmodel", "-o OUT.gguf [OPTIONS]",
+    "Writes a llama/qwen2/phi3 GGUF model with deterministic random weights (same options, same bytes on every\n"
+    "machine). Useful for tests, benchmarks and the embedded default model; its output is gibberish.\n",
+    NULL, mk_opts_table, sizeof mk_opts_table / sizeof mk_opts_table[0], 0,
+};
+
+/* The checks and derived values after parsing: 0, or 2 after a message. */
+static int check_opts(mk_opts *o) {
+    if (!o->out && !o->dry_run) return kvs_cli_fail(&mk_cli, "-o OUT is required (see --help)");
     if (o->rms_eps < 0) o->rms_eps = !strcmp(o->arch, "qwen2") ? 1e-6 : 1e-5;
     if (o->head_dim == 0) {
-        if (o->n_embd % o->n_head) {
-            fprintf(stderr, "kvserve mkmodel: embd %lld is not divisible by heads %lld; give --head-dim\n",
-                    (long long)o->n_embd, (long long)o->n_head);
-            return 2;
-        }
+        if (o->n_embd % o->n_head)
+            return kvs_cli_fail(&mk_cli, "embd %lld is not divisible by heads %lld; give --head-dim",
+                                (long long)o->n_embd, (long long)o->n_head);
         o->head_dim = o->n_embd / o->n_head;
     }
-    if (o->rope_factors && strcmp(o->arch, "phi3")) {
-        fprintf(stderr, "kvserve mkmodel: --rope-factors needs --arch phi3\n");
-        return 2;
-    }
+    if (o->rope_factors && strcmp(o->arch, "phi3")) return kvs_cli_fail(&mk_cli, "--rope-factors needs --arch phi3");
     if (o->rope_factors && o->orig_ctx > 0 && o->n_ctx > o->orig_ctx && o->rope_attn == 0) {
         double scale = (double)o->n_ctx / (double)o->orig_ctx; /* LongRoPE's attention factor */
         o->rope_attn = sqrt(1.0 + log(scale) / log((double)o->orig_ctx));
     }
-    if (o->head_dim % 2) {
-        fprintf(stderr, "kvserve mkmodel: head dim %lld must be even (rope rotates pairs)\n", (long long)o->head_dim);
-        return 2;
-    }
-    if (o->n_head % o->n_head_kv) {
-        fprintf(stderr, "kvserve mkmodel: kv-heads %lld must divide heads %lld\n", (long long)o->n_head_kv,
-                (long long)o->n_head);
-        return 2;
-    }
-    if (o->n_head * o->head_dim > big) {
-        fprintf(stderr, "kvserve mkmodel: heads * head-dim is too large\n");
-        return 2;
-    }
+    if (o->head_dim % 2)
+        return kvs_cli_fail(&mk_cli, "head dim %lld must be even (rope rotates pairs)", (long long)o->head_dim);
+    if (o->n_head % o->n_head_kv)
+        return kvs_cli_fail(&mk_cli, "kv-heads %lld must divide heads %lld", (long long)o->n_head_kv,
+                            (long long)o->n_head);
+    if (o->n_head * o->head_dim > MK_BIG) return kvs_cli_fail(&mk_cli, "heads * head-dim is too large");
     if (o->wtype == ENG_Q_Q8_0) {
         const struct { const char *what; int64_t v; } rows[] = {
             {"embd", o->n_embd}, {"heads * head-dim", o->n_head * o->head_dim}, {"ff", o->n_ff}};
         for (int i = 0; i < 3; i++)
-            if (rows[i].v % 32) {
-                fprintf(stderr, "kvserve mkmodel: --type q8_0 needs %s (%lld) to be a multiple of 32\n",
-                        rows[i].what, (long long)rows[i].v);
-                return 2;
-            }
+            if (rows[i].v % 32)
+                return kvs_cli_fail(&mk_cli, "--type q8_0 needs %s (%lld) to be a multiple of 32", rows[i].what,
+                                    (long long)rows[i].v);
     }
     return 0;
+}
+
+/* Returns 0 to go on, 1 after --help, 2 on a usage error. The preset is the starting point of the other
+ * options, wherever --preset stands: a first pass finds it (and every usage error), the second applies the
+ * options over it. */
+static int parse_args(int argc, char **argv, mk_opts *o) {
+    mk_opts first;
+    memset(&first, 0, sizeof first);
+    first.preset = "default";
+    int prc = kvs_cli_parse(&mk_cli, &first, argc, argv, NULL, NULL);
+    if (prc) return prc;
+    if (apply_preset(o, first.preset) != 0) {
+        char names[256];
+        size_t len = 0;
+        for (size_t i = 0; i < MK_N_PRESETS && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", mk_presets[i].name);
+        return kvs_cli_fail(&mk_cli, "unknown preset '%s' (%s)", first.preset, names);
+    }
+    if (kvs_cli_parse(&mk_cli, o, argc, argv, NULL, NULL) != 0) return 2; /* the same arguments: cannot fail */
+    return check_opts(o);
 }
 
 /* ---- deterministic random numbers ------------------------------------------------------------------------- */
@@ -502,7 +443,7 @@ static int add_vocab_from(eng_gguf_writer *w, const char *path, int64_t *n_vocab
         const eng_gguf_kv *kv = eng_gguf_kv_at(g, i);
         if (kv->key.len > 10 && !memcmp(kv->key.ptr, "tokenizer.", 10)) rc = eng_gguf_add_kv_from(w, kv);
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: %s: cannot copy the tokenizer block: %s\n", path, eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: %s: cannot copy the tokenizer block: %s\n", path, kvs_strerror(rc));
     eng_gguf_close(g);
     return rc;
 }
@@ -543,7 +484,7 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
         const int64_t ne[2] = {ne0, ne1};
         rc = eng_gguf_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, data, nbytes);
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, kvs_strerror(rc));
     *total_bytes += nbytes;
     free(vals);
     free(data);
@@ -567,7 +508,7 @@ static int add_rope_factors(eng_gguf_writer *w, int64_t half, size_t *total_byte
                                  1, ne, f, (size_t)half * sizeof *f);
         *total_bytes += (size_t)half * sizeof *f;
     }
-    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", kvs_strerror(rc));
     free(f);
     return rc;
 }
@@ -604,30 +545,19 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     return rc;
 }
 
-int kvs_cmd_mkmodel(int argc, char **argv) {
-    mk_opts o;
-    memset(&o, 0, sizeof o);
-    int prc = parse_args(argc, argv, &o);
-    if (prc == 1) return 0;
-    if (prc) return 2;
-
-    eng_gguf_writer *w;
-    if (eng_gguf_writer_create(&w)) {
-        fprintf(stderr, "kvserve mkmodel: out of memory\n");
-        return 1;
-    }
-    int64_t n_vocab = 0;
+/* The metadata and the tokenizer block into w; *n_vocab gets the vocabulary size. 0, or an error (printed). */
+static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab) {
     int rc = 0;
     /* Metadata first needs n_vocab: build the tokenizer block into a scratch writer, then copy it after. */
     eng_gguf_writer *tw;
     if (eng_gguf_writer_create(&tw)) rc = ENG_ERR_NOMEM;
-    if (o.fim && o.vocab_from) {
+    if (o->fim && o->vocab_from) {
         fprintf(stderr, "kvserve mkmodel: --fim adds tokens to the built-in vocabulary; it cannot be combined with "
                 "--vocab-from\n");
         rc = ENG_ERR_INVALID;
     }
-    if (!rc) rc = o.vocab_from ? add_vocab_from(tw, o.vocab_from, &n_vocab) : add_builtin_vocab(tw, o.fim, &n_vocab);
-    if (!rc) rc = add_metadata(w, &o, n_vocab);
+    if (!rc) rc = o->vocab_from ? add_vocab_from(tw, o->vocab_from, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
+    if (!rc) rc = add_metadata(w, o, *n_vocab);
     if (!rc) {
         /* Copy the tokenizer block through a reader over the scratch writer's bytes. */
         void *mem = NULL;
@@ -642,50 +572,124 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     }
     eng_gguf_writer_free(tw);
     if (rc && rc != ENG_ERR_IO && rc != ENG_ERR_FORMAT && rc != ENG_ERR_UNSUPPORTED)
-        fprintf(stderr, "kvserve mkmodel: cannot build the metadata: %s\n", eng_strerror(rc));
+        fprintf(stderr, "kvserve mkmodel: cannot build the metadata: %s\n", kvs_strerror(rc));
+    return rc;
+}
 
-    const int64_t E = o.n_embd, Q = o.n_head * o.head_dim, KV = o.n_head_kv * o.head_dim, F = o.n_ff;
-    size_t total = 0;
+/* One tensor into w, or with w NULL only counted (nothing generated): *total gets its bytes, *count one more. */
+static int tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
+                      size_t *total, int *count) {
+    (*count)++;
+    if (w) return add_tensor(w, o, name, kind, ne0, ne1, total);
+    uint32_t type = (kind == MK_MATRIX || kind == MK_EMBED) ? o->wtype : ENG_Q_F32;
+    *total += eng_qtype_row_bytes(type, ne0) * (size_t)ne1;
+    return 0;
+}
+
+/* Every tensor of the model, in file order, into w; with w NULL only counted (nothing generated). *total gets
+ * their bytes, *count their number. 0, or an error (printed). */
+static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
+    const int64_t E = o->n_embd, Q = o->n_head * o->head_dim, KV = o->n_head_kv * o->head_dim, F = o->n_ff;
+    const mk_tdef t[] = {
+        {"attn_norm.weight", MK_NORM, E, 1},   {"attn_q.weight", MK_MATRIX, E, Q},
+        {"attn_k.weight", MK_MATRIX, E, KV},   {"attn_v.weight", MK_MATRIX, E, KV},
+        {"attn_q.bias", MK_BIAS, Q, 1},        {"attn_k.bias", MK_BIAS, KV, 1},
+        {"attn_v.bias", MK_BIAS, KV, 1},       {"attn_output.weight", MK_MATRIX, Q, E},
+        {"ffn_norm.weight", MK_NORM, E, 1},    {"ffn_gate.weight", MK_MATRIX, E, F},
+        {"ffn_up.weight", MK_MATRIX, E, F},    {"ffn_down.weight", MK_MATRIX, F, E},
+    };
+    /* phi3: Q, K, V rows fused in attn_qkv, gate then up rows fused in ffn_up */
+    const mk_tdef fused[] = {
+        {"attn_norm.weight", MK_NORM, E, 1},       {"attn_qkv.weight", MK_MATRIX, E, Q + 2 * KV},
+        {"attn_output.weight", MK_MATRIX, Q, E},   {"ffn_norm.weight", MK_NORM, E, 1},
+        {"ffn_up.weight", MK_MATRIX, E, 2 * F},    {"ffn_down.weight", MK_MATRIX, F, E},
+    };
+    const bool biases = !strcmp(o->arch, "qwen2"), phi3 = !strcmp(o->arch, "phi3");
+    const mk_tdef *td = phi3 ? fused : t;
+    const size_t nt = phi3 ? sizeof fused / sizeof fused[0] : sizeof t / sizeof t[0];
     char name[96];
-    if (!rc) rc = add_tensor(w, &o, "token_embd.weight", MK_EMBED, E, n_vocab, &total);
-    for (int64_t l = 0; l < o.n_layer && !rc; l++) {
-        const mk_tdef t[] = {
-            {"attn_norm.weight", MK_NORM, E, 1},   {"attn_q.weight", MK_MATRIX, E, Q},
-            {"attn_k.weight", MK_MATRIX, E, KV},   {"attn_v.weight", MK_MATRIX, E, KV},
-            {"attn_q.bias", MK_BIAS, Q, 1},        {"attn_k.bias", MK_BIAS, KV, 1},
-            {"attn_v.bias", MK_BIAS, KV, 1},       {"attn_output.weight", MK_MATRIX, Q, E},
-            {"ffn_norm.weight", MK_NORM, E, 1},    {"ffn_gate.weight", MK_MATRIX, E, F},
-            {"ffn_up.weight", MK_MATRIX, E, F},    {"ffn_down.weight", MK_MATRIX, F, E},
-        };
-        /* phi3: Q, K, V rows fused in attn_qkv, gate then up rows fused in ffn_up */
-        const mk_tdef fused[] = {
-            {"attn_norm.weight", MK_NORM, E, 1},       {"attn_qkv.weight", MK_MATRIX, E, Q + 2 * KV},
-            {"attn_output.weight", MK_MATRIX, Q, E},   {"ffn_norm.weight", MK_NORM, E, 1},
-            {"ffn_up.weight", MK_MATRIX, E, 2 * F},    {"ffn_down.weight", MK_MATRIX, F, E},
-        };
-        bool biases = !strcmp(o.arch, "qwen2"), phi3 = !strcmp(o.arch, "phi3");
-        const mk_tdef *td = phi3 ? fused : t;
-        size_t nt = phi3 ? sizeof fused / sizeof fused[0] : sizeof t / sizeof t[0];
+    *total = 0;
+    *count = 0;
+    int rc = tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
+    for (int64_t l = 0; l < o->n_layer && !rc; l++) {
         for (size_t i = 0; i < nt && !rc; i++) {
             if (td[i].kind == MK_BIAS && !biases) continue;
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
-            rc = add_tensor(w, &o, name, td[i].kind, td[i].ne0, td[i].ne1, &total);
+            rc = tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
         }
     }
-    if (!rc) rc = add_tensor(w, &o, "output_norm.weight", MK_NORM, E, 1, &total);
-    if (!rc && !o.tied) rc = add_tensor(w, &o, "output.weight", MK_EMBED, E, n_vocab, &total);
-    if (!rc && o.rope_factors) rc = add_rope_factors(w, o.head_dim / 2, &total);
-    if (!rc) {
+    if (!rc) rc = tensor_one(w, o, "output_norm.weight", MK_NORM, E, 1, total, count);
+    if (!rc && !o->tied) rc = tensor_one(w, o, "output.weight", MK_EMBED, E, n_vocab, total, count);
+    if (!rc && o->rope_factors) {
+        *count += 2;
+        if (w) rc = add_rope_factors(w, o->head_dim / 2, total);
+        else *total += 2 * (size_t)(o->head_dim / 2) * sizeof(float);
+    }
+    return rc;
+}
+
+/* --dry-run: the header's keys as a reader sees them (through the bytes the writer makes), then the tensors. */
+static int print_header(const eng_gguf_writer *w) {
+    void *mem = NULL;
+    size_t size = 0;
+    eng_gguf *g = NULL;
+    char err[256];
+    int rc = eng_gguf_write_memory(w, &mem, &size);
+    if (!rc) rc = eng_gguf_open_memory(mem, size, "header", &g, err, sizeof err);
+    for (int64_t i = 0; !rc && i < eng_gguf_n_kv(g); i++) {
+        const eng_gguf_kv *kv = eng_gguf_kv_at(g, i);
+        printf("%.*s = ", (int)kv->key.len, kv->key.ptr);
+        switch (kv->type) {
+        case ENG_GGUF_STRING:
+            if (kv->v.str.len > 60) printf("(%llu bytes of text)\n", (unsigned long long)kv->v.str.len);
+            else printf("%.*s\n", (int)kv->v.str.len, kv->v.str.ptr);
+            break;
+        case ENG_GGUF_ARRAY: printf("[%llu x %s]\n", (unsigned long long)kv->v.arr.n, kv->v.arr.type == ENG_GGUF_STRING ? "string" : "number"); break;
+        case ENG_GGUF_FLOAT32: case ENG_GGUF_FLOAT64: printf("%.9g\n", kv->v.f64); break;
+        case ENG_GGUF_BOOL: printf("%s\n", kv->v.b ? "true" : "false"); break;
+        case ENG_GGUF_INT8: case ENG_GGUF_INT16: case ENG_GGUF_INT32: case ENG_GGUF_INT64:
+            printf("%lld\n", (long long)kv->v.i64);
+            break;
+        default: printf("%llu\n", (unsigned long long)kv->v.u64); break;
+        }
+    }
+    eng_gguf_close(g);
+    free(mem);
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot read the header back: %s\n", kvs_strerror(rc));
+    return rc;
+}
+
+int kvs_cmd_mkmodel(int argc, char **argv) {
+    mk_opts o;
+    memset(&o, 0, sizeof o);
+    int prc = parse_args(argc, argv, &o);
+    if (prc == 1) return 0;
+    if (prc) return 2;
+
+    eng_gguf_writer *w;
+    if (eng_gguf_writer_create(&w)) {
+        fprintf(stderr, "kvserve mkmodel: out of memory\n");
+        return 1;
+    }
+    int64_t n_vocab = 0;
+    size_t total = 0;
+    int count = 0;
+    int rc = build_metadata(w, &o, &n_vocab);
+    if (!rc && o.dry_run) {
+        rc = print_header(w);
+        if (!rc) rc = add_tensors(NULL, &o, n_vocab, &total, &count);
+    } else if (!rc) {
+        rc = add_tensors(w, &o, n_vocab, &total, &count);
         char err[512];
-        rc = eng_gguf_write(w, o.out, err, sizeof err);
-        if (rc) fprintf(stderr, "kvserve mkmodel: %s\n", err);
+        if (!rc && (rc = eng_gguf_write(w, o.out, err, sizeof err)) != 0) fprintf(stderr, "kvserve mkmodel: %s\n", err);
     }
     eng_gguf_writer_free(w);
     if (rc) return 1;
     static const char *const tnames[] = {[ENG_Q_F32] = "f32", [ENG_Q_F16] = "f16", [ENG_Q_Q8_0] = "q8_0"};
-    printf("wrote %s: %s, embd %lld, %lld blocks, %lld/%lld heads (dim %lld), ff %lld, vocab %lld, %s%s, "
-           "%.1f MiB of weights\n", o.out, o.arch, (long long)E, (long long)o.n_layer, (long long)o.n_head,
-           (long long)o.n_head_kv, (long long)o.head_dim, (long long)F, (long long)n_vocab, tnames[o.wtype],
-           o.tied ? ", tied" : "", (double)total / (1024.0 * 1024.0));
+    printf("%s %s: %s, embd %lld, %lld blocks, %lld/%lld heads (dim %lld), ff %lld, vocab %lld, %s%s, "
+           "%d tensors, %.1f MiB of weights\n", o.dry_run ? "would write" : "wrote", o.out ? o.out : "(dry run)",
+           o.arch, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head, (long long)o.n_head_kv,
+           (long long)o.head_dim, (long long)o.n_ff, (long long)n_vocab, tnames[o.wtype], o.tied ? ", tied" : "",
+           count, (double)total / (1024.0 * 1024.0));
     return 0;
 }

@@ -61,20 +61,6 @@ static const qz_ftype k_ftypes[] = {
     {"Q6_K", QZ_Q6_K, 18, ENG_Q_Q6_K},
 };
 
-static void usage(FILE *f) {
-    fprintf(f,
-        "usage: kvserve quantize IN.gguf OUT.gguf TYPE [--threads N]\n"
-        "\n"
-        "Quantizes the f32/f16/bf16 matrices of a GGUF model as llama.cpp's llama-quantize does without an\n"
-        "importance matrix (same per-tensor types, same bytes). 1-D tensors and norms keep their type.\n"
-        "\n"
-        "  TYPE           Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K\n"
-        "  -t, --threads N  worker threads (default: the number of cores)\n"
-        "  -h, --help     this text\n"
-        "\n"
-        "OUT is written to a temporary file beside it and renamed at the end: a failure leaves no partial file.\n");
-}
-
 static const qz_ftype *ftype_find(const char *s) {
     if (!strcasecmp(s, "Q4_K")) s = "Q4_K_M";
     if (!strcasecmp(s, "Q5_K")) s = "Q5_K_M";
@@ -616,7 +602,7 @@ static int build_writer(const eng_gguf *g, const qz_plan *pl, eng_gguf_writer **
         if (is_split_key(kv->key)) continue;
         rc = eng_gguf_add_kv_from(w, kv);
         if (rc) snprintf(err, err_len, "%s: cannot copy key '%.*s': %s", eng_gguf_name(g), (int)kv->key.len,
-                         kv->key.ptr, eng_strerror(rc));
+                         kv->key.ptr, kvs_strerror(rc));
     }
     if (!rc) rc = eng_gguf_add_u32(w, "general.quantization_version", 2);
     if (!rc) rc = eng_gguf_add_u32(w, "general.file_type", pl->pol.ft->file_type);
@@ -626,7 +612,7 @@ static int build_writer(const eng_gguf *g, const qz_plan *pl, eng_gguf_writer **
         if (rc) snprintf(err, err_len, "%s: tensor '%s': cannot describe it as %s", eng_gguf_name(g), q->name,
                          eng_qtype_get(q->out_type) ? eng_qtype_get(q->out_type)->name : "?");
     }
-    if (rc && !err[0]) snprintf(err, err_len, "cannot build the header: %s", eng_strerror(rc));
+    if (rc && !err[0]) snprintf(err, err_len, "cannot build the header: %s", kvs_strerror(rc));
     if (rc) {
         eng_gguf_writer_free(w);
         return rc;
@@ -647,47 +633,35 @@ typedef struct qz_args {
     long threads;
 } qz_args;
 
+static const kvs_opt qz_opts_table[] = {
+    KVS_OPT_THREADS(qz_args, threads),
+};
+static const kvs_cli qz_cli = {
+    "quantize", "IN.gguf OUT.gguf TYPE [--threads N]",
+    "Quantizes the f32/f16/bf16 matrices of a GGUF model as llama.cpp's llama-quantize does without an\n"
+    "importance matrix (same per-tensor types, same bytes). 1-D tensors and norms keep their type.\n"
+    "\n"
+    "  TYPE                  Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K\n",
+    "OUT is written to a temporary file beside it and renamed at the end: a failure leaves no partial file.\n",
+    qz_opts_table, sizeof qz_opts_table / sizeof qz_opts_table[0], 3,
+};
+
 /* 0 to go on, 1 after --help, 2 on a usage error. */
 static int parse_args(int argc, char **argv, qz_args *a) {
     const char *pos[3];
     int npos = 0;
     a->threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            usage(stdout);
-            return 1;
-        }
-        if (!strcmp(s, "-t") || !strcmp(s, "--threads") || !strncmp(s, "--threads=", 10)) {
-            const char *v = !strncmp(s, "--threads=", 10) ? s + 10 : i + 1 < argc ? argv[++i] : NULL;
-            if (!v || !kvs_parse_long(v, 1, 1024, &a->threads)) {
-                fprintf(stderr, "kvserve quantize: --threads wants an integer in 1..1024\n");
-                return 2;
-            }
-            continue;
-        }
-        if (s[0] == '-' && s[1]) {
-            fprintf(stderr, "kvserve quantize: unknown option '%s' (see --help)\n", s);
-            return 2;
-        }
-        if (npos == 3) {
-            fprintf(stderr, "kvserve quantize: too many arguments (see --help)\n");
-            return 2;
-        }
-        pos[npos++] = s;
-    }
+    int prc = kvs_cli_parse(&qz_cli, a, argc, argv, pos, &npos);
+    if (prc) return prc;
     if (npos != 3) {
-        usage(stderr);
+        kvs_cli_usage(&qz_cli, stderr);
         return 2;
     }
     a->in = pos[0];
     a->out = pos[1];
     a->ft = ftype_find(pos[2]);
-    if (!a->ft) {
-        fprintf(stderr, "kvserve quantize: unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K)\n",
-                pos[2]);
-        return 2;
-    }
+    if (!a->ft)
+        return kvs_cli_fail(&qz_cli, "unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K)", pos[2]);
     return 0;
 }
 
@@ -715,7 +689,7 @@ int kvs_cmd_quantize(int argc, char **argv) {
     if (!rc && (rc = eng_gguf_write_header(w, &hdr, &hdr_len)) != 0) snprintf(err, sizeof err, "out of memory");
     int threads = a.threads > 0 ? (int)a.threads : eng_cpu_count();
     if (!rc && (rc = eng_pool_create(threads, &pool)) != 0)
-        snprintf(err, sizeof err, "cannot start %d threads: %s", threads, eng_strerror(rc));
+        snprintf(err, sizeof err, "cannot start %d threads: %s", threads, kvs_strerror(rc));
     if (!rc) {
         rc = out_open(&o, a.out, err, sizeof err);
         opened = rc == 0;
@@ -742,7 +716,7 @@ int kvs_cmd_quantize(int argc, char **argv) {
         int crc = out_close(&o, rc == 0, a.out, err, sizeof err);
         if (!rc) rc = crc;
     }
-    if (rc) fprintf(stderr, "kvserve quantize: %s\n", err[0] ? err : eng_strerror(rc));
+    if (rc) fprintf(stderr, "kvserve quantize: %s\n", err[0] ? err : kvs_strerror(rc));
     else {
         double dt = kvs_now_s() - t0;
         if (pl.pol.n_fallback)

@@ -8,6 +8,7 @@
  * (2 for bad usage).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +17,21 @@
 #include <cjson/cJSON.h>
 
 #include "template/template.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
-static void rt_usage(FILE *f) {
-    fprintf(f, "usage: kvserve render-template -t TEMPLATE.jinja -i CONVERSATION.json\n"
-               "  -t, --template FILE    the Jinja chat template\n"
-               "  -i, --input FILE       a JSON object: messages, tools, add_generation_prompt, bos_token,\n"
-               "                         eos_token, now (YYYY-MM-DDTHH:MM:SS), other template variables\n");
-}
+typedef struct rt_opts { const char *tpath, *ipath; } rt_opts;
+
+static const kvs_opt rt_opts_table[] = {
+    {"--template", "-t", KVS_OPT_STR, offsetof(rt_opts, tpath), .arg = "FILE", .help = "the Jinja chat template"},
+    {"--input", "-i", KVS_OPT_STR, offsetof(rt_opts, ipath), .arg = "FILE",
+     .help = "a JSON object: messages, tools, add_generation_prompt, bos_token,\n"
+             "eos_token, now (YYYY-MM-DDTHH:MM:SS), other template variables"},
+};
+static const kvs_cli rt_cli = {
+    "render-template", "-t TEMPLATE.jinja -i CONVERSATION.json", NULL, NULL,
+    rt_opts_table, sizeof rt_opts_table / sizeof rt_opts_table[0], 0,
+};
 
 static char *slurp(const char *path, size_t *len) {
     char *s = NULL;
@@ -53,22 +61,13 @@ static bool parse_now(const char *s, struct tm *tm) {
 }
 
 int kvs_cmd_render_template(int argc, char **argv) {
-    const char *tpath = NULL, *ipath = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_next = i + 1 < argc;
-        if ((!strcmp(a, "-t") || !strcmp(a, "--template")) && has_next) tpath = argv[++i];
-        else if ((!strcmp(a, "-i") || !strcmp(a, "--input")) && has_next) ipath = argv[++i];
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { rt_usage(stdout); return 0; }
-        else {
-            fprintf(stderr, "kvserve render-template: unknown or incomplete option '%s'\n", a);
-            rt_usage(stderr);
-            return 2;
-        }
-    }
+    rt_opts o = {0};
+    int prc = kvs_cli_parse(&rt_cli, &o, argc, argv, NULL, NULL);
+    if (prc) return prc == 1 ? 0 : 2;
+    const char *tpath = o.tpath, *ipath = o.ipath;
     if (!tpath || !ipath) {
-        fprintf(stderr, "kvserve render-template: need -t TEMPLATE and -i CONVERSATION\n");
-        rt_usage(stderr);
+        kvs_cli_fail(&rt_cli, "need -t TEMPLATE and -i CONVERSATION");
+        kvs_cli_usage(&rt_cli, stderr);
         return 2;
     }
     size_t tlen = 0, ilen = 0;

@@ -8,23 +8,36 @@
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "engine/engine.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
-static void tokenize_usage(FILE *f) {
-    fprintf(f, "usage: kvserve tokenize -m MODEL (-p TEXT | -f FILE) [--no-special] [--no-parse-special] [--json]\n"
-               "  -m, --model FILE       GGUF model (only its vocabulary is loaded)\n"
-               "  -p, --prompt TEXT      text to tokenize\n"
-               "  -f, --file FILE        tokenize the file's exact bytes\n"
-               "  --no-special           do not add BOS/EOS\n"
-               "  --no-parse-special     treat the text of special tokens as plain text\n"
-               "  --json                 print {\"tokens\":[...]}\n");
-}
+typedef struct tok_opts {
+    const char *model_path, *prompt, *file;
+    bool add_special, parse_special, json;
+} tok_opts;
+
+#define O(f) offsetof(tok_opts, f)
+static const kvs_opt tok_opts_table[] = {
+    {"--model", "-m", KVS_OPT_STR, O(model_path), .arg = "FILE", .help = "GGUF model (only its vocabulary is loaded)"},
+    {"--prompt", "-p", KVS_OPT_STR, O(prompt), .arg = "TEXT", .help = "text to tokenize"},
+    {"--file", "-f", KVS_OPT_STR, O(file), .arg = "FILE", .help = "tokenize the file's exact bytes"},
+    {"--no-special", NULL, KVS_OPT_FLAG, O(add_special), .flag_value = false, .help = "do not add BOS/EOS"},
+    {"--no-parse-special", NULL, KVS_OPT_FLAG, O(parse_special), .flag_value = false,
+     .help = "treat the text of special tokens as plain text"},
+    {"--json", NULL, KVS_OPT_FLAG, O(json), .flag_value = true, .help = "print {\"tokens\":[...]}"},
+};
+#undef O
+static const kvs_cli tok_cli = {
+    "tokenize", "-m MODEL (-p TEXT | -f FILE) [--no-special] [--no-parse-special] [--json]", NULL, NULL,
+    tok_opts_table, sizeof tok_opts_table / sizeof tok_opts_table[0], 0,
+};
 
 static int read_file(const char *path, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -84,29 +97,16 @@ static void print_piece(const char *p, size_t n) {
 }
 
 int kvs_cmd_tokenize(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *file = NULL;
-    bool add_special = true, parse_special = true, json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_next = i + 1 < argc;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_next) model_path = argv[++i];
-        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && has_next) prompt = argv[++i];
-        else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && has_next) file = argv[++i];
-        else if (!strcmp(a, "--no-special")) add_special = false;
-        else if (!strcmp(a, "--no-parse-special")) parse_special = false;
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { tokenize_usage(stdout); return 0; }
-        else {
-            fprintf(stderr, "kvserve tokenize: unknown or incomplete option '%s'\n", a);
-            tokenize_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model_path || (!prompt == !file)) {
-        fprintf(stderr, "kvserve tokenize: need -m MODEL and exactly one of -p TEXT / -f FILE\n");
-        tokenize_usage(stderr);
+    tok_opts o = {.add_special = true, .parse_special = true};
+    int prc = kvs_cli_parse(&tok_cli, &o, argc, argv, NULL, NULL);
+    if (prc) return prc == 1 ? 0 : 2;
+    if (!o.model_path || (!o.prompt == !o.file)) {
+        kvs_cli_fail(&tok_cli, "need -m MODEL and exactly one of -p TEXT / -f FILE");
+        kvs_cli_usage(&tok_cli, stderr);
         return 2;
     }
+    const char *model_path = o.model_path, *prompt = o.prompt, *file = o.file;
+    bool add_special = o.add_special, parse_special = o.parse_special, json = o.json;
 
     char *text = NULL;
     size_t len = 0;

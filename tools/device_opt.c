@@ -12,3 +12,5 @@ bool kvs_parse_device(const char *s, int *device) {
     else return false;
     return true;
 }
+
+bool kvs_opt_device(void *field, const char *s) { return kvs_parse_device(s, field); }

@@ -248,12 +248,22 @@ static int rd_scalar(rd *r, uint32_t t, eng_gguf_kv *kv, const char *key) {
     return 0;
 }
 
+/* The name that opens entry i of a kind ("the key of kv", "the name of tensor") into *s, and its printable form
+ * (in buf) into *shown, for the messages about the entry. */
+static int rd_entry_name(rd *r, const char *kind, int64_t i, eng_gguf_str *s, char *buf, size_t cap,
+                         const char **shown) {
+    char what[64];
+    snprintf(what, sizeof what, "%s %lld", kind, (long long)i);
+    int rc = rd_str(r, s, what);
+    if (rc == 0) *shown = safe_name(*s, buf, cap);
+    return rc;
+}
+
 static int rd_kv(rd *r, int64_t i, eng_gguf_kv *kv) {
-    char what[64], kbuf[80];
-    snprintf(what, sizeof what, "the key of kv %lld", (long long)i);
-    int rc = rd_str(r, &kv->key, what);
+    char kbuf[80];
+    const char *key;
+    int rc = rd_entry_name(r, "the key of kv", i, &kv->key, kbuf, sizeof kbuf, &key);
     if (rc) return rc;
-    const char *key = safe_name(kv->key, kbuf, sizeof kbuf);
     size_t at = r->pos;
     if ((rc = rd_u32(r, &kv->type, "a value type"))) return rc;
     if (kv->type >= GGUF_N_VALUE_TYPES)
@@ -304,11 +314,10 @@ static int rd_kv(rd *r, int64_t i, eng_gguf_kv *kv) {
 }
 
 static int rd_tensor_info(rd *r, int64_t i, eng_gguf_tensor *t) {
-    char what[64], nbuf[80];
-    snprintf(what, sizeof what, "the name of tensor %lld", (long long)i);
-    int rc = rd_str(r, &t->name, what);
+    char nbuf[80];
+    const char *name;
+    int rc = rd_entry_name(r, "the name of tensor", i, &t->name, nbuf, sizeof nbuf, &name);
     if (rc) return rc;
-    const char *name = safe_name(t->name, nbuf, sizeof nbuf);
     size_t at = r->pos;
     if ((rc = rd_u32(r, &t->n_dims, "a tensor's n_dims"))) return rc;
     if (t->n_dims < 1 || t->n_dims > 4)

@@ -300,18 +300,25 @@ TGT static void tile_accum_f16_avx2(float *o, int32_t m, const float *p, int32_t
 #define EXP_P3 4.1665795894E-2f
 #define EXP_P4 1.6666665459E-1f
 #define EXP_P5 5.0000001201E-1f
+/* exp(x) = 2^n * (1 + r + r^2 * poly(r)) with r = x - n * ln 2 (ln 2 in two parts): y = the bracket, at vector
+ * width W (256 or 512; the same operations at both, so the same floats per lane). */
+#define EXP_MANTISSA(W, x, n, y)                                                                          \
+    do {                                                                                                  \
+        __m##W r_ = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(EXP_LN2_HI), x);                               \
+        r_ = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(EXP_LN2_LO), r_);                                     \
+        __m##W p_ = _mm##W##_fmadd_ps(_mm##W##_set1_ps(EXP_P0), r_, _mm##W##_set1_ps(EXP_P1));            \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(EXP_P2));                                         \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(EXP_P3));                                         \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(EXP_P4));                                         \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(EXP_P5));                                         \
+        y = _mm##W##_add_ps(_mm##W##_fmadd_ps(p_, _mm##W##_mul_ps(r_, r_), r_), _mm##W##_set1_ps(1.0f));  \
+    } while (0)
 TGT static __m256 exp8_fma(__m256 x) { /* x <= 0 or NaN */
     const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO_F), _CMP_GE_OQ); /* false for NaN */
     x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO_F));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256 y;
+    EXP_MANTISSA(256, x, n, y);
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), valid);
 }
@@ -346,14 +353,8 @@ TGT512 static double expsum_avx512(float *s, int32_t n, float mx) {
         const __mmask16 valid = _mm512_mask_cmp_ps_mask(live, x, _mm512_set1_ps(EXP_LO_F), _CMP_GE_OQ);
         x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO_F));
         const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
-        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
-        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-        const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        __m512 y;
+        EXP_MANTISSA(512, x, k, y);
         const __m512 e = _mm512_maskz_mov_ps(valid, _mm512_scalef_ps(y, k));
         _mm512_mask_storeu_ps(s + i, live, e);
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));

@@ -33,37 +33,6 @@ _Static_assert(sizeof(eng_blk_q5_K) == 176, "q5_K block");
 _Static_assert(sizeof(eng_blk_q6_K) == 210, "q6_K block");
 _Static_assert(sizeof(eng_blk_q8_K) == 292, "q8_K block");
 
-/* ---- type table ------------------------------------------------------------------------------------------ */
-static const eng_qtype_info k_types[ENG_Q_COUNT] = {
-    [ENG_Q_F32] = {"f32", 1, 4, true, ENG_Q_F32},
-    [ENG_Q_F16] = {"f16", 1, 2, true, ENG_Q_F32},
-    [ENG_Q_Q4_0] = {"q4_0", 32, 18, true, ENG_Q_Q8_0},
-    [ENG_Q_Q4_1] = {"q4_1", 32, 20, true, ENG_Q_Q8_1},
-    [ENG_Q_Q5_0] = {"q5_0", 32, 22, true, ENG_Q_Q8_0},
-    [ENG_Q_Q5_1] = {"q5_1", 32, 24, true, ENG_Q_Q8_1},
-    [ENG_Q_Q8_0] = {"q8_0", 32, 34, true, ENG_Q_Q8_0},
-    /* Q8_1 is an activation format only: it can be quantized and dequantized, not used as weights. */
-    [ENG_Q_Q8_1] = {"q8_1", 32, 36, false, ENG_Q_Q8_1},
-    [ENG_Q_Q2_K] = {"q2_K", 256, 84, true, ENG_Q_Q8_K},
-    [ENG_Q_Q3_K] = {"q3_K", 256, 110, true, ENG_Q_Q8_K},
-    [ENG_Q_Q4_K] = {"q4_K", 256, 144, true, ENG_Q_Q8_K},
-    [ENG_Q_Q5_K] = {"q5_K", 256, 176, true, ENG_Q_Q8_K},
-    [ENG_Q_Q6_K] = {"q6_K", 256, 210, true, ENG_Q_Q8_K},
-    [ENG_Q_Q8_K] = {"q8_K", 256, 292, true, ENG_Q_Q8_K},
-    [ENG_Q_BF16] = {"bf16", 1, 2, true, ENG_Q_F32},
-};
-
-const eng_qtype_info *eng_qtype_get(uint32_t type) {
-    if (type >= ENG_Q_COUNT || k_types[type].name == NULL) return NULL;
-    return &k_types[type];
-}
-
-size_t eng_qtype_row_bytes(uint32_t type, int64_t n) {
-    const eng_qtype_info *t = eng_qtype_get(type);
-    if (!t || n < 0 || n % t->block_elems != 0) return 0;
-    return (size_t)(n / t->block_elems) * (size_t)t->block_bytes;
-}
-
 /* ---- fp16 / bf16 ----------------------------------------------------------------------------------------- */
 static inline uint32_t f32_bits(float f) {
     uint32_t u;
@@ -127,7 +96,17 @@ uint16_t eng_f32_to_bf16(float f) {
 static inline float h2f(uint16_t h) { return eng_fp16_to_f32(h); }
 
 /* ---- dequantization --------------------------------------------------------------------------------------- */
-static void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
+static void deq_f32(const void *src, float *y, int64_t n) { memmove(y, src, (size_t)n * 4); }
+static void deq_f16(const void *src, float *y, int64_t n) {
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++) y[i] = eng_fp16_to_f32(h[i]);
+}
+static void deq_bf16(const void *src, float *y, int64_t n) {
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++) y[i] = eng_bf16_to_f32(h[i]);
+}
+static void deq_q4_0(const void *src, float *y, int64_t nb) {
+    const eng_blk_q4_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d);
         for (int j = 0; j < 16; j++) {
@@ -136,7 +115,8 @@ static void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q4_1(const eng_blk_q4_1 *b, float *y, int64_t nb) {
+static void deq_q4_1(const void *src, float *y, int64_t nb) {
+    const eng_blk_q4_1 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d), m = h2f(b[i].m);
         for (int j = 0; j < 16; j++) {
@@ -150,7 +130,8 @@ static void deq_q4_1(const eng_blk_q4_1 *b, float *y, int64_t nb) {
 static inline uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
-static void deq_q5_0(const eng_blk_q5_0 *b, float *y, int64_t nb) {
+static void deq_q5_0(const void *src, float *y, int64_t nb) {
+    const eng_blk_q5_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d);
         uint32_t qh = le32(b[i].qh);
@@ -162,7 +143,8 @@ static void deq_q5_0(const eng_blk_q5_0 *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q5_1(const eng_blk_q5_1 *b, float *y, int64_t nb) {
+static void deq_q5_1(const void *src, float *y, int64_t nb) {
+    const eng_blk_q5_1 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d), m = h2f(b[i].m);
         uint32_t qh = le32(b[i].qh);
@@ -175,19 +157,22 @@ static void deq_q5_1(const eng_blk_q5_1 *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q8_0(const eng_blk_q8_0 *b, float *y, int64_t nb) {
+static void deq_q8_0(const void *src, float *y, int64_t nb) {
+    const eng_blk_q8_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d);
         for (int j = 0; j < 32; j++) y[j] = (float)b[i].qs[j] * d;
     }
 }
-static void deq_q8_1(const eng_blk_q8_1 *b, float *y, int64_t nb) {
+static void deq_q8_1(const void *src, float *y, int64_t nb) {
+    const eng_blk_q8_1 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         float d = h2f(b[i].d);
         for (int j = 0; j < 32; j++) y[j] = (float)b[i].qs[j] * d;
     }
 }
-static void deq_q2_K(const eng_blk_q2_K *b, float *y, int64_t nb) {
+static void deq_q2_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q2_K *b = src;
     for (int64_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
         const uint8_t *q = b[i].qs;
@@ -206,7 +191,8 @@ static void deq_q2_K(const eng_blk_q2_K *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q3_K(const eng_blk_q3_K *b, float *y, int64_t nb) {
+static void deq_q3_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q3_K *b = src;
     for (int64_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d);
         int8_t sc[16];
@@ -228,7 +214,8 @@ static void deq_q3_K(const eng_blk_q3_K *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q4_K(const eng_blk_q4_K *b, float *y, int64_t nb) {
+static void deq_q4_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q4_K *b = src;
     for (int64_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
         const uint8_t *q = b[i].qs;
@@ -249,7 +236,8 @@ static void deq_q4_K(const eng_blk_q4_K *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q5_K(const eng_blk_q5_K *b, float *y, int64_t nb) {
+static void deq_q5_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q5_K *b = src;
     for (int64_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
         const uint8_t *q = b[i].qs;
@@ -271,7 +259,8 @@ static void deq_q5_K(const eng_blk_q5_K *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q6_K(const eng_blk_q6_K *b, float *y, int64_t nb) {
+static void deq_q6_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q6_K *b = src;
     for (int64_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d);
         const uint8_t *ql = b[i].ql, *qh = b[i].qh;
@@ -291,67 +280,10 @@ static void deq_q6_K(const eng_blk_q6_K *b, float *y, int64_t nb) {
         }
     }
 }
-static void deq_q8_K(const eng_blk_q8_K *b, float *y, int64_t nb) {
+static void deq_q8_K(const void *src, float *y, int64_t nb) {
+    const eng_blk_q8_K *b = src;
     for (int64_t i = 0; i < nb; i++, y += 256)
         for (int j = 0; j < 256; j++) y[j] = b[i].d * (float)b[i].qs[j];
-}
-
-/* The level the row conversions use by default. Their output is the same bytes at every level, so this
- * only picks speed. libgcc / compiler-rt fill in __builtin_cpu_supports at startup (cpuid + the OS's xgetbv
- * check): a load, no cpuid per call. */
-static eng_simd_level row_level(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2")) return ENG_SIMD_AVX2;
-#endif
-    return ENG_SIMD_SCALAR;
-}
-
-/* The checks both row conversions make: a known type, n a whole number of blocks, buffers when n > 0.
- * Writes the block count to *nb. */
-static int row_args(uint32_t type, const void *src, const void *dst, int64_t n, int64_t *nb) {
-    const eng_qtype_info *t = eng_qtype_get(type);
-    if (!t) return ENG_ERR_UNSUPPORTED;
-    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
-    *nb = n / t->block_elems;
-    return ENG_OK;
-}
-
-int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
-    return eng_dequantize_row_l(row_level(), type, src, dst, n);
-}
-
-int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
-    int64_t nb;
-    int rc = row_args(type, src, dst, n, &nb);
-    if (rc) return rc;
-    if (l >= ENG_SIMD_AVX2 && n > 0 && eng_dequantize_row_avx2(type, src, dst, n)) return ENG_OK;
-    switch (type) {
-    case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
-    case ENG_Q_F16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = eng_fp16_to_f32(h[i]);
-        break;
-    }
-    case ENG_Q_BF16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = eng_bf16_to_f32(h[i]);
-        break;
-    }
-    case ENG_Q_Q4_0: deq_q4_0(src, dst, nb); break;
-    case ENG_Q_Q4_1: deq_q4_1(src, dst, nb); break;
-    case ENG_Q_Q5_0: deq_q5_0(src, dst, nb); break;
-    case ENG_Q_Q5_1: deq_q5_1(src, dst, nb); break;
-    case ENG_Q_Q8_0: deq_q8_0(src, dst, nb); break;
-    case ENG_Q_Q8_1: deq_q8_1(src, dst, nb); break;
-    case ENG_Q_Q2_K: deq_q2_K(src, dst, nb); break;
-    case ENG_Q_Q3_K: deq_q3_K(src, dst, nb); break;
-    case ENG_Q_Q4_K: deq_q4_K(src, dst, nb); break;
-    case ENG_Q_Q5_K: deq_q5_K(src, dst, nb); break;
-    case ENG_Q_Q6_K: deq_q6_K(src, dst, nb); break;
-    case ENG_Q_Q8_K: deq_q8_K(src, dst, nb); break;
-    default: return ENG_ERR_UNSUPPORTED;
-    }
-    return ENG_OK;
 }
 
 /* ---- quantization ----------------------------------------------------------------------------------------- */
@@ -363,7 +295,17 @@ static inline int nearest_int(float v) {
     return (i & 0x007FFFFF) - 0x00400000;
 }
 
-static void quant_q4_0(const float *x, eng_blk_q4_0 *b, int64_t nb) {
+static void quant_f32(const float *x, void *dst, int64_t n) { memmove(dst, x, (size_t)n * 4); }
+static void quant_f16(const float *x, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_fp16(x[i]);
+}
+static void quant_bf16(const float *x, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_bf16(x[i]);
+}
+static void quant_q4_0(const float *x, void *dst, int64_t nb) {
+    eng_blk_q4_0 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax;
         float mx = eng_absmax_signed(x, 32, &amax);
@@ -387,7 +329,8 @@ static void minmax(const float *x, int n, float *mn, float *mx) {
     *mn = lo;
     *mx = hi;
 }
-static void quant_q4_1(const float *x, eng_blk_q4_1 *b, int64_t nb) {
+static void quant_q4_1(const float *x, void *dst, int64_t nb) {
+    eng_blk_q4_1 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float lo, hi;
         minmax(x, 32, &lo, &hi);
@@ -409,7 +352,8 @@ static void put_le32(uint8_t *p, uint32_t v) {
     p[2] = (uint8_t)(v >> 16);
     p[3] = (uint8_t)(v >> 24);
 }
-static void quant_q5_0(const float *x, eng_blk_q5_0 *b, int64_t nb) {
+static void quant_q5_0(const float *x, void *dst, int64_t nb) {
+    eng_blk_q5_0 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax;
         float mx = eng_absmax_signed(x, 32, &amax);
@@ -428,7 +372,8 @@ static void quant_q5_0(const float *x, eng_blk_q5_0 *b, int64_t nb) {
         put_le32(b[i].qh, qh);
     }
 }
-static void quant_q5_1(const float *x, eng_blk_q5_1 *b, int64_t nb) {
+static void quant_q5_1(const float *x, void *dst, int64_t nb) {
+    eng_blk_q5_1 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float lo, hi;
         minmax(x, 32, &lo, &hi);
@@ -465,13 +410,15 @@ static float quant_32_q8(const float *x, int8_t *qs, int *sum) {
     *sum = s;
     return d;
 }
-static void quant_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
+static void quant_q8_0(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_0 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         int s;
         b[i].d = eng_f32_to_fp16(quant_32_q8(x, b[i].qs, &s));
     }
 }
-static void quant_q8_1(const float *x, eng_blk_q8_1 *b, int64_t nb) {
+static void quant_q8_1(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_1 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 32) {
         int s;
         uint16_t dh = eng_f32_to_fp16(quant_32_q8(x, b[i].qs, &s));
@@ -481,7 +428,8 @@ static void quant_q8_1(const float *x, eng_blk_q8_1 *b, int64_t nb) {
         b[i].s = eng_f32_to_fp16(eng_fp16_to_f32(dh) * (float)s);
     }
 }
-static void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
+static void quant_q8_K(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_K *b = dst;
     for (int64_t i = 0; i < nb; i++, x += 256) {
         float amax;
         float mx = eng_absmax_signed(x, 256, &amax);
@@ -505,56 +453,30 @@ static void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
     }
 }
 
-int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
-    return eng_quantize_row_l(row_level(), type, src, dst, n);
-}
-
-int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {
-    int64_t nb;
-    int rc = row_args(type, src, dst, n, &nb);
-    if (rc) return rc;
-    if (l >= ENG_SIMD_AVX2 && n > 0 && eng_quantize_row_avx2(type, src, dst, n)) return ENG_OK;
-    switch (type) {
-    case ENG_Q_F32: memmove(dst, src, (size_t)n * 4); break;
-    case ENG_Q_F16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_fp16(src[i]);
-        break;
-    }
-    case ENG_Q_BF16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = eng_f32_to_bf16(src[i]);
-        break;
-    }
-    case ENG_Q_Q4_0: quant_q4_0(src, dst, nb); break;
-    case ENG_Q_Q4_1: quant_q4_1(src, dst, nb); break;
-    case ENG_Q_Q5_0: quant_q5_0(src, dst, nb); break;
-    case ENG_Q_Q5_1: quant_q5_1(src, dst, nb); break;
-    case ENG_Q_Q8_0: quant_q8_0(src, dst, nb); break;
-    case ENG_Q_Q8_1: quant_q8_1(src, dst, nb); break;
-    case ENG_Q_Q8_K: quant_q8_K(src, dst, nb); break;
-    default: return ENG_ERR_UNSUPPORTED;
-    }
-    return ENG_OK;
-}
-
 /* ---- scalar dot products ------------------------------------------------------------------------------------ */
-static float dot_f32(int64_t n, const float *w, const float *x) {
+static float dot_f32(int64_t n, const void *wv, const void *xv) {
+    const float *w = wv, *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
     return s;
 }
-static float dot_f16(int64_t n, const uint16_t *w, const float *x) {
+static float dot_f16(int64_t n, const void *wv, const void *xv) {
+    const uint16_t *w = wv;
+    const float *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < n; i++) s += eng_fp16_to_f32(w[i]) * x[i];
     return s;
 }
-static float dot_bf16(int64_t n, const uint16_t *w, const float *x) {
+static float dot_bf16(int64_t n, const void *wv, const void *xv) {
+    const uint16_t *w = wv;
+    const float *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < n; i++) s += eng_bf16_to_f32(w[i]) * x[i];
     return s;
 }
-static float dot_q4_0(int64_t nb, const eng_blk_q4_0 *w, const eng_blk_q8_0 *x) {
+static float dot_q4_0(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q4_0 *w = wv;
+    const eng_blk_q8_0 *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int isum = 0;
@@ -566,7 +488,9 @@ static float dot_q4_0(int64_t nb, const eng_blk_q4_0 *w, const eng_blk_q8_0 *x) 
     }
     return s;
 }
-static float dot_q4_1(int64_t nb, const eng_blk_q4_1 *w, const eng_blk_q8_1 *x) {
+static float dot_q4_1(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q4_1 *w = wv;
+    const eng_blk_q8_1 *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int isum = 0;
@@ -578,7 +502,9 @@ static float dot_q4_1(int64_t nb, const eng_blk_q4_1 *w, const eng_blk_q8_1 *x) 
     }
     return s;
 }
-static float dot_q5_0(int64_t nb, const eng_blk_q5_0 *w, const eng_blk_q8_0 *x) {
+static float dot_q5_0(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q5_0 *w = wv;
+    const eng_blk_q8_0 *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         uint32_t qh = le32(w[i].qh);
@@ -592,7 +518,9 @@ static float dot_q5_0(int64_t nb, const eng_blk_q5_0 *w, const eng_blk_q8_0 *x) 
     }
     return s;
 }
-static float dot_q5_1(int64_t nb, const eng_blk_q5_1 *w, const eng_blk_q8_1 *x) {
+static float dot_q5_1(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q5_1 *w = wv;
+    const eng_blk_q8_1 *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         uint32_t qh = le32(w[i].qh);
@@ -606,7 +534,9 @@ static float dot_q5_1(int64_t nb, const eng_blk_q5_1 *w, const eng_blk_q8_1 *x) 
     }
     return s;
 }
-static float dot_q8_0(int64_t nb, const eng_blk_q8_0 *w, const eng_blk_q8_0 *x) {
+static float dot_q8_0(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q8_0 *w = wv;
+    const eng_blk_q8_0 *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int isum = 0;
@@ -618,7 +548,9 @@ static float dot_q8_0(int64_t nb, const eng_blk_q8_0 *w, const eng_blk_q8_0 *x) 
 /* K-quants: per super-block an integer sum with the sub-block scales (sumi) and, for the formats with
  * mins, an integer sum of mins times the activation's 16-element sums (summ); then
  * s += (d_w * d_x) * sumi - (dmin_w * d_x) * summ. */
-static float dot_q2_K(int64_t nb, const eng_blk_q2_K *w, const eng_blk_q8_K *x) {
+static float dot_q2_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q2_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0, summ = 0;
@@ -641,7 +573,9 @@ static float dot_q2_K(int64_t nb, const eng_blk_q2_K *w, const eng_blk_q8_K *x) 
     }
     return s;
 }
-static float dot_q3_K(int64_t nb, const eng_blk_q3_K *w, const eng_blk_q8_K *x) {
+static float dot_q3_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q3_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int8_t sc[16];
@@ -669,7 +603,9 @@ static float dot_q3_K(int64_t nb, const eng_blk_q3_K *w, const eng_blk_q8_K *x) 
     }
     return s;
 }
-static float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K *x) {
+static float dot_q4_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q4_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0, summ = 0;
@@ -693,7 +629,9 @@ static float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K *x) 
     }
     return s;
 }
-static float dot_q5_K(int64_t nb, const eng_blk_q5_K *w, const eng_blk_q8_K *x) {
+static float dot_q5_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q5_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0, summ = 0;
@@ -718,7 +656,9 @@ static float dot_q5_K(int64_t nb, const eng_blk_q5_K *w, const eng_blk_q8_K *x) 
     }
     return s;
 }
-static float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K *x) {
+static float dot_q6_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q6_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0;
@@ -743,7 +683,9 @@ static float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K *x) 
     }
     return s;
 }
-static float dot_q8_K(int64_t nb, const eng_blk_q8_K *w, const eng_blk_q8_K *x) {
+static float dot_q8_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q8_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0;
@@ -753,24 +695,61 @@ static float dot_q8_K(int64_t nb, const eng_blk_q8_K *w, const eng_blk_q8_K *x) 
     return s;
 }
 
-float eng_vec_dot_scalar(uint32_t wtype, int64_t n, const void *w, const void *x) {
-    switch (wtype) {
-    case ENG_Q_F32: return dot_f32(n, w, x);
-    case ENG_Q_F16: return dot_f16(n, w, x);
-    case ENG_Q_BF16: return dot_bf16(n, w, x);
-    case ENG_Q_Q4_0: return dot_q4_0(n / 32, w, x);
-    case ENG_Q_Q4_1: return dot_q4_1(n / 32, w, x);
-    case ENG_Q_Q5_0: return dot_q5_0(n / 32, w, x);
-    case ENG_Q_Q5_1: return dot_q5_1(n / 32, w, x);
-    case ENG_Q_Q8_0: return dot_q8_0(n / 32, w, x);
-    case ENG_Q_Q2_K: return dot_q2_K(n / 256, w, x);
-    case ENG_Q_Q3_K: return dot_q3_K(n / 256, w, x);
-    case ENG_Q_Q4_K: return dot_q4_K(n / 256, w, x);
-    case ENG_Q_Q5_K: return dot_q5_K(n / 256, w, x);
-    case ENG_Q_Q6_K: return dot_q6_K(n / 256, w, x);
-    case ENG_Q_Q8_K: return dot_q8_K(n / 256, w, x);
-    default: return NAN;
-    }
+/* ---- the per-type table (quant_impl.h) ----------------------------------------------------------------------- */
+#define F16_AT(o) {ENG_QF_F16, o}
+#define SCALAR(deq, quant, dot) {.dequantize = deq, .quantize = quant, .vec_dot = dot}
+#define NO_FIELD {ENG_QF_NONE, 0}
+/* Per type: {name, values per block, bytes per block, usable as weights, activation type}, the scalar
+ * {dequantize, quantize, vec_dot}, the weight quantizer and the fields that must be finite. */
+static const eng_qtraits k_types[ENG_Q_COUNT] = {
+    [ENG_Q_F32] = {{"f32", 1, 4, true, ENG_Q_F32}, SCALAR(deq_f32, quant_f32, dot_f32), quant_f32,
+                   {{ENG_QF_F32, 0}, NO_FIELD}},
+    [ENG_Q_F16] = {{"f16", 1, 2, true, ENG_Q_F32}, SCALAR(deq_f16, quant_f16, dot_f16), quant_f16,
+                   {F16_AT(0), NO_FIELD}},
+    [ENG_Q_Q4_0] = {{"q4_0", 32, 18, true, ENG_Q_Q8_0}, SCALAR(deq_q4_0, quant_q4_0, dot_q4_0), quant_q4_0,
+                    {F16_AT(0), NO_FIELD}},
+    [ENG_Q_Q4_1] = {{"q4_1", 32, 20, true, ENG_Q_Q8_1}, SCALAR(deq_q4_1, quant_q4_1, dot_q4_1), quant_q4_1,
+                    {F16_AT(0), F16_AT(2)}},
+    [ENG_Q_Q5_0] = {{"q5_0", 32, 22, true, ENG_Q_Q8_0}, SCALAR(deq_q5_0, quant_q5_0, dot_q5_0), quant_q5_0,
+                    {F16_AT(0), NO_FIELD}},
+    [ENG_Q_Q5_1] = {{"q5_1", 32, 24, true, ENG_Q_Q8_1}, SCALAR(deq_q5_1, quant_q5_1, dot_q5_1), quant_q5_1,
+                    {F16_AT(0), F16_AT(2)}},
+    [ENG_Q_Q8_0] = {{"q8_0", 32, 34, true, ENG_Q_Q8_0}, SCALAR(deq_q8_0, quant_q8_0, dot_q8_0), eng_weights_q8_0,
+                    {F16_AT(0), NO_FIELD}},
+    /* Q8_1 is an activation format only: it can be quantized and dequantized, not used as weights. */
+    [ENG_Q_Q8_1] = {{"q8_1", 32, 36, false, ENG_Q_Q8_1}, SCALAR(deq_q8_1, quant_q8_1, NULL), NULL,
+                    {NO_FIELD, NO_FIELD}},
+    /* K-quant weight types have no activation quantizer */
+    [ENG_Q_Q2_K] = {{"q2_K", 256, 84, true, ENG_Q_Q8_K}, SCALAR(deq_q2_K, NULL, dot_q2_K), NULL,
+                    {F16_AT(80), F16_AT(82)}},
+    [ENG_Q_Q3_K] = {{"q3_K", 256, 110, true, ENG_Q_Q8_K}, SCALAR(deq_q3_K, NULL, dot_q3_K), NULL,
+                    {F16_AT(108), NO_FIELD}},
+    [ENG_Q_Q4_K] = {{"q4_K", 256, 144, true, ENG_Q_Q8_K}, SCALAR(deq_q4_K, NULL, dot_q4_K), eng_weights_q4_K,
+                    {F16_AT(0), F16_AT(2)}},
+    [ENG_Q_Q5_K] = {{"q5_K", 256, 176, true, ENG_Q_Q8_K}, SCALAR(deq_q5_K, NULL, dot_q5_K), eng_weights_q5_K,
+                    {F16_AT(0), F16_AT(2)}},
+    [ENG_Q_Q6_K] = {{"q6_K", 256, 210, true, ENG_Q_Q8_K}, SCALAR(deq_q6_K, NULL, dot_q6_K), eng_weights_q6_K,
+                    {F16_AT(208), NO_FIELD}},
+    [ENG_Q_Q8_K] = {{"q8_K", 256, 292, true, ENG_Q_Q8_K}, SCALAR(deq_q8_K, quant_q8_K, dot_q8_K), NULL,
+                    {{ENG_QF_F32, 0}, NO_FIELD}},
+    [ENG_Q_BF16] = {{"bf16", 1, 2, true, ENG_Q_F32}, SCALAR(deq_bf16, quant_bf16, dot_bf16), quant_bf16,
+                    {{ENG_QF_BF16, 0}, NO_FIELD}},
+};
+
+const eng_qtraits *eng_qtraits_get(uint32_t type) {
+    if (type >= ENG_Q_COUNT || k_types[type].info.name == NULL) return NULL;
+    return &k_types[type];
+}
+
+const eng_qtype_info *eng_qtype_get(uint32_t type) {
+    const eng_qtraits *t = eng_qtraits_get(type);
+    return t ? &t->info : NULL;
+}
+
+size_t eng_qtype_row_bytes(uint32_t type, int64_t n) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t || n < 0 || n % t->block_elems != 0) return 0;
+    return (size_t)(n / t->block_elems) * (size_t)t->block_bytes;
 }
 
 /* ---- levels and dispatch ------------------------------------------------------------------------------------ */
@@ -785,24 +764,111 @@ const char *eng_simd_name(eng_simd_level l) {
     return "unknown";
 }
 
+const eng_qkernels *eng_qkernels_at(eng_simd_level l, uint32_t type) {
+    return l >= ENG_SIMD_AVX512 ? &eng_qlevel_avx512.k[type]
+           : l >= ENG_SIMD_AVX2 ? &eng_qlevel_avx2.k[type]
+                                : &k_types[type].scalar;
+}
+
+/* The level the row conversions use by default. Their output is the same bytes at every level, so this
+ * only picks speed. libgcc / compiler-rt fill in __builtin_cpu_supports at startup (cpuid + the OS's xgetbv
+ * check): a load, no cpuid per call. */
+static eng_simd_level row_level(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) return ENG_SIMD_AVX2;
+#endif
+    return ENG_SIMD_SCALAR;
+}
+
+/* The checks both row conversions make (a known type, n a whole number of blocks, buffers when n > 0), then the
+ * kernels at the best level <= l (the scalar level when n is 0) that convert a row of type to float (to_float)
+ * or from float, into *k with the block count in *nb. Returns 0, ENG_ERR_INVALID or ENG_ERR_UNSUPPORTED. */
+static int row_kernels(eng_simd_level l, uint32_t type, bool to_float, const void *src, const void *dst, int64_t n,
+                       const eng_qkernels **k, int64_t *nb) {
+    const eng_qtype_info *t = eng_qtype_get(type);
+    if (!t) return ENG_ERR_UNSUPPORTED;
+    if (n < 0 || n % t->block_elems != 0 || (n > 0 && (!src || !dst))) return ENG_ERR_INVALID;
+    *nb = n / t->block_elems;
+    for (int lv = n > 0 ? (int)l : ENG_SIMD_SCALAR; lv >= ENG_SIMD_SCALAR; lv--) {
+        *k = eng_qkernels_at((eng_simd_level)lv, type);
+        if (to_float ? (*k)->dequantize != NULL : (*k)->quantize != NULL) return ENG_OK;
+    }
+    return ENG_ERR_UNSUPPORTED;
+}
+
+int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    return eng_dequantize_row_l(row_level(), type, src, dst, n);
+}
+
+int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
+    const eng_qkernels *k;
+    int64_t nb;
+    int rc = row_kernels(l, type, true, src, dst, n, &k, &nb);
+    if (rc == ENG_OK) k->dequantize(src, dst, nb);
+    return rc;
+}
+
+int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
+    return eng_quantize_row_l(row_level(), type, src, dst, n);
+}
+
+int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {
+    const eng_qkernels *k;
+    int64_t nb;
+    int rc = row_kernels(l, type, false, src, dst, n, &k, &nb);
+    if (rc == ENG_OK) k->quantize(src, dst, nb);
+    return rc;
+}
+
+/* The best kernels at or below level l that multiply wtype's rows (tiles or vec_dot), with their level in
+ * *at; NULL when there are none (an unknown or activation-only type). */
+static const eng_qkernels *dot_kernels(eng_simd_level l, uint32_t wtype, eng_simd_level *at) {
+    if (!eng_qtraits_get(wtype)) return NULL;
+    for (int lv = (int)l; lv >= ENG_SIMD_SCALAR; lv--) {
+        const eng_qkernels *k = eng_qkernels_at((eng_simd_level)lv, wtype);
+        if (k->tiles || k->vec_dot) {
+            *at = (eng_simd_level)lv;
+            return k;
+        }
+    }
+    return NULL;
+}
+
 float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row, const void *x_row) {
+    eng_simd_level at;
+    const eng_qkernels *k = dot_kernels(l, wtype, &at);
+    if (!k) return NAN;
+    int64_t nb = n / k_types[wtype].info.block_elems;
+    if (!k->tiles) return k->vec_dot(nb, w_row, x_row);
     float r;
-    if (l >= ENG_SIMD_AVX512 && eng_vec_dot_avx512(wtype, n, w_row, x_row, &r)) return r;
-    if (l >= ENG_SIMD_AVX2 && eng_vec_dot_avx2(wtype, n, w_row, x_row, &r)) return r;
-    return eng_vec_dot_scalar(wtype, n, w_row, x_row);
+    k->tiles[0][0](w_row, 0, x_row, 0, nb, &r, 1);
+    return r;
 }
 
 void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y,
               int64_t ldy, int64_t j_begin, int64_t j_end) {
     if (m <= 0 || j_end <= j_begin) return;
-    if (l >= ENG_SIMD_AVX512 && eng_gemm_avx512(wtype, W, k, xq, m, y, ldy, j_begin, j_end)) return;
-    if (l >= ENG_SIMD_AVX2 && eng_gemm_avx2(wtype, W, k, xq, m, y, ldy, j_begin, j_end)) return;
+    eng_simd_level at;
+    const eng_qkernels *kn = dot_kernels(l, wtype, &at);
     const eng_qtype_info *t = eng_qtype_get(wtype);
-    if (!t || !t->supported) return;
-    size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(t->dot_type, k);
-    const uint8_t *Wp = W, *xp = xq;
+    if (!kn || !t->supported) return;
+    const size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(t->dot_type, k);
+    const int64_t nb = k / t->block_elems;
+    const uint8_t *Wp = W, *Xp = xq;
+    if (kn->tiles) {
+        const eng_qlevel *lv = at >= ENG_SIMD_AVX512 ? &eng_qlevel_avx512 : &eng_qlevel_avx2;
+        const int TM = lv->tile_m, TN = lv->tile_n;
+        for (int64_t j = j_begin; j < j_end; j += TM) {
+            int rm = (int)(j_end - j < TM ? j_end - j : TM);
+            for (int64_t c = 0; c < m; c += TN) {
+                int rn = (int)(m - c < TN ? m - c : TN);
+                kn->tiles[rm - 1][rn - 1](Wp + (size_t)j * wb, wb, Xp + (size_t)c * xb, xb, nb, y + c * ldy + j, ldy);
+            }
+        }
+        return;
+    }
     for (int64_t j = j_begin; j < j_end; j++) {
-        const void *wr = Wp + (size_t)j * wb;
-        for (int64_t r = 0; r < m; r++) y[r * ldy + j] = eng_vec_dot(l, wtype, k, wr, xp + (size_t)r * xb);
+        const uint8_t *wr = Wp + (size_t)j * wb;
+        for (int64_t r = 0; r < m; r++) y[r * ldy + j] = kn->vec_dot(nb, wr, Xp + (size_t)r * xb);
     }
 }

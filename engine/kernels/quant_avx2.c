@@ -132,7 +132,9 @@ INL __m128i k4_scales_mins(const uint8_t *packed) {
     return _mm_loadu_si128((const __m128i *)o);
 }
 
-static TGT float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K *x) {
+static TGT float dot_q4_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q4_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < nb; i++) {
@@ -168,7 +170,9 @@ static TGT float dot_q4_K(int64_t nb, const eng_blk_q4_K *w, const eng_blk_q8_K 
     return s;
 }
 
-static TGT float dot_q6_K(int64_t nb, const eng_blk_q6_K *w, const eng_blk_q8_K *x) {
+static TGT float dot_q6_K(int64_t nb, const void *wv, const void *xv) {
+    const eng_blk_q6_K *w = wv;
+    const eng_blk_q8_K *x = xv;
     float s = 0.f;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
     for (int64_t i = 0; i < nb; i++) {
@@ -242,9 +246,9 @@ INL float dot_float(uint32_t type, int64_t n, const void *w, const float *x) {
     for (; i < n; i++) s += w_at(type, w, i) * x[i];
     return s;
 }
-static TGT float dot_f32(int64_t n, const void *w, const float *x) { return dot_float(ENG_Q_F32, n, w, x); }
-static TGT float dot_f16(int64_t n, const void *w, const float *x) { return dot_float(ENG_Q_F16, n, w, x); }
-static TGT float dot_bf16(int64_t n, const void *w, const float *x) { return dot_float(ENG_Q_BF16, n, w, x); }
+static TGT float dot_f32(int64_t n, const void *w, const void *x) { return dot_float(ENG_Q_F32, n, w, x); }
+static TGT float dot_f16(int64_t n, const void *w, const void *x) { return dot_float(ENG_Q_F16, n, w, x); }
+static TGT float dot_bf16(int64_t n, const void *w, const void *x) { return dot_float(ENG_Q_BF16, n, w, x); }
 
 /* ---- activation quantization (bit-identical to the scalar quantizers) ------------------------------------ */
 INL float hmax256(__m256 v) {
@@ -265,7 +269,8 @@ INL void round_store32(const float *x, __m256 id, int8_t *out, __m256i v[4]) {
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)out, p);
 }
-static TGT void quant_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
+static TGT void quant_q8_0(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_0 *b = dst;
     const __m256 sign = _mm256_set1_ps(-0.f);
     for (int64_t i = 0; i < nb; i++, x += 32) {
         __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
@@ -278,7 +283,8 @@ static TGT void quant_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
         b[i].d = eng_f32_to_fp16(d);
     }
 }
-static TGT void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
+static TGT void quant_q8_K(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_K *b = dst;
     const __m256 sign = _mm256_set1_ps(-0.f);
     for (int64_t i = 0; i < nb; i++, x += 256) {
         __m256 a = _mm256_setzero_ps();
@@ -310,7 +316,8 @@ static TGT void quant_q8_K(const float *x, eng_blk_q8_K *b, int64_t nb) {
     }
 }
 /* ---- dequantization (the same float operations as the scalar code: one product per value) -------------- */
-static __attribute__((target("avx2"))) void deq_q8_0(const eng_blk_q8_0 *b, float *y, int64_t nb) {
+static __attribute__((target("avx2"))) void deq_q8_0(const void *src, float *y, int64_t nb) {
+    const eng_blk_q8_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
         for (int k = 0; k < 4; k++) {
@@ -319,7 +326,8 @@ static __attribute__((target("avx2"))) void deq_q8_0(const eng_blk_q8_0 *b, floa
         }
     }
 }
-static __attribute__((target("avx2"))) void deq_q4_0(const eng_blk_q4_0 *b, float *y, int64_t nb) {
+static __attribute__((target("avx2"))) void deq_q4_0(const void *src, float *y, int64_t nb) {
+    const eng_blk_q4_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         __m256 d = _mm256_set1_ps(eng_fp16_to_f32(b[i].d));
         __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
@@ -330,82 +338,23 @@ static __attribute__((target("avx2"))) void deq_q4_0(const eng_blk_q4_0 *b, floa
             _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d));
     }
 }
-bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
-    switch (type) {
-    case ENG_Q_Q8_0: deq_q8_0(src, dst, n / 32); return true;
-    case ENG_Q_Q4_0: deq_q4_0(src, dst, n / 32); return true;
-    default: return false;
-    }
-}
+/* NULL entries use the scalar kernels. */
+const eng_qlevel eng_qlevel_avx2 = {
+    .tile_m = TM, .tile_n = TN,
+    .k = {
+        [ENG_Q_F32] = {.vec_dot = dot_f32},
+        [ENG_Q_F16] = {.vec_dot = dot_f16},
+        [ENG_Q_BF16] = {.vec_dot = dot_bf16},
+        [ENG_Q_Q4_0] = {.dequantize = deq_q4_0, .tiles = t_q4_0_tab, .packed_gemm = eng_kp_gemm_avx2},
+        [ENG_Q_Q5_0] = {.tiles = t_q5_0_tab, .packed_gemm = eng_kp_gemm_avx2},
+        [ENG_Q_Q8_0] = {.dequantize = deq_q8_0, .quantize = quant_q8_0, .tiles = t_q8_0_tab},
+        [ENG_Q_Q4_K] = {.vec_dot = dot_q4_K, .packed_gemm = eng_kp_gemm_avx2},
+        [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx2},
+        [ENG_Q_Q6_K] = {.vec_dot = dot_q6_K, .packed_gemm = eng_kp_gemm_avx2},
+        [ENG_Q_Q8_K] = {.quantize = quant_q8_K},
+    },
+};
 
-bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
-    switch (type) {
-    case ENG_Q_Q8_0: quant_q8_0(src, dst, n / 32); return true;
-    case ENG_Q_Q8_K: quant_q8_K(src, dst, n / 256); return true;
-    default: return false;
-    }
-}
-
-bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    const tile_fn(*tab)[4] = tiles_for(wtype);
-    if (tab) {
-        tab[0][0](w_row, 0, x_row, 0, n / 32, out, 1);
-        return true;
-    }
-    switch (wtype) {
-    case ENG_Q_Q4_K: *out = dot_q4_K(n / 256, w_row, x_row); return true;
-    case ENG_Q_Q6_K: *out = dot_q6_K(n / 256, w_row, x_row); return true;
-    case ENG_Q_F32: *out = dot_f32(n, w_row, x_row); return true;
-    case ENG_Q_F16: *out = dot_f16(n, w_row, x_row); return true;
-    case ENG_Q_BF16: *out = dot_bf16(n, w_row, x_row); return true;
-    default: return false;
-    }
-}
-
-bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                   int64_t j_begin, int64_t j_end) {
-    const tile_fn(*tab)[4] = tiles_for(wtype);
-    const eng_qtype_info *t = eng_qtype_get(wtype);
-    if (!t || !t->supported) return false;
-    const size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(t->dot_type, k);
-    const uint8_t *Wp = W, *Xp = xq;
-    if (tab) {
-        const int64_t nb = k / 32;
-        for (int64_t j = j_begin; j < j_end; j += TM) {
-            int rm = (int)(j_end - j < TM ? j_end - j : TM);
-            for (int64_t c = 0; c < m; c += TN) {
-                int rn = (int)(m - c < TN ? m - c : TN);
-                tab[rm - 1][rn - 1](Wp + (size_t)j * wb, wb, Xp + (size_t)c * xb, xb, nb, y + c * ldy + j, ldy);
-            }
-        }
-        return true;
-    }
-    if (wtype != ENG_Q_Q4_K && wtype != ENG_Q_Q6_K && wtype != ENG_Q_F32 && wtype != ENG_Q_F16 &&
-        wtype != ENG_Q_BF16)
-        return false; /* no kernel for this type */
-    for (int64_t j = j_begin; j < j_end; j++) {
-        const uint8_t *wr = Wp + (size_t)j * wb;
-        for (int64_t r = 0; r < m; r++) eng_vec_dot_avx2(wtype, k, wr, Xp + (size_t)r * xb, &y[r * ldy + j]);
-    }
-    return true;
-}
-
-#else /* not x86 */
-bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n) {
-    (void)type, (void)src, (void)dst, (void)n;
-    return false;
-}
-bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n) {
-    (void)type, (void)src, (void)dst, (void)n;
-    return false;
-}
-bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    (void)wtype, (void)n, (void)w_row, (void)x_row, (void)out;
-    return false;
-}
-bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                   int64_t j_begin, int64_t j_end) {
-    (void)wtype, (void)W, (void)k, (void)xq, (void)m, (void)y, (void)ldy, (void)j_begin, (void)j_end;
-    return false;
-}
+#else /* not x86: no kernels at this level */
+const eng_qlevel eng_qlevel_avx2 = {0};
 #endif

@@ -12,7 +12,7 @@
  * x TN activation rows (4 x 4), so each weight block is loaded once per TN activation rows and each
  * activation block once per TM weight rows. With m = 1 the weights are prefetched PF_DIST bytes ahead.
  *
- * Other weight types return false here, and the dispatcher uses the AVX2 kernels.
+ * Other weight types have no entry in eng_qlevel_avx512, so the dispatcher uses the AVX2 kernels.
  */
 #include "engine/kernels/quant_impl.h"
 
@@ -158,38 +158,19 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
 
 #include "engine/kernels/quant_tiles.h"
 
-bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    const tile_fn(*tab)[4] = tiles_for(wtype);
-    if (!tab) return false;
-    tab[0][0](w_row, 0, x_row, 0, n / 32, out, 1);
-    return true;
-}
+/* The other types run the AVX2 kernels (eng_qlevel_avx2). */
+const eng_qlevel eng_qlevel_avx512 = {
+    .tile_m = TM, .tile_n = TN,
+    .k = {
+        [ENG_Q_Q4_0] = {.tiles = t_q4_0_tab, .packed_gemm = eng_kp_gemm_avx512},
+        [ENG_Q_Q5_0] = {.tiles = t_q5_0_tab, .packed_gemm = eng_kp_gemm_avx512},
+        [ENG_Q_Q8_0] = {.tiles = t_q8_0_tab},
+        [ENG_Q_Q4_K] = {.packed_gemm = eng_kp_gemm_avx512},
+        [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx512},
+        [ENG_Q_Q6_K] = {.packed_gemm = eng_kp_gemm_avx512},
+    },
+};
 
-bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                     int64_t j_begin, int64_t j_end) {
-    const tile_fn(*tab)[4] = tiles_for(wtype);
-    if (!tab) return false;
-    const size_t wb = eng_qtype_row_bytes(wtype, k), xb = eng_qtype_row_bytes(ENG_Q_Q8_0, k);
-    const int64_t nb = k / 32;
-    const uint8_t *Wp = W, *Xp = xq;
-    for (int64_t j = j_begin; j < j_end; j += TM) {
-        int rm = (int)(j_end - j < TM ? j_end - j : TM);
-        for (int64_t c = 0; c < m; c += TN) {
-            int rn = (int)(m - c < TN ? m - c : TN);
-            tab[rm - 1][rn - 1](Wp + (size_t)j * wb, wb, Xp + (size_t)c * xb, xb, nb, y + c * ldy + j, ldy);
-        }
-    }
-    return true;
-}
-
-#else /* not x86 */
-bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out) {
-    (void)wtype, (void)n, (void)w_row, (void)x_row, (void)out;
-    return false;
-}
-bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                     int64_t j_begin, int64_t j_end) {
-    (void)wtype, (void)W, (void)k, (void)xq, (void)m, (void)y, (void)ldy, (void)j_begin, (void)j_end;
-    return false;
-}
+#else /* not x86: no kernels at this level */
+const eng_qlevel eng_qlevel_avx512 = {0};
 #endif

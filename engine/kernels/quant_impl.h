@@ -1,6 +1,6 @@
 /*
  * quant_impl.h: private to engine/quant*.c. Block layouts of the ggml formats (facts from the GGUF spec) and
- * the per-level kernel entry points.
+ * the per-type table of kernels.
  *
  * All block structs contain only 1-, 2- (and for Q8_K 4-) byte members, so their sizes equal the on-disk
  * sizes without packing pragmas (checked by static asserts in quant.c). GGUF rows are at least 2-byte
@@ -74,20 +74,73 @@ static inline void eng_k3_scales(const uint8_t *packed, int8_t out[16]) {
     }
 }
 
-/* Scalar kernels (quant.c). */
-float eng_vec_dot_scalar(uint32_t wtype, int64_t n, const void *w_row, const void *x_row);
+/* ---- the per-type table ----------------------------------------------------------------------------------
+ * Every per-type choice of quant*.c goes through one table, as ggml keeps one table of type traits: quant.c's
+ * row of each type (eng_qtraits_get) holds its layout (eng_qtype_info), its scalar kernels, its weight
+ * quantizer (quantize.c) and where its scales are; each SIMD level exports the kernels it has per type
+ * (eng_qlevel_avx2, eng_qlevel_avx512; a NULL entry means "use the next lower level"). Kernels count in
+ * blocks: nb = n / block_elems (values for F32 / F16 / BF16). */
+typedef void (*eng_deq_fn)(const void *src, float *dst, int64_t nb);
+typedef void (*eng_quant_fn)(const float *src, void *dst, int64_t nb);
+/* One weight row with one activation row in the type's dot_type. */
+typedef float (*eng_dot_fn)(int64_t nb, const void *w_row, const void *x_row);
+/* An RM x RN register tile of eng_gemm: y[c * ldy + r] = dot(W row r, X row c) for r < RM, c < RN. */
+typedef void (*eng_tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
+                            int64_t ldy);
 
-/* SIMD kernels. Each returns true when it handled the call and false when the type has no kernel at that
- * level (the dispatcher then falls back to the next lower level). */
-bool eng_vec_dot_avx2(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out);
-bool eng_gemm_avx2(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y, int64_t ldy,
-                   int64_t j_begin, int64_t j_end);
-/* Dequantizers bit-identical to the scalar ones (Q8_0, Q4_0); false for other types. Need AVX2 only. */
-bool eng_dequantize_row_avx2(uint32_t type, const void *src, float *dst, int64_t n);
-/* Activation quantizers, bit-identical to the scalar ones (Q8_0, Q8_K); false for other types. */
-bool eng_quantize_row_avx2(uint32_t type, const float *src, void *dst, int64_t n);
-bool eng_vec_dot_avx512(uint32_t wtype, int64_t n, const void *w_row, const void *x_row, float *out);
-bool eng_gemm_avx512(uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m, float *y,
-                     int64_t ldy, int64_t j_begin, int64_t j_end);
+/* eng_gemm_wpacked's kernel over a packed matrix (quant_kpacked.h) for rows [jb, je) (already clipped to
+ * n_out); returns false when it does not handle the type. */
+typedef bool (*eng_packed_gemm_fn)(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m,
+                                   float *y, int64_t ldy, int64_t jb, int64_t je);
+
+/* A type's kernels at one level (NULL: none at this level). */
+typedef struct eng_qkernels {
+    eng_deq_fn dequantize;         /* the same bits as the scalar one */
+    eng_quant_fn quantize;         /* activations: the same bytes as the scalar one */
+    eng_dot_fn vec_dot;
+    const eng_tile_fn (*tiles)[4]; /* [RM - 1][RN - 1] for RM <= tile_m, RN <= tile_n: eng_gemm uses tiles */
+    eng_packed_gemm_fn packed_gemm; /* the packed layout of Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (quant_kpacked*.c); NULL at
+                                     * the scalar level: eng_gemm_wpacked then runs quant_kpacked.c's reference */
+} eng_qkernels;
+
+/* One SIMD level's kernels (quant_avx2.c, quant_avx512.c; all NULL on other architectures). */
+typedef struct eng_qlevel {
+    int tile_m, tile_n;            /* the tile shape of this level's gemm */
+    eng_qkernels k[ENG_Q_COUNT];
+} eng_qlevel;
+extern const eng_qlevel eng_qlevel_avx2, eng_qlevel_avx512;
+
+/* A block field that llama.cpp's loader requires finite (eng_check_row_data). */
+typedef enum { ENG_QF_NONE = 0, ENG_QF_F16, ENG_QF_BF16, ENG_QF_F32 } eng_qfield_kind;
+typedef struct eng_qfield {
+    uint8_t kind;                  /* eng_qfield_kind */
+    uint8_t off;                   /* byte offset in the block */
+} eng_qfield;
+
+/* A type's row of the table (quant.c). */
+typedef struct eng_qtraits {
+    eng_qtype_info info;
+    eng_qkernels scalar;           /* the reference kernels (dequantize exact, quantize with ggml's rules) */
+    eng_quant_fn quantize_weights; /* llama-quantize's rounding rules (quantize.c), or NULL */
+    eng_qfield finite[2];          /* the fields eng_check_row_data checks (ENG_QF_NONE: unused) */
+} eng_qtraits;
+
+/* The table's row of type, or NULL for an unknown id. */
+const eng_qtraits *eng_qtraits_get(uint32_t type);
+/* The kernels of a known type (eng_qtraits_get not NULL) at level l: the level's table, the scalar ones in
+ * quant.c's. */
+const eng_qkernels *eng_qkernels_at(eng_simd_level l, uint32_t type);
+
+/* The packed kernels of quant_kpacked_avx2.c and quant_kpacked_avx512.c (x86 only; see eng_packed_gemm_fn). */
+bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                        int64_t ldy, int64_t jb, int64_t je);
+bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
+                      int64_t ldy, int64_t jb, int64_t je);
+
+/* The weight quantizers of quantize.c with their own rounding rules (the others are the scalar quantize). */
+void eng_weights_q8_0(const float *x, void *dst, int64_t nb);
+void eng_weights_q4_K(const float *x, void *dst, int64_t nb);
+void eng_weights_q5_K(const float *x, void *dst, int64_t nb);
+void eng_weights_q6_K(const float *x, void *dst, int64_t nb);
 
 #endif /* KVSERVE_ENGINE_QUANT_IMPL_H */

@@ -443,7 +443,9 @@ void eng_gemm_wpacked(eng_simd_level l, uint32_t type, const void *P, int64_t n_
     }
     if (j_end > n_out) j_end = n_out;
     if (!P || !xq || !y || m <= 0 || j_end <= j_begin || j_begin < 0 || eng_wpack_bytes(type, n_out, k) == 0) return;
-    if (l >= ENG_SIMD_AVX512 && eng_kp_gemm_avx512(type, P, k, xq, m, y, ldy, j_begin, j_end)) return;
-    if (l >= ENG_SIMD_AVX2 && eng_kp_gemm_avx2(type, P, k, xq, m, y, ldy, j_begin, j_end)) return;
+    for (int lv = (int)l; lv > ENG_SIMD_SCALAR; lv--) {
+        eng_packed_gemm_fn f = eng_qkernels_at((eng_simd_level)lv, type)->packed_gemm;
+        if (f && f(type, P, k, xq, m, y, ldy, j_begin, j_end)) return;
+    }
     gemm_kpacked_scalar(type, P, k, xq, m, y, ldy, j_begin, j_end);
 }

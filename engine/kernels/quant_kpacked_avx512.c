@@ -214,15 +214,12 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
     UNROLL
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + c * ldy, mask, acc[c]);
 }
-INL void q40_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
-                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
-    q0_group(false, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
-}
-INL void q50_group(const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb, const float *xd,
-                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
-    q0_group(true, RN, grp, nb, xq, xb, xd, xp, y, ldy, mask);
-}
 
+/* The kernels of the sets below: Q4_0 / Q5_0 and Q4_K / Q5_K share one body each (q5: the fifth bit). */
+#define q40_group(...) q0_group(false, __VA_ARGS__)
+#define q50_group(...) q0_group(true, __VA_ARGS__)
+#define q4k_group(...) q45k_group(false, __VA_ARGS__)
+#define q5k_group(...) q45k_group(true, __VA_ARGS__)
 typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const float *, const int32_t *, float *,
                          int64_t, __mmask16);
 #define GROUP_FN(T, RN)                                                                                          \
@@ -234,14 +231,6 @@ typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, cons
     GROUP_FN(T, 1) GROUP_FN(T, 2) GROUP_FN(T, 3) GROUP_FN(T, 4) GROUP_FN(T, 5) GROUP_FN(T, 6) GROUP_FN(T, 7)     \
     GROUP_FN(T, 8)                                                                                               \
     static const group_fn T##_tab[MAXC] = {T##_1, T##_2, T##_3, T##_4, T##_5, T##_6, T##_7, T##_8};
-INL void q4k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
-                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
-    q45k_group(false, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
-}
-INL void q5k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t *xq, size_t xb, const float *xd,
-                   const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
-    q45k_group(true, RN, grp, nsb, xq, xb, xd, xp, y, ldy, mask);
-}
 GROUP_SET(q40)
 GROUP_SET(q50)
 GROUP_SET(q4k)
@@ -373,10 +362,4 @@ bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_
     return true;
 }
 
-#else
-bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
-                        int64_t ldy, int64_t jb, int64_t je) {
-    (void)type, (void)P, (void)k, (void)xq, (void)m, (void)y, (void)ldy, (void)jb, (void)je;
-    return false;
-}
-#endif
+#endif /* x86: other architectures have no entries for it in the level tables */

@@ -83,11 +83,6 @@ int eng_kp_shape(uint32_t type, int64_t k, int64_t *nb, size_t *gbytes, size_t *
 void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int rn, int64_t nb, int maxc, float *xd,
                  int32_t *xp);
 
-/* SIMD kernels for Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K over rows [jb, je) (already clipped to n_out); false for
- * other types. */
-bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
-                        int64_t ldy, int64_t jb, int64_t je);
-bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
-                      int64_t ldy, int64_t jb, int64_t je);
+/* The SIMD kernels (eng_kp_gemm_avx2, eng_kp_gemm_avx512) are declared with the per-type table in quant_impl.h. */
 
 #endif /* KVSERVE_ENGINE_QUANT_KPACKED_IMPL_H */

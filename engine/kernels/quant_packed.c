@@ -70,7 +70,7 @@ int eng_packed_q8_0_row(const void *P, int64_t n_out, int64_t k, int64_t j, void
 }
 
 /* The reference: the scalar Q8_0 dot of each row, read from the packed layout (same operations in the
- * same order as eng_vec_dot_scalar, so the same floats). */
+ * same order as eng_vec_dot at ENG_SIMD_SCALAR, so the same floats). */
 static void gemm_packed_scalar(const uint8_t *P, int64_t n_out, int64_t k, const uint8_t *xq, int64_t m, float *y,
                                int64_t ldy, int64_t jb, int64_t je) {
     const int64_t nb = k / ENG_QK;

@@ -2,14 +2,12 @@
  * quant_tiles.h: the tile kernels of one SIMD level, for every tile size up to 4 x 4 (internal to quant).
  * A level's file includes this after defining TGT (its target attribute) and a static inline
  * tile(type, RM, RN, W, wb, X, xb, nb, y, ldy) that computes an RM x RN tile; this header instantiates the
- * 16 sizes for Q8_0, Q4_0 and Q5_0 weights and tiles_for(type) returns their [RM-1][RN-1] table (NULL for
- * other types). The edges of a gemm use the smaller tiles.
+ * 16 sizes for Q8_0, Q4_0 and Q5_0 weights as the tables t_q8_0_tab, t_q4_0_tab and t_q5_0_tab ([RM-1][RN-1]),
+ * which the level's eng_qlevel entries point at. The edges of a gemm use the smaller tiles.
  */
 #ifndef KVSERVE_ENGINE_QUANT_TILES_H
 #define KVSERVE_ENGINE_QUANT_TILES_H
 
-typedef void (*tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, float *y,
-                        int64_t ldy);
 #define TILE_FN(T, NAME, RM, RN)                                                                            \
     static TGT void NAME##_##RM##_##RN(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb, int64_t nb, \
                                        float *y, int64_t ldy) {                                             \
@@ -20,20 +18,11 @@ typedef void (*tile_fn)(const uint8_t *W, size_t wb, const uint8_t *X, size_t xb
 #define TAB_ROW(NAME, RM) {NAME##_##RM##_1, NAME##_##RM##_2, NAME##_##RM##_3, NAME##_##RM##_4}
 #define TILE_SET(T, NAME)                                                                                   \
     TILE_ROW(T, NAME, 1) TILE_ROW(T, NAME, 2) TILE_ROW(T, NAME, 3) TILE_ROW(T, NAME, 4)                     \
-    static const tile_fn NAME##_tab[4][4] = {TAB_ROW(NAME, 1), TAB_ROW(NAME, 2), TAB_ROW(NAME, 3),          \
+    static const eng_tile_fn NAME##_tab[4][4] = {TAB_ROW(NAME, 1), TAB_ROW(NAME, 2), TAB_ROW(NAME, 3),          \
                                              TAB_ROW(NAME, 4)};
 
 TILE_SET(ENG_Q_Q8_0, t_q8_0)
 TILE_SET(ENG_Q_Q4_0, t_q4_0)
 TILE_SET(ENG_Q_Q5_0, t_q5_0)
-
-static const tile_fn (*tiles_for(uint32_t type))[4] {
-    switch (type) {
-    case ENG_Q_Q8_0: return t_q8_0_tab;
-    case ENG_Q_Q4_0: return t_q4_0_tab;
-    case ENG_Q_Q5_0: return t_q5_0_tab;
-    default: return NULL;
-    }
-}
 
 #endif /* KVSERVE_ENGINE_QUANT_TILES_H */

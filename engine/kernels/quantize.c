@@ -33,7 +33,8 @@ static inline float h2f(uint16_t h) { return eng_fp16_to_f32(h); }
 
 /* ---- Q8_0 ---------------------------------------------------------------------------------------------------- */
 /* d = max |x| / 127; q = x / d rounded half away from zero. */
-static void weights_q8_0(const float *x, eng_blk_q8_0 *b, int64_t nb) {
+void eng_weights_q8_0(const float *x, void *dst, int64_t nb) {
+    eng_blk_q8_0 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += ENG_QK) {
         float amax = 0.f;
         for (int j = 0; j < ENG_QK; j++) {
@@ -170,7 +171,8 @@ static void fit_super_block(const float *x, const fit_params *p, uint8_t packed[
     }
 }
 
-static void weights_q4_K(const float *x, eng_blk_q4_K *b, int64_t nb) {
+void eng_weights_q4_K(const float *x, void *dst, int64_t nb) {
+    eng_blk_q4_K *b = dst;
     static const fit_params p = {15, -1.f, 0.1f, 20};
     uint8_t L[ENG_QKK];
     for (int64_t i = 0; i < nb; i++, x += ENG_QKK) {
@@ -182,7 +184,8 @@ static void weights_q4_K(const float *x, eng_blk_q4_K *b, int64_t nb) {
     }
 }
 
-static void weights_q5_K(const float *x, eng_blk_q5_K *b, int64_t nb) {
+void eng_weights_q5_K(const float *x, void *dst, int64_t nb) {
+    eng_blk_q5_K *b = dst;
     static const fit_params p = {31, -0.5f, 0.1f, 15};
     uint8_t L[ENG_QKK];
     for (int64_t i = 0; i < nb; i++, x += ENG_QKK) {
@@ -243,7 +246,8 @@ static float fit_scale_sym(const float *x, int8_t *L) {
     return scale;
 }
 
-static void weights_q6_K(const float *x, eng_blk_q6_K *b, int64_t nb) {
+void eng_weights_q6_K(const float *x, void *dst, int64_t nb) {
+    eng_blk_q6_K *b = dst;
     int8_t L[ENG_QKK];
     float scales[16];
     for (int64_t i = 0; i < nb; i++, x += ENG_QKK) {
@@ -289,97 +293,47 @@ static void weights_q6_K(const float *x, eng_blk_q6_K *b, int64_t nb) {
 
 /* ---- entry points -------------------------------------------------------------------------------------------- */
 bool eng_quantize_weights_supported(uint32_t type) {
-    switch (type) {
-    case ENG_Q_F32: case ENG_Q_F16: case ENG_Q_BF16: case ENG_Q_Q4_0: case ENG_Q_Q4_1: case ENG_Q_Q5_0:
-    case ENG_Q_Q5_1: case ENG_Q_Q8_0: case ENG_Q_Q4_K: case ENG_Q_Q5_K: case ENG_Q_Q6_K:
-        return true;
-    default:
-        return false;
-    }
+    const eng_qtraits *t = eng_qtraits_get(type);
+    return t && t->quantize_weights;
 }
 
 int eng_quantize_weights(uint32_t type, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
     if (!eng_quantize_weights_supported(type)) return ENG_ERR_UNSUPPORTED;
-    const eng_qtype_info *t = eng_qtype_get(type);
-    if (nrows < 0 || n_per_row <= 0 || n_per_row % t->block_elems != 0) return ENG_ERR_INVALID;
+    const eng_qtraits *t = eng_qtraits_get(type);
+    if (nrows < 0 || n_per_row <= 0 || n_per_row % t->info.block_elems != 0) return ENG_ERR_INVALID;
     if (nrows == 0) return ENG_OK;
     if (!src || !dst) return ENG_ERR_INVALID;
     if (nrows > INT64_MAX / n_per_row) return ENG_ERR_INVALID;
-    /* Rows are whole blocks, so a matrix is one long row of blocks. */
-    int64_t n = nrows * n_per_row, nb = n / t->block_elems;
-    switch (type) {
-    case ENG_Q_Q8_0: weights_q8_0(src, dst, nb); return ENG_OK;
-    case ENG_Q_Q4_K: weights_q4_K(src, dst, nb); return ENG_OK;
-    case ENG_Q_Q5_K: weights_q5_K(src, dst, nb); return ENG_OK;
-    case ENG_Q_Q6_K: weights_q6_K(src, dst, nb); return ENG_OK;
-    default:
-        /* F32/F16/BF16 and the 32-value formats: eng_quantize_row's scalar rules are the reference ones. */
-        return eng_quantize_row_l(ENG_SIMD_SCALAR, type, src, dst, n);
-    }
+    /* Rows are whole blocks, so a matrix is one long row of blocks. F32/F16/BF16 and the 32-value formats
+     * use the scalar quantizers of quant.c (their rules are the reference ones). */
+    t->quantize_weights(src, dst, nrows * n_per_row / t->info.block_elems);
+    return ENG_OK;
 }
 
 /* ---- finiteness check ----------------------------------------------------------------------------------------- */
-static inline bool h_finite(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
-
-/* The fp16 fields (1 or 2) of a block at the given byte offsets. */
-typedef struct scale_fields { int16_t off[2]; } scale_fields;
+/* Whether the field f of the block at blk holds a finite value. */
+static bool field_finite(eng_qfield f, const uint8_t *blk) {
+    uint16_t h;
+    float v;
+    switch ((eng_qfield_kind)f.kind) {
+    case ENG_QF_F16: memcpy(&h, blk + f.off, 2); return (h & 0x7C00) != 0x7C00;
+    case ENG_QF_BF16: memcpy(&h, blk + f.off, 2); return (h & 0x7F80) != 0x7F80;
+    case ENG_QF_F32: memcpy(&v, blk + f.off, 4); return isfinite(v);
+    case ENG_QF_NONE: break;
+    }
+    return true;
+}
 
 int eng_check_row_data(uint32_t type, const void *data, int64_t n, int64_t *bad_at) {
-    const eng_qtype_info *t = eng_qtype_get(type);
+    const eng_qtraits *t = eng_qtraits_get(type);
     if (!t) return ENG_ERR_UNSUPPORTED;
-    if (n < 0 || n % t->block_elems != 0 || (n > 0 && !data)) return ENG_ERR_INVALID;
+    if (n < 0 || n % t->info.block_elems != 0 || (n > 0 && !data)) return ENG_ERR_INVALID;
+    if (t->finite[0].kind == ENG_QF_NONE) return ENG_ERR_UNSUPPORTED;
     const uint8_t *p = data;
-    int64_t bad = -1;
-    switch (type) {
-    case ENG_Q_F32:
-        for (int64_t i = 0; i < n && bad < 0; i++) {
-            float f;
-            memcpy(&f, p + 4 * i, 4);
-            if (!isfinite(f)) bad = i;
-        }
-        break;
-    case ENG_Q_F16:
-    case ENG_Q_BF16: {
-        uint16_t mask = type == ENG_Q_F16 ? 0x7C00 : 0x7F80;
-        for (int64_t i = 0; i < n && bad < 0; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            if ((h & mask) == mask) bad = i;
-        }
-        break;
-    }
-    case ENG_Q_Q8_K: {
-        int64_t nb = n / ENG_QKK;
-        for (int64_t i = 0; i < nb && bad < 0; i++) {
-            float f;
-            memcpy(&f, p + (size_t)i * sizeof(eng_blk_q8_K), 4);
-            if (!isfinite(f)) bad = i * ENG_QKK;
-        }
-        break;
-    }
-    default: {
-        scale_fields f;
-        switch (type) {
-        case ENG_Q_Q4_0: case ENG_Q_Q5_0: case ENG_Q_Q8_0: f = (scale_fields){{0, -1}}; break;
-        case ENG_Q_Q4_1: case ENG_Q_Q5_1: f = (scale_fields){{0, 2}}; break;
-        case ENG_Q_Q2_K: f = (scale_fields){{80, 82}}; break;
-        case ENG_Q_Q3_K: f = (scale_fields){{108, -1}}; break;
-        case ENG_Q_Q4_K: case ENG_Q_Q5_K: f = (scale_fields){{0, 2}}; break;
-        case ENG_Q_Q6_K: f = (scale_fields){{208, -1}}; break;
-        default: return ENG_ERR_UNSUPPORTED;
-        }
-        int64_t nb = n / t->block_elems;
-        for (int64_t i = 0; i < nb && bad < 0; i++) {
-            const uint8_t *blk = p + (size_t)i * (size_t)t->block_bytes;
-            for (int k = 0; k < 2; k++) {
-                if (f.off[k] < 0) continue;
-                uint16_t h;
-                memcpy(&h, blk + f.off[k], 2);
-                if (!h_finite(h)) bad = i * t->block_elems;
-            }
-        }
-        break;
-    }
+    int64_t bad = -1, nb = n / t->info.block_elems;
+    for (int64_t i = 0; i < nb && bad < 0; i++) {
+        const uint8_t *blk = p + (size_t)i * (size_t)t->info.block_bytes;
+        if (!field_finite(t->finite[0], blk) || !field_finite(t->finite[1], blk)) bad = i * t->info.block_elems;
     }
     if (bad >= 0) {
         if (bad_at) *bad_at = bad;

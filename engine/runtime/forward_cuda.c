@@ -16,7 +16,7 @@
 #include "engine/gpu_backend.h"
 #include "engine/runtime/kv_pool.h"
 #include "engine/runtime/batch.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 
 struct eng_cuda {
     cud_backend *be;

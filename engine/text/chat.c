@@ -201,36 +201,39 @@ static int read_variant(const char *t, eng_chat_family f, const char *eos_text, 
 }
 
 /* ---- renderers --------------------------------------------------------------------------------------------- */
-static void render_chatml(sbuf *b, const variant *v, const eng_chat_msg *m, size_t n, bool gen) {
-    if (v->default_system && strcmp(m[0].role, "system") != 0) {
-        sb_puts(b, "<|im_start|>system\n");
-        sb_puts(b, v->default_system);
-        sb_puts(b, "<|im_end|>\n");
-    }
-    for (size_t i = 0; i < n; i++) {
-        sb_puts(b, "<|im_start|>");
-        sb_puts(b, m[i].role);
-        sb_puts(b, "\n");
-        sb_puts(b, m[i].content);
-        sb_puts(b, "<|im_end|>\n");
-    }
-    if (gen) sb_puts(b, "<|im_start|>assistant\n");
-}
-
-static void render_llama3(sbuf *b, const eng_chat_msg *m, size_t n, bool gen) {
-    for (size_t i = 0; i < n; i++) {
-        sb_puts(b, "<|start_header_id|>");
-        sb_puts(b, m[i].role);
-        sb_puts(b, "<|end_header_id|>\n\n");
-        sb_put_trimmed(b, m[i].content);
-        sb_puts(b, "<|eot_id|>");
-    }
-    if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-}
+/* One turn of the formats that wrap every message the same way: open, role, sep, content (trimmed when trim),
+ * close. */
+typedef struct turn_fmt { const char *open, *sep, *close; bool trim; } turn_fmt;
+static const turn_fmt k_chatml = {"<|im_start|>", "\n", "<|im_end|>\n", false};
+static const turn_fmt k_llama3 = {"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true};
+static const turn_fmt k_phi3 = {"<|", "|>\n", "<|end|>\n", false};
 
 static void put_content(sbuf *b, const char *c, bool strip) {
     if (strip) sb_put_trimmed(b, c);
     else sb_puts(b, c);
+}
+
+static void put_turn(sbuf *b, const turn_fmt *f, const char *role, const char *content) {
+    sb_puts(b, f->open);
+    sb_puts(b, role);
+    sb_puts(b, f->sep);
+    put_content(b, content, f->trim);
+    sb_puts(b, f->close);
+}
+
+static void render_turns(sbuf *b, const turn_fmt *f, const eng_chat_msg *m, size_t n) {
+    for (size_t i = 0; i < n; i++) put_turn(b, f, m[i].role, m[i].content);
+}
+
+static void render_chatml(sbuf *b, const variant *v, const eng_chat_msg *m, size_t n, bool gen) {
+    if (v->default_system && strcmp(m[0].role, "system") != 0) put_turn(b, &k_chatml, "system", v->default_system);
+    render_turns(b, &k_chatml, m, n);
+    if (gen) sb_puts(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(sbuf *b, const eng_chat_msg *m, size_t n, bool gen) {
+    render_turns(b, &k_llama3, m, n);
+    if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 static void render_llama2(sbuf *b, const variant *v, bool sys_role, const char *bos, const char *eos,
@@ -265,13 +268,7 @@ static void render_llama2(sbuf *b, const variant *v, bool sys_role, const char *
 
 static void render_phi3(sbuf *b, const variant *v, const eng_chat_msg *m, size_t n, bool gen) {
     if (!v->phi3_no_system && !v->phi3_auto_assistant) {
-        for (size_t i = 0; i < n; i++) {
-            sb_puts(b, "<|");
-            sb_puts(b, m[i].role);
-            sb_puts(b, "|>\n");
-            sb_puts(b, m[i].content);
-            sb_puts(b, "<|end|>\n");
-        }
+        render_turns(b, &k_phi3, m, n);
         if (gen) sb_puts(b, "<|assistant|>\n");
         return;
     }
@@ -316,11 +313,7 @@ static void render_phi3(sbuf *b, const variant *v, const eng_chat_msg *m, size_t
                 sb_puts(b, "<|end|>\n");
             } /* other roles: the template renders nothing */
         } else {
-            sb_puts(b, "<|");
-            sb_puts(b, role);
-            sb_puts(b, "|>\n");
-            sb_puts(b, content);
-            sb_puts(b, "<|end|>\n");
+            put_turn(b, &k_phi3, role, content);
         }
     }
     if (pending.oom) b->oom = true;

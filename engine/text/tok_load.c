@@ -214,6 +214,16 @@ static int load_texts(eng_vocab *v, const eng_gguf_str *strs, uint64_t n, const 
     return ENG_OK;
 }
 
+/* The string array at key into *strs (n of them): 0, or ENG_ERR_NOT_FOUND (absent) / ENG_ERR_TYPE (another kind
+ * of value). */
+static int get_strings(const eng_gguf *g, const char *key, const eng_gguf_str **strs, uint64_t *n) {
+    uint32_t et;
+    const void *data;
+    int rc = eng_gguf_get_arr(g, key, &et, n, &data, strs);
+    if (rc == ENG_OK && (et != ENG_GGUF_STRING || !*strs)) rc = ENG_ERR_TYPE;
+    return rc;
+}
+
 /* The optional per-token arrays: scores and token types. */
 static int load_scores_types(const eng_gguf *g, eng_vocab *v, const char *name, char *err, size_t err_len) {
     uint32_t et;
@@ -312,12 +322,10 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
 
 /* BPE: the merges, the byte <-> code point map and the pre-tokenizer regexes. */
 static int load_bpe(const eng_gguf *g, eng_vocab *v, const char *name, char *err, size_t err_len) {
-    uint32_t et;
-    uint64_t n;
-    const void *data;
     const eng_gguf_str *strs;
-    int rc = eng_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n, &data, &strs);
-    if (rc != ENG_OK || et != ENG_GGUF_STRING || !strs)
+    uint64_t n;
+    int rc = get_strings(g, "tokenizer.ggml.merges", &strs, &n);
+    if (rc != ENG_OK)
         return kvs_errf(err, err_len, ENG_ERR_FORMAT,
                         "%s: no tokenizer.ggml.merges string array (needed by gpt2 vocabularies)", name);
     if (n > INT32_MAX / 4) return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: too many merges", name);
@@ -463,12 +471,10 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
         return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%.*s' (supported: llama, gpt2)",
                         name, (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
-    uint32_t et;
-    uint64_t n;
-    const void *data;
     const eng_gguf_str *strs;
-    rc = eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &data, &strs);
-    if (rc != ENG_OK || et != ENG_GGUF_STRING || !strs)
+    uint64_t n;
+    rc = get_strings(g, "tokenizer.ggml.tokens", &strs, &n);
+    if (rc != ENG_OK)
         return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: no tokenizer.ggml.tokens string array", name);
     if (n == 0 || n > INT32_MAX / 4)
         return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries", name,

@@ -117,9 +117,6 @@ int eng_vocab_token_to_piece(const eng_vocab *v, int32_t id, bool render_special
 int eng_vocab_detok_push(const eng_vocab *v, eng_detok *d, int32_t id, bool render_special, char *buf,
                          size_t cap, size_t *n_out);
 
-/* The model's vocabulary (owned by the model; implemented by the model module). */
-const struct eng_vocab *eng_model_vocab(const eng_model *m);
-
 #ifdef __cplusplus
 }
 #endif

@@ -7,7 +7,7 @@ that covers the whole drain: preStop + shutdown_grace_s (from the container args
 image's config file) + the cancel and close waits of server/serve.c. The InferencePool must select those Pods on
 their HTTP port, point at an endpoint-picker Service that exists and selects the EPP Deployment on that port, and
 the EPP must name that pool, read a config file its ConfigMap provides (whose profiles reference only plugins it
-defines), and scrape metric names kvserve publishes (server/metrics.c). Exit 0 when all hold; a message and 1
+defines), and scrape metric names kvserve publishes (server/obs/metrics.c). Exit 0 when all hold; a message and 1
 otherwise.
 """
 import json
@@ -142,7 +142,7 @@ def check_pool(docs, kv):
     if not check(pools, "no InferencePool in deploy/k8s"):
         return
     dep, kc, kv_tgps = kv
-    with open(os.path.join(ROOT, "server", "metrics.c"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "server", "obs", "metrics.c"), encoding="utf-8") as fh:
         metrics_src = fh.read()
     for pool in pools:
         name = pool["metadata"]["name"]

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "server/grammar_cache.h"
+#include "server/api/grammar_cache_internal.h"
 
 void kvt_pieces_free(kvt_pieces *p) {
     if (!p) return;
@@ -46,7 +46,7 @@ int kvt_load_vocab_pieces(const char *gguf_path, gmr_vocab **out, kvt_pieces *pi
     eng_model *model = NULL;
     int rc = eng_model_load(gguf_path, &lp, &model, err, err_len);
     if (rc) return rc;
-    rc = srv_gcache_vocab_from_model(model, out); /* the server's own index: tests and bench see what it serves */
+    rc = srv_grammar_cache_vocab_from_model(model, out); /* the server's own index: tests and bench see what it serves */
     if (rc) snprintf(err, err_len, "%s: cannot build the vocabulary (%d)", gguf_path, rc);
     if (!rc && pieces && (rc = fill_pieces(model, pieces)) != 0) {
         snprintf(err, err_len, "%s: cannot read the token pieces (%d)", gguf_path, rc);

@@ -7,7 +7,7 @@
 
 #include <signal.h>
 
-#include "server/api.h"
+#include "server/api/api.h"
 #include "template/template.h"
 #include "srv_test_client.h"
 
@@ -559,7 +559,7 @@ static fake *fake_start(const fake_opts *o) {
     cfg.limits.n_vocab = 256;
     cfg.limits.priority_scheduling = o && o->priority_scheduling;
     cfg.api_key = o ? o->api_key : NULL;
-    cfg.log_format = o && o->log ? SRV_LOG_TEXT : SRV_LOG_NONE;
+    cfg.log_format = o && o->log ? SRV_API_LOG_TEXT : SRV_API_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
     cfg.loop = &f->L.loop;
     cfg.parse_special_in_content = o && o->parse_special_in_content;
@@ -576,7 +576,7 @@ static fake *fake_start(const fake_opts *o) {
     cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
-                              SRV_TF_GENERIC};
+                              SRV_TOOL_FORMAT_GENERIC};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;

@@ -1,4 +1,4 @@
-/* test_api_chat.c: chat requests for Jinja templates (server/api_chat.h): message conversion (tool calls with
+/* test_api_chat.c: chat requests for Jinja templates (server/api/chat_internal.h): message conversion (tool calls with
  * string arguments become objects, roles, parts), tools and tool_choice, rendering with content spans, the
  * system-role retry, prefill cuts, and the Qwen2.5 template from ../shared when present. */
 #include <criterion/criterion.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/api_chat.h"
+#include "server/api/chat_internal.h"
 
 static const char CHATML[] =
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -69,12 +69,12 @@ Test(api_chat, tools_and_choice) {
     char buf[1024];
     srv_chat_req r;
     srv_api_error e;
-    struct { const char *extra; int rc; srv_tool_choice choice; bool tools; const char *needle; } cases[] = {
-        {"", 0, SRV_TOOL_CHOICE_AUTO, true, NULL},
-        {",\"tool_choice\":\"none\"", 0, SRV_TOOL_CHOICE_NONE, false, NULL},
-        {",\"tool_choice\":\"auto\",\"parallel_tool_calls\":false", 0, SRV_TOOL_CHOICE_AUTO, true, NULL},
-        {",\"tool_choice\":\"required\"", 0, SRV_TOOL_CHOICE_REQUIRED, true, NULL},
-        {",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}", 0, SRV_TOOL_CHOICE_NAMED, true, NULL},
+    struct { const char *extra; int rc; srv_chat_tool_choice choice; bool tools; const char *needle; } cases[] = {
+        {"", 0, SRV_CHAT_TOOL_CHOICE_AUTO, true, NULL},
+        {",\"tool_choice\":\"none\"", 0, SRV_CHAT_TOOL_CHOICE_NONE, false, NULL},
+        {",\"tool_choice\":\"auto\",\"parallel_tool_calls\":false", 0, SRV_CHAT_TOOL_CHOICE_AUTO, true, NULL},
+        {",\"tool_choice\":\"required\"", 0, SRV_CHAT_TOOL_CHOICE_REQUIRED, true, NULL},
+        {",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}", 0, SRV_CHAT_TOOL_CHOICE_NAMED, true, NULL},
         {",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}", SRV_API_ERR_INVALID, 0, false, "nope"},
         {",\"tool_choice\":\"sometimes\"", SRV_API_ERR_INVALID, 0, false, "sometimes"},
         {",\"parallel_tool_calls\":1", SRV_API_ERR_INVALID, 0, false, "parallel_tool_calls"},

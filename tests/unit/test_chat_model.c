@@ -1,15 +1,15 @@
 /*
- * test_chat_model.c: eng_chat_render over a loaded model (engine/text/chat_model.c): the model's template and
+ * test_chat_model.c: eng_chat_render over a loaded model (engine/model/chat_model.c): the model's template and
  * BOS/EOS texts through the model and tokenizer API, checked end to end against llama.cpp's rendered prompts
  * and prompt token counts in ../shared/reference/syn-qwen2-chat-q8_0.chat.json.
  *
  * The model loader and tokenizer come from other branches (h/model, h/tok). Until they are merged, this file
- * compiles to one skipped test (engine/format/model.h, added by h/model, is the marker), so that the h/chatsamp branch
+ * compiles to one skipped test (engine/model/model.h, added by h/model, is the marker), so that the h/chatsamp branch
  * links on its own.
  */
 #include <criterion/criterion.h>
 
-#if __has_include("engine/format/model.h")
+#if __has_include("engine/model/model.h")
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -25,7 +25,7 @@
 #include "engine/engine.h"
 #include "engine/kernels/quant.h"
 #include "helper_shared.h"
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 
 /* ---- small helpers ----------------------------------------------------------------------------------------- */
 static uint64_t rnd(uint64_t *s) {

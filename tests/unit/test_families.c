@@ -17,7 +17,7 @@
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
-#include "server/block_manager.h"
+#include "server/sched/block_manager_internal.h"
 #include "tests/unit/helper_shared.h"
 
 enum { BS = 4, N_TOK = 96 };
@@ -242,42 +242,42 @@ static kvc_cache *window_cache(int32_t swa_layers, bool prefix_caching) {
 
 Test(families, block_manager_asks_can_resume) {
     kvc_cache *kc = window_cache(0, false); /* nothing to attach from the cache: a refused copy means recompute */
-    srv_bm bm;
-    srv_bm_init(&bm, kc);
+    srv_block_manager bm;
+    srv_block_manager_init(&bm, kc);
     int32_t toks[64];
     for (int i = 0; i < 64; i++) toks[i] = 100 + i;
     int32_t donor, fresh;
-    cr_assert_eq(srv_bm_seq_open(&bm, &donor), 0);
+    cr_assert_eq(srv_block_manager_seq_open(&bm, &donor), 0);
     fill(kc, donor, toks, 0, 60);
     cr_assert(!kvc_can_resume(kc, donor, 20), "position 20 of a 60-token window-8 sequence was released");
 
     /* a copy of 20 tokens would start with released blocks: refused, the sequence stays empty */
-    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
+    cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
     bool copied = true;
-    int32_t got = srv_bm_attach_prefix(&bm, fresh, toks, 40, donor, 20, &copied);
+    int32_t got = srv_block_manager_attach_prefix(&bm, fresh, toks, 40, donor, 20, &copied);
     cr_expect_eq(got, 0);
     cr_expect(!copied);
-    cr_expect_eq(srv_bm_seq_len(&bm, fresh), 0);
+    cr_expect_eq(srv_block_manager_seq_len(&bm, fresh), 0);
     cr_expect(kvc_can_resume(kc, fresh, 0));
     fill(kc, fresh, toks, 0, 24); /* and it computes its own */
-    srv_bm_seq_close(&bm, fresh);
+    srv_block_manager_seq_close(&bm, fresh);
 
     /* 58 tokens: positions 50 and 51 of the window were released with their block: refused too */
-    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
-    got = srv_bm_attach_prefix(&bm, fresh, toks, 59, donor, 58, &copied);
+    cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
+    got = srv_block_manager_attach_prefix(&bm, fresh, toks, 59, donor, 58, &copied);
     cr_expect_eq(got, 0);
     cr_expect(!copied);
-    srv_bm_seq_close(&bm, fresh);
+    srv_block_manager_seq_close(&bm, fresh);
 
     /* the whole donor (60 tokens) holds its window: accepted, and the copy goes on */
-    cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
-    got = srv_bm_attach_prefix(&bm, fresh, toks, 61, donor, 60, &copied);
+    cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
+    got = srv_block_manager_attach_prefix(&bm, fresh, toks, 61, donor, 60, &copied);
     cr_expect_eq(got, 60);
     cr_expect(copied);
     cr_expect(kvc_can_resume(kc, fresh, 60));
     fill(kc, fresh, toks, 60, 64);
-    srv_bm_seq_close(&bm, fresh);
-    srv_bm_seq_close(&bm, donor);
+    srv_block_manager_seq_close(&bm, fresh);
+    srv_block_manager_seq_close(&bm, donor);
     kvc_free(kc);
 }
 
@@ -288,11 +288,11 @@ Test(families, block_manager_asks_can_resume) {
 Test(families, block_manager_sliding_group) {
     for (int caching = 0; caching < 2; caching++) {
         kvc_cache *kc = window_cache(2, caching);
-        srv_bm bm;
-        srv_bm_init(&bm, kc);
+        srv_block_manager bm;
+        srv_block_manager_init(&bm, kc);
         int32_t toks[64], donor, fresh;
         for (int i = 0; i < 64; i++) toks[i] = 100 + i;
-        cr_assert_eq(srv_bm_seq_open(&bm, &donor), 0);
+        cr_assert_eq(srv_block_manager_seq_open(&bm, &donor), 0);
         fill(kc, donor, toks, 0, 60);
         const int32_t *blocks;
         int32_t nb, len, held = 0;
@@ -304,29 +304,29 @@ Test(families, block_manager_sliding_group) {
         bool copied = true;
         if (!caching) {
             cr_assert(!kvc_can_resume(kc, donor, 20));
-            cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
-            cr_expect_eq(srv_bm_attach_prefix(&bm, fresh, toks, 40, donor, 20, &copied), 0);
+            cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
+            cr_expect_eq(srv_block_manager_attach_prefix(&bm, fresh, toks, 40, donor, 20, &copied), 0);
             cr_expect(!copied);
-            cr_expect_eq(srv_bm_seq_len(&bm, fresh), 0);
-            srv_bm_seq_close(&bm, fresh);
-            cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
-            cr_expect_eq(srv_bm_attach_prefix(&bm, fresh, toks, 61, donor, 60, &copied), 60);
+            cr_expect_eq(srv_block_manager_seq_len(&bm, fresh), 0);
+            srv_block_manager_seq_close(&bm, fresh);
+            cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
+            cr_expect_eq(srv_block_manager_attach_prefix(&bm, fresh, toks, 61, donor, 60, &copied), 60);
             cr_expect(copied);
             cr_expect(kvc_can_resume(kc, fresh, 60));
             fill(kc, fresh, toks, 60, 64);
-            srv_bm_seq_close(&bm, fresh);
+            srv_block_manager_seq_close(&bm, fresh);
         } else {
-            srv_bm_seq_close(&bm, donor); /* its blocks stay cached in both pools */
-            cr_assert_eq(srv_bm_seq_open(&bm, &fresh), 0);
-            cr_expect_eq(srv_bm_attach_prefix(&bm, fresh, toks, 41, -1, 0, &copied), 40);
+            srv_block_manager_seq_close(&bm, donor); /* its blocks stay cached in both pools */
+            cr_assert_eq(srv_block_manager_seq_open(&bm, &fresh), 0);
+            cr_expect_eq(srv_block_manager_attach_prefix(&bm, fresh, toks, 41, -1, 0, &copied), 40);
             cr_expect(!copied);
             cr_expect(kvc_can_resume(kc, fresh, 40));
             fill(kc, fresh, toks, 40, 44);
-            srv_bm_seq_close(&bm, fresh);
+            srv_block_manager_seq_close(&bm, fresh);
         }
         char msg[256];
         cr_expect_eq(kvc_check(kc, msg, sizeof msg), 0, "%s", msg);
-        if (!caching) srv_bm_seq_close(&bm, donor);
+        if (!caching) srv_block_manager_seq_close(&bm, donor);
         kvc_free(kc);
     }
 }

@@ -17,7 +17,7 @@
 
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 #include "engine/kernels/ops.h"
 #include "engine/kernels/quant.h"
 

@@ -114,22 +114,22 @@ static int open_bytes(const char *dir, const char *fname, const buf *b, char *er
     return rc;
 }
 
-/* ---- eng_strerror ---------------------------------------------------------------------------------------------- */
+/* ---- kvs_strerror ---------------------------------------------------------------------------------------------- */
 Test(gguf, strerror_every_code) {
     const int codes[] = {ENG_OK, ENG_ERR_INVALID, ENG_ERR_NOMEM, ENG_ERR_IO, ENG_ERR_FORMAT, ENG_ERR_UNSUPPORTED,
                          ENG_ERR_NOT_FOUND, ENG_ERR_TYPE, ENG_ERR_TOO_LARGE, ENG_ERR_KV_FULL, ENG_ERR_KV,
                          ENG_ERR_DEVICE};
     size_t n = sizeof codes / sizeof codes[0];
-    const char *unknown = eng_strerror(-1000);
+    const char *unknown = kvs_strerror(-1000);
     cr_assert_not_null(unknown);
     for (size_t i = 0; i < n; i++) {
-        const char *s = eng_strerror(codes[i]);
+        const char *s = kvs_strerror(codes[i]);
         cr_assert(s && *s, "code %d has no text", codes[i]);
         cr_assert_str_neq(s, unknown, "code %d falls through to the unknown text", codes[i]);
-        for (size_t j = 0; j < i; j++) cr_assert_str_neq(s, eng_strerror(codes[j]), "codes %d and %d share text",
+        for (size_t j = 0; j < i; j++) cr_assert_str_neq(s, kvs_strerror(codes[j]), "codes %d and %d share text",
                                                          codes[i], codes[j]);
     }
-    cr_assert_not_null(eng_strerror(1));
+    cr_assert_not_null(kvs_strerror(1));
 }
 
 /* ---- round trips ------------------------------------------------------------------------------------------------ */
@@ -1378,6 +1378,54 @@ Test(mkmodel, presets_qwen2_biases_head_dim_and_tying) {
     expect_tensor(g, "blk.1.attn_v.bias", 0, 32, 1);
     eng_gguf_close(g);
     rm_in(dir, "q.gguf");
+    rmdir(dir);
+    free(dir);
+}
+
+/* bench-8b (the Llama-3.1-8B shape) is about 16 GB in f16: its header comes from --dry-run (which writes
+ * nothing), and a written file with the preset's untied f16 layout but a reduced shape checks what the preset
+ * itself sets (context, rope base, type, the separate output.weight). */
+Test(mkmodel, bench_8b_preset_header_by_dry_run) {
+    char *dir = make_tmpdir();
+    char out[512], vocab[1024];
+    snprintf(out, sizeof out, "%s/8b.gguf", dir);
+    snprintf(vocab, sizeof vocab, "%s/models/vocab-only/ggml-vocab-llama-bpe.gguf", kvt_shared_dir());
+    const bool have_vocab = file_exists(vocab);
+    const char *dry[] = {"mkmodel", "--preset", "bench-8b", "-o", out, "--dry-run",
+                         have_vocab ? "--vocab-from" : NULL, vocab, NULL};
+    char *log = NULL;
+    cr_assert_eq(kvt_run_kvserve(dir, dry, &log), 0, "%s", log);
+    cr_assert(!file_exists(out), "--dry-run wrote a file");
+    const char *want[] = {
+        "general.architecture = llama\n", "general.file_type = 1\n", "llama.context_length = 131072\n",
+        "llama.embedding_length = 4096\n", "llama.block_count = 32\n", "llama.feed_forward_length = 14336\n",
+        "llama.attention.head_count = 32\n", "llama.attention.head_count_kv = 8\n",
+        "llama.rope.freq_base = 500000\n", "llama.rope.dimension_count = 128\n",
+        "embd 4096, 32 blocks, 32/8 heads (dim 128), ff 14336", "f16, 291 tensors", /* untied: no ", tied" */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) cr_assert(strstr(log, want[i]), "no '%s' in:\n%s", want[i], log);
+    cr_assert_null(strstr(log, "key_length"), "head dim 128 = 4096 / 32 needs no key_length");
+    if (have_vocab) {
+        /* Llama 3's vocabulary: 128256 tokens; token_embd + 32 x 9 + output_norm + output = 291 tensors, 16.06 GB */
+        cr_assert(strstr(log, "llama.vocab_size = 128256\n") && strstr(log, "tokenizer.ggml.pre = llama-bpe\n"), "%s", log);
+        cr_assert(strstr(log, "vocab 128256, f16, 291 tensors, 15317.0 MiB of weights"), "%s", log);
+    }
+    free(log);
+    /* the preset's own settings in a written file, with the shape scaled down */
+    eng_gguf *g = mk(dir, "8b-small.gguf", (const char *[]){"--preset", "bench-8b", "--layers", "1", "--embd", "128",
+                                                           "--heads", "4", "--kv-heads", "1", "--ff", "256", NULL});
+    cr_assert_eq(u32_of(g, "llama.context_length"), 131072);
+    cr_assert_eq(u32_of(g, "llama.attention.head_count_kv"), 1);
+    float f;
+    cr_assert_eq(eng_gguf_get_f32(g, "llama.rope.freq_base", &f), 0);
+    cr_assert_eq(f, 500000.0f);
+    cr_assert_eq(u32_of(g, "general.file_type"), 1);
+    const int64_t n_vocab = (int64_t)u32_of(g, "llama.vocab_size");
+    expect_tensor(g, "token_embd.weight", ENG_Q_F16, 128, n_vocab);
+    expect_tensor(g, "output.weight", ENG_Q_F16, 128, n_vocab);
+    expect_tensor(g, "blk.0.ffn_down.weight", ENG_Q_F16, 256, 128);
+    eng_gguf_close(g);
+    rm_in(dir, "8b-small.gguf");
     rmdir(dir);
     free(dir);
 }

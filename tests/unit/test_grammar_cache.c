@@ -1,13 +1,13 @@
-/* test_grammar_cache.c: the server's response_format grammar cache (server/grammar_cache.h) and the parsing of
- * response_format (server/api_structured.c through srv_api_parse_gen). */
+/* test_grammar_cache.c: the server's response_format grammar cache (server/api/grammar_cache_internal.h) and the parsing of
+ * response_format (server/api/api_structured.c through srv_api_parse_gen). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
-#include "server/api.h"
-#include "server/grammar_cache.h"
+#include "server/api/api.h"
+#include "server/api/grammar_cache_internal.h"
 
 /* A byte-level vocabulary: token t < 128 is the byte t (0 is the EOG, control bytes special), then a few
  * multi-byte pieces. */
@@ -43,9 +43,9 @@ static cJSON *parse(const char *s) {
 }
 
 /* Walks a clone of the entry's template to the end with pseudo-random allowed tokens; returns the text. */
-static char *random_value(const srv_gcache_entry *e, uint64_t seed) {
+static char *random_value(const srv_grammar_cache_entry *e, uint64_t seed) {
     gmr_matcher *m = NULL;
-    cr_assert_eq(gmr_matcher_clone(srv_gcache_matcher(e), &m), KVS_OK);
+    cr_assert_eq(gmr_matcher_clone(srv_grammar_cache_matcher(e), &m), KVS_OK);
     uint32_t mask[8];
     char *out = calloc(1, 4096);
     size_t n = 0;
@@ -76,19 +76,19 @@ static char *random_value(const srv_gcache_entry *e, uint64_t seed) {
 }
 
 Test(grammar_cache, schema_values_hits_and_lru_bound) {
-    srv_gcache *c = NULL;
-    cr_assert_eq(srv_gcache_create(byte_vocab(), 2, 1 << 20, &c), KVS_OK);
+    srv_grammar_cache *c = NULL;
+    cr_assert_eq(srv_grammar_cache_create(byte_vocab(), 2, 1 << 20, &c), KVS_OK);
     const char *schema_a = "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":3,"
                            "\"maximum\":40},\"s\":{\"type\":\"string\",\"maxLength\":5}},\"required\":[\"n\",\"s\"],"
                            "\"additionalProperties\":false}";
     cJSON *sa = parse(schema_a);
     char err[256];
-    srv_gcache_entry *e1 = NULL, *e2 = NULL;
-    cr_assert_eq(srv_gcache_get(c, schema_a, sa, &e1, err, sizeof err), KVS_OK, "%s", err);
-    cr_assert_eq(srv_gcache_get(c, schema_a, sa, &e2, err, sizeof err), KVS_OK);
+    srv_grammar_cache_entry *e1 = NULL, *e2 = NULL;
+    cr_assert_eq(srv_grammar_cache_get(c, schema_a, sa, &e1, err, sizeof err), KVS_OK, "%s", err);
+    cr_assert_eq(srv_grammar_cache_get(c, schema_a, sa, &e2, err, sizeof err), KVS_OK);
     cr_assert_eq(e1, e2, "the same schema text must reuse the compiled grammar");
-    srv_gcache_stats st;
-    srv_gcache_get_stats(c, &st);
+    srv_grammar_cache_stats st;
+    srv_grammar_cache_get_stats(c, &st);
     cr_assert_eq(st.misses, 1);
     cr_assert_eq(st.hits, 1);
     for (uint64_t seed = 1; seed <= 30; seed++) {
@@ -103,8 +103,8 @@ Test(grammar_cache, schema_values_hits_and_lru_bound) {
         free(txt);
     }
     /* json_object */
-    srv_gcache_entry *eo = NULL;
-    cr_assert_eq(srv_gcache_get(c, NULL, NULL, &eo, err, sizeof err), KVS_OK, "%s", err);
+    srv_grammar_cache_entry *eo = NULL;
+    cr_assert_eq(srv_grammar_cache_get(c, NULL, NULL, &eo, err, sizeof err), KVS_OK, "%s", err);
     for (uint64_t seed = 1; seed <= 10; seed++) {
         char *txt = random_value(eo, seed);
         cJSON *v = cJSON_Parse(txt);
@@ -113,77 +113,77 @@ Test(grammar_cache, schema_values_hits_and_lru_bound) {
         free(txt);
     }
     /* more grammars than the bound while all are referenced: all kept; once released, trimmed to 2 */
-    srv_gcache_entry *more[3];
+    srv_grammar_cache_entry *more[3];
     for (int i = 0; i < 3; i++) {
         char key[64];
         snprintf(key, sizeof key, "{\"type\":\"integer\",\"maximum\":%d}", i + 5);
         cJSON *s = parse(key);
-        cr_assert_eq(srv_gcache_get(c, key, s, &more[i], err, sizeof err), KVS_OK, "%s", err);
+        cr_assert_eq(srv_grammar_cache_get(c, key, s, &more[i], err, sizeof err), KVS_OK, "%s", err);
         cJSON_Delete(s);
     }
-    srv_gcache_get_stats(c, &st);
+    srv_grammar_cache_get_stats(c, &st);
     cr_assert_eq(st.entries, 5);
-    srv_gcache_release(c, e1);
-    srv_gcache_release(c, e2);
-    srv_gcache_release(c, eo);
-    for (int i = 0; i < 3; i++) srv_gcache_release(c, more[i]);
-    srv_gcache_get_stats(c, &st);
+    srv_grammar_cache_release(c, e1);
+    srv_grammar_cache_release(c, e2);
+    srv_grammar_cache_release(c, eo);
+    for (int i = 0; i < 3; i++) srv_grammar_cache_release(c, more[i]);
+    srv_grammar_cache_get_stats(c, &st);
     cr_assert_eq(st.entries, 2);
     /* the most recent ones stay: the last integer schema is a hit */
     char key[64];
     snprintf(key, sizeof key, "{\"type\":\"integer\",\"maximum\":%d}", 7);
     cJSON *s7 = parse(key);
-    cr_assert_eq(srv_gcache_get(c, key, s7, &e1, err, sizeof err), KVS_OK);
-    srv_gcache_get_stats(c, &st);
+    cr_assert_eq(srv_grammar_cache_get(c, key, s7, &e1, err, sizeof err), KVS_OK);
+    srv_grammar_cache_get_stats(c, &st);
     cr_assert_eq(st.hits, 2);
-    srv_gcache_release(c, e1);
+    srv_grammar_cache_release(c, e1);
     cJSON_Delete(s7);
     cJSON_Delete(sa);
-    srv_gcache_free(c);
+    srv_grammar_cache_free(c);
 }
 
 Test(grammar_cache, unsupported_and_bad_schemas) {
-    srv_gcache *c = NULL;
-    cr_assert_eq(srv_gcache_create(byte_vocab(), 4, 0, &c), KVS_OK);
+    srv_grammar_cache *c = NULL;
+    cr_assert_eq(srv_grammar_cache_create(byte_vocab(), 4, 0, &c), KVS_OK);
     char err[256];
-    srv_gcache_entry *e = NULL;
+    srv_grammar_cache_entry *e = NULL;
     const char *uk = "{\"type\":\"array\",\"uniqueItems\":true}";
     cJSON *s = parse(uk);
-    cr_assert_eq(srv_gcache_get(c, uk, s, &e, err, sizeof err), KVS_ERR_UNSUPPORTED);
+    cr_assert_eq(srv_grammar_cache_get(c, uk, s, &e, err, sizeof err), KVS_ERR_UNSUPPORTED);
     cr_assert_null(e);
     cr_assert(strstr(err, "uniqueItems"), "%s", err);
     cJSON_Delete(s);
     const char *bad = "{\"$ref\":\"#/$defs/missing\"}";
     s = parse(bad);
-    int rc = srv_gcache_get(c, bad, s, &e, err, sizeof err);
+    int rc = srv_grammar_cache_get(c, bad, s, &e, err, sizeof err);
     cr_assert(rc == KVS_ERR_FORMAT || rc == KVS_ERR_NOT_FOUND, "rc %d: %s", rc, err);
     cr_assert(err[0]);
     cJSON_Delete(s);
-    srv_gcache_stats st;
-    srv_gcache_get_stats(c, &st);
+    srv_grammar_cache_stats st;
+    srv_grammar_cache_get_stats(c, &st);
     cr_assert_eq(st.entries, 0);
-    srv_gcache_free(c);
+    srv_grammar_cache_free(c);
 }
 
 /* Threads asking for the same few schemas at once: every get has a matching entry and the counts add up. */
-typedef struct tharg { srv_gcache *c; int id; int ok; } tharg;
+typedef struct tharg { srv_grammar_cache *c; int id; int ok; } tharg;
 static void worker(void *p) {
     tharg *a = p;
     for (int i = 0; i < 40; i++) {
         char key[64];
         snprintf(key, sizeof key, "{\"type\":\"integer\",\"maximum\":%d}", (a->id + i) % 5);
         cJSON *s = cJSON_Parse(key);
-        srv_gcache_entry *e = NULL;
+        srv_grammar_cache_entry *e = NULL;
         char err[128];
-        if (s && srv_gcache_get(a->c, key, s, &e, err, sizeof err) == KVS_OK && srv_gcache_matcher(e)) a->ok++;
-        srv_gcache_release(a->c, e);
+        if (s && srv_grammar_cache_get(a->c, key, s, &e, err, sizeof err) == KVS_OK && srv_grammar_cache_matcher(e)) a->ok++;
+        srv_grammar_cache_release(a->c, e);
         cJSON_Delete(s);
     }
 }
 
 Test(grammar_cache, concurrent_gets) {
-    srv_gcache *c = NULL;
-    cr_assert_eq(srv_gcache_create(byte_vocab(), 3, 0, &c), KVS_OK);
+    srv_grammar_cache *c = NULL;
+    cr_assert_eq(srv_grammar_cache_create(byte_vocab(), 3, 0, &c), KVS_OK);
     uv_thread_t th[4];
     tharg a[4];
     for (int i = 0; i < 4; i++) {
@@ -191,12 +191,12 @@ Test(grammar_cache, concurrent_gets) {
         cr_assert_eq(uv_thread_create(&th[i], worker, &a[i]), 0);
     }
     for (int i = 0; i < 4; i++) uv_thread_join(&th[i]);
-    srv_gcache_stats st;
-    srv_gcache_get_stats(c, &st);
+    srv_grammar_cache_stats st;
+    srv_grammar_cache_get_stats(c, &st);
     for (int i = 0; i < 4; i++) cr_assert_eq(a[i].ok, 40);
     cr_assert_eq(st.hits + st.misses, 160);
     cr_assert_leq(st.entries, 3);
-    srv_gcache_free(c);
+    srv_grammar_cache_free(c);
 }
 
 /* response_format in request bodies: the three types, and 400s naming response_format. */

@@ -6,7 +6,7 @@
 
 #include <signal.h>
 
-#include "server/http.h"
+#include "server/http/http.h"
 #include "srv_test_client.h"
 
 typedef struct hsrv {
@@ -631,7 +631,8 @@ Test(http, auth_401_before_body) {
     srv_http_limits l = lim_default();
     hsrv *s = start_with_key(&l, "sekret");
     const char *bad[] = {"", "Authorization: Bearer wrong\r\n", "Authorization: Basic c2VrcmV0\r\n",
-                         "Authorization: Bearer sekret2\r\n", "Authorization: Bearer sekre\r\n"};
+                         "Authorization: Bearer sekret2\r\n", "Authorization: Bearer sekre\r\n",
+                         "x-api-key: sekre\r\n", "x-api-key: Bearer sekret\r\n", "x-api-key: \r\n"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int fd = tc_connect(s->port);
         char req[256];
@@ -653,12 +654,19 @@ Test(http, auth_401_before_body) {
                               &r), 200);
     cr_assert_str_eq(r.body, "POST /echo? - 2:ok");
     tc_resp_free(&r);
+    /* the key as x-api-key (Anthropic's clients), also beside a wrong Authorization header: served */
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nX-Api-Key: sekret\r\nContent-Length: 2\r\n\r\nok", &r),
+                 200);
+    tc_resp_free(&r);
+    cr_assert_eq(tc_roundtrip(s->port, "POST /echo HTTP/1.1\r\nAuthorization: Bearer no\r\nx-api-key: sekret\r\n"
+                              "Content-Length: 2\r\n\r\nok", &r), 200);
+    tc_resp_free(&r);
     /* public path and bodyless requests reach the handler (which answers them as it likes) */
     cr_assert_eq(tc_roundtrip(s->port, "POST /health/ HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", &r), 404);
     tc_resp_free(&r);
     cr_assert_eq(tc_roundtrip(s->port, "GET /echo HTTP/1.1\r\n\r\n", &r), 200);
     tc_resp_free(&r);
-    cr_assert_eq(atomic_load(&s->n_requests), 3);
+    cr_assert_eq(atomic_load(&s->n_requests), 5);
     stop(s);
 }
 

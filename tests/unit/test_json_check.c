@@ -1,4 +1,4 @@
-/* test_json_check.c: the strict JSON pass that runs before cJSON on request bodies (server/json_check.h): a table
+/* test_json_check.c: the strict JSON pass that runs before cJSON on request bodies (server/api/json_check_internal.h): a table
  * of accepted and refused texts with the offsets and messages, the facts counted on success, and a randomized
  * comparison with cJSON over mutated bodies (what it accepts, cJSON reads completely without losing text). */
 #include <criterion/criterion.h>
@@ -10,8 +10,8 @@
 
 #include "common/common.h"
 #include "helper_rng.h"
-#include "server/api.h"
-#include "server/json_check.h"
+#include "server/api/api.h"
+#include "server/api/json_check_internal.h"
 
 typedef struct jcase { const char *text; int rc; size_t offset; const char *msg; } jcase;
 
@@ -58,7 +58,7 @@ Test(json_check, table) {
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         const jcase *c = &CASES[i];
         srv_json_check_result r;
-        int rc = srv_json_check(c->text, strlen(c->text), SRV_JSON_MAX_DEPTH, &r);
+        int rc = srv_json_check(c->text, strlen(c->text), SRV_JSON_CHECK_MAX_DEPTH, &r);
         cr_assert_eq(rc, c->rc, "case %zu '%s': rc %d (%s)", i, c->text, rc, r.message);
         if (rc == 0) {
             cr_assert_str_eq(r.message, "");
@@ -123,7 +123,7 @@ Test(json_check, random_mutations_agree_with_cjson) {
             else if (len < sizeof buf - 1) { memmove(buf + pos + 1, buf + pos, len - pos); buf[pos] = ch; len++; }
         }
         srv_json_check_result r;
-        if (srv_json_check(buf, len, SRV_JSON_MAX_DEPTH, &r) != 0) {
+        if (srv_json_check(buf, len, SRV_JSON_CHECK_MAX_DEPTH, &r) != 0) {
             cr_assert(r.offset <= len && r.message[0], "iteration %d", it);
             continue;
         }

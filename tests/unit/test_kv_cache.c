@@ -347,7 +347,7 @@ static void op_forward(tctx *t) {
     }
     take_snap(t);
     int rc = kvc_start_forward(t->c, e, total, slots);
-    REQ(rc == expect, "start_forward: %d (%s), expected %d", rc, kvc_strerror(rc), expect);
+    REQ(rc == expect, "start_forward: %d (%s), expected %d", rc, kvs_strerror(rc), expect);
     if (rc != 0) {
         if (rc == KVC_ERR_FULL) t->n_full++;
         expect_snap(t, false, "start_forward error");

@@ -94,8 +94,8 @@ Test(kv_cache_edge, params_default_and_strings) {
     cr_assert_eq(p.n_blocks, 0);
     cr_assert_eq(p.mem_bytes, 0);
     cr_assert_eq(p.max_seqs, 0);
-    for (int e = 0; e >= -12; e--) cr_assert_not_null(kvc_strerror(e));
-    cr_assert_str_neq(kvc_strerror(KVC_ERR_FULL), kvc_strerror(KVC_ERR_NOMEM));
+    for (int e = 0; e >= -12; e--) cr_assert_not_null(kvs_strerror(e));
+    cr_assert_str_neq(kvs_strerror(KVC_ERR_FULL), kvs_strerror(KVC_ERR_NOMEM));
     cr_assert_eq(kvc_row_bytes(KVC_DTYPE_F32, 64), 256);
     cr_assert_eq(kvc_row_bytes(KVC_DTYPE_F16, 64), 128);
     cr_assert_eq(kvc_row_bytes(KVC_DTYPE_Q8_0, 64), 68);

@@ -1,5 +1,5 @@
 /*
- * test_kv_events.c: KV-cache events in vLLM's wire format (server/kv_events.h): the configuration keys, the
+ * test_kv_events.c: KV-cache events in vLLM's wire format (server/obs/obs.h): the configuration keys, the
  * msgpack encoding (decoded back with msgpack-c and checked field by field: tags, order, nil, uint64 hashes,
  * merging of consecutive blocks), and the ZeroMQ publisher end to end over ipc:// sockets: frames [topic, seq,
  * payload], sequence numbers, the replay ROUTER protocol (replies then the -1 end marker), and drop accounting
@@ -13,34 +13,34 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "server/kv_events.h"
+#include "server/obs/obs.h"
 
 /* ---- configuration ---------------------------------------------------------------------------------------- */
 Test(kv_events, config_keys) {
-    srv_kvev_config c;
+    srv_kv_events_config c;
     char err[256];
-    cr_assert_eq(srv_kvev_config_parse(NULL, &c, err, sizeof err), 0);
+    cr_assert_eq(srv_kv_events_config_parse(NULL, &c, err, sizeof err), 0);
     cr_assert(!c.enable);
     cr_assert_str_eq(c.publisher, "null");
     cr_assert_str_eq(c.endpoint, "tcp://*:5557");
     cr_assert_eq(c.buffer_steps, 10000);
     cr_assert_eq(c.hwm, 100000);
-    cr_assert(!srv_kvev_config_active(&c));
-    cr_assert_eq(srv_kvev_config_parse("{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:6000\", "
+    cr_assert(!srv_kv_events_config_active(&c));
+    cr_assert_eq(srv_kv_events_config_parse("{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:6000\", "
                                        "\"replay_endpoint\": \"tcp://*:6001\", \"topic\": \"kv@pod@m\", "
                                        "\"buffer_steps\": 5, \"hwm\": 7, \"max_queue_size\": 9}",
                                        &c, err, sizeof err),
                  0, "%s", err);
-    cr_assert(srv_kvev_config_active(&c));
+    cr_assert(srv_kv_events_config_active(&c));
     cr_assert_str_eq(c.publisher, "zmq", "publisher defaults to zmq when enabled, as vLLM");
     cr_assert_str_eq(c.replay_endpoint, "tcp://*:6001");
     cr_assert_str_eq(c.topic, "kv@pod@m");
     cr_assert_eq(c.buffer_steps, 5);
     cr_assert_eq(c.hwm, 7);
     cr_assert_eq(c.max_queue_size, 9);
-    cr_assert_eq(srv_kvev_config_parse("{\"enable_kv_cache_events\": true, \"publisher\": \"null\", "
+    cr_assert_eq(srv_kv_events_config_parse("{\"enable_kv_cache_events\": true, \"publisher\": \"null\", "
                                        "\"replay_endpoint\": null}", &c, err, sizeof err), 0);
-    cr_assert(!srv_kvev_config_active(&c));
+    cr_assert(!srv_kv_events_config_active(&c));
     cr_assert_eq(c.replay_endpoint[0], 0);
     static const char *const bad[] = {
         "[]", "{\"enable_kv_cache_events\": 1}", "{\"publisher\": \"kafka\"}", "{\"buffer_steps\": 0}",
@@ -49,10 +49,10 @@ Test(kv_events, config_keys) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
-        cr_assert_eq(srv_kvev_config_parse(bad[i], &c, err, sizeof err), KVS_ERR_INVALID, "%s", bad[i]);
+        cr_assert_eq(srv_kv_events_config_parse(bad[i], &c, err, sizeof err), KVS_ERR_INVALID, "%s", bad[i]);
         cr_assert(strstr(err, "kv_events_config"), "message names the setting: %s", err);
     }
-    cr_assert(strstr((srv_kvev_config_parse("{\"no_such_key\": 1}", &c, err, sizeof err), err), "no_such_key"));
+    cr_assert(strstr((srv_kv_events_config_parse("{\"no_such_key\": 1}", &c, err, sizeof err), err), "no_such_key"));
 }
 
 /* ---- encoding ------------------------------------------------------------------------------------------------ */
@@ -85,22 +85,22 @@ static int count_u64(const char *buf, size_t len, uint64_t v) {
 }
 
 Test(kv_events, encode_matches_vllm_array_like_layout) {
-    srv_kvev_batch *b = NULL;
-    cr_assert_eq(srv_kvev_batch_create(&b), 0);
+    srv_kv_events_batch *b = NULL;
+    cr_assert_eq(srv_kv_events_batch_create(&b), 0);
     int32_t t1[4] = {1, 2, 3, 4}, t2[4] = {5, 6, 7, 100000}, t3[4] = {9, 9, 9, 9};
     /* a chain root, its child (merged into one BlockStored), an unrelated chain, two removals, a clear */
     kvc_event s1 = stored(11, false, 0, t1, 4), s2 = stored(12, true, 11, t2, 4),
               s3 = stored(0xfedcba9876543210ull, true, 77, t3, 4);
-    cr_assert_eq(srv_kvev_batch_add(b, &s1), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &s2), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &s3), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 11}), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 12}), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &(kvc_event){.kind = KVC_EVENT_CLEARED}), 0);
-    cr_assert_eq(srv_kvev_batch_add(b, &(kvc_event){.kind = 99}), KVS_ERR_INVALID);
-    cr_assert_eq(srv_kvev_batch_len(b), 4);
+    cr_assert_eq(srv_kv_events_batch_add(b, &s1), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &s2), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &s3), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 11}), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 12}), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &(kvc_event){.kind = KVC_EVENT_CLEARED}), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &(kvc_event){.kind = 99}), KVS_ERR_INVALID);
+    cr_assert_eq(srv_kv_events_batch_len(b), 4);
     kvs_buf out = {0};
-    cr_assert_eq(srv_kvev_batch_encode(b, 1700000000.25, 0, &out), 0);
+    cr_assert_eq(srv_kv_events_batch_encode(b, 1700000000.25, 0, &out), 0);
     /* hashes always use the 9-byte uint64 form, even small ones (Go decoders then see uint64) */
     cr_assert_eq(count_u64(out.data, out.len, 11), 2);
     cr_assert_eq(count_u64(out.data, out.len, 12), 2);
@@ -147,9 +147,9 @@ Test(kv_events, encode_matches_vllm_array_like_layout) {
     assert_str(&e3->ptr[0], "AllBlocksCleared");
     msgpack_unpacked_destroy(&u);
     kvs_buf_free(&out);
-    srv_kvev_batch_clear(b);
-    cr_assert_eq(srv_kvev_batch_len(b), 0);
-    srv_kvev_batch_free(b);
+    srv_kv_events_batch_clear(b);
+    cr_assert_eq(srv_kv_events_batch_len(b), 0);
+    srv_kv_events_batch_free(b);
 }
 
 /* ---- the publisher over ipc:// ------------------------------------------------------------------------------- */
@@ -202,33 +202,33 @@ static uint64_t first_hash(const char *payload, size_t len) {
 }
 
 /* An enabled zmq configuration publishing on endpoint. */
-static srv_kvev_config zmq_config(const char *endpoint) {
-    srv_kvev_config c;
-    srv_kvev_config_default(&c);
+static srv_kv_events_config zmq_config(const char *endpoint) {
+    srv_kv_events_config c;
+    srv_kv_events_config_default(&c);
     c.enable = true;
     snprintf(c.publisher, sizeof c.publisher, "zmq");
     snprintf(c.endpoint, sizeof c.endpoint, "%s", endpoint);
     return c;
 }
 
-static void one_step(srv_kvev *p, uint64_t h) {
+static void one_step(srv_kv_events *p, uint64_t h) {
     int32_t toks[2] = {(int32_t)h, 1};
     kvc_event ev = stored(h, false, 0, toks, 2);
-    srv_kvev_on_cache_event(p, &ev);
-    srv_kvev_step_end(p);
+    srv_kv_events_on_cache_event(p, &ev);
+    srv_kv_events_step_end(p);
 }
 
 Test(kv_events, publish_and_replay) {
     char pub_ep[128], rep_ep[128], err[256];
     snprintf(pub_ep, sizeof pub_ep, "ipc:///tmp/kvserve-test-kvev-%d.pub", (int)getpid());
     snprintf(rep_ep, sizeof rep_ep, "ipc:///tmp/kvserve-test-kvev-%d.replay", (int)getpid());
-    srv_kvev_config c = zmq_config(pub_ep);
+    srv_kv_events_config c = zmq_config(pub_ep);
     snprintf(c.replay_endpoint, sizeof c.replay_endpoint, "%s", rep_ep);
     snprintf(c.topic, sizeof c.topic, "kv@test@m");
     c.buffer_steps = 3;
-    srv_kvev *p = NULL;
-    cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), 0, "%s", err);
-    cr_assert_str_eq(srv_kvev_endpoint(p), pub_ep);
+    srv_kv_events *p = NULL;
+    cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(srv_kv_events_endpoint(p), pub_ep);
     void *zctx = zmq_ctx_new();
     void *sub = zmq_socket(zctx, ZMQ_SUB);
     cr_assert_eq(zmq_connect(sub, pub_ep), 0);
@@ -243,7 +243,7 @@ Test(kv_events, publish_and_replay) {
     }
     uint64_t base = be_u64(f.part[1]);
     frames_free(&f);
-    srv_kvev_step_end(p); /* an empty step publishes nothing */
+    srv_kv_events_step_end(p); /* an empty step publishes nothing */
     for (uint64_t i = 0; i < 5; i++) one_step(p, 5000 + i);
     for (uint64_t i = 0; i < 5; i++) {
         cr_assert_eq(recv_frames(sub, &f, 2000), 0);
@@ -284,33 +284,33 @@ Test(kv_events, publish_and_replay) {
         }
         cr_assert_eq(expect, base + 6, "every buffered batch from the start was replayed");
     }
-    srv_kvev_stats st;
-    srv_kvev_get_stats(p, &st);
+    srv_kv_events_stats st;
+    srv_kv_events_get_stats(p, &st);
     cr_assert_eq(st.replays, 2);
     cr_assert_eq(st.batches_dropped, 0);
     cr_assert_eq(st.batches_queued, st.batches_published);
     zmq_close(req);
     zmq_close(sub);
     zmq_ctx_term(zctx);
-    srv_kvev_free(p);
+    srv_kv_events_free(p);
 }
 
 Test(kv_events, full_queue_drops_and_leaves_a_gap) {
     char ep[128], err[256];
     snprintf(ep, sizeof ep, "ipc:///tmp/kvserve-test-kvev-drop-%d.pub", (int)getpid());
-    srv_kvev_config c = zmq_config(ep);
+    srv_kv_events_config c = zmq_config(ep);
     c.max_queue_size = 1;
-    srv_kvev *p = NULL;
-    cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), 0, "%s", err);
+    srv_kv_events *p = NULL;
+    cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), 0, "%s", err);
     enum { STEPS = 20000 };
     for (uint64_t i = 0; i < STEPS; i++) one_step(p, i + 1);
-    srv_kvev_stats st;
-    srv_kvev_get_stats(p, &st);
+    srv_kv_events_stats st;
+    srv_kv_events_get_stats(p, &st);
     cr_assert_eq(st.batches_queued + st.batches_dropped, STEPS, "every step is either queued or counted dropped");
-    srv_kvev_free(p);
-    cr_assert_eq(srv_kvev_create(&(srv_kvev_config){0}, &p, err, sizeof err), KVS_ERR_INVALID);
+    srv_kv_events_free(p);
+    cr_assert_eq(srv_kv_events_create(&(srv_kv_events_config){0}, &p, err, sizeof err), KVS_ERR_INVALID);
     c = zmq_config("bogus://x");
-    cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), KVS_ERR_BIND);
+    cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), KVS_ERR_BIND);
     cr_assert(strstr(err, "bogus://x"), "%s", err);
 }
 
@@ -319,23 +319,23 @@ Test(kv_events, full_queue_drops_and_leaves_a_gap) {
 Test(kv_events, queue_bounded_by_bytes) {
     char ep[128], err[256];
     snprintf(ep, sizeof ep, "ipc:///tmp/kvserve-test-kvev-bytes-%d.pub", (int)getpid());
-    srv_kvev_config c = zmq_config(ep);
+    srv_kv_events_config c = zmq_config(ep);
     c.max_queue_bytes = 8; /* smaller than any encoded batch */
-    srv_kvev *p = NULL;
-    cr_assert_eq(srv_kvev_create(&c, &p, err, sizeof err), 0, "%s", err);
+    srv_kv_events *p = NULL;
+    cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), 0, "%s", err);
     enum { STEPS = 200 };
     for (uint64_t i = 0; i < STEPS; i++) one_step(p, i + 1);
-    srv_kvev_stats st;
-    srv_kvev_get_stats(p, &st);
+    srv_kv_events_stats st;
+    srv_kv_events_get_stats(p, &st);
     cr_assert_eq(st.batches_dropped, STEPS, "%llu dropped", (unsigned long long)st.batches_dropped);
     cr_assert_eq(st.batches_queued, 0);
     cr_assert_eq(st.queue_bytes, 0);
-    srv_kvev_free(p);
-    cr_assert_eq(srv_kvev_config_parse("{\"max_queue_bytes\": 1000, \"buffer_bytes\": 2000}", &c, err, sizeof err), 0,
+    srv_kv_events_free(p);
+    cr_assert_eq(srv_kv_events_config_parse("{\"max_queue_bytes\": 1000, \"buffer_bytes\": 2000}", &c, err, sizeof err), 0,
                  "%s", err);
     cr_assert_eq(c.max_queue_bytes, 1000);
     cr_assert_eq(c.buffer_bytes, 2000);
-    cr_assert_eq(srv_kvev_config_parse("{\"max_queue_bytes\": 0}", &c, err, sizeof err), KVS_ERR_INVALID);
-    srv_kvev_config_default(&c);
+    cr_assert_eq(srv_kv_events_config_parse("{\"max_queue_bytes\": 0}", &c, err, sizeof err), KVS_ERR_INVALID);
+    srv_kv_events_config_default(&c);
     cr_assert_eq(c.max_queue_bytes, 64 << 20);
 }

@@ -5,28 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/metrics.h"
+#include "server/obs/obs.h"
 
 Test(metrics, histogram_vs_reference) {
     unsigned seed = 4242;
     srand(seed);
     for (int round = 0; round < 50; round++) {
-        int nb = 1 + rand() % SRV_HIST_MAX_BUCKETS;
-        double bounds[SRV_HIST_MAX_BUCKETS];
+        int nb = 1 + rand() % SRV_METRICS_HIST_MAX_BUCKETS;
+        double bounds[SRV_METRICS_HIST_MAX_BUCKETS];
         double x = 0;
         for (int i = 0; i < nb; i++) { x += (rand() % 100 + 1) / 10.0; bounds[i] = x; }
-        srv_histogram h;
-        srv_histogram_init(&h, bounds, nb);
+        srv_metrics_histogram h;
+        srv_metrics_histogram_init(&h, bounds, nb);
         int n = rand() % 500;
         double *vals = malloc(sizeof(double) * (size_t)(n + 1));
         double sum = 0;
         for (int i = 0; i < n; i++) {
             /* sometimes exactly a bound (le is inclusive) */
             vals[i] = rand() % 5 == 0 ? bounds[rand() % nb] : (rand() % 10000) / 100.0 - 5;
-            srv_histogram_observe(&h, vals[i]);
+            srv_metrics_histogram_observe(&h, vals[i]);
             sum += vals[i];
         }
-        srv_histogram_observe(&h, NAN); /* ignored */
+        srv_metrics_histogram_observe(&h, NAN); /* ignored */
         cr_assert_eq(h.count, (uint64_t)n, "seed %u round %d", seed, round);
         cr_assert_float_eq(h.sum, sum, 1e-6);
         uint64_t cum = 0;
@@ -107,9 +107,9 @@ Test(metrics, exposition_format) {
     srv_metrics_init(&m);
     srand(99);
     for (int i = 0; i < 1000; i++) {
-        srv_histogram_observe(&m.ttft, (rand() % 100000) / 1000.0);
-        srv_histogram_observe(&m.itl, (rand() % 1000) / 1000.0);
-        srv_histogram_observe(&m.e2e, (rand() % 100000) / 100.0);
+        srv_metrics_histogram_observe(&m.ttft, (rand() % 100000) / 1000.0);
+        srv_metrics_histogram_observe(&m.itl, (rand() % 1000) / 1000.0);
+        srv_metrics_histogram_observe(&m.e2e, (rand() % 100000) / 100.0);
         srv_metrics_count_http(&m, 100 + 100 * (rand() % 5));
     }
     srv_sched_stats st;
@@ -154,8 +154,8 @@ Test(metrics, vllm_names) {
     srv_metrics m;
     srv_metrics_init(&m);
     snprintf(m.model_name, sizeof m.model_name, "tiny \"q\"");
-    srv_histogram_observe(&m.ttft, 0.2);
-    srv_histogram_observe(&m.e2e, 1.0);
+    srv_metrics_histogram_observe(&m.ttft, 0.2);
+    srv_metrics_histogram_observe(&m.e2e, 1.0);
     m.requests_finished_stop = 4;
     m.requests_finished_length = 2;
     srv_sched_stats st;

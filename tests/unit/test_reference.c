@@ -22,7 +22,7 @@
 
 #include "cuda/cuda_engine.h"
 #include "engine/engine.h"
-#include "engine/format/model.h"
+#include "engine/model/model.h"
 #include "helper_shared.h"
 
 #define MAX_CASES 16

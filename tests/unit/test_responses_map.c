@@ -1,4 +1,4 @@
-/* test_responses_map.c: the Responses API mapped onto chat completions (server/responses_map.h): input items
+/* test_responses_map.c: the Responses API mapped onto chat completions (server/api/responses_map_internal.h): input items
  * (messages, function_call, function_call_output) as chat messages, tools and tool_choice, the stored
  * conversation of previous_response_id, errors naming fields and unsupported types; generated text mapped back
  * to output items (randomized against a generator of tool-call texts), and the round trip of a call's output;
@@ -12,8 +12,8 @@
 
 #include "helper_rng.h"
 #include "helper_shared.h"
-#include "server/api_chat.h"
-#include "server/responses_map.h"
+#include "server/api/chat_internal.h"
+#include "server/api/responses_map_internal.h"
 
 static cJSON *parse(const char *json) {
     cJSON *root = cJSON_Parse(json);
@@ -21,9 +21,9 @@ static cJSON *parse(const char *json) {
     return root;
 }
 
-static int map(const char *json, srv_resp_lookup_fn lookup, void *ud, srv_resp_req *r, srv_api_error *e) {
+static int map(const char *json, srv_responses_map_lookup_fn lookup, void *ud, srv_responses_map_req *r, srv_api_error *e) {
     cJSON *root = parse(json);
-    int rc = srv_resp_parse(root, lookup, ud, r, e);
+    int rc = srv_responses_map_parse(root, lookup, ud, r, e);
     cJSON_Delete(root);
     return rc;
 }
@@ -53,7 +53,7 @@ Test(resp_map, input_items_become_chat_messages) {
              "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"sunny\"},"
              "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":[{\"type\":\"input_text\",\"text\":\"ok\"}]}]}",
              TOOLS);
-    srv_resp_req r;
+    srv_responses_map_req r;
     srv_api_error e;
     cr_assert_eq(map(body, NULL, NULL, &r, &e), 0, "%s", e.message);
     cr_assert_eq(r.max_output, 7);
@@ -94,7 +94,7 @@ Test(resp_map, input_items_become_chat_messages) {
     cr_assert_eq(srv_api_parse_gen_json(SRV_API_CHAT, r.chat, NULL, &g, &e), 0, "%s", e.message);
     cr_assert_eq(g.max_tokens, 7);
     cr_assert_eq(g.n_msgs, 6);
-    cr_assert_eq(g.chat->tool_choice, SRV_TOOL_CHOICE_NAMED);
+    cr_assert_eq(g.chat->tool_choice, SRV_CHAT_TOOL_CHOICE_NAMED);
     cr_assert_str_eq(g.chat->tool_name, "get_weather");
     cr_assert(!g.chat->parallel_tool_calls);
     cr_assert(!g.chat->prefill);
@@ -105,16 +105,16 @@ Test(resp_map, input_items_become_chat_messages) {
         cJSON_GetArrayItem(g.chat->messages, 3), "tool_calls"), 0), "function"), "arguments");
     cr_assert(cJSON_IsObject(args), "the template sees the arguments as an object");
     srv_api_gen_free(&g);
-    srv_resp_req_free(&r);
+    srv_responses_map_req_free(&r);
 }
 
 Test(resp_map, tool_choice_strings_and_text_format) {
     static const char *const choices[] = {"none", "auto", "required"};
-    static const srv_tool_choice want[] = {SRV_TOOL_CHOICE_NONE, SRV_TOOL_CHOICE_AUTO, SRV_TOOL_CHOICE_REQUIRED};
+    static const srv_chat_tool_choice want[] = {SRV_CHAT_TOOL_CHOICE_NONE, SRV_CHAT_TOOL_CHOICE_AUTO, SRV_CHAT_TOOL_CHOICE_REQUIRED};
     for (int i = 0; i < 3; i++) {
         char body[1024];
         snprintf(body, sizeof body, "{\"input\":\"hi\",\"tool_choice\":\"%s\",%s}", choices[i], TOOLS);
-        srv_resp_req r;
+        srv_responses_map_req r;
         srv_api_error e;
         cr_assert_eq(map(body, NULL, NULL, &r, &e), 0, "%s", e.message);
         srv_api_gen g;
@@ -123,9 +123,9 @@ Test(resp_map, tool_choice_strings_and_text_format) {
         cr_assert_eq(g.chat->tools != NULL, i != 0, "tool_choice none leaves the tools out of the prompt");
         cr_assert_str_eq(r.tool_choice->valuestring, choices[i]);
         srv_api_gen_free(&g);
-        srv_resp_req_free(&r);
+        srv_responses_map_req_free(&r);
     }
-    srv_resp_req r;
+    srv_responses_map_req r;
     srv_api_error e;
     cr_assert_eq(map("{\"input\":\"hi\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\",\"strict\":true,"
                      "\"schema\":{\"type\":\"object\"}}}}", NULL, NULL, &r, &e), 0, "%s", e.message);
@@ -139,14 +139,14 @@ Test(resp_map, tool_choice_strings_and_text_format) {
     cr_assert_eq(srv_api_parse_gen_json(SRV_API_CHAT, r.chat, NULL, &g, &e), 0, "%s", e.message);
     cr_assert_eq(g.rf, SRV_API_RF_JSON_SCHEMA);
     srv_api_gen_free(&g);
-    srv_resp_req_free(&r);
+    srv_responses_map_req_free(&r);
     cr_assert_eq(map("{\"input\":\"hi\"}", NULL, NULL, &r, &e), 0);
     cr_assert_str_eq(str(r.text_format, "type"), "text");
     cr_assert_str_eq(r.tool_choice->valuestring, "auto");
     cr_assert_eq(cJSON_GetArraySize(r.tools), 0);
     cr_assert_null(cJSON_GetObjectItem(r.chat, "tools"));
     cr_assert_eq(r.max_output, -1);
-    srv_resp_req_free(&r);
+    srv_responses_map_req_free(&r);
 }
 
 /* ---- previous_response_id ---------------------------------------------------------------------------------- */
@@ -166,7 +166,7 @@ Test(resp_map, previous_response_id_continues_a_call) {
                 "[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":\"\","
                 "\"tool_calls\":[{\"id\":\"call_x_0\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
                 "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]}]", 0};
-    srv_resp_req r;
+    srv_responses_map_req r;
     srv_api_error e;
     cr_assert_eq(map("{\"previous_response_id\":\"resp_1\",\"instructions\":\"I\",\"input\":[{\"type\":"
                      "\"function_call_output\",\"call_id\":\"call_x_0\",\"output\":\"21 C\"}]}", lookup1, &s, &r, &e),
@@ -180,7 +180,7 @@ Test(resp_map, previous_response_id_continues_a_call) {
     cr_assert_str_eq(str(t, "role"), "tool");
     cr_assert_str_eq(str(t, "name"), "get_weather", "the name comes from the stored call");
     cr_assert_eq(cJSON_GetArraySize(r.conv), 3);
-    srv_resp_req_free(&r);
+    srv_responses_map_req_free(&r);
     /* unknown ids: 404; a failing store: 500 */
     cr_assert_eq(map("{\"previous_response_id\":\"resp_2\",\"input\":\"x\"}", lookup1, &s, &r, &e), SRV_API_ERR_INVALID);
     cr_assert_eq(e.status, 404);
@@ -225,7 +225,7 @@ Test(resp_map, bad_requests_name_the_field) {
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format", "xml"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        srv_resp_req r;
+        srv_responses_map_req r;
         srv_api_error e;
         memset(&e, 0, sizeof e);
         cr_assert_eq(map(cases[i].body, NULL, NULL, &r, &e), SRV_API_ERR_INVALID, "%s", cases[i].body);
@@ -266,8 +266,8 @@ Test(resp_map, output_items_randomized) {
         int n_calls, names[3], vals[3];
         gen_text(&R, &b, content, &n_calls, names, vals);
         bool tools = iter % 5 != 0, parallel = iter % 3 != 0;
-        srv_resp_out o;
-        cr_assert_eq(srv_resp_output(b.data, b.len, tools, parallel, "msg_1", "abc", "completed", &o), 0);
+        srv_responses_map_out o;
+        cr_assert_eq(srv_responses_map_output(b.data, b.len, tools, parallel, "msg_1", "abc", "completed", &o), 0);
         int want_calls = tools ? (parallel ? n_calls : (n_calls > 0)) : 0;
         const char *want_content = tools && n_calls ? content : (b.data ? b.data : "");
         cr_assert_eq(o.n_calls, want_calls, "%s", b.data ? b.data : "");
@@ -303,15 +303,15 @@ Test(resp_map, output_items_randomized) {
             cr_assert_str_eq(str(tc, "id"), call_id);
             cr_assert_str_eq(str(cJSON_GetObjectItem(tc, "function"), "arguments"), str(it, "arguments"));
         }
-        srv_resp_out_free(&o);
+        srv_responses_map_out_free(&o);
         kvs_buf_free(&b);
     }
-    srv_resp_out o;
-    cr_assert_eq(srv_resp_output(NULL, 0, true, true, "m", "s", "completed", &o), 0);
+    srv_responses_map_out o;
+    cr_assert_eq(srv_responses_map_output(NULL, 0, true, true, "m", "s", "completed", &o), 0);
     cr_assert(o.has_message && o.n_calls == 0 && !o.content[0]);
-    srv_resp_out_free(&o);
-    cr_assert_eq(srv_resp_output(NULL, 3, true, true, "m", "s", "completed", &o), KVS_ERR_INVALID);
-    cr_assert_eq(srv_resp_output("x", 1, true, true, NULL, "s", "completed", &o), KVS_ERR_INVALID);
+    srv_responses_map_out_free(&o);
+    cr_assert_eq(srv_responses_map_output(NULL, 3, true, true, "m", "s", "completed", &o), KVS_ERR_INVALID);
+    cr_assert_eq(srv_responses_map_output("x", 1, true, true, NULL, "s", "completed", &o), KVS_ERR_INVALID);
 }
 
 /* The output's assistant message, stored, is what a function_call_output of the next request answers. */
@@ -323,8 +323,8 @@ static int lookup_conv(void *ud, const char *id, cJSON **msgs) {
 
 Test(resp_map, call_output_round_trip) {
     const char *gen = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-    srv_resp_out o;
-    cr_assert_eq(srv_resp_output(gen, strlen(gen), true, true, "msg_1", "r1", "completed", &o), 0);
+    srv_responses_map_out o;
+    cr_assert_eq(srv_responses_map_output(gen, strlen(gen), true, true, "msg_1", "r1", "completed", &o), 0);
     cr_assert(!o.has_message);
     cr_assert_eq(o.n_calls, 1);
     cJSON *conv = cJSON_CreateArray();
@@ -334,7 +334,7 @@ Test(resp_map, call_output_round_trip) {
     snprintf(body, sizeof body, "{\"previous_response_id\":\"r\",\"input\":[{\"type\":\"function_call_output\","
              "\"call_id\":\"%s\",\"output\":\"sunny\"}],%s}",
              str(cJSON_GetArrayItem(o.items, 0), "call_id"), TOOLS);
-    srv_resp_req r;
+    srv_responses_map_req r;
     srv_api_error e;
     cr_assert_eq(map(body, lookup_conv, conv, &r, &e), 0, "%s", e.message);
     srv_api_gen g;
@@ -367,12 +367,12 @@ Test(resp_map, call_output_round_trip) {
         free(src);
     }
     srv_api_gen_free(&g);
-    srv_resp_req_free(&r);
+    srv_responses_map_req_free(&r);
     cJSON_Delete(conv);
-    srv_resp_out_free(&o);
+    srv_responses_map_out_free(&o);
 }
 
-/* Random mutations of valid bodies: srv_resp_parse never crashes or leaks; a failure is a 400 (404 for an unknown
+/* Random mutations of valid bodies: srv_responses_map_parse never crashes or leaks; a failure is a 400 (404 for an unknown
  * previous_response_id) naming something, with nothing left allocated; a success gives a chat body the chat parse
  * takes whole or refuses with a 400, with as many messages as instructions, history and input make. */
 Test(resp_map, mutations) {
@@ -408,10 +408,10 @@ Test(resp_map, mutations) {
         }
         cJSON *root = cJSON_Parse(buf);
         if (!root) continue;
-        srv_resp_req q;
+        srv_responses_map_req q;
         srv_api_error e;
         memset(&e, 0, sizeof e);
-        int rc = srv_resp_parse(root, lookup_conv, hist, &q, &e);
+        int rc = srv_responses_map_parse(root, lookup_conv, hist, &q, &e);
         cJSON_Delete(root);
         if (rc) {
             cr_assert_eq(rc, SRV_API_ERR_INVALID, "%s", buf);
@@ -429,7 +429,7 @@ Test(resp_map, mutations) {
         } else {
             cr_assert(pr == SRV_API_ERR_INVALID && e.status == 400, "%s", buf);
         }
-        srv_resp_req_free(&q);
+        srv_responses_map_req_free(&q);
     }
     cr_assert_gt(accepted, 100, "the mutations still reach the mapping (%d accepted)", accepted);
     cJSON_Delete(hist);

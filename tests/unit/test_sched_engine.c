@@ -1,4 +1,4 @@
-/* test_sched_engine.c: the scheduler over the REAL engine (server/engine_ops.c, eng_decode, eng_sampler,
+/* test_sched_engine.c: the scheduler over the REAL engine (server/sched/engine_ops.c, eng_decode, eng_sampler,
  * the tokenizer and detokenizer). Concurrent requests in a KV pool small enough to preempt, with shared
  * prefixes and n > 1, must produce exactly the tokens, text and logprobs (bit for bit) that each request
  * produces alone in a roomy pool: a token's numbers must not depend on how it was scheduled (decode step,
@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 
 #define MAXT 256
 #define MAXC 2

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "server/scheduler.h"
+#include "server/sched/sched.h"
 
 #define NV 32
 #define GEN0 16
@@ -344,6 +344,7 @@ typedef struct result {
     int ends[MAXC];
     srv_sched_finish finish[MAXC];
     bool truncated[MAXC];      /* CHOICE_END said: cut by the KV pool */
+    int32_t stop_match[MAXC];  /* CHOICE_END: 1 + the stop string that ended it, 0: none */
     char error[128];
     int done;
     srv_sched_finish done_finish;
@@ -417,6 +418,8 @@ static void on_event(const srv_sched_event *ev, void *user) {
         r->ends[ev->choice]++;
         r->finish[ev->choice] = ev->finish;
         r->truncated[ev->choice] = ev->truncated;
+        r->stop_match[ev->choice] = ev->stop_match;
+        if (ev->stop_match && ev->finish != SRV_SCHED_FINISH_STOP) r->order_errors++;
         if (ev->truncated && ev->finish != SRV_SCHED_FINISH_LENGTH) r->order_errors++;
         if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
         break;
@@ -1093,16 +1096,21 @@ Test(scheduler, stop_strings_and_eog) {
         qs.n_stop = 2;
         run_alone(&qs, stopped);
         size_t cut = plain->text_len[0];
+        int32_t which = 0;
         for (size_t i = 0; i < plain->text_len[0]; i++)
             if (plain->text[0][i] == '\n' ||
                 (i + 1 < plain->text_len[0] && plain->text[0][i] == 'a' && plain->text[0][i + 1] == 'b')) {
                 cut = i;
+                which = plain->text[0][i] == '\n' ? 2 : 1;
                 break;
             }
         cr_assert_eq(stopped->text_len[0], cut, "seed %llu", (unsigned long long)seed);
         cr_assert(memcmp(stopped->text[0], plain->text[0], cut) == 0);
         if (cut < plain->text_len[0]) cr_assert_eq(stopped->finish[0], SRV_SCHED_FINISH_STOP);
         else cr_assert_eq(stopped->finish[0], plain->finish[0]);
+        cr_assert_eq(stopped->stop_match[0], which, "seed %llu: the stop string that matched",
+                     (unsigned long long)seed);
+        cr_assert_eq(plain->stop_match[0], 0);
         /* without ignore_eos an EOG ends with "stop"; the EOG token is not in the samples */
         if (plain->finish[0] == SRV_SCHED_FINISH_STOP) {
             cr_assert_eq(plain->usage.completion_tokens, plain->n_toks[0] + 1);

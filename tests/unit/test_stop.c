@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/stop.h"
+#include "server/sched/stop_internal.h"
 
 /* Reference: the length of text that may be emitted after seeing t[0..n): the earliest start of a full
  * match, else the earliest start of a suffix that is a proper prefix of a stop string, else n. */

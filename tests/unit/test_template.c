@@ -24,6 +24,7 @@
 #include "helper_rng.h"
 #include "helper_shared.h"
 #include "template/template.h"
+#include "template/tpl_internal.h"
 
 /* ---- helpers -------------------------------------------------------------------------------------------------- */
 
@@ -1721,4 +1722,11 @@ Test(template, render_budgets_time_bytes_cancel, .timeout = 120) {
     atomic_store(&cancel, false);
     cr_assert_eq(budget_render("{% for i in range(100) %}{{ i }}{% endfor %}", "{}", 1000, 1 << 20, &cancel, &secs,
                                &err), 0, "%s", err.msg);
+}
+
+/* The filters and methods are found by bsearch in name tables: every table must be in strcmp order, or names
+ * past a misplaced one would go missing. */
+Test(template, dispatch_tables_are_sorted) {
+    cr_assert(tpl_filters_sorted(), "the filter table is not in strcmp order");
+    cr_assert(tpl_methods_sorted(), "a method table is not in strcmp order");
 }

@@ -1,9 +1,9 @@
-/* test_tool_format.c: server/tool_format.h: the format picked per template/family, the constrained tool-call
+/* test_tool_format.c: server/api/tool_format_internal.h: the format picked per template/family, the constrained tool-call
  * grammars, and the prompt texts of the built-in families.
  *
  * The main test is randomized: for every format, parallel or not, any tool or a named one, random walks pick
  * uniformly among the tokens the grammar's mask allows until an eog token; every finished output must parse
- * (server/tool_calls.h) into calls of the allowed tools, exactly one when parallel_tool_calls is false, whose
+ * (server/api/tool_call_internal.h) into calls of the allowed tools, exactly one when parallel_tool_calls is false, whose
  * arguments a validator written here accepts against the function's parameters. It runs over a byte
  * vocabulary, and over the real Qwen2 vocabulary (../shared) for the Hermes format, where <tool_call> is a
  * token of its own. */
@@ -16,8 +16,8 @@
 #include "helper_rng.h"
 #include "helper_shared.h"
 #include "helper_vocab.h"
-#include "server/tool_calls.h"
-#include "server/tool_format.h"
+#include "server/api/tool_call_internal.h"
+#include "server/api/tool_format_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SAN_BUILD 1
@@ -169,24 +169,24 @@ static bool walk(const gmr_grammar *g, const gmr_vocab *v, const char *const *pi
     return done;
 }
 
-typedef struct walk_case { srv_tf_format fmt; bool parallel; const char *name; } walk_case;
+typedef struct walk_case { srv_tool_format fmt; bool parallel; const char *name; } walk_case;
 
 /* Walks the grammar of one case and checks every finished output. Returns how many finished. */
 static int check_case(const cJSON *tools, const walk_case *wc, const gmr_vocab *v, const char *const *pieces,
                       const size_t *lens, int n_walks, int max_steps, uint64_t seed, int *multi) {
-    srv_tf_choice ch = {tools, wc->name, wc->parallel, wc->fmt};
+    srv_tool_format_choice ch = {tools, wc->name, wc->parallel, wc->fmt};
     gmr_grammar *g = NULL;
     char err[512];
-    cr_assert_eq(srv_tf_compile(&ch, &g, err, sizeof err), 0, "%s: %s", srv_tf_name(wc->fmt), err);
+    cr_assert_eq(srv_tool_format_compile(&ch, &g, err, sizeof err), 0, "%s: %s", srv_tool_format_name(wc->fmt), err);
     rng r = {seed};
     kvs_buf text = {0};
     int finished = 0;
     for (int w = 0; w < n_walks; w++) {
         if (!walk(g, v, pieces, lens, &r, max_steps, &text)) continue;
         finished++;
-        srv_tc_result res;
-        cr_assert_eq(srv_tc_parse(text.data, text.len, &res), 0);
-        cr_assert_gt(res.n_calls, 0, "%s: not parsed as calls: %s", srv_tf_name(wc->fmt), text.data);
+        srv_tool_call_result res;
+        cr_assert_eq(srv_tool_call_parse(text.data, text.len, &res), 0);
+        cr_assert_gt(res.n_calls, 0, "%s: not parsed as calls: %s", srv_tool_format_name(wc->fmt), text.data);
         cr_assert_eq(res.content_len, 0, "content before the calls: %s", text.data);
         if (!wc->parallel) cr_assert_eq(res.n_calls, 1, "parallel_tool_calls false: %d calls in %s", res.n_calls, text.data);
         if (res.n_calls > 1) (*multi)++;
@@ -203,10 +203,10 @@ static int check_case(const cJSON *tools, const walk_case *wc, const gmr_vocab *
             cJSON_Delete(args);
         }
         /* the envelope of the format */
-        if (wc->fmt == SRV_TF_HERMES) cr_assert(!strncmp(text.data, "<tool_call>\n{\"name\": ", 21), "%s", text.data);
-        if (wc->fmt == SRV_TF_MISTRAL) cr_assert(!strncmp(text.data, "[TOOL_CALLS][{\"name\": ", 22), "%s", text.data);
-        if (wc->fmt == SRV_TF_LLAMA3 && text.data[0] == '{') cr_assert(strstr(text.data, "\"parameters\": "), "%s", text.data);
-        srv_tc_result_free(&res);
+        if (wc->fmt == SRV_TOOL_FORMAT_HERMES) cr_assert(!strncmp(text.data, "<tool_call>\n{\"name\": ", 21), "%s", text.data);
+        if (wc->fmt == SRV_TOOL_FORMAT_MISTRAL) cr_assert(!strncmp(text.data, "[TOOL_CALLS][{\"name\": ", 22), "%s", text.data);
+        if (wc->fmt == SRV_TOOL_FORMAT_LLAMA3 && text.data[0] == '{') cr_assert(strstr(text.data, "\"parameters\": "), "%s", text.data);
+        srv_tool_call_result_free(&res);
     }
     kvs_buf_free(&text);
     gmr_grammar_free(g);
@@ -225,7 +225,7 @@ Test(tool_format, random_walks_byte_vocab) {
     for (int f = 0; f < 4; f++)
         for (int par = 0; par < 2; par++)
             for (int ni = 0; ni < 4; ni++) {
-                walk_case wc = {(srv_tf_format)f, par == 1, names[ni]};
+                walk_case wc = {(srv_tool_format)f, par == 1, names[ni]};
                 int n = SAN_BUILD ? 3 : 12;
                 finished += check_case(tools, &wc, v, pieces, lens, n, 4000, seed++, &multi);
                 total += n;
@@ -249,8 +249,8 @@ Test(tool_format, random_walks_qwen2_vocab, .timeout = 600) {
     cr_assert_eq(kvt_load_vocab_pieces(path, &v, &pc, err, sizeof err), 0, "%s", err);
     cJSON *tools = cJSON_Parse(TOOLS);
     int multi = 0, finished = 0, total = 0;
-    const walk_case cases[] = {{SRV_TF_HERMES, true, NULL}, {SRV_TF_HERMES, false, "get_weather"},
-                               {SRV_TF_LLAMA3, true, NULL}, {SRV_TF_MISTRAL, false, NULL}};
+    const walk_case cases[] = {{SRV_TOOL_FORMAT_HERMES, true, NULL}, {SRV_TOOL_FORMAT_HERMES, false, "get_weather"},
+                               {SRV_TOOL_FORMAT_LLAMA3, true, NULL}, {SRV_TOOL_FORMAT_MISTRAL, false, NULL}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int nw = SAN_BUILD ? 2 : 5;
         finished += check_case(tools, &cases[i], v, (const char *const *)pc.pieces, pc.lens, nw, 1500, 77 + i, &multi);
@@ -268,9 +268,9 @@ Test(tool_format, random_walks_qwen2_vocab, .timeout = 600) {
 static int compile_tools(const char *json, const char *name, char *err, size_t el) {
     cJSON *tools = cJSON_Parse(json);
     cr_assert_not_null(tools, "%s", json);
-    srv_tf_choice ch = {tools, name, true, SRV_TF_HERMES};
+    srv_tool_format_choice ch = {tools, name, true, SRV_TOOL_FORMAT_HERMES};
     gmr_grammar *g = NULL;
-    int rc = srv_tf_compile(&ch, &g, err, el);
+    int rc = srv_tool_format_compile(&ch, &g, err, el);
     gmr_grammar_free(g);
     cJSON_Delete(tools);
     return rc;
@@ -311,15 +311,15 @@ Test(tool_format, keys_tell_choices_apart) {
     for (int f = 0; f < 4; f++)
         for (int par = 0; par < 2; par++)
             for (int named = 0; named < 2; named++) {
-                srv_tf_choice ch = {tools, named ? "now" : NULL, par == 1, (srv_tf_format)f};
-                keys[n] = srv_tf_key(&ch);
+                srv_tool_format_choice ch = {tools, named ? "now" : NULL, par == 1, (srv_tool_format)f};
+                keys[n] = srv_tool_format_key(&ch);
                 cr_assert_not_null(keys[n]);
                 cr_assert_eq(keys[n][0], '\x02');
                 for (int j = 0; j < n; j++) cr_assert_str_neq(keys[j], keys[n]);
                 n++;
             }
-    srv_tf_choice ch = {tools, NULL, true, SRV_TF_HERMES};
-    char *again = srv_tf_key(&ch);
+    srv_tool_format_choice ch = {tools, NULL, true, SRV_TOOL_FORMAT_HERMES};
+    char *again = srv_tool_format_key(&ch);
     cr_assert_str_eq(again, keys[6]); /* index f*4 + par*2 + named: Hermes (1), parallel, any tool */
     free(again);
     for (int j = 0; j < n; j++) free(keys[j]);
@@ -327,22 +327,22 @@ Test(tool_format, keys_tell_choices_apart) {
 }
 
 Test(tool_format, detect) {
-    cr_assert_eq(srv_tf_detect("{{ '<tool_call>' }}<|im_start|>", ENG_CHAT_AUTO), SRV_TF_HERMES);
-    cr_assert_eq(srv_tf_detect("[INST] {{ '[TOOL_CALLS]' }}", ENG_CHAT_AUTO), SRV_TF_MISTRAL);
-    cr_assert_eq(srv_tf_detect("<|start_header_id|>x<|end_header_id|><|python_tag|>", ENG_CHAT_AUTO), SRV_TF_LLAMA3);
-    cr_assert_eq(srv_tf_detect("<|start_header_id|>x<|end_header_id|>", ENG_CHAT_AUTO), SRV_TF_LLAMA3);
-    cr_assert_eq(srv_tf_detect("<|im_start|>{{ m }}<|im_end|>", ENG_CHAT_AUTO), SRV_TF_HERMES);
-    cr_assert_eq(srv_tf_detect("[INST] {{ m }} [/INST]", ENG_CHAT_AUTO), SRV_TF_MISTRAL);
-    cr_assert_eq(srv_tf_detect("<start_of_turn>", ENG_CHAT_AUTO), SRV_TF_GENERIC);
-    cr_assert_eq(srv_tf_detect("something else", ENG_CHAT_AUTO), SRV_TF_HERMES); /* rendered as ChatML */
-    cr_assert_eq(srv_tf_detect(NULL, ENG_CHAT_AUTO), SRV_TF_HERMES);
-    cr_assert_eq(srv_tf_detect(NULL, ENG_CHAT_LLAMA3), SRV_TF_LLAMA3);
-    cr_assert_eq(srv_tf_detect(NULL, ENG_CHAT_MISTRAL), SRV_TF_MISTRAL);
-    cr_assert_eq(srv_tf_detect(NULL, ENG_CHAT_GEMMA), SRV_TF_GENERIC);
-    cr_assert_eq(srv_tf_detect(NULL, ENG_CHAT_PHI3), SRV_TF_GENERIC);
+    cr_assert_eq(srv_tool_format_detect("{{ '<tool_call>' }}<|im_start|>", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_HERMES);
+    cr_assert_eq(srv_tool_format_detect("[INST] {{ '[TOOL_CALLS]' }}", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_MISTRAL);
+    cr_assert_eq(srv_tool_format_detect("<|start_header_id|>x<|end_header_id|><|python_tag|>", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_LLAMA3);
+    cr_assert_eq(srv_tool_format_detect("<|start_header_id|>x<|end_header_id|>", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_LLAMA3);
+    cr_assert_eq(srv_tool_format_detect("<|im_start|>{{ m }}<|im_end|>", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_HERMES);
+    cr_assert_eq(srv_tool_format_detect("[INST] {{ m }} [/INST]", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_MISTRAL);
+    cr_assert_eq(srv_tool_format_detect("<start_of_turn>", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_GENERIC);
+    cr_assert_eq(srv_tool_format_detect("something else", ENG_CHAT_AUTO), SRV_TOOL_FORMAT_HERMES); /* rendered as ChatML */
+    cr_assert_eq(srv_tool_format_detect(NULL, ENG_CHAT_AUTO), SRV_TOOL_FORMAT_HERMES);
+    cr_assert_eq(srv_tool_format_detect(NULL, ENG_CHAT_LLAMA3), SRV_TOOL_FORMAT_LLAMA3);
+    cr_assert_eq(srv_tool_format_detect(NULL, ENG_CHAT_MISTRAL), SRV_TOOL_FORMAT_MISTRAL);
+    cr_assert_eq(srv_tool_format_detect(NULL, ENG_CHAT_GEMMA), SRV_TOOL_FORMAT_GENERIC);
+    cr_assert_eq(srv_tool_format_detect(NULL, ENG_CHAT_PHI3), SRV_TOOL_FORMAT_GENERIC);
     /* a forced family wins over what the text looks like, the markers over the family */
-    cr_assert_eq(srv_tf_detect("<|im_start|>", ENG_CHAT_GEMMA), SRV_TF_GENERIC);
-    cr_assert_eq(srv_tf_detect("<tool_call>", ENG_CHAT_GEMMA), SRV_TF_HERMES);
+    cr_assert_eq(srv_tool_format_detect("<|im_start|>", ENG_CHAT_GEMMA), SRV_TOOL_FORMAT_GENERIC);
+    cr_assert_eq(srv_tool_format_detect("<tool_call>", ENG_CHAT_GEMMA), SRV_TOOL_FORMAT_HERMES);
 }
 
 /* ---- prompts ---------------------------------------------------------------------------------------------------- */
@@ -355,14 +355,14 @@ Test(tool_format, history_calls_parse_back) {
             cJSON *sub = cJSON_Duplicate(calls, true);
             if (n == 1) cJSON_DeleteItemFromArray(sub, 1);
             kvs_buf b = {0};
-            cr_assert_eq(srv_tf_calls_text((srv_tf_format)f, sub, &b), 0);
-            srv_tc_result r;
-            cr_assert_eq(srv_tc_parse(b.data, b.len, &r), 0);
-            cr_assert_eq(r.n_calls, n, "%s: %s", srv_tf_name((srv_tf_format)f), b.data);
+            cr_assert_eq(srv_tool_format_calls_text((srv_tool_format)f, sub, &b), 0);
+            srv_tool_call_result r;
+            cr_assert_eq(srv_tool_call_parse(b.data, b.len, &r), 0);
+            cr_assert_eq(r.n_calls, n, "%s: %s", srv_tool_format_name((srv_tool_format)f), b.data);
             cr_assert_str_eq(r.calls[0].name, "get_weather");
             cr_assert_str_eq(r.calls[0].arguments, "{\"city\":\"Paris\"}");
             if (n == 2) cr_assert_str_eq(r.calls[1].arguments, "{}");
-            srv_tc_result_free(&r);
+            srv_tool_call_result_free(&r);
             kvs_buf_free(&b);
             cJSON_Delete(sub);
         }
@@ -374,14 +374,14 @@ Test(tool_format, prompts_and_results) {
     static const char *const needles[] = {"\"arguments\"", "<tool_call>", "\"parameters\"", "[TOOL_CALLS]"};
     for (int f = 0; f < 4; f++) {
         kvs_buf b = {0};
-        cr_assert_eq(srv_tf_prompt((srv_tf_format)f, tools, &b), 0);
+        cr_assert_eq(srv_tool_format_prompt((srv_tool_format)f, tools, &b), 0);
         cr_assert(strstr(b.data, "get_weather") && strstr(b.data, "maxLength"), "%s", b.data);
-        cr_assert(strstr(b.data, needles[f]), "%s: %s", srv_tf_name((srv_tf_format)f), b.data);
+        cr_assert(strstr(b.data, needles[f]), "%s: %s", srv_tool_format_name((srv_tool_format)f), b.data);
         kvs_buf_free(&b);
         const char *role = NULL;
-        cr_assert_eq(srv_tf_result_text((srv_tf_format)f, "get_weather", "sunny \"21\"", &role, &b), 0);
-        cr_assert(strstr(b.data, f == SRV_TF_MISTRAL ? "sunny \\\"21\\\"" : "sunny \"21\""), "%s", b.data);
-        cr_assert_str_eq(role, f == SRV_TF_LLAMA3 ? "ipython" : "user");
+        cr_assert_eq(srv_tool_format_result_text((srv_tool_format)f, "get_weather", "sunny \"21\"", &role, &b), 0);
+        cr_assert(strstr(b.data, f == SRV_TOOL_FORMAT_MISTRAL ? "sunny \\\"21\\\"" : "sunny \"21\""), "%s", b.data);
+        cr_assert_str_eq(role, f == SRV_TOOL_FORMAT_LLAMA3 ? "ipython" : "user");
         kvs_buf_free(&b);
     }
     cJSON_Delete(tools);

@@ -8,8 +8,7 @@
 #include <signal.h>
 
 #include "common/common.h"
-#include "server/cors.h"
-#include "server/web.h"
+#include "server/http/http.h"
 #include "helper_shared.h"
 #include "srv_test_client.h"
 

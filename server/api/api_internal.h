@@ -1,0 +1,188 @@
+/* api_internal.h: the low level of server/api/ (private to the folder): the srv_api object, a call's state, and
+ * the two files that every route uses and that use no route:
+ *   api_base.c      error bodies and the replies that carry them, JSON kind names and the one field() helper
+ *                   (srv_api_json_kind, srv_api_json_field: in api.h), UTF-8 sanitizing, the strict JSON pass
+ *                   into an object, the request log
+ *   api_call.c      a call's lifecycle: ids, tokenizing, the call registry (and freeing what a call holds, its
+ *                   parsed request included), abort and cancel, the KV-fit check, submission errors, the work
+ *                   done off the loop (api_offload)
+ * Above them, api_gen_internal.h declares the generation pipeline (parse, response_format, prompts, the
+ * preparation, rendering, tool calls) and api_routes_internal.h the routes api_routes.c dispatches to. Arrows
+ * point down only: routes -> pipeline -> api_call.c -> api_base.c; the mappings with their own prefix (chat.c,
+ * tool_call.c, tool_format.c, responses_map.c, json_check.c, grammar_cache.c) use at most api_base.c, which uses
+ * only json_check.c of them (scripts/check-includes.py checks that no circle forms).
+ *
+ * Everything here runs on the event-loop thread, except the preparation of generation requests and the
+ * tokenize/detokenize routes (api_offload): those run on libuv's thread pool and may touch only their own
+ * job and the read-only parts of srv_api (limits, n_ctx, the backend's tokenize/token_piece/chat_render,
+ * which are safe from any thread).
+ */
+#ifndef KVSERVE_API_INTERNAL_H
+#define KVSERVE_API_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/api/api.h"
+
+typedef struct api_call api_call;
+typedef struct api_resp_store api_resp_store;
+
+typedef struct api_choice {
+    kvs_buf text;                           /* non-stream: accumulated text */
+    cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
+    size_t lp_offset;     /* completions text_offset of the next token */
+    srv_sched_finish finish;
+    size_t sent;          /* stream with tools: bytes of `text` already sent as content */
+    bool held;            /* stream with tools: the rest of the text is held until the end */
+    bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
+    bool truncated;       /* ended with "length" because the whole KV pool could not hold its context */
+    uint64_t last_t;      /* time of the previous DELTA (inter-token latency) */
+    bool ended;
+} api_choice;
+
+typedef struct api_sub {  /* one scheduler request: one prompt with its n choices */
+    api_call *call;
+    int32_t prompt_index;
+    uint64_t id;
+    bool submitted, done;
+    char *echo;           /* prompt text to prepend (echo), or NULL */
+    size_t echo_len;
+} api_sub;
+
+/* Work done off the loop (api_offload): `work` runs on a pool thread, then `done` on the loop thread. While
+ * the job is out, the request's abort callback clears `req`; `done` must then answer nothing. `work` must not
+ * touch `req` at all (the client may leave and the HTTP layer free the request meanwhile): api_offload moves
+ * the request's body into the job (`body`, owned by the job, freed once `work` has run), and that is all
+ * `work` reads of the request. */
+typedef struct api_job api_job;
+struct api_job {
+    uv_work_t w;
+    srv_api *api;
+    srv_http_req *req;    /* NULL once the client is gone; loop thread only */
+    char *body;           /* the request's body, taken over by api_offload for `work`; NULL after it */
+    size_t body_len;
+    void (*work)(api_job *j);
+    void (*done)(api_job *j);
+    _Atomic bool cancel;  /* set on the loop thread when the client leaves or the API drains: `work` may stop
+                             early (template renders read it); its result is then discarded */
+};
+struct api_call {
+    api_job job;          /* preparation: parse, render, tokenize (api_prepare.c) */
+    int32_t **prep_toks;  /* [n_subs] prompt tokens from the preparation */
+    int32_t *prep_ntok;
+    bool prep_failed; srv_api_error prep_error;
+    srv_api_kind kind;
+    srv_api *api;
+    api_call *prev, *next;
+    srv_http_req *req;    /* NULL once the client is gone */
+    srv_api_gen gen;
+    char id[48];
+    int64_t created;
+    uint64_t t_arrival;
+    api_sub *subs; int32_t n_subs, n_live;
+    api_choice *choices; int32_t n_choices;
+    srv_sched_usage usage;
+    uint64_t t_first_token;
+    bool stream, shutdown;
+    bool has_error; srv_api_error error;
+    const char *method, *path;
+    /* /v1/embeddings (api_embed.c): one vector per input, submitted a window at a time */
+    float *embd;          /* [n_subs][n_embd] */
+    int32_t n_embd, next_sub;
+    bool embd_b64;
+    void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
+    struct srv_grammar_cache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
+    int32_t priority;     /* /v1/embeddings, /v1/responses: the request's `priority` (generation: gen.priority) */
+};
+
+struct srv_api {
+    char *model_id;
+    int32_t n_ctx;
+    int32_t kv_blocks, kv_block_size; /* the whole KV pool (srv_api_set_kv_pool; 0: unchecked) */
+    srv_api_limits limits;
+    char *api_key;
+    srv_api_log_format log_format;
+    FILE *log;
+    srv_metrics *metrics;
+    const srv_cors *cors; /* preflight answers (NULL: no CORS) */
+    const srv_web *web;   /* the chat page and /props (NULL: 404) */
+    srv_api_backend be;
+    bool has_backend;
+    bool parse_special_in_content;
+    api_call *calls;
+    int32_t n_calls;
+    uv_loop_t *loop;      /* NULL: offloaded work runs inline */
+    int32_t n_jobs;       /* jobs out on the thread pool */
+    bool closing;         /* srv_api_free is waiting for them */
+    bool draining;        /* srv_api_set_draining: /health 503 "draining", new requests 503 */
+    uint64_t rng;
+    int64_t created;
+    srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
+    api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
+    int32_t n_embd;
+    int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
+    bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
+    int32_t n_keep;       /* the default of the request field n_keep */
+    int32_t bos;          /* the model's BOS token (-1: none) */
+    struct srv_grammar_cache *gcache; /* response_format grammars (NULL: not available) */
+};
+
+/* ---- api_base.c ------------------------------------------------------------------------------------------- */
+/* Copies bytes into a valid UTF-8 string: invalid sequences (and NUL) become U+FFFD. Returns malloc'd or NULL. */
+char *api_utf8_sanitize(const char *s, size_t n);
+/* The body as a JSON object after the strict pass (NULL with e set: 400). */
+cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e);
+/* One line of the request log (text or JSON, per srv_api_config.log_format; nothing for NONE). */
+void api_log_request(srv_api *api, const char *method, const char *path, int status, const srv_sched_usage *u,
+                     double ttft_ms, double total_ms);
+/* Logs that choice idx of call c was cut by the KV pool (a warning line in the request log). */
+void api_log_truncated(srv_api *api, const api_call *c, int32_t idx);
+double api_ms_since(uint64_t t0);
+/* Sends a complete response, counts and logs it. Takes ownership of nothing. */
+void api_reply(srv_api *api, srv_http_req *req, int status, const char *ctype, const char *extra, const char *body,
+               size_t len, const srv_sched_usage *u, double ttft_ms);
+/* obj as the body (NULL: a 500 "out of memory" body); obj stays the caller's. */
+void api_reply_json(srv_api *api, srv_http_req *req, int status, cJSON *obj, const srv_sched_usage *u, double ttft_ms);
+/* The error body is OpenAI's, or Anthropic's on the paths srv_api_path_anthropic names. */
+void api_reply_error(srv_api *api, srv_http_req *req, const srv_api_error *e, const char *extra);
+void api_reply_err(srv_api *api, srv_http_req *req, int status, const char *type, const char *param, const char *code,
+                   const char *extra, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+/* ---- api_call.c ------------------------------------------------------------------------------------------- */
+/* The API's random numbers (xorshift; ids and unseeded sampling). Loop thread. */
+uint64_t api_random(srv_api *api);
+/* A random id with the prefix ("chatcmpl-..."). */
+void api_make_id(srv_api *api, const char *prefix, char *out, size_t cap);
+/* Tokenizes with the backend into a malloc'd *out. 0 or the engine's error. Any thread. */
+int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, bool parse_special, int32_t **out,
+                 int32_t *n_out);
+/* A token's text (special tokens rendered) as raw bytes into buf; its length, or -1. Any thread. */
+int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
+/* Links a new call into api->calls (so shutdown waits for it) and sets its arrival, method, path, request and
+ * abort callback (a disconnect logs 499 and cancels its scheduler requests). */
+void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
+/* Unlinks and frees a call: its choices, prompts, parsed request, grammar reference (and ext_free's part). */
+void api_call_free(api_call *c);
+void api_cancel_subs(api_call *c);
+/* A stream write failed while c->req is still set (the client does not read): logs 499, counts an abort,
+ * clears c->req, aborts the request and cancels c's scheduler requests. Loop thread. */
+void api_stream_client_gone(api_call *c);
+/* Whether a prompt of n_prompt tokens with n choices fits the whole KV pool (the blocks the scheduler's
+ * admission counts for it); when it does not, fills e with a 400 naming the sizes (param: the request field)
+ * and returns -1. Any thread (reads only the pool size). */
+int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char *param, srv_api_error *e);
+/* n > 1 choices with max_tokens: each choice's context grows to n_prompt + max_tokens (at most n_ctx); when the n
+ * of them together (prompt blocks shared) cannot fit the whole KV pool the request could only finish with choices
+ * cut short ("truncated"), so it is refused up front: -1 with a 400 context_length_exceeded (param "n") in *e
+ * naming the sizes; 0 when it fits, n == 1, max_tokens is absent or the pool is unknown. Any thread. */
+int api_check_kv_fit_choices(const srv_api *api, int32_t n_prompt, int32_t n, int32_t max_tokens,
+                             srv_api_error *e);
+/* The error answer (and its status: 429, 400, 503, 500) for a srv_sched_submit failure r. */
+int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt);
+/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
+void api_offload(srv_api *api, api_job *j);
+
+#endif /* KVSERVE_API_INTERNAL_H */

@@ -1,0 +1,463 @@
+/* api_responses.c: POST /v1/responses (and /responses). The body is mapped onto a chat completions body
+ * (server/api/responses_map_internal.h) and then takes the chat path itself: srv_api_parse_gen_json, api_prepare_gen
+ * (the model's Jinja template with content spans as plain text, the system-role retry, tools and tool_choice,
+ * response_format's grammar, the context check) and api_fill_request (sampling, grammar) for the scheduler. Its events
+ * become a Response object, or the typed server-sent events of a streamed one: text deltas of a message item, then each
+ * tool call the model wrote (server/api/tool_call_internal.h) as a function_call item with its arguments. Finished
+ * responses are kept in memory (at most RESP_STORE_MAX, least recently used dropped) as chat messages, tool calls
+ * included, so that previous_response_id can continue them; the continued conversation renders to the same prefix,
+ * which the prefix cache then reuses. */
+#include "server/api/api_gen_internal.h"
+#include "server/api/api_routes_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api/responses_map_internal.h"
+#include "server/api/tool_call_internal.h"
+
+enum { RESP_STORE_MAX = 256 };
+
+/* ---- the store of finished conversations ------------------------------------------------------------------- */
+typedef struct resp_entry {
+    char id[48];
+    cJSON *conv;         /* chat messages: the whole conversation, the response's own output last (no instructions) */
+    uint64_t used;       /* LRU clock */
+} resp_entry;
+
+struct api_resp_store {
+    uv_mutex_t mu;
+    resp_entry e[RESP_STORE_MAX];
+    uint64_t clock;
+};
+
+api_resp_store *api_resp_store_create(void) {
+    api_resp_store *s = calloc(1, sizeof *s);
+    if (s && uv_mutex_init(&s->mu) != 0) { free(s); return NULL; }
+    return s;
+}
+
+void api_resp_store_free(api_resp_store *s) {
+    if (!s) return;
+    for (int i = 0; i < RESP_STORE_MAX; i++) cJSON_Delete(s->e[i].conv);
+    uv_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* srv_responses_map_lookup_fn over the store (ud): a copy of the conversation `id`. Any thread. */
+static int store_lookup(void *ud, const char *id, cJSON **msgs) {
+    api_resp_store *s = ud;
+    int rc = -1;
+    if (!s) return -1;
+    uv_mutex_lock(&s->mu);
+    for (int i = 0; i < RESP_STORE_MAX; i++) {
+        resp_entry *e = &s->e[i];
+        if (!e->conv || strcmp(e->id, id)) continue;
+        e->used = ++s->clock;
+        rc = (*msgs = cJSON_Duplicate(e->conv, true)) ? 0 : -2;
+        break;
+    }
+    uv_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Takes ownership of conv. */
+static void store_put(api_resp_store *s, const char *id, cJSON *conv) {
+    uv_mutex_lock(&s->mu);
+    resp_entry *victim = &s->e[0];
+    for (int i = 0; i < RESP_STORE_MAX; i++) {
+        if (!s->e[i].conv) { victim = &s->e[i]; break; }
+        if (s->e[i].used < victim->used) victim = &s->e[i];
+    }
+    cJSON_Delete(victim->conv);
+    snprintf(victim->id, sizeof victim->id, "%s", id);
+    victim->conv = conv;
+    victim->used = ++s->clock;
+    uv_mutex_unlock(&s->mu);
+}
+
+/* ---- a call ------------------------------------------------------------------------------------------------- */
+typedef struct resp_call {
+    api_call c;              /* first: api_call_free frees the whole struct */
+    srv_responses_map_req rq;         /* the mapped request */
+    char msg_id[48];
+    const char *seed;        /* the random part of c.id, for the function calls' ids */
+    bool tools;              /* tool calls are parsed from the output (tools given, tool_choice not none) */
+    bool msg_open;           /* streamed: the message item was announced */
+    int64_t seq_no;          /* sequence_number of the next streamed event */
+    srv_sched_finish finish;
+} resp_call;
+
+static void resp_ext_free(api_call *c) { srv_responses_map_req_free(&((resp_call *)c)->rq); }
+
+static void resp_free(resp_call *r) { api_call_free(&r->c); }
+
+/* The chat path's error names chat fields: the ones the client wrote are the Responses API's. */
+static void responses_param(srv_api_error *e) {
+    if (!strncmp(e->param, "messages", 8)) snprintf(e->param, sizeof e->param, "input");
+    else if (!strcmp(e->param, "max_tokens")) snprintf(e->param, sizeof e->param, "max_output_tokens");
+    else if (!strcmp(e->param, "response_format")) snprintf(e->param, sizeof e->param, "text.format");
+}
+
+/* Pool thread: the body mapped onto chat's, then chat's own preparation (template, tokens, grammar, checks). */
+static void resp_work(api_job *j) {
+    resp_call *r = (resp_call *)j;
+    api_call *c = &r->c;
+    srv_api *api = c->api;
+    srv_api_error *e = &c->prep_error;
+    c->prep_failed = true;
+    cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
+    if (!root) return;
+    int rc = srv_responses_map_parse(root, store_lookup, api->resp_store, &r->rq, e);
+    cJSON_Delete(root);
+    if (rc != 0) return;
+    c->kind = SRV_API_CHAT;
+    rc = srv_api_parse_gen_json(SRV_API_CHAT, r->rq.chat, &api->limits, &c->gen, e);
+    if (rc == 0) rc = api_prepare_gen(api, c, e);
+    if (rc != 0) { responses_param(e); return; }
+    r->tools = api_tools_active(c);
+    c->prep_failed = false;
+}
+
+/* ---- output ------------------------------------------------------------------------------------------------- */
+static cJSON *dup_or_null(const cJSON *j) { return j ? cJSON_Duplicate(j, true) : cJSON_CreateNull(); }
+
+/* The Response object; status "in_progress", "completed", "incomplete" or "failed"; output: the items (copied;
+ * NULL: none yet). */
+static cJSON *response_obj(resp_call *r, const char *status, const cJSON *output) {
+    api_call *c = &r->c;
+    const srv_responses_map_req *q = &r->rq;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "id", c->id);
+    cJSON_AddStringToObject(o, "object", "response");
+    cJSON_AddNumberToObject(o, "created_at", (double)c->created);
+    cJSON_AddStringToObject(o, "status", status);
+    cJSON_AddStringToObject(o, "model", c->api->model_id);
+    cJSON_AddNullToObject(o, "error");
+    if (!strcmp(status, "incomplete")) {
+        cJSON *d = cJSON_AddObjectToObject(o, "incomplete_details");
+        cJSON_AddStringToObject(d, "reason", "max_output_tokens");
+    } else {
+        cJSON_AddNullToObject(o, "incomplete_details");
+    }
+    if (q->instructions) cJSON_AddStringToObject(o, "instructions", q->instructions);
+    else cJSON_AddNullToObject(o, "instructions");
+    if (q->max_output > 0) cJSON_AddNumberToObject(o, "max_output_tokens", q->max_output);
+    else cJSON_AddNullToObject(o, "max_output_tokens");
+    cJSON_AddItemToObject(o, "output", output ? cJSON_Duplicate(output, true) : cJSON_CreateArray());
+    cJSON_AddBoolToObject(o, "parallel_tool_calls", q->parallel_tool_calls);
+    if (q->prev_id) cJSON_AddStringToObject(o, "previous_response_id", q->prev_id);
+    else cJSON_AddNullToObject(o, "previous_response_id");
+    cJSON_AddBoolToObject(o, "store", q->store);
+    cJSON_AddNumberToObject(o, "temperature", q->temperature);
+    cJSON_AddNumberToObject(o, "top_p", q->top_p);
+    cJSON *tf = cJSON_AddObjectToObject(o, "text");
+    if (tf) cJSON_AddItemToObject(tf, "format", dup_or_null(q->text_format));
+    cJSON_AddItemToObject(o, "tool_choice",
+                          q->tool_choice ? cJSON_Duplicate(q->tool_choice, true) : cJSON_CreateString("auto"));
+    cJSON_AddItemToObject(o, "tools", q->tools ? cJSON_Duplicate(q->tools, true) : cJSON_CreateArray());
+    cJSON_AddStringToObject(o, "truncation", "disabled");
+    cJSON_AddObjectToObject(o, "metadata");
+    if (strcmp(status, "in_progress")) {
+        cJSON *u = cJSON_AddObjectToObject(o, "usage");
+        int32_t in = c->usage.prompt_tokens, outn = c->usage.completion_tokens;
+        cJSON_AddNumberToObject(u, "input_tokens", in);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens",
+                                c->usage.cached_tokens);
+        cJSON_AddNumberToObject(u, "output_tokens", outn);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", 0);
+        cJSON_AddNumberToObject(u, "total_tokens", in + outn);
+    } else {
+        cJSON_AddNullToObject(o, "usage");
+    }
+    return o;
+}
+
+/* Sends one typed event ("event: T\ndata: {...,"type":T,"sequence_number":N}\n\n"); takes obj. */
+static void resp_send(resp_call *r, const char *type, cJSON *obj) {
+    api_call *c = &r->c;
+    if (!c->req || !obj) { cJSON_Delete(obj); return; }
+    cJSON *t = cJSON_CreateString(type);
+    if (t) cJSON_AddItemToObject(obj, "type", t);
+    cJSON_AddNumberToObject(obj, "sequence_number", (double)r->seq_no++);
+    char *s = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    kvs_buf b = {0};
+    kvs_buf_append(&b, "event: ", 7);
+    kvs_buf_append(&b, type, strlen(type));
+    kvs_buf_append(&b, "\ndata: ", 7);
+    if (s) kvs_buf_append(&b, s, strlen(s));
+    kvs_buf_append(&b, "\n\n", 2);
+    free(s);
+    int rc = s && !b.oom ? srv_http_stream_write(c->req, b.data, b.len) : -1;
+    kvs_buf_free(&b);
+    if (rc != 0 && c->req) api_stream_client_gone(c); /* the client does not read or is gone */
+}
+
+/* {item_id, output_index[, content_index: 0]} */
+static cJSON *item_event(const char *item_id, int output_index, bool with_content_index) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "item_id", item_id);
+    cJSON_AddNumberToObject(o, "output_index", output_index);
+    if (with_content_index) cJSON_AddNumberToObject(o, "content_index", 0);
+    return o;
+}
+
+static cJSON *text_part(const char *text) {
+    cJSON *p = cJSON_CreateObject();
+    if (!p) return NULL;
+    cJSON_AddStringToObject(p, "type", "output_text");
+    cJSON_AddStringToObject(p, "text", text);
+    cJSON_AddArrayToObject(p, "annotations");
+    cJSON_AddArrayToObject(p, "logprobs");
+    return p;
+}
+
+/* response.output_item.added / .done of item (taken) at output_index. */
+static void send_item(resp_call *r, const char *type, int output_index, cJSON *item) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) { cJSON_Delete(item); return; }
+    cJSON_AddNumberToObject(o, "output_index", output_index);
+    cJSON_AddItemToObject(o, "item", item);
+    resp_send(r, type, o);
+}
+
+/* The message item (always output 0) and its one text part begin. */
+static void open_message(resp_call *r) {
+    r->msg_open = true;
+    send_item(r, "response.output_item.added", 0, srv_responses_map_message_item(r->msg_id, "in_progress", NULL));
+    cJSON *o = item_event(r->msg_id, 0, true);
+    if (o) cJSON_AddItemToObject(o, "part", text_part(""));
+    resp_send(r, "response.content_part.added", o);
+}
+
+static void send_text_delta(resp_call *r, const char *text, size_t len) {
+    char *d = api_utf8_sanitize(text, len);
+    cJSON *o = item_event(r->msg_id, 0, true);
+    if (o) {
+        cJSON_AddStringToObject(o, "delta", d ? d : "");
+        cJSON_AddArrayToObject(o, "logprobs");
+    }
+    free(d);
+    resp_send(r, "response.output_text.delta", o);
+}
+
+static void stream_start(resp_call *r) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddItemToObject(o, "response", response_obj(r, "in_progress", NULL));
+    resp_send(r, "response.created", o);
+    o = cJSON_CreateObject();
+    if (o) cJSON_AddItemToObject(o, "response", response_obj(r, "in_progress", NULL));
+    resp_send(r, "response.in_progress", o);
+    /* with tools the output may hold no message at all: it begins with the first text that cannot be a call */
+    if (!r->tools) open_message(r);
+}
+
+/* Streams what of the text so far is surely message content (all of it without tools). */
+static void stream_text(resp_call *r) {
+    api_choice *ch = &r->c.choices[0];
+    size_t safe = ch->text.len;
+    if (r->tools)
+        safe = ch->held ? ch->sent : srv_tool_call_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
+    if (safe <= ch->sent) return;
+    if (!r->msg_open) open_message(r);
+    send_text_delta(r, ch->text.data + ch->sent, safe - ch->sent);
+    ch->sent = safe;
+}
+
+/* The end of a streamed response: the rest of the message, then each function call's events. */
+static void stream_end(resp_call *r, const srv_responses_map_out *out, const char *status) {
+    api_choice *ch = &r->c.choices[0];
+    int idx = 0;
+    if (out->has_message) {
+        size_t cl = strlen(out->content);
+        if (!r->msg_open) open_message(r);
+        if (cl > ch->sent) send_text_delta(r, out->content + ch->sent, cl - ch->sent);
+        ch->sent = cl > ch->sent ? cl : ch->sent;
+        cJSON *o = item_event(r->msg_id, 0, true);
+        if (o) cJSON_AddStringToObject(o, "text", out->content);
+        resp_send(r, "response.output_text.done", o);
+        o = item_event(r->msg_id, 0, true);
+        if (o) cJSON_AddItemToObject(o, "part", text_part(out->content));
+        resp_send(r, "response.content_part.done", o);
+        send_item(r, "response.output_item.done", 0, cJSON_Duplicate(cJSON_GetArrayItem(out->items, 0), true));
+        idx = 1;
+    }
+    for (int k = 0; k < out->n_calls && r->c.req; k++, idx++) {
+        const cJSON *it = cJSON_GetArrayItem(out->items, idx);
+        const char *id = cJSON_GetObjectItemCaseSensitive(it, "id")->valuestring;
+        const char *name = cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring;
+        const char *args = cJSON_GetObjectItemCaseSensitive(it, "arguments")->valuestring;
+        const char *call_id = cJSON_GetObjectItemCaseSensitive(it, "call_id")->valuestring;
+        send_item(r, "response.output_item.added", idx,
+                  srv_responses_map_call_item(id, call_id, name, "", "in_progress"));
+        cJSON *o = item_event(id, idx, false);
+        if (o) cJSON_AddStringToObject(o, "delta", args);
+        resp_send(r, "response.function_call_arguments.delta", o);
+        o = item_event(id, idx, false);
+        if (o) { cJSON_AddStringToObject(o, "name", name); cJSON_AddStringToObject(o, "arguments", args); }
+        resp_send(r, "response.function_call_arguments.done", o);
+        send_item(r, "response.output_item.done", idx, cJSON_Duplicate(it, true));
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddItemToObject(o, "response", response_obj(r, status, out->items));
+    resp_send(r, !strcmp(status, "completed") ? "response.completed" : "response.incomplete", o);
+}
+
+static void stream_error(resp_call *r, const srv_api_error *e) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        if (e->code) cJSON_AddStringToObject(o, "code", e->code); else cJSON_AddNullToObject(o, "code");
+        cJSON_AddStringToObject(o, "message", e->message);
+        if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param); else cJSON_AddNullToObject(o, "param");
+    }
+    resp_send(r, "error", o);
+}
+
+static void resp_finish(resp_call *r) {
+    api_call *c = &r->c;
+    srv_api *api = c->api;
+    bool error = c->has_error;
+    srv_api_error e = c->error;
+    if (!error && r->finish == SRV_SCHED_FINISH_CANCELLED) {
+        error = true;
+        srv_api_set_error(&e, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
+                          c->shutdown ? "the server is shutting down" : "the request was cancelled");
+    }
+    const char *status = r->finish == SRV_SCHED_FINISH_LENGTH ? "incomplete" : "completed";
+    srv_responses_map_out out;
+    memset(&out, 0, sizeof out);
+    api_choice *ch = &c->choices[0];
+    if (!error && srv_responses_map_output(ch->text.data, ch->text.len, r->tools, r->rq.parallel_tool_calls, r->msg_id,
+                                  r->seed, status, &out) != 0) {
+        error = true;
+        srv_api_set_nomem(&e);
+    }
+    if (!error && r->rq.store && r->rq.conv) {
+        cJSON_AddItemToArray(r->rq.conv, out.assistant);
+        out.assistant = NULL;
+        store_put(api->resp_store, c->id, r->rq.conv);
+        r->rq.conv = NULL;
+    }
+    if (api->metrics) {
+        if (error) api->metrics->requests_finished_error++;
+        else if (r->finish == SRV_SCHED_FINISH_LENGTH) api->metrics->requests_finished_length++;
+        else api->metrics->requests_finished_stop++;
+    }
+    double ttft = c->t_first_token ? (double)(c->t_first_token - c->t_arrival) / 1e6 : -1;
+    if (c->req && c->stream) {
+        if (error) stream_error(r, &e);
+        else stream_end(r, &out, status);
+        if (c->req) {
+            if (api->metrics) srv_metrics_count_http(api->metrics, 200);
+            srv_http_stream_end(c->req);
+            api_log_request(api, c->method, c->path, 200, &c->usage, ttft, api_ms_since(c->t_arrival));
+        }
+    } else if (c->req) {
+        srv_http_set_abort(c->req, NULL, NULL);
+        if (error) {
+            api_reply_error(api, c->req, &e, NULL);
+        } else {
+            cJSON *o = response_obj(r, status, out.items);
+            api_reply_json(api, c->req, 200, o, &c->usage, ttft);
+            cJSON_Delete(o);
+        }
+    }
+    c->req = NULL;
+    srv_responses_map_out_free(&out);
+    resp_free(r);
+}
+
+static void resp_event(const srv_sched_event *ev, void *user) {
+    api_sub *sub = user;
+    resp_call *r = (resp_call *)sub->call;
+    api_call *c = &r->c;
+    if (ev->type == SRV_SCHED_EV_DONE) {
+        sub->done = true;
+        c->n_live--;
+        c->usage = ev->usage;
+        if (ev->timings.t_first_token) c->t_first_token = ev->timings.t_first_token;
+        resp_finish(r);
+        return;
+    }
+    if (ev->text_len > 0) {
+        /* kept as valid UTF-8, so that every cut of it (streamed deltas, content before a call) is valid too */
+        char *d = api_utf8_sanitize(ev->text, ev->text_len);
+        if ((!d || kvs_buf_puts(&c->choices[0].text, d)) && !c->has_error) {
+            c->has_error = true;
+            srv_api_set_nomem(&c->error);
+        }
+        free(d);
+        if (c->stream && !c->has_error) stream_text(r);
+    }
+    if (ev->type == SRV_SCHED_EV_CHOICE_END) {
+        r->finish = ev->finish;
+        if (ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
+            c->has_error = true;
+            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s",
+                              ev->error ? ev->error : "generation failed");
+        }
+    }
+}
+
+/* Loop thread: queue the prepared prompt, begin the stream. */
+static void resp_done(api_job *j) {
+    resp_call *r = (resp_call *)j;
+    api_call *c = &r->c;
+    srv_api *api = c->api;
+    srv_http_req *req = c->req;
+    if (!req || api->closing) { resp_free(r); return; }
+    srv_api_error e = c->prep_error;
+    bool fail = c->prep_failed;
+    const char *extra = NULL;
+    if (!fail && c->shutdown) {
+        srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
+        extra = "Retry-After: 1\r\n";
+        fail = true;
+    }
+    if (!fail) {
+        srv_sched_request sr;
+        api_fill_request(api, c, c->prep_toks[0], c->prep_ntok[0], 0, &sr);
+        sr.cb = resp_event;
+        sr.user = &c->subs[0];
+        int rc = api->be.submit(api->be.ctx, &sr, &c->subs[0].id);
+        if (rc != 0) {
+            int st = api_submit_error(rc, &e, api->n_ctx, c->prep_ntok[0]);
+            if (st == 503 || st == 429) extra = "Retry-After: 1\r\n";
+            responses_param(&e);
+            fail = true;
+        } else {
+            c->subs[0].submitted = true;
+            c->n_live = 1;
+        }
+    }
+    if (fail) {
+        srv_http_set_abort(req, NULL, NULL);
+        c->req = NULL;
+        api_reply_error(api, req, &e, extra);
+        resp_free(r);
+        return;
+    }
+    c->stream = r->rq.stream;
+    if (c->stream) {
+        if (api_stream_begin(c, req) != 0) return;
+        stream_start(r);
+    }
+}
+
+void api_route_responses(srv_api *api, srv_http_req *req) {
+    resp_call *r = calloc(1, sizeof *r);
+    if (!r || !api->resp_store) { free(r); api_reply_json(api, req, 500, NULL, NULL, -1); return; }
+    api_call *c = &r->c;
+    c->ext_free = resp_ext_free;
+    api_call_register(api, c, req, "/v1/responses");
+    api_make_id(api, "resp_", c->id, sizeof c->id);
+    api_make_id(api, "msg_", r->msg_id, sizeof r->msg_id);
+    r->seed = c->id + 5;
+    c->job.work = resp_work;
+    c->job.done = resp_done;
+    api_offload(api, &c->job);
+}

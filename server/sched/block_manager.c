@@ -1,0 +1,59 @@
+/* block_manager.c: the scheduler's view of the KV cache (see block_manager_internal.h). */
+#include <stdint.h>
+#include "server/sched/block_manager_internal.h"
+
+void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache) {
+    kvc_layout lay;
+    kvc_get_layout(cache, &lay);
+    bm->cache = cache;
+    bm->block_size = lay.block_size;
+    bm->n_blocks = lay.n_blocks;
+}
+
+int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq) { return kvc_seq_alloc(bm->cache, seq); }
+
+void srv_block_manager_seq_close(srv_block_manager *bm, int32_t seq) { kvc_seq_free(bm->cache, seq); }
+
+int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq) { return kvc_seq_len(bm->cache, seq); }
+
+int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                        int32_t donor, int32_t shared, bool *copied) {
+    int32_t matched = 0, cached = 0;
+    *copied = false;
+    if (shared > 0 && kvc_prefix_match(bm->cache, tokens, n, &matched) == KVC_OK && shared > matched &&
+        kvc_copy_prefix(bm->cache, donor, seq, shared) == KVC_OK) {
+        /* with a sliding window the donor may have released blocks the new sequence would need */
+        if (kvc_can_resume(bm->cache, seq, shared)) {
+            *copied = true;
+            return shared;
+        }
+        (void)kvc_remove(bm->cache, seq, 0, INT32_MAX, NULL); /* tail removal: always succeeds */
+    }
+    if (kvc_attach_prefix(bm->cache, seq, tokens, n, &cached) != KVC_OK) return 0;
+    if (cached > 0 && !kvc_can_resume(bm->cache, seq, cached)) { /* recompute rather than miss the window */
+        (void)kvc_remove(bm->cache, seq, 0, INT32_MAX, NULL);
+        return 0;
+    }
+    return cached;
+}
+
+int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst) {
+    int32_t seq;
+    int rc = kvc_seq_alloc(bm->cache, &seq);
+    if (rc != KVC_OK) return rc;
+    rc = kvc_copy_prefix(bm->cache, src, seq, len);
+    if (rc != KVC_OK) {
+        kvc_seq_free(bm->cache, seq);
+        return rc;
+    }
+    *dst = seq;
+    return KVS_OK;
+}
+
+int32_t srv_block_manager_available(const srv_block_manager *bm) { return kvc_blocks_available(bm->cache); }
+
+int32_t srv_block_manager_needed(const srv_block_manager *bm, int32_t seq, int32_t n_tokens) {
+    return kvc_blocks_needed(bm->cache, seq, n_tokens);
+}
+
+void srv_block_manager_stats(const srv_block_manager *bm, kvc_stats *out) { kvc_get_stats(bm->cache, out); }

@@ -1,0 +1,57 @@
+/*
+ * block_manager_internal.h: the scheduler's one door to the KV cache (sched/block_manager.c, prefix srv_block_manager_;
+ * private to server/sched/). The scheduler decides who runs;
+ * the block manager answers what the pool can hold and gives sequences their blocks: a sequence per choice,
+ * its prefix (from the prefix cache, or copied from a running sequence that holds more of it), forks for n > 1,
+ * and the block arithmetic admission needs. Everything else the cache does (the forward protocol, block
+ * tables) belongs to the engine.
+ *
+ * Owns: nothing; it borrows the engine's kvc_cache (srv_engine_ops.cache) for the scheduler's lifetime.
+ * Must never: run a forward pass, sample, or be called from another thread than the scheduler's (except
+ * srv_block_manager_stats, which the cache allows from any thread).
+ * Errors: 0 or a kvs_err code (KVS_ERR_NO_SLOT when every sequence id is in use, KVS_ERR_NOMEM, ...).
+ */
+#ifndef KVSERVE_SERVER_BLOCK_MANAGER_INTERNAL_H
+#define KVSERVE_SERVER_BLOCK_MANAGER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/kv_cache.h"
+#include "common/common.h"
+
+typedef struct srv_block_manager {
+    kvc_cache *cache; /* borrowed */
+    int32_t block_size;
+    int32_t n_blocks;
+} srv_block_manager;
+
+/* Binds the manager to a cache (reads its layout). */
+void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache);
+
+/* A new empty sequence in *seq; KVS_ERR_NO_SLOT when none is free. */
+int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq);
+/* Releases a sequence: its blocks go back to the pool or the prefix cache. */
+void srv_block_manager_seq_close(srv_block_manager *bm, int32_t seq);
+/* Committed tokens of a sequence (0 for one not open). */
+int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq);
+
+/* Gives the empty sequence `seq` the longest known prefix of tokens[0..n): `shared` tokens copied from the
+ * running sequence `donor` (full blocks shared, the partial block copied) when that is more than the prefix
+ * cache holds, else the cached full blocks. Returns the tokens attached; *copied tells which way. A prefix the
+ * sequence could not resume from (kvc_can_resume false: a sliding-window cache that released blocks the next
+ * positions still attend to) is dropped (0 returned, the sequence left empty) so that it is recomputed. */
+int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                        int32_t donor, int32_t shared, bool *copied);
+/* A new sequence in *dst holding the first len tokens of src (n > 1 fan-out). KVS_ERR_NO_SLOT, or the cache's
+ * error; nothing is left allocated on failure. */
+int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst);
+
+/* Blocks free or evictable right now. */
+int32_t srv_block_manager_available(const srv_block_manager *bm);
+/* Blocks seq needs to grow by n_tokens (see kvc_blocks_needed). */
+int32_t srv_block_manager_needed(const srv_block_manager *bm, int32_t seq, int32_t n_tokens);
+/* The pool's counters (any thread). */
+void srv_block_manager_stats(const srv_block_manager *bm, kvc_stats *out);
+
+#endif
