@@ -16,6 +16,7 @@ void srv_api_limits_default(srv_api_limits *l) {
     l->max_n = 16;
     l->template_ms = 5000;
     l->template_bytes = (size_t)1 << 30;
+    l->text_answer_bytes = (size_t)32 << 20;
     l->max_stop = 16;
     l->max_prompts = 64;
     l->priority_scheduling = false;

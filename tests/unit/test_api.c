@@ -544,6 +544,7 @@ typedef struct fake_opts {
     bool priority_scheduling;     /* scheduling_policy "priority" (default fcfs) */
     bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
     int32_t kv_blocks, kv_block_size; /* srv_api_set_kv_pool when kv_blocks > 0 */
+    size_t text_answer_bytes;     /* srv_api_limits.text_answer_bytes when > 0 */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -558,6 +559,7 @@ static fake *fake_start(const fake_opts *o) {
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
     cfg.limits.priority_scheduling = o && o->priority_scheduling;
+    if (o && o->text_answer_bytes) cfg.limits.text_answer_bytes = o->text_answer_bytes;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = o && o->log ? SRV_API_LOG_TEXT : SRV_API_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
@@ -1648,6 +1650,51 @@ Test(api, layer_answers_counted_and_logged_head) {
     cr_assert(strstr(text, " POST /v1/completions 413 "), "log:\n%s", text);
     cr_assert(strstr(text, " POST /v1/completions 401 "), "log:\n%s", text);
     cr_assert(strstr(text, " HEAD /health 200 "), "log:\n%s", text);
+}
+
+/* Issue 30 item 4: /tokenize with pieces amplified a body ~15x in its answer (and ~250x in memory, through a cJSON
+ * tree of one object per token): answers are bounded by text_answer_bytes, past which the request is a 413 naming
+ * the limit; /detokenize's text too. Answers under the limit are unchanged (escaped pieces included). */
+Test(api, tokenize_answer_is_bounded) {
+    fake_opts fo = {.text_answer_bytes = 4096};
+    fake *f = fake_start(&fo);
+    tc_resp r;
+    char body[8192], text[1001];
+    memset(text, 'a', 500);
+    text[500] = 0;
+    snprintf(body, sizeof body, "{\"content\":\"%s\"}", text); /* 500 ids: ~2 KB */
+    cr_assert_eq(post(f, "/tokenize", body, NULL, &r), 200, "%s", r.body);
+    cJSON *o = json_of(&r);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")), 500);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    snprintf(body, sizeof body, "{\"content\":\"%s\",\"with_pieces\":true}", text); /* ~12 KB with pieces */
+    cr_assert_eq(post(f, "/tokenize", body, NULL, &r), 413, "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_bytes") && strstr(r.body, "4096"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\\"\\\\\\n\",\"with_pieces\":true}", NULL, &r), 200, "%s", r.body);
+    o = json_of(&r);
+    cJSON *t = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), 4, "%s", r.body);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 1), "piece"), "\"");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 2), "piece"), "\\");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 3), "piece"), "\n");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    kvs_buf d = {0};
+    kvs_buf_puts(&d, "{\"tokens\":[");
+    for (int i = 0; i < 5000; i++) kvs_buf_printf(&d, "%s104", i ? "," : "");
+    kvs_buf_puts(&d, "]}");
+    cr_assert_eq(post(f, "/detokenize", d.data, NULL, &r), 413, "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_bytes"), "%s", r.body);
+    tc_resp_free(&r);
+    kvs_buf_free(&d);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[104,34,105]}", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "content"), "h\"i");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
 }
 
 /* Issue 14: the strict JSON pass also guards /tokenize and /detokenize (through the route's own parse). */
