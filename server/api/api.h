@@ -72,6 +72,9 @@ typedef struct srv_api_limits {
                                    false (default, "fcfs"): only 0 is accepted (400 otherwise, as vLLM) */
     uint32_t template_ms;       /* wall-clock budget of one chat-template render (default 5000; 0: none) */
     size_t template_bytes;      /* bytes one render may allocate in all (default 1 GiB; 0: none) */
+    int32_t text_jobs;          /* /tokenize, /detokenize jobs on the thread pool at once (default 1; libuv's pool
+                                   has UV_THREADPOOL_SIZE, default 4, threads: the rest stay for generation) */
+    int32_t text_queue;         /* text jobs waiting for a slot; past it a 503 with Retry-After (default 16) */
     size_t text_answer_bytes;   /* largest /tokenize or /detokenize answer: past it the request is a 413 naming the
                                    limit (default 32 MiB; 0: none). Bounds what a body may amplify to (pieces) */
 } srv_api_limits;

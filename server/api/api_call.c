@@ -3,6 +3,9 @@
 #include "server/api/api_internal.h"
 
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,26 +221,99 @@ static void run_work(api_job *j) {
 }
 static void offload_work(uv_work_t *w) { run_work((api_job *)w); }
 
+static void trim_work(uv_work_t *w) {
+    (void)w;
+#ifdef __GLIBC__
+    malloc_trim(0); /* every arena: the workers' too */
+#endif
+}
+static void trim_after(uv_work_t *w, int status) {
+    (void)status;
+    srv_api *api = w->data;
+    api->trim_out = false;
+    api->n_jobs--;
+}
+/* Once nothing is out, a trim after a large body (on the pool: trimming gigabytes is not the loop's work). */
+static void maybe_trim(srv_api *api) {
+    if (!api->trim_wanted || api->trim_out || api->n_jobs > 0 || !api->loop) return;
+    api->trim_wanted = false;
+    api->trim_w.data = api;
+    api->n_jobs++;
+    api->trim_out = true;
+    if (uv_queue_work(api->loop, &api->trim_w, trim_work, trim_after) != 0) {
+        api->trim_out = false;
+        api->n_jobs--;
+    }
+}
+
+static void start_text(srv_api *api, api_job *j);
+
 static void offload_after(uv_work_t *w, int status) {
     (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
     api_job *j = (api_job *)w;
-    j->api->n_jobs--;
-    j->done(j);
+    srv_api *api = j->api;
+    api->n_jobs--;
+    if (j->text) {
+        api->text_running--;
+        int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
+        while (api->text_head && api->text_running < cap) { /* the next waiting text job */
+            api_job *n = api->text_head;
+            api->text_head = n->next_q;
+            if (!api->text_head) api->text_tail = NULL;
+            api->text_queued--;
+            api->n_jobs--; /* start_text counts it again */
+            start_text(api, n);
+        }
+    }
+    j->done(j); /* may free j */
+    maybe_trim(api);
 }
 
-void api_offload(srv_api *api, api_job *j) {
-    j->api = api;
-    if (j->req) { /* the body moves into the job: the request may die while `work` reads it */
-        j->body = j->req->body;
-        j->body_len = j->req->body_len;
-        j->req->body = NULL;
-        j->req->body_len = 0;
-    }
+/* Takes the request's body into j (the request may die while `work` reads it). */
+static void take_body(api_job *j) {
+    if (!j->req) return;
+    j->body = j->req->body;
+    j->body_len = j->req->body_len;
+    j->req->body = NULL;
+    j->req->body_len = 0;
+    if (j->body_len >= SRV_API_TRIM_BYTES) j->api->trim_wanted = true;
+}
+
+static void queue_job(srv_api *api, api_job *j) {
     if (api->loop) {
         api->n_jobs++;
+        if (j->text) api->text_running++;
         if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
         api->n_jobs--;
+        if (j->text) api->text_running--;
     }
     run_work(j);
     j->done(j);
+}
+
+static void start_text(srv_api *api, api_job *j) { queue_job(api, j); }
+
+void api_offload(srv_api *api, api_job *j) {
+    j->api = api;
+    take_body(j);
+    queue_job(api, j);
+}
+
+int api_offload_text(srv_api *api, api_job *j) {
+    int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
+    j->api = api;
+    j->text = true;
+    if (!api->loop || api->text_running < cap) {
+        take_body(j);
+        queue_job(api, j);
+        return 0;
+    }
+    if (api->text_queued >= api->limits.text_queue) return -1;
+    take_body(j); /* the body waits with the job: the request may go */
+    j->next_q = NULL;
+    if (api->text_tail) api->text_tail->next_q = j; else api->text_head = j;
+    api->text_tail = j;
+    api->text_queued++;
+    api->n_jobs++; /* a waiting job is out too: the drain waits for it */
+    return 0;
 }

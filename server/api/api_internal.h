@@ -68,6 +68,8 @@ struct api_job {
     void (*done)(api_job *j);
     _Atomic bool cancel;  /* set on the loop thread when the client leaves or the API drains: `work` may stop
                              early (template renders read it); its result is then discarded */
+    bool text;            /* a text job (api_offload_text): counted against limits.text_jobs */
+    api_job *next_q;      /* the text jobs waiting for a slot (loop thread) */
 };
 struct api_call {
     api_job job;          /* preparation: parse, render, tokenize (api_prepare.c) */
@@ -115,7 +117,13 @@ struct srv_api {
     api_call *calls;
     int32_t n_calls;
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
-    int32_t n_jobs;       /* jobs out on the thread pool */
+    int32_t n_jobs;       /* jobs out on the thread pool, queued text jobs and a pending trim included */
+    int32_t text_running; /* text jobs on the thread pool now (at most limits.text_jobs) */
+    int32_t text_queued;  /* text jobs waiting for a slot (at most limits.text_queue) */
+    api_job *text_head, *text_tail; /* their FIFO */
+    bool trim_wanted;     /* a large body or answer was freed since the last trim (api_offload) */
+    bool trim_out;        /* a malloc_trim job is on the thread pool */
+    uv_work_t trim_w;
     bool closing;         /* srv_api_free is waiting for them */
     bool draining;        /* srv_api_set_draining: /health 503 "draining", new requests 503 */
     uint64_t rng;
@@ -182,7 +190,17 @@ int api_check_kv_fit_choices(const srv_api *api, int32_t n_prompt, int32_t n, in
                              srv_api_error *e);
 /* The error answer (and its status: 429, 400, 503, 500) for a srv_sched_submit failure r. */
 int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt);
-/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
+/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. After a
+ * job whose body passed SRV_API_TRIM_BYTES, once no job is out, the heap is given back to the system
+ * (malloc_trim, on the thread pool; issue 30: eight refused 14 MB bodies left +2.2 GB held by an idle server). */
 void api_offload(srv_api *api, api_job *j);
+/* A text job (/tokenize, /detokenize): as api_offload, but at most limits.text_jobs of them hold threads of the
+ * pool at once, so that text work never takes every thread from generation requests (issue 30: twelve 4 MB
+ * /tokenize bodies delayed a 2-token completion by 25 s); the others wait in a FIFO of at most limits.text_queue.
+ * 0 when taken (its done will run), -1 when the FIFO is full (the caller answers 503; nothing was taken).
+ * Loop thread. */
+int api_offload_text(srv_api *api, api_job *j);
+/* A body or answer of at least this many bytes makes the next idle moment trim the heap. */
+#define SRV_API_TRIM_BYTES ((size_t)1 << 20)
 
 #endif /* KVSERVE_API_INTERNAL_H */

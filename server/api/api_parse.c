@@ -17,6 +17,8 @@ void srv_api_limits_default(srv_api_limits *l) {
     l->template_ms = 5000;
     l->template_bytes = (size_t)1 << 30;
     l->text_answer_bytes = (size_t)32 << 20;
+    l->text_jobs = 1;
+    l->text_queue = 16;
     l->max_stop = 16;
     l->max_prompts = 64;
     l->priority_scheduling = false;

@@ -252,7 +252,12 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
     t->job.work = text_work;
     t->job.done = text_done;
     srv_http_set_abort(req, text_abort, t);
-    api_offload(api, &t->job);
+    if (api_offload_text(api, &t->job) == 0) return;
+    srv_http_set_abort(req, NULL, NULL);
+    free(t);
+    api_reply_err(api, req, 503, "server_error", NULL, "text_queue_full", "Retry-After: 1\r\n",
+                  "the server is busy: %d /tokenize and /detokenize requests are already waiting (text_queue); "
+                  "retry later", (int)api->limits.text_queue);
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------------- */

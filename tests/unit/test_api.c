@@ -480,6 +480,7 @@ static int fake_tokenize(void *ctx, const char *text, size_t len, bool add_speci
                          int32_t *out, int32_t cap, int32_t *n_out) {
     (void)ctx;
     int32_t n = 0;
+    if (len >= 6 && !memcmp(text, "<slow>", 6)) usleep(500000); /* a long text job (text_jobs_leave_threads) */
     if (add_special) { if (n < cap) out[n] = 1; n++; }
     for (size_t i = 0; i < len; i++) {
         int32_t tok = (unsigned char)text[i];
@@ -545,6 +546,7 @@ typedef struct fake_opts {
     bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
     int32_t kv_blocks, kv_block_size; /* srv_api_set_kv_pool when kv_blocks > 0 */
     size_t text_answer_bytes;     /* srv_api_limits.text_answer_bytes when > 0 */
+    int32_t text_queue;           /* srv_api_limits.text_queue when > 0 */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -560,6 +562,7 @@ static fake *fake_start(const fake_opts *o) {
     cfg.limits.n_vocab = 256;
     cfg.limits.priority_scheduling = o && o->priority_scheduling;
     if (o && o->text_answer_bytes) cfg.limits.text_answer_bytes = o->text_answer_bytes;
+    if (o && o->text_queue) cfg.limits.text_queue = o->text_queue;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = o && o->log ? SRV_API_LOG_TEXT : SRV_API_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
@@ -1694,6 +1697,49 @@ Test(api, tokenize_answer_is_bounded) {
     cr_assert_str_eq(jstr(o, "content"), "h\"i");
     cJSON_Delete(o);
     tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* Issue 30 item 6: /tokenize and /detokenize shared libuv's 4 threads with the preparation of generation requests,
+ * so twelve large tokenizes delayed a 2-token completion by 25 s. Text jobs now hold at most text_jobs (1)
+ * threads; the others wait in a FIFO of text_queue (2 here), and past it answer 503 with Retry-After. Six slow
+ * tokenizes (0.5 s each) are sent, then a completion: it answers at once, 3 tokenizes answer 200, 3 get 503. */
+Test(api, text_jobs_leave_threads_for_generation, .timeout = 30) {
+    fake_opts fo = {.text_queue = 2};
+    fake *f = fake_start(&fo);
+    const char *b = "{\"content\":\"<slow>x\"}";
+    char req[256];
+    snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b), b);
+    int fds[6];
+    for (int i = 0; i < 6; i++) {
+        fds[i] = tc_connect(f->port);
+        cr_assert_eq(tc_sends(fds[i], req), 0);
+    }
+    usleep(100000); /* all six dispatched */
+    tc_resp r;
+    struct timespec a, z;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", NULL, &r), 200, "%s", r.body);
+    clock_gettime(CLOCK_MONOTONIC, &z);
+    tc_resp_free(&r);
+    double secs = (double)(z.tv_sec - a.tv_sec) + (double)(z.tv_nsec - a.tv_nsec) / 1e9;
+    cr_assert_lt(secs, 0.3, "the completion waited %.2f s behind text jobs", secs);
+    int ok = 0, busy = 0;
+    for (int i = 0; i < 6; i++) {
+        tc_conn *c = malloc(sizeof *c);
+        tc_init(c, fds[i]);
+        cr_assert_eq(tc_read(c, &r), 0);
+        if (r.status == 200) ok++;
+        if (r.status == 503) {
+            busy++;
+            cr_assert(strstr(r.body, "text_queue") && tc_has_header(&r, "retry-after", "1"), "%s", r.body);
+        }
+        tc_resp_free(&r);
+        close(fds[i]);
+        free(c);
+    }
+    cr_assert_eq(ok, 3, "%d answered 200", ok);
+    cr_assert_eq(busy, 3, "%d answered 503", busy);
     fake_stop(f);
 }
 
