@@ -24,7 +24,7 @@ typedef struct daemon_state {
     srv_cors *cors;
     srv_web *web;
     srv_metrics metrics;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
     uv_timer_t poll;
     uv_work_t load;
     bool loading, shutting_down, cancelled, closing, finalized;
@@ -266,6 +266,7 @@ static void finalize(daemon_state *d) {
     uv_close((uv_handle_t *)&d->poll, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sighup, NULL);
 }
 
 static void begin_closing(daemon_state *d) {
@@ -287,10 +288,14 @@ static void on_poll(uv_timer_t *t) {
     if (!d->shutting_down || d->loading) return;
     uint64_t now = uv_hrtime();
     if (d->closing) {
-        if (srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) finalize(d);
+        /* jobs on the thread pool still call the backend that finalize clears: they are awaited (a client that
+         * left has its job skipped or its render abandoned, so this is short) */
+        if ((srv_http_open_connections(d->http) == 0 || now >= d->deadline_ns) && srv_api_jobs_out(d->api) == 0)
+            finalize(d);
         return;
     }
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0;
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 &&
+                srv_api_jobs_out(d->api) == 0;
     if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
     else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
 }
@@ -313,6 +318,14 @@ static void begin_shutdown(daemon_state *d, const char *why) {
 static void on_signal(uv_signal_t *s, int signum) {
     daemon_state *d = s->data;
     begin_shutdown(d, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* SIGHUP (a closed terminal, or a supervisor's "reload") is caught and ignored with a log line: its default action
+ * ended the process at once, cutting open streams mid-event (issue 30). kvserve has no reload; SIGTERM drains. */
+static void on_sighup(uv_signal_t *s, int signum) {
+    (void)s;
+    (void)signum;
+    fprintf(stderr, "kvserve: SIGHUP: ignored (no configuration reload; send SIGTERM or SIGINT to drain and stop)\n");
 }
 
 /* ---- main ------------------------------------------------------------------------------------------------------ */
@@ -416,6 +429,9 @@ int srv_main(const srv_config *cfg) {
     d->sigint.data = d->sigterm.data = d;
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_signal_init(&d->loop, &d->sighup);
+    d->sighup.data = d;
+    uv_signal_start(&d->sighup, on_sighup, SIGHUP);
     fprintf(stderr, "kvserve: listening on http://%s%s%s:%d (loading %s)\n", strchr(cfg->host, ':') ? "[" : "",
             cfg->host, strchr(cfg->host, ':') ? "]" : "", srv_http_port(d->http), cfg->model);
     d->loading = true;

@@ -21,7 +21,8 @@
  * Sandbox: a template comes from a model file and is untrusted. Compiling and rendering never crash, never run
  * more than `max_steps` evaluation steps, never nest macro calls, statements, expressions or printed values
  * deeper than the depth limits, never produce output or any single string longer than `max_output` bytes and
- * never hold more than `max_memory` bytes of values; reaching a limit is KVS_ERR_LIMIT.
+ * never hold more than `max_memory` bytes of values; reaching a limit is KVS_ERR_LIMIT. A render may also be given
+ * a wall-clock and an allocation budget and a cancel flag (tpl_render_params).
  *
  * Threads: a compiled tpl_template is immutable after tpl_compile returns; any number of threads may call
  * tpl_render on the same template at once (each render has its own state). tpl_free must not race a render.
@@ -35,6 +36,7 @@
 #ifndef KVSERVE_TEMPLATE_H
 #define KVSERVE_TEMPLATE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,6 +93,18 @@ typedef struct tpl_render_params {
      * strings (only the marked part counts), passed through a macro's output, or JSON-escaped by tojson (the
      * bytes between the quotes). Any other transformation (replace, upper, format...) drops the mark. */
     bool mark_content;
+    /* Budgets of this render on top of the template's limits (issue 30: a step is not a unit of time, and a
+     * template that uppercases an 8 MB string in a loop ran for a minute within its steps). 0 / NULL: none.
+     *   max_ms: wall-clock milliseconds (CLOCK_MONOTONIC) from the start of tpl_render; past it KVS_ERR_LIMIT.
+     *   max_alloc_bytes: bytes allocated for values over the whole render (what tpl_limits.max_memory counts,
+     *     but cumulative: freed bytes are not given back); past it KVS_ERR_LIMIT.
+     *   cancel: read (relaxed) while the render runs; once true the render stops with KVS_ERR_CLOSED (its
+     *     caller went away). It is set by another thread and must outlive the render.
+     * The interpreter checks them in its loops at least every 4096 steps (and at every string of 1 MiB and
+     * more), so a render overruns max_ms by about the time of that much work. */
+    uint32_t max_ms;
+    size_t max_alloc_bytes;
+    const _Atomic bool *cancel;
 } tpl_render_params;
 
 typedef struct tpl_output {

@@ -118,10 +118,28 @@ static tv lookup(tctx *c, tframe *f, const char *name) {
 
 int tpl_step(tctx *c, const node *n) { return tpl_charge(c, n, 1); }
 
+uint64_t tpl_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The render's wall-clock and cancel budgets (tpl_render_params), looked at every TPL_CHECK_STEPS steps. */
+#define TPL_CHECK_STEPS 4096
+static int check_budget(tctx *c, const node *n) {
+    c->next_check = c->steps + TPL_CHECK_STEPS;
+    if (c->p->cancel && atomic_load_explicit(c->p->cancel, memory_order_relaxed))
+        return tpl_fail(c, n, KVS_ERR_CLOSED, "render abandoned: its caller went away");
+    if (c->deadline_ns && tpl_now_ns() > c->deadline_ns)
+        return tpl_fail(c, n, KVS_ERR_LIMIT, "time limit of %u ms reached", (unsigned)c->p->max_ms);
+    return 0;
+}
+
 int tpl_charge(tctx *c, const node *n, uint64_t units) {
     c->steps = units > UINT64_MAX - c->steps ? UINT64_MAX : c->steps + units;
     if (c->steps > c->t->lim.max_steps)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "step limit of %llu reached", (unsigned long long)c->t->lim.max_steps);
+    if (c->steps >= c->next_check && (c->deadline_ns || c->p->cancel)) return check_budget(c, n);
     return 0;
 }
 
@@ -779,6 +797,7 @@ int tpl_render(const tpl_template *t, const tpl_render_params *p, tpl_output *ou
         return KVS_ERR_INVALID;
     }
     tctx c = {.t = t, .p = p, .err = err};
+    if (p->max_ms) c.deadline_ns = tpl_now_ns() + (uint64_t)p->max_ms * 1000000ull;
     if (p->now) c.now = *p->now;
     else {
         time_t now = time(NULL);

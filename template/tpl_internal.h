@@ -138,6 +138,9 @@ typedef struct tctx {
     struct tm now;
     uint64_t steps;
     size_t mem;
+    uint64_t deadline_ns;   /* CLOCK_MONOTONIC; 0: none (params.max_ms) */
+    uint64_t next_check;    /* steps at which the deadline and the cancel flag are looked at next */
+    size_t alloc_total;     /* bytes charged by tpl_mem over the render (params.max_alloc_bytes) */
     int depth;          /* macro call depth */
     tcont *live;        /* containers alive */
     tframe *root;       /* template-level variables */
@@ -323,6 +326,8 @@ int tpl_iter_list(tctx *c, const node *n, tv v, tv *out);
 int tpl_getattr(tctx *c, const node *n, tv obj, const char *name, tv *out);
 int tpl_getitem(tctx *c, const node *n, tv obj, tv key, tv *out);
 int tpl_step(tctx *c, const node *n);
+/* CLOCK_MONOTONIC in nanoseconds */
+uint64_t tpl_now_ns(void);
 /* charges `units` steps at once (work proportional to a size: bytes / TPL_BYTES_PER_STEP, elements) */
 int tpl_charge(tctx *c, const node *n, uint64_t units);
 #define TPL_BYTES_PER_STEP 256

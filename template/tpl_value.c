@@ -34,6 +34,12 @@ int tpl_mem(tctx *c, const node *n, size_t add) {
     if (add > c->t->lim.max_memory || c->mem > c->t->lim.max_memory - add)
         return tpl_fail(c, n, KVS_ERR_LIMIT, "memory limit of %zu bytes reached", c->t->lim.max_memory);
     c->mem += add;
+    c->alloc_total = add > SIZE_MAX - c->alloc_total ? SIZE_MAX : c->alloc_total + add;
+    if (c->p->max_alloc_bytes && c->alloc_total > c->p->max_alloc_bytes)
+        return tpl_fail(c, n, KVS_ERR_LIMIT, "allocation budget of %zu bytes reached", c->p->max_alloc_bytes);
+    if (add >= (1u << 20) && (c->deadline_ns || c->p->cancel)) {
+        c->next_check = 0; /* a large string: look at the clock at the next step */
+    }
     return 0;
 }
 

@@ -70,6 +70,13 @@ typedef struct srv_api_limits {
     int32_t max_prompts;        /* most prompts in one /v1/completions array (default 64) */
     bool priority_scheduling;   /* scheduling_policy "priority": a request's `priority` may be any int32;
                                    false (default, "fcfs"): only 0 is accepted (400 otherwise, as vLLM) */
+    uint32_t template_ms;       /* wall-clock budget of one chat-template render (default 5000; 0: none) */
+    size_t template_bytes;      /* bytes one render may allocate in all (default 1 GiB; 0: none) */
+    int32_t text_jobs;          /* /tokenize, /detokenize jobs on the thread pool at once (default 1; libuv's pool
+                                   has UV_THREADPOOL_SIZE, default 4, threads: the rest stay for generation) */
+    int32_t text_queue;         /* text jobs waiting for a slot; past it a 503 with Retry-After (default 16) */
+    size_t text_answer_bytes;   /* largest /tokenize or /detokenize answer: past it the request is a 413 naming the
+                                   limit (default 32 MiB; 0: none). Bounds what a body may amplify to (pieces) */
 } srv_api_limits;
 
 typedef struct srv_api_gen {
@@ -125,6 +132,10 @@ void srv_api_gen_free(srv_api_gen *g);
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,
  * or SRV_API_ERR_INVALID with a 400 in *err whose message names the problem and its byte offset. */
 int srv_api_check_json(const char *body, size_t len, srv_api_error *err);
+/* Duplicate keys in a parsed body (json_check.c, srv_json_check_dup_keys): SRV_API_OK, or
+ * SRV_API_ERR_INVALID with a 400 naming the key and where it is (SRV_API_ERR_NOMEM, a 500, when out of memory).
+ * Every body goes through it after cJSON. */
+int srv_api_check_dup_keys(const struct cJSON *root, srv_api_error *err);
 
 /* Fills an error (printf-style message). */
 void srv_api_set_error(srv_api_error *err, int status, const char *type, const char *param, const char *code,
@@ -262,6 +273,10 @@ void srv_api_set_grammar_cache(srv_api *api, srv_grammar_cache *gc);
 void srv_api_set_draining(srv_api *api);
 /* Requests still generating. */
 int32_t srv_api_in_flight(const srv_api *api);
+/* Jobs out on the thread pool (parsing, rendering, tokenizing, detokenizing): they call the backend, so the
+ * backend must not be cleared (srv_api_set_backend NULL) nor freed while this is above 0 (issue 30: a drain that
+ * did so crashed a /tokenize still running). Loop thread. */
+int32_t srv_api_jobs_out(const srv_api *api);
 /* Cancels every generating request (shutdown after the grace period): streams end with an error event and
  * [DONE], others answer 503 with Retry-After. */
 void srv_api_cancel_all(srv_api *api);

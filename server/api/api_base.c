@@ -136,6 +136,21 @@ int srv_api_check_json(const char *body, size_t len, srv_api_error *err) {
     return SRV_API_OK;
 }
 
+int srv_api_check_dup_keys(const cJSON *root, srv_api_error *err) {
+    srv_json_check_result res;
+    int r = srv_json_check_dup_keys(root, &res);
+    if (r == KVS_ERR_NOMEM) {
+        srv_api_set_nomem(err);
+        return SRV_API_ERR_NOMEM;
+    }
+    if (r != 0) {
+        srv_api_set_error(err, 400, NULL, NULL, NULL, "the request body is not accepted: %s (a key may appear "
+                          "once per object)", res.message);
+        return SRV_API_ERR_INVALID;
+    }
+    return SRV_API_OK;
+}
+
 cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e) {
     if (srv_api_check_json(body, body_len, e) != SRV_API_OK) return NULL;
     const char *end = NULL;
@@ -143,6 +158,10 @@ cJSON *api_parse_body_object(const char *body, size_t body_len, srv_api_error *e
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         srv_api_set_error(e, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    if (srv_api_check_dup_keys(root, e) != SRV_API_OK) {
+        cJSON_Delete(root);
         return NULL;
     }
     return root;

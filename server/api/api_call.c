@@ -3,6 +3,9 @@
 #include "server/api/api_internal.h"
 
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +66,7 @@ static void on_abort(void *ud, srv_http_req *req) {
     (void)req;
     api_call *c = ud;
     c->req = NULL;
+    atomic_store(&c->job.cancel, true); /* a preparation still out stops rendering (its result is dropped) */
     log_gone(c);
     api_cancel_subs(c);
 }
@@ -163,6 +167,28 @@ int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char
     return -1;
 }
 
+/* n choices that together cannot fit the whole pool are refused up front (issue 30: n=64 on a small pool came
+ * back cut "truncated" after ~60 tokens although max_tokens was 300). */
+int api_check_kv_fit_choices(const srv_api *api, int32_t n_prompt, int32_t n, int32_t max_tokens,
+                             srv_api_error *e) {
+    if (api->kv_blocks <= 0 || api->kv_block_size <= 0 || n_prompt < 1 || n < 2 || max_tokens < 1) return 0;
+    int64_t bs = api->kv_block_size;
+    int64_t len = (int64_t)n_prompt + max_tokens; /* the longest context one choice reaches */
+    if (api->n_ctx > 0 && len > api->n_ctx) len = api->n_ctx; /* a shifted context stays within n_ctx */
+    /* every choice's sequence holds its whole context (+1 token, as admission counts); the others share the
+     * prompt's full blocks with the first */
+    int64_t first = (len + 1 + bs - 1) / bs, other = first - (int64_t)n_prompt / bs;
+    int64_t need = first + (int64_t)(n - 1) * other;
+    if (need <= api->kv_blocks) return 0;
+    srv_api_set_error(e, 400, NULL, "n", "context_length_exceeded",
+                      "n=%d choices of up to %lld tokens each (%d in the prompt, max_tokens %d) need %lld KV-cache "
+                      "blocks of %d tokens, but the server's whole KV cache is %d blocks (%lld tokens), so the "
+                      "choices would be cut short. Reduce n or max_tokens.", (int)n, (long long)len, (int)n_prompt,
+                      (int)max_tokens, (long long)need, (int)bs, (int)api->kv_blocks,
+                      (long long)api->kv_blocks * bs);
+    return -1;
+}
+
 int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
     switch (r) {
     case SRV_SCHED_ERR_QUEUE_FULL:
@@ -184,35 +210,110 @@ int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
 }
 
 /* ---- work off the loop ------------------------------------------------------------------------------------ */
-/* Runs `work` and drops the body it read. */
+/* Runs `work` and drops the body it read. A job whose client has already left (cancel, set by the abort
+ * callbacks; `done` then answers nothing) is not run at all: twelve clients that send 4 MB bodies and leave
+ * no longer hold the pool for seconds each (issue 30). */
 static void run_work(api_job *j) {
-    j->work(j);
+    if (!atomic_load(&j->cancel)) j->work(j);
     free(j->body);
     j->body = NULL;
     j->body_len = 0;
 }
 static void offload_work(uv_work_t *w) { run_work((api_job *)w); }
 
+static void trim_work(uv_work_t *w) {
+    (void)w;
+#ifdef __GLIBC__
+    malloc_trim(0); /* every arena: the workers' too */
+#endif
+}
+static void trim_after(uv_work_t *w, int status) {
+    (void)status;
+    srv_api *api = w->data;
+    api->trim_out = false;
+    api->n_jobs--;
+}
+/* Once nothing is out, a trim after a large body (on the pool: trimming gigabytes is not the loop's work). */
+static void maybe_trim(srv_api *api) {
+    if (!api->trim_wanted || api->trim_out || api->n_jobs > 0 || !api->loop) return;
+    api->trim_wanted = false;
+    api->trim_w.data = api;
+    api->n_jobs++;
+    api->trim_out = true;
+    if (uv_queue_work(api->loop, &api->trim_w, trim_work, trim_after) != 0) {
+        api->trim_out = false;
+        api->n_jobs--;
+    }
+}
+
+static void start_text(srv_api *api, api_job *j);
+
 static void offload_after(uv_work_t *w, int status) {
     (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
     api_job *j = (api_job *)w;
-    j->api->n_jobs--;
-    j->done(j);
+    srv_api *api = j->api;
+    api->n_jobs--;
+    if (j->text) {
+        api->text_running--;
+        int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
+        while (api->text_head && api->text_running < cap) { /* the next waiting text job */
+            api_job *n = api->text_head;
+            api->text_head = n->next_q;
+            if (!api->text_head) api->text_tail = NULL;
+            api->text_queued--;
+            api->n_jobs--; /* start_text counts it again */
+            start_text(api, n);
+        }
+    }
+    j->done(j); /* may free j */
+    maybe_trim(api);
 }
 
-void api_offload(srv_api *api, api_job *j) {
-    j->api = api;
-    if (j->req) { /* the body moves into the job: the request may die while `work` reads it */
-        j->body = j->req->body;
-        j->body_len = j->req->body_len;
-        j->req->body = NULL;
-        j->req->body_len = 0;
-    }
+/* Takes the request's body into j (the request may die while `work` reads it). */
+static void take_body(api_job *j) {
+    if (!j->req) return;
+    j->body = j->req->body;
+    j->body_len = j->req->body_len;
+    j->req->body = NULL;
+    j->req->body_len = 0;
+    if (j->body_len >= SRV_API_TRIM_BYTES) j->api->trim_wanted = true;
+}
+
+static void queue_job(srv_api *api, api_job *j) {
     if (api->loop) {
         api->n_jobs++;
+        if (j->text) api->text_running++;
         if (uv_queue_work(api->loop, &j->w, offload_work, offload_after) == 0) return;
         api->n_jobs--;
+        if (j->text) api->text_running--;
     }
     run_work(j);
     j->done(j);
+}
+
+static void start_text(srv_api *api, api_job *j) { queue_job(api, j); }
+
+void api_offload(srv_api *api, api_job *j) {
+    j->api = api;
+    take_body(j);
+    queue_job(api, j);
+}
+
+int api_offload_text(srv_api *api, api_job *j) {
+    int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
+    j->api = api;
+    j->text = true;
+    if (!api->loop || api->text_running < cap) {
+        take_body(j);
+        queue_job(api, j);
+        return 0;
+    }
+    if (api->text_queued >= api->limits.text_queue) return -1;
+    take_body(j); /* the body waits with the job: the request may go */
+    j->next_q = NULL;
+    if (api->text_tail) api->text_tail->next_q = j; else api->text_head = j;
+    api->text_tail = j;
+    api->text_queued++;
+    api->n_jobs++; /* a waiting job is out too: the drain waits for it */
+    return 0;
 }

@@ -180,6 +180,9 @@ int api_chat_prompt(srv_api *api, api_call *c, int32_t **toks, int32_t *n, srv_a
     const tpl_template *t = api->be.chat_tpl;
     if (!t || !g->chat) return fallback_prompt(api, g, toks, n, e);
     tpl_output o;
+    g->chat->render_ms = api->limits.template_ms;
+    g->chat->render_bytes = api->limits.template_bytes;
+    g->chat->cancel = &c->job.cancel;
     if (srv_chat_render(t, g->chat, api->be.bos_text, api->be.eos_text, &o, e) != 0) return -1;
     /* the template may print BOS itself (as special-token text); else the model adds it as it says */
     bool add_bos = !starts_with(o.text, o.len, api->be.bos_text);

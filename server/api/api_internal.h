@@ -20,6 +20,9 @@
 #ifndef KVSERVE_API_INTERNAL_H
 #define KVSERVE_API_INTERNAL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+
 #include <cjson/cJSON.h>
 
 #include "server/api/api.h"
@@ -63,6 +66,10 @@ struct api_job {
     size_t body_len;
     void (*work)(api_job *j);
     void (*done)(api_job *j);
+    _Atomic bool cancel;  /* set on the loop thread when the client leaves or the API drains: `work` may stop
+                             early (template renders read it); its result is then discarded */
+    bool text;            /* a text job (api_offload_text): counted against limits.text_jobs */
+    api_job *next_q;      /* the text jobs waiting for a slot (loop thread) */
 };
 struct api_call {
     api_job job;          /* preparation: parse, render, tokenize (api_prepare.c) */
@@ -110,7 +117,13 @@ struct srv_api {
     api_call *calls;
     int32_t n_calls;
     uv_loop_t *loop;      /* NULL: offloaded work runs inline */
-    int32_t n_jobs;       /* jobs out on the thread pool */
+    int32_t n_jobs;       /* jobs out on the thread pool, queued text jobs and a pending trim included */
+    int32_t text_running; /* text jobs on the thread pool now (at most limits.text_jobs) */
+    int32_t text_queued;  /* text jobs waiting for a slot (at most limits.text_queue) */
+    api_job *text_head, *text_tail; /* their FIFO */
+    bool trim_wanted;     /* a large body or answer was freed since the last trim (api_offload) */
+    bool trim_out;        /* a malloc_trim job is on the thread pool */
+    uv_work_t trim_w;
     bool closing;         /* srv_api_free is waiting for them */
     bool draining;        /* srv_api_set_draining: /health 503 "draining", new requests 503 */
     uint64_t rng;
@@ -169,9 +182,25 @@ void api_stream_client_gone(api_call *c);
  * admission counts for it); when it does not, fills e with a 400 naming the sizes (param: the request field)
  * and returns -1. Any thread (reads only the pool size). */
 int api_check_kv_fit(const srv_api *api, int32_t n_prompt, int32_t n, const char *param, srv_api_error *e);
+/* n > 1 choices with max_tokens: each choice's context grows to n_prompt + max_tokens (at most n_ctx); when the n
+ * of them together (prompt blocks shared) cannot fit the whole KV pool the request could only finish with choices
+ * cut short ("truncated"), so it is refused up front: -1 with a 400 context_length_exceeded (param "n") in *e
+ * naming the sizes; 0 when it fits, n == 1, max_tokens is absent or the pool is unknown. Any thread. */
+int api_check_kv_fit_choices(const srv_api *api, int32_t n_prompt, int32_t n, int32_t max_tokens,
+                             srv_api_error *e);
 /* The error answer (and its status: 429, 400, 503, 500) for a srv_sched_submit failure r. */
 int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt);
-/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. */
+/* Runs j->work on the thread pool (inline when the API has no loop) and then j->done on the loop thread. After a
+ * job whose body passed SRV_API_TRIM_BYTES, once no job is out, the heap is given back to the system
+ * (malloc_trim, on the thread pool; issue 30: eight refused 14 MB bodies left +2.2 GB held by an idle server). */
 void api_offload(srv_api *api, api_job *j);
+/* A text job (/tokenize, /detokenize): as api_offload, but at most limits.text_jobs of them hold threads of the
+ * pool at once, so that text work never takes every thread from generation requests (issue 30: twelve 4 MB
+ * /tokenize bodies delayed a 2-token completion by 25 s); the others wait in a FIFO of at most limits.text_queue.
+ * 0 when taken (its done will run), -1 when the FIFO is full (the caller answers 503; nothing was taken).
+ * Loop thread. */
+int api_offload_text(srv_api *api, api_job *j);
+/* A body or answer of at least this many bytes makes the next idle moment trim the heap. */
+#define SRV_API_TRIM_BYTES ((size_t)1 << 20)
 
 #endif /* KVSERVE_API_INTERNAL_H */

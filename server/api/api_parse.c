@@ -14,6 +14,11 @@
 void srv_api_limits_default(srv_api_limits *l) {
     l->n_vocab = 0;
     l->max_n = 16;
+    l->template_ms = 5000;
+    l->template_bytes = (size_t)1 << 30;
+    l->text_answer_bytes = (size_t)32 << 20;
+    l->text_jobs = 1;
+    l->text_queue = 16;
     l->max_stop = 16;
     l->max_prompts = 64;
     l->priority_scheduling = false;
@@ -370,7 +375,8 @@ int srv_api_parse_gen(srv_api_kind kind, const char *body, size_t len, const srv
         cJSON_Delete(root);
         return SRV_API_ERR_INVALID;
     }
-    int r = srv_api_parse_gen_json(kind, root, &lim, out, err);
+    int r = srv_api_check_dup_keys(root, err);
+    if (r == SRV_API_OK) r = srv_api_parse_gen_json(kind, root, &lim, out, err);
     cJSON_Delete(root);
     return r;
 }

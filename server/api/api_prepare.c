@@ -113,6 +113,7 @@ int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
             return -1;
         }
         if (api_check_kv_fit(api, ntok[i], g->n, param, e) != 0) return -1;
+        if (api_check_kv_fit_choices(api, ntok[i], g->n, g->max_tokens, e) != 0) return -1;
     }
     return 0;
 }

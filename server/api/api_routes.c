@@ -70,18 +70,77 @@ static void route_metrics(srv_api *api, srv_http_req *req) {
 }
 
 /* /tokenize and /detokenize run off the loop (api_offload): a multi-megabyte body would otherwise hold every
- * connection while it is parsed and tokenized. Their work fills `out` (200) or `err`; done replies. */
+ * connection while it is parsed and tokenized. Their work fills `raw` (the 200 body) or `err`; done replies.
+ * Answers are written straight into one buffer (no cJSON tree: a tree of one object per token held ~250 bytes a
+ * token) and bounded by srv_api_limits.text_answer_bytes (issue 30: a 7.7 MB body peaked 1.9 GB above baseline
+ * with pieces). */
 typedef struct text_job {
     api_job job;
     bool detok;
-    cJSON *out;           /* the 200 body, or NULL with err set */
+    kvs_buf raw;          /* the 200 body, or empty with err set */
     bool failed;
     srv_api_error err;
 } text_job;
 
-static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
-    cJSON *root = api_parse_body_object(j->body, j->body_len, e), *o = NULL;
-    if (!root) return NULL;
+/* 413 naming the limit of text answers; -1. */
+static int answer_too_large(srv_api *api, const char *what, srv_api_error *e) {
+    srv_api_set_error(e, 413, NULL, NULL, "answer_too_large", "the %s would pass the %zu-byte limit of /tokenize and "
+                      "/detokenize answers (text_answer_bytes): send less text per request", what,
+                      api->limits.text_answer_bytes);
+    return -1;
+}
+
+/* Appends s as a JSON string (quotes included; ", \\ and control characters escaped). */
+static void json_string(kvs_buf *b, const char *s) {
+    kvs_buf_putc(b, '"');
+    for (const char *p = s; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"' || ch == '\\') {
+            kvs_buf_putc(b, '\\');
+            kvs_buf_putc(b, (char)ch);
+        } else if (ch < 0x20) {
+            kvs_buf_printf(b, "\\u%04x", ch);
+        } else {
+            kvs_buf_putc(b, (char)ch);
+        }
+    }
+    kvs_buf_putc(b, '"');
+}
+
+/* The /tokenize answer of toks[0..n) into out ({"tokens":[...]}, ids or {"id","piece"} objects): 0, or -1 with
+ * e set (413 past the answer limit, 500 out of memory). */
+static int tokenize_answer(srv_api *api, const int32_t *toks, int32_t n, bool pieces, kvs_buf *out,
+                           srv_api_error *e) {
+    size_t limit = api->limits.text_answer_bytes;
+    kvs_buf_puts(out, "{\"tokens\":[");
+    for (int32_t i = 0; i < n && !out->oom; i++) {
+        if (i) kvs_buf_putc(out, ',');
+        if (pieces) {
+            char buf[256];
+            int l = api_piece(api, toks[i], buf, sizeof buf);
+            char *s = api_utf8_sanitize(buf, l > 0 ? (size_t)l : 0);
+            if (!s) {
+                srv_api_set_nomem(e);
+                return -1;
+            }
+            kvs_buf_printf(out, "{\"id\":%d,\"piece\":", (int)toks[i]);
+            json_string(out, s);
+            kvs_buf_putc(out, '}');
+            free(s);
+        } else {
+            kvs_buf_printf(out, "%d", (int)toks[i]);
+        }
+        if (limit > 0 && out->len > limit) return answer_too_large(api, "answer", e);
+    }
+    kvs_buf_puts(out, "]}");
+    if (out->oom) { srv_api_set_nomem(e); return -1; }
+    if (limit > 0 && out->len > limit) return answer_too_large(api, "answer", e);
+    return 0;
+}
+
+static int tokenize_body(srv_api *api, const api_job *j, kvs_buf *out, srv_api_error *e) {
+    cJSON *root = api_parse_body_object(j->body, j->body_len, e);
+    if (!root) return -1;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(root, "parse_special");
@@ -93,50 +152,30 @@ static cJSON *tokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
         srv_api_set_error(e, 400, NULL, bad, NULL, "'%s' %s", bad,
                           !strcmp(bad, "content") ? "is required and must be a string" : "must be a boolean");
         cJSON_Delete(root);
-        return NULL;
+        return -1;
     }
     int32_t *toks = NULL, n = 0;
     const char *text = content->valuestring;
     int r = api_tokenize(api, text, strlen(text), cJSON_IsTrue(as), ps ? !cJSON_IsFalse(ps) : true, &toks, &n);
+    bool pieces = cJSON_IsTrue(wp);
+    cJSON_Delete(root);
     if (r != 0) {
         srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", kvs_strerror(r));
-        cJSON_Delete(root);
-        return NULL;
+        return -1;
     }
-    o = cJSON_CreateObject();
-    cJSON *arr = o ? cJSON_AddArrayToObject(o, "tokens") : NULL;
-    for (int32_t i = 0; arr && i < n; i++) {
-        if (cJSON_IsTrue(wp)) {
-            char buf[256];
-            int l = api_piece(api, toks[i], buf, sizeof buf);
-            char *s = api_utf8_sanitize(buf, l > 0 ? (size_t)l : 0);
-            cJSON *t = cJSON_CreateObject();
-            cJSON_AddNumberToObject(t, "id", toks[i]);
-            cJSON_AddStringToObject(t, "piece", s ? s : "");
-            free(s);
-            cJSON_AddItemToArray(arr, t);
-        } else {
-            cJSON_AddItemToArray(arr, cJSON_CreateNumber(toks[i]));
-        }
-    }
+    r = tokenize_answer(api, toks, n, pieces, out, e);
     free(toks);
-    cJSON_Delete(root);
-    if (!arr) {
-        cJSON_Delete(o);
-        srv_api_set_nomem(e);
-        return NULL;
-    }
-    return o;
+    return r;
 }
 
-static cJSON *detokenize_body(srv_api *api, const api_job *j, srv_api_error *e) {
+static int detokenize_body(srv_api *api, const api_job *j, kvs_buf *ans, srv_api_error *e) {
     cJSON *root = api_parse_body_object(j->body, j->body_len, e);
-    if (!root) return NULL;
+    if (!root) return -1;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(toks)) {
         srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' is required and must be an array of token ids");
         cJSON_Delete(root);
-        return NULL;
+        return -1;
     }
     kvs_buf out = {0};
     int i = 0;
@@ -148,29 +187,40 @@ static cJSON *detokenize_body(srv_api *api, const api_job *j, srv_api_error *e) 
             srv_api_set_error(e, 400, NULL, "tokens", NULL, "'tokens' item %d is not a valid token id", i);
             kvs_buf_free(&out);
             cJSON_Delete(root);
-            return NULL;
+            return -1;
         }
         char buf[256];
         int l = api_piece(api, (int32_t)v, buf, sizeof buf);
         if (l > 0) kvs_buf_append(&out, buf, (size_t)l);
+        /* the answer is at least the text: stop once the text alone passes the limit */
+        if (api->limits.text_answer_bytes > 0 && out.len > api->limits.text_answer_bytes) {
+            kvs_buf_free(&out);
+            cJSON_Delete(root);
+            return answer_too_large(api, "detokenized text", e);
+        }
     }
     cJSON_Delete(root);
     char *s = out.oom ? NULL : api_utf8_sanitize(out.data ? out.data : "", out.len);
     kvs_buf_free(&out);
-    cJSON *o = s ? cJSON_CreateObject() : NULL;
-    if (o && !cJSON_AddStringToObject(o, "content", s)) {
-        cJSON_Delete(o);
-        o = NULL;
+    if (!s) {
+        srv_api_set_nomem(e);
+        return -1;
     }
+    kvs_buf_puts(ans, "{\"content\":");
+    json_string(ans, s);
+    kvs_buf_putc(ans, '}');
     free(s);
-    if (!o) srv_api_set_nomem(e);
-    return o;
+    if (ans->oom) { srv_api_set_nomem(e); return -1; }
+    if (api->limits.text_answer_bytes > 0 && ans->len > api->limits.text_answer_bytes)
+        return answer_too_large(api, "answer", e);
+    return 0;
 }
 
 static void text_work(api_job *j) {
     text_job *t = (text_job *)j;
-    t->out = t->detok ? detokenize_body(j->api, j, &t->err) : tokenize_body(j->api, j, &t->err);
-    t->failed = !t->out;
+    int r = t->detok ? detokenize_body(j->api, j, &t->raw, &t->err) : tokenize_body(j->api, j, &t->raw, &t->err);
+    t->failed = r != 0;
+    if (t->failed) kvs_buf_free(&t->raw); /* a refused answer gives its bytes back at once */
 }
 
 static void text_done(api_job *j) {
@@ -178,15 +228,20 @@ static void text_done(api_job *j) {
     if (j->req && !j->api->closing) {
         srv_http_set_abort(j->req, NULL, NULL);
         if (t->failed) api_reply_error(j->api, j->req, &t->err, NULL);
-        else api_reply_json(j->api, j->req, 200, t->out, NULL, -1);
+        else api_reply(j->api, j->req, 200, "application/json", NULL, t->raw.data, t->raw.len, NULL, -1);
     }
-    cJSON_Delete(t->out);
+    kvs_buf_free(&t->raw);
     free(t);
 }
 
+/* The client left while its /tokenize or /detokenize was out: 499 in the log (nginx's convention), and the work,
+ * if it has not started, is skipped (api_offload). */
 static void text_abort(void *ud, srv_http_req *req) {
-    (void)req;
-    ((text_job *)ud)->job.req = NULL;
+    text_job *t = ud;
+    t->job.req = NULL;
+    atomic_store(&t->job.cancel, true);
+    if (t->job.api->metrics) t->job.api->metrics->requests_finished_abort++;
+    api_log_request(t->job.api, req->method_name, req->path, 499, NULL, -1, api_ms_since(req->t_start_ns));
 }
 
 static void route_text(srv_api *api, srv_http_req *req, bool detok) {
@@ -197,7 +252,12 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
     t->job.work = text_work;
     t->job.done = text_done;
     srv_http_set_abort(req, text_abort, t);
-    api_offload(api, &t->job);
+    if (api_offload_text(api, &t->job) == 0) return;
+    srv_http_set_abort(req, NULL, NULL);
+    free(t);
+    api_reply_err(api, req, 503, "server_error", NULL, "text_queue_full", "Retry-After: 1\r\n",
+                  "the server is busy: %d /tokenize and /detokenize requests are already waiting (text_queue); "
+                  "retry later", (int)api->limits.text_queue);
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
@@ -419,6 +479,8 @@ void srv_api_set_draining(srv_api *api) {
 }
 
 int32_t srv_api_in_flight(const srv_api *api) { return api ? api->n_calls : 0; }
+
+int32_t srv_api_jobs_out(const srv_api *api) { return api ? api->n_jobs : 0; }
 
 void srv_api_cancel_all(srv_api *api) {
     if (!api) return;

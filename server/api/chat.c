@@ -177,45 +177,132 @@ static int render_vars(const tpl_template *t, cJSON *messages, const srv_chat_re
     cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
     cJSON_AddStringToObject(vars, "bos_token", bos ? bos : "");
     cJSON_AddStringToObject(vars, "eos_token", eos ? eos : "");
-    tpl_render_params p = {.vars = vars, .now = NULL, .mark_content = true};
+    tpl_render_params p = {.vars = vars, .now = NULL, .mark_content = true, .max_ms = r->render_ms,
+                           .max_alloc_bytes = r->render_bytes, .cancel = r->cancel};
     int rc = tpl_render(t, &p, out, te);
     cJSON_Delete(vars);
     return rc;
 }
 
-/* messages with the leading system message merged into the first user message ("SYS\n\nUSER"). */
-static cJSON *merge_system(const cJSON *messages) {
-    const cJSON *sys = messages->child;
-    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(sys, "content");
+/* The messages with every system message folded into the next user message, as llama.cpp's --jinja does for a
+ * template without a system role: consecutive system texts are joined with "\n", a user message that follows
+ * becomes "SYSTEM\nUSER" (just SYSTEM when its content is empty), and system text followed by another role (or
+ * by nothing) becomes a user message of its own. NULL when out of memory. */
+static cJSON *fold_system(const cJSON *messages) {
     cJSON *m = cJSON_CreateArray();
+    kvs_buf pend = {0};
+    bool has_pend = false;
     if (!m) return NULL;
-    bool merged = false;
-    for (const cJSON *it = sys->next; it; it = it->next) {
+    for (const cJSON *it = messages->child; it; it = it->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        const char *cs = cJSON_IsString(c) ? c->valuestring : "";
+        bool is_sys = cJSON_IsString(role) && !strcmp(role->valuestring, "system");
+        bool is_user = cJSON_IsString(role) && !strcmp(role->valuestring, "user");
+        if (is_sys) {
+            if (!cs[0]) continue;
+            if ((has_pend && kvs_buf_append(&pend, "\n", 1) != 0) || kvs_buf_append(&pend, cs, strlen(cs)) != 0)
+                goto oom;
+            has_pend = true;
+            continue;
+        }
+        if (has_pend && !is_user) { /* flush the system text as a user message of its own */
+            cJSON *u = cJSON_CreateObject();
+            if (!u || !cJSON_AddItemToArray(m, u) || !cJSON_AddStringToObject(u, "role", "user") ||
+                !cJSON_AddStringToObject(u, "content", pend.data))
+                goto oom;
+            pend.len = 0;
+            has_pend = false;
+        }
         cJSON *d = cJSON_Duplicate(it, true);
-        if (!d) { cJSON_Delete(m); return NULL; }
-        cJSON_AddItemToArray(m, d);
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(d, "role");
-        cJSON *uc = cJSON_GetObjectItemCaseSensitive(d, "content");
-        if (!merged && !strcmp(role->valuestring, "user") && cJSON_IsString(uc) && cJSON_IsString(sc)) {
-            size_t a = strlen(sc->valuestring), b = strlen(uc->valuestring);
-            char *s = malloc(a + b + 3);
-            if (!s) { cJSON_Delete(m); return NULL; }
-            memcpy(s, sc->valuestring, a);
-            memcpy(s + a, "\n\n", 2);
-            memcpy(s + a + 2, uc->valuestring, b + 1);
-            cJSON *ns = cJSON_CreateString(s);
-            free(s);
-            if (!ns) { cJSON_Delete(m); return NULL; }
-            cJSON_ReplaceItemInObjectCaseSensitive(d, "content", ns);
-            merged = true;
+        if (!d || !cJSON_AddItemToArray(m, d)) { cJSON_Delete(d); goto oom; }
+        if (has_pend) { /* a user message after system text */
+            if (cs[0] && (kvs_buf_append(&pend, "\n", 1) != 0 || kvs_buf_append(&pend, cs, strlen(cs)) != 0))
+                goto oom;
+            cJSON *ns = cJSON_CreateString(pend.data);
+            if (!ns) goto oom;
+            if (cJSON_GetObjectItemCaseSensitive(d, "content")) cJSON_ReplaceItemInObjectCaseSensitive(d, "content", ns);
+            else cJSON_AddItemToObject(d, "content", ns);
+            pend.len = 0;
+            has_pend = false;
         }
     }
-    if (!merged) { cJSON_Delete(m); return NULL; }
+    if (has_pend) {
+        cJSON *u = cJSON_CreateObject();
+        if (!u || !cJSON_AddItemToArray(m, u) || !cJSON_AddStringToObject(u, "role", "user") ||
+            kvs_buf_append(&pend, "", 1) != 0 || !cJSON_AddStringToObject(u, "content", (char *)pend.data))
+            goto oom;
+    }
+    kvs_buf_free(&pend);
     return m;
+oom:
+    kvs_buf_free(&pend);
+    cJSON_Delete(m);
+    return NULL;
+}
+
+/* Whether the conversation has a system message with text. */
+static bool has_system_text(const cJSON *messages) {
+    for (const cJSON *it = messages->child; it; it = it->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "system") && cJSON_IsString(c) && c->valuestring[0])
+            return true;
+    }
+    return false;
+}
+
+/* Whether every system message's text (or its whitespace-trimmed form) appears in the rendering. */
+static bool system_text_printed(const cJSON *messages, const tpl_output *o) {
+    for (const cJSON *it = messages->child; it; it = it->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "system") || !cJSON_IsString(c)) continue;
+        const char *s = c->valuestring;
+        size_t b = 0, e = strlen(s);
+        while (b < e && strchr(" \t\r\n", s[b])) b++;
+        while (e > b && strchr(" \t\r\n", s[e - 1])) e--;
+        if (e == b) continue;
+        bool found = false;
+        for (size_t k = 0; !found && k + (e - b) <= o->len; k++)
+            found = o->text[k] == s[b] && !memcmp(o->text + k, s + b, e - b);
+        if (!found) return false;
+    }
+    return true;
+}
+
+static int render_vars(const tpl_template *t, cJSON *messages, const srv_chat_req *r, bool add_gen,
+                       const char *bos, const char *eos, tpl_output *out, tpl_error *te);
+
+/* Whether template t has a system role (llama.cpp's probe): a conversation of a system message holding a
+ * sentinel and a user message renders, and prints the sentinel. */
+static bool template_has_system_role(const tpl_template *t, const srv_chat_req *r, const char *bos,
+                                     const char *eos) {
+    static const char SENTINEL[] = "<kvserve system probe 7c1d>";
+    cJSON *probe = cJSON_CreateArray(), *sys = cJSON_CreateObject(), *user = cJSON_CreateObject();
+    if (!probe || !sys || !cJSON_AddItemToArray(probe, sys)) cJSON_Delete(sys);
+    if (!probe || !user || !cJSON_AddItemToArray(probe, user)) cJSON_Delete(user);
+    if (cJSON_GetArraySize(probe) != 2 || !cJSON_AddStringToObject(sys, "role", "system") ||
+        !cJSON_AddStringToObject(sys, "content", SENTINEL) || !cJSON_AddStringToObject(user, "role", "user") ||
+        !cJSON_AddStringToObject(user, "content", "x")) {
+        cJSON_Delete(probe);
+        return true; /* out of memory: keep the rendering we have */
+    }
+    tpl_output o = {0};
+    tpl_error te = {0};
+    int rc = render_vars(t, probe, r, true, bos, eos, &o, &te);
+    bool has = rc != 0 ? rc == KVS_ERR_NOMEM : strstr(o.text, SENTINEL) != NULL;
+    if (rc == 0) tpl_output_free(&o);
+    cJSON_Delete(probe);
+    return has;
 }
 
 static int render_err(srv_api_error *err, int rc, const tpl_error *te) {
     if (rc == KVS_ERR_NOMEM) return srv_api_set_nomem(err);
+    if (rc == KVS_ERR_CLOSED) { /* abandoned: the client went away */
+        srv_api_set_error(err, 499, NULL, NULL, NULL, "the client closed the request");
+        return SRV_API_ERR_INVALID;
+    }
     srv_api_set_error(err, 400, NULL, "messages", NULL, "the chat template failed on these messages: %s",
                       te->msg[0] ? te->msg : kvs_strerror(rc));
     return SRV_API_ERR_INVALID;
@@ -257,15 +344,25 @@ int srv_chat_render(const tpl_template *t, const srv_chat_req *r, const char *bo
     bool add_gen = !r->prefill || empty_prefill;
     tpl_error te = {0};
     int rc = cJSON_GetArraySize(msgs) > 0 ? render_vars(t, msgs, r, add_gen, bos, eos, out, &te) : KVS_ERR_INVALID;
-    const cJSON *first = msgs->child;
-    const cJSON *fr = first ? cJSON_GetObjectItemCaseSensitive(first, "role") : NULL;
-    if (rc == KVS_ERR_RAISED && fr && !strcmp(fr->valuestring, "system")) {
-        cJSON *merged = merge_system(msgs);
+    /* a template without a system role (it raises, or prints no system text): fold the system messages into
+     * the user turns and render again */
+    bool fold = rc == KVS_ERR_RAISED ||
+                (rc == 0 && !system_text_printed(msgs, out) && !template_has_system_role(t, r, bos, eos));
+    if (fold && has_system_text(msgs)) {
+        cJSON *merged = fold_system(msgs);
         if (merged) {
             tpl_error te2 = {0};
-            int rc2 = render_vars(t, merged, r, add_gen, bos, eos, out, &te2);
+            tpl_output o2 = {0};
+            int rc2 = render_vars(t, merged, r, add_gen, bos, eos, &o2, &te2);
             cJSON_Delete(merged);
-            if (rc2 == 0) rc = 0;
+            if (rc2 == 0) {
+                if (rc == 0) tpl_output_free(out);
+                *out = o2;
+                rc = 0;
+            }
+        } else if (rc == 0) {
+            tpl_output_free(out);
+            rc = KVS_ERR_NOMEM;
         }
     }
     cJSON_Delete(owned);

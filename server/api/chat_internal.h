@@ -31,6 +31,12 @@ typedef struct srv_chat_req {
     char *tool_name;           /* NAMED: the function's name */
     bool parallel_tool_calls;  /* default true */
     bool prefill;              /* the last message is an assistant message: it is continued, not closed */
+    /* budgets of each render (tpl_render_params: max_ms, max_alloc_bytes, cancel); 0 / NULL: none. Set by the
+     * caller after srv_chat_parse; a render over them is a 400 naming the limit (cancel: SRV_API_ERR_INVALID
+     * too, with a 499 the client never sees). */
+    uint32_t render_ms;
+    size_t render_bytes;
+    const _Atomic bool *cancel;
 } srv_chat_req;
 
 /* Converts the messages, tools, tool_choice and parallel_tool_calls of a request body (root: the parsed object;

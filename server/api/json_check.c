@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -246,4 +247,72 @@ int srv_json_check(const char *text, size_t len, int32_t max_depth, srv_json_che
         if (r) return r;
         mode = AFTER;
     }
+}
+
+/* ---- duplicate keys ------------------------------------------------------------------------------------- */
+static int cmp_key(const void *a, const void *b) {
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The duplicate key among o's members, or NULL; *oom set when the sort could not allocate. */
+static const char *dup_in_object(const cJSON *o, bool *oom) {
+    size_t n = 0;
+    for (const cJSON *c = o->child; c; c = c->next) n++;
+    if (n < 2) return NULL;
+    if (n <= 16) { /* small objects: pairwise */
+        for (const cJSON *a = o->child; a; a = a->next)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (a->string && b->string && !strcmp(a->string, b->string)) return a->string;
+        return NULL;
+    }
+    const cJSON **v = malloc(n * sizeof *v);
+    if (!v) { *oom = true; return NULL; }
+    size_t k = 0;
+    for (const cJSON *c = o->child; c; c = c->next)
+        if (c->string) v[k++] = c;
+    qsort(v, k, sizeof *v, cmp_key);
+    const char *d = NULL;
+    for (size_t i = 1; !d && i < k; i++)
+        if (!strcmp(v[i - 1]->string, v[i]->string)) d = v[i]->string;
+    free(v);
+    return d;
+}
+
+/* Appends ".key" or "[i]" to the path (silently cut at its capacity). */
+static size_t path_push(char *path, size_t cap, size_t at, const cJSON *parent, const cJSON *child, size_t idx) {
+    int w = cJSON_IsArray(parent) ? snprintf(path + at, cap - at, "[%zu]", idx)
+                                  : snprintf(path + at, cap - at, "%s%.32s", at ? "." : "", child->string ? child->string : "");
+    if (w < 0) return at;
+    return at + (size_t)w < cap ? at + (size_t)w : cap - 1;
+}
+
+static int dup_walk(const cJSON *v, int depth, char *path, size_t cap, size_t at, srv_json_check_result *res) {
+    if (depth > SRV_JSON_CHECK_MAX_DEPTH || !(cJSON_IsObject(v) || cJSON_IsArray(v))) return 0;
+    if (cJSON_IsObject(v)) {
+        bool oom = false;
+        const char *d = dup_in_object(v, &oom);
+        if (oom) return KVS_ERR_NOMEM;
+        if (d) {
+            snprintf(res->message, sizeof res->message, "duplicate key '%.64s'%s%s", d, at ? " in " : "",
+                     at ? path : "");
+            return KVS_ERR_FORMAT;
+        }
+    }
+    size_t i = 0;
+    for (const cJSON *c = v->child; c; c = c->next, i++) {
+        if (!(cJSON_IsObject(c) || cJSON_IsArray(c))) continue;
+        size_t nat = path_push(path, cap, at, v, c, i);
+        int r = dup_walk(c, depth + 1, path, cap, nat, res);
+        if (r != 0) return r;
+        path[at] = 0;
+    }
+    return 0;
+}
+
+int srv_json_check_dup_keys(const cJSON *root, srv_json_check_result *res) {
+    if (!res) return KVS_ERR_INVALID;
+    memset(res, 0, sizeof *res);
+    if (!root) return 0;
+    char path[80] = "";
+    return dup_walk(root, 1, path, sizeof path, 0, res);
 }

@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #define SRV_JSON_CHECK_MAX_DEPTH 256 /* the depth request bodies may nest to (cJSON's own limit is 1000) */
 
 typedef struct srv_json_check_result {
@@ -38,5 +40,13 @@ typedef struct srv_json_check_result {
  * KVS_ERR_FORMAT with res->message and res->offset set (KVS_ERR_LIMIT when only the depth is exceeded,
  * KVS_ERR_INVALID when text is NULL with len > 0 or res is NULL). */
 int srv_json_check(const char *text, size_t len, int32_t max_depth, srv_json_check_result *res);
+
+/* Duplicate object keys (issue 30): cJSON keeps every member and its lookups find the first, where Python and
+ * JavaScript keep the last, so a gateway that validated the body would see another request. Walks the tree
+ * (objects nested up to SRV_JSON_CHECK_MAX_DEPTH, which srv_json_check enforces; deeper ones are not looked into) and
+ * returns 0 when no object holds the same key twice, else KVS_ERR_FORMAT with res->message naming the key
+ * (cut to 64 bytes) and its object's path ("messages[1]"); KVS_ERR_NOMEM when the sort of a large object's keys
+ * cannot allocate; KVS_ERR_INVALID when res is NULL. O(n log n) in the keys of each object. */
+int srv_json_check_dup_keys(const cJSON *root, srv_json_check_result *res);
 
 #endif /* KVSERVE_SERVER_JSON_CHECK_INTERNAL_H */

@@ -71,6 +71,8 @@ struct conn {
     bool head_only;            /* a HEAD request: headers are sent, bodies are not */
     bool peer_eof;             /* the client half-closed: answer what is buffered, then close */
     size_t pending_write;
+    bool write_paused;         /* unsent bytes passed max_pending_write between requests: no reading, no next
+                                  pipelined request until they fall to half of it (write_backpressure) */
     srv_http_abort_cb abort_cb; void *abort_ud;
 };
 
@@ -212,6 +214,29 @@ static void drain_and_close(conn *c) {
     if (c->pending_write == 0) begin_shutdown(c);
 }
 
+/* ---- backpressure on every answer (issue 30) ------------------------------------------------------------- *
+ * A client that pipelines requests and never reads made the server queue every answer (366 MB for 20,000
+ * pipelined GETs). Between requests, a connection whose unsent bytes pass max_pending_write stops being read and
+ * its buffered pipelined requests wait; once the unsent bytes fall to half of it, reading and parsing resume.
+ * (A stalled stream is handled by srv_http_stream_write, which refuses writes past the same limit.) */
+static bool write_backpressure(conn *c) {
+    if (c->pending_write <= c->srv->lim.max_pending_write) return false;
+    c->write_paused = true;
+    if (c->reading) {
+        uv_read_stop(conn_stream(c));
+        c->reading = false;
+    }
+    return true;
+}
+
+static void write_resume(conn *c) {
+    if (!c->write_paused || c->pending_write > c->srv->lim.max_pending_write / 2) return;
+    c->write_paused = false;
+    if (c->state != C_IDLE) return;
+    if (!c->peer_eof) start_reading(c);
+    if (!c->in_process) conn_process(c);
+}
+
 static void on_write(uv_write_t *w, int status) {
     wreq *q = (wreq *)w;
     conn *c = q->c;
@@ -220,6 +245,7 @@ static void on_write(uv_write_t *w, int status) {
     if (c->state == C_CLOSED) return;
     if (status < 0) { conn_close(c); return; }
     if (c->state == C_DRAINING && c->pending_write == 0) begin_shutdown(c);
+    else if (c->write_paused) write_resume(c);
 }
 
 static int write_raw(conn *c, const char *a, size_t alen, const char *b, size_t blen, const char *t,
@@ -291,6 +317,7 @@ static void finish_request(conn *c, bool close_conn) {
     c->state = C_IDLE;
     llhttp_resume(&c->parser);
     uv_timer_start(&c->timer, on_timer, c->srv->lim.idle_timeout_ms, 0);
+    if (write_backpressure(c)) return; /* on_write resumes */
     if (!c->peer_eof) start_reading(c);
     if (c->in_process) c->reprocess = true;
     else conn_process(c);
@@ -443,7 +470,7 @@ static void conn_process(conn *c) {
     c->in_process = true;
     do {
         c->reprocess = false;
-        while (c->state == C_IDLE || c->state == C_READING) {
+        while ((c->state == C_IDLE && !c->write_paused) || c->state == C_READING) {
             if (c->in_off >= c->in_len) { c->in_off = c->in_len = 0; break; }
             const char *start = c->in + c->in_off;
             llhttp_errno_t e = llhttp_execute(&c->parser, start, c->in_len - c->in_off);
@@ -468,7 +495,7 @@ static void conn_process(conn *c) {
     } while (c->reprocess && c->state != C_CLOSED);
     c->in_process = false;
     /* The client half-closed and no complete request is left: close once the answers are sent. */
-    if (c->peer_eof && (c->state == C_IDLE || c->state == C_READING))
+    if (c->peer_eof && !c->write_paused && (c->state == C_IDLE || c->state == C_READING))
         drain_and_close(c); /* the running idle/read timer still bounds a client that never reads */
     if (c->state == C_HANDLING && c->in_len - c->in_off > MAX_BUFFERED_WHILE_BUSY && c->reading) {
         uv_read_stop(conn_stream(c));

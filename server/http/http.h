@@ -29,7 +29,9 @@
  * complete requests it sent (an incomplete one is dropped); the connection closes after the last answer.
  * Writes: every write is queued with libuv (partial sends handled by libuv); the bytes queued but not yet
  * sent on a connection are tracked and streaming writes past max_pending_write are refused
- * (SRV_HTTP_ERR_BACKPRESSURE), so a client that stops reading cannot make the server buffer without bound.
+ * (SRV_HTTP_ERR_BACKPRESSURE), so a client that stops reading cannot make the server buffer without bound; after
+ * any answer, a connection past max_pending_write is not read and its pipelined requests are not parsed until
+ * its unsent bytes fall to half of it.
  *
  * Threads: everything here runs on the loop thread (the thread that runs the uv_loop given to
  * srv_http_create). No function may be called from another thread except srv_http_wakeup-style helpers of

@@ -31,6 +31,8 @@ void srv_kv_events_config_default(srv_kv_events_config *c) {
     c->buffer_steps = 10000;
     c->hwm = 100000;
     c->max_queue_size = 100000;
+    c->max_queue_bytes = 64 << 20;
+    c->buffer_bytes = 256 << 20;
 }
 
 bool srv_kv_events_config_active(const srv_kv_events_config *c) {
@@ -108,6 +110,10 @@ int srv_kv_events_config_parse(const char *json, srv_kv_events_config *out, char
             rc = cfg_int(it, &c.hwm, 0, 1e9, err, el);
         } else if (!strcmp(k, "max_queue_size")) {
             rc = cfg_int(it, &c.max_queue_size, 1, 1e9, err, el);
+        } else if (!strcmp(k, "max_queue_bytes")) {
+            rc = cfg_int(it, &c.max_queue_bytes, 1, 2147483647.0, err, el);
+        } else if (!strcmp(k, "buffer_bytes")) {
+            rc = cfg_int(it, &c.buffer_bytes, 1, 2147483647.0, err, el);
         } else {
             snprintf(err, el, "kv_events_config: unknown key '%s'", k);
             rc = KVS_ERR_INVALID;
@@ -135,6 +141,8 @@ cJSON *srv_kv_events_config_to_json(const srv_kv_events_config *c) {
               cJSON_AddNumberToObject(o, "buffer_steps", c->buffer_steps) &&
               cJSON_AddNumberToObject(o, "hwm", c->hwm) &&
               cJSON_AddNumberToObject(o, "max_queue_size", c->max_queue_size) &&
+              cJSON_AddNumberToObject(o, "max_queue_bytes", c->max_queue_bytes) &&
+              cJSON_AddNumberToObject(o, "buffer_bytes", c->buffer_bytes) &&
               cJSON_AddStringToObject(o, "topic", c->topic);
     if (!ok) {
         cJSON_Delete(o);
@@ -300,6 +308,7 @@ struct srv_kv_events {
     bool mu_ok;
     kvev_msg *q_head, *q_tail;
     int32_t q_len;
+    size_t q_bytes;          /* bytes of the queued batches (max_queue_bytes) */
     bool stop;
     int wake[2];             /* pipe: [0] read by the publisher, [1] written by the collector */
     /* publisher thread */
@@ -308,9 +317,11 @@ struct srv_kv_events {
     void *zctx, *pub, *replay;
     kvev_msg **ring;         /* [buffer_steps] oldest at ring_head */
     int32_t ring_head, ring_len;
+    size_t ring_bytes;       /* bytes of the batches in the ring (buffer_bytes) */
     char endpoint[512];
     /* stats */
     _Atomic uint64_t queued, published, dropped, events, replays;
+    _Atomic uint64_t queue_bytes, buffer_bytes_now;
 };
 
 static void msg_free(kvev_msg *m) {
@@ -327,16 +338,29 @@ static void be64(uint8_t out[8], uint64_t v) {
     for (int i = 7; i >= 0; i--, v >>= 8) out[i] = (uint8_t)v;
 }
 
+static void ring_pop_oldest(srv_kv_events *p) {
+    kvev_msg *o = p->ring[p->ring_head];
+    p->ring_bytes -= o->len;
+    msg_free(o);
+    p->ring[p->ring_head] = NULL;
+    p->ring_head = (p->ring_head + 1) % p->cfg.buffer_steps;
+    p->ring_len--;
+}
+
+/* Keeps m for replay within buffer_steps batches and buffer_bytes bytes (the oldest leave first; a batch larger
+ * than buffer_bytes is not kept). Takes m. */
 static void ring_push(srv_kv_events *p, kvev_msg *m) {
     int32_t cap = p->cfg.buffer_steps;
-    if (p->ring_len == cap) {
-        msg_free(p->ring[p->ring_head]);
-        p->ring[p->ring_head] = m;
-        p->ring_head = (p->ring_head + 1) % cap;
-    } else {
-        p->ring[(p->ring_head + p->ring_len) % cap] = m;
-        p->ring_len++;
+    size_t max_bytes = (size_t)p->cfg.buffer_bytes;
+    if (m->len > max_bytes) {
+        msg_free(m);
+        return;
     }
+    while (p->ring_len > 0 && (p->ring_len == cap || p->ring_bytes + m->len > max_bytes)) ring_pop_oldest(p);
+    p->ring[(p->ring_head + p->ring_len) % cap] = m;
+    p->ring_len++;
+    p->ring_bytes += m->len;
+    atomic_store_explicit(&p->buffer_bytes_now, p->ring_bytes, memory_order_relaxed);
 }
 
 /* Answers every replay request waiting on the ROUTER socket. */
@@ -390,6 +414,8 @@ static void publish_queued(srv_kv_events *p, bool *stop) {
     kvev_msg *m = p->q_head;
     p->q_head = p->q_tail = NULL;
     p->q_len = 0;
+    p->q_bytes = 0;
+    atomic_store_explicit(&p->queue_bytes, 0, memory_order_relaxed);
     *stop = p->stop;
     uv_mutex_unlock(&p->mu);
     size_t topic_len = strlen(p->cfg.topic);
@@ -553,12 +579,14 @@ void srv_kv_events_step_end(void *ctx) {
         m->len = p->enc.len;
         m->seq = seq;
         uv_mutex_lock(&p->mu);
-        ok = p->q_len < p->cfg.max_queue_size;
+        ok = p->q_len < p->cfg.max_queue_size && p->q_bytes + m->len <= (size_t)p->cfg.max_queue_bytes;
         if (ok) {
             if (p->q_tail) p->q_tail->next = m;
             else p->q_head = m;
             p->q_tail = m;
             p->q_len++;
+            p->q_bytes += m->len;
+            atomic_store_explicit(&p->queue_bytes, p->q_bytes, memory_order_relaxed);
         }
         uv_mutex_unlock(&p->mu);
     }
@@ -583,4 +611,6 @@ void srv_kv_events_get_stats(const srv_kv_events *p, srv_kv_events_stats *out) {
     out->batches_dropped = atomic_load_explicit(&q->dropped, memory_order_relaxed);
     out->events = atomic_load_explicit(&q->events, memory_order_relaxed);
     out->replays = atomic_load_explicit(&q->replays, memory_order_relaxed);
+    out->queue_bytes = atomic_load_explicit(&q->queue_bytes, memory_order_relaxed);
+    out->buffer_bytes = atomic_load_explicit(&q->buffer_bytes_now, memory_order_relaxed);
 }

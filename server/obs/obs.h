@@ -84,6 +84,13 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st, char **o
  *   buffer_steps            batches kept for replay, default 10000, 1..10^7
  *   hwm                     ZeroMQ send high-water mark of the PUB socket, default 100000, 0..10^9 (0: none)
  *   max_queue_size          batches waiting for the publisher thread before new ones are dropped, default 100000
+ *   max_queue_bytes         (kvserve) bytes of the batches waiting for the publisher thread: a batch that would pass
+ *                           it is dropped; default 64 MiB, 1..2^31-1 (issue 30: the counts alone let a slow
+ *                           publisher hold max_queue_size batches of any size)
+ *   buffer_bytes            (kvserve) bytes of the replay buffer: the oldest batches leave it first; a batch larger
+ *                           than this is published but not kept for replay; default 256 MiB, 1..2^31-1
+ *   The PUB socket's own queue for a subscriber that does not read is ZeroMQ's, bounded by hwm in messages
+ *   (ZeroMQ has no byte bound): with a batch at most max_queue_bytes, and usually a few KiB, keep hwm modest.
  *
  * Wire format (one ZeroMQ multipart message per engine step that changed the prefix index):
  *   frame 0: topic (UTF-8), frame 1: sequence number (8 bytes big-endian, from 0, +1 per batch; a batch dropped
@@ -115,6 +122,8 @@ typedef struct srv_kv_events_config {
     int32_t buffer_steps;
     int32_t hwm;
     int32_t max_queue_size;
+    int32_t max_queue_bytes;
+    int32_t buffer_bytes;
 } srv_kv_events_config;
 
 /* vLLM's defaults (disabled, publisher "null"). */
@@ -158,6 +167,8 @@ typedef struct srv_kv_events_stats {
     uint64_t batches_dropped;   /* batches lost: queue full, or memory ran out while collecting */
     uint64_t events;            /* events in queued batches (after merging consecutive blocks) */
     uint64_t replays;           /* replay requests served */
+    uint64_t queue_bytes;       /* bytes of the batches waiting for the publisher thread now */
+    uint64_t buffer_bytes;      /* bytes of the batches kept for replay now */
 } srv_kv_events_stats;
 
 /* Counters (relaxed atomics). NULL p gives zeros. */

@@ -172,3 +172,59 @@ test('a second signal cancels at once: every stream ends with an error event and
       if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
     }
   });
+
+// SIGHUP (issue 30): it ended the process at once, with no drain and no log line, cutting open streams. It is
+// ignored with a log line: the stream in flight finishes normally, the server keeps answering, and SIGTERM still
+// drains and exits 0.
+test('SIGHUP is ignored with a log line: streams run on, the server keeps serving', { timeout: 120000 }, async () => {
+  const srv = await startServer(model.path, ['--parallel', '4', '--threads', '2', '--shutdown-grace-s', '5']);
+  const exited = exitOf(srv.child);
+  try {
+    const stream = await openStream(srv.base, { max_tokens: 48, ignore_eos: true });
+    srv.child.kill('SIGHUP');
+    const raw = await stream.done;
+    assert.equal(checkSse(raw, 'stream'), 'finish');
+    assert.equal(srv.child.exitCode, null, 'the process ended on SIGHUP');
+    assert.equal(srv.child.signalCode, null);
+    const h = await fetch(`${srv.base}/health`);
+    assert.equal(h.status, 200);
+    await h.text();
+    for (let i = 0; i < 100 && !/SIGHUP: ignored/.test(srv.log()); i++) await new Promise((r) => setTimeout(r, 20));
+    assert.match(srv.log(), /SIGHUP: ignored/);
+    srv.child.kill('SIGTERM');
+    const { code, signal } = await exited;
+    assert.equal(signal, null);
+    assert.equal(code, 0, srv.log().slice(-4000));
+    assert.ok(!SANITIZER.test(srv.log()), srv.log().slice(-20000));
+  } finally {
+    if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
+  }
+});
+
+// Issue 30, item 1: a /tokenize with pieces still running on the thread pool when its client resets the
+// connection and SIGTERM arrives: the drain used to clear the backend under the job (SIGSEGV). It must wait for
+// (or skip) the job, log 499, and exit 0.
+test('SIGTERM while an abandoned /tokenize runs: no crash, 499 logged, exit 0', { timeout: 120000 }, async () => {
+  const net = await import('node:net');
+  const srv = await startServer(model.path, ['--parallel', '2', '--threads', '2', '--shutdown-grace-s', '2']);
+  const exited = exitOf(srv.child);
+  try {
+    const body = JSON.stringify({ content: 'Once upon a time, there was a cat. '.repeat(60000), with_pieces: true });
+    const { port, hostname } = new URL(srv.base);
+    const sock = net.connect(Number(port), hostname);
+    await new Promise((r) => sock.once('connect', r));
+    sock.write(`POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
+    sock.write(body);
+    await new Promise((r) => setTimeout(r, 300));
+    sock.resetAndDestroy(); // SO_LINGER 0: a reset, as the probe did
+    await new Promise((r) => setTimeout(r, 50));
+    srv.child.kill('SIGTERM');
+    const { code, signal } = await exited;
+    assert.equal(signal, null, `killed by ${signal}:\n${srv.log().slice(-4000)}`);
+    assert.equal(code, 0, srv.log().slice(-4000));
+    assert.match(srv.log(), /499/);
+    assert.ok(!SANITIZER.test(srv.log()), srv.log().slice(-20000));
+  } finally {
+    if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
+  }
+});

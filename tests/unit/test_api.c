@@ -480,6 +480,7 @@ static int fake_tokenize(void *ctx, const char *text, size_t len, bool add_speci
                          int32_t *out, int32_t cap, int32_t *n_out) {
     (void)ctx;
     int32_t n = 0;
+    if (len >= 6 && !memcmp(text, "<slow>", 6)) usleep(500000); /* a long text job (text_jobs_leave_threads) */
     if (add_special) { if (n < cap) out[n] = 1; n++; }
     for (size_t i = 0; i < len; i++) {
         int32_t tok = (unsigned char)text[i];
@@ -543,6 +544,9 @@ typedef struct fake_opts {
     bool parse_special_in_content;
     bool priority_scheduling;     /* scheduling_policy "priority" (default fcfs) */
     bool embeddings;              /* /v1/embeddings served (vectors of FAKE_EMBD floats) */
+    int32_t kv_blocks, kv_block_size; /* srv_api_set_kv_pool when kv_blocks > 0 */
+    size_t text_answer_bytes;     /* srv_api_limits.text_answer_bytes when > 0 */
+    int32_t text_queue;           /* srv_api_limits.text_queue when > 0 */
 } fake_opts;
 
 static fake *fake_start(const fake_opts *o) {
@@ -557,6 +561,8 @@ static fake *fake_start(const fake_opts *o) {
     srv_api_limits_default(&cfg.limits);
     cfg.limits.n_vocab = 256;
     cfg.limits.priority_scheduling = o && o->priority_scheduling;
+    if (o && o->text_answer_bytes) cfg.limits.text_answer_bytes = o->text_answer_bytes;
+    if (o && o->text_queue) cfg.limits.text_queue = o->text_queue;
     cfg.api_key = o ? o->api_key : NULL;
     cfg.log_format = o && o->log ? SRV_API_LOG_TEXT : SRV_API_LOG_NONE;
     cfg.log_stream = o ? o->log : NULL;
@@ -568,6 +574,7 @@ static fake *fake_start(const fake_opts *o) {
     }
     cr_assert_eq(srv_api_create(&cfg, &f->metrics, &f->api), 0);
     if (o && o->embeddings) srv_api_set_pooling(f->api, SRV_SCHED_POOL_MEAN, FAKE_EMBD); /* loop not started yet */
+    if (o && o->kv_blocks > 0) srv_api_set_kv_pool(f->api, o->kv_blocks, o->kv_block_size);
     f->cancel_all.data = f;
     cr_assert_eq(uv_async_init(&f->L.loop, &f->cancel_all, on_cancel_all), 0);
     f->drain.data = f;
@@ -1285,6 +1292,35 @@ Test(api, context_length_exceeded) {
     fake_stop(f);
 }
 
+/* n choices that cannot fit the whole KV pool with their max_tokens are refused up front (issue 30: n=64 on a
+ * small pool came back "truncated" after ~60 tokens although max_tokens was 300), naming n and the sizes; the
+ * same n with a max_tokens that fits, and n=1 with a long max_tokens, are queued. */
+Test(api, n_choices_that_cannot_fit_the_pool) {
+    fake_opts opts = {.n_ctx = 512, .kv_blocks = 8, .kv_block_size = 16};
+    fake *f = fake_start(&opts);
+    tc_resp r;
+    /* 11 prompt tokens: 4 choices of up to 71 tokens need 4 x 5 blocks */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":60,\"n\":4}", NULL, &r), 400);
+    cJSON *o = json_of(&r);
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    cr_assert_str_eq(jstr(e, "code"), "context_length_exceeded");
+    cr_assert_str_eq(jstr(e, "param"), "n");
+    cr_assert(strstr(jstr(e, "message"), "n=4") && strstr(jstr(e, "message"), "20 KV-cache blocks"), "%s",
+              jstr(e, "message"));
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_submit), 0);
+    /* 4 x 2 blocks fit */
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":10,\"n\":4}", NULL, &r), 200,
+                 "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"0123456789\",\"max_tokens\":300}", NULL, &r), 200, "%s",
+                 r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(atomic_load(&f->n_submit), 2);
+    fake_stop(f);
+}
+
 /* With the context shift on, max_tokens may pass the context (the prompt must still fit), and n_keep reaches
  * the scheduler with the BOS token counted in (the fake tokenizer's BOS is 1), clamped to the prompt. */
 Test(api, context_shift_and_n_keep) {
@@ -1617,6 +1653,94 @@ Test(api, layer_answers_counted_and_logged_head) {
     cr_assert(strstr(text, " POST /v1/completions 413 "), "log:\n%s", text);
     cr_assert(strstr(text, " POST /v1/completions 401 "), "log:\n%s", text);
     cr_assert(strstr(text, " HEAD /health 200 "), "log:\n%s", text);
+}
+
+/* Issue 30 item 4: /tokenize with pieces amplified a body ~15x in its answer (and ~250x in memory, through a cJSON
+ * tree of one object per token): answers are bounded by text_answer_bytes, past which the request is a 413 naming
+ * the limit; /detokenize's text too. Answers under the limit are unchanged (escaped pieces included). */
+Test(api, tokenize_answer_is_bounded) {
+    fake_opts fo = {.text_answer_bytes = 4096};
+    fake *f = fake_start(&fo);
+    tc_resp r;
+    char body[8192], text[1001];
+    memset(text, 'a', 500);
+    text[500] = 0;
+    snprintf(body, sizeof body, "{\"content\":\"%s\"}", text); /* 500 ids: ~2 KB */
+    cr_assert_eq(post(f, "/tokenize", body, NULL, &r), 200, "%s", r.body);
+    cJSON *o = json_of(&r);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")), 500);
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    snprintf(body, sizeof body, "{\"content\":\"%s\",\"with_pieces\":true}", text); /* ~12 KB with pieces */
+    cr_assert_eq(post(f, "/tokenize", body, NULL, &r), 413, "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_bytes") && strstr(r.body, "4096"), "%s", r.body);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\\"\\\\\\n\",\"with_pieces\":true}", NULL, &r), 200, "%s", r.body);
+    o = json_of(&r);
+    cJSON *t = cJSON_GetObjectItem(o, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), 4, "%s", r.body);
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 1), "piece"), "\"");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 2), "piece"), "\\");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(t, 3), "piece"), "\n");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    kvs_buf d = {0};
+    kvs_buf_puts(&d, "{\"tokens\":[");
+    for (int i = 0; i < 5000; i++) kvs_buf_printf(&d, "%s104", i ? "," : "");
+    kvs_buf_puts(&d, "]}");
+    cr_assert_eq(post(f, "/detokenize", d.data, NULL, &r), 413, "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_bytes"), "%s", r.body);
+    tc_resp_free(&r);
+    kvs_buf_free(&d);
+    cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[104,34,105]}", NULL, &r), 200);
+    o = json_of(&r);
+    cr_assert_str_eq(jstr(o, "content"), "h\"i");
+    cJSON_Delete(o);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* Issue 30 item 6: /tokenize and /detokenize shared libuv's 4 threads with the preparation of generation requests,
+ * so twelve large tokenizes delayed a 2-token completion by 25 s. Text jobs now hold at most text_jobs (1)
+ * threads; the others wait in a FIFO of text_queue (2 here), and past it answer 503 with Retry-After. Six slow
+ * tokenizes (0.5 s each) are sent, then a completion: it answers at once, 3 tokenizes answer 200, 3 get 503. */
+Test(api, text_jobs_leave_threads_for_generation, .timeout = 30) {
+    fake_opts fo = {.text_queue = 2};
+    fake *f = fake_start(&fo);
+    const char *b = "{\"content\":\"<slow>x\"}";
+    char req[256];
+    snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(b), b);
+    int fds[6];
+    for (int i = 0; i < 6; i++) {
+        fds[i] = tc_connect(f->port);
+        cr_assert_eq(tc_sends(fds[i], req), 0);
+    }
+    usleep(100000); /* all six dispatched */
+    tc_resp r;
+    struct timespec a, z;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(post(f, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", NULL, &r), 200, "%s", r.body);
+    clock_gettime(CLOCK_MONOTONIC, &z);
+    tc_resp_free(&r);
+    double secs = (double)(z.tv_sec - a.tv_sec) + (double)(z.tv_nsec - a.tv_nsec) / 1e9;
+    cr_assert_lt(secs, 0.3, "the completion waited %.2f s behind text jobs", secs);
+    int ok = 0, busy = 0;
+    for (int i = 0; i < 6; i++) {
+        tc_conn *c = malloc(sizeof *c);
+        tc_init(c, fds[i]);
+        cr_assert_eq(tc_read(c, &r), 0);
+        if (r.status == 200) ok++;
+        if (r.status == 503) {
+            busy++;
+            cr_assert(strstr(r.body, "text_queue") && tc_has_header(&r, "retry-after", "1"), "%s", r.body);
+        }
+        tc_resp_free(&r);
+        close(fds[i]);
+        free(c);
+    }
+    cr_assert_eq(ok, 3, "%d answered 200", ok);
+    cr_assert_eq(busy, 3, "%d answered 503", busy);
+    fake_stop(f);
 }
 
 /* Issue 14: the strict JSON pass also guards /tokenize and /detokenize (through the route's own parse). */

@@ -140,7 +140,7 @@ Test(api_chat, system_role_retry) {
     tpl_template *t = compile(NO_SYSTEM);
     tpl_output o;
     render(t, "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"hi\"}]}", &o);
-    cr_assert_str_eq(o.text, "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n");
+    cr_assert_str_eq(o.text, "<bos><start_of_turn>user\nBe brief.\nhi<end_of_turn>\n<start_of_turn>model\n");
     tpl_output_free(&o);
     /* a prefill through a template that trims: cut after the trimmed content */
     render(t, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"Well \"}]}", &o);
@@ -163,6 +163,40 @@ Test(api_chat, system_role_retry) {
     srv_chat_req_free(&r);
     tpl_free(quiet);
     tpl_free(bad);
+    tpl_free(t);
+}
+
+/* Phi-3-mini's template: no system role, system messages silently ignored (issue 30). As llama.cpp's --jinja
+ * does, the system text is folded into the next user message ("SYSTEM\nUSER"); system text before another role
+ * becomes a user message of its own; a template that prints system messages is left alone. */
+static const char PHI3_MINI[] =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+    "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+    "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}";
+
+Test(api_chat, system_fold_for_templates_that_ignore_it) {
+    tpl_template *t = compile(PHI3_MINI);
+    tpl_output o;
+    render(t, "{\"messages\":[{\"role\":\"system\",\"content\":\"Answer in French.\"},"
+              "{\"role\":\"user\",\"content\":\"Good morning\"}]}", &o);
+    cr_assert_str_eq(o.text, "<bos><|user|>\nAnswer in French.\nGood morning<|end|>\n<|assistant|>\n");
+    tpl_output_free(&o);
+    render(t, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+              "{\"role\":\"system\",\"content\":\"S1\"},{\"role\":\"system\",\"content\":\"S2\"},"
+              "{\"role\":\"user\",\"content\":\"c\"}]}", &o);
+    cr_assert_str_eq(o.text, "<bos><|user|>\na<|end|>\n<|assistant|>\nb<|end|>\n<|user|>\nS1\nS2\nc<|end|>\n<|assistant|>\n");
+    tpl_output_free(&o);
+    /* system text before an assistant turn: a user message of its own */
+    render(t, "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+              "{\"role\":\"user\",\"content\":\"c\"}]}", &o);
+    cr_assert_str_eq(o.text, "<bos><|user|>\nS<|end|>\n<|assistant|>\nb<|end|>\n<|user|>\nc<|end|>\n<|assistant|>\n");
+    tpl_output_free(&o);
+    tpl_free(t);
+    /* a template with a system role keeps its system turn */
+    t = compile(CHATML);
+    render(t, "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"U\"}]}", &o);
+    cr_assert_str_eq(o.text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    tpl_output_free(&o);
     tpl_free(t);
 }
 

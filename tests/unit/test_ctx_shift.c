@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -449,6 +450,10 @@ static void random_prompt(rq *q, uint64_t *rs, int32_t n_vocab, int32_t n) {
 }
 
 /* stories260K when ../shared has it, else a random 4-layer model (written to dir). */
+/* The scheduler tests' model: ../shared's stories260K when present, else one written by `kvserve mkmodel` into
+ * dir (a mkdtemp template). dir is left as the template when the shared model is used, so sched_model_drop
+ * removes the files only when this test wrote them: a test removes only what it made (issue 30: the old check,
+ * "the path starts with /tmp/", deleted ../shared's model when the checkout lived under /tmp). */
 static eng_model *sched_model(char *dir, char *path, size_t cap) {
     char buf[1024];
     if (shared_model("stories260K.gguf", buf, sizeof buf)) {
@@ -458,6 +463,45 @@ static eng_model *sched_model(char *dir, char *path, size_t cap) {
     cr_log_warn("stories260K not found in %s/models: a model from kvserve mkmodel instead", kvt_shared_dir());
     cr_assert_not_null(mkdtemp(dir));
     return mk_model(dir, "m.gguf", "--preset tiny --layers 4", path, cap);
+}
+
+/* Frees m and removes the model file and its folder only if sched_model made them (dir no longer ends in the
+ * template's XXXXXX). */
+static void sched_model_drop(eng_model *m, const char *dir, const char *path) {
+    eng_model_free(m);
+    size_t n = strlen(dir);
+    if (n >= 6 && strcmp(dir + n - 6, "XXXXXX") == 0) return; /* not ours */
+    remove(path);
+    rmdir(dir);
+}
+
+/* Regression (issue 30): with ../shared under /tmp, the scheduler tests must leave its model alone. A copy of
+ * the shared model in a fresh /tmp folder plays ../shared. */
+Test(ctx_shift, shared_model_under_tmp_survives) {
+    char src[1024];
+    if (!shared_model("stories260K.gguf", src, sizeof src)) cr_skip_test("stories260K not found (KVSERVE_SHARED)");
+    char fake[] = "/tmp/kvs_ctxshift_shared_XXXXXX", models[512], copy[600];
+    cr_assert_not_null(mkdtemp(fake));
+    snprintf(models, sizeof models, "%s/models", fake);
+    cr_assert_eq(mkdir(models, 0755), 0);
+    snprintf(copy, sizeof copy, "%s/stories260K.gguf", models);
+    size_t len = 0;
+    char *bytes = kvt_read_file(src, &len);
+    cr_assert_not_null(bytes);
+    FILE *f = fopen(copy, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+    free(bytes);
+    cr_assert_eq(setenv("KVSERVE_SHARED", fake, 1), 0);
+    char dir[] = "/tmp/kvs_ctxshift_XXXXXX", path[1024];
+    eng_model *m = sched_model(dir, path, sizeof path);
+    cr_assert_str_eq(path, copy);
+    sched_model_drop(m, dir, path);
+    cr_assert_eq(access(copy, R_OK), 0, "the test removed ../shared's model %s", copy);
+    remove(copy);
+    rmdir(models);
+    rmdir(fake);
 }
 
 /* In place: the scheduler's tokens and logprobs equal the engine driven by hand, bit for bit, over several
@@ -522,11 +566,7 @@ Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
     cr_assert_eq(got.finish, SRV_SCHED_FINISH_LENGTH);
     cr_assert_eq(got.n_toks, 2);
     cr_assert_eq(st.context_shifts, 0);
-    eng_model_free(m);
-    if (strncmp(path, "/tmp/", 5) == 0) {
-        remove(path);
-        rmdir(dir);
-    }
+    sched_model_drop(m, dir, path);
 }
 
 /* After the first shift, a request continues as a fresh request whose prompt is the kept tokens: bit for bit on
@@ -585,13 +625,9 @@ Test(ctx_shift, sched_after_shift_equals_fresh_prompt, .timeout = 600) {
     }
     cr_log_info("in place on one layer: worst logprob difference %.3g, %d near ties", worst, near_ties);
     eng_model_free(one);
-    eng_model_free(m);
     remove(p1);
     rmdir(d1);
-    if (strncmp(path, "/tmp/", 5) == 0) {
-        remove(path);
-        rmdir(dir);
-    }
+    sched_model_drop(m, dir, path);
 }
 
 /* Shifting requests in a pool small enough to preempt: on the recompute path every request equals itself run
@@ -631,11 +667,7 @@ Test(ctx_shift, sched_shift_under_preemption, .timeout = 600) {
         cr_assert_eq(together[i].n_toks, q[i].max_tokens);
         cr_assert_eq(together[i].finish, SRV_SCHED_FINISH_LENGTH);
     }
-    eng_model_free(m);
-    if (strncmp(path, "/tmp/", 5) == 0) {
-        remove(path);
-        rmdir(dir);
-    }
+    sched_model_drop(m, dir, path);
 }
 
 /* The families with their own rope: gemma3 (sliding layers with rope base 10000 and a window of 16, so the window

@@ -435,6 +435,46 @@ Test(http, stalled_stream_is_cut) {
     stop(s);
 }
 
+/* Backpressure on every answer (issue 30: 20,000 pipelined GETs from a client that never reads grew the server
+ * by 366 MB): past max_pending_write unsent bytes the connection is not read and its pipelined requests wait, so
+ * only a few of 30 pipelined 4 MiB answers (the kernel's socket buffers hold a few) are produced while the client does not read; once it reads, every
+ * answer arrives, complete and in order. */
+Test(http, pipelined_answers_wait_for_a_reader) {
+    srv_http_limits l = lim_default();
+    l.max_pending_write = 256 * 1024;
+    hsrv *s = start(&l);
+    int fd = tc_connect(s->port); /* (a receive buffer shrunk after connect stalls loopback TCP: left alone) */
+    enum { N = 30 };
+    const size_t n = 4u << 20;
+    char req[64], all[N * 64];
+    size_t at = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(req, sizeof req, "GET /big?%zu HTTP/1.1\r\n\r\n", n);
+        memcpy(all + at, req, strlen(req));
+        at += strlen(req);
+    }
+    all[at] = 0;
+    cr_assert_eq(tc_sends(fd, all), 0);
+    usleep(500000);
+    int handled = atomic_load(&s->n_requests);
+    cr_log_info("%d of %d pipelined 4 MiB answers produced while the client did not read", handled, N);
+    cr_assert_lt(handled, 10, "%d of %d answers were queued for a client that does not read", handled, N);
+    tc_conn *c = malloc(sizeof *c);
+    tc_init(c, fd);
+    for (int i = 0; i < N; i++) {
+        tc_resp r;
+        cr_assert_eq(tc_read(c, &r), 0, "answer %d", i);
+        cr_assert_eq(r.status, 200);
+        cr_assert_eq(r.body_len, n);
+        cr_assert_eq(r.body[n - 1], (char)('a' + ((n - 1) * 7 + (n - 1) / 13) % 26));
+        tc_resp_free(&r);
+    }
+    cr_assert_eq(atomic_load(&s->n_requests), N);
+    close(fd);
+    free(c);
+    stop(s);
+}
+
 /* A connection reset while a request runs aborts it. (A plain close() looks like a half-close to the server
  * until it writes: see half_close_still_answered; streams notice at their next write.) */
 Test(http, disconnect_runs_abort_callback) {

@@ -4,11 +4,13 @@
 #include <criterion/criterion.h>
 
 #include <stdio.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/common.h"
 #include "helper_rng.h"
+#include "server/api/api.h"
 #include "server/api/json_check_internal.h"
 
 typedef struct jcase { const char *text; int rc; size_t offset; const char *msg; } jcase;
@@ -136,4 +138,44 @@ Test(json_check, random_mutations_agree_with_cjson) {
         cJSON_Delete(root);
     }
     cr_assert_gt(accepted, 1000, "only %d mutations stayed valid JSON", accepted);
+}
+
+/* Duplicate keys (issue 30): refused with the key and its object's path named, at any depth, in small
+ * (pairwise) and large (sorted) objects; distinct keys, equal keys in different objects and arrays of objects
+ * pass; srv_api_parse_gen refuses such a body with 400. */
+static int dup_of(const char *text, srv_json_check_result *res) {
+    cJSON *j = cJSON_Parse(text);
+    cr_assert_not_null(j, "%s", text);
+    int r = srv_json_check_dup_keys(j, res);
+    cJSON_Delete(j);
+    return r;
+}
+
+Test(json_check, duplicate_keys) {
+    srv_json_check_result res;
+    cr_assert_eq(dup_of("{\"a\":1,\"b\":2,\"c\":{\"a\":3},\"d\":[{\"a\":1},{\"a\":2}]}", &res), 0);
+    cr_assert_eq(dup_of("[1,2,{\"x\":[]}]", &res), 0);
+    cr_assert_eq(dup_of("{\"max_tokens\":1,\"max_tokens\":300}", &res), KVS_ERR_FORMAT);
+    cr_assert_str_eq(res.message, "duplicate key 'max_tokens'");
+    cr_assert_eq(dup_of("{\"messages\":[{\"role\":\"user\"},{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}",
+                        &res), KVS_ERR_FORMAT);
+    cr_assert_str_eq(res.message, "duplicate key 'role' in messages[1]");
+    /* a large object: sorted, the duplicate anywhere */
+    char big[4096];
+    size_t at = 0;
+    at += (size_t)snprintf(big + at, sizeof big - at, "{");
+    for (int i = 0; i < 200; i++) at += (size_t)snprintf(big + at, sizeof big - at, "\"k%d\":%d,", i, i);
+    at += (size_t)snprintf(big + at, sizeof big - at, "\"k0\":0}");
+    cr_assert_eq(dup_of(big, &res), KVS_ERR_FORMAT);
+    cr_assert_str_eq(res.message, "duplicate key 'k0'");
+    big[at - 8] = '}';
+    big[at - 7] = 0;
+    cr_assert_eq(dup_of(big, &res), 0, "%s", big + at - 20);
+    /* the API: a 400 naming the key */
+    srv_api_gen g;
+    srv_api_error e;
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1,\"max_tokens\":300}";
+    cr_assert_eq(srv_api_parse_gen(SRV_API_COMPLETION, body, strlen(body), NULL, &g, &e), SRV_API_ERR_INVALID);
+    cr_assert_eq(e.status, 400);
+    cr_assert(strstr(e.message, "duplicate key 'max_tokens'"), "%s", e.message);
 }

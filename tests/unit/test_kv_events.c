@@ -313,3 +313,29 @@ Test(kv_events, full_queue_drops_and_leaves_a_gap) {
     cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), KVS_ERR_BIND);
     cr_assert(strstr(err, "bogus://x"), "%s", err);
 }
+
+/* The queue to the publisher thread is bounded by bytes as well as batches (issue 30): with max_queue_bytes
+ * below one batch every batch is dropped and counted, and nothing is held; the keys parse and print. */
+Test(kv_events, queue_bounded_by_bytes) {
+    char ep[128], err[256];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvserve-test-kvev-bytes-%d.pub", (int)getpid());
+    srv_kv_events_config c = zmq_config(ep);
+    c.max_queue_bytes = 8; /* smaller than any encoded batch */
+    srv_kv_events *p = NULL;
+    cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), 0, "%s", err);
+    enum { STEPS = 200 };
+    for (uint64_t i = 0; i < STEPS; i++) one_step(p, i + 1);
+    srv_kv_events_stats st;
+    srv_kv_events_get_stats(p, &st);
+    cr_assert_eq(st.batches_dropped, STEPS, "%llu dropped", (unsigned long long)st.batches_dropped);
+    cr_assert_eq(st.batches_queued, 0);
+    cr_assert_eq(st.queue_bytes, 0);
+    srv_kv_events_free(p);
+    cr_assert_eq(srv_kv_events_config_parse("{\"max_queue_bytes\": 1000, \"buffer_bytes\": 2000}", &c, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(c.max_queue_bytes, 1000);
+    cr_assert_eq(c.buffer_bytes, 2000);
+    cr_assert_eq(srv_kv_events_config_parse("{\"max_queue_bytes\": 0}", &c, err, sizeof err), KVS_ERR_INVALID);
+    srv_kv_events_config_default(&c);
+    cr_assert_eq(c.max_queue_bytes, 64 << 20);
+}

@@ -1671,6 +1671,59 @@ Test(template, cli_render_template) {
     rmdir(dir);
 }
 
+/* A render's own budgets (issue 30: a template uppercasing an 8 MB string in a 2000 x 2000 loop ran for a minute
+ * inside its step limit, and went on after its client left): the wall clock (max_ms), the bytes allocated over
+ * the render (max_alloc_bytes) and the cancel flag each stop it early with a message naming the budget, where
+ * the same render without them runs on. */
+static int budget_render(const char *src, const char *vars, uint32_t ms, size_t bytes, const _Atomic bool *cancel,
+                         double *secs, tpl_error *err) {
+    tpl_limits lim;
+    tpl_limits_default(&lim);
+    lim.max_steps = UINT64_MAX / 2; /* only the budgets may stop it */
+    lim.max_memory = (size_t)1 << 30;
+    lim.max_output = (size_t)1 << 30;
+    tpl_template *t = NULL;
+    cr_assert_eq(tpl_compile(src, strlen(src), &lim, &t, err), 0, "%s", err->msg);
+    cJSON *v = cJSON_Parse(vars);
+    tpl_render_params p = {.vars = v, .now = &frozen_now, .max_ms = ms, .max_alloc_bytes = bytes, .cancel = cancel};
+    tpl_output o;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = tpl_render(t, &p, &o, err);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    *secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    if (!rc) tpl_output_free(&o);
+    cJSON_Delete(v);
+    tpl_free(t);
+    return rc;
+}
+
+Test(template, render_budgets_time_bytes_cancel, .timeout = 120) {
+    /* a 256 KiB string uppercased 4 million times: minutes of work within the steps */
+    char vars[128];
+    snprintf(vars, sizeof vars, "{\"n\": %d}", 256 * 1024);
+    static const char HOG[] = "{% set s = 'x' * n %}{% for i in range(2000) %}{% for j in range(2000) %}"
+                              "{% set u = s | upper %}{% endfor %}{% endfor %}done";
+    tpl_error err;
+    double secs;
+    int rc = budget_render(HOG, vars, 300, 0, NULL, &secs, &err);
+    cr_assert_eq(rc, KVS_ERR_LIMIT, "%d %s", rc, err.msg);
+    cr_assert(strstr(err.msg, "time limit of 300 ms"), "%s", err.msg);
+    cr_assert_lt(secs, 3.0, "the 300 ms budget stopped the render after %.2f s", secs);
+    rc = budget_render(HOG, vars, 0, (size_t)64 << 20, NULL, &secs, &err);
+    cr_assert_eq(rc, KVS_ERR_LIMIT, "%d %s", rc, err.msg);
+    cr_assert(strstr(err.msg, "allocation budget of 67108864 bytes"), "%s", err.msg);
+    cr_assert_lt(secs, 3.0, "%.2f s", secs);
+    _Atomic bool cancel = true;
+    rc = budget_render(HOG, vars, 0, 0, &cancel, &secs, &err);
+    cr_assert_eq(rc, KVS_ERR_CLOSED, "%d %s", rc, err.msg);
+    cr_assert(strstr(err.msg, "abandoned"), "%s", err.msg);
+    /* a small render within the budgets is unaffected */
+    atomic_store(&cancel, false);
+    cr_assert_eq(budget_render("{% for i in range(100) %}{{ i }}{% endfor %}", "{}", 1000, 1 << 20, &cancel, &secs,
+                               &err), 0, "%s", err.msg);
+}
+
 /* The filters and methods are found by bsearch in name tables: every table must be in strcmp order, or names
  * past a misplaced one would go missing. */
 Test(template, dispatch_tables_are_sorted) {
