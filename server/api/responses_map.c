@@ -384,12 +384,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
                         const char *seed, const char *status, srv_responses_map_out *out) {
     srv_tool_call_result tc;
     memset(&tc, 0, sizeof tc);
-    if (tools && srv_tool_call_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
-    while (!parallel && tc.n_calls > 1) { /* the first call only */
-        tc.n_calls--;
-        free(tc.calls[tc.n_calls].name);
-        free(tc.calls[tc.n_calls].arguments);
-    }
+    if (tools && srv_tool_call_parse_first(text, len, parallel, &tc) != 0) return KVS_ERR_NOMEM;
     size_t cl = tc.n_calls > 0 ? tc.content_len : len;
     int rc = KVS_ERR_NOMEM;
     if (!(out->content = malloc(cl + 1))) goto out;
