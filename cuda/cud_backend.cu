@@ -206,6 +206,25 @@ template <typename T> int dalloc(T **p, size_t n, char *err, size_t err_len, con
     return KVS_OK;
 }
 
+// Replaces the device buffer *p by one of n elements (its contents are dropped). *cap (elements) is 0 while
+// no buffer is held, so a failure leaves *p null and *cap 0.
+template <typename T> int regrow_dev(T **p, size_t *cap, size_t n) {
+    if (*p) CK(cudaFree(*p));
+    *p = nullptr;
+    *cap = 0;
+    CK(cudaMalloc((void **)p, n * sizeof(T)));
+    *cap = n;
+    return KVS_OK;
+}
+
+// The same for a pinned host buffer (the caller keeps its capacity, set after a success).
+template <typename T> int regrow_host(T **p, size_t n) {
+    if (*p) CK(cudaFreeHost(*p));
+    *p = nullptr;
+    CK(cudaHostAlloc((void **)p, n * sizeof(T), cudaHostAllocDefault));
+    return KVS_OK;
+}
+
 // y[m][n_out] = x[m][k] * W^T. Up to MATVEC_MAX_ROWS rows: the quantized matvec kernels on f32 activations.
 // More rows: cuBLAS, in f32 for f32 weights, else on the weights dequantized to f16 and f16 activations with
 // f32 accumulation.
@@ -723,33 +742,19 @@ extern "C" int cud_backend_set_kv(cud_backend *be, const kvc_layout *l) {
     return KVS_OK;
 }
 
-extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
-    if (!be || !b || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 0 ||
-        b->n_out > b->n || !b->token || !b->pos || !b->slot || (b->n_out > 0 && (!logits || !b->out_rows)))
-        return KVS_ERR_INVALID;
-    CK(cudaSetDevice(be->device));
-    int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
+// Grows the pinned logits rows past the max_seqs planned at creation (a prefill asking for every row).
+static int ensure_logits_rows(cud_backend *be, int32_t n_out) {
+    if (n_out <= be->h_logits_rows) return KVS_OK;
+    be->h_logits_rows = 0;
+    int rc = regrow_host(&be->h_logits, (size_t)n_out * (size_t)be->n_vocab);
     if (rc) return rc;
-    for (int32_t i = 0; i < b->n; i++)
-        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return KVS_ERR_INVALID;
-    if (b->n_out > be->h_logits_rows) { // more logits rows than max_seqs (a prefill asking for every row)
-        if (be->h_logits) CK(cudaFreeHost(be->h_logits));
-        be->h_logits = nullptr;
-        be->h_logits_rows = 0;
-        CK(cudaHostAlloc((void **)&be->h_logits, (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float),
-                         cudaHostAllocDefault));
-        be->h_logits_rows = b->n_out;
-    }
+    be->h_logits_rows = n_out;
+    return KVS_OK;
+}
 
-    cud_graph_key key{};
-    const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
-    bool graph = be->p.use_graphs && cud_graph_bucket(b, be->p.max_batch_tokens, max_stride, &key);
-    const int32_t rows = graph ? key.n_rows : b->n;
-    const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
-    const int32_t n_out = graph ? rows : b->n_out;
-    if (rows > be->p.max_batch_tokens) return KVS_ERR_INVALID;
-
-    // Stage the metadata (padding rows: token 0, position 0 of sequence 0, no cache write, logits unused).
+// Stages the step's metadata (rows rows: past b->n padding rows, token 0, position 0 of sequence 0, no cache
+// write, logits unused) and its block tables at the given stride, and copies them to the device (stream-ordered).
+static int stage_batch(cud_backend *be, const cud_batch *b, int32_t rows, int32_t stride) {
     int32_t *h = be->h_meta;
     const size_t T = (size_t)be->p.max_batch_tokens;
     for (int32_t i = 0; i < rows; i++) {
@@ -760,36 +765,110 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
         h[3 * T + i] = real ? b->slot[i] : -1;
         h[4 * T + i] = i < b->n_out ? b->out_rows[i] : (real ? i : 0);
     }
-    size_t tables_need = (size_t)be->host_tables.n_seqs * (size_t)stride;
+    const cud_tables &ht = be->host_tables;
+    size_t tables_need = (size_t)ht.n_seqs * (size_t)stride;
+    int rc;
     if (tables_need > be->tables_cap) {
-        if (be->d_tables) CK(cudaFree(be->d_tables));
-        be->d_tables = nullptr;
-        be->tables_cap = 0;
-        size_t cap = tables_need * 2;
-        CK(cudaMalloc((void **)&be->d_tables, cap * sizeof(int32_t)));
-        be->tables_cap = cap;
-        // Graphs captured against the old table buffer are stale.
-        drop_graphs(be);
+        if ((rc = regrow_dev(&be->d_tables, &be->tables_cap, tables_need * 2))) return rc;
+        drop_graphs(be); // graphs captured against the old table buffer are stale
     }
     if (tables_need > be->h_tables_cap) { // beyond the sizes planned at creation only
-        if (be->h_tables) CK(cudaFreeHost(be->h_tables));
-        be->h_tables = nullptr;
         be->h_tables_cap = 0;
-        CK(cudaHostAlloc((void **)&be->h_tables, tables_need * 2 * sizeof(int32_t), cudaHostAllocDefault));
+        if ((rc = regrow_host(&be->h_tables, tables_need * 2))) return rc;
         be->h_tables_cap = tables_need * 2;
     }
     // The tables at the step's stride (the graph bucket's may be wider: -1 past each sequence's blocks).
     // The previous step's copies have completed (it ended with a stream synchronization).
-    for (int32_t sq = 0; sq < be->host_tables.n_seqs; sq++) {
-        const int32_t *src = be->host_tables.tables + (size_t)sq * be->host_tables.stride;
+    for (int32_t sq = 0; sq < ht.n_seqs; sq++) {
         int32_t *row = be->h_tables + (size_t)sq * stride;
-        memcpy(row, src, (size_t)be->host_tables.stride * sizeof(int32_t));
-        for (int32_t k = be->host_tables.stride; k < stride; k++) row[k] = -1;
+        memcpy(row, ht.tables + (size_t)sq * ht.stride, (size_t)ht.stride * sizeof(int32_t));
+        for (int32_t k = ht.stride; k < stride; k++) row[k] = -1;
     }
     CK(cudaMemcpyAsync(be->d_tables, be->h_tables, tables_need * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
     int32_t *dst[5] = {be->d_token, be->d_pos, be->d_seq, be->d_slot, be->d_out};
     for (int f = 0; f < 5; f++)
         CK(cudaMemcpyAsync(dst[f], h + f * T, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));
+    return KVS_OK;
+}
+
+// Prompt chunks (never captured: a batch with one is not graph-eligible) take the tensor-core attention:
+// plans its tiles and copies them, or sets be->fa_n_tiles to 0 when the batch holds no run of two positions.
+static int plan_prefill_tiles(cud_backend *be, const cud_batch *b, bool graph) {
+    be->fa_n_tiles = 0;
+    if (graph || !be->fattn) return KVS_OK;
+    int32_t longest = 0;
+    const int32_t nt = cud_fattn_plan(b->pos, b->seq_index, b->n, be->n_head, be->n_head_kv, be->h_fa_tiles,
+                                      &longest);
+    if (longest < 2) return KVS_OK;
+    CK(cudaMemcpyAsync(be->d_fa_tiles, be->h_fa_tiles, (size_t)nt * 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       be->st));
+    be->fa_n_tiles = nt;
+    return KVS_OK;
+}
+
+// Runs the layers of a graph-eligible batch of bucket key. A shape runs eagerly the first time (module
+// loading, cuBLAS setup happen outside any capture), is captured the second time, and replays from then on.
+// A failed capture turns graphs off for good and runs eagerly (the results stay the same).
+static int run_graph(cud_backend *be, const cud_graph_key &key, int32_t rows, int32_t n_out, int32_t stride,
+                     const cud_attn_geometry &geo, int32_t split_grid) {
+    int rc = 0;
+    int gi = -1;
+    for (int i = 0; i < be->n_graphs; i++)
+        if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
+    if (gi < 0) {
+        if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
+        if (be->n_graphs == MAX_GRAPHS) {
+            if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
+            memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
+            be->n_graphs--;
+        }
+        be->graphs[be->n_graphs++] = graph_entry{key, nullptr};
+        return KVS_OK;
+    }
+    cudaGraphExec_t exec = be->graphs[gi].exec;
+    if (!exec) {
+        cudaGraph_t g = nullptr;
+        cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
+        if (ce == cudaSuccess) {
+            rc = run_layers(be, rows, n_out, stride, geo, split_grid);
+            ce = cudaStreamEndCapture(be->st, &g);
+        }
+        if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (ce != cudaSuccess || rc != 0 || !exec) {
+            fprintf(stderr, "kvserve: CUDA graph capture failed (%s, code %d); continuing without graphs\n",
+                    cudaGetErrorString(ce), rc);
+            cudaGetLastError();
+            if (exec) cudaGraphExecDestroy(exec);
+            drop_graphs(be);
+            be->p.use_graphs = false;
+            return run_layers(be, rows, n_out, stride, geo, split_grid);
+        }
+        be->graphs[gi].exec = exec;
+    }
+    CK(cudaGraphLaunch(exec, be->st));
+    return KVS_OK;
+}
+
+extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
+    if (!be || !b || !be->kv_set || b->n < 1 || b->n > be->p.max_batch_tokens || b->n_out < 0 ||
+        b->n_out > b->n || !b->token || !b->pos || !b->slot || (b->n_out > 0 && (!logits || !b->out_rows)))
+        return KVS_ERR_INVALID;
+    CK(cudaSetDevice(be->device));
+    int rc = cud_tables_build(&be->host_tables, b, be->kv.block_size);
+    if (rc) return rc;
+    for (int32_t i = 0; i < b->n; i++)
+        if (b->token[i] < 0 || b->token[i] >= be->n_vocab) return KVS_ERR_INVALID;
+    if ((rc = ensure_logits_rows(be, b->n_out))) return rc;
+
+    cud_graph_key key{};
+    const int32_t max_stride = round_pow2(be->p.max_blocks_per_seq > 0 ? be->p.max_blocks_per_seq : 1);
+    bool graph = be->p.use_graphs && cud_graph_bucket(b, be->p.max_batch_tokens, max_stride, &key);
+    const int32_t rows = graph ? key.n_rows : b->n;
+    const int32_t stride = graph ? key.table_stride : be->host_tables.stride;
+    const int32_t n_out = graph ? rows : b->n_out;
+    if (rows > be->p.max_batch_tokens) return KVS_ERR_INVALID;
+    if ((rc = stage_batch(be, b, rows, stride))) return rc;
 
     int32_t max_ctx = 1;
     for (int32_t i = 0; i < b->n; i++)
@@ -799,63 +878,10 @@ extern "C" int cud_forward(cud_backend *be, const cud_batch *b, float *logits) {
     if ((rc = cud_attn_plan(rows, be->n_head, be->hd, be->kv.block_size, max_ctx, be->n_sm, &geo))) return rc;
     if ((rc = ensure_partitions(be, rows, geo))) return rc;
     const int32_t split_grid = cud_attn_split_grid(max_ctx);
-    // Prompt chunks (never captured: a batch with one is not graph-eligible) take the tensor-core attention.
-    be->fa_n_tiles = 0;
-    if (!graph && be->fattn) {
-        int32_t longest = 0;
-        const int32_t nt = cud_fattn_plan(b->pos, b->seq_index, b->n, be->n_head, be->n_head_kv, be->h_fa_tiles,
-                                          &longest);
-        if (longest >= 2) {
-            CK(cudaMemcpyAsync(be->d_fa_tiles, be->h_fa_tiles, (size_t)nt * 2 * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, be->st));
-            be->fa_n_tiles = nt;
-        }
-    }
-
-    if (!graph) {
-        if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
-    } else {
-        // A shape runs eagerly the first time (module loading, cuBLAS setup happen outside any capture), is
-        // captured the second time, and replays from then on.
-        int gi = -1;
-        for (int i = 0; i < be->n_graphs; i++)
-            if (be->graphs[i].key.n_rows == key.n_rows && be->graphs[i].key.table_stride == key.table_stride) gi = i;
-        if (gi < 0) {
-            if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
-            if (be->n_graphs == MAX_GRAPHS) {
-                if (be->graphs[0].exec) cudaGraphExecDestroy(be->graphs[0].exec);
-                memmove(&be->graphs[0], &be->graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
-                be->n_graphs--;
-            }
-            be->graphs[be->n_graphs++] = graph_entry{key, nullptr};
-        } else {
-            cudaGraphExec_t exec = be->graphs[gi].exec;
-            if (!exec) {
-                cudaGraph_t g = nullptr;
-                cudaError_t ce = cudaStreamBeginCapture(be->st, cudaStreamCaptureModeThreadLocal);
-                if (ce == cudaSuccess) {
-                    rc = run_layers(be, rows, n_out, stride, geo, split_grid);
-                    ce = cudaStreamEndCapture(be->st, &g);
-                }
-                if (ce == cudaSuccess && rc == 0) ce = cudaGraphInstantiate(&exec, g, 0);
-                if (g) cudaGraphDestroy(g);
-                if (ce != cudaSuccess || rc != 0 || !exec) {
-                    // Capture failed: run without graphs from now on (the results stay the same).
-                    fprintf(stderr, "kvserve: CUDA graph capture failed (%s, code %d); continuing without graphs\n",
-                            cudaGetErrorString(ce), rc);
-                    cudaGetLastError();
-                    if (exec) cudaGraphExecDestroy(exec);
-                    drop_graphs(be);
-                    be->p.use_graphs = false;
-                    if ((rc = run_layers(be, rows, n_out, stride, geo, split_grid))) return rc;
-                    exec = nullptr;
-                } else {
-                    be->graphs[gi].exec = exec;
-                }
-            }
-            if (exec) CK(cudaGraphLaunch(exec, be->st));
-        }
-    }
+    if ((rc = plan_prefill_tiles(be, b, graph))) return rc;
+    if (graph) rc = run_graph(be, key, rows, n_out, stride, geo, split_grid);
+    else rc = run_layers(be, rows, n_out, stride, geo, split_grid);
+    if (rc) return rc;
     // Only the rows the caller asked for (gathered into the first n_out rows), through pinned memory; the
     // step's one synchronization is the stream's, below.
     const size_t out_bytes = (size_t)b->n_out * (size_t)be->n_vocab * sizeof(float);
@@ -878,11 +904,8 @@ extern "C" int cud_rerotate(cud_backend *be, const int32_t *slots, int32_t n, in
         cs[2 * i + 1] = (float)sin(th);
     }
     if ((size_t)n > be->rot_cap) {
-        if (be->rot_slots) CK(cudaFree(be->rot_slots));
-        be->rot_slots = nullptr;
-        be->rot_cap = 0;
-        CK(cudaMalloc((void **)&be->rot_slots, (size_t)n * sizeof(int32_t)));
-        be->rot_cap = (size_t)n;
+        int rc = regrow_dev(&be->rot_slots, &be->rot_cap, (size_t)n);
+        if (rc) return rc;
     }
     CK(cudaMemcpyAsync(be->rot_cs, cs, (size_t)be->rope.n_rot * sizeof(float), cudaMemcpyHostToDevice, be->st));
     CK(cudaMemcpyAsync(be->rot_slots, slots, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, be->st));

@@ -181,23 +181,22 @@ inline void fa_mma_emul(const uint32_t a[32][4], const uint32_t b[32][2], const 
 }
 
 #ifdef __CUDACC__
-// The instruction itself: d += A B for this lane's fragments (device code only).
-__device__ __forceinline__ void fa_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+// The instruction itself: d += A B for this lane's fragments (device code only), on f16 (fa_mma) or bf16
+// (fa_mma_bf16) inputs with f32 sums.
 #ifdef __CUDA_ARCH__
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#define FA_MMA_ASM(AB)                                                                                           \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                                \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+#else
+#define FA_MMA_ASM(AB) ((void)d, (void)a, (void)b)
 #endif
-}
+__device__ __forceinline__ void fa_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) { FA_MMA_ASM("f16"); }
 __device__ __forceinline__ void fa_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-#ifdef __CUDA_ARCH__
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
+    FA_MMA_ASM("bf16");
 }
+#undef FA_MMA_ASM
 #endif
 
 // ---- tiles of a batch -------------------------------------------------------------------------------------

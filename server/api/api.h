@@ -127,6 +127,8 @@ const char *srv_api_json_kind(const struct cJSON *j);
 /* The member `name` of object o; NULL when o is not an object, has no such member or it is JSON null (which every
  * field of a request body reads as absent). */
 const struct cJSON *srv_api_json_field(const struct cJSON *o, const char *name);
+/* The string value of member `name` of object o (srv_api_json_field), or NULL when absent or not a string. */
+const char *srv_api_json_str(const struct cJSON *o, const char *name);
 void srv_api_gen_free(srv_api_gen *g);
 /* The strict JSON pass every body goes through before cJSON (server/api/json_check_internal.h): invalid escapes, lone
  * surrogates, \u0000, raw control characters, invalid UTF-8 and bad grammar are rejected. Returns SRV_API_OK,

@@ -95,6 +95,11 @@ const cJSON *srv_api_json_field(const cJSON *o, const char *name) {
     return (f && !cJSON_IsNull(f)) ? f : NULL;
 }
 
+const char *srv_api_json_str(const cJSON *o, const char *name) {
+    const cJSON *f = srv_api_json_field(o, name);
+    return cJSON_IsString(f) ? f->valuestring : NULL;
+}
+
 /* Copies bytes into a valid UTF-8 string: invalid sequences (and NUL) become U+FFFD. Returns malloc'd or NULL. */
 char *api_utf8_sanitize(const char *s, size_t n) {
     char *o = malloc(n * 3 + 1);

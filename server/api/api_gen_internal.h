@@ -9,6 +9,7 @@
  *                      and its scheduler requests
  *   api_render.c       what a generation streams and answers: SSE chunks, logprobs, usage
  *   api_tools.c        tool calls in chat responses (message.tool_calls, streamed fragments)
+ *   api_single.c       the one-choice routes on chat's preparation (responses, messages): submit, events, end
  */
 #ifndef KVSERVE_API_GEN_INTERNAL_H
 #define KVSERVE_API_GEN_INTERNAL_H
@@ -75,5 +76,26 @@ void api_tools_stream_delta(api_call *c, int32_t idx, const char *text, size_t l
 void api_tools_stream_end(api_call *c, int32_t idx, const char *text, size_t len, srv_sched_finish finish);
 /* The final body's message of choice idx: content and tool_calls when the text holds calls. */
 void api_tools_message(api_call *c, int32_t idx, cJSON *message, api_choice *ch);
+
+/* ---- api_single.c: the one-choice routes on chat's preparation (loop thread) ------------------------------ */
+/* After the preparation of c (one prompt, one choice; c->req set): submits the prompt with cb (user:
+ * &c->subs[0]) and, when stream, begins the SSE answer. 1: streaming has begun (the caller sends its opening
+ * events); 0: submitted without a stream, or the connection is gone, or c was answered with the preparation's
+ * error, the shutdown's 503 or the scheduler's refusal (first given to adjust when not NULL) and freed. */
+int api_single_start(api_call *c, srv_sched_event_cb cb, bool stream, void (*adjust)(srv_api_error *e));
+
+enum { API_SINGLE_TEXT = 1, API_SINGLE_DONE = 2 };
+/* The bookkeeping of scheduler event ev for sub (c's only request): DONE records the usage and returns
+ * API_SINGLE_DONE (the caller ends the call); text is appended to choice 0 as valid UTF-8 (out of memory: c's
+ * error) and returns API_SINGLE_TEXT when it is to be streamed; a CHOICE_END of FINISH_ERROR sets c's error.
+ * Else 0. The caller records a CHOICE_END's finish itself. */
+int api_single_event(api_call *c, api_sub *sub, const srv_sched_event *ev);
+/* The error c ends with into *e: its own, else the 503 / 500 of a cancelled choice (finish CANCELLED). Returns
+ * whether there is one. */
+bool api_single_error(const api_call *c, srv_sched_finish finish, srv_api_error *e);
+/* The end of c once a stream's last events are sent: counts the finish (an error when e is set), closes the
+ * stream and logs it, or answers e or body (200); consumes body (may be NULL) and clears c->req. The caller
+ * frees c. */
+void api_single_end(api_call *c, srv_sched_finish finish, const srv_api_error *e, cJSON *body);
 
 #endif /* KVSERVE_API_GEN_INTERNAL_H */

@@ -209,52 +209,29 @@ static void stream_error(msg_call *m, const srv_api_error *e) {
 
 static void msg_finish(msg_call *m) {
     api_call *c = &m->c;
-    srv_api *api = c->api;
-    bool error = c->has_error;
-    srv_api_error e = c->error;
-    if (!error && m->finish == SRV_SCHED_FINISH_CANCELLED) {
-        error = true;
-        srv_api_set_error(&e, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
-                          c->shutdown ? "the server is shutting down" : "the request was cancelled");
-    }
+    srv_api_error e;
+    bool error = api_single_error(c, m->finish, &e);
     srv_messages_map_out out;
     memset(&out, 0, sizeof out);
     api_choice *ch = &c->choices[0];
     if (!error && srv_messages_map_output(ch->text.data, ch->text.len, m->tools, m->rq.parallel_tool_calls, m->seed,
                                  &out) != 0) {
         error = true;
-        srv_api_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+        srv_api_set_nomem(&e);
     }
     const char *stop_seq = matched_stop(m);
     const char *reason = srv_messages_map_stop_reason(out.n_calls, m->finish == SRV_SCHED_FINISH_LENGTH, stop_seq != NULL);
     if (out.n_calls > 0) stop_seq = NULL;
-    if (api->metrics) {
-        if (error) api->metrics->requests_finished_error++;
-        else if (m->finish == SRV_SCHED_FINISH_LENGTH) api->metrics->requests_finished_length++;
-        else api->metrics->requests_finished_stop++;
-    }
-    double ttft = c->t_first_token ? (double)(c->t_first_token - c->t_arrival) / 1e6 : -1;
+    cJSON *body = NULL;
     if (c->req && c->stream) {
         if (error) stream_error(m, &e);
         else stream_end(m, &out, reason, stop_seq);
-        if (c->req) {
-            if (api->metrics) srv_metrics_count_http(api->metrics, 200);
-            srv_http_stream_end(c->req);
-            api_log_request(api, c->method, c->path, 200, &c->usage, ttft, api_ms_since(c->t_arrival));
-        }
-    } else if (c->req) {
-        srv_http_set_abort(c->req, NULL, NULL);
-        if (error) {
-            api_reply_error(api, c->req, &e, NULL);
-        } else {
-            cJSON *u = srv_messages_map_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
-            cJSON *o = srv_messages_map_message(c->id, api->model_id, out.content, reason, stop_seq, u);
-            out.content = NULL;
-            api_reply_json(api, c->req, 200, o, &c->usage, ttft);
-            cJSON_Delete(o);
-        }
+    } else if (c->req && !error) {
+        cJSON *u = srv_messages_map_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
+        body = srv_messages_map_message(c->id, c->api->model_id, out.content, reason, stop_seq, u);
+        out.content = NULL;
     }
-    c->req = NULL;
+    api_single_end(c, m->finish, error ? &e : NULL, body);
     srv_messages_map_out_free(&out);
     msg_free(m);
 }
@@ -262,33 +239,12 @@ static void msg_finish(msg_call *m) {
 static void msg_event(const srv_sched_event *ev, void *user) {
     api_sub *sub = user;
     msg_call *m = (msg_call *)sub->call;
-    api_call *c = &m->c;
-    if (ev->type == SRV_SCHED_EV_DONE) {
-        sub->done = true;
-        c->n_live--;
-        c->usage = ev->usage;
-        if (ev->timings.t_first_token) c->t_first_token = ev->timings.t_first_token;
-        msg_finish(m);
-        return;
-    }
-    if (ev->text_len > 0) {
-        /* kept as valid UTF-8, so that every cut of it (streamed deltas, text before a call) is valid too */
-        char *d = api_utf8_sanitize(ev->text, ev->text_len);
-        if ((!d || kvs_buf_puts(&c->choices[0].text, d)) && !c->has_error) {
-            c->has_error = true;
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "out of memory");
-        }
-        free(d);
-        if (c->stream && !c->has_error) stream_text(m);
-    }
+    int r = api_single_event(&m->c, sub, ev);
+    if (r == API_SINGLE_DONE) { msg_finish(m); return; }
+    if (r == API_SINGLE_TEXT) stream_text(m);
     if (ev->type == SRV_SCHED_EV_CHOICE_END) {
         m->finish = ev->finish;
         m->stop_match = ev->stop_match;
-        if (ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
-            c->has_error = true;
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s",
-                              ev->error ? ev->error : "generation failed");
-        }
     }
 }
 
@@ -317,41 +273,7 @@ static void msg_done(api_job *j) {
     srv_http_req *req = c->req;
     if (!req || api->closing) { msg_free(m); return; }
     if (m->count) { count_done(m); return; }
-    srv_api_error e = c->prep_error;
-    bool fail = c->prep_failed;
-    const char *extra = NULL;
-    if (!fail && c->shutdown) {
-        srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
-        extra = "Retry-After: 1\r\n";
-        fail = true;
-    }
-    if (!fail) {
-        srv_sched_request sr;
-        api_fill_request(api, c, c->prep_toks[0], c->prep_ntok[0], 0, &sr);
-        sr.cb = msg_event;
-        sr.user = &c->subs[0];
-        int rc = api->be.submit(api->be.ctx, &sr, &c->subs[0].id);
-        if (rc != 0) {
-            int st = api_submit_error(rc, &e, api->n_ctx, c->prep_ntok[0]);
-            if (st == 503 || st == 429) extra = "Retry-After: 1\r\n";
-            fail = true;
-        } else {
-            c->subs[0].submitted = true;
-            c->n_live = 1;
-        }
-    }
-    if (fail) {
-        srv_http_set_abort(req, NULL, NULL);
-        c->req = NULL;
-        api_reply_error(api, req, &e, extra);
-        msg_free(m);
-        return;
-    }
-    c->stream = m->rq.stream;
-    if (c->stream) {
-        if (api_stream_begin(c, req) != 0) return;
-        stream_start(m);
-    }
+    if (api_single_start(c, msg_event, m->rq.stream, NULL)) stream_start(m);
 }
 
 void api_route_messages(srv_api *api, srv_http_req *req, bool count_tokens) {

@@ -320,13 +320,8 @@ static void stream_error(resp_call *r, const srv_api_error *e) {
 static void resp_finish(resp_call *r) {
     api_call *c = &r->c;
     srv_api *api = c->api;
-    bool error = c->has_error;
-    srv_api_error e = c->error;
-    if (!error && r->finish == SRV_SCHED_FINISH_CANCELLED) {
-        error = true;
-        srv_api_set_error(&e, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
-                          c->shutdown ? "the server is shutting down" : "the request was cancelled");
-    }
+    srv_api_error e;
+    bool error = api_single_error(c, r->finish, &e);
     const char *status = r->finish == SRV_SCHED_FINISH_LENGTH ? "incomplete" : "completed";
     srv_responses_map_out out;
     memset(&out, 0, sizeof out);
@@ -342,31 +337,14 @@ static void resp_finish(resp_call *r) {
         store_put(api->resp_store, c->id, r->rq.conv);
         r->rq.conv = NULL;
     }
-    if (api->metrics) {
-        if (error) api->metrics->requests_finished_error++;
-        else if (r->finish == SRV_SCHED_FINISH_LENGTH) api->metrics->requests_finished_length++;
-        else api->metrics->requests_finished_stop++;
-    }
-    double ttft = c->t_first_token ? (double)(c->t_first_token - c->t_arrival) / 1e6 : -1;
+    cJSON *body = NULL;
     if (c->req && c->stream) {
         if (error) stream_error(r, &e);
         else stream_end(r, &out, status);
-        if (c->req) {
-            if (api->metrics) srv_metrics_count_http(api->metrics, 200);
-            srv_http_stream_end(c->req);
-            api_log_request(api, c->method, c->path, 200, &c->usage, ttft, api_ms_since(c->t_arrival));
-        }
-    } else if (c->req) {
-        srv_http_set_abort(c->req, NULL, NULL);
-        if (error) {
-            api_reply_error(api, c->req, &e, NULL);
-        } else {
-            cJSON *o = response_obj(r, status, out.items);
-            api_reply_json(api, c->req, 200, o, &c->usage, ttft);
-            cJSON_Delete(o);
-        }
+    } else if (c->req && !error) {
+        body = response_obj(r, status, out.items);
     }
-    c->req = NULL;
+    api_single_end(c, r->finish, error ? &e : NULL, body);
     srv_responses_map_out_free(&out);
     resp_free(r);
 }
@@ -374,33 +352,10 @@ static void resp_finish(resp_call *r) {
 static void resp_event(const srv_sched_event *ev, void *user) {
     api_sub *sub = user;
     resp_call *r = (resp_call *)sub->call;
-    api_call *c = &r->c;
-    if (ev->type == SRV_SCHED_EV_DONE) {
-        sub->done = true;
-        c->n_live--;
-        c->usage = ev->usage;
-        if (ev->timings.t_first_token) c->t_first_token = ev->timings.t_first_token;
-        resp_finish(r);
-        return;
-    }
-    if (ev->text_len > 0) {
-        /* kept as valid UTF-8, so that every cut of it (streamed deltas, content before a call) is valid too */
-        char *d = api_utf8_sanitize(ev->text, ev->text_len);
-        if ((!d || kvs_buf_puts(&c->choices[0].text, d)) && !c->has_error) {
-            c->has_error = true;
-            srv_api_set_nomem(&c->error);
-        }
-        free(d);
-        if (c->stream && !c->has_error) stream_text(r);
-    }
-    if (ev->type == SRV_SCHED_EV_CHOICE_END) {
-        r->finish = ev->finish;
-        if (ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
-            c->has_error = true;
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s",
-                              ev->error ? ev->error : "generation failed");
-        }
-    }
+    int k = api_single_event(&r->c, sub, ev);
+    if (k == API_SINGLE_DONE) { resp_finish(r); return; }
+    if (k == API_SINGLE_TEXT) stream_text(r);
+    if (ev->type == SRV_SCHED_EV_CHOICE_END) r->finish = ev->finish;
 }
 
 /* Loop thread: queue the prepared prompt, begin the stream. */
@@ -410,42 +365,7 @@ static void resp_done(api_job *j) {
     srv_api *api = c->api;
     srv_http_req *req = c->req;
     if (!req || api->closing) { resp_free(r); return; }
-    srv_api_error e = c->prep_error;
-    bool fail = c->prep_failed;
-    const char *extra = NULL;
-    if (!fail && c->shutdown) {
-        srv_api_set_error(&e, 503, "server_error", NULL, NULL, "the server is shutting down");
-        extra = "Retry-After: 1\r\n";
-        fail = true;
-    }
-    if (!fail) {
-        srv_sched_request sr;
-        api_fill_request(api, c, c->prep_toks[0], c->prep_ntok[0], 0, &sr);
-        sr.cb = resp_event;
-        sr.user = &c->subs[0];
-        int rc = api->be.submit(api->be.ctx, &sr, &c->subs[0].id);
-        if (rc != 0) {
-            int st = api_submit_error(rc, &e, api->n_ctx, c->prep_ntok[0]);
-            if (st == 503 || st == 429) extra = "Retry-After: 1\r\n";
-            responses_param(&e);
-            fail = true;
-        } else {
-            c->subs[0].submitted = true;
-            c->n_live = 1;
-        }
-    }
-    if (fail) {
-        srv_http_set_abort(req, NULL, NULL);
-        c->req = NULL;
-        api_reply_error(api, req, &e, extra);
-        resp_free(r);
-        return;
-    }
-    c->stream = r->rq.stream;
-    if (c->stream) {
-        if (api_stream_begin(c, req) != 0) return;
-        stream_start(r);
-    }
+    if (api_single_start(c, resp_event, r->rq.stream, responses_param)) stream_start(r);
 }
 
 void api_route_responses(srv_api *api, srv_http_req *req) {

@@ -416,3 +416,33 @@ int srv_chat_find_spans(const char *text, size_t len, const srv_api_msg *msgs, i
     *n_spans = n;
     return 0;
 }
+
+int srv_chat_add_message(cJSON *msgs, const char *role, const char *content, cJSON **m, srv_api_error *err) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return srv_api_set_nomem(err);
+    cJSON_AddItemToArray(msgs, o);
+    if (!cJSON_AddStringToObject(o, "role", role) || !cJSON_AddStringToObject(o, "content", content))
+        return srv_api_set_nomem(err);
+    if (m) *m = o;
+    return 0;
+}
+
+bool srv_chat_add_tool_call(cJSON *calls, const char *id, const char *name, const char *args) {
+    cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    if (!c || !fn) { cJSON_Delete(c); cJSON_Delete(fn); return false; }
+    cJSON_AddItemToArray(calls, c);
+    bool ok = cJSON_AddStringToObject(c, "id", id) && cJSON_AddStringToObject(c, "type", "function");
+    cJSON_AddItemToObject(c, "function", fn);
+    return ok && cJSON_AddStringToObject(fn, "name", name) && cJSON_AddStringToObject(fn, "arguments", args);
+}
+
+const char *srv_chat_call_name(const cJSON *msgs, const char *id) {
+    for (const cJSON *m = msgs->child; m; m = m->next) {
+        const cJSON *calls = srv_api_json_field(m, "tool_calls");
+        for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
+            const char *cid = srv_api_json_str(c, "id");
+            if (cid && !strcmp(cid, id)) return srv_api_json_str(srv_api_json_field(c, "function"), "name");
+        }
+    }
+    return NULL;
+}

@@ -63,4 +63,13 @@ int srv_chat_render(const tpl_template *t, const srv_chat_req *r, const char *bo
 int srv_chat_find_spans(const char *text, size_t len, const srv_api_msg *msgs, int32_t n_msgs,
                         tpl_span **spans, size_t *n_spans);
 
+/* ---- building a chat body's messages (the Responses and Messages APIs map their input onto one) ---------- */
+/* Appends {role, content} to the array msgs; *m (m may be NULL) gets the new message. 0, or SRV_API_ERR_NOMEM
+ * with err set. */
+int srv_chat_add_message(cJSON *msgs, const char *role, const char *content, cJSON **m, srv_api_error *err);
+/* Appends {id, type: "function", function: {name, arguments}} to the array calls; false when out of memory. */
+bool srv_chat_add_tool_call(cJSON *calls, const char *id, const char *name, const char *args);
+/* The function name of the call with id among the tool_calls of the messages msgs, or NULL. */
+const char *srv_chat_call_name(const cJSON *msgs, const char *id);
+
 #endif /* KVSERVE_SERVER_CHAT_INTERNAL_H */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/api/chat_internal.h"
 #include "server/api/tool_call_internal.h"
 
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
@@ -15,11 +16,6 @@ void srv_messages_map_req_free(srv_messages_map_req *r) {
     if (!r) return;
     cJSON_Delete(r->chat);
     memset(r, 0, sizeof *r);
-}
-
-static const char *str_field(const cJSON *o, const char *name) {
-    const cJSON *f = srv_api_json_field(o, name);
-    return cJSON_IsString(f) ? f->valuestring : NULL;
 }
 
 /* A number copied into the chat body under the same name (range checks are the chat parse's). */
@@ -41,13 +37,13 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
     kvs_buf b = {0};
     int j = 0;
     for (const cJSON *p = c->child; p; p = p->next, j++) {
-        const char *ty = str_field(p, "type");
+        const char *ty = srv_api_json_str(p, "type");
         if (!ty || strcmp(ty, "text")) {
             kvs_buf_free(&b);
             return BAD(what, "%s[%d]: content blocks of type '%s' are not supported here (text blocks only)", what,
                        j, ty ? ty : "(none)");
         }
-        const char *tx = str_field(p, "text");
+        const char *tx = srv_api_json_str(p, "text");
         if (!tx) { kvs_buf_free(&b); return BAD(what, "%s[%d].text: must be a string", what, j); }
         if (j > 0) kvs_buf_putc(&b, '\n');
         kvs_buf_puts(&b, tx);
@@ -58,57 +54,25 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
     return 0;
 }
 
-/* Appends {role, content} to msgs; *m (may be NULL) gets the new message. */
-static int add_message(cJSON *msgs, const char *role, const char *content, cJSON **m, srv_api_error *err) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return srv_api_set_nomem(err);
-    cJSON_AddItemToArray(msgs, o);
-    if (!cJSON_AddStringToObject(o, "role", role) || !cJSON_AddStringToObject(o, "content", content)) return srv_api_set_nomem(err);
-    if (m) *m = o;
-    return 0;
-}
-
-/* The name of the tool call with id among the assistant tool_calls of msgs, or NULL. */
-static const char *call_name(const cJSON *msgs, const char *id) {
-    for (const cJSON *m = msgs->child; m; m = m->next) {
-        const cJSON *calls = srv_api_json_field(m, "tool_calls");
-        for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
-            const char *cid = str_field(c, "id");
-            if (cid && !strcmp(cid, id)) return str_field(srv_api_json_field(c, "function"), "name");
-        }
-    }
-    return NULL;
-}
-
-/* Appends {id, type: function, function: {name, arguments}} to calls; false on OOM. */
-static bool add_tool_call(cJSON *calls, const char *id, const char *name, const char *args) {
-    cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    if (!c || !fn) { cJSON_Delete(c); cJSON_Delete(fn); return false; }
-    cJSON_AddItemToArray(calls, c);
-    bool ok = cJSON_AddStringToObject(c, "id", id) && cJSON_AddStringToObject(c, "type", "function");
-    cJSON_AddItemToObject(c, "function", fn);
-    return ok && cJSON_AddStringToObject(fn, "name", name) && cJSON_AddStringToObject(fn, "arguments", args);
-}
-
 /* messages[i].content[j] of type tool_use (an assistant message): a tool call onto calls. */
 static int add_tool_use(cJSON *calls, const cJSON *b, const char *pn, srv_api_error *err) {
-    const char *id = str_field(b, "id"), *name = str_field(b, "name");
+    const char *id = srv_api_json_str(b, "id"), *name = srv_api_json_str(b, "name");
     if (!id || !id[0]) return BAD(pn, "%s.id: must be a non-empty string", pn);
     if (!name || !name[0]) return BAD(pn, "%s.name: must be a non-empty string", pn);
     const cJSON *in = srv_api_json_field(b, "input");
     if (in && !cJSON_IsObject(in)) return BAD(pn, "%s.input: must be an object, got %s", pn, srv_api_json_kind(in));
     char *args = in ? cJSON_PrintUnformatted(in) : strdup("{}");
     if (!args) return srv_api_set_nomem(err);
-    bool ok = add_tool_call(calls, id, name, args);
+    bool ok = srv_chat_add_tool_call(calls, id, name, args);
     free(args);
     return ok ? 0 : srv_api_set_nomem(err);
 }
 
 /* messages[i].content[j] of type tool_result (a user message): a tool message answering an earlier call. */
 static int add_tool_result(cJSON *msgs, const cJSON *b, const char *pn, srv_api_error *err) {
-    const char *id = str_field(b, "tool_use_id");
+    const char *id = srv_api_json_str(b, "tool_use_id");
     if (!id || !id[0]) return BAD(pn, "%s.tool_use_id: must be a non-empty string", pn);
-    const char *name = call_name(msgs, id);
+    const char *name = srv_chat_call_name(msgs, id);
     if (!name) return BAD(pn, "%s.tool_use_id: no tool_use block with id '%s' comes before it", pn, id);
     const cJSON *is_error = srv_api_json_field(b, "is_error");
     if (is_error && !cJSON_IsBool(is_error)) return BAD(pn, "%s.is_error: must be a boolean", pn);
@@ -118,7 +82,7 @@ static int add_tool_result(cJSON *msgs, const cJSON *b, const char *pn, srv_api_
     int r = c ? text_of(c, what, &text, err) : ((text = strdup("")) ? 0 : srv_api_set_nomem(err));
     if (r) return r;
     cJSON *m = NULL;
-    r = add_message(msgs, "tool", text, &m, err);
+    r = srv_chat_add_message(msgs, "tool", text, &m, err);
     free(text);
     if (r) return r;
     if (!cJSON_AddStringToObject(m, "tool_call_id", id) || !cJSON_AddStringToObject(m, "name", name)) return srv_api_set_nomem(err);
@@ -131,13 +95,13 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
     char pn[96];
     snprintf(pn, sizeof pn, "messages[%d]", i);
     if (!cJSON_IsObject(m)) return BAD("messages", "%s: must be an object, got %s", pn, srv_api_json_kind(m));
-    const char *role = str_field(m, "role");
+    const char *role = srv_api_json_str(m, "role");
     if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
         return BAD("messages", "%s.role: must be \"user\" or \"assistant\"", pn);
     bool user = !strcmp(role, "user");
     const cJSON *c = srv_api_json_field(m, "content");
     if (!c) return BAD("messages", "%s.content: Field required", pn);
-    if (cJSON_IsString(c)) return add_message(msgs, role, c->valuestring, NULL, err);
+    if (cJSON_IsString(c)) return srv_chat_add_message(msgs, role, c->valuestring, NULL, err);
     if (!cJSON_IsArray(c))
         return BAD("messages", "%s.content: must be a string or an array of content blocks, got %s", pn,
                    srv_api_json_kind(c));
@@ -147,10 +111,10 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
     for (const cJSON *b = c->child; b && !r; b = b->next, j++) {
         char bn[128];
         snprintf(bn, sizeof bn, "%s.content[%d]", pn, j);
-        const char *ty = str_field(b, "type");
+        const char *ty = srv_api_json_str(b, "type");
         if (!ty) { r = BAD("messages", "%s.type: must be a string", bn); break; }
         if (!strcmp(ty, "text")) {
-            const char *tx = str_field(b, "text");
+            const char *tx = srv_api_json_str(b, "text");
             if (!tx) { r = BAD("messages", "%s.text: must be a string", bn); break; }
             if (n_text++) kvs_buf_putc(&text, '\n');
             kvs_buf_puts(&text, tx);
@@ -171,7 +135,7 @@ static int add_one(cJSON *msgs, const cJSON *m, int i, srv_api_error *err) {
     if (!r && text.oom) r = srv_api_set_nomem(err);
     if (!r && (!user || n_text > 0 || !c->child)) {
         cJSON *o = NULL;
-        r = add_message(msgs, role, text.data, &o, err);
+        r = srv_chat_add_message(msgs, role, text.data, &o, err);
         if (!r && calls) { cJSON_AddItemToObject(o, "tool_calls", calls); calls = NULL; }
     }
     cJSON_Delete(calls);
@@ -186,7 +150,7 @@ static int map_messages(const cJSON *root, cJSON *chat, srv_api_error *err) {
     if (sys) {
         char *s = NULL;
         int r = text_of(sys, "system", &s, err);
-        if (!r) r = add_message(msgs, "system", s, NULL, err);
+        if (!r) r = srv_chat_add_message(msgs, "system", s, NULL, err);
         free(s);
         if (r) return r;
     }
@@ -217,7 +181,7 @@ static int map_tools(const cJSON *root, cJSON *chat, srv_api_error *err) {
         if (ty && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "custom")))
             return BAD("tools", "tools[%d].type: tools of type '%s' are not supported (only client tools with an "
                        "input_schema are)", j, cJSON_IsString(ty) ? ty->valuestring : srv_api_json_kind(ty));
-        const char *name = str_field(t, "name");
+        const char *name = srv_api_json_str(t, "name");
         if (!name || !name[0]) return BAD("tools", "tools[%d].name: must be a non-empty string", j);
         const cJSON *desc = srv_api_json_field(t, "description"), *schema = srv_api_json_field(t, "input_schema");
         if (desc && !cJSON_IsString(desc)) return BAD("tools", "tools[%d].description: must be a string", j);
@@ -242,7 +206,7 @@ static int map_tool_choice(const cJSON *root, srv_messages_map_req *out, srv_api
     if (!cJSON_IsObject(tc))
         return BAD("tool_choice", "tool_choice: must be an object {\"type\": \"auto\"|\"any\"|\"tool\"|\"none\"}, "
                    "got %s", srv_api_json_kind(tc));
-    const char *ty = str_field(tc, "type");
+    const char *ty = srv_api_json_str(tc, "type");
     if (!ty) return BAD("tool_choice", "tool_choice.type: must be a string");
     const cJSON *dp = srv_api_json_field(tc, "disable_parallel_tool_use");
     if (dp && !cJSON_IsBool(dp)) return BAD("tool_choice", "tool_choice.disable_parallel_tool_use: must be a boolean");
@@ -251,7 +215,7 @@ static int map_tool_choice(const cJSON *root, srv_messages_map_req *out, srv_api
         const char *s = !strcmp(ty, "any") ? "required" : ty;
         if (!cJSON_AddStringToObject(out->chat, "tool_choice", s)) return srv_api_set_nomem(err);
     } else if (!strcmp(ty, "tool")) {
-        const char *name = str_field(tc, "name");
+        const char *name = srv_api_json_str(tc, "name");
         if (!name || !name[0]) return BAD("tool_choice", "tool_choice.name: must be a non-empty string");
         cJSON *c = cJSON_AddObjectToObject(out->chat, "tool_choice");
         cJSON *fn = c ? cJSON_AddObjectToObject(c, "function") : NULL;
@@ -339,12 +303,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
                         srv_messages_map_out *out) {
     srv_tool_call_result tc;
     memset(&tc, 0, sizeof tc);
-    if (tools && srv_tool_call_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
-    while (!parallel && tc.n_calls > 1) { /* the first call only */
-        tc.n_calls--;
-        free(tc.calls[tc.n_calls].name);
-        free(tc.calls[tc.n_calls].arguments);
-    }
+    if (tools && srv_tool_call_parse_first(text, len, parallel, &tc) != 0) return KVS_ERR_NOMEM;
     size_t cl = tc.n_calls > 0 ? tc.content_len : len;
     int rc = KVS_ERR_NOMEM;
     if (!(out->text = malloc(cl + 1)) || !(out->content = cJSON_CreateArray())) goto out;

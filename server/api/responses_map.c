@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/api/chat_internal.h"
 #include "server/api/tool_call_internal.h"
 
 #define BAD(param, ...) (srv_api_set_error(err, 400, NULL, param, NULL, __VA_ARGS__), SRV_API_ERR_INVALID)
@@ -71,45 +72,10 @@ static int text_of(const cJSON *c, const char *what, char **out, srv_api_error *
     return 0;
 }
 
-static int add_message(cJSON *msgs, const char *role, const char *content, srv_api_error *err) {
-    cJSON *m = cJSON_CreateObject();
-    if (!m) return OOM();
-    cJSON_AddItemToArray(msgs, m);
-    if (!cJSON_AddStringToObject(m, "role", role) || !cJSON_AddStringToObject(m, "content", content)) return OOM();
-    return 0;
-}
-
-static const char *str_field(const cJSON *o, const char *name) {
-    const cJSON *f = srv_api_json_field(o, name);
-    return cJSON_IsString(f) ? f->valuestring : NULL;
-}
-
-/* The name of the call with id call_id among the assistant tool_calls of msgs, or NULL. */
-static const char *call_name(const cJSON *msgs, const char *call_id) {
-    for (const cJSON *m = msgs->child; m; m = m->next) {
-        const cJSON *calls = srv_api_json_field(m, "tool_calls");
-        for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
-            const char *id = str_field(c, "id");
-            if (id && !strcmp(id, call_id)) return str_field(srv_api_json_field(c, "function"), "name");
-        }
-    }
-    return NULL;
-}
-
-/* Appends {id, type: function, function: {name, arguments}} to calls; false on OOM. */
-static bool add_tool_call(cJSON *calls, const char *id, const char *name, const char *args) {
-    cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    if (!c || !fn) { cJSON_Delete(c); cJSON_Delete(fn); return false; }
-    cJSON_AddItemToArray(calls, c);
-    bool ok = cJSON_AddStringToObject(c, "id", id) && cJSON_AddStringToObject(c, "type", "function");
-    cJSON_AddItemToObject(c, "function", fn);
-    return ok && cJSON_AddStringToObject(fn, "name", name) && cJSON_AddStringToObject(fn, "arguments", args);
-}
-
 /* input[i] of type function_call: a tool call of the assistant message before it (or of a new one). */
 static int add_function_call(cJSON *msgs, const cJSON *it, int i, srv_api_error *err) {
     char pn[64];
-    const char *call_id = str_field(it, "call_id"), *name = str_field(it, "name"), *args = str_field(it, "arguments");
+    const char *call_id = srv_api_json_str(it, "call_id"), *name = srv_api_json_str(it, "name"), *args = srv_api_json_str(it, "arguments");
     snprintf(pn, sizeof pn, "input[%d].call_id", i);
     if (!call_id || !call_id[0]) return BAD(pn, "'%s' must be a non-empty string", pn);
     snprintf(pn, sizeof pn, "input[%d].name", i);
@@ -121,23 +87,22 @@ static int add_function_call(cJSON *msgs, const cJSON *it, int i, srv_api_error 
     cJSON_Delete(parsed);
     if (!obj) return BAD(pn, "'%s' must be a string holding a JSON object", pn);
     cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
-    const char *lr = last ? str_field(last, "role") : NULL;
+    const char *lr = last ? srv_api_json_str(last, "role") : NULL;
     if (!lr || strcmp(lr, "assistant")) {
-        if (add_message(msgs, "assistant", "", err)) return SRV_API_ERR_NOMEM;
-        last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+        if (srv_chat_add_message(msgs, "assistant", "", &last, err)) return SRV_API_ERR_NOMEM;
     }
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
     if (!calls && !(calls = cJSON_AddArrayToObject(last, "tool_calls"))) return OOM();
-    return add_tool_call(calls, call_id, name, args) ? 0 : OOM();
+    return srv_chat_add_tool_call(calls, call_id, name, args) ? 0 : OOM();
 }
 
 /* input[i] of type function_call_output: a tool message answering an earlier call. */
 static int add_call_output(cJSON *msgs, const cJSON *it, int i, srv_api_error *err) {
     char pn[64];
-    const char *call_id = str_field(it, "call_id");
+    const char *call_id = srv_api_json_str(it, "call_id");
     snprintf(pn, sizeof pn, "input[%d].call_id", i);
     if (!call_id || !call_id[0]) return BAD(pn, "'%s' must be a non-empty string", pn);
-    const char *name = call_name(msgs, call_id);
+    const char *name = srv_chat_call_name(msgs, call_id);
     if (!name)
         return BAD(pn, "'%s': no function_call with call_id '%s' comes before it (in input or in the conversation "
                    "of previous_response_id)", pn, call_id);
@@ -147,7 +112,7 @@ static int add_call_output(cJSON *msgs, const cJSON *it, int i, srv_api_error *e
     char *text = NULL;
     int r = text_of(o, pn, &text, err);
     if (r) return r;
-    r = add_message(msgs, "tool", text, err);
+    r = srv_chat_add_message(msgs, "tool", text, NULL, err);
     free(text);
     if (r) return r;
     cJSON *m = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
@@ -157,7 +122,7 @@ static int add_call_output(cJSON *msgs, const cJSON *it, int i, srv_api_error *e
 
 static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
     const cJSON *in = srv_api_json_field(root, "input");
-    if (cJSON_IsString(in)) return add_message(msgs, "user", in->valuestring, err);
+    if (cJSON_IsString(in)) return srv_chat_add_message(msgs, "user", in->valuestring, NULL, err);
     if (!cJSON_IsArray(in) || !in->child)
         return BAD("input", "'input' is required: a string or a non-empty array of input items");
     int i = 0;
@@ -174,7 +139,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
         } else if (!strcmp(t, "function_call_output")) {
             r = add_call_output(msgs, it, i, err);
         } else if (!strcmp(t, "message")) {
-            const char *role = str_field(it, "role");
+            const char *role = srv_api_json_str(it, "role");
             if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") &&
                           strcmp(role, "developer")))
                 return BAD("input", "'%s.role' must be user, assistant, system or developer", pn);
@@ -183,7 +148,7 @@ static int add_input(const cJSON *root, cJSON *msgs, srv_api_error *err) {
             const cJSON *c = srv_api_json_field(it, "content");
             if (!c) return BAD("input", "'%s' is required", what);
             if ((r = text_of(c, what, &text, err)) != 0) return r;
-            r = add_message(msgs, !strcmp(role, "developer") ? "system" : role, text, err);
+            r = srv_chat_add_message(msgs, !strcmp(role, "developer") ? "system" : role, text, NULL, err);
             free(text);
         } else {
             return BAD("input", "'%s': input items of type '%s' are not supported (message, function_call and "
@@ -204,12 +169,12 @@ static int map_tools(const cJSON *root, srv_responses_map_req *out, srv_api_erro
     if (!chat_tools) return OOM();
     int j = 0;
     for (const cJSON *t = tools->child; t; t = t->next, j++) {
-        const char *ty = str_field(t, "type");
+        const char *ty = srv_api_json_str(t, "type");
         if (!ty) return BAD("tools", "'tools[%d]' must be an object with a string type", j);
         if (strcmp(ty, "function"))
             return BAD("tools", "'tools[%d]' has type '%s', which this server does not support: only function "
                        "tools (type 'function') are", j, ty);
-        const char *name = str_field(t, "name");
+        const char *name = srv_api_json_str(t, "name");
         if (!name || !name[0]) return BAD("tools", "'tools[%d].name' must be a non-empty string", j);
         const cJSON *desc = srv_api_json_field(t, "description"), *params = srv_api_json_field(t, "parameters");
         const cJSON *strict = srv_api_json_field(t, "strict");
@@ -255,12 +220,12 @@ static int map_tool_choice(const cJSON *root, srv_responses_map_req *out, srv_ap
                        "\"function\", \"name\": ...}, got '%s'", s);
         if (!cJSON_AddStringToObject(out->chat, "tool_choice", s)) return OOM();
     } else if (cJSON_IsObject(tc)) {
-        const char *ty = str_field(tc, "type");
+        const char *ty = srv_api_json_str(tc, "type");
         if (!ty) return BAD("tool_choice", "'tool_choice.type' must be a string");
         if (strcmp(ty, "function"))
             return BAD("tool_choice", "'tool_choice' of type '%s' is not supported: only \"none\", \"auto\", "
                        "\"required\" and {\"type\": \"function\", \"name\": ...} are", ty);
-        const char *name = str_field(tc, "name");
+        const char *name = srv_api_json_str(tc, "name");
         if (!name || !name[0]) return BAD("tool_choice", "'tool_choice.name' must be a non-empty string");
         cJSON *c = cJSON_AddObjectToObject(out->chat, "tool_choice");
         cJSON *fn = c ? cJSON_AddObjectToObject(c, "function") : NULL;
@@ -280,7 +245,7 @@ static int map_text_format(const cJSON *root, srv_responses_map_req *out, srv_ap
         out->text_format = cJSON_CreateObject();
         return out->text_format && cJSON_AddStringToObject(out->text_format, "type", "text") ? 0 : OOM();
     }
-    const char *ty = str_field(fmt, "type");
+    const char *ty = srv_api_json_str(fmt, "type");
     if (!ty) return BAD("text.format", "'text.format' must be an object with a string type");
     if (!(out->text_format = cJSON_Duplicate(fmt, true))) return OOM();
     if (!strcmp(ty, "text")) return 0;
@@ -359,7 +324,7 @@ static int map_all(const cJSON *root, srv_responses_map_lookup_fn lookup, void *
     /* the chat messages: instructions, then the conversation */
     cJSON *msgs = cJSON_AddArrayToObject(out->chat, "messages");
     if (!msgs) return OOM();
-    if (out->instructions && add_message(msgs, "system", out->instructions, err)) return SRV_API_ERR_NOMEM;
+    if (out->instructions && srv_chat_add_message(msgs, "system", out->instructions, NULL, err)) return SRV_API_ERR_NOMEM;
     for (const cJSON *m = out->conv->child; m; m = m->next) {
         cJSON *d = cJSON_Duplicate(m, true);
         if (!d) return OOM();
@@ -419,12 +384,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
                         const char *seed, const char *status, srv_responses_map_out *out) {
     srv_tool_call_result tc;
     memset(&tc, 0, sizeof tc);
-    if (tools && srv_tool_call_parse(text, len, &tc) != 0) return KVS_ERR_NOMEM;
-    while (!parallel && tc.n_calls > 1) { /* the first call only */
-        tc.n_calls--;
-        free(tc.calls[tc.n_calls].name);
-        free(tc.calls[tc.n_calls].arguments);
-    }
+    if (tools && srv_tool_call_parse_first(text, len, parallel, &tc) != 0) return KVS_ERR_NOMEM;
     size_t cl = tc.n_calls > 0 ? tc.content_len : len;
     int rc = KVS_ERR_NOMEM;
     if (!(out->content = malloc(cl + 1))) goto out;
@@ -450,7 +410,7 @@ static int build_output(const char *text, size_t len, bool tools, bool parallel,
         cJSON *it = srv_responses_map_call_item(id, call_id, tc.calls[k].name, tc.calls[k].arguments, "completed");
         if (!it) goto out;
         cJSON_AddItemToArray(out->items, it);
-        if (!add_tool_call(calls, call_id, tc.calls[k].name, tc.calls[k].arguments)) goto out;
+        if (!srv_chat_add_tool_call(calls, call_id, tc.calls[k].name, tc.calls[k].arguments)) goto out;
     }
     rc = 0;
 out:

@@ -218,3 +218,13 @@ size_t srv_tool_call_stream_safe(const char *text, size_t len, size_t from, bool
     while (safe > 0 && is_ws(text[safe - 1])) safe--;
     return safe;
 }
+
+int srv_tool_call_parse_first(const char *text, size_t len, bool parallel, srv_tool_call_result *out) {
+    int rc = srv_tool_call_parse(text, len, out);
+    while (!rc && !parallel && out->n_calls > 1) {
+        out->n_calls--;
+        free(out->calls[out->n_calls].name);
+        free(out->calls[out->n_calls].arguments);
+    }
+    return rc;
+}

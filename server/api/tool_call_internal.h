@@ -37,6 +37,8 @@ typedef struct srv_tool_call_result {
 /* Parses text[0..len) (need not be NUL-terminated). On success (0) *out holds the calls (n_calls 0: none; free
  * with srv_tool_call_result_free). Errors: KVS_ERR_INVALID (NULL out, or NULL text with len > 0), KVS_ERR_NOMEM. */
 int srv_tool_call_parse(const char *text, size_t len, srv_tool_call_result *out);
+/* srv_tool_call_parse keeping only the first call unless parallel (parallel_tool_calls false). */
+int srv_tool_call_parse_first(const char *text, size_t len, bool parallel, srv_tool_call_result *out);
 void srv_tool_call_result_free(srv_tool_call_result *r);
 
 /* Streaming: how many leading bytes of text[0..len) are content whatever text follows, i.e. can be sent to
