@@ -209,13 +209,14 @@ test('SIGTERM while an abandoned /tokenize runs: no crash, 499 logged, exit 0', 
   const srv = await startServer(model.path, ['--parallel', '2', '--threads', '2', '--shutdown-grace-s', '2']);
   const exited = exitOf(srv.child);
   try {
-    const body = JSON.stringify({ content: 'Once upon a time, there was a cat. '.repeat(60000), with_pieces: true });
+    // 3.5 MB, as the probe sent: tokenizing it takes several times the 100 ms before the reset on any machine
+    const body = JSON.stringify({ content: 'Once upon a time, there was a cat. '.repeat(100000), with_pieces: true });
     const { port, hostname } = new URL(srv.base);
     const sock = net.connect(Number(port), hostname);
     await new Promise((r) => sock.once('connect', r));
     sock.write(`POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
-    sock.write(body);
-    await new Promise((r) => setTimeout(r, 300));
+    await new Promise((r) => sock.write(body, r));
+    await new Promise((r) => setTimeout(r, 100));
     sock.resetAndDestroy(); // SO_LINGER 0: a reset, as the probe did
     await new Promise((r) => setTimeout(r, 50));
     srv.child.kill('SIGTERM');
