@@ -1537,8 +1537,9 @@ Test(api, drain_refuses_new_requests_running_ones_continue) {
     cr_assert(tc_has_header(&r, "connection", "keep-alive"));
     tc_resp_free(&r);
     uv_async_send(&f->drain);
+    /* up to 10 s: the drain is a uv_async, slow to arrive on a loaded machine */
     int st = 0;
-    for (int i = 0; i < 400 && (st = get(f, "/health", NULL, &r)) == 200; i++) { tc_resp_free(&r); usleep(5000); }
+    for (int i = 0; i < 2000 && (st = get(f, "/health", NULL, &r)) == 200; i++) { tc_resp_free(&r); usleep(5000); }
     cr_assert_eq(st, 503);
     cJSON *o = json_of(&r);
     cr_assert_str_eq(jstr(o, "status"), "draining");
