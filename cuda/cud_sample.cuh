@@ -33,6 +33,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/kernels/rng.h" // the RNG, shared with the CPU sampler
+
 #ifdef __CUDACC__
 #define SMP_FN __host__ __device__ inline
 #else
@@ -111,32 +113,6 @@ SMP_FN float smp_exp(float x) {
     float rr = SMP_MUL(r, r);
     float y = SMP_ADD(SMP_ADD(SMP_MUL(p, rr), r), 1.0f);
     return SMP_MUL(y, smp_u2f((uint32_t)(((int32_t)n + 127) << 23)));
-}
-
-// ---- RNG: xoshiro256** seeded by splitmix64 (the CPU sampler's stream) -------------------------------------
-SMP_FN uint64_t smp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-SMP_FN void smp_rng_seed(uint64_t seed, uint64_t s[4]) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) {
-        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        s[i] = z ^ (z >> 31);
-    }
-}
-SMP_FN uint64_t smp_rng_next(uint64_t s[4]) {
-    uint64_t result = smp_rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = smp_rotl(s[3], 45);
-    return result;
-}
-SMP_FN double smp_rng_uniform(uint64_t s[4]) {
-    return SMP_DMUL((double)(smp_rng_next(s) >> 11), 1.0 / 9007199254740992.0);
 }
 
 // ---- the fixed reduction tree ------------------------------------------------------------------------------
@@ -412,7 +388,7 @@ SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
             if (lead) o.status = -1;
             return;
         }
-        const double u = SMP_DMUL(smp_rng_uniform(rng), total);
+        const double u = SMP_DMUL(eng_rng_uniform(rng), total);
         // the lowest id whose prefix mass exceeds u: the largest j with prefix(j - 1) <= u, j in [0, n)
         int32_t j = (int32_t)smp_search_max(ex, 0, (uint64_t)(n - 1), [&](uint64_t x) {
             return prefix((int32_t)x - 1) <= u;
