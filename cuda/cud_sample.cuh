@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/cud_bits.cuh"
 #include "engine/kernels/rng.h" // the RNG, shared with the CPU sampler
 
 #ifdef __CUDACC__
@@ -61,24 +62,6 @@ constexpr int SMP_THREADS = 512; // a power of two (the tree)
 constexpr int SMP_MAX_TOP = 20;  // KVS_MAX_TOP_LOGPROBS
 
 // ---- bits ---------------------------------------------------------------------------------------------------
-SMP_FN uint32_t smp_f2u(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-SMP_FN float smp_u2f(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
 SMP_FN bool smp_isnan(float x) { return x != x; }
 SMP_FN float smp_clean(float x) { return smp_isnan(x) ? -INFINITY : x; }
 SMP_FN bool smp_isfinite(float x) { return SMP_SUB(x, x) == 0.0f; }
@@ -87,10 +70,10 @@ SMP_FN bool smp_isfinite(float x) { return SMP_SUB(x, x) == 0.0f; }
 SMP_FN uint32_t smp_okey(float x) {
     x = smp_clean(x);
     if (x == 0.0f) x = 0.0f;
-    uint32_t u = smp_f2u(x);
+    uint32_t u = cud_f2u(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-SMP_FN float smp_okey_value(uint32_t k) { return smp_u2f((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+SMP_FN float smp_okey_value(uint32_t k) { return cud_u2f((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
 // Rank key: higher value first, then lower id (the CPU's `better`): larger key = better.
 SMP_FN uint64_t smp_rkey(float x, int32_t id) {
     return ((uint64_t)smp_okey(x) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
@@ -112,7 +95,7 @@ SMP_FN float smp_exp(float x) {
     p = SMP_ADD(SMP_MUL(p, r), 5.0000001201E-1f);
     float rr = SMP_MUL(r, r);
     float y = SMP_ADD(SMP_ADD(SMP_MUL(p, rr), r), 1.0f);
-    return SMP_MUL(y, smp_u2f((uint32_t)(((int32_t)n + 127) << 23)));
+    return SMP_MUL(y, cud_u2f((uint32_t)(((int32_t)n + 127) << 23)));
 }
 
 // ---- the fixed reduction tree ------------------------------------------------------------------------------
