@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 #endif
 
+#include "cuda/cud_bits.cuh"
 #include "cuda/cud_deq.cuh"
 
 #ifndef CUD_ATTN_FN
@@ -153,16 +154,6 @@ CUD_ATTN_FN void attn_ld16(const char *p, uint32_t u[4]) {
 #endif
 }
 
-CUD_ATTN_FN float attn_u2f(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 // The lane's dims of one row (words attn_word_of(lane, j), j < W) as floats, in word order.
 template <bool F16, int W>
 CUD_ATTN_FN void attn_row_dims(const char *row, int tp, int lane, float *out) {
@@ -176,7 +167,7 @@ CUD_AT_UNROLL
                 out[j * 8 + 2 * i] = __half2float(__ushort_as_half((uint16_t)(u[i] & 0xFFFFu)));
                 out[j * 8 + 2 * i + 1] = __half2float(__ushort_as_half((uint16_t)(u[i] >> 16)));
             } else {
-                out[j * 4 + i] = attn_u2f(u[i]);
+                out[j * 4 + i] = cud_u2f(u[i]);
             }
         }
     }

@@ -169,9 +169,7 @@ int mma_check(std::mt19937 &rng, bool bf16, double *worst, char *msg, size_t msg
     float c[32][4], d[32][4], e[32][4];
     auto bits = [&](float f) -> uint16_t {
         if (!bf16) return fa_f2h(f);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        return (uint16_t)(u >> 16); // truncation: any bf16 value will do
+        return (uint16_t)(cud_f2u(f) >> 16); // truncation: any bf16 value will do
     };
     for (int l = 0; l < 32; l++) {
         for (int r = 0; r < 4; r++) a[l][r] = fa_pack(bits(U(rng)), bits(U(rng)));
@@ -305,20 +303,10 @@ int fattn_check(std::mt19937 &rng, int hd, int G, int bs, int32_t prefix, int32_
 
 extern "C" int cud_fattn_selftest(char *msg, size_t msg_len) {
     char dummy[8];
-    if (!msg || !msg_len) {
-        msg = dummy;
-        msg_len = sizeof dummy;
-    }
-    msg[0] = '\0';
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        cudaGetLastError();
-        snprintf(msg, msg_len, "no CUDA device");
-        return KVS_ERR_UNSUPPORTED;
-    }
+    int rc = cud_selftest_open(&msg, &msg_len, dummy, sizeof dummy);
+    if (rc) return rc;
     std::mt19937 rng(24);
     double w_mma = 0., w_fa = 0.;
-    int rc;
     for (int round = 0; round < 8; round++)
         if ((rc = mma_check(rng, round & 1, &w_mma, msg, msg_len))) return rc;
     struct shape { int hd, G, bs, prefix, n; };

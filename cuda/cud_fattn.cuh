@@ -103,16 +103,7 @@ CUD_FA_FN float fa_h2f(uint16_t h) {
 #endif
 }
 
-CUD_FA_FN float fa_bf2f(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-#ifdef __CUDA_ARCH__
-    f = __uint_as_float(u);
-#else
-    memcpy(&f, &u, 4);
-#endif
-    return f;
-}
+CUD_FA_FN float fa_bf2f(uint16_t h) { return cud_u2f((uint32_t)h << 16); }
 
 // 32-bit load and store of two adjacent 16-bit values (4-byte aligned) in shared memory.
 CUD_FA_FN uint32_t fa_ld32(const uint16_t *p) {

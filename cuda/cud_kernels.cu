@@ -3,6 +3,9 @@
 #include "cuda/cud_mmv.cuh"
 
 #include <cfloat>
+#include <cstdio>
+
+#include "common/common.h"
 
 namespace {
 
@@ -694,4 +697,19 @@ cudaError_t cud_mmv(uint32_t type, const void *w, int64_t n_out, int64_t k, cons
     default: break;
     }
     return e;
+}
+
+int cud_selftest_open(char **msg, size_t *msg_len, char *scratch, size_t scratch_len) {
+    if (!*msg || !*msg_len) {
+        *msg = scratch;
+        *msg_len = scratch_len;
+    }
+    (*msg)[0] = '\0';
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        snprintf(*msg, *msg_len, "no CUDA device");
+        return KVS_ERR_UNSUPPORTED;
+    }
+    return KVS_OK;
 }

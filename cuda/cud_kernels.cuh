@@ -126,4 +126,9 @@ cudaError_t cud_act_quant(const float *x, const float *norm_w, float eps, int32_
 cudaError_t cud_mmv(uint32_t type, const void *w, int64_t n_out, int64_t k, const cud_act_bufs *x, int32_t m,
                     float *y, int n_sm, cudaStream_t st);
 
+// The opening of a self-test (cud_fattn_selftest, cud_sample_selftest): when *msg is NULL or *msg_len 0 they
+// are pointed at scratch (scratch_len > 0); *msg is emptied. 0 when a CUDA device is present, else
+// KVS_ERR_UNSUPPORTED with "no CUDA device" in *msg.
+int cud_selftest_open(char **msg, size_t *msg_len, char *scratch, size_t scratch_len);
+
 #endif

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "common/common.h"
+#include "cuda/cud_kernels.cuh"
 #include "cuda/cud_sample.cuh"
 #include "cuda/cud_sample.h"
 
@@ -232,18 +233,12 @@ done:
 // ---- self-test: the device kernel against the host emulation of the same block -----------------------------
 extern "C" int cud_sample_selftest(char *msg, size_t msg_len) {
     char dummy[8];
-    if (!msg || !msg_len) { msg = dummy; msg_len = sizeof dummy; }
-    msg[0] = '\0';
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        cudaGetLastError();
-        snprintf(msg, msg_len, "no CUDA device");
-        return KVS_ERR_UNSUPPORTED;
-    }
+    int rc = cud_selftest_open(&msg, &msg_len, dummy, sizeof dummy);
+    if (rc) return rc;
     std::mt19937_64 g(25);
     std::uniform_real_distribution<float> U(0.0f, 1.0f);
     cud_sampler *smp = nullptr;
-    int rc = cud_sampler_create(&smp);
+    rc = cud_sampler_create(&smp);
     if (rc) return rc;
     float *d_l = nullptr;
     const int32_t vocabs[] = {1, 7, 513, 4099, 32000, 128256};

@@ -33,6 +33,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/cud_bits.cuh"
+#include "engine/kernels/rng.h" // the RNG, shared with the CPU sampler
+
 #ifdef __CUDACC__
 #define SMP_FN __host__ __device__ inline
 #else
@@ -59,24 +62,6 @@ constexpr int SMP_THREADS = 512; // a power of two (the tree)
 constexpr int SMP_MAX_TOP = 20;  // KVS_MAX_TOP_LOGPROBS
 
 // ---- bits ---------------------------------------------------------------------------------------------------
-SMP_FN uint32_t smp_f2u(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-SMP_FN float smp_u2f(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
 SMP_FN bool smp_isnan(float x) { return x != x; }
 SMP_FN float smp_clean(float x) { return smp_isnan(x) ? -INFINITY : x; }
 SMP_FN bool smp_isfinite(float x) { return SMP_SUB(x, x) == 0.0f; }
@@ -85,10 +70,10 @@ SMP_FN bool smp_isfinite(float x) { return SMP_SUB(x, x) == 0.0f; }
 SMP_FN uint32_t smp_okey(float x) {
     x = smp_clean(x);
     if (x == 0.0f) x = 0.0f;
-    uint32_t u = smp_f2u(x);
+    uint32_t u = cud_f2u(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-SMP_FN float smp_okey_value(uint32_t k) { return smp_u2f((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+SMP_FN float smp_okey_value(uint32_t k) { return cud_u2f((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
 // Rank key: higher value first, then lower id (the CPU's `better`): larger key = better.
 SMP_FN uint64_t smp_rkey(float x, int32_t id) {
     return ((uint64_t)smp_okey(x) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
@@ -110,33 +95,7 @@ SMP_FN float smp_exp(float x) {
     p = SMP_ADD(SMP_MUL(p, r), 5.0000001201E-1f);
     float rr = SMP_MUL(r, r);
     float y = SMP_ADD(SMP_ADD(SMP_MUL(p, rr), r), 1.0f);
-    return SMP_MUL(y, smp_u2f((uint32_t)(((int32_t)n + 127) << 23)));
-}
-
-// ---- RNG: xoshiro256** seeded by splitmix64 (the CPU sampler's stream) -------------------------------------
-SMP_FN uint64_t smp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-SMP_FN void smp_rng_seed(uint64_t seed, uint64_t s[4]) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) {
-        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        s[i] = z ^ (z >> 31);
-    }
-}
-SMP_FN uint64_t smp_rng_next(uint64_t s[4]) {
-    uint64_t result = smp_rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = smp_rotl(s[3], 45);
-    return result;
-}
-SMP_FN double smp_rng_uniform(uint64_t s[4]) {
-    return SMP_DMUL((double)(smp_rng_next(s) >> 11), 1.0 / 9007199254740992.0);
+    return SMP_MUL(y, cud_u2f((uint32_t)(((int32_t)n + 127) << 23)));
 }
 
 // ---- the fixed reduction tree ------------------------------------------------------------------------------
@@ -412,7 +371,7 @@ SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
             if (lead) o.status = -1;
             return;
         }
-        const double u = SMP_DMUL(smp_rng_uniform(rng), total);
+        const double u = SMP_DMUL(eng_rng_uniform(rng), total);
         // the lowest id whose prefix mass exceeds u: the largest j with prefix(j - 1) <= u, j in [0, n)
         int32_t j = (int32_t)smp_search_max(ex, 0, (uint64_t)(n - 1), [&](uint64_t x) {
             return prefix((int32_t)x - 1) <= u;

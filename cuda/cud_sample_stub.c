@@ -3,16 +3,9 @@
 
 #include "common/common.h"
 #include "cuda/cud_sample.h"
+#include "engine/kernels/rng.h"
 
-void cud_sample_rng_seed(uint64_t seed, uint64_t rng[4]) {
-    uint64_t x = seed; /* splitmix64, as eng_sampler_create (and smp_rng_seed in cud_sample.cuh) */
-    for (int i = 0; i < 4; i++) {
-        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        rng[i] = z ^ (z >> 31);
-    }
-}
+void cud_sample_rng_seed(uint64_t seed, uint64_t rng[4]) { eng_rng_seed(rng, seed); }
 
 #ifndef KVSERVE_HAVE_CUDA
 int cud_sampler_create(cud_sampler **out) {

@@ -454,26 +454,19 @@ static void quant_q8_K(const float *x, void *dst, int64_t nb) {
 }
 
 /* ---- scalar dot products ------------------------------------------------------------------------------------ */
-static float dot_f32(int64_t n, const void *wv, const void *xv) {
-    const float *w = wv, *x = xv;
-    float s = 0.f;
-    for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-static float dot_f16(int64_t n, const void *wv, const void *xv) {
-    const uint16_t *w = wv;
-    const float *x = xv;
-    float s = 0.f;
-    for (int64_t i = 0; i < n; i++) s += eng_fp16_to_f32(w[i]) * x[i];
-    return s;
-}
-static float dot_bf16(int64_t n, const void *wv, const void *xv) {
-    const uint16_t *w = wv;
-    const float *x = xv;
-    float s = 0.f;
-    for (int64_t i = 0; i < n; i++) s += eng_bf16_to_f32(w[i]) * x[i];
-    return s;
-}
+/* The float rows: w's elements as floats (TO_F32; empty for f32) times x's, summed in order. */
+#define DOT_FLOAT_ROW(NAME, T, TO_F32)                                                                           \
+    static float NAME(int64_t n, const void *wv, const void *xv) {                                               \
+        const T *w = wv;                                                                                         \
+        const float *x = xv;                                                                                     \
+        float s = 0.f;                                                                                           \
+        for (int64_t i = 0; i < n; i++) s += TO_F32(w[i]) * x[i];                                                \
+        return s;                                                                                                \
+    }
+DOT_FLOAT_ROW(dot_f32, float, )
+DOT_FLOAT_ROW(dot_f16, uint16_t, eng_fp16_to_f32)
+DOT_FLOAT_ROW(dot_bf16, uint16_t, eng_bf16_to_f32)
+#undef DOT_FLOAT_ROW
 static float dot_q4_0(int64_t nb, const void *wv, const void *xv) {
     const eng_blk_q4_0 *w = wv;
     const eng_blk_q8_0 *x = xv;

@@ -42,44 +42,12 @@
  * RNG: xoshiro256** seeded through splitmix64 from params->seed; same seed and same logits give the same tokens.
  */
 #include "engine/engine.h"
+#include "engine/kernels/rng.h"
 #include "engine/kernels/sampler_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- RNG: xoshiro256**, seeded with splitmix64 ------------------------------------------------------------- */
-typedef struct eng_rng { uint64_t s[4]; } eng_rng;
-
-static uint64_t splitmix64_next(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static void rng_seed(eng_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64_next(&x);
-}
-
-static uint64_t rng_next(eng_rng *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl64(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl64(s[3], 45);
-    return result;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(eng_rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* ---- the sampler ------------------------------------------------------------------------------------------- */
 struct eng_sampler {
@@ -87,7 +55,7 @@ struct eng_sampler {
     int32_t n_vocab;
     eng_logit_bias *bias;      /* [n_bias] */
     size_t n_bias;
-    eng_rng rng;
+    uint64_t rng[4];           /* xoshiro256** state (engine/kernels/rng.h), seeded from p.seed */
 
     eng_smp_kernels k;         /* vocabulary-wide loops (scalar or AVX2, chosen at create) */
     float *work;               /* [n_vocab] transformed logits, then probabilities */
@@ -170,7 +138,7 @@ int eng_sampler_create(const eng_sampling_params *params, int32_t n_vocab, eng_s
             if (!s->ring) goto nomem;
         }
     }
-    rng_seed(&s->rng, p->seed);
+    eng_rng_seed(s->rng, p->seed);
     eng_smp_kernels_best(&s->k);
     *out = s;
     return ENG_OK;
@@ -493,7 +461,7 @@ int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
         if (nc == 0) return ENG_ERR_INVALID; /* unreachable: the best token is always kept */
         ids_in_order(l, idx, &nc, n, from_heap);
         for (int32_t i = 0; i < nc; i++) total += l[idx[i]];
-        double u = rng_uniform(&s->rng) * total, acc = 0.0;
+        double u = eng_rng_uniform(s->rng) * total, acc = 0.0;
         chosen = idx[nc - 1];
         for (int32_t i = 0; i < nc; i++) {
             acc += l[idx[i]];
@@ -505,7 +473,7 @@ int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
         } else {
             total = sum;
         }
-        double u = rng_uniform(&s->rng) * total, acc = 0.0;
+        double u = eng_rng_uniform(s->rng) * total, acc = 0.0;
         for (int32_t i = 0; i < n; i++) {
             if (l[i] > 0.0f && l[i] >= thr) {
                 chosen = i;
