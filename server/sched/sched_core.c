@@ -410,8 +410,8 @@ static void step(srv_sched *s) {
             sched_relieve_pool(s);
             continue;
         }
-        s->c_steps++;
-        s->c_batch_tokens += (uint64_t)s->n_entries;
+        s->counters.steps++;
+        s->counters.batch_tokens_total += (uint64_t)s->n_entries;
         if (rc != ENG_OK) {
             const char *msg = engine_error(rc);
             for (int32_t g = 0; g < s->n_groups; g++) sched_fail_request(s, s->groups[g].r, msg);
@@ -424,7 +424,7 @@ static void step(srv_sched *s) {
             int32_t pos0 = c->n_cached;
             c->n_cached += gr->n;
             if (gr->prompt) {
-                s->c_prompt_computed += (uint64_t)gr->n;
+                s->counters.prompt_tokens_computed += (uint64_t)gr->n;
                 gr->r->timings.n_prompt_computed += gr->n;
             }
             if (gr->r->embed) sched_pool_rows(s, gr->r, c, gr->first, gr->n, pos0);

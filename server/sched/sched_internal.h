@@ -150,12 +150,8 @@ struct srv_sched {
     int32_t tok_cap;
     char piece[256];
     sched_event *out_head, *out_tail; /* events of the current step, posted at its end */
-    /* counters owned by the thread, copied into stats */
-    uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
+    srv_sched_counters counters; /* owned by the thread, copied into stats */
     uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
-    uint64_t c_finished[5];
-    uint64_t c_pool_cut;     /* choices cut by the pool (sched_cut_by_pool) */
-    uint64_t c_shift, c_shift_recomputed; /* context shifts, and those done by recomputing */
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
 /* A choice's known tokens: prompt + generated, or after a context shift its shifted context. */

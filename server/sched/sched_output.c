@@ -183,7 +183,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
         e->ev.n_embd = s->ops.n_embd;
     }
     out_push(s, e);
-    s->c_finished[overall]++;
+    s->counters.requests_finished[overall]++;
     sched_trace(s, SRV_SCHED_TRACE_ENDED, r, false);
     if (r->running) sched_vec_remove(&s->running, r);
     else sched_vec_remove(&s->waiting, r);
@@ -237,18 +237,8 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->kv_usage = ks.usage;
     st->prefix_query_tokens = ks.prefix_query_tokens + s->c_copy_query;
     st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
-    st->prompt_tokens_total = s->c_prompt_total;
-    st->prompt_tokens_computed = s->c_prompt_computed;
-    st->generation_tokens_total = s->c_gen_total;
-    st->preemptions = s->c_preempt;
-    st->preemptions_repeated = s->c_thrash;
-    st->choices_truncated = s->c_pool_cut;
-    st->steps = s->c_steps;
-    st->batch_tokens_total = s->c_batch_tokens;
-    for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];
+    st->counters = s->counters;
     st->queued_tokens = s->n_queued_tokens;
-    st->context_shifts = s->c_shift;
-    st->context_shifts_recomputed = s->c_shift_recomputed;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
@@ -296,7 +286,7 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         return;
     }
     r->usage.completion_tokens++;
-    s->c_gen_total++;
+    s->counters.generation_tokens_total++;
     if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
     r->protect = false;
     if (!r->ignore_eos && s->ops.token_is_eog(s->ops.ctx, smp.token)) {

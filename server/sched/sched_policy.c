@@ -20,8 +20,8 @@ void sched_preempt(srv_sched *s, sched_req *r) {
             c->n_cached = 0;
         }
     }
-    if (r->protect) s->c_thrash++;
-    s->c_preempt++;
+    if (r->protect) s->counters.preemptions_repeated++;
+    s->counters.preemptions++;
     r->timings.n_preempted++;
     r->protect = true;
     r->preempt_step = s->step_no;
@@ -49,11 +49,11 @@ sched_req *sched_pick_victim(srv_sched *s) {
 }
 
 /* Ends choice c with "length" because its context no longer fits the whole pool (not max_tokens, not n_ctx):
- * marked so that its CHOICE_END says so (truncated) and counted (stats.choices_truncated). */
+ * marked so that its CHOICE_END says so (truncated) and counted (stats.counters.choices_truncated). */
 void sched_cut_by_pool(srv_sched *s, sched_req *r, sched_choice *c) {
     if (c->finished) return;
     c->pool_cut = true;
-    s->c_pool_cut++;
+    s->counters.choices_truncated++;
     sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
 }
 
@@ -177,7 +177,7 @@ int sched_admit_head(srv_sched *s) {
         s->n_queued_new--;
         s->n_queued_tokens -= r->n_prompt;
         uv_mutex_unlock(&s->mu);
-        s->c_prompt_total += (uint64_t)r->n_prompt;
+        s->counters.prompt_tokens_total += (uint64_t)r->n_prompt;
     }
     return 1;
 }

@@ -59,7 +59,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     c->shctx = nt;
     c->n_shctx = n_new;
     c->cap_shctx = n_new > 64 ? n_new : 64;
-    s->c_shift++;
-    if (!in_place) s->c_shift_recomputed++;
+    s->counters.context_shifts++;
+    if (!in_place) s->counters.context_shifts_recomputed++;
     return true;
 }

@@ -470,8 +470,8 @@ static void fake_stats(void *ctx, srv_sched_stats *out) {
     out->kv_usage = 0.25;
     out->prefix_query_tokens = 64;
     out->prefix_hit_tokens = 32;
-    out->generation_tokens_total = 9;
-    out->preemptions = 3;
+    out->counters.generation_tokens_total = 9;
+    out->counters.preemptions = 3;
 }
 
 /* Tokens are bytes; add_special prepends 1 (BOS); with parse_special, "<|im_end|>" is token 2 and
