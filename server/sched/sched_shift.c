@@ -29,7 +29,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t known = known_len(r, c);
     /* the sequence holds every known token but the one just sampled (a choice without a sequence, e.g. an
      * n > 1 fork that failed, is shifted over what it would hold) */
-    int32_t held = known - 1, keep = r->n_keep < held ? r->n_keep : held;
+    int32_t held = known - 1, keep = r->rq.n_keep < held ? r->rq.n_keep : held;
     int32_t n_discard = (held - keep) / 2;
     if (n_discard < 1) return false;
     /* the new context: tokens [0, keep) and [keep + n_discard, known); built in a new array since the old
