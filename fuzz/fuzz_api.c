@@ -92,11 +92,11 @@ static void check_gen(srv_api_kind kind, const char *body, size_t len, int32_t n
     FZ_CHECK(g.kind == kind, "kind");
     FZ_CHECK(g.n >= 1 && g.n <= lim.max_n, "n %d", g.n);
     FZ_CHECK(g.max_tokens == -1 || g.max_tokens >= 1, "max_tokens %d", g.max_tokens);
-    FZ_CHECK(g.temperature >= 0 && g.temperature <= 2, "temperature %g", g.temperature);
-    FZ_CHECK(g.top_p >= 0 && g.top_p <= 1, "top_p %g", g.top_p);
-    FZ_CHECK(g.min_p >= 0 && g.min_p <= 1, "min_p");
-    FZ_CHECK(fabsf(g.presence_penalty) <= 2 && fabsf(g.frequency_penalty) <= 2, "penalties");
-    FZ_CHECK(g.repetition_penalty > 0 && g.repetition_penalty <= 10, "repetition_penalty");
+    FZ_CHECK(g.sampling.temperature >= 0 && g.sampling.temperature <= 2, "temperature %g", g.sampling.temperature);
+    FZ_CHECK(g.sampling.top_p >= 0 && g.sampling.top_p <= 1, "top_p %g", g.sampling.top_p);
+    FZ_CHECK(g.sampling.min_p >= 0 && g.sampling.min_p <= 1, "min_p");
+    FZ_CHECK(fabsf(g.sampling.presence_penalty) <= 2 && fabsf(g.sampling.frequency_penalty) <= 2, "penalties");
+    FZ_CHECK(g.sampling.repetition_penalty > 0 && g.sampling.repetition_penalty <= 10, "repetition_penalty");
     FZ_CHECK(g.top_logprobs >= 0 && g.top_logprobs <= KVS_MAX_TOP_LOGPROBS, "top_logprobs");
     FZ_CHECK(g.n_stop >= 0 && g.n_stop <= lim.max_stop, "n_stop");
     for (int32_t i = 0; i < g.n_logit_bias; i++)

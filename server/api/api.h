@@ -86,12 +86,10 @@ typedef struct srv_api_gen {
     srv_api_msg *msgs; int32_t n_msgs;              /* chat: >= 1 */
     int32_t max_tokens;         /* >= 1; -1 when absent (chat: until the context ends) */
     int32_t n;                  /* 1 .. max_n */
-    float temperature;          /* 0 .. 2, default 1 */
-    float top_p;                /* (0, 1], default 1 */
-    int32_t top_k;              /* -1 or 0: off */
-    float min_p;                /* 0 .. 1 */
-    float presence_penalty, frequency_penalty; /* -2 .. 2 */
-    float repetition_penalty;   /* (0, 2], default 1 */
+    eng_sampling_params sampling; /* the request's sampler settings (eng_sampling_params_default, then from the
+                                   body): temperature 0 .. 2, top_p [0, 1], top_k -1 or 0: off, min_p 0 .. 1,
+                                   presence/frequency_penalty -2 .. 2, repetition_penalty (0, 10]. Its seed,
+                                   logit_bias and n_top_logprobs are api_fill_request's (from the fields below) */
     bool has_seed; uint64_t seed;
     char **stop; int32_t n_stop;
     eng_logit_bias *logit_bias; int32_t n_logit_bias;

@@ -266,21 +266,18 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         if ((r = get_int(root, "max_completion_tokens", 1, INT32_MAX, &d, err)) < 0) return r;
         if (r) g->max_tokens = (int32_t)d;
     }
-    g->temperature = 1.0f;
-    if ((r = get_num(root, "temperature", 0, 2, false, &g->temperature, err)) < 0) return r;
-    g->top_p = 1.0f;
-    if ((r = get_num(root, "top_p", 0, 1, false, &g->top_p, err)) < 0) return r;
-    g->top_k = 0;
+    eng_sampling_params_default(&g->sampling);
+    if ((r = get_num(root, "temperature", 0, 2, false, &g->sampling.temperature, err)) < 0) return r;
+    if ((r = get_num(root, "top_p", 0, 1, false, &g->sampling.top_p, err)) < 0) return r;
     if ((r = get_int(root, "top_k", -1, INT32_MAX, &d, err)) < 0) return r;
-    if (r) g->top_k = (int32_t)d;
-    if ((r = get_num(root, "min_p", 0, 1, false, &g->min_p, err)) < 0) return r;
+    if (r) g->sampling.top_k = (int32_t)d;
+    if ((r = get_num(root, "min_p", 0, 1, false, &g->sampling.min_p, err)) < 0) return r;
     g->n = 1;
     if ((r = get_int(root, "n", 1, lim->max_n, &d, err)) < 0) return r;
     if (r) g->n = (int32_t)d;
-    if ((r = get_num(root, "presence_penalty", -2, 2, false, &g->presence_penalty, err)) < 0) return r;
-    if ((r = get_num(root, "frequency_penalty", -2, 2, false, &g->frequency_penalty, err)) < 0) return r;
-    g->repetition_penalty = 1.0f;
-    if ((r = get_num(root, "repetition_penalty", 0, 10, true, &g->repetition_penalty, err)) < 0) return r;
+    if ((r = get_num(root, "presence_penalty", -2, 2, false, &g->sampling.presence_penalty, err)) < 0) return r;
+    if ((r = get_num(root, "frequency_penalty", -2, 2, false, &g->sampling.frequency_penalty, err)) < 0) return r;
+    if ((r = get_num(root, "repetition_penalty", 0, 10, true, &g->sampling.repetition_penalty, err)) < 0) return r;
     if ((r = get_int(root, "seed", -9223372036854775808.0, 18446744073709549568.0, &d, err)) < 0) return r;
     if (r) { g->has_seed = true; g->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d; }
     if ((r = parse_stop(root, lim, g, err)) < 0) return r;

@@ -127,14 +127,7 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     sr->n = g->n;
     sr->max_tokens = g->max_tokens;
     sr->n_keep = n_keep_of(api, toks, n_toks, g->has_n_keep, g->n_keep);
-    eng_sampling_params_default(&sr->sampling);
-    sr->sampling.temperature = g->temperature;
-    sr->sampling.top_k = g->top_k;
-    sr->sampling.top_p = g->top_p;
-    sr->sampling.min_p = g->min_p;
-    sr->sampling.repetition_penalty = g->repetition_penalty;
-    sr->sampling.presence_penalty = g->presence_penalty;
-    sr->sampling.frequency_penalty = g->frequency_penalty;
+    sr->sampling = g->sampling;
     sr->sampling.seed = g->has_seed ? g->seed + (uint64_t)i * (uint64_t)g->n : api_random(api);
     sr->sampling.logit_bias = g->logit_bias;
     sr->sampling.n_logit_bias = (size_t)g->n_logit_bias;
@@ -144,7 +137,7 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     sr->ignore_eos = g->ignore_eos;
     /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
      * penalties alone look only at generated tokens */
-    sr->penalize_prompt = g->repetition_penalty != 1.0f;
+    sr->penalize_prompt = g->sampling.repetition_penalty != 1.0f;
     sr->grammar = c->grammar ? srv_grammar_cache_matcher(c->grammar) : NULL;
     sr->priority = g->priority;
 }

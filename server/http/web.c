@@ -23,9 +23,8 @@ struct srv_web {
     char headers_200[1024];
     char headers_304[128];
     bool have_model;
-    char *model_id, *model_path, *chat_template, *chat_family, *device, *simd, *policy;
-    int32_t n_ctx, parallel, batch_tokens, threads, n_keep;
-    bool context_shift;
+    srv_web_model model;        /* what srv_web_set_model was given; its strings (never NULL) point into strings */
+    char *strings;              /* one block holding the model's strings */
 };
 
 const unsigned char *srv_web_page_bytes(size_t *len) {
@@ -78,9 +77,9 @@ int srv_web_create(srv_web **out) {
 }
 
 static void clear_model(srv_web *w) {
-    free(w->model_id); free(w->model_path); free(w->chat_template);
-    free(w->chat_family); free(w->device); free(w->simd); free(w->policy);
-    w->model_id = w->model_path = w->chat_template = w->chat_family = w->device = w->simd = w->policy = NULL;
+    free(w->strings);
+    w->strings = NULL;
+    w->model = (srv_web_model){0};
     w->have_model = false;
 }
 
@@ -90,29 +89,27 @@ void srv_web_free(srv_web *w) {
     free(w);
 }
 
-static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
-
 int srv_web_set_model(srv_web *w, const srv_web_model *m) {
     if (!w || !m) return SRV_WEB_ERR_INVALID;
     clear_model(w);
-    w->model_id = dup_or_empty(m->model_id);
-    w->model_path = dup_or_empty(m->model_path);
-    w->chat_template = dup_or_empty(m->chat_template);
-    w->chat_family = dup_or_empty(m->chat_family);
-    w->device = dup_or_empty(m->device);
-    w->simd = dup_or_empty(m->simd);
-    w->policy = dup_or_empty(m->scheduling_policy ? m->scheduling_policy : "fcfs");
-    if (!w->model_id || !w->model_path || !w->chat_template || !w->chat_family || !w->device || !w->simd ||
-        !w->policy) {
-        clear_model(w);
-        return SRV_WEB_ERR_NOMEM;
+    srv_web_model c = *m;
+    if (!c.scheduling_policy) c.scheduling_policy = "fcfs";
+    const char **str[] = {&c.model_id, &c.model_path, &c.chat_template, &c.chat_family,
+                          &c.device,   &c.simd,       &c.scheduling_policy};
+    enum { N_STR = sizeof str / sizeof str[0] };
+    size_t total = 0;
+    for (size_t i = 0; i < N_STR; i++) total += strlen(*str[i] ? *str[i] : "") + 1;
+    char *p = malloc(total);
+    if (!p) return SRV_WEB_ERR_NOMEM;
+    w->strings = p;
+    for (size_t i = 0; i < N_STR; i++) {
+        const char *s = *str[i] ? *str[i] : "";
+        size_t n = strlen(s) + 1;
+        memcpy(p, s, n);
+        *str[i] = p;
+        p += n;
     }
-    w->n_ctx = m->n_ctx;
-    w->parallel = m->parallel;
-    w->batch_tokens = m->batch_tokens;
-    w->threads = m->threads;
-    w->context_shift = m->context_shift;
-    w->n_keep = m->n_keep;
+    w->model = c;
     w->have_model = true;
     return SRV_WEB_OK;
 }
@@ -149,6 +146,7 @@ const char *srv_web_csp(const srv_web *w) { return w ? w->csp : ""; }
 
 char *srv_web_props_json(const srv_web *w) {
     if (!w || !w->have_model) return NULL;
+    const srv_web_model *m = &w->model;
 #ifdef KVSERVE_HAVE_CUDA
     const bool cuda = true;
 #else
@@ -158,33 +156,33 @@ char *srv_web_props_json(const srv_web *w) {
     if (!o) return NULL;
     cJSON *dgs = cJSON_AddObjectToObject(o, "default_generation_settings");
     if (dgs) {
-        cJSON_AddNumberToObject(dgs, "n_ctx", w->n_ctx);
+        cJSON_AddNumberToObject(dgs, "n_ctx", m->n_ctx);
         cJSON *params = cJSON_AddObjectToObject(dgs, "params");
-        if (params) cJSON_AddNumberToObject(params, "n_keep", w->n_keep);
+        if (params) cJSON_AddNumberToObject(params, "n_keep", m->n_keep);
     }
-    cJSON_AddBoolToObject(o, "context_shift", w->context_shift);
-    cJSON_AddStringToObject(o, "scheduling_policy", w->policy);
-    cJSON_AddNumberToObject(o, "total_slots", w->parallel);
-    cJSON_AddStringToObject(o, "model_alias", w->model_id);
-    cJSON_AddStringToObject(o, "model_path", w->model_path);
-    cJSON_AddStringToObject(o, "chat_template", w->chat_template);
-    cJSON_AddStringToObject(o, "chat_template_family", w->chat_family);
+    cJSON_AddBoolToObject(o, "context_shift", m->context_shift);
+    cJSON_AddStringToObject(o, "scheduling_policy", m->scheduling_policy);
+    cJSON_AddNumberToObject(o, "total_slots", m->parallel);
+    cJSON_AddStringToObject(o, "model_alias", m->model_id);
+    cJSON_AddStringToObject(o, "model_path", m->model_path);
+    cJSON_AddStringToObject(o, "chat_template", m->chat_template);
+    cJSON_AddStringToObject(o, "chat_template_family", m->chat_family);
     cJSON *mod = cJSON_AddObjectToObject(o, "modalities");
     if (mod) { cJSON_AddFalseToObject(mod, "vision"); cJSON_AddFalseToObject(mod, "audio"); }
     char info[160];
-    snprintf(info, sizeof info, "kvserve %s (%s%s%s, cuda %s)", KVSERVE_VERSION, w->device,
-             strcmp(w->device, "cpu") ? "" : " ", strcmp(w->device, "cpu") ? "" : w->simd,
+    snprintf(info, sizeof info, "kvserve %s (%s%s%s, cuda %s)", KVSERVE_VERSION, m->device,
+             strcmp(m->device, "cpu") ? "" : " ", strcmp(m->device, "cpu") ? "" : m->simd,
              cuda ? "built" : "not built");
     cJSON_AddStringToObject(o, "build_info", info);
     cJSON_AddFalseToObject(o, "is_sleeping");
-    cJSON_AddNumberToObject(o, "batch_tokens", w->batch_tokens);
+    cJSON_AddNumberToObject(o, "batch_tokens", m->batch_tokens);
     cJSON *b = cJSON_AddObjectToObject(o, "build");
     if (b) {
         cJSON_AddStringToObject(b, "version", KVSERVE_VERSION);
-        cJSON_AddStringToObject(b, "simd", w->simd);
+        cJSON_AddStringToObject(b, "simd", m->simd);
         cJSON_AddBoolToObject(b, "cuda", cuda);
-        cJSON_AddStringToObject(b, "device", w->device);
-        cJSON_AddNumberToObject(b, "threads", w->threads);
+        cJSON_AddStringToObject(b, "device", m->device);
+        cJSON_AddNumberToObject(b, "threads", m->threads);
     }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

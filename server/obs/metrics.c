@@ -136,10 +136,11 @@ static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats 
     counter_l(b, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", L,
               st->prefix_hit_tokens);
     counter_l(b, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", L,
-              st->preemptions);
-    counter_l(b, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", L, st->prompt_tokens_total);
+              st->counters.preemptions);
+    counter_l(b, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", L,
+              st->counters.prompt_tokens_total);
     counter_l(b, "vllm:generation_tokens_total", "Number of generation tokens processed.", L,
-              st->generation_tokens_total);
+              st->counters.generation_tokens_total);
     meta(b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
     static const char *const reasons[] = {"stop", "length", "abort"};
     const uint64_t counts[] = {m->requests_finished_stop, m->requests_finished_length, m->requests_finished_abort};
@@ -188,16 +189,17 @@ static const st_series k_st_series[] = {
     ST("kvserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", ST_U64,
        prefix_query_tokens),
     ST("kvserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", ST_U64, prefix_hit_tokens),
-    ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, prompt_tokens_total),
-    ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, generation_tokens_total),
-    ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64, preemptions),
+    ST("kvserve:prompt_tokens_total", "Prompt tokens of admitted requests.", ST_U64, counters.prompt_tokens_total),
+    ST("kvserve:generation_tokens_total", "Tokens generated.", ST_U64, counters.generation_tokens_total),
+    ST("kvserve:num_preemptions_total", "Requests preempted because the KV pool was full.", ST_U64,
+       counters.preemptions),
     ST("kvserve:kv_pool_truncations_total",
        "Choices cut with finish_reason length because the whole KV pool could not hold their context.", ST_U64,
-       choices_truncated),
+       counters.choices_truncated),
     ST("kvserve:context_shifts_total", "Context shifts (context_shift): half of a full context dropped after n_keep.",
-       ST_U64, context_shifts),
+       ST_U64, counters.context_shifts),
     ST("kvserve:context_shifts_recomputed_total", "Context shifts done by recomputing the kept tokens.", ST_U64,
-       context_shifts_recomputed),
+       counters.context_shifts_recomputed),
 };
 #undef ST
 

@@ -51,11 +51,11 @@
  *   makes this cheap), keeping its samplers, detokenizers and stop-string state, so the client sees no
  *   difference. Among the running requests of that largest priority, one that was preempted and has not
  *   generated a token since is passed over (no thrash); only when every one of them is in that state is the
- *   latest preempted anyway (counted in stats.preemptions_repeated). A request running alone is never
+ *   latest preempted anyway (counted in stats.counters.preemptions_repeated). A request running alone is never
  *   preempted. A request whose prompt cannot fit even alone finishes with SRV_SCHED_FINISH_ERROR "prompt does not fit in the KV cache";
  *   a choice whose growing context no longer fits the pool while it runs alone finishes with
- *   SRV_SCHED_FINISH_LENGTH and its CHOICE_END has `truncated` set (counted in stats.choices_truncated), so the
- *   caller can tell the client why.
+ *   SRV_SCHED_FINISH_LENGTH and its CHOICE_END has `truncated` set (counted in
+ *   stats.counters.choices_truncated), so the caller can tell the client why.
  *
  * Context shift (params.context_shift, as llama.cpp's --context-shift)
  *   When a choice's context (the n_cached tokens its sequence holds plus the one just sampled) reaches n_ctx
@@ -359,17 +359,9 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id);
  * request already ended (its DONE was delivered or is queued) or never existed. Loop thread only. */
 int srv_sched_cancel(srv_sched *s, uint64_t id);
 
-/* Raw numbers for logs and /metrics; any thread (a consistent snapshot taken under a mutex, refreshed at
- * every step and every submit). Histograms are fed by the caller from the DONE/DELTA events' timings. */
-typedef struct srv_sched_stats {
-    int32_t requests_running;     /* admitted requests (prefilling or decoding) */
-    int32_t requests_waiting;     /* queued, not admitted (including preempted ones) */
-    int32_t seqs_running;         /* sequences in use by running choices */
-    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
-    int32_t kv_block_size;        /* tokens per block */
-    double kv_usage;              /* used / total */
-    uint64_t prefix_query_tokens; /* kvc stats: tokens offered to the prefix cache */
-    uint64_t prefix_hit_tokens;   /* kvc stats: tokens found there */
+/* The scheduler thread's cumulative counters: it counts them in one of these and copies it whole into
+ * srv_sched_stats.counters. */
+typedef struct srv_sched_counters {
     uint64_t prompt_tokens_total;     /* prompt tokens of finished and running requests (usage) */
     uint64_t prompt_tokens_computed;  /* tokens put through decode as prompt (incl. recompute after preempt) */
     uint64_t generation_tokens_total; /* tokens sampled */
@@ -381,11 +373,25 @@ typedef struct srv_sched_stats {
     uint64_t steps;                   /* decode calls */
     uint64_t batch_tokens_total;      /* sum of the batch sizes */
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */
+    uint64_t context_shifts;          /* context shifts (params.context_shift), in place or recomputed */
+    uint64_t context_shifts_recomputed; /* of those, shifts done by recomputing the kept tokens */
+} srv_sched_counters;
+
+/* Raw numbers for logs and /metrics; any thread (a consistent snapshot taken under a mutex, refreshed at
+ * every step and every submit). Histograms are fed by the caller from the DONE/DELTA events' timings. */
+typedef struct srv_sched_stats {
+    int32_t requests_running;     /* admitted requests (prefilling or decoding) */
+    int32_t requests_waiting;     /* queued, not admitted (including preempted ones) */
+    int32_t seqs_running;         /* sequences in use by running choices */
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
+    int32_t kv_block_size;        /* tokens per block */
+    double kv_usage;              /* used / total */
+    uint64_t prefix_query_tokens; /* kvc stats: tokens offered to the prefix cache */
+    uint64_t prefix_hit_tokens;   /* kvc stats: tokens found there */
+    srv_sched_counters counters;  /* the scheduler thread's cumulative counters */
     uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
-    uint64_t context_shifts;          /* context shifts (params.context_shift), in place or recomputed */
-    uint64_t context_shifts_recomputed; /* of those, shifts done by recomputing the kept tokens */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

@@ -61,7 +61,7 @@ int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
 
 /* Whether a comes after b in the queues' order (priority, then arrival). */
 static bool req_after(const sched_req *a, const sched_req *b) {
-    return a->priority != b->priority ? a->priority > b->priority : a->id > b->id;
+    return a->rq.priority != b->rq.priority ? a->rq.priority > b->rq.priority : a->id > b->id;
 }
 
 int sched_vec_insert_sorted(req_vec *q, sched_req *r) {
@@ -72,7 +72,7 @@ int sched_vec_insert_sorted(req_vec *q, sched_req *r) {
 
 void sched_trace(srv_sched *s, srv_sched_trace_kind kind, const sched_req *r, bool repeated) {
     if (!s->p.on_trace) return;
-    srv_sched_trace t = {.kind = kind, .id = r->id, .priority = r->priority, .repeated = repeated};
+    srv_sched_trace t = {.kind = kind, .id = r->id, .priority = r->rq.priority, .repeated = repeated};
     s->p.on_trace(s->p.on_trace_ctx, &t);
 }
 
@@ -88,7 +88,7 @@ void sched_vec_remove(req_vec *q, sched_req *r) {
 static void req_free(srv_sched *s, sched_req *r) {
     if (!r) return;
     if (r->ch) {
-        for (int32_t i = 0; i < r->n; i++) {
+        for (int32_t i = 0; i < r->rq.n; i++) {
             sched_choice *c = &r->ch[i];
             if (c->sampler) s->ops.sampler_free(s->ops.ctx, c->sampler);
             sched_grammar_release(c);
@@ -114,8 +114,8 @@ static const int32_t *known_tokens(srv_sched *s, const sched_req *r, const sched
         s->tok_buf = p;
         s->tok_cap = n;
     }
-    memcpy(s->tok_buf, r->prompt, (size_t)r->n_prompt * sizeof *s->tok_buf);
-    memcpy(s->tok_buf + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *s->tok_buf);
+    memcpy(s->tok_buf, r->prompt, (size_t)r->rq.n_prompt * sizeof *s->tok_buf);
+    memcpy(s->tok_buf + r->rq.n_prompt, c->gen, (size_t)c->n_gen * sizeof *s->tok_buf);
     return s->tok_buf;
 }
 
@@ -137,9 +137,9 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
         s->b_pos[i] = pos;
         s->b_seq[i] = c->seq;
         s->b_logits[i] = logits && k == n - 1;
-        s->b_embd[i] = r->embed;
+        s->b_embd[i] = r->rq.embed;
     }
-    s->batch_embd |= r->embed;
+    s->batch_embd |= r->rq.embed;
 }
 
 static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
@@ -153,10 +153,10 @@ static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
  * instead of computing them a second time. */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c) {
     int32_t n = known_len(r, c) - 1; /* attachable tokens */
-    if (n < s->block_size || r->embed) return false;
+    if (n < s->block_size || r->rq.embed) return false;
     for (int32_t i = 0; i < s->running.n; i++) {
         const sched_req *p = s->running.v[i];
-        for (int32_t j = 0; j < p->n; j++) {
+        for (int32_t j = 0; j < p->rq.n; j++) {
             const sched_choice *d = &p->ch[j];
             if (d == c || d->finished || d->seq < 0) continue;
             int32_t kd = known_len(p, d);
@@ -177,7 +177,7 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
     int32_t best = 0;
     for (int32_t i = 0; i < s->running.n; i++) {
         const sched_req *p = s->running.v[i];
-        for (int32_t j = 0; j < p->n; j++) {
+        for (int32_t j = 0; j < p->rq.n; j++) {
             const sched_choice *d = &p->ch[j];
             if (d == c || d->finished || d->seq < 0) continue;
             int32_t lim = srv_block_manager_seq_len(&s->bm, d->seq), kd = known_len(p, d);
@@ -205,7 +205,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t seq;
     if (srv_block_manager_seq_open(&s->bm, &seq) != 0) return -1;
     c->clean = INT32_MAX;
-    if (r->embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
+    if (r->rq.embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
         memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
         c->seq = seq;
         c->n_cached = 0;
@@ -253,7 +253,7 @@ static int32_t fit_tokens(srv_sched *s, int32_t seq, int32_t want, int32_t avail
 
 /* Adds prompt/recompute chunks of request r's choices that are not in the batch yet. */
 static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t *reserved) {
-    for (int32_t i = 0; i < r->n && *budget > 0; i++) {
+    for (int32_t i = 0; i < r->rq.n && *budget > 0; i++) {
         sched_choice *c = &r->ch[i];
         if (c->finished || choice_in_batch(s, c)) continue;
         if (c->seq < 0) {
@@ -273,7 +273,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
         int32_t want = rem < *budget ? rem : *budget, need;
         int32_t n = fit_tokens(s, c->seq, want, blocks_avail(s, *reserved), &need);
         if (n == 0) continue;
-        add_group(s, r, c, n, n == rem && !r->embed, true);
+        add_group(s, r, c, n, n == rem && !r->rq.embed, true);
         *reserved += need;
         *budget -= n;
     }
@@ -288,21 +288,21 @@ static void handle_logits(srv_sched *s, sched_req *r, sched_choice *c, int32_t e
         return;
     }
     size_t bytes = (size_t)s->ops.n_vocab * sizeof(float);
-    bool fan_out = c->idx == 0 && c->n_gen == 0 && r->n > 1;
+    bool fan_out = c->idx == 0 && c->n_gen == 0 && r->rq.n > 1;
     if (fan_out) {
-        for (int32_t i = 1; i < r->n; i++) {
+        for (int32_t i = 1; i < r->rq.n; i++) {
             sched_choice *d = &r->ch[i];
             if (d->finished || d->seq >= 0 || d->n_gen != 0) continue;
             int32_t seq;
-            if (srv_block_manager_fork(&s->bm, c->seq, r->n_prompt, &seq) != 0) continue; /* recomputed later */
+            if (srv_block_manager_fork(&s->bm, c->seq, r->rq.n_prompt, &seq) != 0) continue; /* recomputed later */
             d->seq = seq;
-            d->n_cached = r->n_prompt;
+            d->n_cached = r->rq.n_prompt;
         }
     }
     memcpy(s->logit_buf, lg, bytes);
     sched_sample_choice(s, r, c, s->logit_buf);
     if (fan_out) {
-        for (int32_t i = 1; i < r->n; i++) {
+        for (int32_t i = 1; i < r->rq.n; i++) {
             sched_choice *d = &r->ch[i];
             if (d->finished || d->n_gen != 0) continue;
             memcpy(s->logit_buf, lg, bytes);
@@ -321,6 +321,11 @@ static const char *engine_error(int rc) {
     }
 }
 
+/* Ends every choice of r as cancelled. */
+static void end_cancelled(srv_sched *s, sched_req *r) {
+    for (int32_t j = 0; j < r->rq.n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
+}
+
 /* ---- one step ------------------------------------------------------------------------------------------------ */
 static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
     req_vec *lists[2] = {&s->running, &s->waiting};
@@ -329,9 +334,9 @@ static void handle_cancels(srv_sched *s, int32_t *dropped_new) {
             sched_req *r = lists[l]->v[i];
             if (r->cancel_handled || !atomic_load(&r->cancelled)) continue;
             r->cancel_handled = true;
-            for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
+            end_cancelled(s, r);
             bool never = !r->admitted_once;
-            if (sched_emit_outputs(s, r) && never) { (*dropped_new)++; s->dropped_tokens += r->n_prompt; }
+            if (sched_emit_outputs(s, r) && never) { (*dropped_new)++; s->dropped_tokens += r->rq.n_prompt; }
         }
     }
 }
@@ -345,7 +350,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
     /* 1. decode tokens of running choices, in queue order */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
         sched_req *r = s->running.v[i];
-        for (int32_t j = 0; j < r->n && budget > 0; j++) {
+        for (int32_t j = 0; j < r->rq.n && budget > 0; j++) {
             sched_choice *c = &r->ch[j];
             if (c->finished || c->seq < 0 || known_len(r, c) - c->n_cached != 1) continue;
             int32_t need = srv_block_manager_needed(&s->bm, c->seq, 1);
@@ -373,7 +378,7 @@ static int build(srv_sched *s, int32_t *dropped_new) {
         if (rc == 0) break;
         if (rc < 0) {
             bool never = !h->admitted_once;
-            if (sched_emit_outputs(s, h) && never) { (*dropped_new)++; s->dropped_tokens += h->n_prompt; }
+            if (sched_emit_outputs(s, h) && never) { (*dropped_new)++; s->dropped_tokens += h->rq.n_prompt; }
             continue;
         }
         prefill_request(s, h, &budget, &reserved);
@@ -395,7 +400,7 @@ static void step(srv_sched *s) {
                     sched_req *h = s->waiting.v[0];
                     bool never = !h->admitted_once;
                     sched_fail_request(s, h, "the request cannot be scheduled");
-                    if (sched_emit_outputs(s, h) && never) { dropped_new++; s->dropped_tokens += h->n_prompt; }
+                    if (sched_emit_outputs(s, h) && never) { dropped_new++; s->dropped_tokens += h->rq.n_prompt; }
                     continue;
                 }
                 break;
@@ -410,8 +415,8 @@ static void step(srv_sched *s) {
             sched_relieve_pool(s);
             continue;
         }
-        s->c_steps++;
-        s->c_batch_tokens += (uint64_t)s->n_entries;
+        s->counters.steps++;
+        s->counters.batch_tokens_total += (uint64_t)s->n_entries;
         if (rc != ENG_OK) {
             const char *msg = engine_error(rc);
             for (int32_t g = 0; g < s->n_groups; g++) sched_fail_request(s, s->groups[g].r, msg);
@@ -424,10 +429,10 @@ static void step(srv_sched *s) {
             int32_t pos0 = c->n_cached;
             c->n_cached += gr->n;
             if (gr->prompt) {
-                s->c_prompt_computed += (uint64_t)gr->n;
+                s->counters.prompt_tokens_computed += (uint64_t)gr->n;
                 gr->r->timings.n_prompt_computed += gr->n;
             }
-            if (gr->r->embed) sched_pool_rows(s, gr->r, c, gr->first, gr->n, pos0);
+            if (gr->r->rq.embed) sched_pool_rows(s, gr->r, c, gr->first, gr->n, pos0);
             else if (gr->logits) handle_logits(s, gr->r, c, gr->first + gr->n - 1);
         }
         break;
@@ -469,7 +474,7 @@ static void dispatch(srv_sched *s) {
     while (e) {
         sched_event *next = e->next;
         sched_req *r = e->req;
-        if (!(e->ev.type == SRV_SCHED_EV_DELTA && atomic_load(&r->cancelled))) r->cb(&e->ev, r->user);
+        if (!(e->ev.type == SRV_SCHED_EV_DELTA && atomic_load(&r->cancelled))) r->rq.cb(&e->ev, r->rq.user);
         if (!e->prealloc) {
             free(e->text);
             free(e->samples);
@@ -578,19 +583,19 @@ void srv_sched_free(srv_sched *s) {
         sched_trace(s, SRV_SCHED_TRACE_QUEUED, r, false);
         if (sched_vec_insert_sorted(&s->waiting, r) != 0) {
             /* cannot list it: end it directly */
-            for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
+            end_cancelled(s, r);
             sched_emit_outputs(s, r);
         }
     }
     s->incoming.n = 0;
     while (s->running.n > 0) {
         sched_req *r = s->running.v[s->running.n - 1];
-        for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
+        end_cancelled(s, r);
         sched_emit_outputs(s, r);
     }
     while (s->waiting.n > 0) {
         sched_req *r = s->waiting.v[s->waiting.n - 1];
-        for (int32_t j = 0; j < r->n; j++) sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_CANCELLED, NULL);
+        end_cancelled(s, r);
         sched_emit_outputs(s, r);
     }
     sched_post_events(s, 0);
@@ -616,9 +621,12 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     if (req->embed && (!s->ops.get_embd || s->ops.n_embd < 1)) return KVS_ERR_UNSUPPORTED;
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return SRV_SCHED_ERR_NOMEM;
+    r->rq = *req;
+    r->rq.stop = NULL;
+    r->rq.n_stop = 0;
+    r->rq.grammar = NULL;
+    if (req->n_keep < 0 || req->n_keep > req->n_prompt) r->rq.n_keep = req->n_prompt;
     if (req->embed) {
-        r->embed = true;
-        r->pooling = req->pooling;
         r->embd_acc = calloc((size_t)s->ops.n_embd, sizeof *r->embd_acc);
         r->embd = calloc((size_t)s->ops.n_embd, sizeof *r->embd);
         if (!r->embd_acc || !r->embd) {
@@ -628,29 +636,19 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
             return SRV_SCHED_ERR_NOMEM;
         }
     }
-    r->n = req->n;
     r->ch = calloc((size_t)req->n, sizeof *r->ch);
     r->prompt = malloc((size_t)req->n_prompt * sizeof *r->prompt);
     r->end_ev = calloc((size_t)req->n, sizeof *r->end_ev);
     r->done_ev = calloc(1, sizeof *r->done_ev);
     if (!r->ch || !r->prompt || !r->end_ev || !r->done_ev) goto nomem;
     memcpy(r->prompt, req->prompt, (size_t)req->n_prompt * sizeof *r->prompt);
-    r->n_prompt = req->n_prompt;
-    r->max_tokens = req->max_tokens;
-    r->n_keep = req->n_keep < 0 || req->n_keep > req->n_prompt ? req->n_prompt : req->n_keep;
-    r->sp = req->sampling;
+    r->rq.prompt = r->prompt;
     if (req->sampling.n_logit_bias > 0) {
         r->bias = malloc(req->sampling.n_logit_bias * sizeof *r->bias);
         if (!r->bias) goto nomem;
         memcpy(r->bias, req->sampling.logit_bias, req->sampling.n_logit_bias * sizeof *r->bias);
     }
-    r->sp.logit_bias = r->bias;
-    r->ignore_eos = req->ignore_eos;
-    r->penalize_prompt = req->penalize_prompt;
-    r->report_eog = req->report_eog;
-    r->priority = req->priority;
-    r->cb = req->cb;
-    r->user = req->user;
+    r->rq.sampling.logit_bias = r->bias;
     atomic_init(&r->cancelled, false);
     r->n_unfinished = req->n;
     r->usage.prompt_tokens = req->n_prompt;

@@ -17,7 +17,7 @@ static size_t mask_words(const srv_sched *s) { return ((size_t)s->ops.n_vocab + 
 int sched_grammar_init(srv_sched *s, sched_req *r, const gmr_matcher *tmpl) {
     if (!tmpl) return SRV_SCHED_OK;
     if (gmr_vocab_size(gmr_matcher_vocab(tmpl)) != s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         sched_choice *c = &r->ch[i];
         c->gmask = malloc(mask_words(s) * sizeof *c->gmask);
         if (!c->gmask || gmr_matcher_clone(tmpl, &c->gm) != 0) return SRV_SCHED_ERR_NOMEM;

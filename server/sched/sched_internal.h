@@ -48,24 +48,15 @@ typedef struct sched_choice {
 
 typedef struct sched_req {
     uint64_t id;
-    int32_t priority;        /* srv_sched_request.priority (0 under FCFS); the queues' key is (priority, id) */
+    srv_sched_request rq;    /* the request as submitted, copied whole, except: prompt and sampling.logit_bias
+                                point to the owned copies below, stop is NULL (each choice holds its srv_stop),
+                                grammar is NULL (each choice holds its clone), n_keep is clamped to 0 .. n_prompt;
+                                rq.priority is the queues' key with the id: (priority, id) */
     struct sched_req *live_prev, *live_next; /* the live list (under mu) */
-    int32_t *prompt;
-    int32_t n_prompt;
-    int32_t n;
-    int32_t max_tokens;
-    int32_t n_keep;          /* leading prompt tokens a context shift keeps, 0 .. n_prompt */
-    eng_sampling_params sp;
-    eng_logit_bias *bias;
-    bool ignore_eos;
-    bool penalize_prompt;
-    bool report_eog;         /* srv_sched_request.report_eog */
-    bool embed;              /* srv_sched_request.embed */
-    srv_sched_pooling pooling;
+    int32_t *prompt;         /* [rq.n_prompt] owned */
+    eng_logit_bias *bias;    /* [rq.sampling.n_logit_bias] owned */
     double *embd_acc;        /* embed: [n_embd] the pooling accumulator (reset when the sequence restarts) */
     float *embd;             /* embed: [n_embd] the final vector, filled when the prompt is done */
-    srv_sched_event_cb cb;
-    void *user;
     atomic_bool cancelled;      /* set by the loop thread */
     bool cancel_handled;        /* scheduler thread */
     bool admitted_once;
@@ -77,7 +68,7 @@ typedef struct sched_req {
     bool had_error;
     uint64_t preempt_step;      /* step_no of the last preemption */
     bool running;               /* in s->running (its unfinished choices are counted in seqs_reserved) */
-    struct sched_event *end_ev; /* [n] CHOICE_END events, allocated at submit */
+    struct sched_event *end_ev; /* [rq.n] CHOICE_END events, allocated at submit */
     struct sched_event *done_ev;/* the DONE event, allocated at submit */
 } sched_req;
 
@@ -150,22 +141,18 @@ struct srv_sched {
     int32_t tok_cap;
     char piece[256];
     sched_event *out_head, *out_tail; /* events of the current step, posted at its end */
-    /* counters owned by the thread, copied into stats */
-    uint64_t c_prompt_total, c_prompt_computed, c_gen_total, c_preempt, c_thrash, c_steps, c_batch_tokens;
+    srv_sched_counters counters; /* owned by the thread, copied into stats */
     uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
-    uint64_t c_finished[5];
-    uint64_t c_pool_cut;     /* choices cut by the pool (sched_cut_by_pool) */
-    uint64_t c_shift, c_shift_recomputed; /* context shifts, and those done by recomputing */
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
 };
 /* A choice's known tokens: prompt + generated, or after a context shift its shifted context. */
 static inline int32_t known_len(const sched_req *r, const sched_choice *c) {
-    return c->shctx ? c->n_shctx : r->n_prompt + c->n_gen;
+    return c->shctx ? c->n_shctx : r->rq.n_prompt + c->n_gen;
 }
 
 static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_t pos) {
     if (c->shctx) return c->shctx[pos];
-    return pos < r->n_prompt ? r->prompt[pos] : c->gen[pos - r->n_prompt];
+    return pos < r->rq.n_prompt ? r->prompt[pos] : c->gen[pos - r->rq.n_prompt];
 }
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */

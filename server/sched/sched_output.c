@@ -98,7 +98,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
  * touch it again after the events are posted. Returns true when the request is done. */
 bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     uint64_t now = uv_hrtime();
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->n_smp > 0 || c->txt.len > 0) {
             sched_event *e = calloc(1, sizeof *e);
@@ -152,7 +152,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     srv_sched_finish overall = SRV_SCHED_FINISH_STOP;
     const char *error = NULL;
     bool any_cancel = false, any_length = false;
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->reason == SRV_SCHED_FINISH_ERROR && !error) error = c->error ? c->error : "internal error";
         any_cancel |= c->reason == SRV_SCHED_FINISH_CANCELLED;
@@ -178,12 +178,12 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     e->ev.error = error;
     e->ev.usage = r->usage;
     e->ev.timings = r->timings;
-    if (r->embed && overall == SRV_SCHED_FINISH_STOP) {
+    if (r->rq.embed && overall == SRV_SCHED_FINISH_STOP) {
         e->ev.embd = r->embd;
         e->ev.n_embd = s->ops.n_embd;
     }
     out_push(s, e);
-    s->c_finished[overall]++;
+    s->counters.requests_finished[overall]++;
     sched_trace(s, SRV_SCHED_TRACE_ENDED, r, false);
     if (r->running) sched_vec_remove(&s->running, r);
     else sched_vec_remove(&s->waiting, r);
@@ -237,18 +237,8 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->kv_usage = ks.usage;
     st->prefix_query_tokens = ks.prefix_query_tokens + s->c_copy_query;
     st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
-    st->prompt_tokens_total = s->c_prompt_total;
-    st->prompt_tokens_computed = s->c_prompt_computed;
-    st->generation_tokens_total = s->c_gen_total;
-    st->preemptions = s->c_preempt;
-    st->preemptions_repeated = s->c_thrash;
-    st->choices_truncated = s->c_pool_cut;
-    st->steps = s->c_steps;
-    st->batch_tokens_total = s->c_batch_tokens;
-    for (int i = 0; i < 5; i++) st->requests_finished[i] = s->c_finished[i];
+    st->counters = s->counters;
     st->queued_tokens = s->n_queued_tokens;
-    st->context_shifts = s->c_shift;
-    st->context_shifts_recomputed = s->c_shift_recomputed;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
@@ -269,7 +259,7 @@ static bool push_sample(srv_sched *s, sched_req *r, sched_choice *c, const eng_s
 }
 
 void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *logits) {
-    if (r->ignore_eos)
+    if (r->rq.ignore_eos)
         for (int32_t k = 0; k < s->n_eog; k++) logits[s->eog[k]] = -INFINITY;
     if (c->gm && !sched_grammar_mask(s, r, c, logits)) return;
     eng_sample smp;
@@ -296,11 +286,11 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         return;
     }
     r->usage.completion_tokens++;
-    s->c_gen_total++;
+    s->counters.generation_tokens_total++;
     if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
     r->protect = false;
-    if (!r->ignore_eos && s->ops.token_is_eog(s->ops.ctx, smp.token)) {
-        if (r->report_eog && !push_sample(s, r, c, &smp)) return;
+    if (!r->rq.ignore_eos && s->ops.token_is_eog(s->ops.ctx, smp.token)) {
+        if (r->rq.report_eog && !push_sample(s, r, c, &smp)) return;
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
         return;
     }
@@ -322,17 +312,17 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
         return;
     }
     if (c->finished) return;
-    if (r->max_tokens > 0 && c->n_gen >= r->max_tokens) {
+    if (r->rq.max_tokens > 0 && c->n_gen >= r->rq.max_tokens) {
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
     } else if (s->p.n_ctx > 0 && known_len(r, c) >= s->p.n_ctx) {
         /* the context is full: shift it (sched.h, "Context shift") or end */
-        if (!(s->p.context_shift && r->max_tokens > 0 && sched_context_shift(s, r, c)))
+        if (!(s->p.context_shift && r->rq.max_tokens > 0 && sched_context_shift(s, r, c)))
             sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
     }
 }
 
 void sched_fail_request(srv_sched *s, sched_req *r, const char *msg) {
-    for (int32_t i = 0; i < r->n; i++) sched_finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, msg);
+    for (int32_t i = 0; i < r->rq.n; i++) sched_finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, msg);
 }
 
 /* ---- embeddings ------------------------------------------------------------------------------------------- */
@@ -340,8 +330,8 @@ void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first,
     const int32_t E = s->ops.n_embd;
     for (int32_t k = 0; k < n; k++) {
         int32_t pos = pos0 + k;
-        bool take = r->pooling == SRV_SCHED_POOL_MEAN || (r->pooling == SRV_SCHED_POOL_CLS && pos == 0) ||
-                    (r->pooling == SRV_SCHED_POOL_LAST && pos == r->n_prompt - 1);
+        bool take = r->rq.pooling == SRV_SCHED_POOL_MEAN || (r->rq.pooling == SRV_SCHED_POOL_CLS && pos == 0) ||
+                    (r->rq.pooling == SRV_SCHED_POOL_LAST && pos == r->rq.n_prompt - 1);
         if (!take) continue;
         const float *row = s->ops.get_embd(s->ops.ctx, first + k);
         if (!row) {
@@ -350,7 +340,7 @@ void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first,
         }
         for (int32_t j = 0; j < E; j++) r->embd_acc[j] += row[j];
     }
-    if (c->n_cached < r->n_prompt) return;
+    if (c->n_cached < r->rq.n_prompt) return;
     /* mean: the sum's direction is the mean's, so the L2 normalization below makes the division moot */
     double ss = 0;
     for (int32_t j = 0; j < E; j++) ss += r->embd_acc[j] * r->embd_acc[j];

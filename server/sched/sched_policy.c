@@ -12,7 +12,7 @@
  * tokens are kept. */
 void sched_preempt(srv_sched *s, sched_req *r) {
     sched_trace(s, SRV_SCHED_TRACE_PREEMPTED, r, r->protect);
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->seq >= 0) {
             srv_block_manager_seq_close(&s->bm, c->seq);
@@ -20,8 +20,8 @@ void sched_preempt(srv_sched *s, sched_req *r) {
             c->n_cached = 0;
         }
     }
-    if (r->protect) s->c_thrash++;
-    s->c_preempt++;
+    if (r->protect) s->counters.preemptions_repeated++;
+    s->counters.preemptions++;
     r->timings.n_preempted++;
     r->protect = true;
     r->preempt_step = s->step_no;
@@ -30,7 +30,7 @@ void sched_preempt(srv_sched *s, sched_req *r) {
     r->running = false;
     if (sched_vec_insert_sorted(&s->waiting, r) != 0) {
         /* cannot requeue: end it rather than lose it */
-        for (int32_t i = 0; i < r->n; i++)
+        for (int32_t i = 0; i < r->rq.n; i++)
             sched_finish_choice(s, r, &r->ch[i], SRV_SCHED_FINISH_ERROR, "out of memory");
         sched_emit_outputs(s, r);
     }
@@ -43,24 +43,24 @@ void sched_preempt(srv_sched *s, sched_req *r) {
 sched_req *sched_pick_victim(srv_sched *s) {
     if (s->running.n < 2) return NULL;
     sched_req *last = s->running.v[s->running.n - 1];
-    for (int32_t i = s->running.n - 1; i >= 0 && s->running.v[i]->priority == last->priority; i--)
+    for (int32_t i = s->running.n - 1; i >= 0 && s->running.v[i]->rq.priority == last->rq.priority; i--)
         if (!s->running.v[i]->protect) return s->running.v[i];
     return last;
 }
 
 /* Ends choice c with "length" because its context no longer fits the whole pool (not max_tokens, not n_ctx):
- * marked so that its CHOICE_END says so (truncated) and counted (stats.choices_truncated). */
+ * marked so that its CHOICE_END says so (truncated) and counted (stats.counters.choices_truncated). */
 void sched_cut_by_pool(srv_sched *s, sched_req *r, sched_choice *c) {
     if (c->finished) return;
     c->pool_cut = true;
-    s->c_pool_cut++;
+    s->counters.choices_truncated++;
     sched_finish_choice(s, r, c, SRV_SCHED_FINISH_LENGTH, NULL);
 }
 
 /* Ends the unfinished choices of a request that cannot fit the pool even alone: "length" for a choice that
  * has generated (its context outgrew the pool), an error for one that has not (its prompt does not fit). */
 void sched_finish_no_room(srv_sched *s, sched_req *r) {
-    for (int32_t j = 0; j < r->n; j++) {
+    for (int32_t j = 0; j < r->rq.n; j++) {
         sched_choice *c = &r->ch[j];
         if (c->n_gen > 0) sched_cut_by_pool(s, r, c);
         else sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "prompt does not fit in the KV cache");
@@ -71,11 +71,11 @@ void sched_finish_no_room(srv_sched *s, sched_req *r) {
 static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
     int64_t bs = s->block_size, total = 0;
     bool first = true;
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         const sched_choice *c = &r->ch[i];
         if (c->finished) continue;
         int64_t b = ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
-        if (!first) b -= (c->shctx ? r->n_keep : r->n_prompt) / bs; /* a shifted context shares only its head */
+        if (!first) b -= (c->shctx ? r->rq.n_keep : r->rq.n_prompt) / bs; /* a shifted context shares only its head */
         total += b;
         first = false;
     }
@@ -83,7 +83,7 @@ static int64_t context_blocks(const srv_sched *s, const sched_req *r) {
 }
 
 static sched_choice *first_unfinished(sched_req *r) {
-    for (int32_t i = 0; i < r->n; i++)
+    for (int32_t i = 0; i < r->rq.n; i++)
         if (!r->ch[i].finished) return &r->ch[i];
     return NULL;
 }
@@ -95,7 +95,7 @@ static int64_t running_demand(srv_sched *s) {
     int64_t total = 0, bs = s->block_size;
     for (int32_t i = 0; i < s->running.n; i++) {
         sched_req *r = s->running.v[i];
-        for (int32_t j = 0; j < r->n; j++) {
+        for (int32_t j = 0; j < r->rq.n; j++) {
             sched_choice *c = &r->ch[j];
             if (c->finished) continue;
             if (c->seq >= 0) {
@@ -104,7 +104,7 @@ static int64_t running_demand(srv_sched *s) {
             } else if (!(c->idx > 0 && c->n_gen == 0)) {
                 total += ((int64_t)known_len(r, c) + 1 + bs - 1) / bs;
             } else {
-                total += 1 + (r->n_prompt % bs != 0); /* copied partial block + growth */
+                total += 1 + (r->rq.n_prompt % bs != 0); /* copied partial block + growth */
             }
         }
     }
@@ -118,7 +118,7 @@ static int32_t shared_in_use(srv_sched *s, const sched_req *r, const sched_choic
     if (n < s->block_size) return 0;
     for (int32_t i = 0; i < s->running.n; i++) {
         const sched_req *p = s->running.v[i];
-        for (int32_t j = 0; j < p->n; j++) {
+        for (int32_t j = 0; j < p->rq.n; j++) {
             const sched_choice *d = &p->ch[j];
             if (d->finished || d->seq < 0) continue;
             int32_t lim = n < d->n_cached ? n : d->n_cached, l = 0;
@@ -148,19 +148,19 @@ int sched_admit_head(srv_sched *s) {
     if (r->preempt_step == s->step_no) return 0; /* not back in the step that preempted it */
     if (need - shared_in_use(s, r, c0) > srv_block_manager_available(&s->bm) - running_demand(s)) return 0;
     if (!(c0->idx > 0 && c0->n_gen == 0) && sched_prefix_wait(s, r, c0)) return 0;
-    for (int32_t i = 0; i < r->n; i++) {
+    for (int32_t i = 0; i < r->rq.n; i++) {
         sched_choice *c = &r->ch[i];
         if (c->finished || c->sampler) continue;
-        eng_sampling_params sp = r->sp;
-        sp.seed = r->sp.seed + (uint64_t)i;
+        eng_sampling_params sp = r->rq.sampling;
+        sp.seed = r->rq.sampling.seed + (uint64_t)i;
         if (s->ops.sampler_create(s->ops.ctx, &sp, &c->sampler) != 0) {
             c->sampler = NULL;
-            for (int32_t j = 0; j < r->n; j++)
+            for (int32_t j = 0; j < r->rq.n; j++)
                 sched_finish_choice(s, r, &r->ch[j], SRV_SCHED_FINISH_ERROR, "cannot create a sampler");
             return -1;
         }
-        if (r->penalize_prompt && s->ops.sampler_accept)
-            for (int32_t k = 0; k < r->n_prompt; k++) s->ops.sampler_accept(s->ops.ctx, c->sampler, r->prompt[k]);
+        if (r->rq.penalize_prompt && s->ops.sampler_accept)
+            for (int32_t k = 0; k < r->rq.n_prompt; k++) s->ops.sampler_accept(s->ops.ctx, c->sampler, r->prompt[k]);
     }
     sched_vec_remove(&s->waiting, r);
     if (sched_vec_insert_sorted(&s->running, r) != 0) {
@@ -175,9 +175,9 @@ int sched_admit_head(srv_sched *s) {
         r->admitted_once = true;
         uv_mutex_lock(&s->mu);
         s->n_queued_new--;
-        s->n_queued_tokens -= r->n_prompt;
+        s->n_queued_tokens -= r->rq.n_prompt;
         uv_mutex_unlock(&s->mu);
-        s->c_prompt_total += (uint64_t)r->n_prompt;
+        s->counters.prompt_tokens_total += (uint64_t)r->rq.n_prompt;
     }
     return 1;
 }

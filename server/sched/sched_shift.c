@@ -29,7 +29,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t known = known_len(r, c);
     /* the sequence holds every known token but the one just sampled (a choice without a sequence, e.g. an
      * n > 1 fork that failed, is shifted over what it would hold) */
-    int32_t held = known - 1, keep = r->n_keep < held ? r->n_keep : held;
+    int32_t held = known - 1, keep = r->rq.n_keep < held ? r->rq.n_keep : held;
     int32_t n_discard = (held - keep) / 2;
     if (n_discard < 1) return false;
     /* the new context: tokens [0, keep) and [keep + n_discard, known); built in a new array since the old
@@ -59,7 +59,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
     c->shctx = nt;
     c->n_shctx = n_new;
     c->cap_shctx = n_new > 64 ? n_new : 64;
-    s->c_shift++;
-    if (!in_place) s->c_shift_recomputed++;
+    s->counters.context_shifts++;
+    if (!in_place) s->counters.context_shifts_recomputed++;
     return true;
 }

@@ -176,16 +176,16 @@ Test(api_parse, fields) {
     cr_assert_eq(g.prompts[0].tokens[1], 6);
     cr_assert_eq(g.prompts[1].tokens[0], 7);
     cr_assert_eq(g.max_tokens, 9);
-    cr_assert_float_eq(g.temperature, 0.5f, 1e-6);
-    cr_assert_float_eq(g.top_p, 0.9f, 1e-6);
-    cr_assert_eq(g.top_k, 40);
-    cr_assert_float_eq(g.min_p, 0.05f, 1e-6);
+    cr_assert_float_eq(g.sampling.temperature, 0.5f, 1e-6);
+    cr_assert_float_eq(g.sampling.top_p, 0.9f, 1e-6);
+    cr_assert_eq(g.sampling.top_k, 40);
+    cr_assert_float_eq(g.sampling.min_p, 0.05f, 1e-6);
     cr_assert_eq(g.n, 3);
     cr_assert_eq(g.n_stop, 1);
     cr_assert_str_eq(g.stop[0], "END");
     cr_assert(g.has_seed);
     cr_assert_eq(g.seed, 42u);
-    cr_assert_float_eq(g.repetition_penalty, 1.1f, 1e-6);
+    cr_assert_float_eq(g.sampling.repetition_penalty, 1.1f, 1e-6);
     cr_assert_eq(g.n_logit_bias, 1);
     cr_assert_eq(g.logit_bias[0].token, 12);
     cr_assert_float_eq(g.logit_bias[0].bias, -100.f, 1e-6);
@@ -200,7 +200,7 @@ Test(api_parse, fields) {
     cr_assert_eq(g.n_msgs, 2);
     cr_assert_str_eq(g.msgs[1].content, "ab");
     cr_assert_eq(g.max_tokens, 7);
-    cr_assert_float_eq(g.temperature, 1.f, 1e-6);
+    cr_assert_float_eq(g.sampling.temperature, 1.f, 1e-6);
     cr_assert_eq(g.n, 1);
     cr_assert(!g.stream && !g.logprobs && !g.has_seed);
     srv_api_gen_free(&g);
@@ -470,8 +470,8 @@ static void fake_stats(void *ctx, srv_sched_stats *out) {
     out->kv_usage = 0.25;
     out->prefix_query_tokens = 64;
     out->prefix_hit_tokens = 32;
-    out->generation_tokens_total = 9;
-    out->preemptions = 3;
+    out->counters.generation_tokens_total = 9;
+    out->counters.preemptions = 3;
 }
 
 /* Tokens are bytes; add_special prepends 1 (BOS); with parse_special, "<|im_end|>" is token 2 and

@@ -518,8 +518,8 @@ static int in_place_vs_hand(eng_model *m, const rq *q, int32_t n_ctx, res *want)
     cr_assert_eq(got.finish, SRV_SCHED_FINISH_LENGTH);
     cr_assert_eq(got.n_toks, q->max_tokens);
     cr_assert_eq(got.usage.completion_tokens, q->max_tokens);
-    cr_assert_eq(st.context_shifts, (uint64_t)shifts);
-    cr_assert_eq(st.context_shifts_recomputed, 0);
+    cr_assert_eq(st.counters.context_shifts, (uint64_t)shifts);
+    cr_assert_eq(st.counters.context_shifts_recomputed, 0);
     for (int32_t i = 0; i < got.n_toks; i++)
         cr_assert(got.toks[i] == want->toks[i] && memcmp(&got.lp[i], &want->lp[i], sizeof(float)) == 0,
                   "n_keep %d token %d: %d (%.9g), by hand %d (%.9g)", q->n_keep, i, got.toks[i], (double)got.lp[i],
@@ -546,7 +546,7 @@ Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
         srv_sched_stats st = run_sched(m, &q, 1, (run_cfg){n_ctx, 64, 32, false, false}, &off);
         cr_assert_eq(off.finish, SRV_SCHED_FINISH_LENGTH);
         cr_assert_eq(off.n_toks, n_ctx - q.n_prompt);
-        cr_assert_eq(st.context_shifts, 0);
+        cr_assert_eq(st.counters.context_shifts, 0);
         cr_assert(memcmp(off.toks, want.toks, (size_t)off.n_toks * sizeof(int32_t)) == 0);
         /* with the shift but no max_tokens: no unbounded generation */
         rq q0 = q;
@@ -554,7 +554,7 @@ Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
         st = run_sched(m, &q0, 1, (run_cfg){n_ctx, 64, 32, true, false}, &off);
         cr_assert_eq(off.finish, SRV_SCHED_FINISH_LENGTH);
         cr_assert_eq(off.n_toks, n_ctx - q.n_prompt);
-        cr_assert_eq(st.context_shifts, 0);
+        cr_assert_eq(st.counters.context_shifts, 0);
     }
     /* nothing to discard (n_keep covers the whole context): "length" */
     rq q;
@@ -565,7 +565,7 @@ Test(ctx_shift, sched_keeps_generating_past_the_context, .timeout = 600) {
     srv_sched_stats st = run_sched(m, &q, 1, (run_cfg){32, 64, 32, true, false}, &got);
     cr_assert_eq(got.finish, SRV_SCHED_FINISH_LENGTH);
     cr_assert_eq(got.n_toks, 2);
-    cr_assert_eq(st.context_shifts, 0);
+    cr_assert_eq(st.counters.context_shifts, 0);
     sched_model_drop(m, dir, path);
 }
 
@@ -591,8 +591,8 @@ Test(ctx_shift, sched_after_shift_equals_fresh_prompt, .timeout = 600) {
         res got, fresh;
         srv_sched_stats st = run_sched(mm, &q, 1, (run_cfg){n_ctx, 64, 24, true, !in_place}, &got);
         cr_assert_eq(got.n_toks, q.max_tokens);
-        cr_assert_gt(st.context_shifts, 0);
-        cr_assert_eq(st.context_shifts_recomputed, in_place ? 0 : st.context_shifts);
+        cr_assert_gt(st.counters.context_shifts, 0);
+        cr_assert_eq(st.counters.context_shifts_recomputed, in_place ? 0 : st.counters.context_shifts);
         rq f;
         int32_t first;
         f.n_prompt = kept_after_first_shift(&q, &got, n_ctx, f.prompt, &first);
@@ -649,8 +649,8 @@ Test(ctx_shift, sched_shift_under_preemption, .timeout = 600) {
     res together[NR], alone;
     /* 12 blocks of 16 for 5 sequences of up to 64 tokens */
     srv_sched_stats st = run_sched(m, q, NR, (run_cfg){n_ctx, 12, 32, true, true}, together);
-    cr_assert_gt(st.preemptions, 0, "the small pool never preempted");
-    cr_assert_gt(st.context_shifts, 0);
+    cr_assert_gt(st.counters.preemptions, 0, "the small pool never preempted");
+    cr_assert_gt(st.counters.context_shifts, 0);
     for (int i = 0; i < NR; i++) {
         run_sched(m, &q[i], 1, (run_cfg){n_ctx, 64, 32, true, true}, &alone);
         cr_assert_eq(together[i].n_toks, q[i].max_tokens);
@@ -660,9 +660,9 @@ Test(ctx_shift, sched_shift_under_preemption, .timeout = 600) {
     }
     st = run_sched(m, q, NR, (run_cfg){n_ctx, 12, 32, true, false}, together);
     cr_log_info("in place under preemption: %llu preemptions, %llu shifts (%llu recomputed)",
-                (unsigned long long)st.preemptions, (unsigned long long)st.context_shifts,
-                (unsigned long long)st.context_shifts_recomputed);
-    cr_assert_gt(st.preemptions, 0);
+                (unsigned long long)st.counters.preemptions, (unsigned long long)st.counters.context_shifts,
+                (unsigned long long)st.counters.context_shifts_recomputed);
+    cr_assert_gt(st.counters.preemptions, 0);
     for (int i = 0; i < NR; i++) {
         cr_assert_eq(together[i].n_toks, q[i].max_tokens);
         cr_assert_eq(together[i].finish, SRV_SCHED_FINISH_LENGTH);

@@ -91,9 +91,9 @@ Test(msg_map, every_field_becomes_chat) {
     srv_api_gen g;
     cr_assert_eq(srv_api_parse_gen_json(SRV_API_CHAT, r.chat, NULL, &g, &e), 0, "%s", e.message);
     cr_assert_eq(g.max_tokens, 7);
-    cr_assert_float_eq(g.temperature, 0.5f, 1e-6);
-    cr_assert_float_eq(g.top_p, 0.9f, 1e-6);
-    cr_assert_eq(g.top_k, 20);
+    cr_assert_float_eq(g.sampling.temperature, 0.5f, 1e-6);
+    cr_assert_float_eq(g.sampling.top_p, 0.9f, 1e-6);
+    cr_assert_eq(g.sampling.top_k, 20);
     cr_assert_eq(g.n_stop, 2);
     cr_assert_str_eq(g.stop[0], "END");
     cr_assert_str_eq(g.stop[1], "\n\nHuman:");

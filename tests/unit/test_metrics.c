@@ -117,10 +117,10 @@ Test(metrics, exposition_format) {
     st.requests_running = 3;
     st.kv_usage = 0.5;
     st.kv_blocks_used = 7;
-    st.preemptions = 11;
-    st.choices_truncated = 4;
-    st.context_shifts = 4;
-    st.context_shifts_recomputed = 1;
+    st.counters.preemptions = 11;
+    st.counters.choices_truncated = 4;
+    st.counters.context_shifts = 4;
+    st.counters.context_shifts_recomputed = 1;
     char *text;
     size_t len;
     cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
@@ -167,9 +167,9 @@ Test(metrics, vllm_names) {
     st.kv_block_size = 16;
     st.prefix_query_tokens = 100;
     st.prefix_hit_tokens = 48;
-    st.prompt_tokens_total = 321;
-    st.generation_tokens_total = 77;
-    st.preemptions = 2;
+    st.counters.prompt_tokens_total = 321;
+    st.counters.generation_tokens_total = 77;
+    st.counters.preemptions = 2;
     char *text;
     size_t len;
     cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);

@@ -140,7 +140,7 @@ static uint64_t run_shaped(eng_model *model, const spec *sp, int n, shape sh, re
     srv_sched_stats st;
     srv_sched_get_stats(s, &st);
     cr_assert_eq(st.kv_blocks_used, 0);
-    cr_assert_eq(st.preemptions_repeated, 0);
+    cr_assert_eq(st.counters.preemptions_repeated, 0);
     srv_sched_free(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_assert_eq(uv_loop_close(&loop), 0);
@@ -148,7 +148,7 @@ static uint64_t run_shaped(eng_model *model, const spec *sp, int n, shape sh, re
     cr_assert_eq(kvc_check(eng_ctx_cache(ctx), msg, sizeof msg), KVC_OK, "%s", msg);
     srv_engine_ops_release(&ops);
     eng_ctx_free(ctx);
-    return st.preemptions;
+    return st.counters.preemptions;
 }
 
 static uint64_t run(eng_model *model, const spec *sp, int n, int32_t kv_blocks, res *out) {

@@ -612,8 +612,8 @@ Test(scheduler, budget_decode_first_chunked_prefill) {
     }
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.generation_tokens_total, NR * 12);
-    cr_assert_eq(st.requests_finished[SRV_SCHED_FINISH_LENGTH], NR);
+    cr_assert_eq(st.counters.generation_tokens_total, NR * 12);
+    cr_assert_eq(st.counters.requests_finished[SRV_SCHED_FINISH_LENGTH], NR);
     hz_free(h);
     free(h);
     free(res);
@@ -672,8 +672,8 @@ Test(scheduler, n_choices_share_one_prefill) {
     assert_clean(r);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.prompt_tokens_computed, 43, "prompt computed %llu times its length",
-                 (unsigned long long)st.prompt_tokens_computed);
+    cr_assert_eq(st.counters.prompt_tokens_computed, 43, "prompt computed %llu times its length",
+                 (unsigned long long)st.counters.prompt_tokens_computed);
     int32_t gen = 0;
     for (int c = 0; c < 4; c++) gen += r->n_toks[c] + (r->finish[c] == SRV_SCHED_FINISH_STOP ? 1 : 0);
     cr_assert_eq(r->usage.completion_tokens, gen);
@@ -741,7 +741,7 @@ Test(scheduler, prefix_cache_reports_cached_tokens) {
     cr_assert_eq(rb->usage.prompt_tokens, 50);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.prompt_tokens_computed, 50 + 18);
+    cr_assert_eq(st.counters.prompt_tokens_computed, 50 + 18);
     cr_assert_geq(st.prefix_hit_tokens, 32);
     result alone;
     run_alone(&b, &alone);
@@ -800,8 +800,8 @@ static void check_concurrent_prefix(uint64_t seed, int32_t len, int32_t common, 
     hz_run(h, NR);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.prompt_tokens_computed, (uint64_t)(len + (NR - 1) * (len - common)),
-                 "computed %llu prompt tokens", (unsigned long long)st.prompt_tokens_computed);
+    cr_assert_eq(st.counters.prompt_tokens_computed, (uint64_t)(len + (NR - 1) * (len - common)),
+                 "computed %llu prompt tokens", (unsigned long long)st.counters.prompt_tokens_computed);
     cr_assert_geq(st.prefix_hit_tokens, (uint64_t)(NR - 1) * (uint64_t)reused,
                   "reused prefixes count as prefix hits (%llu)", (unsigned long long)st.prefix_hit_tokens);
     int reusing = 0;
@@ -863,8 +863,8 @@ static void preemption_round(uint64_t seed, int inject, uint64_t *preemptions) {
         snprintf(what, sizeof what, "seed %llu req %d", (unsigned long long)seed, i);
         assert_same(&res[i], &alone, what);
     }
-    cr_assert_eq(st.preemptions_repeated, 0, "seed %llu: thrash", (unsigned long long)seed);
-    *preemptions += st.preemptions;
+    cr_assert_eq(st.counters.preemptions_repeated, 0, "seed %llu: thrash", (unsigned long long)seed);
+    *preemptions += st.counters.preemptions;
     cr_assert_eq(st.kv_blocks_used, 0);
     hz_free(h);
     free(h);
@@ -926,7 +926,7 @@ Test(scheduler, prompt_does_not_fit) {
     cr_assert(!rs->truncated[0]);
     srv_sched_stats st;
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.choices_truncated, 1);
+    cr_assert_eq(st.counters.choices_truncated, 1);
     /* an end by max_tokens is not a truncation */
     req_spec edge = grow;
     edge.max_tokens = 3;
@@ -937,7 +937,7 @@ Test(scheduler, prompt_does_not_fit) {
     cr_assert_eq(re->finish[0], SRV_SCHED_FINISH_LENGTH);
     cr_assert(!re->truncated[0]);
     srv_sched_get_stats(h->s, &st);
-    cr_assert_eq(st.choices_truncated, 1);
+    cr_assert_eq(st.counters.choices_truncated, 1);
     free(re);
     free(rg);
     hz_free(h);
@@ -1263,10 +1263,10 @@ Test(scheduler, randomized_mix_with_cancels) {
         uv_close((uv_handle_t *)&check, NULL);
         srv_sched_stats st;
         srv_sched_get_stats(h->s, &st);
-        cr_assert_eq(st.preemptions_repeated, 0, "seed %llu", (unsigned long long)seed);
+        cr_assert_eq(st.counters.preemptions_repeated, 0, "seed %llu", (unsigned long long)seed);
         cr_assert_eq(st.kv_blocks_used, 0);
         cr_assert_eq(st.requests_running + st.requests_waiting, 0);
-        preempts += st.preemptions;
+        preempts += st.counters.preemptions;
         hits += st.prefix_hit_tokens;
         for (int i = 0; i < NR; i++) {
             assert_clean(&res[i]);
@@ -1394,7 +1394,7 @@ Test(scheduler, grammar_constrains_every_choice_through_preemption) {
         hz_run(h, NR);
         srv_sched_stats st;
         srv_sched_get_stats(h->s, &st);
-        pre += st.preemptions;
+        pre += st.counters.preemptions;
         for (int i = 0; i < NR; i++) {
             assert_clean(&res[i]);
             for (int32_t c = 0; c < q[i].n; c++) {
@@ -1697,8 +1697,8 @@ static replay_stats priority_round(uint64_t seed, srv_sched_policy policy, int32
     uv_mutex_lock(&log->mu);
     replay_stats rs = replay_trace(log, prio, NR, policy == SRV_SCHED_FCFS, what);
     uv_mutex_unlock(&log->mu);
-    cr_assert_eq((uint64_t)rs.preemptions, st.preemptions, "%s: every preemption is traced", what);
-    rs.repeated = (int32_t)st.preemptions_repeated;
+    cr_assert_eq((uint64_t)rs.preemptions, st.counters.preemptions, "%s: every preemption is traced", what);
+    rs.repeated = (int32_t)st.counters.preemptions_repeated;
     for (int i = 0; i < NR; i++) {
         assert_clean(&res[i]);
         cr_assert_neq(res[i].done_finish, SRV_SCHED_FINISH_ERROR, "%s req %d: %s", what, i, res[i].error);
