@@ -20,26 +20,34 @@ test('RSS of an idle server comes back after large refused bodies', { timeout: 1
   }
   const srv = await startServer(model.path, ['--parallel', '2', '--threads', '2', '--ctx-size', '512']);
   try {
-    for (let i = 0; i < 3; i++) { const r = await fetch(`${srv.base}/health`); await r.text(); }
+    // Warm-up: the start's own allocations (a worker thread's arena and stack, the scheduler's first step) are
+    // there before the baseline. Four small refused bodies at once reach the pool's threads; one completion runs.
+    const refused = (n) => JSON.stringify({ model: 'x', prompt: Array.from({ length: n }, (_, i) => 100 + (i % 200)),
+      max_tokens: 1 });
+    const post = (body) => fetch(`${srv.base}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body,
+    }).then(async (r) => { await r.text(); return r.status; });
+    for (const s of await Promise.all(Array.from({ length: 4 }, () => post(refused(2000))))) assert.equal(s, 400);
+    assert.equal(await post(JSON.stringify({ model: 'x', prompt: 'Once upon a time', max_tokens: 4 })), 200);
     await new Promise((r) => setTimeout(r, 500));
     const before = rssKiB(srv.child.pid);
+    // Within 10% of the start, plus 2 MiB for what a tiny model's few-MB server cannot amortize (thread stacks
+    // touched deeper by the large parse)
+    const limit = before * 1.1 + 2048;
     // ~4 MB of token ids each: far past the context, refused with 400 after the parse
-    const ids = Array.from({ length: 800000 }, (_, i) => 100 + (i % 200));
-    const body = JSON.stringify({ model: 'x', prompt: ids, max_tokens: 1 });
+    const body = refused(800000);
     let peak = before;
     for (let round = 0; round < 2; round++) {
-      const answers = await Promise.all(Array.from({ length: 4 }, () => fetch(`${srv.base}/v1/completions`, {
-        method: 'POST', headers: { 'Content-Type': 'application/json' }, body,
-      }).then(async (r) => { await r.text(); return r.status; })));
+      const answers = await Promise.all(Array.from({ length: 4 }, () => post(body)));
       for (const s of answers) assert.equal(s, 400);
       peak = Math.max(peak, rssKiB(srv.child.pid));
     }
     let after = rssKiB(srv.child.pid);
-    for (let i = 0; i < 50 && after > before * 1.1; i++) {
+    for (let i = 0; i < 50 && after > limit; i++) {
       await new Promise((r) => setTimeout(r, 100));
       after = rssKiB(srv.child.pid);
     }
-    assert.ok(after <= before * 1.1, `idle RSS ${after} KiB after large bodies (peak ${peak} KiB), ${before} KiB before`);
+    assert.ok(after <= limit, `idle RSS ${after} KiB after large bodies (peak ${peak} KiB), ${before} KiB before`);
     assert.equal(await srv.stop(), 0);
   } finally {
     if (srv.child.exitCode === null) srv.child.kill('SIGKILL');
