@@ -162,27 +162,12 @@ SMP_FN uint64_t smp_search_max(Ex &ex, uint64_t lo, uint64_t hi, Pred pred) {
     return lo;
 }
 
-// One row. The executor provides, for a per-thread functor f(t):
-//   ex.par(f)               every thread runs f(t), then a barrier;
-//   ex.single(f)            thread 0 runs f(), then a barrier;
-//   ex.dsum / isum / umax(f) every thread's partial f(t) reduced by the tree, the result seen by every thread.
-//   ex.lead()                true on the thread that writes the results (thread 0).
-// o (global memory on the device) holds in o.rng the state before the step, read by every thread at the start;
-// the lead thread writes the results and the state after (advanced only by a draw).
+// Phase 1 of a row: the raw log-sum-exp, returned, and the top-N raw log-probabilities (written by the lead).
 template <class Ex>
-SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
+SMP_FN double smp_raw_logprobs(Ex &ex, const smp_row_args &a, smp_row_out &o) {
     const int32_t n = a.n;
     const int T = SMP_THREADS;
     const bool lead = ex.lead();
-    uint64_t rng[4] = {o.rng[0], o.rng[1], o.rng[2], o.rng[3]}; // read before the first barrier
-    if (lead) {
-        o.status = 0;
-        o.token = -1;
-        o.logprob = 0.0f;
-        o.n_top = 0;
-    }
-
-    // 1. raw log-probabilities
     const uint64_t mk = ex.umax([&](int t) {
         uint64_t m = 0;
         for (int32_t i = t; i < n; i += T) { uint64_t k = smp_okey(smp_raw(a, i)); m = k > m ? k : m; }
@@ -219,8 +204,15 @@ SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
         prev = k;
     }
     if (lead) o.n_top = ntop;
+    return lse;
+}
 
-    // 2. transforms: bias in list order, then penalties (one thread: the lists are short and may repeat tokens)
+// Phase 2: a.work gets the transformed logits (bias in list order, then penalties, on one thread: the lists are
+// short and may repeat tokens); returns their maximum.
+template <class Ex>
+SMP_FN float smp_transform(Ex &ex, const smp_row_args &a) {
+    const int32_t n = a.n;
+    const int T = SMP_THREADS;
     ex.par([&](int t) { for (int32_t i = t; i < n; i += T) a.work[i] = smp_raw(a, i); });
     ex.single([&]() {
         for (int32_t b = 0; b < a.n_bias; b++) a.work[a.bias_tok[b]] = SMP_ADD(a.work[a.bias_tok[b]], a.bias_val[b]);
@@ -231,18 +223,184 @@ SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
             a.work[a.pen_tok[q]] = v;
         }
     });
-    float *w = a.work;
-    const float m = smp_okey_value((uint32_t)ex.umax([&](int t) {
+    const float *w = a.work;
+    return smp_okey_value((uint32_t)ex.umax([&](int t) {
         uint64_t mm = 0;
         for (int32_t i = t; i < n; i += T) { uint64_t k = smp_okey(w[i]); mm = k > mm ? k : mm; }
         return mm;
     }));
+}
+
+// The candidate set after phase 3: every token when all (the CPU's nc < 0: no candidate list); else a token whose
+// w is >= 0 after the top-k <= 256 pass (heap: zeros included), or > 0 otherwise (the CPU's candidates are the
+// positive probabilities), with its rank key at or above kcut. sum: the members' mass.
+struct smp_cands {
+    uint64_t kcut;
+    bool all, heap;
+    double sum;
+    SMP_FN bool member(const float *w, int32_t i) const {
+        return (heap ? w[i] >= 0.0f : w[i] > 0.0f) && smp_rkey(w[i], i) >= kcut;
+    }
+};
+
+// Phase 3a: a.work becomes the probabilities e^((w - m) / T) (of the top-k members only when top_k <= 256: the
+// others get -1); the cut of a top-k over 256 is found on the probabilities.
+template <class Ex>
+SMP_FN void smp_top_k(Ex &ex, const smp_row_args &a, float m, smp_cands &c) {
+    const int32_t n = a.n;
+    const int T = SMP_THREADS;
+    float *w = a.work;
+    const float inv_t = SMP_DIV(1.0f, a.temperature);
+    c.kcut = 0;
+    c.heap = a.top_k > 0 && a.top_k <= 256;
+    c.all = false;
+    const int64_t k = a.top_k;
+    if (c.heap) {
+        int64_t nvalid = ex.isum([&](int t) {
+            int64_t cnt = 0;
+            for (int32_t i = t; i < n; i += T) cnt += w[i] > -INFINITY;
+            return cnt;
+        });
+        uint64_t kcut = 0;
+        if (nvalid > k) {
+            kcut = smp_search_max(ex, 0, ~0ull, [&](uint64_t x) {
+                return ex.isum([&](int t) {
+                    int64_t cnt = 0;
+                    for (int32_t i = t; i < n; i += T) cnt += w[i] > -INFINITY && smp_rkey(w[i], i) >= x;
+                    return cnt;
+                }) >= k;
+            });
+        }
+        // probabilities of the members only (the CPU leaves the others' logits in place)
+        ex.par([&](int t) {
+            for (int32_t i = t; i < n; i += T)
+                if (w[i] > -INFINITY && smp_rkey(w[i], i) >= kcut) w[i] = smp_exp(SMP_MUL(SMP_SUB(w[i], m), inv_t));
+                else w[i] = -1.0f; // not a member (members are >= 0)
+        });
+        return; // members: w >= 0 (zeros included: the CPU keeps underflowed top-k tokens), kcut 0
+    }
+    ex.par([&](int t) {
+        for (int32_t i = t; i < n; i += T) w[i] = smp_exp(SMP_MUL(SMP_SUB(w[i], m), inv_t));
+    });
+    if (a.top_k <= 0 && !(a.top_p < 1.0f)) { c.all = true; return; }
+    if (a.top_k > 0) { // top-k > 256 on the probabilities
+        int64_t nc = ex.isum([&](int t) {
+            int64_t cnt = 0;
+            for (int32_t i = t; i < n; i += T) cnt += w[i] > 0.0f;
+            return cnt;
+        });
+        if (k < nc)
+            c.kcut = smp_search_max(ex, 0, ~0ull, [&](uint64_t x) {
+                return ex.isum([&](int t) {
+                    int64_t cnt = 0;
+                    for (int32_t i = t; i < n; i += T) cnt += w[i] > 0.0f && smp_rkey(w[i], i) >= x;
+                    return cnt;
+                }) >= k;
+            });
+    }
+}
+
+// Phase 3b: the members' mass, then the top-p cut: the largest cut whose best-first mass still reaches the
+// target (all members if none; only the best member when the target is not positive).
+template <class Ex>
+SMP_FN void smp_top_p(Ex &ex, const smp_row_args &a, smp_cands &c) {
+    const int32_t n = a.n;
+    const int T = SMP_THREADS;
+    const float *w = a.work;
+    c.sum = ex.dsum([&](int t) {
+        double s = 0.0;
+        for (int32_t i = t; i < n; i += T) if (c.all || c.member(w, i)) s = SMP_DADD(s, (double)w[i]);
+        return s;
+    });
+    if (c.all || !(a.top_p < 1.0f)) return;
+    int64_t nc = ex.isum([&](int t) {
+        int64_t cnt = 0;
+        for (int32_t i = t; i < n; i += T) cnt += c.member(w, i);
+        return cnt;
+    });
+    if (nc <= 1) return;
+    const double target = SMP_DMUL((double)a.top_p, c.sum);
+    const uint64_t base = c.kcut;
+    if (!(target > 0.0)) {
+        c.kcut = ex.umax([&](int t) {
+            uint64_t mm = 0;
+            for (int32_t i = t; i < n; i += T)
+                if (c.member(w, i)) { uint64_t r = smp_rkey(w[i], i); mm = r > mm ? r : mm; }
+            return mm;
+        });
+        return;
+    }
+    const smp_cands cb = c; // the search's predicate reads the set before the cut moves
+    c.kcut = smp_search_max(ex, base, ~0ull, [&](uint64_t x) {
+        return ex.dsum([&](int t) {
+            double s = 0.0;
+            for (int32_t i = t; i < n; i += T)
+                if (cb.member(w, i) && smp_rkey(w[i], i) >= x) s = SMP_DADD(s, (double)w[i]);
+            return s;
+        }) >= target;
+    });
+}
+
+// Phase 4: min-p (relative to the best token, whose probability is exactly 1), then the draw in id order: the
+// lowest id whose prefix mass exceeds u. -1 when nothing is kept (unreachable: the best token always is).
+template <class Ex>
+SMP_FN int32_t smp_draw(Ex &ex, const smp_row_args &a, const smp_cands &c, uint64_t rng[4]) {
+    const int32_t n = a.n;
+    const int T = SMP_THREADS;
+    const float *w = a.work;
+    const float thr = a.min_p > 0.0f ? a.min_p : 0.0f;
+    auto kept = [&](int32_t i) {
+        return c.all ? (w[i] > 0.0f && w[i] >= thr) : (c.member(w, i) && w[i] >= thr);
+    };
+    auto prefix = [&](int32_t last) { // mass of the kept tokens with id <= last
+        return ex.dsum([&](int t) {
+            double s = 0.0;
+            for (int32_t i = t; i <= last; i += T) if (kept(i)) s = SMP_DADD(s, (double)w[i]);
+            return s;
+        });
+    };
+    const double total = prefix(n - 1);
+    const uint64_t last_kept = ex.umax([&](int t) {
+        uint64_t mm = 0;
+        for (int32_t i = t; i < n; i += T) if (kept(i)) mm = (uint64_t)i + 1 > mm ? (uint64_t)i + 1 : mm;
+        return mm;
+    });
+    if (last_kept == 0) return -1;
+    const double u = SMP_DMUL(eng_rng_uniform(rng), total);
+    // the largest j with prefix(j - 1) <= u, j in [0, n)
+    int32_t j = (int32_t)smp_search_max(ex, 0, (uint64_t)(n - 1), [&](uint64_t x) {
+        return prefix((int32_t)x - 1) <= u;
+    });
+    return prefix(j) > u ? j : (int32_t)(last_kept - 1);
+}
+
+// One row. The executor provides, for a per-thread functor f(t):
+//   ex.par(f)               every thread runs f(t), then a barrier;
+//   ex.single(f)            thread 0 runs f(), then a barrier;
+//   ex.dsum / isum / umax(f) every thread's partial f(t) reduced by the tree, the result seen by every thread.
+//   ex.lead()                true on the thread that writes the results (thread 0).
+// o (global memory on the device) holds in o.rng the state before the step, read by every thread at the start;
+// the lead thread writes the results and the state after (advanced only by a draw).
+template <class Ex>
+SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
+    const int32_t n = a.n;
+    const int T = SMP_THREADS;
+    const bool lead = ex.lead();
+    uint64_t rng[4] = {o.rng[0], o.rng[1], o.rng[2], o.rng[3]}; // read before the first barrier
+    if (lead) {
+        o.status = 0;
+        o.token = -1;
+        o.logprob = 0.0f;
+        o.n_top = 0;
+    }
+    const double lse = smp_raw_logprobs(ex, a, o);
+    const float m = smp_transform(ex, a);
     if (!(m > -INFINITY)) {
         if (lead) o.status = -1;
         return;
     }
-
-    int32_t chosen = -1;
+    const float *w = a.work;
+    int32_t chosen;
     if (!(a.temperature > 0.0f) || m == INFINITY) {
         // the lowest id holding the maximum: the best rank key among the tokens equal to m
         uint64_t k = ex.umax([&](int t) {
@@ -252,131 +410,14 @@ SMP_FN void smp_row(Ex &ex, const smp_row_args &a, smp_row_out &o) {
         });
         chosen = smp_rkey_id(k);
     } else {
-        const float inv_t = SMP_DIV(1.0f, a.temperature);
-        // the candidates: after this step w holds probabilities (>= 0) of the candidates; a member is a
-        // candidate whose rank key (on its probability) is >= kcut
-        uint64_t kcut = 0;
-        bool all = false; // the CPU's nc < 0: every token, no candidate list
-        double sum;
-        if (a.top_k > 0 && a.top_k <= 256) {
-            const int64_t k = a.top_k;
-            int64_t nvalid = ex.isum([&](int t) {
-                int64_t c = 0;
-                for (int32_t i = t; i < n; i += T) c += w[i] > -INFINITY;
-                return c;
-            });
-            if (nvalid > k) {
-                kcut = smp_search_max(ex, 0, ~0ull, [&](uint64_t x) {
-                    return ex.isum([&](int t) {
-                        int64_t c = 0;
-                        for (int32_t i = t; i < n; i += T) c += w[i] > -INFINITY && smp_rkey(w[i], i) >= x;
-                        return c;
-                    }) >= k;
-                });
-            }
-            // probabilities of the members only (the CPU leaves the others' logits in place)
-            ex.par([&](int t) {
-                for (int32_t i = t; i < n; i += T)
-                    if (w[i] > -INFINITY && smp_rkey(w[i], i) >= kcut) w[i] = smp_exp(SMP_MUL(SMP_SUB(w[i], m), inv_t));
-                    else w[i] = -1.0f; // not a member (members are >= 0)
-            });
-            kcut = 0; // members: w >= 0 (zeros included: the CPU keeps underflowed top-k tokens)
-        } else {
-            ex.par([&](int t) {
-                for (int32_t i = t; i < n; i += T) w[i] = smp_exp(SMP_MUL(SMP_SUB(w[i], m), inv_t));
-            });
-            if (a.top_k <= 0 && !(a.top_p < 1.0f)) all = true;
-        }
-        // member(i): after the top-k <= 256 pass w >= 0 (zeros included); otherwise w > 0 (the CPU's candidates
-        // are the positive probabilities); and the rank key at or above the cut
-        const bool heap = a.top_k > 0 && a.top_k <= 256;
-        auto member = [&](int32_t i) { return (heap ? w[i] >= 0.0f : w[i] > 0.0f) && smp_rkey(w[i], i) >= kcut; };
-        if (all) {
-            sum = ex.dsum([&](int t) {
-                double s = 0.0;
-                for (int32_t i = t; i < n; i += T) s = SMP_DADD(s, (double)w[i]);
-                return s;
-            });
-        } else {
-            if (!heap && a.top_k > 0) { // top-k > 256 on the probabilities
-                const int64_t k = a.top_k;
-                int64_t nc = ex.isum([&](int t) {
-                    int64_t c = 0;
-                    for (int32_t i = t; i < n; i += T) c += w[i] > 0.0f;
-                    return c;
-                });
-                if (k < nc)
-                    kcut = smp_search_max(ex, 0, ~0ull, [&](uint64_t x) {
-                        return ex.isum([&](int t) {
-                            int64_t c = 0;
-                            for (int32_t i = t; i < n; i += T) c += w[i] > 0.0f && smp_rkey(w[i], i) >= x;
-                            return c;
-                        }) >= k;
-                    });
-            }
-            sum = ex.dsum([&](int t) {
-                double s = 0.0;
-                for (int32_t i = t; i < n; i += T) if (member(i)) s = SMP_DADD(s, (double)w[i]);
-                return s;
-            });
-            if (a.top_p < 1.0f) {
-                int64_t nc = ex.isum([&](int t) {
-                    int64_t c = 0;
-                    for (int32_t i = t; i < n; i += T) c += member(i);
-                    return c;
-                });
-                if (nc > 1) {
-                    const double target = SMP_DMUL((double)a.top_p, sum);
-                    const uint64_t base = kcut;
-                    if (!(target > 0.0)) { // only the best member
-                        kcut = ex.umax([&](int t) {
-                            uint64_t mm = 0;
-                            for (int32_t i = t; i < n; i += T)
-                                if (member(i)) { uint64_t r = smp_rkey(w[i], i); mm = r > mm ? r : mm; }
-                            return mm;
-                        });
-                    } else {
-                        // the largest cut whose best-first mass still reaches the target (all members if none)
-                        kcut = smp_search_max(ex, base, ~0ull, [&](uint64_t x) {
-                            return ex.dsum([&](int t) {
-                                double s = 0.0;
-                                for (int32_t i = t; i < n; i += T)
-                                    if (member(i) && smp_rkey(w[i], i) >= x) s = SMP_DADD(s, (double)w[i]);
-                                return s;
-                            }) >= target;
-                        });
-                    }
-                }
-            }
-        }
-        // min-p (relative to the best token, whose probability is exactly 1), then the draw in id order
-        const float thr = a.min_p > 0.0f ? a.min_p : 0.0f;
-        auto kept = [&](int32_t i) {
-            return all ? (w[i] > 0.0f && w[i] >= thr) : (member(i) && w[i] >= thr);
-        };
-        auto prefix = [&](int32_t last) { // mass of the kept tokens with id <= last
-            return ex.dsum([&](int t) {
-                double s = 0.0;
-                for (int32_t i = t; i <= last; i += T) if (kept(i)) s = SMP_DADD(s, (double)w[i]);
-                return s;
-            });
-        };
-        const double total = prefix(n - 1);
-        const uint64_t last_kept = ex.umax([&](int t) {
-            uint64_t mm = 0;
-            for (int32_t i = t; i < n; i += T) if (kept(i)) mm = (uint64_t)i + 1 > mm ? (uint64_t)i + 1 : mm;
-            return mm;
-        });
-        if (last_kept == 0) { // unreachable: the best token is always kept
+        smp_cands c;
+        smp_top_k(ex, a, m, c);
+        smp_top_p(ex, a, c);
+        chosen = smp_draw(ex, a, c, rng);
+        if (chosen < 0) {
             if (lead) o.status = -1;
             return;
         }
-        const double u = SMP_DMUL(eng_rng_uniform(rng), total);
-        // the lowest id whose prefix mass exceeds u: the largest j with prefix(j - 1) <= u, j in [0, n)
-        int32_t j = (int32_t)smp_search_max(ex, 0, (uint64_t)(n - 1), [&](uint64_t x) {
-            return prefix((int32_t)x - 1) <= u;
-        });
-        chosen = prefix(j) > u ? j : (int32_t)(last_kept - 1);
     }
     if (lead) {
         o.token = chosen;

@@ -596,57 +596,40 @@ static float dot_q3_K(int64_t nb, const void *wv, const void *xv) {
     }
     return s;
 }
+/* One Q4_K or Q5_K super-block against a Q8_K one: d * sum(scale * q * x) - dmin * sum(min * bsum). qh is the
+ * Q5_K block's fifth bits, NULL for Q4_K (the two formats differ only there). */
+static float dot_k45_block(const uint8_t *scales, const uint8_t *q, const uint8_t *qh, uint16_t d, uint16_t dmin,
+                           const eng_blk_q8_K *x) {
+    int sumi = 0, summ = 0;
+    const int8_t *qx = x->qs;
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0; j < 8; j += 2, q += 32, qx += 64, u1 = (uint8_t)(u1 << 2), u2 = (uint8_t)(u2 << 2)) {
+        uint8_t s0, m0, s1, m1;
+        eng_k4_scale_min(j, scales, &s0, &m0);
+        eng_k4_scale_min(j + 1, scales, &s1, &m1);
+        int a = 0, c = 0;
+        for (int l = 0; l < 32; l++) {
+            a += ((q[l] & 0xF) + (qh && (qh[l] & u1) ? 16 : 0)) * qx[l];
+            c += ((q[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) * qx[l + 32];
+        }
+        sumi += s0 * a + s1 * c;
+        summ += m0 * (x->bsums[2 * j] + x->bsums[2 * j + 1]) + m1 * (x->bsums[2 * j + 2] + x->bsums[2 * j + 3]);
+    }
+    float dd = h2f(d) * x->d, dm = h2f(dmin) * x->d;
+    return dd * (float)sumi - dm * (float)summ;
+}
 static float dot_q4_K(int64_t nb, const void *wv, const void *xv) {
     const eng_blk_q4_K *w = wv;
     const eng_blk_q8_K *x = xv;
     float s = 0.f;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0, summ = 0;
-        const uint8_t *q = w[i].qs;
-        const int8_t *qx = x[i].qs;
-        for (int j = 0; j < 8; j += 2, q += 32, qx += 64) {
-            uint8_t s0, m0, s1, m1;
-            eng_k4_scale_min(j, w[i].scales, &s0, &m0);
-            eng_k4_scale_min(j + 1, w[i].scales, &s1, &m1);
-            int a = 0, c = 0;
-            for (int l = 0; l < 32; l++) {
-                a += (q[l] & 0xF) * qx[l];
-                c += (q[l] >> 4) * qx[l + 32];
-            }
-            sumi += s0 * a + s1 * c;
-            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
-                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
-        }
-        float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
-        s += dd * (float)sumi - dm * (float)summ;
-    }
+    for (int64_t i = 0; i < nb; i++) s += dot_k45_block(w[i].scales, w[i].qs, NULL, w[i].d, w[i].dmin, &x[i]);
     return s;
 }
 static float dot_q5_K(int64_t nb, const void *wv, const void *xv) {
     const eng_blk_q5_K *w = wv;
     const eng_blk_q8_K *x = xv;
     float s = 0.f;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0, summ = 0;
-        const uint8_t *q = w[i].qs;
-        const int8_t *qx = x[i].qs;
-        uint8_t u1 = 1, u2 = 2;
-        for (int j = 0; j < 8; j += 2, q += 32, qx += 64, u1 = (uint8_t)(u1 << 2), u2 = (uint8_t)(u2 << 2)) {
-            uint8_t s0, m0, s1, m1;
-            eng_k4_scale_min(j, w[i].scales, &s0, &m0);
-            eng_k4_scale_min(j + 1, w[i].scales, &s1, &m1);
-            int a = 0, c = 0;
-            for (int l = 0; l < 32; l++) {
-                a += ((q[l] & 0xF) + ((w[i].qh[l] & u1) ? 16 : 0)) * qx[l];
-                c += ((q[l] >> 4) + ((w[i].qh[l] & u2) ? 16 : 0)) * qx[l + 32];
-            }
-            sumi += s0 * a + s1 * c;
-            summ += m0 * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]) +
-                    m1 * (x[i].bsums[2 * j + 2] + x[i].bsums[2 * j + 3]);
-        }
-        float dd = h2f(w[i].d) * x[i].d, dm = h2f(w[i].dmin) * x[i].d;
-        s += dd * (float)sumi - dm * (float)summ;
-    }
+    for (int64_t i = 0; i < nb; i++) s += dot_k45_block(w[i].scales, w[i].qs, w[i].qh, w[i].d, w[i].dmin, &x[i]);
     return s;
 }
 static float dot_q6_K(int64_t nb, const void *wv, const void *xv) {

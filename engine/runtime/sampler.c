@@ -368,6 +368,36 @@ static void ids_in_order(float *l, int32_t *idx, int32_t *nc, int32_t n, bool fr
     *nc = w;
 }
 
+/* Top-p only: a histogram of the mass by binary exponent of the probability finds the exponent bucket where the
+ * best-first cumulative mass reaches target; the set lies among the tokens of that bucket and above (they outrank
+ * all others), usually a small fraction of the vocabulary. l[0..n) holds probabilities in [0, 1], the best at 1.
+ * Writes the candidates' ids to idx in id order and returns their count (>= 1). */
+static int32_t top_p_candidates(const float *l, int32_t n, double target, int32_t *idx) {
+    double bucket[256] = { 0 };
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &l[i], sizeof(bits));
+        bucket[bits >> 23] += l[i]; /* l[i] in [0, 1]: the sign bit is clear */
+    }
+    uint32_t cut = 1; /* default: every nonzero probability */
+    double acc = 0.0;
+    for (uint32_t e = 255; e >= 1; e--) {
+        acc += bucket[e];
+        if (acc >= target) { cut = e; break; }
+    }
+    const uint32_t min_bits = cut << 23;
+    int32_t nc = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &l[i], sizeof(bits));
+        if (bits >= min_bits) idx[nc++] = i;
+    }
+    if (nc == 0) { /* defensive: the best token has probability 1, exponent 127 >= cut */
+        for (int32_t i = 0; i < n; i++) if (l[i] > 0.0f) idx[nc++] = i;
+    }
+    return nc;
+}
+
 int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
     if (!s || !logits || !out) return ENG_ERR_INVALID;
     const int32_t n = s->n_vocab;
@@ -409,32 +439,7 @@ int eng_sampler_sample(eng_sampler *s, float *logits, eng_sample *out) {
         /* unnormalized probabilities e^((l - max) / T) in [0, 1] for the whole vocabulary, the best at 1 */
         sum = s->k.expsum(l, n, m, inv_t, l);
         if (s->p.top_k <= 0 && s->p.top_p < 1.0f) {
-            /* top-p only: a histogram of the mass by binary exponent of the probability finds the exponent
-             * bucket where the best-first cumulative mass reaches top_p; the set lies among the tokens of that
-             * bucket and above (they outrank all others), usually a small fraction of the vocabulary */
-            double bucket[256] = { 0 };
-            for (int32_t i = 0; i < n; i++) {
-                uint32_t bits;
-                memcpy(&bits, &l[i], sizeof(bits));
-                bucket[bits >> 23] += l[i]; /* l[i] in [0, 1]: the sign bit is clear */
-            }
-            const double target = (double)s->p.top_p * sum;
-            uint32_t cut = 1; /* default: every nonzero probability */
-            double acc = 0.0;
-            for (uint32_t e = 255; e >= 1; e--) {
-                acc += bucket[e];
-                if (acc >= target) { cut = e; break; }
-            }
-            const uint32_t min_bits = cut << 23;
-            nc = 0;
-            for (int32_t i = 0; i < n; i++) {
-                uint32_t bits;
-                memcpy(&bits, &l[i], sizeof(bits));
-                if (bits >= min_bits) idx[nc++] = i;
-            }
-            if (nc == 0) { /* defensive: the best token has probability 1, exponent 127 >= cut */
-                for (int32_t i = 0; i < n; i++) if (l[i] > 0.0f) idx[nc++] = i;
-            }
+            nc = top_p_candidates(l, n, (double)s->p.top_p * sum, idx);
         } else if (s->p.top_k > 0) {
             nc = 0;
             for (int32_t i = 0; i < n; i++) if (l[i] > 0.0f) idx[nc++] = i;
