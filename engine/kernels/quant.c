@@ -776,12 +776,18 @@ int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
     return eng_dequantize_row_l(row_level(), type, src, dst, n);
 }
 
-int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
+/* One row converted by the best kernel at or below level l: to floats (dequantize) or from them (quantize). */
+static int convert_row(eng_simd_level l, uint32_t type, bool to_float, const void *src, void *dst, int64_t n) {
     const eng_qkernels *k;
     int64_t nb;
-    int rc = row_kernels(l, type, true, src, dst, n, &k, &nb);
-    if (rc == ENG_OK) k->dequantize(src, dst, nb);
+    int rc = row_kernels(l, type, to_float, src, dst, n, &k, &nb);
+    if (rc == ENG_OK && to_float) k->dequantize(src, dst, nb);
+    else if (rc == ENG_OK) k->quantize(src, dst, nb);
     return rc;
+}
+
+int eng_dequantize_row_l(eng_simd_level l, uint32_t type, const void *src, float *dst, int64_t n) {
+    return convert_row(l, type, true, src, dst, n);
 }
 
 int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
@@ -789,11 +795,7 @@ int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
 }
 
 int eng_quantize_row_l(eng_simd_level l, uint32_t type, const float *src, void *dst, int64_t n) {
-    const eng_qkernels *k;
-    int64_t nb;
-    int rc = row_kernels(l, type, false, src, dst, n, &k, &nb);
-    if (rc == ENG_OK) k->quantize(src, dst, nb);
-    return rc;
+    return convert_row(l, type, false, src, dst, n);
 }
 
 /* The best kernels at or below level l that multiply wtype's rows (tiles or vec_dot), with their level in
