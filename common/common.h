@@ -104,6 +104,18 @@ int kvs_read_file(const char *path, char **out, size_t *len);
  * size overflows (p is then untouched and still owned by the caller). */
 void *kvs_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first);
 
+/* Room for one more element in the array a of n elements and capacity cap (lvalues; cap a size_t), grown by
+ * kvs_grow from first: rc (an int lvalue) becomes KVS_ERR_NOMEM when that fails (a, cap untouched), else is left
+ * as it was. A macro because the arrays' element types differ. */
+#define KVS_GROW_ONE(rc, a, n, cap, first)                                                                   \
+    do {                                                                                                     \
+        if ((n) == (cap)) {                                                                                  \
+            void *g_ = kvs_grow((a), &(cap), (size_t)(n) + 1, sizeof *(a), (first));                         \
+            if (g_) (a) = g_;                                                                                \
+            else (rc) = KVS_ERR_NOMEM;                                                                       \
+        }                                                                                                    \
+    } while (0)
+
 /* free() of each of ptrs[0..n) (NULL entries allowed): a struct's arrays in one call. */
 void kvs_free_all(void *const *ptrs, size_t n);
 #define KVS_FREE_ALL(...) kvs_free_all((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))

@@ -71,11 +71,7 @@ static void le_write(uint8_t *p, uint64_t v, size_t n) {
         (rc) = 0;                                                                                                 \
         for (size_t i_ = 0; i_ < (w)->n_##arr && !(rc); i_++)                                                     \
             if ((w)->arr[i_].nm_len == (len) && memcmp((w)->arr[i_].nm, (s), (len)) == 0) (rc) = ENG_ERR_INVALID; \
-        if (!(rc) && (w)->n_##arr == (w)->cap_##arr) {                                                            \
-            void *g_ = kvs_grow((w)->arr, &(w)->cap_##arr, (w)->n_##arr + 1, sizeof *(w)->arr, (first));           \
-            if (g_) (w)->arr = g_;                                                                                \
-            else (rc) = ENG_ERR_NOMEM;                                                                            \
-        }                                                                                                         \
+        if (!(rc)) KVS_GROW_ONE(rc, (w)->arr, (w)->n_##arr, (w)->cap_##arr, (first));                             \
         if (!(rc)) memset((slot) = &(w)->arr[(w)->n_##arr], 0, sizeof *(slot));                                   \
     } while (0)
 

@@ -72,14 +72,11 @@ typedef struct span { size_t off, len; } span;
 typedef struct spanvec { span *a; size_t n, cap; } spanvec;
 
 static int span_push(spanvec *v, size_t off, size_t len) {
-    if (len == 0) return ENG_OK;
-    if (v->n == v->cap) {
-        span *na = kvs_grow(v->a, &v->cap, v->n + 1, sizeof *na, 64);
-        if (!na) return ENG_ERR_NOMEM;
-        v->a = na;
-    }
-    v->a[v->n++] = (span){off, len};
-    return ENG_OK;
+    int rc = ENG_OK;
+    if (len == 0) return rc;
+    KVS_GROW_ONE(rc, v->a, v->n, v->cap, 64);
+    if (rc == ENG_OK) v->a[v->n++] = (span){off, len};
+    return rc;
 }
 
 /* Splits text[sp.off .. +sp.len) by one regex into matches and the gaps between them (both kept). */

@@ -10,13 +10,10 @@
 #include <string.h>
 
 int tok_ivec_push(ivec *v, int32_t x) {
-    if (v->n == v->cap) {
-        int32_t *na = kvs_grow(v->a, &v->cap, v->n + 1, sizeof *na, 64);
-        if (!na) return ENG_ERR_NOMEM;
-        v->a = na;
-    }
-    v->a[v->n++] = x;
-    return ENG_OK;
+    int rc = ENG_OK;
+    KVS_GROW_ONE(rc, v->a, v->n, v->cap, 64);
+    if (rc == ENG_OK) v->a[v->n++] = x;
+    return rc;
 }
 
 /* ---- merge queue ------------------------------------------------------------------------------------------ */
@@ -31,11 +28,9 @@ static bool bg_before(const heap *h, const bigram *x, const bigram *y) {
 }
 
 int tok_heap_push(heap *h, bigram b) {
-    if (h->n == h->cap) {
-        bigram *na = kvs_grow(h->a, &h->cap, h->n + 1, sizeof *na, 64);
-        if (!na) return ENG_ERR_NOMEM;
-        h->a = na;
-    }
+    int rc = ENG_OK;
+    KVS_GROW_ONE(rc, h->a, h->n, h->cap, 64);
+    if (rc != ENG_OK) return rc;
     size_t i = h->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -98,13 +93,10 @@ typedef struct frag { size_t off, len; int32_t tok; /* -1: raw text */ } frag;
 typedef struct fragvec { frag *a; size_t n, cap; } fragvec;
 
 static int frag_push(fragvec *f, frag x) {
-    if (f->n == f->cap) {
-        frag *na = kvs_grow(f->a, &f->cap, f->n + 1, sizeof *na, 16);
-        if (!na) return ENG_ERR_NOMEM;
-        f->a = na;
-    }
-    f->a[f->n++] = x;
-    return ENG_OK;
+    int rc = ENG_OK;
+    KVS_GROW_ONE(rc, f->a, f->n, f->cap, 16);
+    if (rc == ENG_OK) f->a[f->n++] = x;
+    return rc;
 }
 
 static bool is_space_c(char c) {

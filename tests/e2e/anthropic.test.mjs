@@ -125,7 +125,7 @@ describe('Anthropic Messages API with @anthropic-ai/sdk', { skip: !present }, ()
 
   test('tools: tool_choice any gives tool_use blocks with valid input (several seeds at temperature 1)', async () => {
     for (let i = 0; i < 4; i++) {
-      const m = await client.messages.create({ model: 'x', max_tokens: 300, temperature: 1, messages: USER, tools: TOOLS, tool_choice: { type: 'any' } });
+      const m = await client.messages.create({ model: 'x', max_tokens: 1200, temperature: 1, messages: USER, tools: TOOLS, tool_choice: { type: 'any' } });
       assert.equal(m.stop_reason, 'tool_use');
       const uses = m.content.filter((b) => b.type === 'tool_use');
       assert.ok(uses.length >= 1);
@@ -138,7 +138,7 @@ describe('Anthropic Messages API with @anthropic-ai/sdk', { skip: !present }, ()
   });
 
   test('tools: a named tool, streamed as input_json_delta, and the stream helper parses its input', async () => {
-    const params = { model: 'x', max_tokens: 300, temperature: 1, messages: USER, tools: TOOLS,
+    const params = { model: 'x', max_tokens: 1200, temperature: 1, messages: USER, tools: TOOLS,
       tool_choice: { type: 'tool', name: 'get_weather', disable_parallel_tool_use: true } };
     const m = await client.messages.create(params);
     assert.equal(m.stop_reason, 'tool_use');
@@ -165,7 +165,7 @@ describe('Anthropic Messages API with @anthropic-ai/sdk', { skip: !present }, ()
   });
 
   test('tool_result round trip: the call and its result in the history', async () => {
-    const first = await client.messages.create({ model: 'x', max_tokens: 300, temperature: 1, messages: USER, tools: TOOLS,
+    const first = await client.messages.create({ model: 'x', max_tokens: 1200, temperature: 1, messages: USER, tools: TOOLS,
       tool_choice: { type: 'tool', name: 'get_weather' } });
     const use = first.content.find((b) => b.type === 'tool_use');
     assert.ok(use);

@@ -108,7 +108,7 @@ function makeClient(srv) {
 }
 
 const SEEDS = [1, 2, 3, 4, 5, 6];
-const base = { model: 'x', messages: USER, tools: TOOLS, temperature: 1, max_tokens: 400 };
+const base = { model: 'x', messages: USER, tools: TOOLS, temperature: 1, max_tokens: 1200 };
 
 describe('constrained tool calls with the model\'s template (Qwen2.5, Hermes format)', { skip: !present && 'shared model or template absent' }, () => {
   let srv;

@@ -181,7 +181,7 @@ describe('chat template, tools and prefill', { skip: !present && 'shared model o
       properties: { city: { type: 'string', minLength: 1, maxLength: 12 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
     },
   }, { type: 'function', name: 'get_time', description: 'The current time' }];
-  const cBase = { model: 'x', input: user[0].content, tools: C_TOOLS, temperature: 1, max_output_tokens: 400 };
+  const cBase = { model: 'x', input: user[0].content, tools: C_TOOLS, temperature: 1, max_output_tokens: 1200 };
 
   function checkCallItems(output, names = ['get_weather', 'get_time']) {
     const calls = output.filter((o) => o.type === 'function_call');
