@@ -7,7 +7,7 @@
  * the invariant checker), kv_group.c (the public calls over the pool and its sliding-window group), host_alloc.c
  * (host memory), kvc_internal.h (the private layout).
  * Must never: compute attention or know a model (it stores rows of head_dim values, whatever they mean),
- * decide which request runs (the server's scheduler does, through server/block_manager.h), or allocate device
+ * decide which request runs (the server's scheduler does, through server/sched/block_manager.c), or allocate device
  * memory itself (the engine hands it an allocator).
  *
  * One pool of fixed-size blocks holds the keys and values of all sequences. Each sequence (a "slot", id 0 ..
