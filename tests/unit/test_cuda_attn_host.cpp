@@ -24,19 +24,7 @@ extern "C" {
 #include "engine/kernels/quant.h"
 }
 
-namespace {
-inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
-inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
-inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
-inline float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-struct host_half { uint16_t bits; };
-inline host_half __ushort_as_half(uint16_t h) { return host_half{h}; }
-inline float __half2float(host_half h) { return eng_fp16_to_f32(h.bits); }
-} // namespace
+#include "tests/unit/helper_cuda_host.h"
 
 #define CUD_DEQ_FN inline
 #define CUD_ATTN_FN inline
