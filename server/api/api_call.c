@@ -246,7 +246,10 @@ static void maybe_trim(srv_api *api) {
     }
 }
 
-static void start_text(srv_api *api, api_job *j);
+static void queue_job(srv_api *api, api_job *j);
+
+/* How many text jobs may hold a pool thread at once (at least one). */
+static int32_t text_cap(const srv_api *api) { return api->limits.text_jobs > 0 ? api->limits.text_jobs : 1; }
 
 static void offload_after(uv_work_t *w, int status) {
     (void)status; /* UV_ECANCELED cannot happen: jobs are never cancelled, and work always ran */
@@ -255,14 +258,13 @@ static void offload_after(uv_work_t *w, int status) {
     api->n_jobs--;
     if (j->text) {
         api->text_running--;
-        int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
-        while (api->text_head && api->text_running < cap) { /* the next waiting text job */
+        while (api->text_head && api->text_running < text_cap(api)) { /* the next waiting text job */
             api_job *n = api->text_head;
             api->text_head = n->next_q;
             if (!api->text_head) api->text_tail = NULL;
             api->text_queued--;
-            api->n_jobs--; /* start_text counts it again */
-            start_text(api, n);
+            api->n_jobs--; /* queue_job counts it again */
+            queue_job(api, n);
         }
     }
     j->done(j); /* may free j */
@@ -291,8 +293,6 @@ static void queue_job(srv_api *api, api_job *j) {
     j->done(j);
 }
 
-static void start_text(srv_api *api, api_job *j) { queue_job(api, j); }
-
 void api_offload(srv_api *api, api_job *j) {
     j->api = api;
     take_body(j);
@@ -300,10 +300,9 @@ void api_offload(srv_api *api, api_job *j) {
 }
 
 int api_offload_text(srv_api *api, api_job *j) {
-    int32_t cap = api->limits.text_jobs > 0 ? api->limits.text_jobs : 1;
     j->api = api;
     j->text = true;
-    if (!api->loop || api->text_running < cap) {
+    if (!api->loop || api->text_running < text_cap(api)) {
         take_body(j);
         queue_job(api, j);
         return 0;
