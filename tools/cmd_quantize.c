@@ -12,6 +12,8 @@
  *     last eighth, and every third layer between), and ffn_down the same way; fused qkv goes to Q5_K / Q6_K.
  *     Q4_K_S raises the first 4 attn_v and the first eighth of ffn_down to Q5_K. 8-expert models and
  *     llama's 70B shape have their own rules (implemented as llama.cpp states them).
+ *   - MXFP4_MOE: tensors with a third dimension above 1 (the stacked experts, ffn_*_exps) get MXFP4, every other
+ *     quantizable tensor Q8_0 (output.weight and tied embeddings included).
  *   - A row length that is not a multiple of the chosen type's block falls back: Q4_K to Q5_0, Q5_K to Q5_1,
  *     Q6_K to Q8_0, and to F16 when even 32 does not divide it.
  * Tensors are visited (and written) in llama.cpp's order: by layer number (non-layer tensors first), then name;
@@ -45,7 +47,7 @@
 #include "tools/commands.h"
 
 /* ---- file types ------------------------------------------------------------------------------------------------ */
-typedef enum { QZ_Q4_0, QZ_Q8_0, QZ_Q4_K_S, QZ_Q4_K_M, QZ_Q5_K_S, QZ_Q5_K_M, QZ_Q6_K } qz_kind;
+typedef enum { QZ_Q4_0, QZ_Q8_0, QZ_Q4_K_S, QZ_Q4_K_M, QZ_Q5_K_S, QZ_Q5_K_M, QZ_Q6_K, QZ_MXFP4_MOE } qz_kind;
 
 typedef struct qz_ftype {
     const char *name;
@@ -58,7 +60,7 @@ static const qz_ftype k_ftypes[] = {
     {"Q4_0", QZ_Q4_0, 2, ENG_Q_Q4_0},       {"Q8_0", QZ_Q8_0, 7, ENG_Q_Q8_0},
     {"Q4_K_S", QZ_Q4_K_S, 14, ENG_Q_Q4_K},  {"Q4_K_M", QZ_Q4_K_M, 15, ENG_Q_Q4_K},
     {"Q5_K_S", QZ_Q5_K_S, 16, ENG_Q_Q5_K},  {"Q5_K_M", QZ_Q5_K_M, 17, ENG_Q_Q5_K},
-    {"Q6_K", QZ_Q6_K, 18, ENG_Q_Q6_K},
+    {"Q6_K", QZ_Q6_K, 18, ENG_Q_Q6_K},      {"MXFP4_MOE", QZ_MXFP4_MOE, 38, ENG_Q_MXFP4},
 };
 
 static const qz_ftype *ftype_find(const char *s) {
@@ -162,6 +164,8 @@ static int64_t mixture_type(qz_policy *p, const qz_tensor *q, char *err, size_t 
     const qz_kind k = p->ft->kind;
     uint32_t type = p->ft->base;
     const qz_cat c = q->cat;
+    if (k == QZ_MXFP4_MOE) /* stacked experts (3-D) to MXFP4, every other matrix (the output too) to Q8_0 */
+        return (c == CAT_OUTPUT || (p->tied && c == CAT_TOKEN_EMBD) || q->t->ne[2] <= 1) ? ENG_Q_Q8_0 : ENG_Q_MXFP4;
     if (c == CAT_OUTPUT || (p->tied && c == CAT_TOKEN_EMBD)) {
         int32_t blk = eng_qtype_get(type)->block_elems;
         if (p->falcon || q->t->ne[0] % blk != 0) type = ENG_Q_Q8_0;
@@ -641,7 +645,7 @@ static const kvs_cli qz_cli = {
     "Quantizes the f32/f16/bf16 matrices of a GGUF model as llama.cpp's llama-quantize does without an\n"
     "importance matrix (same per-tensor types, same bytes). 1-D tensors and norms keep their type.\n"
     "\n"
-    "  TYPE                  Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K\n",
+    "  TYPE                  Q4_0, Q8_0, Q4_K_M (or Q4_K), Q4_K_S, Q5_K_M (or Q5_K), Q5_K_S, Q6_K, MXFP4_MOE\n",
     "OUT is written to a temporary file beside it and renamed at the end: a failure leaves no partial file.\n",
     qz_opts_table, sizeof qz_opts_table / sizeof qz_opts_table[0], 3,
 };
@@ -661,7 +665,8 @@ static int parse_args(int argc, char **argv, qz_args *a) {
     a->out = pos[1];
     a->ft = ftype_find(pos[2]);
     if (!a->ft)
-        return kvs_cli_fail(&qz_cli, "unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K)", pos[2]);
+        return kvs_cli_fail(&qz_cli, "unknown type '%s' (Q4_0, Q8_0, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, MXFP4_MOE)",
+                            pos[2]);
     return 0;
 }
 

@@ -710,6 +710,9 @@ static const eng_qtraits k_types[ENG_Q_COUNT] = {
                     {{ENG_QF_F32, 0}, NO_FIELD}},
     [ENG_Q_BF16] = {{"bf16", 1, 2, true, ENG_Q_F32}, SCALAR(deq_bf16, quant_bf16, dot_bf16), quant_bf16,
                     {{ENG_QF_BF16, 0}, NO_FIELD}},
+    /* MXFP4 (quant_mxfp4.c): its reference quantizer is also llama-quantize's */
+    [ENG_Q_MXFP4] = {{"mxfp4", 32, 17, true, ENG_Q_Q8_0}, SCALAR(eng_deq_mxfp4, eng_quant_mxfp4, eng_dot_mxfp4),
+                     eng_quant_mxfp4, {{ENG_QF_E8M0, 0}, NO_FIELD}},
 };
 
 const eng_qtraits *eng_qtraits_get(uint32_t type) {

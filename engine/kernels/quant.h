@@ -20,8 +20,8 @@
 typedef enum eng_qtype {
     ENG_Q_F32 = 0, ENG_Q_F16 = 1, ENG_Q_Q4_0 = 2, ENG_Q_Q4_1 = 3, ENG_Q_Q5_0 = 6, ENG_Q_Q5_1 = 7,
     ENG_Q_Q8_0 = 8, ENG_Q_Q8_1 = 9, ENG_Q_Q2_K = 10, ENG_Q_Q3_K = 11, ENG_Q_Q4_K = 12, ENG_Q_Q5_K = 13,
-    ENG_Q_Q6_K = 14, ENG_Q_Q8_K = 15, ENG_Q_BF16 = 30,
-    ENG_Q_COUNT = 31,
+    ENG_Q_Q6_K = 14, ENG_Q_Q8_K = 15, ENG_Q_BF16 = 30, ENG_Q_MXFP4 = 39,
+    ENG_Q_COUNT = 40,
 } eng_qtype;
 
 typedef struct eng_qtype_info {
@@ -48,7 +48,7 @@ uint16_t eng_f32_to_bf16(float f);
  * Returns 0 or ENG_ERR_UNSUPPORTED / ENG_ERR_INVALID. */
 int eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
-/* Quantizes n values to type: supported for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K
+/* Quantizes n values to type: supported for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K and MXFP4
  * (ggml's reference rounding rules; Q8_0/Q8_1/Q8_K codes are always in [-127, 127], and Q8_K's bsums are
  * the sums of its 16-element groups, which the k-quant dot kernels rely on). K-quant weight types (Q2_K..Q6_K)
  * have no quantizer: ENG_ERR_UNSUPPORTED. Inputs must be finite. Returns 0 or ENG_ERR_UNSUPPORTED /
@@ -63,7 +63,9 @@ int eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
  * unlike eng_quantize_row's activation Q8_0 (half to even), because llama-quantize does. Pure functions,
  * safe from any thread; rows are independent, so any split of a matrix across threads gives the same bytes. */
 
-/* Whether eng_quantize_weights handles type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. */
+/* Whether eng_quantize_weights handles type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4
+ * (MXFP4: the shared exponent floor(log2(max |x|)) - 2, each value the nearest of the 16 e2m1 levels times it,
+ * the first level on ties, as ggml's reference quantizer). */
 bool eng_quantize_weights_supported(uint32_t type);
 /* Quantizes nrows rows of n_per_row values (src, row r at src + r * n_per_row) to type, rows packed one after
  * the other in dst (eng_qtype_row_bytes(type, n_per_row) bytes each). n_per_row must be a positive multiple of
@@ -73,9 +75,9 @@ bool eng_quantize_weights_supported(uint32_t type);
 int eng_quantize_weights(uint32_t type, const float *src, void *dst, int64_t nrows, int64_t n_per_row);
 /* Checks n values of type in data (n a multiple of the block size) as llama.cpp's loader does: no NaN or
  * infinity among F32/F16/BF16 values, nor among the fp16 scales (d, and dmin/m where the format has one) of
- * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K blocks (Q8_K's float d too). Returns 0, ENG_ERR_FORMAT (the index
- * of the first bad value, or of the first value of the bad block, goes to *bad_at when not NULL),
- * ENG_ERR_UNSUPPORTED (a type without a check) or ENG_ERR_INVALID. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K blocks (Q8_K's float d too), nor an MXFP4 exponent of 0xFF (NaN).
+ * Returns 0, ENG_ERR_FORMAT (the index of the first bad value, or of the first value of the bad block, goes to
+ * *bad_at when not NULL), ENG_ERR_UNSUPPORTED (a type without a check) or ENG_ERR_INVALID. */
 int eng_check_row_data(uint32_t type, const void *data, int64_t n, int64_t *bad_at);
 
 /* ---- kernel levels ------------------------------------------------------------------------------------- */
@@ -97,7 +99,7 @@ eng_simd_level eng_simd_detect(void);
 const char *eng_simd_name(eng_simd_level l);
 
 /* Dot product of one weight row (n values of wtype) with one activation row already quantized to
- * eng_qtype_get(wtype)->dot_type, which is: F32 for F32/F16/BF16 weights; Q8_0 for Q4_0, Q5_0, Q8_0;
+ * eng_qtype_get(wtype)->dot_type, which is: F32 for F32/F16/BF16 weights; Q8_0 for Q4_0, Q5_0, Q8_0, MXFP4;
  * Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K and Q8_K. Activation rows must come from eng_quantize_row (the
  * AVX2 kernels assume int8 codes in [-127, 127] and consistent Q8_K bsums).
  * Levels: l must not exceed eng_simd_detect() (a higher level executes unsupported instructions); a type
@@ -111,7 +113,7 @@ float eng_vec_dot(eng_simd_level l, uint32_t wtype, int64_t n, const void *w_row
  * W + j * row_bytes(wtype, k)); x is m rows of k values quantized to dot_type (row r at
  * xq + r * row_bytes(dot_type, k)). Threads split [0, n_out) into ranges (any split; results do not depend
  * on it). Only y[r * ldy + j] for j in the range is written; nothing is written for an unsupported wtype.
- * Q8_0 / Q4_0 / Q5_0 weights use register tiles of several weight x activation rows (AVX2, AVX-512); the
+ * Q8_0 / Q4_0 / Q5_0 / MXFP4 weights use register tiles of several weight x activation rows (AVX2, AVX-512); the
  * other types compute one vec_dot per output. */
 void eng_gemm(eng_simd_level l, uint32_t wtype, const void *W, int64_t k, const void *xq, int64_t m,
               float *y, int64_t ldy, int64_t j_begin, int64_t j_end);

@@ -3,11 +3,11 @@
  * Every function using the instructions carries __attribute__((target(...))) and is only called when
  * eng_simd_detect() reported ENG_SIMD_AVX2 or better.
  *
- * Q8_0 / Q4_0 / Q5_0 weights (activations Q8_0): tiles of TM weight rows x TN activation rows. A weight
- * block becomes 32 signed bytes q once per tile step; per activation row, maddubs(|q|, sign(x, q)) gives
- * int16 pair sums (|q| <= 128 and |x| <= 127, so they cannot saturate; activations come from
- * eng_quantize_row, which never writes -128), madd with ones gives int32 lanes whose sum is the block's
- * exact integer dot, converted to float and multiplied by d_w * d_x into 8 float lanes.
+ * Q8_0 / Q4_0 / Q5_0 / MXFP4 weights (activations Q8_0): tiles of TM weight rows x TN activation rows. A weight
+ * block becomes 32 signed bytes q once per tile step (MXFP4: its codes looked up in the doubled e2m1 table); per
+ * activation row, maddubs(|q|, sign(x, q)) gives int16 pair sums (|q| <= 128 and |x| <= 127, so they cannot
+ * saturate; activations come from eng_quantize_row, which never writes -128), madd with ones gives int32 lanes
+ * whose sum is the block's exact integer dot, converted to float and multiplied by d_w * d_x into 8 float lanes.
  *
  * Q4_K / Q6_K (activations Q8_K): the super-block's integer sum (sub-block scales applied with madd) is
  * reduced exactly to one int, then scaled in the same float operations as the scalar kernel.
@@ -62,6 +62,10 @@ INL __m256i w_signed(uint32_t type, const uint8_t *blk) {
     switch (type) {
     case ENG_Q_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
     case ENG_Q_Q4_0: return _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+    case ENG_Q_MXFP4: /* e, qs[16]: each code looked up in the table of doubled e2m1 values */
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)),
+            nibbles32(blk + 1));
     default: { /* Q5_0: d, qh[4], qs[16]; bit i of qh is the 5th bit of element i */
         __m256i v = nibbles32(blk + 6);
         uint32_t qh;
@@ -75,7 +79,13 @@ INL __m256i w_signed(uint32_t type, const uint8_t *blk) {
     }
     }
 }
-INL size_t w_bsz(uint32_t type) { return type == ENG_Q_Q8_0 ? 34 : type == ENG_Q_Q4_0 ? 18 : 22; }
+INL size_t w_bsz(uint32_t type) {
+    return type == ENG_Q_Q8_0 ? 34 : type == ENG_Q_Q4_0 ? 18 : type == ENG_Q_MXFP4 ? 17 : 22;
+}
+/* The weight block's scale: its fp16 d, or MXFP4's half e8m0 exponent (the scalar kernels' factor). */
+INL float w_scale(uint32_t type, const uint8_t *blk) {
+    return type == ENG_Q_MXFP4 ? eng_e8m0_half(blk[0]) : h2f(ld16(blk));
+}
 
 INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_t wb, const uint8_t *X, size_t xb,
               int64_t nb, float *y, int64_t ldy) {
@@ -101,7 +111,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
             if (RN == 1) _mm_prefetch((const char *)wp + PF_DIST, _MM_HINT_T0);
             __m256i q = w_signed(type, wp);
             __m256i aq = _mm256_sign_epi8(q, q);
-            __m256 dw = _mm256_set1_ps(h2f(ld16(wp)));
+            __m256 dw = _mm256_set1_ps(w_scale(type, wp));
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
                 __m256i p16 = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv[c], q));
@@ -352,6 +362,7 @@ const eng_qlevel eng_qlevel_avx2 = {
         [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx2},
         [ENG_Q_Q6_K] = {.vec_dot = dot_q6_K, .packed_gemm = eng_kp_gemm_avx2},
         [ENG_Q_Q8_K] = {.quantize = quant_q8_K},
+        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab},
     },
 };
 

@@ -4,7 +4,8 @@
  * reported ENG_SIMD_AVX512.
  *
  * The 32-element formats whose weights are "unsigned code - offset" times d (Q8_0: int8 = (int8 ^ 0x80) -
- * 128; Q4_0: nibble - 8; Q5_0: 5-bit code - 16) share one tiled kernel: the weight block is turned into 32
+ * 128; Q4_0: nibble - 8; Q5_0: 5-bit code - 16; MXFP4: looked-up doubled e2m1 value + 12, minus 12, with the
+ * half e8m0 exponent as d) share one tiled kernel: the weight block is turned into 32
  * unsigned bytes u once per tile step, and for every activation row x (int8) vpdpbusd accumulates
  * sum(u * x) onto -offset * sum(x) (precomputed per activation block), which is exactly the block's integer
  * dot sum(q_w * q_x). That integer is converted to float and multiplied by d_w * d_x (fused multiply-add
@@ -43,6 +44,13 @@ INL __m256i w_codes(uint32_t type, const uint8_t *blk) {
         __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
         return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
     }
+    case ENG_Q_MXFP4: { /* e, qs[16]: the code's doubled e2m1 value + 12, looked up */
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)), v);
+    }
     default: { /* Q5_0: d, qh[4], qs[16] */
         __m128i q = _mm_loadu_si128((const __m128i *)(blk + 6));
         __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
@@ -54,8 +62,12 @@ INL __m256i w_codes(uint32_t type, const uint8_t *blk) {
     }
     }
 }
-INL int w_offset(uint32_t type) { return type == ENG_Q_Q8_0 ? 128 : type == ENG_Q_Q4_0 ? 8 : 16; }
-INL size_t w_bsz(uint32_t type) { return type == ENG_Q_Q8_0 ? 34 : type == ENG_Q_Q4_0 ? 18 : 22; }
+INL int w_offset(uint32_t type) {
+    return type == ENG_Q_Q8_0 ? 128 : type == ENG_Q_Q4_0 ? 8 : type == ENG_Q_MXFP4 ? 12 : 16;
+}
+INL size_t w_bsz(uint32_t type) {
+    return type == ENG_Q_Q8_0 ? 34 : type == ENG_Q_Q4_0 ? 18 : type == ENG_Q_MXFP4 ? 17 : 22;
+}
 
 INL float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -77,6 +89,17 @@ INL __m512 scales2(const uint8_t *p, size_t stride) {
     __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | ((uint32_t)d1 << 16))));
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                  _mm512_castps128_ps512(f));
+}
+
+/* The weight scales of blocks at p and p + stride as scales2 lays them out: fp16 d, or MXFP4's half e8m0. */
+INL __m512 wscales2(uint32_t type, const uint8_t *p, size_t stride) {
+    if (type != ENG_Q_MXFP4) return scales2(p, stride);
+    return _mm512_insertf32x8(_mm512_set1_ps(eng_e8m0_half(p[0])), _mm256_set1_ps(eng_e8m0_half(p[stride])), 1);
+}
+INL float wscale(uint32_t type, const uint8_t *p) {
+    uint16_t dh;
+    memcpy(&dh, p, 2);
+    return type == ENG_Q_MXFP4 ? eng_e8m0_half(p[0]) : h2f(dh);
 }
 
 /* y[c * ldy + r] = dot(W row r, x row c) for r < RM, c < RN, over nb blocks: two blocks per step in zmm
@@ -108,7 +131,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
             const uint8_t *wp = W + (size_t)r * wb + (size_t)b * bs;
             if (RN == 1) _mm_prefetch((const char *)wp + PF_DIST, _MM_HINT_T0);
             __m512i u = w_codes2(type, wp);
-            __m512 dw = scales2(wp, bs);
+            __m512 dw = wscales2(type, wp, bs);
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
                 __m512i p = _mm512_dpbusd_epi32(ncorr[c], u, xv[c]);
@@ -140,9 +163,7 @@ INL void tile(uint32_t type, const int RM, const int RN, const uint8_t *W, size_
         for (int r = 0; r < RM; r++) {
             const uint8_t *wp = W + (size_t)r * wb + (size_t)b * bs;
             __m256i u = w_codes(type, wp);
-            uint16_t dh;
-            memcpy(&dh, wp, 2);
-            __m256 dw = _mm256_set1_ps(h2f(dh));
+            __m256 dw = _mm256_set1_ps(wscale(type, wp));
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
                 __m256i p = _mm256_dpbusd_epi32(ncorr[c], u, xv[c]);
@@ -165,6 +186,7 @@ const eng_qlevel eng_qlevel_avx512 = {
         [ENG_Q_Q4_0] = {.tiles = t_q4_0_tab, .packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q5_0] = {.tiles = t_q5_0_tab, .packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q8_0] = {.tiles = t_q8_0_tab},
+        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab},
         [ENG_Q_Q4_K] = {.packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q6_K] = {.packed_gemm = eng_kp_gemm_avx512},

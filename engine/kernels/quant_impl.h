@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdbool.h>
 
 #include "engine/kernels/quant.h"
@@ -30,6 +31,24 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } eng_bl
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } eng_blk_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } eng_blk_q6_K;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } eng_blk_q8_K;  /* bsums: sums of 16 qs */
+/* MXFP4 (OCP microscaling, as ggml stores it): e is an e8m0 exponent (2^(e - 127); 0xFF is NaN and refused), qs
+ * the 32 e2m1 codes, element j < 16 in the low nibble of qs[j], element j + 16 in its high nibble.
+ * x = eng_mxfp4_kvalues[code] * eng_e8m0_half(e): the table holds twice the e2m1 values (integers), the scale
+ * half the exponent's value, so the product is the e2m1 value times 2^(e - 127). 17 bytes: MXFP4 rows may be
+ * at odd addresses (kernels read them bytewise). */
+typedef struct { uint8_t e; uint8_t qs[16]; } eng_blk_mxfp4;
+
+/* Twice the e2m1 values of the 16 codes (bit 3 the sign; the format's facts). */
+static const int8_t eng_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128) as a float (half of the e8m0 value; e = 0 and 1 give the subnormals 2^-128 and 2^-127), built from
+ * its bits exactly as ggml does (e = 0xFF gives 2^127, never NaN: the loader refuses that code). */
+static inline float eng_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? (uint32_t)0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* A float converted to int8 the way the reference quantizers' casts run on x86-64 (cvttss2si, then the low
  * byte): truncation toward zero, and NaN or values outside int32 give INT32_MIN's low byte (0). Defined for
@@ -111,7 +130,7 @@ typedef struct eng_qlevel {
 extern const eng_qlevel eng_qlevel_avx2, eng_qlevel_avx512;
 
 /* A block field that llama.cpp's loader requires finite (eng_check_row_data). */
-typedef enum { ENG_QF_NONE = 0, ENG_QF_F16, ENG_QF_BF16, ENG_QF_F32 } eng_qfield_kind;
+typedef enum { ENG_QF_NONE = 0, ENG_QF_F16, ENG_QF_BF16, ENG_QF_F32, ENG_QF_E8M0 } eng_qfield_kind;
 typedef struct eng_qfield {
     uint8_t kind;                  /* eng_qfield_kind */
     uint8_t off;                   /* byte offset in the block */
@@ -142,5 +161,12 @@ void eng_weights_q8_0(const float *x, void *dst, int64_t nb);
 void eng_weights_q4_K(const float *x, void *dst, int64_t nb);
 void eng_weights_q5_K(const float *x, void *dst, int64_t nb);
 void eng_weights_q6_K(const float *x, void *dst, int64_t nb);
+
+/* MXFP4's scalar kernels (quant_mxfp4.c): exact dequantization, ggml's reference quantizer (also the weight
+ * quantizer: llama-quantize runs the same one), and the dot product with a Q8_0 activation row (per block the
+ * exact integer sum of kvalue * q, then (float)sum * (eng_e8m0_half(e) * d_x), summed over blocks in float). */
+void eng_deq_mxfp4(const void *src, float *dst, int64_t nb);
+void eng_quant_mxfp4(const float *src, void *dst, int64_t nb);
+float eng_dot_mxfp4(int64_t nb, const void *w_row, const void *x_row);
 
 #endif /* KVSERVE_ENGINE_QUANT_IMPL_H */

@@ -2,7 +2,8 @@
  * quant_tiles.h: the tile kernels of one SIMD level, for every tile size up to 4 x 4 (internal to quant).
  * A level's file includes this after defining TGT (its target attribute) and a static inline
  * tile(type, RM, RN, W, wb, X, xb, nb, y, ldy) that computes an RM x RN tile; this header instantiates the
- * 16 sizes for Q8_0, Q4_0 and Q5_0 weights as the tables t_q8_0_tab, t_q4_0_tab and t_q5_0_tab ([RM-1][RN-1]),
+ * 16 sizes for Q8_0, Q4_0, Q5_0 and MXFP4 weights as the tables t_q8_0_tab, t_q4_0_tab, t_q5_0_tab and t_mxfp4_tab
+ * ([RM-1][RN-1]),
  * which the level's eng_qlevel entries point at. The edges of a gemm use the smaller tiles.
  */
 #ifndef KVSERVE_ENGINE_QUANT_TILES_H
@@ -24,5 +25,6 @@
 TILE_SET(ENG_Q_Q8_0, t_q8_0)
 TILE_SET(ENG_Q_Q4_0, t_q4_0)
 TILE_SET(ENG_Q_Q5_0, t_q5_0)
+TILE_SET(ENG_Q_MXFP4, t_mxfp4)
 
 #endif /* KVSERVE_ENGINE_QUANT_TILES_H */

@@ -319,6 +319,7 @@ static bool field_finite(eng_qfield f, const uint8_t *blk) {
     case ENG_QF_F16: memcpy(&h, blk + f.off, 2); return (h & 0x7C00) != 0x7C00;
     case ENG_QF_BF16: memcpy(&h, blk + f.off, 2); return (h & 0x7F80) != 0x7F80;
     case ENG_QF_F32: memcpy(&v, blk + f.off, 4); return isfinite(v);
+    case ENG_QF_E8M0: return blk[f.off] != 0xFF;
     case ENG_QF_NONE: break;
     }
     return true;

@@ -153,7 +153,7 @@ Test(quant, bf16_exhaustive_and_random) {
 /* ---- type table ----------------------------------------------------------------------------------------- */
 static const uint32_t k_weight_types[] = {ENG_Q_F32,  ENG_Q_F16,  ENG_Q_BF16, ENG_Q_Q4_0, ENG_Q_Q4_1,
                                           ENG_Q_Q5_0, ENG_Q_Q5_1, ENG_Q_Q8_0, ENG_Q_Q2_K, ENG_Q_Q3_K,
-                                          ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K, ENG_Q_Q8_K};
+                                          ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K, ENG_Q_Q8_K, ENG_Q_MXFP4};
 #define N_WTYPES (sizeof k_weight_types / sizeof k_weight_types[0])
 
 Test(quant, type_table) {
@@ -211,6 +211,11 @@ static float formula(uint32_t type, const uint8_t *b, int i) {
         return (float)q * h2f(b) + h2f(b + 2);
     }
     case ENG_Q_Q8_0: return (float)(int8_t)b[2 + i] * h2f(b);
+    case ENG_Q_MXFP4: { /* e, qs[16]: the e2m1 code (sign, 2-bit exponent, 1-bit mantissa) times 2^(e - 127) */
+        int c = i < 16 ? (b[1 + i] & 15) : (b[1 + i - 16] >> 4), ex = (c >> 1) & 3, man = c & 1;
+        double mag = ex == 0 ? 0.5 * man : ldexp(1.0 + 0.5 * man, ex - 1);
+        return (float)((c & 8 && mag != 0.0 ? -mag : mag) * ldexp(1.0, b[0] - 127)); /* code 8 is +0 too */
+    }
     case ENG_Q_Q8_1: return (float)(int8_t)b[4 + i] * h2f(b);
     case ENG_Q_Q8_K: return rdf(b) * (float)(int8_t)b[4 + i];
     case ENG_Q_Q2_K: { /* scales[16] qs[64] d dmin */
@@ -266,6 +271,7 @@ static void random_block(rng_t *r, uint32_t type, uint8_t *b) {
     case ENG_Q_Q3_K: random_fp16(r, b + 108, -0.1f, 0.1f); break;
     case ENG_Q_Q4_K: case ENG_Q_Q5_K: random_fp16(r, b, 0.f, 0.1f); random_fp16(r, b + 2, 0.f, 0.1f); break;
     case ENG_Q_Q6_K: random_fp16(r, b + 208, -0.1f, 0.1f); break;
+    case ENG_Q_MXFP4: b[0] = (uint8_t)rng_int(r, 110, 132); break; /* products stay far from overflow */
     case ENG_Q_Q8_K: {
         float d = rng_float(r, -0.1f, 0.1f);
         memcpy(b, &d, 4);
@@ -283,7 +289,7 @@ static void random_block(rng_t *r, uint32_t type, uint8_t *b) {
 Test(quant, dequantize_random_blocks_match_layout) {
     static const uint32_t types[] = {ENG_Q_Q4_0, ENG_Q_Q4_1, ENG_Q_Q5_0, ENG_Q_Q5_1, ENG_Q_Q8_0,
                                      ENG_Q_Q8_1, ENG_Q_Q2_K, ENG_Q_Q3_K, ENG_Q_Q4_K, ENG_Q_Q5_K,
-                                     ENG_Q_Q6_K, ENG_Q_Q8_K};
+                                     ENG_Q_Q6_K, ENG_Q_Q8_K, ENG_Q_MXFP4};
     rng_t r = {7};
     uint8_t blk[4 * 292];
     float out[4 * 256];
@@ -292,6 +298,9 @@ Test(quant, dequantize_random_blocks_match_layout) {
         const eng_qtype_info *t = eng_qtype_get(type);
         for (int iter = 0; iter < 200; iter++) {
             for (int b = 0; b < 4; b++) random_block(&r, type, blk + b * t->block_bytes);
+            if (type == ENG_Q_MXFP4) /* every exponent but NaN's 0xFF, the subnormal scales of 0 and 1 too */
+                for (int b = 0; b < 4; b++) /* iterations 0..3: exponents 0, 1, 85, 86, 170, 171, 253, 254 */
+                    blk[b * 17] = (uint8_t)(iter < 4 ? iter * 85 - 2 * (iter == 3) + b % 2 : rng_int(&r, 0, 254));
             cr_assert_eq(eng_dequantize_row(type, blk, out, 4 * t->block_elems), 0);
             for (int b = 0; b < 4; b++)
                 for (int i = 0; i < t->block_elems; i++) {
@@ -411,6 +420,7 @@ static void random_wrow(rng_t *r, uint32_t type, int64_t n, uint8_t *w, bool int
         case ENG_Q_Q4_K: case ENG_Q_Q5_K: memcpy(p, one, 2); memcpy(p + 2, one, 2); break;
         case ENG_Q_Q6_K: memcpy(p + 208, one, 2); break;
         case ENG_Q_Q8_K: { float d1 = 1.f; memcpy(p, &d1, 4); break; }
+        case ENG_Q_MXFP4: p[0] = 128; break; /* half of 2^(128 - 127): the doubled table values, times 1 */
         }
     }
 }
