@@ -19,7 +19,7 @@
 // ggml type ids (engine/kernels/quant.h).
 enum : uint32_t {
     CUD_F32 = 0, CUD_F16 = 1, CUD_Q4_0 = 2, CUD_Q4_1 = 3, CUD_Q5_0 = 6, CUD_Q5_1 = 7, CUD_Q8_0 = 8,
-    CUD_Q2_K = 10, CUD_Q3_K = 11, CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30,
+    CUD_Q2_K = 10, CUD_Q3_K = 11, CUD_Q4_K = 12, CUD_Q5_K = 13, CUD_Q6_K = 14, CUD_BF16 = 30, CUD_MXFP4 = 39,
 };
 
 // Every type the kernels read, as X(id, elements per block, bytes per block). The one list serves blk<T> below
@@ -27,7 +27,7 @@ enum : uint32_t {
 #define CUD_TYPES(X)                                                                                               \
     X(CUD_F32, 1, 4) X(CUD_F16, 1, 2) X(CUD_BF16, 1, 2) X(CUD_Q8_0, 32, 34) X(CUD_Q4_0, 32, 18)                    \
     X(CUD_Q4_1, 32, 20) X(CUD_Q5_0, 32, 22) X(CUD_Q5_1, 32, 24) X(CUD_Q2_K, 256, 84) X(CUD_Q3_K, 256, 110)          \
-    X(CUD_Q4_K, 256, 144) X(CUD_Q5_K, 256, 176) X(CUD_Q6_K, 256, 210)
+    X(CUD_Q4_K, 256, 144) X(CUD_Q5_K, 256, 176) X(CUD_Q6_K, 256, 210) X(CUD_MXFP4, 32, 17)
 
 namespace cud_deq {
 
@@ -144,6 +144,15 @@ template <> CUD_DEQ_FN float deq<CUD_Q6_K>(const uint8_t *b, int e) {
     default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
     }
     return __fmul_rn(__fmul_rn(d, (float)sc[is + 2 * quarter]), (float)(q - 32));
+}
+// MXFP4: e (e8m0 exponent), qs[16] (element e < 16 in the low nibble of qs[e], e + 16 in the high one). The
+// code's doubled e2m1 value times half the exponent's value, 2^(e - 128), built from its bits as the CPU does
+// (e = 0 and 1 are the subnormals 2^-128 and 2^-127).
+template <> CUD_DEQ_FN float deq<CUD_MXFP4>(const uint8_t *b, int e) {
+    int c = e < 16 ? (b[1 + e] & 0xF) : (b[1 + e - 16] >> 4);
+    int mag = (c & 7) < 4 ? (c & 7) : (c & 7) == 4 ? 4 : (c & 7) == 5 ? 6 : (c & 7) == 6 ? 8 : 12;
+    uint32_t bits = b[0] < 2 ? (uint32_t)0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+    return __fmul_rn((float)(c & 8 ? -mag : mag), __uint_as_float(bits));
 }
 
 template <uint32_t T> struct blk;
