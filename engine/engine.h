@@ -59,7 +59,11 @@ enum {
 typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4 } eng_arch;
 
 /* The feed-forward activation: act(gate) * up. */
-typedef enum { ENG_ACT_SILU = 0, ENG_ACT_GELU_TANH = 1 } eng_ffn_act;
+typedef enum {
+    ENG_ACT_SILU = 0,
+    ENG_ACT_GELU_TANH = 1,
+    ENG_ACT_SWIGLU_OAI = 2, /* gpt-oss: x sigmoid(alpha x) (clamp(u, -limit, limit) + 1), x = min(g, limit) */
+} eng_ffn_act;
 
 typedef struct eng_hparams {
     eng_arch arch;
@@ -75,7 +79,8 @@ typedef struct eng_hparams {
     int32_t n_ff;           /* <arch>.feed_forward_length */
     int32_t n_rot;          /* <arch>.rope.dimension_count (default head_dim) */
     float rope_freq_base;   /* <arch>.rope.freq_base (default 10000) */
-    float rope_freq_scale;  /* 1 / <arch>.rope.scale_linear (default 1) */
+    float rope_freq_scale;  /* 1 / <arch>.rope.scaling.factor, else 1 / <arch>.rope.scale_linear (default 1); 1 when
+                               rope.scaling.type is "none" */
     float rms_eps;          /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
     bool tied_embeddings;   /* no output.weight: the output projection reuses token_embd.weight */
     int32_t pooling_type;   /* <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean, 2 cls, 3 last,
@@ -90,10 +95,18 @@ typedef struct eng_hparams {
     float rope_attn_factor; /* <arch>.rope.scaling.attn_factor (default 1): LongRoPE's attention factor; the
                                rotation's cos and sin are multiplied by it (Q and K of the rotated dimensions, so
                                their scores by its square), whichever factor set applies, as llama.cpp does */
+    float rope_yarn_ext;    /* YaRN's extrapolation mix: 1 when <arch>.rope.scaling.type is "yarn", else 0. With it,
+                               dimension pair i turns by pos * theta_i * (s (1 - r_i) + r_i), s = rope_freq_scale,
+                               r_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), lo and hi the correction
+                               dimensions of rope_yarn_beta_fast / _slow for n_ctx_orig, and cos and sin are
+                               scaled by rope_attn_factor * (1 + 0.1 ln(1 / s)), as llama.cpp computes them */
+    float rope_yarn_beta_fast, rope_yarn_beta_slow; /* 32 and 1 (llama.cpp's defaults, which it keeps for the
+                               families kvserve loads) */
     float attn_scale;       /* scale of q.k before the softmax (1/sqrt(head_dim) unless the family says otherwise) */
     float embd_scale;       /* the token embeddings are multiplied by it (gemma3: sqrt(n_embd); else 1) */
     float logit_softcap;    /* <arch>.final_logit_softcapping: logits = c * tanh(logits / c); 0 = none */
-    eng_ffn_act ffn_act;    /* silu, or GELU (tanh approximation) for gemma3 */
+    eng_ffn_act ffn_act;    /* silu, or GELU (tanh approximation) for gemma3, or gpt-oss's clamped SwiGLU */
+    float swiglu_alpha, swiglu_limit; /* ENG_ACT_SWIGLU_OAI's constants (1.702 and 7, as llama.cpp uses them) */
     bool swa_all;           /* n_swa > 0 and every layer slides: the KV cache keeps only the window's blocks */
 } eng_hparams;
 

@@ -10,8 +10,12 @@ an incomplete UTF-8 character (byte tokens), which this model's gibberish is ful
 format of ../shared/reference/README.md, plus n_ctx and mkmodel_args, which test_reference.c uses to make the same
 model again (its SHA-256 must match).
 
-usage: scripts/ref-longrope.py KVSERVE_BINARY LLAMA_CPP_DIR [OUT_DIR]   (LLAMA_CPP_DIR: a built llama.cpp tree,
-       with include/, ggml/include/ and build/bin/libllama.so)
+With --yarn it records a llama model with YaRN rope scaling instead (YARN_ARGS: rope.scaling.type yarn, factor 4
+over an original context of 256, attn_factor 1.1, Q/K/V and attn_output biases) at context 1024, as
+tests/reference/mk-llama-yarn.ctx1024.json.
+
+usage: scripts/ref-longrope.py [--yarn] KVSERVE_BINARY LLAMA_CPP_DIR [OUT_DIR]   (LLAMA_CPP_DIR: a built llama.cpp
+       tree, with include/, ggml/include/ and build/bin/libllama.so)
 """
 import hashlib
 import json
@@ -23,6 +27,9 @@ import tempfile
 MKMODEL_ARGS = ["--arch", "phi3", "--embd", "256", "--layers", "4", "--heads", "8", "--kv-heads", "4",
                 "--ff", "512", "--ctx", "4096", "--orig-ctx", "512", "--rope-factors",
                 "--rope-attn-factor", "1.1547005", "--type", "f32", "--std", "0.05", "--seed", "23"]
+YARN_ARGS = ["--arch", "llama", "--embd", "256", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--ff", "512",
+             "--ctx", "4096", "--orig-ctx", "256", "--rope-scaling", "yarn", "--rope-scale", "4",
+             "--rope-attn-factor", "1.1", "--biases", "--type", "f32", "--std", "0.05", "--seed", "29"]
 # sqrt(1 + ln(4096 / 512) / ln(512)) = sqrt(4 / 3): LongRoPE's attention factor for this context ratio
 PROMPTS = [
     "Once upon a time",
@@ -37,7 +44,7 @@ PROMPTS = [
 N_PREDICT = 32
 
 
-def record(gen, model, sha, n_ctx):
+def record(gen, model, sha, n_ctx, stem="mk-phi3-longrope", args=None):
     """Runs ref-longrope-gen (llama.cpp's library) at context n_ctx and builds the reference."""
     inp = "".join(p.encode().hex() + "\n" for p in PROMPTS)
     out = subprocess.run([gen, model, str(n_ctx), str(N_PREDICT)], input=inp, capture_output=True, text=True,
@@ -57,8 +64,9 @@ def record(gen, model, sha, n_ctx):
             cases.append(case)
     if len(cases) != len(PROMPTS):
         sys.exit("ref-longrope-gen: %d of %d cases" % (len(cases), len(PROMPTS)))
-    return {"model": "mk-phi3-longrope.gguf (kvserve mkmodel -o FILE " + " ".join(MKMODEL_ARGS) + ")",
-            "model_sha256": sha, "n_ctx": n_ctx, "mkmodel_args": MKMODEL_ARGS,
+    args = MKMODEL_ARGS if args is None else args
+    return {"model": stem + ".gguf (kvserve mkmodel -o FILE " + " ".join(args) + ")",
+            "model_sha256": sha, "n_ctx": n_ctx, "mkmodel_args": args,
             "generator": "llama.cpp v0.5.0 library (scripts/ref-longrope-gen.c): n_ctx %d, one sequence, f32 KV "
                          "cache, prompt in one batch then greedy one token at a time, BOS per model metadata, "
                          "2 threads" % n_ctx,
@@ -66,25 +74,30 @@ def record(gen, model, sha, n_ctx):
 
 
 def main():
-    if len(sys.argv) < 3:
+    argv = sys.argv[1:]
+    yarn = bool(argv) and argv[0] == "--yarn"
+    if yarn:
+        argv = argv[1:]
+    if len(argv) < 2:
         sys.exit(__doc__)
-    kvserve, llama = sys.argv[1], sys.argv[2]
-    out_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "..", "tests",
-                                                                   "reference")
+    kvserve, llama = argv[0], argv[1]
+    out_dir = argv[2] if len(argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "tests", "reference")
+    stem, args, contexts = ("mk-llama-yarn", YARN_ARGS, (1024,)) if yarn else ("mk-phi3-longrope", MKMODEL_ARGS,
+                                                                             (512, 1024))
     with tempfile.TemporaryDirectory() as tmp:
         gen = os.path.join(tmp, "ref-longrope-gen")
         lib = os.path.join(llama, "build", "bin")
         subprocess.run(["cc", "-O2", "-o", gen, os.path.join(os.path.dirname(__file__), "ref-longrope-gen.c"),
                         "-I", os.path.join(llama, "include"), "-I", os.path.join(llama, "ggml", "include"),
                         "-L", lib, "-lllama", "-lggml", "-lggml-base", "-Wl,-rpath," + lib, "-lm"], check=True)
-        model = os.path.join(tmp, "mk-phi3-longrope.gguf")
-        subprocess.run([kvserve, "mkmodel", "-o", model] + MKMODEL_ARGS, check=True, stdout=subprocess.DEVNULL)
+        model = os.path.join(tmp, stem + ".gguf")
+        subprocess.run([kvserve, "mkmodel", "-o", model] + args, check=True, stdout=subprocess.DEVNULL)
         with open(model, "rb") as f:
             sha = hashlib.sha256(f.read()).hexdigest()
         os.makedirs(out_dir, exist_ok=True)
-        for n_ctx in (512, 1024):
-            ref = record(gen, model, sha, n_ctx)
-            path = os.path.join(out_dir, "mk-phi3-longrope.ctx%d.json" % n_ctx)
+        for n_ctx in contexts:
+            ref = record(gen, model, sha, n_ctx, stem, args)
+            path = os.path.join(out_dir, "%s.ctx%d.json" % (stem, n_ctx))
             with open(path, "w") as f:
                 json.dump(ref, f, ensure_ascii=False, indent=1)
                 f.write("\n")

@@ -47,6 +47,9 @@ typedef struct mk_opts {
     bool rope_factors;      /* phi3: rope_factors_long/short.weight (LongRoPE, as Phi-3 128k / Phi-3.5 have) */
     int64_t orig_ctx;       /* > 0: <arch>.rope.scaling.original_context_length */
     double rope_attn;       /* > 0: <arch>.rope.scaling.attn_factor; 0: LongRoPE's default (see parse_args) */
+    char rope_scaling[8];   /* "": no <arch>.rope.scaling.type key; else "none", "linear" or "yarn" */
+    double rope_scale;      /* > 0: <arch>.rope.scaling.factor */
+    bool out_bias;          /* llama: Q/K/V biases and attn_output.bias */
     uint64_t seed;
     double std;             /* matrices and biases */
     double embd_std;        /* token_embd and output */
@@ -86,6 +89,12 @@ static int apply_preset(mk_opts *o, const char *name) {
         return 0;
     }
     return -1;
+}
+
+static bool set_rope_scaling(void *field, const char *v) {
+    if (strcmp(v, "none") && strcmp(v, "linear") && strcmp(v, "yarn")) return false;
+    snprintf(field, 8, "%s", v);
+    return true;
 }
 
 static bool set_arch(void *field, const char *v) {
@@ -171,6 +180,12 @@ static const kvs_opt mk_opts_table[] = {
     {"--rope-attn-factor", NULL, KVS_OPT_DOUBLE, O(rope_attn), 1e-3, 1e3, .arg = "F",
      .help = "rope.scaling.attn_factor; default with --rope-factors and ctx > orig-ctx:\n"
              "sqrt(1 + ln(ctx / orig-ctx) / ln(orig-ctx)), as llama.cpp's converter writes"},
+    {"--rope-scaling", NULL, KVS_OPT_SET, O(rope_scaling), .set = set_rope_scaling,
+     .expect = "none, linear or yarn", .arg = "TYPE", .help = "rope.scaling.type (yarn: YaRN over --orig-ctx)"},
+    {"--rope-scale", NULL, KVS_OPT_DOUBLE, O(rope_scale), 1e-3, 1e3, .arg = "F",
+     .help = "rope.scaling.factor (the context extension factor)"},
+    {"--biases", NULL, KVS_OPT_FLAG, O(out_bias), .flag_value = true,
+     .help = "(llama) add Q/K/V biases and attn_output.bias"},
     {"--seed", NULL, KVS_OPT_SET, O(seed), .set = set_seed, .expect = "a non-negative integer", .arg = "N",
      .help = "random seed (default 42)"},
     {"--std", NULL, KVS_OPT_DOUBLE, O(std), 0.0, 100.0, .arg = "F",
@@ -201,6 +216,7 @@ static int check_opts(mk_opts *o) {
         o->head_dim = o->n_embd / o->n_head;
     }
     if (o->rope_factors && strcmp(o->arch, "phi3")) return kvs_cli_fail(&mk_cli, "--rope-factors needs --arch phi3");
+    if (o->out_bias && strcmp(o->arch, "llama")) return kvs_cli_fail(&mk_cli, "--biases needs --arch llama");
     if (o->rope_factors && o->orig_ctx > 0 && o->n_ctx > o->orig_ctx && o->rope_attn == 0) {
         double scale = (double)o->n_ctx / (double)o->orig_ctx; /* LongRoPE's attention factor */
         o->rope_attn = sqrt(1.0 + log(scale) / log((double)o->orig_ctx));
@@ -536,6 +552,11 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     U32("rope.dimension_count", o->head_dim);
     if (o->orig_ctx > 0) U32("rope.scaling.original_context_length", o->orig_ctx);
     if (o->rope_attn > 0) F32("rope.scaling.attn_factor", o->rope_attn);
+    if (o->rope_scale > 0) F32("rope.scaling.factor", o->rope_scale);
+    if (!rc && o->rope_scaling[0]) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        rc = eng_gguf_add_str(w, key, o->rope_scaling, strlen(o->rope_scaling));
+    }
     if (o->head_dim * o->n_head != o->n_embd) {
         U32("attention.key_length", o->head_dim);
         U32("attention.value_length", o->head_dim);
@@ -595,6 +616,7 @@ static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, si
         {"attn_k.weight", MK_MATRIX, E, KV},   {"attn_v.weight", MK_MATRIX, E, KV},
         {"attn_q.bias", MK_BIAS, Q, 1},        {"attn_k.bias", MK_BIAS, KV, 1},
         {"attn_v.bias", MK_BIAS, KV, 1},       {"attn_output.weight", MK_MATRIX, Q, E},
+        {"attn_output.bias", MK_BIAS, E, 1},
         {"ffn_norm.weight", MK_NORM, E, 1},    {"ffn_gate.weight", MK_MATRIX, E, F},
         {"ffn_up.weight", MK_MATRIX, E, F},    {"ffn_down.weight", MK_MATRIX, F, E},
     };
@@ -604,7 +626,7 @@ static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, si
         {"attn_output.weight", MK_MATRIX, Q, E},   {"ffn_norm.weight", MK_NORM, E, 1},
         {"ffn_up.weight", MK_MATRIX, E, 2 * F},    {"ffn_down.weight", MK_MATRIX, F, E},
     };
-    const bool biases = !strcmp(o->arch, "qwen2"), phi3 = !strcmp(o->arch, "phi3");
+    const bool biases = !strcmp(o->arch, "qwen2") || o->out_bias, phi3 = !strcmp(o->arch, "phi3");
     const mk_tdef *td = phi3 ? fused : t;
     const size_t nt = phi3 ? sizeof fused / sizeof fused[0] : sizeof t / sizeof t[0];
     char name[96];
@@ -614,6 +636,7 @@ static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, si
     for (int64_t l = 0; l < o->n_layer && !rc; l++) {
         for (size_t i = 0; i < nt && !rc; i++) {
             if (td[i].kind == MK_BIAS && !biases) continue;
+            if (!strcmp(td[i].suffix, "attn_output.bias") && !o->out_bias) continue; /* qwen2 has none */
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
             rc = tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
         }

@@ -650,3 +650,18 @@ double eng_attn_expsum(int level, float *s, int32_t n, float mx) {
     (void)level;
     return expsum_scalar(s, n, mx);
 }
+
+float eng_attn_softmax_inv(int level, float *s, int32_t n, float mx, float sink) {
+    if (sink == -INFINITY) return 1.0f / (float)eng_attn_expsum(level, s, n, mx);
+    const float top = mx > sink ? mx : sink;
+    double sum = eng_attn_expsum(level, s, n, top) + (double)expf(sink - top);
+    return 1.0f / (float)sum;
+}
+
+void eng_swiglu_oai(float *g, const float *u, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = limit < g[i] ? limit : g[i];
+        const float y = u[i] < -limit ? -limit : (limit < u[i] ? limit : u[i]);
+        g[i] = x / (1.0f + expf(alpha * (-x))) * (y + 1.0f);
+    }
+}

@@ -1,5 +1,5 @@
 /*
- * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, SiLU and the
+ * ops.h: small f32 kernels of the CPU forward pass (internal to the engine): RMSNorm, RoPE, clamped SwiGLU and the
  * attention kernels over KV-cache rows (f32 or f16): tiles of many queries and the softmax exponentials. Each
  * attention kernel has a scalar version, an AVX2+FMA+F16C version and an AVX-512 version, selected by a level.
  * Pure functions, safe from any thread.
@@ -57,5 +57,16 @@ void eng_attn_tile_accum_f16(int level, float *o, int32_t m, const float *p, int
  * error < 3.6e-7); the vector levels evaluate the same polynomial with fused multiply-adds (within a few
  * ulp of the scalar). */
 double eng_attn_expsum(int level, float *s, int32_t n, float mx);
+
+/* One attention row's softmax with an optional sink (gpt-oss: a learned logit per head that joins the denominator
+ * only, as llama.cpp's soft_max does with sinks): with M = max(mx, sink), s[i] = e^(s[i] - M) in place (as
+ * eng_attn_expsum; every s[i] <= mx), and returns 1 / (sum + e^(sink - M)), the factor that turns the numerators
+ * into the probabilities. sink = -INFINITY means none: then exactly 1 / (float)eng_attn_expsum(level, s, n, mx). */
+float eng_attn_softmax_inv(int level, float *s, int32_t n, float mx, float sink);
+
+/* gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai) in place for i < n: x = min(g[i], limit),
+ * y = clamp(u[i], -limit, limit), g[i] = x / (1 + e^(-alpha x)) * (y + 1), in float with expf, the min and the
+ * clamp ordered as C++'s std::min / std::clamp (a NaN gate stays NaN, a NaN up gives NaN). Scalar. */
+void eng_swiglu_oai(float *g, const float *u, int64_t n, float alpha, float limit);
 
 #endif

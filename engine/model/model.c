@@ -3,6 +3,7 @@
 #include "common/common.h"
 
 #include <errno.h>
+#include <math.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <stdarg.h>
@@ -196,11 +197,14 @@ static int load_hparams(loader *L, bool vocab_only) {
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.dimension_count %d must be even and at most "
                     "the head size %d", L->path, hp->n_rot, hp->head_dim);
     if ((rc = get_float(L, "rope.freq_base", 10000.0f, &hp->rope_freq_base)) != 0) return rc;
-    float scale_linear = 1.0f;
-    if ((rc = get_float(L, "rope.scale_linear", 1.0f, &scale_linear)) != 0) return rc;
-    if (!(scale_linear > 0.0f) || !(hp->rope_freq_base > 0.0f))
-        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.freq_base and rope.scale_linear must be "
-                    "positive", L->path);
+    /* rope.scaling.factor, else the older rope.scale_linear (llama.cpp reads both, in that order; 0 means 1) */
+    float scale_linear = 0.0f;
+    if ((rc = get_float(L, "rope.scaling.factor", 0.0f, &scale_linear)) != 0) return rc;
+    if (scale_linear == 0.0f && (rc = get_float(L, "rope.scale_linear", 0.0f, &scale_linear)) != 0) return rc;
+    if (scale_linear == 0.0f) scale_linear = 1.0f;
+    if (!(scale_linear > 0.0f) || isinf(scale_linear) || !(hp->rope_freq_base > 0.0f))
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: rope.freq_base and rope.scaling.factor (or "
+                    "rope.scale_linear) must be positive", L->path);
     hp->rope_freq_scale = 1.0f / scale_linear;
     if ((rc = get_float(L, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps)) != 0) return rc;
     if (!(hp->rms_eps >= 0.0f))
@@ -325,6 +329,9 @@ static int load_tensors(loader *L) {
             {"post_ffw_norm.weight", NULL, &ly->post_ffn_norm, E, 0, post_norms},
         };
         if ((rc = load_layer_tensors(L, l, rest, sizeof rest / sizeof rest[0])) != 0) return rc;
+        /* llama.cpp reads an optional attn_output.bias for llama only (gpt-oss requires it) */
+        const layer_tensor out_bias[] = {{"attn_output.bias", NULL, &ly->bo, E, 0, false}};
+        if (hp->arch == ENG_ARCH_LLAMA && (rc = load_layer_tensors(L, l, out_bias, 1)) != 0) return rc;
     }
     return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);
 }
@@ -476,7 +483,7 @@ void eng_model_free(eng_model *m) {
             eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) free(ms[i]->packed);
             KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm,
-                         ly->post_attn_norm, ly->post_ffn_norm);
+                         ly->post_attn_norm, ly->post_ffn_norm, ly->bo, ly->attn_sinks);
         }
         free(m->layers);
     }

@@ -43,6 +43,8 @@ typedef struct eng_layer {
     float *bq;          /* [n_head * head_dim] f32 or NULL (qwen2 biases; owned) */
     float *bk;          /* [n_head_kv * head_dim] f32 or NULL */
     float *bv;          /* [n_head_kv * head_dim] f32 or NULL */
+    float *bo;          /* [n_embd] f32 or NULL: attn_output.bias (llama, gpt-oss; owned) */
+    float *attn_sinks;  /* [n_head] f32 or NULL: per-head logits that join the softmax's denominator (gpt-oss) */
     float *q_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of Q; owned) */
     float *k_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of K) */
     float *ffn_norm;    /* [n_embd] f32 (owned) */

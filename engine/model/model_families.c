@@ -34,9 +34,33 @@ static int arch_int(eng_model *m, const char *suffix, int32_t *out, const char *
     return 0;
 }
 
+/* <arch>.rope.scaling.type (llama.cpp's names; "linear" when absent): "none" undoes the scaling factor, "yarn" turns
+ * on YaRN's mix, "linear" and "longrope" (phi3's factor sets) change nothing here. 0 or ENG_ERR_FORMAT. */
+static int rope_scaling_type(eng_model *m, const char *path, char *err, size_t err_len) {
+    eng_hparams *hp = &m->hp;
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch_name);
+    eng_gguf_str s;
+    int rc = eng_gguf_get_str(m->gguf, key, &s);
+    if (rc == ENG_ERR_NOT_FOUND) return 0;
+    if (rc != 0) return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: key %s is not a string", path, key);
+    if (s.len == 4 && !memcmp(s.ptr, "none", 4)) hp->rope_freq_scale = 1.0f;
+    else if (s.len == 4 && !memcmp(s.ptr, "yarn", 4)) hp->rope_yarn_ext = 1.0f;
+    else if (!(s.len == 6 && !memcmp(s.ptr, "linear", 6)) && !(s.len == 8 && !memcmp(s.ptr, "longrope", 8)))
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: %s '%.*s' is not none, linear, yarn or longrope", path, key,
+                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    return 0;
+}
+
 int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t err_len) {
     eng_hparams *hp = &m->hp;
     int rc;
+    hp->rope_yarn_ext = 0.0f;
+    hp->rope_yarn_beta_fast = 32.0f;
+    hp->rope_yarn_beta_slow = 1.0f;
+    hp->swiglu_alpha = 1.702f;
+    hp->swiglu_limit = 7.0f;
+    if ((rc = rope_scaling_type(m, path, err, err_len)) != 0) return rc;
     hp->n_swa = 0;
     hp->rope_freq_base_swa = hp->rope_freq_base;
     hp->n_ctx_orig = hp->n_ctx_train;

@@ -56,19 +56,42 @@ static int check_matrix(const eng_matrix *w, size_t *cap) {
     return 0;
 }
 
-/* Rotation frequencies of the model, for the global and the sliding-window layers. The frequency factors are
- * rope_freqs, else phi3's long factors for a context longer than n_ctx_orig, else its short ones. */
+/* YaRN's correction dimension of a rotation count (llama.cpp's formula, in its float arithmetic). */
+static float yarn_corr_dim(int32_t n_rot, int32_t n_ctx_orig, float n_turns, float base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (n_turns * 2.0f * 3.14159265358979323846f)) / (2.0f * logf(base));
+}
+
+/* The factor of pair i's angle over base^(-2i/n): s = rope_freq_scale without YaRN; with it, s (1 - r_i) + r_i, r_i
+ * the ramp between the correction dimensions of the base (see eng_hparams.rope_yarn_ext): YaRN's mix of the
+ * interpolated angle s theta and the extrapolated theta, which is linear in the position. */
+static double yarn_mix(const eng_hparams *hp, float base, int32_t i) {
+    const float s = hp->rope_freq_scale;
+    if (hp->rope_yarn_ext == 0.0f) return s;
+    float lo = floorf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->rope_yarn_beta_fast, base));
+    float hi = ceilf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->rope_yarn_beta_slow, base));
+    lo = lo > 0.0f ? lo : 0.0f;
+    hi = hi < (float)(hp->n_rot - 1) ? hi : (float)(hp->n_rot - 1);
+    float y = ((float)i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+    float ramp = (1.0f - (y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y)) * hp->rope_yarn_ext;
+    return (double)s * (1.0 - (double)ramp) + (double)ramp;
+}
+
+/* Rotation frequencies of the model, for the global and the sliding-window layers, and the scale of cos and sin
+ * (rope_attn_factor, times YaRN's magnitude correction 1 + 0.1 ln(1 / s) when it applies). The frequency factors
+ * are rope_freqs, else phi3's long factors for a context longer than n_ctx_orig, else its short ones. */
 static int init_rope(eng_ctx *c, const eng_model *model) {
     const eng_hparams *hp = c->hp;
     int32_t half = hp->n_rot / 2;
     c->inv_freq = zalloc((size_t)half, sizeof *c->inv_freq);
     c->inv_freq_swa = zalloc((size_t)half, sizeof *c->inv_freq_swa);
     if (!c->inv_freq || !c->inv_freq_swa) return ENG_ERR_NOMEM;
+    c->rope_mscale = hp->rope_attn_factor;
+    if (hp->rope_yarn_ext != 0.0f) c->rope_mscale *= 1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale);
     const float *factors = model->rope_freqs ? model->rope_freqs
                            : c->n_ctx > hp->n_ctx_orig ? model->rope_long : model->rope_short;
     for (int32_t i = 0; i < half; i++) {
-        double f = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
-        double fs = (double)hp->rope_freq_scale * pow((double)hp->rope_freq_base_swa, -2.0 * i / hp->n_rot);
+        double f = yarn_mix(hp, hp->rope_freq_base, i) * pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        double fs = yarn_mix(hp, hp->rope_freq_base_swa, i) * pow((double)hp->rope_freq_base_swa, -2.0 * i / hp->n_rot);
         if (factors) {
             f /= factors[i];
             fs /= factors[i];

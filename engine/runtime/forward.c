@@ -14,7 +14,9 @@
  *      each unit's output is quantized in place for wo,
  *   4. wo product (in chunks of output rows), 5. as 1 with the FFN norm,
  *   6. gate/up products in chunks of columns (whole blocks of w_down's activation format), silu(gate) * up
- *      and its quantization on the same columns, 7. w_down product.
+ *      (GELU for gemma3, clamped SwiGLU for gpt-oss) and its quantization on the same columns, 7. w_down product.
+ * Optional per-model parts: attn_output biases (added by the thread computing the wo chunk), attention sinks
+ * (in the softmax's denominator, eng_attn_softmax_inv), YaRN's rotation frequencies and scale (context.c).
  * The matrix stages (2, 4, 6, 7 and the output projection) hand out their chunks from shared counters
  * (next_chunk), so a thread that falls behind leaves its remaining chunks to the others.
  * Activations are quantized once per matrix input (per distinct dot type of the matrices reading it). The
@@ -123,6 +125,23 @@ static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m
     }
 }
 
+/* gemm_part with a bias (bias[n_out], or NULL: none) added to the outputs of each chunk by the thread that computed
+ * them. */
+static void gemm_part_bias(eng_ctx *c, const eng_matrix *w, const float *bias, const void *xq, int64_t m, float *y,
+                           int64_t ldy, _Atomic int64_t *ctr, int nth) {
+    if (!bias) {
+        gemm_part(c, w, xq, m, y, ldy, ctr, nth);
+        return;
+    }
+    int64_t groups = (w->n_out + 15) / 16, gb, ge;
+    while (next_chunk(ctr, groups, nth, m <= SMALL_M ? 4 : 16, m <= SMALL_M, &gb, &ge)) {
+        int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
+        mat_gemm(c, w, xq, m, y, ldy, jb, je);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = jb; j < je; j++) y[r * ldy + j] += bias[j];
+    }
+}
+
 static void store_row(const kvc_layout *lay, void *dst, const float *src, int32_t n) {
     switch (lay->dtype) {
     case KVC_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
@@ -224,6 +243,7 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
     float *scores = c->th_scores + (size_t)ith * c->att_q * lds;
     const float scale = hp->attn_scale;
     const bool swa = c->model->layers[l].swa && hp->n_swa > 0;
+    const float *sinks = c->model->layers[l].attn_sinks; /* [n_head] or NULL */
     const int32_t win0 = swa && pos[rows[0]] + 1 > hp->n_swa ? pos[rows[0]] + 1 - hp->n_swa : 0;
     const int32_t tb = win0 / bs * bs; /* the first position read: the start of the block holding win0 */
     const char *kbase = (const char *)lay->base + (size_t)(2 * c->kv_layer[l]) * lay->layer_bytes +
@@ -245,7 +265,8 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
         float *s = scores + (size_t)i * lds;
         int32_t n = pos[rows[i / gs]] + 1, lo = swa && n > hp->n_swa ? n - hp->n_swa : 0;
         float mx = c->smp.max(s + lo, n - lo);
-        inv[i] = 1.0f / (float)eng_attn_expsum(c->attn_level, s + lo, n - lo, mx);
+        float sink = sinks ? sinks[h0 + i % gs] : -INFINITY;
+        inv[i] = eng_attn_softmax_inv(c->attn_level, s + lo, n - lo, mx, sink);
         if (lo > tb) memset(s + tb, 0, (size_t)(lo - tb) * sizeof *s);
         if (n < len) memset(s + n, 0, (size_t)(len - n) * sizeof *s);
     }
@@ -324,7 +345,7 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     }
 }
 
-/* The (cos, sin) pairs of a rotation by pos positions, both times mscale: the model's rope_attn_factor for the
+/* The (cos, sin) pairs of a rotation by pos positions, both times mscale: the context's rope_mscale for the
  * forward pass, 1 for a pure re-rotation (context shift). */
 static void rope_angles(const eng_ctx *c, float *cs, double pos, bool swa, float mscale) {
     const float *inv_freq = swa ? c->inv_freq_swa : c->inv_freq;
@@ -390,9 +411,9 @@ static void forward_worker(void *arg, int ith, int nth) {
         if (hp->embd_scale != 1.0f)
             for (int64_t i = 0; i < E; i++) c->x[r * E + i] *= hp->embd_scale;
         memset(c->tmp + r * E, 0, (size_t)E * sizeof(float));
-        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r], false, hp->rope_attn_factor);
+        rope_angles(c, c->rope_cs + r * hp->n_rot, (double)b->pos[r], false, c->rope_mscale);
         if (hp->n_swa > 0)
-            rope_angles(c, c->rope_cs_swa + r * hp->n_rot, (double)b->pos[r], true, hp->rope_attn_factor);
+            rope_angles(c, c->rope_cs_swa + r * hp->n_rot, (double)b->pos[r], true, c->rope_mscale);
     }
     eng_pool_barrier(c->pool);
 
@@ -425,7 +446,7 @@ static void forward_worker(void *arg, int ith, int nth) {
             for (int64_t r = rb; r < re; r++) quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
             eng_pool_barrier(c->pool);
         }
-        gemm_part(c, &ly->wo, c->xq_att, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_WO], nth);
+        gemm_part_bias(c, &ly->wo, ly->bo, c->xq_att, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_WO], nth);
         eng_pool_barrier(c->pool);
         if (ly->post_attn_norm) post_norm(c, ly->post_attn_norm, rb, re);
 
@@ -445,6 +466,8 @@ static void forward_worker(void *arg, int ith, int nth) {
                 const float *u = c->up + r * F;
                 if (hp->ffn_act == ENG_ACT_GELU_TANH)
                     for (int64_t i = jb; i < je; i++) g[i] = gelu_tanh(g[i]) * u[i];
+                else if (hp->ffn_act == ENG_ACT_SWIGLU_OAI)
+                    eng_swiglu_oai(g + jb, u + jb, je - jb, hp->swiglu_alpha, hp->swiglu_limit);
                 else
                     for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
                 quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);

@@ -54,6 +54,7 @@ struct eng_ctx {
     eng_smp_kernels smp;  /* vectorized max and exp-sum, for the attention softmax */
     float *inv_freq;      /* [n_rot/2]: theta_i = pos * inv_freq[i] */
     float *inv_freq_swa;  /* [n_rot/2]: the same for the sliding-window layers (their own rope base) */
+    float rope_mscale;    /* cos and sin of the forward pass are multiplied by it (init_rope) */
 
     /* per-batch bookkeeping, [max_batch] each */
     kvc_entry *entries;

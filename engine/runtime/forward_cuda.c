@@ -97,6 +97,15 @@ static int pick_device(const eng_ctx_params *p, char *name, size_t name_len, cha
     return 1;
 }
 
+/* Whether a layer has a part the CUDA kernels lack: gemma3's post norms, attn_output biases, attention sinks. */
+static bool cpu_only_layers(const eng_model *model) {
+    for (int32_t l = 0; model->layers && l < model->hp.n_layer; l++) {
+        const eng_layer *ly = &model->layers[l];
+        if (ly->post_attn_norm || ly->bo || ly->attn_sinks) return true;
+    }
+    return false;
+}
+
 /* The model description (host pointers into the mapping and the model's f32 vectors) handed to
  * cud_backend_create, which uploads it. *budget receives the device bytes left for the KV pool; berr the
  * backend's message. */
@@ -104,11 +113,11 @@ static int create_backend(eng_cuda *g, const eng_model *model, const eng_ctx_par
                           char *berr, size_t berr_len) {
     const eng_hparams *hp = &model->hp;
     /* the CUDA kernels do not have gemma3's sliding windows, post norms, GELU, scales or soft-capping, nor
-     * phi3's long/short rope factors and attention factor: such a model runs on the CPU (AUTO) or is refused */
+     * phi3's long/short rope factors and attention factor, nor YaRN, attn_output biases, attention sinks or the
+     * clamped SwiGLU (ffn_act): such a model runs on the CPU (AUTO) or is refused */
     if (hp->n_swa > 0 || hp->ffn_act != ENG_ACT_SILU || hp->embd_scale != 1.0f || hp->logit_softcap > 0.0f ||
         hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) || model->rope_long || model->rope_short ||
-        hp->rope_attn_factor != 1.0f ||
-        (model->layers && model->layers[0].post_attn_norm))
+        hp->rope_attn_factor != 1.0f || hp->rope_yarn_ext != 0.0f || cpu_only_layers(model))
         return kvs_errf(berr, berr_len, ENG_ERR_UNSUPPORTED, "the %s family is not supported by the CUDA backend",
                         hp->arch_name);
     cud_layer_desc *layers = calloc((size_t)hp->n_layer, sizeof *layers);

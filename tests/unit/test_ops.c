@@ -275,3 +275,60 @@ Test(ops, tile_batch_invariance) {
         }
     }
 }
+
+/* Attention sinks: the probabilities s[i] * inv of eng_attn_softmax_inv against a softmax over the scores and the
+ * sink in double, at every level; without a sink (-INFINITY) the result is bit for bit the plain expsum path. */
+Test(ops, softmax_sink_vs_reference) {
+    rng r = {20260126};
+    float s[300], s0[300], plain[300];
+    for (int iter = 0; iter < 400; iter++) {
+        int n = 1 + rng_int(&r, 300);
+        float spread = iter % 3 == 0 ? 30.0f : 4.0f;
+        for (int i = 0; i < n; i++) s0[i] = rng_uniform(&r, spread);
+        float mx = s0[0];
+        for (int i = 1; i < n; i++) mx = s0[i] > mx ? s0[i] : mx;
+        /* sinks below, near and far above the scores' max */
+        float sink = iter % 4 == 0 ? mx + 20.0f : iter % 4 == 1 ? mx - 3.0f : rng_uniform(&r, spread);
+        double top = sink > mx ? sink : mx, den = exp((double)sink - top);
+        for (int i = 0; i < n; i++) den += exp((double)s0[i] - top);
+        for (int lv = ENG_OPS_SCALAR; lv <= eng_ops_attn_level(); lv++) {
+            memcpy(s, s0, (size_t)n * sizeof *s);
+            float inv = eng_attn_softmax_inv(lv, s, n, mx, sink);
+            for (int i = 0; i < n; i++) {
+                double want = exp((double)s0[i] - top) / den, got = (double)s[i] * inv;
+                /* relative for the large probabilities, absolute (of their sum, 1) for the tiny ones */
+                cr_assert(fabs(got - want) <= 2e-6 * want + 1e-9, "level %d n %d i %d: %.9g vs %.9g (seed 20260126 "
+                          "iter %d)", lv, n, i, got, want, iter);
+            }
+            memcpy(s, s0, (size_t)n * sizeof *s);
+            memcpy(plain, s0, (size_t)n * sizeof *s);
+            float a = eng_attn_softmax_inv(lv, s, n, mx, -INFINITY);
+            float b = 1.0f / (float)eng_attn_expsum(lv, plain, n, mx);
+            cr_assert(a == b && memcmp(s, plain, (size_t)n * sizeof *s) == 0, "level %d: no-sink path differs", lv);
+        }
+    }
+}
+
+/* gpt-oss's clamped SwiGLU against its definition in double (min, clamp, sigmoid), across the clamps. */
+Test(ops, swiglu_oai_vs_reference) {
+    rng r = {1702};
+    float g[257], u[257], g0[257];
+    for (int iter = 0; iter < 200; iter++) {
+        int n = 1 + rng_int(&r, 257);
+        float alpha = iter % 2 ? 1.702f : 0.5f + rng_uniform(&r, 0.4f), limit = iter % 2 ? 7.0f : 3.0f;
+        for (int i = 0; i < n; i++) {
+            g0[i] = g[i] = rng_uniform(&r, 12.0f);
+            u[i] = rng_uniform(&r, 12.0f);
+        }
+        eng_swiglu_oai(g, u, n, alpha, limit);
+        for (int i = 0; i < n; i++) {
+            double x = g0[i] < limit ? g0[i] : limit, y = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+            double want = x / (1.0 + exp(-(double)alpha * x)) * (y + 1.0);
+            cr_assert(fabs(g[i] - want) <= 1e-5 * fabs(want) + 1e-6, "n %d i %d: g %g u %g: %.9g vs %.9g (seed 1702 "
+                      "iter %d)", n, i, (double)g0[i], (double)u[i], (double)g[i], want, iter);
+        }
+    }
+    float gn = NAN, un = 0.5f; /* a NaN gate stays NaN, as std::min(NaN, limit) keeps it */
+    eng_swiglu_oai(&gn, &un, 1, 1.702f, 7.0f);
+    cr_assert(isnan(gn));
+}

@@ -437,9 +437,9 @@ Test(reference, thread_count_invariance_q8_0) { thread_count_invariance("syn-lla
  * must be the recorded one), against llama.cpp's llama-server at two context sizes: 512 (not above the original
  * context: the short factors) and 1024 (the long ones); the attention factor applies to both. The two references
  * differ, so each factor set is in effect. */
-static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) {
+static cJSON *mk_ref(const char *stem, int32_t n_ctx, char *json_out[1]) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/tests/reference/mk-phi3-longrope.ctx%d.json", KVSERVE_SOURCE_DIR, n_ctx);
+    snprintf(path, sizeof path, "%s/tests/reference/%s.ctx%d.json", KVSERVE_SOURCE_DIR, stem, n_ctx);
     char *json = kvt_read_file(path, NULL);
     cr_assert_not_null(json, "%s: cannot read", path);
     cJSON *root = cJSON_Parse(json);
@@ -450,17 +450,19 @@ static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) {
     return root;
 }
 
+static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) { return mk_ref("mk-phi3-longrope", n_ctx, json_out); }
+
 /* Makes the reference's model in dir (model path in mpath) and checks its SHA-256. */
-static void longrope_model(cJSON *root, const char *dir, char *mpath, size_t cap) {
-    snprintf(mpath, cap, "%s/mk-phi3-longrope.gguf", dir);
-    const char *args[32];
+static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath, size_t cap) {
+    snprintf(mpath, cap, "%s/%s.gguf", dir, stem);
+    const char *args[48];
     int n = 0;
     args[n++] = "mkmodel";
     args[n++] = "-o";
     args[n++] = mpath;
     cJSON *a;
     cJSON_ArrayForEach(a, cJSON_GetObjectItem(root, "mkmodel_args")) {
-        cr_assert(cJSON_IsString(a) && n < 31);
+        cr_assert(cJSON_IsString(a) && n < 47);
         args[n++] = a->valuestring;
     }
     args[n] = NULL;
@@ -474,15 +476,15 @@ static void longrope_model(cJSON *root, const char *dir, char *mpath, size_t cap
     char hex[65];
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
     const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(root, "model_sha256"));
-    cr_assert(want && !strcmp(hex, want), "mkmodel's phi3 model changed (sha256 %s, reference %s): regenerate the "
-              "reference with scripts/ref-longrope.py", hex, want ? want : "?");
+    cr_assert(want && !strcmp(hex, want), "mkmodel's %s model changed (sha256 %s, reference %s): regenerate the "
+              "reference with scripts/ref-longrope.py", stem, hex, want ? want : "?");
 }
 
 static void check_longrope(int32_t n_ctx) {
     char *json = NULL, dir[] = "/tmp/kvserve-longrope-XXXXXX", mpath[256];
     cJSON *root = longrope_ref(n_ctx, &json);
     cr_assert_not_null(mkdtemp(dir));
-    longrope_model(root, dir, mpath, sizeof mpath);
+    mk_model("mk-phi3-longrope", root, dir, mpath, sizeof mpath);
     eng_model *m = NULL;
     char err[512];
     cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
@@ -526,4 +528,28 @@ Test(reference, phi3_longrope_factor_sets_differ) {
     cJSON_Delete(r2);
     free(j1);
     free(j2);
+}
+
+/* ---- llama with YaRN rope scaling and attention biases (tests/reference/mk-llama-yarn.ctx1024.json) --------------
+ * rope.scaling.type yarn, factor 4 over an original context of 256, rope.scaling.attn_factor 1.1, Q/K/V and
+ * attn_output biases, made by `kvserve mkmodel` with the recorded arguments, against llama.cpp's library
+ * (scripts/ref-longrope.py --yarn). */
+Test(reference, llama_yarn_biases) {
+    char *json = NULL, dir[] = "/tmp/kvserve-yarn-XXXXXX", mpath[256];
+    cJSON *root = mk_ref("mk-llama-yarn", 1024, &json);
+    cr_assert_not_null(mkdtemp(dir));
+    mk_model("mk-llama-yarn", root, dir, mpath, sizeof mpath);
+    eng_model *m = NULL;
+    char err[512];
+    cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    cr_assert_eq(hp->rope_yarn_ext, 1.0f);
+    cr_assert_eq(hp->rope_freq_scale, 0.25f);
+    cr_assert_eq(hp->n_ctx_orig, 256);
+    eng_model_free(m);
+    check_ref("mk-llama-yarn ctx 1024", mpath, root, 1024);
+    unlink(mpath);
+    rmdir(dir);
+    cJSON_Delete(root);
+    free(json);
 }
