@@ -72,6 +72,9 @@ static const key_def KEYS[] = {
     S(chat_template, NULL,
       "a Jinja chat template FILE, or a built-in family (chatml|llama3|llama2|mistral|phi3|zephyr|gemma); "
       "empty: the model's own"),
+    S(reasoning_format, "auto|deepseek|none", "thinking in chat output: auto splits it into reasoning_content where "
+      "the template thinks (<think>, gpt-oss channels), deepseek also a leading <think> block of any template, none "
+      "leaves it in content; requests may set reasoning_format"),
     B(parse_special_in_content, "chat message contents may produce control tokens (<|im_start|>...): the old, "
       "unsafe behaviour"),
     J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
@@ -102,6 +105,7 @@ void srv_config_default(srv_config *c) {
     c->write_buffer_kb = 4096;
     c->shutdown_grace_s = 10;
     snprintf(c->log_format, sizeof c->log_format, "text");
+    snprintf(c->reasoning_format, sizeof c->reasoning_format, "auto");
 }
 
 static const key_def *find_key(const char *name) {

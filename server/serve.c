@@ -41,6 +41,7 @@ typedef struct daemon_state {
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
     srv_tool_format tool_format; /* how the model writes tool calls (its template's markers or its family) */
+    srv_reasoning_syntax reasoning; /* how its Jinja template thinks (OFF: no markers, or no Jinja template) */
     int load_rc;
     char load_err[1024];
     int exit_code;
@@ -117,6 +118,7 @@ static void load_template(daemon_state *d) {
     tpl_error te;
     int r = tpl_compile(src, len, NULL, &d->tpl, &te);
     if (r == 0) d->tool_format = srv_tool_format_detect(src, ENG_CHAT_AUTO);
+    if (r == 0) d->reasoning = srv_reasoning_detect(src);
     free(owned);
     if (r != 0) {
         d->tpl = NULL;
@@ -231,12 +233,13 @@ static void load_done(uv_work_t *w, int status) {
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
-                          d->eos_text, d->tool_format};
+                          d->eos_text, d->tool_format, d->reasoning};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
-    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s)\n",
-            id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx, (int)eng_ctx_n_threads(d->ctx),
-            srv_tool_format_name(d->tool_format));
+    fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s, "
+            "reasoning %s)\n", id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx,
+            (int)eng_ctx_n_threads(d->ctx), srv_tool_format_name(d->tool_format),
+            srv_reasoning_syntax_name(d->reasoning));
 }
 
 /* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
@@ -340,6 +343,7 @@ static void api_config_of(const srv_config *cfg, uv_loop_t *loop, srv_api_config
     ac->limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
     ac->api_key = cfg->api_key;
     ac->parse_special_in_content = cfg->parse_special_in_content;
+    srv_reasoning_format_from_name(cfg->reasoning_format, &ac->reasoning_format); /* validated: stays AUTO else */
     ac->loop = loop;
     ac->log_format = !strcmp(cfg->log_format, "json")   ? SRV_API_LOG_JSON
                      : !strcmp(cfg->log_format, "none") ? SRV_API_LOG_NONE

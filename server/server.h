@@ -85,6 +85,8 @@ typedef struct srv_config {
     char chat_template[1024];   /* "": the model's template; a file that exists: a Jinja template read from it;
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */
     bool parse_special_in_content; /* chat contents may hold control tokens (<|im_start|>...); default false */
+    char reasoning_format[16];  /* "auto" (default: thinking split into reasoning_content where the template
+                                   thinks), "deepseek" (also a leading <think> block of any template), "none" */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
                                     server/obs/obs.h. In the file an object, on the command line its JSON text */
 } srv_config;

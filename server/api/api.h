@@ -9,7 +9,7 @@
  *      (grammar_cache.c).
  *   3. Routing and responses (api_routes.c and the route files): an srv_http handler that serves
  *      /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models (and the same without
- *      /v1), /v1/messages and /v1/messages/count_tokens (Anthropic's API, errors in its shape), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
+ *      /v1), /v1/messages and /v1/messages/count_tokens (Anthropic's API, errors in its shape; also without /v1), /infill, /health (and /v1/health), /metrics, /tokenize, /detokenize, /props and the chat page at /
  *      over a srv_api_backend (the scheduler and the model in the daemon; a fake in tests). OPTIONS on any of
  *      them is a CORS preflight, answered 204 (server/http/http.h).
  * Inside the folder (its private headers: api_internal.h, api_gen_internal.h, api_routes_internal.h, and one
@@ -106,6 +106,8 @@ typedef struct srv_api_gen {
     struct srv_chat_req *chat;  /* chat: messages, tools and tool_choice for the template (api/chat_internal.h) */
     int32_t priority;           /* vLLM's `priority` (lower is more urgent), default 0; nonzero only when
                                    limits.priority_scheduling */
+    bool has_reasoning_format;  /* chat: the request's `reasoning_format` (llama.cpp's field) was given */
+    int reasoning_format;       /* then: a srv_reasoning_format (declared below) */
 } srv_api_gen;
 
 void srv_api_limits_default(srv_api_limits *l);
@@ -149,7 +151,8 @@ char *srv_api_error_json(const srv_api_error *err);
  * 408 timeout_error, 413 request_too_large, 429 rate_limit_error, 503 and 529 overloaded_error, other 5xx
  * api_error. malloc'd, NULL on OOM. */
 char *srv_api_error_json_anthropic(const srv_api_error *err);
-/* Whether errors on this path are written in Anthropic's shape: /v1/messages and the paths under it. */
+/* Whether errors on this path are written in Anthropic's shape: /v1/messages, /messages and the paths under
+ * them. */
 bool srv_api_path_anthropic(const char *path);
 
 /* ---- 2. what the daemon sets up for the API ------------------------------------------------------------------
@@ -178,6 +181,33 @@ typedef enum {
 srv_tool_format srv_tool_format_detect(const char *template_text, eng_chat_family family);
 /* "generic", "hermes", "llama3", "mistral" */
 const char *srv_tool_format_name(srv_tool_format f);
+
+/* How the model thinks (api/reasoning.c; the streaming parser is private: api/reasoning_internal.h):
+ *   OFF      no thinking markers: the output is all content
+ *   THINK    Qwen3 / DeepSeek-R1 style: <think>REASONING</think>CONTENT (the generation prompt may open <think>
+ *            itself, as DeepSeek-R1-distill's and QwQ's templates do: the output then starts inside the block)
+ *   HARMONY  gpt-oss's channels: <|channel|>analysis<|message|>REASONING<|end|>, <|start|>assistant<|channel|>final
+ *            <|message|>CONTENT, tool calls on the commentary channel with to=functions.NAME */
+typedef enum { SRV_REASONING_OFF = 0, SRV_REASONING_THINK = 1, SRV_REASONING_HARMONY = 2 } srv_reasoning_syntax;
+/* The syntax a chat template's text (NULL: none) writes: "<|channel|>" with "analysis" HARMONY, "<think>" or
+ * "</think>" THINK, else OFF. */
+srv_reasoning_syntax srv_reasoning_detect(const char *template_text);
+/* "off", "think", "harmony" */
+const char *srv_reasoning_syntax_name(srv_reasoning_syntax s);
+/* --reasoning-format (llama.cpp's names): AUTO (the default) splits where the template thinks; DEEPSEEK splits
+ * also a <think> block at the start of the output of a template without markers; NONE leaves the thinking in the
+ * content. */
+typedef enum {
+    SRV_REASONING_FORMAT_AUTO = 0,
+    SRV_REASONING_FORMAT_DEEPSEEK = 1,
+    SRV_REASONING_FORMAT_NONE = 2,
+} srv_reasoning_format;
+/* "auto" | "deepseek" | "none" into *out: 0, or KVS_ERR_INVALID for any other name (*out unchanged). */
+int srv_reasoning_format_from_name(const char *name, srv_reasoning_format *out);
+const char *srv_reasoning_format_name(srv_reasoning_format f);
+/* The syntax the output of a template with syntax `tmpl` is parsed with under format f: NONE gives OFF;
+ * DEEPSEEK gives THINK where the template has no syntax; AUTO the template's own. */
+srv_reasoning_syntax srv_reasoning_effective(srv_reasoning_format f, srv_reasoning_syntax tmpl);
 
 /* The model's compiled response grammars (api/grammar_cache.c; lookups are private:
  * api/grammar_cache_internal.h). One per loaded model: it owns the model's gmr_vocab and a bounded LRU of
@@ -215,6 +245,9 @@ typedef struct srv_api_backend {
      * format of grammar-constrained calls (tool_choice "required" or a named function) and of the tools
      * described in the prompt of a built-in family (which has no template to print them). 0: generic JSON. */
     srv_tool_format tool_format;
+    /* How the template's model thinks (srv_reasoning_detect over the Jinja template text; OFF for the built-in
+     * families): the syntax a chat output is split with into reasoning and content (srv_api_config's format). */
+    srv_reasoning_syntax reasoning;
 } srv_api_backend;
 
 typedef enum { SRV_API_LOG_TEXT = 0, SRV_API_LOG_JSON = 1, SRV_API_LOG_NONE = 2 } srv_api_log_format;
@@ -233,6 +266,8 @@ typedef struct srv_api_config {
     const srv_web *web;         /* GET / (the chat page) and GET /props (NULL: both 404); the caller's, likewise */
     bool parse_special_in_content; /* true: text like <|im_start|> in chat message contents becomes control
                                       tokens (the old behaviour); false (default): contents are plain text */
+    srv_reasoning_format reasoning_format; /* --reasoning-format: the default of the request field
+                                              reasoning_format (AUTO: split where the template thinks) */
 } srv_api_config;
 
 typedef struct srv_api srv_api;

@@ -78,7 +78,8 @@ char *srv_api_error_json_anthropic(const srv_api_error *err) {
 }
 
 bool srv_api_path_anthropic(const char *path) {
-    return path && !strncmp(path, "/v1/messages", 12) && (path[12] == 0 || path[12] == '/' || path[12] == '?');
+    if (path && !strncmp(path, "/v1", 3)) path += 3;
+    return path && !strncmp(path, "/messages", 9) && (path[9] == 0 || path[9] == '/' || path[9] == '?');
 }
 
 const char *srv_api_json_kind(const cJSON *j) {

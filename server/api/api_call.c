@@ -55,10 +55,12 @@ void api_cancel_subs(api_call *c) {
         if (c->subs[i].submitted && !c->subs[i].done) c->api->be.cancel(c->api->be.ctx, c->subs[i].id);
 }
 
-/* The client left before the answer was complete: counted as an abort and logged as 499 (nginx's convention). */
+/* The client left before the answer was complete: counted as an abort now, and logged as 499 (nginx's convention)
+ * when the call is freed, after its cancelled scheduler requests have reported the tokens they used (issue 27:
+ * the line said prompt=0 completion=0 when it was written at the disconnect). */
 static void log_gone(api_call *c) {
     if (c->api->metrics) c->api->metrics->requests_finished_abort++;
-    api_log_request(c->api, c->method, c->path, 499, &c->usage, -1, api_ms_since(c->t_arrival));
+    c->gone = true;
 }
 
 /* srv_http abort callback of a call (ud): the client left; its scheduler requests are cancelled. */
@@ -106,11 +108,17 @@ void api_call_free(api_call *c) {
     if (!c) return;
     if (c->ext_free) c->ext_free(c);
     srv_api *api = c->api;
+    if (c->gone) {
+        double ttft = c->t_first_token ? (double)(c->t_first_token - c->t_arrival) / 1e6 : -1;
+        api_log_request(api, c->method, c->path, 499, &c->usage, ttft, api_ms_since(c->t_arrival));
+    }
     if (c->prev) c->prev->next = c->next; else if (api->calls == c) api->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     api->n_calls--;
     for (int32_t i = 0; c->choices && i < c->n_choices; i++) {
         kvs_buf_free(&c->choices[i].text);
+        kvs_buf_free(&c->choices[i].reasoning);
+        srv_reasoning_free(&c->choices[i].rsn);
         cJSON_Delete(c->choices[i].lp);
     }
     for (int32_t i = 0; c->subs && i < c->n_subs; i++) free(c->subs[i].echo);

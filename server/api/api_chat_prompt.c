@@ -186,6 +186,7 @@ int api_chat_prompt(srv_api *api, api_call *c, int32_t **toks, int32_t *n, srv_a
     if (srv_chat_render(t, g->chat, api->be.bos_text, api->be.eos_text, &o, e) != 0) return -1;
     /* the template may print BOS itself (as special-token text); else the model adds it as it says */
     bool add_bos = !starts_with(o.text, o.len, api->be.bos_text);
+    c->rsn_open = srv_reasoning_prompt_open(o.text, o.len); /* the generation prompt opened <think> */
     int r = tokenize_spans(api, o.text, o.len, o.spans, o.n_spans, add_bos, toks, n);
     tpl_output_free(&o);
     if (r != 0) {

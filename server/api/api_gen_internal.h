@@ -61,6 +61,10 @@ int api_stream_begin(api_call *c, srv_http_req *req);
  * (the first chunk of a chat choice). */
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp, int32_t n_smp,
                       srv_sched_finish finish, bool role);
+/* A streamed chat chunk whose delta holds reasoning_content (the thinking split from the output), with samples'
+ * logprobs when n_smp > 0. */
+void api_stream_reasoning(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
+                          int32_t n_smp);
 /* An empty logprobs accumulator of the call's kind (chat: {content, refusal}; completions: the four arrays). */
 cJSON *api_new_logprobs(api_call *c);
 /* Appends the logprobs of samples to lp (the choice's accumulator or a chunk's logprobs object). */
@@ -87,7 +91,8 @@ int api_single_start(api_call *c, srv_sched_event_cb cb, bool stream, void (*adj
 enum { API_SINGLE_TEXT = 1, API_SINGLE_DONE = 2 };
 /* The bookkeeping of scheduler event ev for sub (c's only request): DONE records the usage and returns
  * API_SINGLE_DONE (the caller ends the call); text is appended to choice 0 as valid UTF-8 (out of memory: c's
- * error) and returns API_SINGLE_TEXT when it is to be streamed; a CHOICE_END of FINISH_ERROR sets c's error.
+ * error), split into its reasoning and text when c->rsn_syntax says so (the parser finished by a normal
+ * CHOICE_END), and returns API_SINGLE_TEXT when either grew and is to be streamed; a CHOICE_END of FINISH_ERROR sets c's error.
  * Else 0. The caller records a CHOICE_END's finish itself. */
 int api_single_event(api_call *c, api_sub *sub, const srv_sched_event *ev);
 /* The error c ends with into *e: its own, else the 503 / 500 of a cancelled choice (finish CANCELLED). Returns

@@ -81,6 +81,11 @@ static void finish_call(api_call *c) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddStringToObject(m, "content", s ? s : "");
+            if (ch->reasoning.len > 0) {
+                char *r = api_utf8_sanitize(ch->reasoning.data, ch->reasoning.len);
+                cJSON_AddStringToObject(m, "reasoning_content", r ? r : "");
+                free(r);
+            }
             if (api_tools_active(c)) api_tools_message(c, i, m, ch);
         } else {
             cJSON_AddStringToObject(j, "text", s ? s : "");
@@ -97,6 +102,62 @@ static void finish_call(api_call *c) {
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);
     cJSON_Delete(o);
     api_call_free(c);
+}
+
+/* Text of choice idx (content only, when the output is split) as a stream chunk or into the final body. */
+static void deliver_delta(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
+                          int32_t n_smp) {
+    api_choice *ch = &c->choices[idx];
+    if (c->stream && api_tools_active(c)) {
+        api_tools_stream_delta(c, idx, text, len, smp, n_smp);
+    } else if (c->stream) {
+        if (len > 0 || (c->gen.logprobs && n_smp > 0))
+            api_stream_chunk(c, idx, text, len, smp, n_smp, SRV_SCHED_FINISH_NONE, false);
+    } else {
+        if (kvs_buf_append(&ch->text, text, len)) { c->has_error = true; srv_api_set_nomem(&c->error); }
+        if (c->gen.logprobs && n_smp > 0) {
+            if (!ch->lp) ch->lp = api_new_logprobs(c);
+            if (ch->lp) api_add_logprobs(c, ch, ch->lp, smp, n_smp);
+        }
+    }
+}
+
+static void deliver_end(api_call *c, int32_t idx, const char *text, size_t len, srv_sched_finish finish) {
+    bool ok = finish != SRV_SCHED_FINISH_ERROR && finish != SRV_SCHED_FINISH_CANCELLED;
+    if (c->stream && api_tools_active(c)) {
+        if (ok) api_tools_stream_end(c, idx, text, len, finish);
+    } else if (c->stream) {
+        if (len > 0) api_stream_chunk(c, idx, text, len, NULL, 0, SRV_SCHED_FINISH_NONE, false);
+        if (ok) api_stream_chunk(c, idx, NULL, 0, NULL, 0, finish, false);
+    } else {
+        kvs_buf_append(&c->choices[idx].text, text, len);
+    }
+}
+
+/* The output split into reasoning and content (c->rsn_syntax): the reasoning is kept in the choice and streamed
+ * as delta.reasoning_content (with the samples when no content came with it); the content goes on as text. end:
+ * the choice's last text, after which the parser gives out what it held. */
+static void split_event(api_call *c, int32_t idx, const srv_sched_event *ev, bool end) {
+    api_choice *ch = &c->choices[idx];
+    kvs_buf content = {0};
+    size_t r0 = ch->reasoning.len;
+    int rc = srv_reasoning_feed(&ch->rsn, ev->text, ev->text_len, &ch->reasoning, &content);
+    if (rc == 0 && end) rc = srv_reasoning_finish(&ch->rsn, &ch->reasoning, &content);
+    if ((rc != 0 || ch->reasoning.oom || content.oom) && !c->has_error) {
+        c->has_error = true;
+        srv_api_set_nomem(&c->error);
+    }
+    const eng_sample *smp = ev->samples;
+    int32_t n_smp = ev->n_samples;
+    if (c->stream && ch->reasoning.len > r0) {
+        bool with_samples = content.len == 0 && !end;
+        api_stream_reasoning(c, idx, ch->reasoning.data + r0, ch->reasoning.len - r0, with_samples ? smp : NULL,
+                             with_samples ? n_smp : 0);
+        if (with_samples) n_smp = 0;
+    }
+    if (end) deliver_end(c, idx, content.data, content.len, ev->finish);
+    else deliver_delta(c, idx, content.data, content.len, smp, n_smp);
+    kvs_buf_free(&content);
 }
 
 static void on_sched_event(const srv_sched_event *ev, void *user) {
@@ -128,25 +189,15 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
     if (ev->choice < 0 || ev->choice >= c->gen.n) return;
     int32_t idx = sub->prompt_index * c->gen.n + ev->choice;
     api_choice *ch = &c->choices[idx];
+    bool split = c->rsn_syntax != SRV_REASONING_OFF;
     if (ev->type == SRV_SCHED_EV_DELTA) {
         if (api->metrics && ch->last_t && ev->n_samples > 0 && ev->t > ch->last_t) {
             double dt = (double)(ev->t - ch->last_t) / 1e9 / ev->n_samples;
             for (int32_t i = 0; i < ev->n_samples; i++) srv_metrics_histogram_observe(&api->metrics->itl, dt);
         }
         if (ev->n_samples > 0) ch->last_t = ev->t;
-        if (c->stream && api_tools_active(c)) {
-            api_tools_stream_delta(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples);
-        } else if (c->stream) {
-            if (ev->text_len > 0 || (c->gen.logprobs && ev->n_samples > 0))
-                api_stream_chunk(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples, SRV_SCHED_FINISH_NONE,
-                             false);
-        } else {
-            if (kvs_buf_append(&ch->text, ev->text, ev->text_len)) { c->has_error = true; srv_api_set_nomem(&c->error); }
-            if (c->gen.logprobs && ev->n_samples > 0) {
-                if (!ch->lp) ch->lp = api_new_logprobs(c);
-                if (ch->lp) api_add_logprobs(c, ch, ch->lp, ev->samples, ev->n_samples);
-            }
-        }
+        if (split) split_event(c, idx, ev, false);
+        else deliver_delta(c, idx, ev->text, ev->text_len, ev->samples, ev->n_samples);
         return;
     }
     if (ev->type == SRV_SCHED_EV_CHOICE_END) {
@@ -163,16 +214,8 @@ static void on_sched_event(const srv_sched_event *ev, void *user) {
             srv_api_set_error(&c->error, client ? 400 : 500, client ? "invalid_request_error" : "server_error",
                               NULL, NULL, "%s", msg);
         }
-        if (c->stream && api_tools_active(c)) {
-            if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
-                api_tools_stream_end(c, idx, ev->text, ev->text_len, ev->finish);
-        } else if (c->stream) {
-            if (ev->text_len > 0) api_stream_chunk(c, idx, ev->text, ev->text_len, NULL, 0, SRV_SCHED_FINISH_NONE, false);
-            if (ev->finish != SRV_SCHED_FINISH_ERROR && ev->finish != SRV_SCHED_FINISH_CANCELLED)
-                api_stream_chunk(c, idx, NULL, 0, NULL, 0, ev->finish, false);
-        } else {
-            kvs_buf_append(&ch->text, ev->text, ev->text_len);
-        }
+        if (split) split_event(c, idx, ev, true);
+        else deliver_end(c, idx, ev->text, ev->text_len, ev->finish);
     }
 }
 

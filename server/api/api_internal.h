@@ -26,16 +26,20 @@
 #include <cjson/cJSON.h>
 
 #include "server/api/api.h"
+#include "server/api/reasoning_internal.h"
 
 typedef struct api_call api_call;
 typedef struct api_resp_store api_resp_store;
 
 typedef struct api_choice {
-    kvs_buf text;                           /* non-stream: accumulated text */
+    kvs_buf text;                           /* non-stream: accumulated text (with reasoning: the content only) */
+    srv_reasoning rsn;    /* chat: the split of the output into reasoning and content (syntax OFF: none) */
+    kvs_buf reasoning;    /* the reasoning so far (non-stream: all of it; the one-choice routes: all of it) */
     cJSON *lp;            /* non-stream logprobs: completions {tokens, ...} object; chat {content: [...]} */
     size_t lp_offset;     /* completions text_offset of the next token */
     srv_sched_finish finish;
     size_t sent;          /* stream with tools: bytes of `text` already sent as content */
+    size_t r_sent;        /* the one-choice routes' streams: bytes of `reasoning` already sent */
     bool held;            /* stream with tools: the rest of the text is held until the end */
     bool tool_calls;      /* the choice ended in tool calls (finish_reason "tool_calls") */
     bool truncated;       /* ended with "length" because the whole KV pool could not hold its context */
@@ -89,6 +93,7 @@ struct api_call {
     srv_sched_usage usage;
     uint64_t t_first_token;
     bool stream, shutdown;
+    bool gone;            /* the client left: the 499 line is logged when the call is freed, with its usage */
     bool has_error; srv_api_error error;
     const char *method, *path;
     /* /v1/embeddings (api_embed.c): one vector per input, submitted a window at a time */
@@ -98,6 +103,8 @@ struct api_call {
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
     struct srv_grammar_cache_entry *grammar; /* response_format's compiled grammar (a reference), or NULL */
     int32_t priority;     /* /v1/embeddings, /v1/responses: the request's `priority` (generation: gen.priority) */
+    srv_reasoning_syntax rsn_syntax; /* chat: how the output is split into reasoning and content (OFF: not) */
+    bool rsn_open;        /* chat: the rendered prompt ends inside a <think> block */
 };
 
 struct srv_api {
@@ -135,6 +142,7 @@ struct srv_api {
     bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
     int32_t n_keep;       /* the default of the request field n_keep */
     int32_t bos;          /* the model's BOS token (-1: none) */
+    srv_reasoning_format reasoning_format; /* the default of the request field reasoning_format */
     struct srv_grammar_cache *gcache; /* response_format grammars (NULL: not available) */
 };
 
@@ -170,12 +178,14 @@ int api_tokenize(srv_api *api, const char *text, size_t len, bool add_special, b
 /* A token's text (special tokens rendered) as raw bytes into buf; its length, or -1. Any thread. */
 int api_piece(srv_api *api, int32_t tok, char *buf, size_t cap);
 /* Links a new call into api->calls (so shutdown waits for it) and sets its arrival, method, path, request and
- * abort callback (a disconnect logs 499 and cancels its scheduler requests). */
+ * abort callback (a disconnect cancels its scheduler requests; the 499 line is logged by api_call_free with the
+ * tokens they used). */
 void api_call_register(srv_api *api, api_call *c, srv_http_req *req, const char *path);
-/* Unlinks and frees a call: its choices, prompts, parsed request, grammar reference (and ext_free's part). */
+/* Unlinks and frees a call: its choices, prompts, parsed request, grammar reference (and ext_free's part); for a
+ * call whose client left, logs the 499 line with the usage its requests reported. */
 void api_call_free(api_call *c);
 void api_cancel_subs(api_call *c);
-/* A stream write failed while c->req is still set (the client does not read): logs 499, counts an abort,
+/* A stream write failed while c->req is still set (the client does not read): marks it gone (499), counts an abort,
  * clears c->req, aborts the request and cancels c's scheduler requests. Loop thread. */
 void api_stream_client_gone(api_call *c);
 /* Whether a prompt of n_prompt tokens with n choices fits the whole KV pool (the blocks the scheduler's

@@ -26,11 +26,15 @@ typedef struct msg_call {
     int32_t n_input;         /* count_tokens: the prompt's tokens */
     const char *seed;        /* the random part of c.id, for the tool_use ids */
     bool tools;              /* tool calls are parsed from the output (tools given, tool_choice not none) */
-    bool text_open;          /* streamed: the text block (index 0) was started */
+    int open_kind;           /* streamed: the block now open: BLK_NONE, BLK_THINKING or BLK_TEXT */
+    int cur_idx;             /* streamed: its index */
+    bool text_seen;          /* streamed: a text block was started */
     int n_blocks;            /* streamed: content blocks started */
     int32_t stop_match;      /* the CHOICE_END's stop_match */
     srv_sched_finish finish;
 } msg_call;
+
+enum { BLK_NONE, BLK_THINKING, BLK_TEXT };
 
 static void msg_ext_free(api_call *c) { srv_messages_map_req_free(&((msg_call *)c)->rq); }
 
@@ -116,16 +120,40 @@ static cJSON *block2(const char *type, const char *k, const char *v) {
     return b;
 }
 
-static void open_text(msg_call *m) {
-    m->text_open = true;
-    m->n_blocks = 1;
-    msg_send(m, "content_block_start", indexed(0, "content_block", block2("text", "text", "")));
+/* Closes the open block (a thinking block ends with its signature_delta: empty, nothing is signed here). */
+static void close_block(msg_call *m) {
+    if (m->open_kind == BLK_THINKING)
+        msg_send(m, "content_block_delta", indexed(m->cur_idx, "delta", block2("signature_delta", "signature", "")));
+    if (m->open_kind != BLK_NONE) msg_send(m, "content_block_stop", indexed(m->cur_idx, NULL, NULL));
+    m->open_kind = BLK_NONE;
 }
 
-static void send_text_delta(msg_call *m, const char *text, size_t len) {
+/* Makes a block of this kind the open one (closing another); a new block takes the next index. */
+static void want_block(msg_call *m, int kind) {
+    if (m->open_kind == kind) return;
+    close_block(m);
+    m->open_kind = kind;
+    m->cur_idx = m->n_blocks++;
+    cJSON *b = kind == BLK_TEXT ? block2("text", "text", "") : block2("thinking", "thinking", "");
+    if (b && kind == BLK_THINKING) cJSON_AddStringToObject(b, "signature", "");
+    if (kind == BLK_TEXT) m->text_seen = true;
+    msg_send(m, "content_block_start", indexed(m->cur_idx, "content_block", b));
+}
+
+static void send_delta(msg_call *m, int kind, const char *text, size_t len) {
+    want_block(m, kind);
     char *d = api_utf8_sanitize(text, len);
-    msg_send(m, "content_block_delta", indexed(0, "delta", block2("text_delta", "text", d ? d : "")));
+    msg_send(m, "content_block_delta", indexed(m->cur_idx, "delta", kind == BLK_TEXT ? block2("text_delta", "text", d ? d : "")
+                                                                          : block2("thinking_delta", "thinking", d ? d : "")));
     free(d);
+}
+
+/* Streams the reasoning not sent yet as thinking_delta events. */
+static void stream_thinking(msg_call *m) {
+    api_choice *ch = &m->c.choices[0];
+    if (ch->reasoning.len <= ch->r_sent) return;
+    send_delta(m, BLK_THINKING, ch->reasoning.data + ch->r_sent, ch->reasoning.len - ch->r_sent);
+    ch->r_sent = ch->reasoning.len;
 }
 
 static void stream_start(msg_call *m) {
@@ -139,14 +167,14 @@ static void stream_start(msg_call *m) {
     msg_send(m, "ping", NULL);
 }
 
-/* Streams what of the text so far is surely message text (all of it without tools). */
+/* Streams the new reasoning, then what of the text so far is surely message text (all of it without tools). */
 static void stream_text(msg_call *m) {
     api_choice *ch = &m->c.choices[0];
+    stream_thinking(m);
     size_t safe = ch->text.len;
     if (m->tools) safe = ch->held ? ch->sent : srv_tool_call_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
     if (safe <= ch->sent) return;
-    if (!m->text_open) open_text(m);
-    send_text_delta(m, ch->text.data + ch->sent, safe - ch->sent);
+    send_delta(m, BLK_TEXT, ch->text.data + ch->sent, safe - ch->sent);
     ch->sent = safe;
 }
 
@@ -155,15 +183,16 @@ static void stream_end(msg_call *m, const srv_messages_map_out *out, const char 
     api_call *c = &m->c;
     api_choice *ch = &c->choices[0];
     int k = 0;
+    stream_thinking(m);
     if (out->has_text) {
         size_t tl = strlen(out->text);
-        if (!m->text_open) open_text(m);
-        if (tl > ch->sent) send_text_delta(m, out->text + ch->sent, tl - ch->sent);
+        if (tl > ch->sent) send_delta(m, BLK_TEXT, out->text + ch->sent, tl - ch->sent);
+        else if (!m->text_seen) want_block(m, BLK_TEXT);
         ch->sent = tl > ch->sent ? tl : ch->sent;
         k = 1;
     }
-    if (m->text_open) msg_send(m, "content_block_stop", indexed(0, NULL, NULL));
-    int idx = m->text_open ? 1 : 0;
+    close_block(m);
+    int idx = m->n_blocks;
     for (int n = 0; n < out->n_calls && c->req; n++, k++, idx++) {
         const cJSON *b = cJSON_GetArrayItem(out->content, k);
         const char *id = cJSON_GetObjectItemCaseSensitive(b, "id")->valuestring;
@@ -227,6 +256,11 @@ static void msg_finish(msg_call *m) {
         if (error) stream_error(m, &e);
         else stream_end(m, &out, reason, stop_seq);
     } else if (c->req && !error) {
+        if (ch->reasoning.len > 0 && out.content) { /* the thinking block first (its signature empty: unsigned) */
+            cJSON *t = block2("thinking", "thinking", ch->reasoning.data);
+            if (t && cJSON_AddStringToObject(t, "signature", "")) cJSON_InsertItemInArray(out.content, 0, t);
+            else cJSON_Delete(t);
+        }
         cJSON *u = srv_messages_map_usage(c->usage.prompt_tokens, c->usage.cached_tokens, c->usage.completion_tokens);
         body = srv_messages_map_message(c->id, c->api->model_id, out.content, reason, stop_seq, u);
         out.content = NULL;

@@ -317,6 +317,17 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         name = "top_logprobs";
         if (r && !g->logprobs) return BAD("'top_logprobs' requires 'logprobs' to be true");
         if (r) g->top_logprobs = (int32_t)d;
+        char *rf = NULL;
+        if ((r = get_str(root, "reasoning_format", &rf, err)) < 0) return r;
+        if (r) {
+            srv_reasoning_format f;
+            int bad = srv_reasoning_format_from_name(rf, &f);
+            free(rf);
+            name = "reasoning_format";
+            if (bad) return BAD("'reasoning_format' must be \"auto\", \"deepseek\" or \"none\"");
+            g->has_reasoning_format = true;
+            g->reasoning_format = (int)f;
+        }
         if (!(g->chat = calloc(1, sizeof *g->chat))) return OOM();
         r = srv_chat_parse(root, g->chat, err);
         if (r != 0) { free(g->chat); g->chat = NULL; return r == SRV_API_ERR_NOMEM ? -2 : -1; }

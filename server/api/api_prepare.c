@@ -90,6 +90,11 @@ int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
         return -1;
     }
     int32_t **toks = c->prep_toks, *ntok = c->prep_ntok;
+    if (kind == SRV_API_CHAT) {
+        srv_reasoning_format f = g->has_reasoning_format ? (srv_reasoning_format)g->reasoning_format
+                                                         : api->reasoning_format;
+        c->rsn_syntax = srv_reasoning_effective(f, api->be.chat_tpl ? api->be.reasoning : SRV_REASONING_OFF);
+    }
     for (int32_t i = 0; i < c->n_subs; i++) {
         c->subs[i].call = c;
         c->subs[i].prompt_index = i;
@@ -115,6 +120,7 @@ int api_prepare_gen(srv_api *api, api_call *c, srv_api_error *e) {
         if (api_check_kv_fit(api, ntok[i], g->n, param, e) != 0) return -1;
         if (api_check_kv_fit_choices(api, ntok[i], g->n, g->max_tokens, e) != 0) return -1;
     }
+    for (int32_t k = 0; k < c->n_choices; k++) srv_reasoning_init(&c->choices[k].rsn, c->rsn_syntax, c->rsn_open);
     return 0;
 }
 

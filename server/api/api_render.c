@@ -137,9 +137,23 @@ cJSON *api_new_logprobs(api_call *c) {
     return lp;
 }
 
-/* One streamed chunk for choice idx: text (may be NULL), logprob samples, finish reason (NONE: null). */
+static void chunk(api_call *c, int32_t idx, const char *field, const char *text, size_t len, const eng_sample *smp,
+                  int32_t n_smp, srv_sched_finish finish, bool role);
+
 void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
                          int32_t n_smp, srv_sched_finish finish, bool role) {
+    chunk(c, idx, "content", text, len, smp, n_smp, finish, role);
+}
+
+void api_stream_reasoning(api_call *c, int32_t idx, const char *text, size_t len, const eng_sample *smp,
+                          int32_t n_smp) {
+    chunk(c, idx, "reasoning_content", text, len, smp, n_smp, SRV_SCHED_FINISH_NONE, false);
+}
+
+/* One streamed chunk for choice idx: text (may be NULL) as delta.<field>, logprob samples, finish reason (NONE:
+ * null). */
+static void chunk(api_call *c, int32_t idx, const char *field, const char *text, size_t len, const eng_sample *smp,
+                  int32_t n_smp, srv_sched_finish finish, bool role) {
     cJSON *o = api_chunk_base(c);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -149,7 +163,7 @@ void api_stream_chunk(api_call *c, int32_t idx, const char *text, size_t len, co
     if (c->gen.kind == SRV_API_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (role) { cJSON_AddStringToObject(d, "role", "assistant"); cJSON_AddStringToObject(d, "content", ""); }
-        if (s) cJSON_AddStringToObject(d, "content", s);
+        if (s) cJSON_AddStringToObject(d, field, s);
     } else {
         cJSON_AddStringToObject(ch, "text", s ? s : "");
     }

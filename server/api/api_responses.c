@@ -85,6 +85,12 @@ typedef struct resp_call {
     const char *seed;        /* the random part of c.id, for the function calls' ids */
     bool tools;              /* tool calls are parsed from the output (tools given, tool_choice not none) */
     bool msg_open;           /* streamed: the message item was announced */
+    int msg_index;           /* streamed: its output_index */
+    char rs_id[48];          /* the reasoning item's id */
+    bool rs_open;            /* streamed: the reasoning item was announced */
+    bool rs_done;            /* streamed: and its done events sent (when the message began, or at the end) */
+    int rs_index;            /* streamed: its output_index */
+    int next_out;            /* streamed: the output_index of the next item announced */
     int64_t seq_no;          /* sequence_number of the next streamed event */
     srv_sched_finish finish;
 } resp_call;
@@ -225,18 +231,34 @@ static void send_item(resp_call *r, const char *type, int output_index, cJSON *i
     resp_send(r, type, o);
 }
 
-/* The message item (always output 0) and its one text part begin. */
+/* The reasoning item is done: its text so far (reasoning that comes after the message began, as harmony's
+ * analysis may, is in the final Response's item only). */
+static void reasoning_done(resp_call *r) {
+    api_choice *ch = &r->c.choices[0];
+    if (!r->rs_open || r->rs_done) return;
+    r->rs_done = true;
+    const char *text = ch->reasoning.data ? ch->reasoning.data : "";
+    cJSON *o = item_event(r->rs_id, r->rs_index, true);
+    if (o) cJSON_AddStringToObject(o, "text", text);
+    resp_send(r, "response.reasoning_text.done", o);
+    send_item(r, "response.output_item.done", r->rs_index, srv_responses_map_reasoning_item(r->rs_id, "completed", text));
+}
+
+/* The message item (the next output index) and its one text part begin; the reasoning before it is done. */
 static void open_message(resp_call *r) {
+    reasoning_done(r);
     r->msg_open = true;
-    send_item(r, "response.output_item.added", 0, srv_responses_map_message_item(r->msg_id, "in_progress", NULL));
-    cJSON *o = item_event(r->msg_id, 0, true);
+    r->msg_index = r->next_out++;
+    send_item(r, "response.output_item.added", r->msg_index,
+              srv_responses_map_message_item(r->msg_id, "in_progress", NULL));
+    cJSON *o = item_event(r->msg_id, r->msg_index, true);
     if (o) cJSON_AddItemToObject(o, "part", text_part(""));
     resp_send(r, "response.content_part.added", o);
 }
 
 static void send_text_delta(resp_call *r, const char *text, size_t len) {
     char *d = api_utf8_sanitize(text, len);
-    cJSON *o = item_event(r->msg_id, 0, true);
+    cJSON *o = item_event(r->msg_id, r->msg_index, true);
     if (o) {
         cJSON_AddStringToObject(o, "delta", d ? d : "");
         cJSON_AddArrayToObject(o, "logprobs");
@@ -253,12 +275,32 @@ static void stream_start(resp_call *r) {
     if (o) cJSON_AddItemToObject(o, "response", response_obj(r, "in_progress", NULL));
     resp_send(r, "response.in_progress", o);
     /* with tools the output may hold no message at all: it begins with the first text that cannot be a call */
-    if (!r->tools) open_message(r);
+    if (!r->tools && r->c.rsn_syntax == SRV_REASONING_OFF) open_message(r);
 }
 
-/* Streams what of the text so far is surely message content (all of it without tools). */
+/* Streams the reasoning not sent yet: the reasoning item (announced at its first text, the next output index)
+ * gets response.reasoning_text.delta events. */
+static void stream_reasoning(resp_call *r) {
+    api_choice *ch = &r->c.choices[0];
+    if (ch->reasoning.len <= ch->r_sent || r->rs_done) return;
+    if (!r->rs_open) {
+        r->rs_open = true;
+        r->rs_index = r->next_out++;
+        send_item(r, "response.output_item.added", r->rs_index,
+                  srv_responses_map_reasoning_item(r->rs_id, "in_progress", NULL));
+    }
+    char *d = api_utf8_sanitize(ch->reasoning.data + ch->r_sent, ch->reasoning.len - ch->r_sent);
+    cJSON *o = item_event(r->rs_id, r->rs_index, true);
+    if (o) cJSON_AddStringToObject(o, "delta", d ? d : "");
+    free(d);
+    resp_send(r, "response.reasoning_text.delta", o);
+    ch->r_sent = ch->reasoning.len;
+}
+
+/* Streams the new reasoning, then what of the text so far is surely message content (all of it without tools). */
 static void stream_text(resp_call *r) {
     api_choice *ch = &r->c.choices[0];
+    stream_reasoning(r);
     size_t safe = ch->text.len;
     if (r->tools)
         safe = ch->held ? ch->sent : srv_tool_call_stream_safe(ch->text.data, ch->text.len, ch->sent, &ch->held);
@@ -268,24 +310,26 @@ static void stream_text(resp_call *r) {
     ch->sent = safe;
 }
 
-/* The end of a streamed response: the rest of the message, then each function call's events. */
+/* The end of a streamed response: the rest of the reasoning and of the message, then each function call's
+ * events. out->items holds the reasoning item at the index it was announced at. */
 static void stream_end(resp_call *r, const srv_responses_map_out *out, const char *status) {
     api_choice *ch = &r->c.choices[0];
-    int idx = 0;
+    reasoning_done(r);
     if (out->has_message) {
         size_t cl = strlen(out->content);
         if (!r->msg_open) open_message(r);
         if (cl > ch->sent) send_text_delta(r, out->content + ch->sent, cl - ch->sent);
         ch->sent = cl > ch->sent ? cl : ch->sent;
-        cJSON *o = item_event(r->msg_id, 0, true);
+        cJSON *o = item_event(r->msg_id, r->msg_index, true);
         if (o) cJSON_AddStringToObject(o, "text", out->content);
         resp_send(r, "response.output_text.done", o);
-        o = item_event(r->msg_id, 0, true);
+        o = item_event(r->msg_id, r->msg_index, true);
         if (o) cJSON_AddItemToObject(o, "part", text_part(out->content));
         resp_send(r, "response.content_part.done", o);
-        send_item(r, "response.output_item.done", 0, cJSON_Duplicate(cJSON_GetArrayItem(out->items, 0), true));
-        idx = 1;
+        send_item(r, "response.output_item.done", r->msg_index,
+                  cJSON_Duplicate(cJSON_GetArrayItem(out->items, r->msg_index), true));
     }
+    int idx = r->next_out;
     for (int k = 0; k < out->n_calls && r->c.req; k++, idx++) {
         const cJSON *it = cJSON_GetArrayItem(out->items, idx);
         const char *id = cJSON_GetObjectItemCaseSensitive(it, "id")->valuestring;
@@ -330,6 +374,16 @@ static void resp_finish(resp_call *r) {
                                   r->seed, status, &out) != 0) {
         error = true;
         srv_api_set_nomem(&e);
+    }
+    if (!error && ch->reasoning.len > 0 && out.has_message && !out.content[0] && out.n_calls == 0 && !r->msg_open) {
+        cJSON_DeleteItemFromArray(out.items, 0); /* only thinking came out: no empty message item */
+        out.has_message = false;
+    }
+    if (!error && ch->reasoning.len > 0) { /* the reasoning item: where the stream announced it, else first */
+        if (c->req && c->stream) stream_reasoning(r);
+        cJSON *it = srv_responses_map_reasoning_item(r->rs_id, "completed", ch->reasoning.data);
+        if (!it || !out.items) { cJSON_Delete(it); error = true; srv_api_set_nomem(&e); }
+        else cJSON_InsertItemInArray(out.items, r->rs_open ? r->rs_index : 0, it);
     }
     if (!error && r->rq.store && r->rq.conv) {
         cJSON_AddItemToArray(r->rq.conv, out.assistant);
@@ -376,6 +430,7 @@ void api_route_responses(srv_api *api, srv_http_req *req) {
     api_call_register(api, c, req, "/v1/responses");
     api_make_id(api, "resp_", c->id, sizeof c->id);
     api_make_id(api, "msg_", r->msg_id, sizeof r->msg_id);
+    api_make_id(api, "rs_", r->rs_id, sizeof r->rs_id);
     r->seed = c->id + 5;
     c->job.work = resp_work;
     c->job.done = resp_done;

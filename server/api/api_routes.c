@@ -280,6 +280,8 @@ static const route ROUTES[] = {
     {"/responses", HTTP_POST, R_RESP, true},
     {"/v1/messages", HTTP_POST, R_MSG, true},
     {"/v1/messages/count_tokens", HTTP_POST, R_MSG_COUNT, true},
+    {"/messages", HTTP_POST, R_MSG, true},
+    {"/messages/count_tokens", HTTP_POST, R_MSG_COUNT, true},
     {"/v1/embeddings", HTTP_POST, R_EMBED, true},
     {"/embeddings", HTTP_POST, R_EMBED, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
@@ -416,6 +418,7 @@ int srv_api_create(const srv_api_config *cfg, srv_metrics *metrics, srv_api **ou
     api->cors = cfg->cors;
     api->web = cfg->web;
     api->parse_special_in_content = cfg->parse_special_in_content;
+    api->reasoning_format = cfg->reasoning_format;
     api->loop = cfg->loop;
     api->rng = uv_hrtime() ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
     if (!api->rng) api->rng = 1;

@@ -5,6 +5,7 @@
 #include "server/api/api_gen_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int api_single_start(api_call *c, srv_sched_event_cb cb, bool stream, void (*adjust)(srv_api_error *e)) {
     srv_api *api = c->api;
@@ -53,15 +54,24 @@ int api_single_event(api_call *c, api_sub *sub, const srv_sched_event *ev) {
         return API_SINGLE_DONE;
     }
     int r = 0;
-    if (ev->text_len > 0) {
-        /* kept as valid UTF-8, so that every cut of it (streamed deltas, text before a call) is valid too */
+    api_choice *ch = &c->choices[0];
+    bool split = c->rsn_syntax != SRV_REASONING_OFF;
+    bool end = ev->type == SRV_SCHED_EV_CHOICE_END && ev->finish != SRV_SCHED_FINISH_ERROR &&
+               ev->finish != SRV_SCHED_FINISH_CANCELLED;
+    if (ev->text_len > 0 || (split && end)) {
+        /* kept as valid UTF-8, so that every cut of it (streamed deltas, text before a call) is valid too; the
+         * reasoning parser cuts only at ASCII markers and whitespace */
         char *d = api_utf8_sanitize(ev->text, ev->text_len);
-        if ((!d || kvs_buf_puts(&c->choices[0].text, d)) && !c->has_error) {
+        size_t t0 = ch->text.len, r0 = ch->reasoning.len;
+        int rc = !d ? KVS_ERR_NOMEM : !split ? kvs_buf_puts(&ch->text, d)
+                                             : srv_reasoning_feed(&ch->rsn, d, strlen(d), &ch->reasoning, &ch->text);
+        if (rc == 0 && split && end) rc = srv_reasoning_finish(&ch->rsn, &ch->reasoning, &ch->text);
+        if ((rc != 0 || ch->text.oom || ch->reasoning.oom) && !c->has_error) {
             c->has_error = true;
             srv_api_set_nomem(&c->error);
         }
         free(d);
-        if (c->stream && !c->has_error) r = API_SINGLE_TEXT;
+        if (c->stream && !c->has_error && (ch->text.len > t0 || ch->reasoning.len > r0)) r = API_SINGLE_TEXT;
     }
     if (ev->type == SRV_SCHED_EV_CHOICE_END && ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
         c->has_error = true;

@@ -11,6 +11,7 @@ void srv_chat_req_free(srv_chat_req *r) {
     if (!r) return;
     cJSON_Delete(r->messages);
     cJSON_Delete(r->tools);
+    cJSON_Delete(r->kwargs);
     free(r->tool_name);
     memset(r, 0, sizeof *r);
 }
@@ -123,6 +124,41 @@ static int parse_tools(const cJSON *root, srv_chat_req *out, srv_api_error *err)
     return 0;
 }
 
+/* chat_template_kwargs and reasoning_effort into out->kwargs, on top of enable_thinking: true (as llama.cpp). */
+static int parse_kwargs(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
+    static const char *const RESERVED[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"};
+    const char *pname = "chat_template_kwargs";
+    if (!(out->kwargs = cJSON_CreateObject()) || !cJSON_AddTrueToObject(out->kwargs, "enable_thinking"))
+        return srv_api_set_nomem(err);
+    const cJSON *kw = srv_api_json_field(root, pname);
+    if (kw && !cJSON_IsObject(kw)) return BAD("'%s' must be an object, got %s", pname, srv_api_json_kind(kw));
+    for (const cJSON *v = kw ? kw->child : NULL; v; v = v->next) {
+        for (size_t k = 0; k < sizeof RESERVED / sizeof RESERVED[0]; k++)
+            if (!strcmp(v->string, RESERVED[k]))
+                return BAD("'%s.%s' cannot be set: the server sets it from the request", pname, v->string);
+        if (!strcmp(v->string, "enable_thinking") && !cJSON_IsBool(v))
+            return BAD("'%s.enable_thinking' must be a boolean, got %s", pname, srv_api_json_kind(v));
+        cJSON *d = cJSON_Duplicate(v, true);
+        if (!d) return srv_api_set_nomem(err);
+        cJSON_DeleteItemFromObjectCaseSensitive(out->kwargs, v->string);
+        cJSON_AddItemToObject(out->kwargs, v->string, d);
+    }
+    pname = "reasoning_effort";
+    const cJSON *re = srv_api_json_field(root, pname);
+    if (!re) return 0;
+    static const char *const EFFORT[] = {"none", "minimal", "low", "medium", "high"};
+    size_t k = 0;
+    while (cJSON_IsString(re) && k < 5 && strcmp(re->valuestring, EFFORT[k])) k++;
+    if (!cJSON_IsString(re) || k == 5)
+        return BAD("'%s' must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\"", pname);
+    cJSON_DeleteItemFromObjectCaseSensitive(out->kwargs, pname);
+    if (k == 0) { /* "none": no thinking at all */
+        cJSON_DeleteItemFromObjectCaseSensitive(out->kwargs, "enable_thinking");
+        return cJSON_AddFalseToObject(out->kwargs, "enable_thinking") ? 0 : srv_api_set_nomem(err);
+    }
+    return cJSON_AddStringToObject(out->kwargs, pname, re->valuestring) ? 0 : srv_api_set_nomem(err);
+}
+
 int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
     memset(out, 0, sizeof *out);
     char pname[64] = "messages";
@@ -161,6 +197,7 @@ int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err) {
     out->prefill = last && !strcmp(cJSON_GetObjectItemCaseSensitive(last, "role")->valuestring, "assistant") &&
                    !cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
     if ((r = parse_tools(root, out, err)) != 0) goto fail;
+    if ((r = parse_kwargs(root, out, err)) != 0) goto fail;
     return 0;
 fail:
     srv_chat_req_free(out);
@@ -172,6 +209,8 @@ static int render_vars(const tpl_template *t, cJSON *messages, const srv_chat_re
                        const char *bos, const char *eos, tpl_output *out, tpl_error *te) {
     cJSON *vars = cJSON_CreateObject();
     if (!vars) return KVS_ERR_NOMEM;
+    for (const cJSON *k = r->kwargs ? r->kwargs->child : NULL; k; k = k->next)
+        cJSON_AddItemReferenceToObject(vars, k->string, (cJSON *)k);
     cJSON_AddItemReferenceToObject(vars, "messages", messages);
     if (r->tools) cJSON_AddItemReferenceToObject(vars, "tools", r->tools);
     cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);

@@ -31,6 +31,10 @@ typedef struct srv_chat_req {
     char *tool_name;           /* NAMED: the function's name */
     bool parallel_tool_calls;  /* default true */
     bool prefill;              /* the last message is an assistant message: it is continued, not closed */
+    cJSON *kwargs;             /* extra template variables: enable_thinking (true unless chat_template_kwargs or
+                                  reasoning_effort "none" say otherwise), the chat_template_kwargs, and
+                                  reasoning_effort (gpt-oss's template reads it); an object, never NULL once
+                                  parsed */
     /* budgets of each render (tpl_render_params: max_ms, max_alloc_bytes, cancel); 0 / NULL: none. Set by the
      * caller after srv_chat_parse; a render over them is a 400 naming the limit (cancel: SRV_API_ERR_INVALID
      * too, with a 499 the client never sees). */
@@ -39,15 +43,18 @@ typedef struct srv_chat_req {
     const _Atomic bool *cancel;
 } srv_chat_req;
 
-/* Converts the messages, tools, tool_choice and parallel_tool_calls of a request body (root: the parsed object;
+/* Converts the messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs and reasoning_effort of a
+ * request body (root: the parsed object;
  * the messages' roles and contents were validated by srv_api_parse_gen). On success *out is filled (free with
  * srv_chat_req_free). Errors: SRV_API_ERR_INVALID with a 400 naming the field in *err (tool_calls without a
  * function name, arguments that are not a JSON object or a string holding one, tools not an array of
- * functions, an unknown tool_choice or a named function not in tools), SRV_API_ERR_NOMEM (500). */
+ * functions, an unknown tool_choice or a named function not in tools, chat_template_kwargs not an object, setting
+ * a variable the server sets (messages, tools, add_generation_prompt, bos_token, eos_token) or a non-boolean
+ * enable_thinking, reasoning_effort not none|minimal|low|medium|high), SRV_API_ERR_NOMEM (500). */
 int srv_chat_parse(const cJSON *root, srv_chat_req *out, srv_api_error *err);
 void srv_chat_req_free(srv_chat_req *r);
 
-/* Renders r with template t: variables messages, tools (when set), add_generation_prompt (false for a prefill),
+/* Renders r with template t: variables r->kwargs, messages, tools (when set), add_generation_prompt (false for a prefill),
  * bos_token, eos_token (NULL: ""), content spans marked (tpl_render_params.mark_content). A template that raises
  * while the first message is a system message is rendered again with the system text merged into the first
  * user message (as llama.cpp does). A prefill is cut right after the last assistant message's content, so that

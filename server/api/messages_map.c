@@ -227,6 +227,26 @@ static int map_tool_choice(const cJSON *root, srv_messages_map_req *out, srv_api
     return cJSON_AddBoolToObject(out->chat, "parallel_tool_calls", out->parallel_tool_calls) ? 0 : srv_api_set_nomem(err);
 }
 
+/* thinking {type: enabled, budget_tokens} | {type: disabled}: disabled renders the template with enable_thinking
+ * false (chat_template_kwargs); the budget is checked, not enforced. */
+static int map_thinking(const cJSON *root, cJSON *chat, srv_api_error *err) {
+    const cJSON *th = srv_api_json_field(root, "thinking");
+    if (!th) return 0;
+    if (!cJSON_IsObject(th))
+        return BAD("thinking", "thinking: must be an object {\"type\": \"enabled\"|\"disabled\"}, got %s",
+                   srv_api_json_kind(th));
+    const char *ty = srv_api_json_str(th, "type");
+    if (!ty || (strcmp(ty, "enabled") && strcmp(ty, "disabled")))
+        return BAD("thinking", "thinking.type: must be \"enabled\" or \"disabled\"");
+    const cJSON *b = srv_api_json_field(th, "budget_tokens");
+    if (b && (!cJSON_IsNumber(b) || b->valuedouble != floor(b->valuedouble) || b->valuedouble < 1 ||
+              b->valuedouble > INT32_MAX))
+        return BAD("thinking", "thinking.budget_tokens: must be an integer >= 1");
+    if (!strcmp(ty, "enabled")) return 0;
+    cJSON *kw = cJSON_AddObjectToObject(chat, "chat_template_kwargs");
+    return kw && cJSON_AddFalseToObject(kw, "enable_thinking") ? 0 : srv_api_set_nomem(err);
+}
+
 /* ---- the request ---------------------------------------------------------------------------------------------- */
 static int map_all(const cJSON *root, bool count, srv_messages_map_req *out, srv_api_error *err) {
     int r;
@@ -279,7 +299,9 @@ static int map_all(const cJSON *root, bool count, srv_messages_map_req *out, srv
             cJSON_AddItemToObject(out->chat, "priority", d);
         }
     }
-    if ((r = map_tools(root, out->chat, err)) || (r = map_tool_choice(root, out, err))) return r;
+    if ((r = map_tools(root, out->chat, err)) || (r = map_tool_choice(root, out, err)) ||
+        (r = map_thinking(root, out->chat, err)))
+        return r;
     return map_messages(root, out->chat, err);
 }
 

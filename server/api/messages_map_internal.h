@@ -25,12 +25,16 @@
  *   tool_choice {type: auto|any|tool|none, name, disable_parallel_tool_use}
  *                                        -> tool_choice "auto" | "required" | {type: function, function: {name}}
  *                                           | "none"; parallel_tool_calls = !disable_parallel_tool_use
+ *   thinking {type: enabled, budget_tokens} -> nothing (the template thinks by default; the budget is checked
+ *                                           as an integer >= 1, not enforced)
+ *   thinking {type: disabled}            -> chat_template_kwargs {enable_thinking: false}
  *   stream                               -> kept here (the chat body never streams)
- * Other fields (thinking, service_tier, container, cache_control in blocks ...) are ignored.
+ * Other fields (service_tier, container, cache_control in blocks ...) are ignored.
  *
  * Generated text maps back (srv_messages_map_output): tool calls in the model's format (api/tool_call_internal.h)
  * become tool_use blocks with the arguments parsed into `input`, after a text block holding the text before
- * them (present when that text is not empty).
+ * them (present when that text is not empty). The reasoning split from the output (api/reasoning_internal.h) is
+ * not this file's: api_messages.c puts it first as a thinking block.
  *
  * Errors are srv_api_error values as everywhere in the API layer; on the Anthropic routes they are written in
  * Anthropic's shape (srv_api_error_json_anthropic, api.h).

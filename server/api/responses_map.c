@@ -289,6 +289,14 @@ static int map_all(const cJSON *root, srv_responses_map_lookup_fn lookup, void *
         out->max_output = (int32_t)mo->valuedouble;
         if (!cJSON_AddNumberToObject(out->chat, "max_tokens", mo->valuedouble)) return OOM();
     }
+    const cJSON *rs = srv_api_json_field(root, "reasoning"); /* {effort}: chat's reasoning_effort (checked there) */
+    if (rs && !cJSON_IsObject(rs)) return BAD("reasoning", "'reasoning' must be an object, got %s", srv_api_json_kind(rs));
+    const cJSON *effort = srv_api_json_field(rs, "effort");
+    if (effort) {
+        cJSON *d = cJSON_Duplicate(effort, true);
+        if (!d) return OOM();
+        cJSON_AddItemToObject(out->chat, "reasoning_effort", d);
+    }
     const cJSON *prio = srv_api_json_field(root, "priority"); /* checked by chat's parser, with its policy rule */
     if (prio) {
         cJSON *d = cJSON_Duplicate(prio, true);
@@ -354,6 +362,22 @@ cJSON *srv_responses_map_message_item(const char *id, const char *status, const 
         if (p) cJSON_AddItemToArray(content, p);
         ok = p && cJSON_AddStringToObject(p, "type", "output_text") && cJSON_AddStringToObject(p, "text", text) &&
              cJSON_AddArrayToObject(p, "annotations") && cJSON_AddArrayToObject(p, "logprobs");
+    }
+    if (!ok) { cJSON_Delete(m); return NULL; }
+    return m;
+}
+
+cJSON *srv_responses_map_reasoning_item(const char *id, const char *status, const char *text) {
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
+    cJSON *content = cJSON_CreateArray();
+    bool ok = content && cJSON_AddStringToObject(m, "type", "reasoning") && cJSON_AddStringToObject(m, "id", id) &&
+              cJSON_AddArrayToObject(m, "summary") && cJSON_AddStringToObject(m, "status", status);
+    if (content) cJSON_AddItemToObject(m, "content", content);
+    if (ok && text) {
+        cJSON *p = cJSON_CreateObject();
+        if (p) cJSON_AddItemToArray(content, p);
+        ok = p && cJSON_AddStringToObject(p, "type", "reasoning_text") && cJSON_AddStringToObject(p, "text", text);
     }
     if (!ok) { cJSON_Delete(m); return NULL; }
     return m;

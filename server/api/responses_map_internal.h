@@ -20,6 +20,7 @@
  *   tool_choice none|auto|required  -> the same; {type:function, name} -> {type:function, function:{name}}
  *   parallel_tool_calls, temperature, top_p -> the same; max_output_tokens -> max_tokens
  *   text.format text|json_object|json_schema -> response_format
+ *   reasoning {effort}              -> reasoning_effort (chat's checks; "none" renders without thinking)
  *
  * The generated text maps back (srv_responses_map_output): tool calls in the model's format
  * (tool_call_internal.h) become function_call output items after the message item, and the assistant message that
@@ -67,6 +68,9 @@ void srv_responses_map_req_free(srv_responses_map_req *r);
 /* One output item (new object, NULL on OOM). message: status "in_progress" / "completed" / "incomplete"; text
  * NULL gives an empty content array (the streamed item's start), else one output_text part. */
 cJSON *srv_responses_map_message_item(const char *id, const char *status, const char *text);
+/* reasoning (the thinking split from the output): {type: reasoning, id, summary: [], status, content: [] or
+ * [{type: reasoning_text, text}]} (text NULL: the streamed item's start). */
+cJSON *srv_responses_map_reasoning_item(const char *id, const char *status, const char *text);
 /* function_call: arguments is the JSON text of the arguments object ("" while streaming). */
 cJSON *srv_responses_map_call_item(const char *id, const char *call_id, const char *name, const char *arguments,
                                    const char *status);

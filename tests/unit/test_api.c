@@ -434,6 +434,10 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     q->embed = r->embed;
     if (q->embed) q->max_tokens = 0;
     /* a model answering with a tool call (Hermes/Qwen format) */
+    if (prompt_has(r, "THINKSCRIPT")) /* a thinking model (the prompt opened <think>) that calls a tool */
+        q->script = "\nweather needs a tool\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", "
+                    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    if (q->script) q->max_tokens = (int32_t)strlen(q->script);
     if (prompt_has(r, "TOOLSCRIPT")) {
         q->script = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         q->max_tokens = (int32_t)strlen(q->script);
@@ -581,7 +585,7 @@ static fake *fake_start(const fake_opts *o) {
     cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
-                              SRV_TOOL_FORMAT_GENERIC};
+                              SRV_TOOL_FORMAT_GENERIC, o && o->tpl ? srv_reasoning_detect(o->tpl) : SRV_REASONING_OFF};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;
@@ -1429,7 +1433,10 @@ Test(api, tokenize_detokenize) {
 }
 
 Test(api, disconnect_cancels_generation) {
-    fake *f = fake_start(NULL);
+    FILE *log = tmpfile();
+    cr_assert(log);
+    fake_opts opts = {.log = log};
+    fake *f = fake_start(&opts);
     int fd = tc_connect(f->port);
     const char *body = "{\"prompt\":\"SLOW\",\"stream\":true}";
     char req[512];
@@ -1441,6 +1448,15 @@ Test(api, disconnect_cancels_generation) {
     for (int i = 0; i < 300 && atomic_load(&f->n_cancel) == 0; i++) usleep(10000);
     cr_assert_eq(atomic_load(&f->n_cancel), 1);
     fake_stop(f); /* waits for the cancelled request's DONE */
+    /* issue 27 item 4: the 499 line carries the tokens the cut-off stream used (the fake's prompt: BOS + SLOW) */
+    rewind(log);
+    char text[4096];
+    size_t tl = fread(text, 1, sizeof text - 1, log);
+    text[tl] = 0;
+    fclose(log);
+    const char *l = strstr(text, " POST /v1/completions 499 prompt=5 completion=");
+    cr_assert(l, "log:\n%s", text);
+    cr_assert_gt(atoi(l + strlen(" POST /v1/completions 499 prompt=5 completion=")), 0, "log:\n%s", text);
 }
 
 /* Clients that leave while their body is being prepared on the thread pool: the preparation reads the body
@@ -2025,4 +2041,156 @@ Test(api, priority_field_on_every_route) {
         }
         fake_stop(f);
     }
+}
+
+/* ---- reasoning output (issue 26 item 4, issue 27 item 1) ------------------------------------------------------- */
+/* A template whose generation prompt opens <think> (as QwQ's and DeepSeek-R1-distill's) and closes it when
+ * enable_thinking is false; reasoning_effort is printed first. */
+static const char THINK_TPL[] =
+    "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% if not enable_thinking %}</think>\n\n"
+    "{% endif %}{% endif %}";
+#define THINK_BODY(extra) "{\"messages\":[{\"role\":\"user\",\"content\":\"THINKSCRIPT\"}]," extra "}"
+
+/* The message of choice 0 of a non-streamed chat answer (o: the body, freed by the caller). */
+static cJSON *msg0(cJSON *o) {
+    return cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+}
+
+Test(api, chat_reasoning_content_and_tool_calls_after_it) {
+    fake_opts o = {.tpl = THINK_TPL};
+    fake *f = fake_start(&o);
+    tc_resp r;
+    char body[1024];
+    snprintf(body, sizeof body, THINK_BODY("%s"), TOOLS_JSON);
+    cr_assert_eq(post(f, "/v1/chat/completions", body, NULL, &r), 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    cJSON *m = msg0(j);
+    cr_assert_str_eq(jstr(m, "reasoning_content"), "weather needs a tool");
+    cr_assert_str_eq(jstr(m, "content"), "Checking.");
+    cr_assert_str_eq(jstr(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function"),
+                          "name"), "get_weather");
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    /* reasoning_format none (the request's): the thinking stays in content */
+    cr_assert_eq(post(f, "/v1/chat/completions", THINK_BODY("\"reasoning_format\":\"none\""), NULL, &r), 200);
+    j = json_of(&r);
+    cr_assert_null(cJSON_GetObjectItem(msg0(j), "reasoning_content"));
+    cr_assert(!strncmp(jstr(msg0(j), "content"), "\nweather needs a tool\n</think>", 30), "%s", r.body);
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/chat/completions", THINK_BODY("\"reasoning_format\":\"deepseek-legacy\""), NULL, &r), 400);
+    cr_assert(strstr(r.body, "reasoning_format"), "%s", r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* Streamed: delta.reasoning_content pieces, then content and the tool call; none of the thinking in content. */
+Test(api, chat_reasoning_stream) {
+    fake_opts o = {.tpl = THINK_TPL};
+    fake *f = fake_start(&o);
+    tc_resp r;
+    char body[1024];
+    snprintf(body, sizeof body, THINK_BODY("\"stream\":true,%s"), TOOLS_JSON);
+    cr_assert_eq(post(f, "/v1/chat/completions", body, NULL, &r), 200);
+    static char evs[512][4096];
+    int n = sse_split(r.body, evs, 512);
+    char reasoning[256] = "", content[256] = "";
+    int n_calls = 0, n_reasoning = 0;
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *e = cJSON_Parse(evs[i]);
+        cr_assert(e, "%s", evs[i]);
+        cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0), "delta");
+        cJSON *rc = cJSON_GetObjectItem(d, "reasoning_content"), *ct = cJSON_GetObjectItem(d, "content");
+        if (cJSON_IsString(rc)) { strcat(reasoning, rc->valuestring); n_reasoning++; cr_assert(!content[0]); }
+        if (cJSON_IsString(ct)) strcat(content, ct->valuestring);
+        n_calls += cJSON_GetObjectItem(d, "tool_calls") != NULL;
+        cJSON_Delete(e);
+    }
+    cr_assert_str_eq(reasoning, "weather needs a tool");
+    cr_assert_gt(n_reasoning, 3, "the reasoning streams as it comes");
+    cr_assert_str_eq(content, "Checking.");
+    cr_assert_eq(n_calls, 2); /* header and arguments */
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* chat_template_kwargs and reasoning_effort reach the template; enable_thinking false closes the block in the
+ * prompt, so the output is content. */
+Test(api, chat_template_kwargs_and_reasoning_effort) {
+    fake_opts o = {.tpl = THINK_TPL};
+    fake *f = fake_start(&o);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/chat/completions", THINK_BODY("\"reasoning_effort\":\"high\""), NULL, &r), 200);
+    cr_assert(prompt_has(&(srv_sched_request){.prompt = f->last_prompt, .n_prompt = f->last_n_prompt}, "Reasoning: high"));
+    tc_resp_free(&r);
+    const char *off[] = {THINK_BODY("\"chat_template_kwargs\":{\"enable_thinking\":false}"),
+                         THINK_BODY("\"reasoning_effort\":\"none\"")};
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(post(f, "/v1/chat/completions", off[k], NULL, &r), 200, "%s", r.body);
+        cJSON *j = json_of(&r);
+        cr_assert_null(cJSON_GetObjectItem(msg0(j), "reasoning_content"), "%s", r.body);
+        cr_assert(strstr(jstr(msg0(j), "content"), "weather needs a tool\n</think>"), "%s", r.body);
+        cJSON_Delete(j);
+        tc_resp_free(&r);
+    }
+    const char *bad[] = {THINK_BODY("\"chat_template_kwargs\":[1]"), THINK_BODY("\"chat_template_kwargs\":{\"messages\":1}"),
+                         THINK_BODY("\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}"),
+                         THINK_BODY("\"reasoning_effort\":\"max\"")};
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq(post(f, "/v1/chat/completions", bad[k], NULL, &r), 400, "%s", bad[k]);
+        tc_resp_free(&r);
+    }
+    fake_stop(f);
+}
+
+/* /v1/responses: a reasoning item first; /v1/messages (and /messages): a thinking block first, thinking_delta
+ * events when streamed; thinking {type: disabled} renders without thinking. */
+Test(api, responses_and_messages_reasoning) {
+    fake_opts o = {.tpl = THINK_TPL};
+    fake *f = fake_start(&o);
+    tc_resp r;
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":\"THINKSCRIPT\"}", NULL, &r), 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    cJSON *it = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "output"), 0);
+    cr_assert_str_eq(jstr(it, "type"), "reasoning");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(it, "content"), 0), "text"), "weather needs a tool");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "output"), 1), "type"), "message");
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/responses", "{\"input\":\"THINKSCRIPT\",\"stream\":true}", NULL, &r), 200);
+    const char *a = strstr(r.body, "\"type\":\"response.reasoning_text.delta\"");
+    const char *b = strstr(r.body, "event: response.reasoning_text.done");
+    const char *c = strstr(r.body, "event: response.output_text.delta");
+    cr_assert(a && b && c && a < b && b < c, "%s", r.body);
+    tc_resp_free(&r);
+    static const char *msg = "{\"model\":\"x\",\"max_tokens\":200,\"messages\":[{\"role\":\"user\",\"content\":\"THINKSCRIPT\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "%s}", msg);
+    cr_assert_eq(post(f, "/messages", body, NULL, &r), 200, "%s", r.body);
+    j = json_of(&r);
+    cJSON *b0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "content"), 0);
+    cr_assert_str_eq(jstr(b0, "type"), "thinking");
+    cr_assert_str_eq(jstr(b0, "thinking"), "weather needs a tool");
+    cr_assert_str_eq(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "content"), 1), "type"), "text");
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    snprintf(body, sizeof body, "%s,\"stream\":true}", msg);
+    cr_assert_eq(post(f, "/v1/messages", body, NULL, &r), 200);
+    a = strstr(r.body, "{\"type\":\"thinking_delta\"");
+    b = strstr(r.body, "{\"type\":\"signature_delta\"");
+    c = strstr(r.body, "{\"type\":\"text_delta\"");
+    cr_assert(a && b && c && a < b && b < c, "%s", r.body);
+    cr_assert(strstr(r.body, "\"index\":1,\"delta\":{\"type\":\"text_delta\""), "the text is block 1: %s", r.body);
+    tc_resp_free(&r);
+    snprintf(body, sizeof body, "%s,\"thinking\":{\"type\":\"disabled\"}}", msg);
+    cr_assert_eq(post(f, "/v1/messages", body, NULL, &r), 200);
+    cr_assert(!strstr(r.body, "\"thinking\""), "%s", r.body);
+    tc_resp_free(&r);
+    snprintf(body, sizeof body, "%s,\"thinking\":{\"type\":\"sometimes\"}}", msg);
+    cr_assert_eq(post(f, "/messages", body, NULL, &r), 400);
+    cr_assert(strstr(r.body, "\"type\":\"error\""), "Anthropic's error shape without /v1: %s", r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
 }
