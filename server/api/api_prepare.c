@@ -146,4 +146,7 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     sr->penalize_prompt = g->sampling.repetition_penalty != 1.0f;
     sr->grammar = c->grammar ? srv_grammar_cache_matcher(c->grammar) : NULL;
     sr->priority = g->priority;
+    /* gpt-oss: the channel markers are control tokens; the reasoning parser (or, with reasoning_format none, the
+     * client) reads them in the text, as llama.cpp keeps them */
+    sr->render_special = g->kind == SRV_API_CHAT && api->be.chat_tpl && api->be.reasoning == SRV_REASONING_HARMONY;
 }

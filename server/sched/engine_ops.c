@@ -19,6 +19,9 @@ static int re_seq_remove(void *p, int32_t seq, int32_t begin, int32_t end) {
 static int re_push(void *p, eng_detok *d, int32_t t, char *buf, size_t cap, size_t *n) {
     return eng_detok_push(((real_engine *)p)->model, d, t, false, buf, cap, n);
 }
+static int re_push_special(void *p, eng_detok *d, int32_t t, char *buf, size_t cap, size_t *n) {
+    return eng_detok_push(((real_engine *)p)->model, d, t, true, buf, cap, n);
+}
 static int re_flush(void *p, eng_detok *d, char *buf, size_t cap, size_t *n) {
     (void)p;
     return eng_detok_flush(d, buf, cap, n);
@@ -58,6 +61,7 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
     out->get_logits = re_logits;
     out->token_is_eog = re_eog;
     out->detok_push = re_push;
+    out->detok_push_special = re_push_special;
     out->detok_flush = re_flush;
     out->sampler_create = re_sampler_create;
     out->sampler_free = re_sampler_free;

@@ -144,6 +144,9 @@ typedef struct srv_engine_ops {
     /* Streaming detokenization (eng_detok_push / eng_detok_flush semantics: complete UTF-8 only). They
      * return ENG_ERR_TOO_LARGE with the needed size in *n_out when cap is too small. */
     int (*detok_push)(void *ctx, eng_detok *d, int32_t token, char *buf, size_t cap, size_t *n_out);
+    /* Optional (may be NULL: specials are then never printed): detok_push with control tokens printed as their
+     * text, for requests with render_special. */
+    int (*detok_push_special)(void *ctx, eng_detok *d, int32_t token, char *buf, size_t cap, size_t *n_out);
     int (*detok_flush)(void *ctx, eng_detok *d, char *buf, size_t cap, size_t *n_out);
     /* Samplers (eng_sampler_create / _free / _sample semantics). */
     int (*sampler_create)(void *ctx, const eng_sampling_params *params, void **out);
@@ -310,6 +313,8 @@ typedef struct srv_sched_request {
                                  ops.sampler_accept, ignored without it) */
     int32_t n_keep;           /* context shift: leading prompt tokens kept when the context is shifted (the API
                                  layer counts the BOS token in); < 0 or > n_prompt: the whole prompt */
+    bool render_special;      /* control tokens the model generates are printed in the text (ops.detok_push_special;
+                                 gpt-oss's <|channel|> ... markers, which the API layer parses); EOG tokens never */
     bool report_eog;          /* the EOG token that ended a choice is reported too, as the last sample of its
                                  last DELTA (for callers that print token ids, like `kvserve generate`) */
     bool embed;               /* an embedding request: the prompt is prefilled like any other (same batches,

@@ -35,18 +35,20 @@ static void feed_text(srv_sched *s, sched_req *r, sched_choice *c, const char *t
     if (stopped) sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
 }
 
-/* Runs a detokenizer call into s->piece or a heap buffer when the piece is longer. */
-static int detok_call(srv_sched *s, eng_detok *d, int32_t token, bool flush, char **heap, const char **out,
-                      size_t *n) {
+/* Runs a detokenizer call into s->piece or a heap buffer when the piece is longer (special: control tokens
+ * printed, when the ops can). */
+static int detok_call(srv_sched *s, eng_detok *d, int32_t token, bool flush, bool special, char **heap,
+                      const char **out, size_t *n) {
     *heap = NULL;
+    int (*push)(void *, eng_detok *, int32_t, char *, size_t, size_t *) =
+        special && s->ops.detok_push_special ? s->ops.detok_push_special : s->ops.detok_push;
     int rc = flush ? s->ops.detok_flush(s->ops.ctx, d, s->piece, sizeof s->piece, n)
-                   : s->ops.detok_push(s->ops.ctx, d, token, s->piece, sizeof s->piece, n);
+                   : push(s->ops.ctx, d, token, s->piece, sizeof s->piece, n);
     if (rc == ENG_ERR_TOO_LARGE && *n > sizeof s->piece) {
         size_t need = *n;
         *heap = malloc(need);
         if (!*heap) return ENG_ERR_NOMEM;
-        rc = flush ? s->ops.detok_flush(s->ops.ctx, d, *heap, need, n)
-                   : s->ops.detok_push(s->ops.ctx, d, token, *heap, need, n);
+        rc = flush ? s->ops.detok_flush(s->ops.ctx, d, *heap, need, n) : push(s->ops.ctx, d, token, *heap, need, n);
         *out = *heap;
     } else {
         *out = s->piece;
@@ -76,7 +78,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
             char *heap;
             const char *t;
             size_t n = 0;
-            if (detok_call(s, &c->detok, 0, true, &heap, &t, &n) == ENG_OK && n > 0) {
+            if (detok_call(s, &c->detok, 0, true, false, &heap, &t, &n) == ENG_OK && n > 0) {
                 const char *o;
                 size_t ol;
                 bool stopped = false;
@@ -298,7 +300,7 @@ void sched_sample_choice(srv_sched *s, sched_req *r, sched_choice *c, float *log
     char *heap;
     const char *t;
     size_t n = 0;
-    int rc = detok_call(s, &c->detok, smp.token, false, &heap, &t, &n);
+    int rc = detok_call(s, &c->detok, smp.token, false, r->rq.render_special, &heap, &t, &n);
     if (rc != ENG_OK) {
         free(heap);
         sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "detokenization failed");

@@ -98,6 +98,8 @@ Test(msg_map, every_field_becomes_chat) {
     cr_assert_str_eq(g.stop[0], "END");
     cr_assert_str_eq(g.stop[1], "\n\nHuman:");
     cr_assert_str_eq(g.user, "u-1");
+    /* thinking {type: disabled}: the template renders without thinking */
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItem(g.chat->kwargs, "enable_thinking")));
     cr_assert_str_eq(g.model, "claude-x");
     cr_assert(!g.stream);
     cr_assert_eq(g.n_msgs, 7);
@@ -172,6 +174,11 @@ Test(msg_map, bad_inputs_name_the_field) {
         {"{\"max_tokens\":1.5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "max_tokens"},
         {"{\"max_tokens\":\"8\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "max_tokens"},
         {"{\"max_tokens\":8}", "messages: Field required"},
+        {"{\"max_tokens\":8,\"thinking\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "thinking: must be an object"},
+        {"{\"max_tokens\":8,\"thinking\":{\"type\":\"on\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+         "thinking.type"},
+        {"{\"max_tokens\":8,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":0},\"messages\":[{\"role\":\"user\","
+         "\"content\":\"hi\"}]}", "thinking.budget_tokens"},
         {"{\"max_tokens\":8,\"messages\":[]}", "non-empty array"},
         {"{\"max_tokens\":8,\"messages\":\"hi\"}", "messages"},
         {"{\"max_tokens\":8,\"messages\":[{\"role\":\"system\",\"content\":\"hi\"}]}", "messages[0].role"},
@@ -424,6 +431,9 @@ Test(msg_map, anthropic_error_shape) {
     cr_assert(srv_api_path_anthropic("/v1/messages/batches"));
     cr_assert(!srv_api_path_anthropic("/v1/messagesx"));
     cr_assert(!srv_api_path_anthropic("/v1/chat/completions"));
-    cr_assert(!srv_api_path_anthropic("/messages"));
+    cr_assert(srv_api_path_anthropic("/messages"));        /* the routes without /v1, as llama.cpp's */
+    cr_assert(srv_api_path_anthropic("/messages/count_tokens"));
+    cr_assert(!srv_api_path_anthropic("/messagesx"));
+    cr_assert(!srv_api_path_anthropic("/v1messages"));
     cr_assert(!srv_api_path_anthropic(NULL));
 }

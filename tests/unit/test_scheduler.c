@@ -181,6 +181,17 @@ static int m_push(void *p, eng_detok *d, int32_t t, char *buf, size_t cap, size_
     return ENG_OK;
 }
 
+/* control tokens printed (render_special): every piece in angle brackets, so the text tells which op ran */
+static int m_push_special(void *p, eng_detok *d, int32_t t, char *buf, size_t cap, size_t *n) {
+    (void)p;
+    (void)d;
+    char tmp[16];
+    *n = (size_t)snprintf(tmp, sizeof tmp, "<%s>", piece_of(t));
+    if (*n > cap) return ENG_ERR_TOO_LARGE;
+    memcpy(buf, tmp, *n);
+    return ENG_OK;
+}
+
 static int m_flush(void *p, eng_detok *d, char *buf, size_t cap, size_t *n) {
     (void)p;
     (void)d;
@@ -311,7 +322,8 @@ static void mock_free(mock *m) {
 static srv_engine_ops mock_ops(mock *m) {
     srv_engine_ops o = {
         .ctx = m, .n_vocab = NV, .cache = m_cache, .decode = m_decode, .get_logits = m_logits,
-        .token_is_eog = m_eog, .detok_push = m_push, .detok_flush = m_flush, .sampler_create = m_screate,
+        .token_is_eog = m_eog, .detok_push = m_push, .detok_push_special = m_push_special, .detok_flush = m_flush,
+        .sampler_create = m_screate,
         .sampler_free = m_sfree, .sampler_sample = m_sample, .sampler_accept = m_accept,
     };
     return o;
@@ -331,6 +343,7 @@ typedef struct req_spec {
     int32_t top;
     const gmr_matcher *grammar;
     int32_t priority;
+    bool render_special;
 } req_spec;
 
 /* ---- collecting results ----------------------------------------------------------------------------------- */
@@ -499,6 +512,7 @@ static int submit(harness *h, const struct req_spec *q, struct result *r) {
     rq.penalize_prompt = q->penalize_prompt;
     rq.grammar = q->grammar;
     rq.priority = q->priority;
+    rq.render_special = q->render_special;
     rq.cb = on_event;
     rq.user = r;
     return srv_sched_submit(h->s, &rq, &r->id);
@@ -646,6 +660,42 @@ Test(scheduler, fcfs) {
         cr_assert(res[i].timings.t_start <= res[i].timings.t_first_token);
         cr_assert(res[i].timings.t_first_token <= res[i].timings.t_end);
     }
+    hz_free(h);
+    free(h);
+    free(res);
+}
+
+/* render_special: the request's text comes from ops.detok_push_special (gpt-oss's channel markers are control
+ * tokens), the same tokens as without it; other requests keep detok_push. */
+Test(scheduler, render_special_uses_its_detokenizer) {
+    harness *h = malloc(sizeof *h);
+    srv_sched_params p = params(64, 2);
+    hz_init(h, 8, 256, &p);
+    req_spec q[2];
+    result *res = calloc(2, sizeof *res);
+    uint64_t rng = 5;
+    for (int i = 0; i < 2; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        rand_prompt(&rng, &q[i], 12);
+        if (i) memcpy(&q[1], &q[0], sizeof q[0]);
+        q[i].n = 1;
+        q[i].max_tokens = 6;
+        q[i].ignore_eos = true;
+        q[i].render_special = i == 1;
+        cr_assert_eq(submit(h, &q[i], &res[i]), SRV_SCHED_OK);
+    }
+    hz_run(h, 2);
+    char want[MAXB] = "", plain[MAXB] = "";
+    for (int32_t k = 0; k < res[1].n_toks[0]; k++) {
+        snprintf(want + strlen(want), sizeof want - strlen(want), "<%s>", piece_of(res[1].toks[0][k]));
+        snprintf(plain + strlen(plain), sizeof plain - strlen(plain), "%s", piece_of(res[0].toks[0][k]));
+    }
+    cr_assert_eq(res[0].n_toks[0], res[1].n_toks[0]);
+    cr_assert_eq(memcmp(res[0].toks[0], res[1].toks[0], (size_t)res[0].n_toks[0] * sizeof(int32_t)), 0);
+    cr_assert_eq(res[1].text_len[0], strlen(want));
+    cr_assert(!memcmp(res[1].text[0], want, strlen(want)), "%.*s", (int)res[1].text_len[0], res[1].text[0]);
+    cr_assert_eq(res[0].text_len[0], strlen(plain));
+    cr_assert(!memcmp(res[0].text[0], plain, strlen(plain)));
     hz_free(h);
     free(h);
     free(res);
