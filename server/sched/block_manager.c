@@ -50,6 +50,12 @@ int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int3
     return KVS_OK;
 }
 
+int srv_block_manager_truncate(srv_block_manager *bm, int32_t seq, int32_t len) {
+    int rc = kvc_remove(bm->cache, seq, len, INT32_MAX, NULL);
+    if (rc != KVC_OK) return rc;
+    return kvc_can_resume(bm->cache, seq, len) ? KVS_OK : KVS_ERR_UNSUPPORTED;
+}
+
 int32_t srv_block_manager_available(const srv_block_manager *bm) { return kvc_blocks_available(bm->cache); }
 
 int32_t srv_block_manager_needed(const srv_block_manager *bm, int32_t seq, int32_t n_tokens) {

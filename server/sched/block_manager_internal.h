@@ -47,6 +47,11 @@ int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, cons
  * error; nothing is left allocated on failure. */
 int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst);
 
+/* Drops positions len.. of seq (speculative decoding's rejected guesses; tail removal). 0 when the sequence can
+ * go on at len; KVS_ERR_UNSUPPORTED when it cannot (a sliding window released blocks it would need: the caller
+ * closes it and recomputes), or the cache's error. */
+int srv_block_manager_truncate(srv_block_manager *bm, int32_t seq, int32_t len);
+
 /* Blocks free or evictable right now. */
 int32_t srv_block_manager_available(const srv_block_manager *bm);
 /* Blocks seq needs to grow by n_tokens (see kvc_blocks_needed). */

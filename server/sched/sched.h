@@ -73,6 +73,27 @@
  *   their hashes). Without context_shift, or without max_tokens (so that no request generates without
  *   bound), a choice reaching n_ctx ends with "length". usage.completion_tokens counts every token sampled.
  *
+ * Speculative decoding (srv_sched_params.spec_type; sched_spec.c, the proposer in ngram.c)
+ *   With SRV_SCHED_SPEC_NGRAM, a decoding choice may have k tokens guessed for it (prompt lookup: the last
+ *   2..4 tokens of its prompt + generated tokens found earlier in them, the tokens that followed guessed to
+ *   follow again). Its next input and the k guesses join the step as k + 1 consecutive rows of its sequence,
+ *   all with logits. The choice's sampler then samples from row 0, row 1, ... exactly as plain decoding would
+ *   from successive steps (same masks, penalties, random draws, logprobs, stop strings, grammar, max_tokens,
+ *   EOG), and stops after the first row whose sampled token differs from the guess that follows it (or after
+ *   the last row, or when the choice ends); the rows whose inputs were wrong guesses are removed from its
+ *   sequence (tail removal). So up to k + 1 tokens come out of one step, and they are the tokens plain
+ *   decoding would have produced: bit for bit on the CPU, whose numbers do not depend on how rows are batched.
+ *   At temperature > 0 this is the rejection-sampling rule for a draft that is a point mass on the guess g
+ *   (accept g with probability p(g); else draw from p without g, renormalized): drawing x ~ p and accepting
+ *   when x == g gives exactly that, so the output distribution is the model's, seed for seed.
+ *   k per choice: between the request's n_min and n_max (spec_n_min / spec_n_max, else the scheduler's); with
+ *   spec_adaptive it follows the choice's recent acceptance rate, and the step's guessed rows are kept only
+ *   while they raise the expected tokens per second of the step, from a cost model of step time against rows
+ *   measured online (a big batch gets no guesses when extra rows cost more than they are expected to yield).
+ *   Guesses never preempt: they take only the token budget (at most half of what the decode tokens leave) and
+ *   the blocks left after every decode token is placed. No guesses when n_ctx is 0, past n_ctx - 2, for
+ *   embedding requests, nor for a choice's first token after its prompt.
+ *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
  *     - per choice, zero or more SRV_SCHED_EV_DELTA events (new text and the sampled tokens),
@@ -180,6 +201,14 @@ typedef enum {
     SRV_SCHED_PRIORITY = 1, /* (priority, arrival): lower priority values first */
 } srv_sched_policy;
 
+/* Speculative decoding proposers (srv_sched_params.spec_type). */
+typedef enum {
+    SRV_SCHED_SPEC_NONE = 0,  /* plain decoding */
+    SRV_SCHED_SPEC_NGRAM = 1, /* prompt lookup (n-gram) */
+} srv_sched_spec_type;
+
+#define SRV_SCHED_SPEC_MAX 32 /* most guessed tokens per choice and step */
+
 /* What the optional trace observer is told (srv_sched_params.on_trace). */
 typedef enum {
     SRV_SCHED_TRACE_QUEUED = 1,    /* a submitted request entered the waiting queue */
@@ -220,6 +249,15 @@ typedef struct srv_sched_params {
                                    scheduler thread, and inside srv_sched_free (loop thread, after the scheduler
                                    thread has ended) for the requests it ends. Must not call the scheduler. */
     void *on_trace_ctx;
+    /* speculative decoding (see "Speculative decoding" above) */
+    srv_sched_spec_type spec_type; /* SRV_SCHED_SPEC_NONE (default) or SRV_SCHED_SPEC_NGRAM */
+    int32_t spec_n_max;   /* most tokens guessed per choice and step, 1 .. SRV_SCHED_SPEC_MAX, default 16
+                             (llama.cpp's --draft-max) */
+    int32_t spec_n_min;   /* fewest: a guess shorter than this is not tried, 0 .. spec_n_max, default 0
+                             (--draft-min) */
+    int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, 1 <= min <= max <= 64, default 2 .. 4 */
+    bool spec_adaptive;   /* default true: k from the acceptance rate and the step cost model; false: every
+                             decoding choice with a match gets spec_n_max guesses (tests, benchmarks) */
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -337,6 +375,10 @@ typedef struct srv_sched_request {
                                  before posting DONE. */
     int32_t priority;         /* lower is more urgent (vLLM's `priority`), any int32; must be 0 under
                                  SRV_SCHED_FCFS (else SRV_SCHED_ERR_INVALID) */
+    int32_t spec_n_max;       /* speculative decoding (llama.cpp's speculative.n_max): -1 the scheduler's
+                                 spec_n_max, 0 none for this request, else 1 .. SRV_SCHED_SPEC_MAX */
+    int32_t spec_n_min;       /* -1 the scheduler's spec_n_min, else 0 .. SRV_SCHED_SPEC_MAX (speculative.n_min);
+                                 a request whose n_min exceeds its n_max gets no guesses */
     srv_sched_event_cb cb;    /* required */
     void *user;               /* passed to cb */
 } srv_sched_request;
@@ -380,6 +422,12 @@ typedef struct srv_sched_counters {
     uint64_t requests_finished[5];    /* indexed by srv_sched_finish of DONE (STOP, LENGTH, CANCELLED, ERROR) */
     uint64_t context_shifts;          /* context shifts (params.context_shift), in place or recomputed */
     uint64_t context_shifts_recomputed; /* of those, shifts done by recomputing the kept tokens */
+    /* speculative decoding, as vLLM counts it: a draft is one choice's guesses verified in one step */
+    uint64_t spec_drafts;             /* drafts verified */
+    uint64_t spec_draft_tokens;       /* tokens guessed in them */
+    uint64_t spec_accepted_tokens;    /* guessed tokens that were the sampled ones */
+    uint64_t spec_accepted_per_pos[SRV_SCHED_SPEC_MAX]; /* [j]: drafts whose guess j (0-based) was accepted */
+    uint64_t spec_steps_off;          /* steps where the cost model dropped every guess (spec_adaptive) */
 } srv_sched_counters;
 
 /* Raw numbers for logs and /metrics; any thread (a consistent snapshot taken under a mutex, refreshed at
@@ -397,6 +445,7 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected;       /* submit refused with QUEUE_FULL because of max_queue */
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
+    int32_t spec_n_max;               /* params.spec_n_max when speculative decoding is on, else 0 */
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

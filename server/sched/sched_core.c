@@ -43,6 +43,12 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->policy = SRV_SCHED_FCFS;
     p->on_trace = NULL;
     p->on_trace_ctx = NULL;
+    p->spec_type = SRV_SCHED_SPEC_NONE;
+    p->spec_n_max = 16;
+    p->spec_n_min = 0;
+    p->spec_ngram_min = 2;
+    p->spec_ngram_max = 4;
+    p->spec_adaptive = true;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -130,6 +136,7 @@ static void add_group(srv_sched *s, sched_req *r, sched_choice *c, int32_t n, bo
     g->n = n;
     g->logits = logits;
     g->prompt = prompt;
+    g->n_draft = 0;
     for (int32_t k = 0; k < n; k++) {
         int32_t i = s->n_entries++;
         int32_t pos = c->n_cached + k;
@@ -369,6 +376,8 @@ static int build(srv_sched *s, int32_t *dropped_new) {
             budget--;
         }
     }
+    /* speculative decoding: guesses for some decode tokens, from what budget and blocks are left */
+    sched_spec_extend(s, &budget, &reserved);
     /* 2. prompt chunks and recomputation of admitted requests */
     for (int32_t i = 0; i < s->running.n && budget > 0; i++) prefill_request(s, s->running.v[i], &budget, &reserved);
     /* 3. admissions in queue order: stop at the first request that must wait */
@@ -410,7 +419,9 @@ static void step(srv_sched *s) {
         }
         eng_batch b = {.n = s->n_entries, .token = s->b_token, .pos = s->b_pos, .seq = s->b_seq,
                        .want_logits = s->b_logits, .want_embd = s->batch_embd ? s->b_embd : NULL};
+        uint64_t t0 = uv_hrtime();
         int rc = s->ops.decode(s->ops.ctx, &b);
+        if (rc == ENG_OK) sched_spec_observe(s, s->n_entries, uv_hrtime() - t0);
         if (rc == ENG_ERR_KV_FULL) {
             sched_relieve_pool(s);
             continue;
@@ -426,6 +437,10 @@ static void step(srv_sched *s) {
             batch_group *gr = &s->groups[g];
             sched_choice *c = gr->c;
             if (c->finished) continue;
+            if (gr->n_draft > 0) {
+                sched_spec_verify(s, gr);
+                continue;
+            }
             int32_t pos0 = c->n_cached;
             c->n_cached += gr->n;
             if (gr->prompt) {
@@ -492,6 +507,7 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
+    sched_spec_release(s);
     KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
                  s->b_embd, s->groups, s->logit_buf, s->tok_buf, s);
 }
@@ -502,6 +518,11 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     *out = NULL;
     if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
         params->max_queued_tokens < 0 || (params->policy != SRV_SCHED_FCFS && params->policy != SRV_SCHED_PRIORITY))
+        return SRV_SCHED_ERR_INVALID;
+    if ((params->spec_type != SRV_SCHED_SPEC_NONE && params->spec_type != SRV_SCHED_SPEC_NGRAM) ||
+        params->spec_n_max < 1 || params->spec_n_max > SRV_SCHED_SPEC_MAX || params->spec_n_min < 0 ||
+        params->spec_n_min > params->spec_n_max || params->spec_ngram_min < 1 ||
+        params->spec_ngram_max < params->spec_ngram_min || params->spec_ngram_max > 64)
         return SRV_SCHED_ERR_INVALID;
     if (ops->n_vocab < 1 || !ops->cache || !ops->decode || !ops->get_logits || !ops->token_is_eog ||
         !ops->detok_push || !ops->detok_flush || !ops->sampler_create || !ops->sampler_free ||
@@ -611,7 +632,8 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
         req->n > s->p.parallel || (req->n_stop > 0 && !req->stop) ||
         (s->p.policy == SRV_SCHED_FCFS && req->priority != 0) ||
         (req->sampling.n_logit_bias > 0 && !req->sampling.logit_bias) || req->sampling.n_top_logprobs < 0 ||
-        req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS)
+        req->sampling.n_top_logprobs > KVS_MAX_TOP_LOGPROBS || req->spec_n_max < -1 ||
+        req->spec_n_max > SRV_SCHED_SPEC_MAX || req->spec_n_min < -1 || req->spec_n_min > SRV_SCHED_SPEC_MAX)
         return SRV_SCHED_ERR_INVALID;
     for (int32_t i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;

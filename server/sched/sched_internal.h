@@ -44,6 +44,10 @@ typedef struct sched_choice {
     eng_sample *smp;
     int32_t n_smp, cap_smp;
     bool end_pending;       /* finished in this step: post CHOICE_END */
+    /* speculative decoding (sched_spec.c) */
+    int32_t draft[SRV_SCHED_SPEC_MAX]; /* the guesses of the current step [n_draft of its batch group] */
+    float spec_acc;         /* recent acceptance: decayed count of accepted guesses (per-position success) */
+    float spec_tries;       /* ... and of guesses tried up to the first rejection (prior 1 of 2) */
 } sched_choice;
 
 typedef struct sched_req {
@@ -95,7 +99,15 @@ typedef struct batch_group {
     int32_t n;       /* entries */
     bool logits;     /* the last entry wants logits */
     bool prompt;     /* counts as prompt computation (not a decode token) */
+    int32_t n_draft; /* speculative decoding: the last n_draft entries are the choice's guesses c->draft (every
+                        entry wants logits); 0 otherwise */
 } batch_group;
+
+/* The step cost model of speculative decoding (sched_spec.c): step time ~ a + b * rows, fitted by least squares
+ * over recent steps (exponentially decayed sums). */
+typedef struct sched_cost {
+    double w, sx, sy, sxx, sxy; /* decayed weight, sum rows, sum ns, sum rows^2, sum rows * ns */
+} sched_cost;
 
 struct srv_sched {
     srv_sched_params p;
@@ -144,6 +156,11 @@ struct srv_sched {
     srv_sched_counters counters; /* owned by the thread, copied into stats */
     uint64_t c_copy_query, c_copy_hit; /* prefix lookups served by copying from a running sequence */
     uint64_t step_no;        /* steps started (numbering for preempt_step) */
+    sched_cost cost;         /* speculative decoding's step cost model */
+    int32_t *spec_buf;       /* [max known length] scratch for the proposer's view of a choice's tokens */
+    int32_t spec_cap;
+    int32_t *spec_want, *spec_take; /* [batch_tokens] each, one allocation (spec_want): per decode group, its
+                                       proposed and its kept guesses of the step being built */
 };
 /* A choice's known tokens: prompt + generated, or after a context shift its shifted context. */
 static inline int32_t known_len(const sched_req *r, const sched_choice *c) {
@@ -193,6 +210,18 @@ void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first,
 bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c);
 /* Appends a sampled token to a shifted choice's context; false when out of memory. No-op before a shift. */
 bool sched_shift_push(sched_choice *c, int32_t token);
+
+/* sched_spec.c: speculative decoding (sched.h, "Speculative decoding") */
+/* After the decode tokens of the step were placed (the first n_groups groups, one entry each, consecutive):
+ * gives some of them guesses within *budget and the blocks left beyond *reserved, moving the entries apart. */
+void sched_spec_extend(srv_sched *s, int32_t *budget, int32_t *reserved);
+/* After decode: samples group g's rows in order while the guesses hold, removes the rows of wrong guesses from
+ * the sequence and counts the draft. */
+void sched_spec_verify(srv_sched *s, const batch_group *g);
+/* A decode call of `rows` entries took `ns` nanoseconds: updates the cost model. */
+void sched_spec_observe(srv_sched *s, int32_t rows, uint64_t ns);
+/* Frees the proposer's scratch (srv_sched_free). */
+void sched_spec_release(srv_sched *s);
 
 /* sched_grammar.c: constrained decoding (srv_sched_request.grammar) */
 /* Clones the template for every choice (submit, loop thread). SRV_SCHED_ERR_INVALID (vocabulary size) or _NOMEM. */

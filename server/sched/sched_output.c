@@ -241,6 +241,7 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->prefix_hit_tokens = ks.prefix_hit_tokens + s->c_copy_hit;
     st->counters = s->counters;
     st->queued_tokens = s->n_queued_tokens;
+    st->spec_n_max = s->p.spec_type != SRV_SCHED_SPEC_NONE ? s->p.spec_n_max : 0;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */
