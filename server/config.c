@@ -77,6 +77,10 @@ static const key_def KEYS[] = {
       "leaves it in content; requests may set reasoning_format"),
     B(parse_special_in_content, "chat message contents may produce control tokens (<|im_start|>...): the old, "
       "unsafe behaviour"),
+    S(spec_type, "none|ngram", "speculative decoding: none, or ngram (prompt lookup: guesses verified in one step, "
+      "the output unchanged)"),
+    I(draft_max, 1, 32, "speculative decoding: most tokens guessed per sequence and step (requests: speculative.n_max)"),
+    I(draft_min, 0, 32, "speculative decoding: fewest tokens a guess needs to be tried (requests: speculative.n_min)"),
     J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -106,6 +110,8 @@ void srv_config_default(srv_config *c) {
     c->shutdown_grace_s = 10;
     snprintf(c->log_format, sizeof c->log_format, "text");
     snprintf(c->reasoning_format, sizeof c->reasoning_format, "auto");
+    snprintf(c->spec_type, sizeof c->spec_type, "none");
+    c->draft_max = 16;
 }
 
 static const key_def *find_key(const char *name) {
@@ -348,6 +354,10 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
     if (!c->host[0]) { snprintf(err, el, "config key 'host': must not be empty"); return SRV_ERR_INVALID; }
     srv_kv_events_config kc;
     if (srv_kv_events_config_parse(c->kv_events_config, &kc, err, el) != KVS_OK) return SRV_ERR_INVALID;
+    if (c->draft_min > c->draft_max) {
+        snprintf(err, el, "config key 'draft_min': %d is above draft_max (%d)", (int)c->draft_min, (int)c->draft_max);
+        return SRV_ERR_INVALID;
+    }
     if (c->ctx_size > 0 && c->ctx_size < 2) {
         snprintf(err, el, "config key 'ctx_size': must be 0 or at least 2");
         return SRV_ERR_INVALID;

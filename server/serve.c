@@ -185,6 +185,9 @@ static void load_done(uv_work_t *w, int status) {
     sp.policy = !strcmp(c->scheduling_policy, "priority") ? SRV_SCHED_PRIORITY : SRV_SCHED_FCFS;
     sp.n_ctx = n_ctx;
     sp.context_shift = c->context_shift;
+    sp.spec_type = !strcmp(c->spec_type, "ngram") ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
+    sp.spec_n_max = c->draft_max;
+    sp.spec_n_min = c->draft_min;
     if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
         kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kv_events_on_cache_event, d->kvev);
         sp.on_step = srv_kv_events_step_end;

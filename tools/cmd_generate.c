@@ -8,6 +8,8 @@
  * batched step by step (prompt chunks and decode tokens of every unfinished sequence in one batch). A
  * sequence stops at an end-of-generation token (which is kept as its last token) or after N tokens (default
  * 32). Sampling defaults to greedy (--temp 0). Prompts are tokenized with special tokens added and parsed.
+ * --spec-type ngram turns on speculative decoding (sched.h; the output does not change), whose counters are
+ * printed on stderr.
  *
  * Output: without --json each completion's text on stdout (a blank line between prompts), speeds on stderr.
  * With --json one line per prompt, in input order:
@@ -30,11 +32,20 @@
 
 typedef struct gen_opts {
     const char *model_path, *prompt, *file;
-    long n_predict, top_k, top_logprobs, threads, seed;
+    long n_predict, top_k, top_logprobs, threads, seed, draft_max, draft_min;
     int device;
+    int spec_type;       /* srv_sched_spec_type */
+    bool no_adaptive;
     float temp, top_p;
     bool json;
 } gen_opts;
+
+static bool set_spec_type(void *field, const char *v) {
+    if (!strcmp(v, "none")) *(int *)field = SRV_SCHED_SPEC_NONE;
+    else if (!strcmp(v, "ngram")) *(int *)field = SRV_SCHED_SPEC_NGRAM;
+    else return false;
+    return true;
+}
 
 #define O(f) offsetof(gen_opts, f)
 static const kvs_opt gen_opts_table[] = {
@@ -51,6 +62,15 @@ static const kvs_opt gen_opts_table[] = {
     {"--top-logprobs", NULL, KVS_OPT_LONG, O(top_logprobs), 0, KVS_MAX_TOP_LOGPROBS, .arg = "K",
      .help = "report the K best log-probabilities per step (0..20)"},
     {"--json", NULL, KVS_OPT_FLAG, O(json), .flag_value = true, .help = "one JSON object per prompt"},
+    {"--spec-type", NULL, KVS_OPT_SET, O(spec_type), .set = set_spec_type, .expect = "none or ngram", .arg = "TYPE",
+     .help = "speculative decoding: none (default) or ngram (prompt lookup; the output is unchanged)"},
+    {"--draft-max", NULL, KVS_OPT_LONG, O(draft_max), 1, SRV_SCHED_SPEC_MAX, .arg = "N",
+     .help = "speculative decoding: most tokens guessed per sequence and step (default 16)"},
+    {"--draft-min", NULL, KVS_OPT_LONG, O(draft_min), 0, SRV_SCHED_SPEC_MAX, .arg = "N",
+     .help = "speculative decoding: fewest tokens a guess needs to be tried (default 0)"},
+    {"--spec-fixed", NULL, KVS_OPT_FLAG, O(no_adaptive), .flag_value = true,
+     .help = "speculative decoding: always --draft-max guesses when the lookup has them (no adaptive k, no\n"
+             "cost model)"},
     KVS_OPT_THREADS(gen_opts, threads),
     KVS_OPT_DEVICE(gen_opts, device),
 };
@@ -158,9 +178,13 @@ static void print_json(const gen_seq *g, int top_k) {
 
 /* Parses the command line into *o: -1 to go on, else the exit status (help printed: 0, bad usage: 2). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    *o = (gen_opts){.n_predict = 32, .seed = 42, .device = ENG_DEVICE_AUTO, .top_p = 1.0f};
+    *o = (gen_opts){.n_predict = 32, .seed = 42, .device = ENG_DEVICE_AUTO, .top_p = 1.0f, .draft_max = 16};
     int prc = kvs_cli_parse(&gen_cli, o, argc, argv, NULL, NULL);
     if (prc) return prc == 1 ? 0 : 2;
+    if (o->draft_min > o->draft_max) {
+        kvs_cli_fail(&gen_cli, "--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
+        return 2;
+    }
     if (!o->model_path || (!o->prompt == !o->file)) {
         kvs_cli_fail(&gen_cli, "need -m MODEL and exactly one of -p PROMPT / -f FILE");
         kvs_cli_usage(&gen_cli, stderr);
@@ -237,6 +261,10 @@ static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_par
     sp.parallel = n_prompts;
     sp.max_queue = n_prompts;
     sp.n_ctx = cp->n_ctx;
+    sp.spec_type = (srv_sched_spec_type)o->spec_type;
+    sp.spec_n_max = (int32_t)o->draft_max;
+    sp.spec_n_min = (int32_t)o->draft_min;
+    sp.spec_adaptive = !o->no_adaptive;
     rc = srv_sched_create(&sp, &ops, &loop, &sched);
     if (rc != 0) fprintf(stderr, "kvserve generate: scheduler: %s\n", kvs_strerror(rc));
     int submitted = 0;
@@ -254,6 +282,8 @@ static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_par
         rq.sampling.seed = (uint64_t)o->seed;
         rq.sampling.n_top_logprobs = (int32_t)o->top_logprobs;
         rq.report_eog = true;
+        rq.spec_n_max = -1;
+        rq.spec_n_min = -1;
         rq.cb = on_event;
         rq.user = &gs[i];
         gs[i].run = &run;
@@ -263,6 +293,17 @@ static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_par
         else submitted++;
     }
     while (run.n_done < submitted) uv_run(&loop, UV_RUN_ONCE);
+    if (sched && sp.spec_type != SRV_SCHED_SPEC_NONE) {
+        srv_sched_stats st;
+        srv_sched_get_stats(sched, &st);
+        const srv_sched_counters *k = &st.counters;
+        fprintf(stderr, "kvserve generate: speculative decoding: %llu drafts, %llu tokens guessed, %llu accepted "
+                        "(%.1f%%), %llu steps, %llu steps without guesses by the cost model\n",
+                (unsigned long long)k->spec_drafts, (unsigned long long)k->spec_draft_tokens,
+                (unsigned long long)k->spec_accepted_tokens,
+                k->spec_draft_tokens ? 100.0 * (double)k->spec_accepted_tokens / (double)k->spec_draft_tokens : 0.0,
+                (unsigned long long)k->steps, (unsigned long long)k->spec_steps_off);
+    }
     srv_sched_free(sched);      /* finishes what was left (after a failed submit) */
     uv_run(&loop, UV_RUN_DEFAULT); /* lets the scheduler's async handle close */
     uv_loop_close(&loop);

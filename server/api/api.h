@@ -98,6 +98,9 @@ typedef struct srv_api_gen {
     bool stream, include_usage, ignore_eos, echo;
     bool has_n_keep; int32_t n_keep; /* "n_keep" (llama.cpp's): prompt tokens a context shift keeps, BOS not
                                         counted; -1: the whole prompt. Absent: the server's default */
+    int32_t spec_n_max, spec_n_min; /* "speculative.n_max" / "speculative.n_min" (llama.cpp's flat keys): the most /
+                                       fewest tokens guessed per step when the server speculates (--spec-type),
+                                       0..32 (n_max 0: no speculation for this request); -1 when absent */
     char *user;
     char *suffix;               /* completions: fill-in-the-middle suffix (NULL when absent); the prompt is then
                                    the model's FIM prompt (server/api/api_fim.c) */

@@ -298,6 +298,11 @@ static int parse_all(srv_api_kind kind, const cJSON *root, const srv_api_limits 
         g->has_n_keep = true;
         g->n_keep = (int32_t)d;
     }
+    g->spec_n_max = g->spec_n_min = -1;
+    if ((r = get_int(root, "speculative.n_max", 0, SRV_SCHED_SPEC_MAX, &d, err)) < 0) return r;
+    if (r) g->spec_n_max = (int32_t)d;
+    if ((r = get_int(root, "speculative.n_min", 0, SRV_SCHED_SPEC_MAX, &d, err)) < 0) return r;
+    if (r) g->spec_n_min = (int32_t)d;
     if ((r = get_str(root, "user", &g->user, err)) < 0) return r;
     if ((r = api_parse_response_format(root, g, err)) < 0) return r;
     if ((r = api_parse_priority(root, lim, &g->priority, err)) < 0) return r;

@@ -141,6 +141,8 @@ void api_fill_request(srv_api *api, api_call *c, const int32_t *toks, int32_t n_
     sr->stop = (const char *const *)g->stop;
     sr->n_stop = (size_t)g->n_stop;
     sr->ignore_eos = g->ignore_eos;
+    sr->spec_n_max = g->spec_n_max;
+    sr->spec_n_min = g->spec_n_min;
     /* repetition_penalty (llama.cpp/vLLM meaning) also looks at the prompt; OpenAI's presence/frequency
      * penalties alone look only at generated tokens */
     sr->penalize_prompt = g->sampling.repetition_penalty != 1.0f;

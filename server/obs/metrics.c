@@ -120,6 +120,26 @@ static void escape_label(char *out, size_t cap, const char *v) {
     out[o] = 0;
 }
 
+/* Speculative decoding's counters under vLLM's names (prefix "vllm:spec_decode") or kvserve's, only when it is on:
+ * drafts verified, tokens guessed, guesses accepted, and per guess position the drafts that accepted it. */
+static void render_spec(kvs_buf *b, const char *prefix, const char *labels, const srv_sched_stats *st) {
+    if (st->spec_n_max <= 0) return;
+    const srv_sched_counters *k = &st->counters;
+    char name[96];
+    snprintf(name, sizeof name, "%s_num_drafts_total", prefix);
+    counter_l(b, name, "Number of spec decoding drafts.", labels, k->spec_drafts);
+    snprintf(name, sizeof name, "%s_num_draft_tokens_total", prefix);
+    counter_l(b, name, "Number of draft tokens.", labels, k->spec_draft_tokens);
+    snprintf(name, sizeof name, "%s_num_accepted_tokens_total", prefix);
+    counter_l(b, name, "Number of accepted tokens.", labels, k->spec_accepted_tokens);
+    snprintf(name, sizeof name, "%s_num_accepted_tokens_per_pos_total", prefix);
+    meta(b, name, "counter", "Accepted tokens per draft position.");
+    int32_t n = st->spec_n_max < SRV_SCHED_SPEC_MAX ? st->spec_n_max : SRV_SCHED_SPEC_MAX;
+    for (int32_t j = 0; j < n; j++)
+        kvs_buf_printf(b, "%s{%s%sposition=\"%d\"} %llu\n", name, labels, labels[0] ? "," : "", (int)j,
+                       (unsigned long long)k->spec_accepted_per_pos[j]);
+}
+
 /* vLLM's names and meanings (see obs.h), from the same numbers as kvserve's own. */
 static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats *st) {
     char name[600], L[700], s[800];
@@ -162,6 +182,7 @@ static void render_vllm(kvs_buf *b, const srv_metrics *m, const srv_sched_stats 
     clock_gettime(CLOCK_REALTIME, &now);
     char t[64];
     fmt_num(t, sizeof t, (double)now.tv_sec + (double)(now.tv_nsec / 1000000) / 1e3);
+    render_spec(b, "vllm:spec_decode", L, st);
     meta(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
     sample(b, "vllm:lora_requests_info", "max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"", t);
 }
@@ -276,6 +297,11 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
         counter(&b, "kvserve:kv_events_dropped_total",
                 "KV-cache event batches dropped (publisher queue full, or out of memory).", ks.batches_dropped);
     }
+    render_spec(&b, "kvserve:spec_decode", "", st);
+    if (st->spec_n_max > 0)
+        counter(&b, "kvserve:spec_decode_steps_off_total",
+                "Steps whose guesses the step cost model dropped (extra rows would cost more than they yield).",
+                st->counters.spec_steps_off);
     render_vllm(&b, m, st);
     size_t n = b.len;
     char *text = kvs_buf_take(&b); /* NULL when an append failed */

@@ -320,3 +320,26 @@ Test(config, scheduling_policy) {
     cr_assert(strstr(err, "scheduling_policy"), "%s", err);
     unlink(p);
 }
+
+Test(config, speculative_decoding) {
+    srv_config c;
+    srv_config_default(&c);
+    cr_assert_str_eq(c.spec_type, "none");
+    cr_assert_eq(c.draft_max, 16);
+    cr_assert_eq(c.draft_min, 0);
+    char err[512];
+    const char *a1[] = {"serve", "--spec-type", "ngram", "--draft-max", "8", "--draft-min=2"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 6, a1), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.spec_type, "ngram");
+    cr_assert_eq(c.draft_max, 8);
+    cr_assert_eq(c.draft_min, 2);
+    const char *a2[] = {"serve", "--spec-type", "eagle"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a2), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "spec_type") && strstr(err, "none|ngram"), "%s", err);
+    const char *a3[] = {"serve", "--draft-max", "33"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a3), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "draft_max"), "%s", err);
+    const char *a4[] = {"serve", "--draft-max", "4", "--draft-min", "5"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 5, a4), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "draft_min") && strstr(err, "draft_max"), "%s", err);
+}

@@ -211,3 +211,48 @@ Test(metrics, vllm_names) {
     cr_assert_gt(t, 1.6e9);
     free(text);
 }
+
+/* Speculative decoding: vLLM's spec-decode counters with its labels, kvserve's own, the per-position series up to
+ * draft_max; nothing of it while speculation is off. */
+Test(metrics, spec_decode) {
+    srv_metrics m;
+    srv_metrics_init(&m);
+    snprintf(m.model_name, sizeof m.model_name, "mm");
+    srv_sched_stats st;
+    memset(&st, 0, sizeof st);
+    st.counters.spec_drafts = 10;
+    st.counters.spec_draft_tokens = 30;
+    st.counters.spec_accepted_tokens = 12;
+    st.counters.spec_accepted_per_pos[0] = 7;
+    st.counters.spec_accepted_per_pos[1] = 4;
+    st.counters.spec_accepted_per_pos[2] = 1;
+    st.counters.spec_steps_off = 3;
+    char *text;
+    size_t len;
+    cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
+    cr_assert_null(strstr(text, "spec_decode"), "spec-decode series while speculation is off");
+    free(text);
+    st.spec_n_max = 3;
+    cr_assert_eq(srv_metrics_render(&m, &st, &text, &len), SRV_METRICS_OK);
+    check_format(text);
+#define L2 "model_name=\"mm\",engine=\"0\""
+    const char *need[] = {
+        "# TYPE vllm:spec_decode_num_drafts_total counter\n",
+        "vllm:spec_decode_num_drafts_total{" L2 "} 10\n",
+        "vllm:spec_decode_num_draft_tokens_total{" L2 "} 30\n",
+        "vllm:spec_decode_num_accepted_tokens_total{" L2 "} 12\n",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{" L2 ",position=\"0\"} 7\n",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{" L2 ",position=\"1\"} 4\n",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{" L2 ",position=\"2\"} 1\n",
+        "kvserve:spec_decode_num_drafts_total 10\n",
+        "kvserve:spec_decode_num_draft_tokens_total 30\n",
+        "kvserve:spec_decode_num_accepted_tokens_total 12\n",
+        "kvserve:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 1\n",
+        "kvserve:spec_decode_steps_off_total 3\n",
+    };
+#undef L2
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        cr_assert_not_null(strstr(text, need[i]), "missing: %s", need[i]);
+    cr_assert_null(strstr(text, "position=\"3\""), "a position past draft_max");
+    free(text);
+}
