@@ -47,7 +47,7 @@ typedef struct sched_choice {
     /* speculative decoding (sched_spec.c) */
     int32_t draft[SRV_SCHED_SPEC_MAX]; /* the guesses of the current step [n_draft of its batch group] */
     float spec_acc;         /* recent acceptance: decayed count of accepted guesses (per-position success) */
-    float spec_tries;       /* ... and of guesses tried up to the first rejection (prior 1 of 2) */
+    float spec_tries;       /* ... and of guesses tried up to the first rejection (sched_spec.c adds a prior) */
 } sched_choice;
 
 typedef struct sched_req {

@@ -85,8 +85,9 @@ void sched_spec_observe(srv_sched *s, int32_t rows, uint64_t ns) {
     m->sxy = m->sxy * COST_DECAY + x * y;
 }
 
-/* The choice's estimated chance that a guess is accepted given that the ones before it were (prior 1/2). */
-static double acc_rate(const sched_choice *c) { return (c->spec_acc + 1.0) / (c->spec_tries + 2.0); }
+/* The choice's estimated chance that a guess is accepted given that the ones before it were: a prior of 0.7 (worth
+ * 2 guesses) that its recent drafts move, so a new choice is tried wherever a guess of that quality pays. */
+static double acc_rate(const sched_choice *c) { return (c->spec_acc + 1.4) / (c->spec_tries + 2.0); }
 
 /* Adaptive k: guesses are taken in order of their expected yield (guess j of a choice with rate q is accepted
  * with chance q^j) while each one raises the step's expected tokens per nanosecond: yield v is worth one more
