@@ -94,6 +94,122 @@ static void reference(eng_model *m, const int32_t *prompt, int32_t n_prompt, int
     eng_ctx_free(ctx);
 }
 
+/* N = NCH * NREQ samples of two tokens (t[2i], t[2i+1]) with speculation on: n-gram length 1, one guess. */
+static void sample_pairs(eng_model *model, const int32_t *prompt, int32_t n_prompt, int32_t *t,
+                         srv_sched_counters *counters) {
+    const int32_t N = NCH * NREQ;
+    char err[256] = "";
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_threads = 1;
+    cp.n_ctx = 2048;
+    cp.max_seqs = NCH;
+    cp.max_batch_tokens = 512;
+    cp.kv_blocks = 512;
+    cp.device = ENG_DEVICE_CPU;
+    eng_ctx *ctx = NULL;
+    cr_assert_eq(eng_ctx_create(model, &cp, &ctx, err, sizeof err), ENG_OK, "%s", err);
+    srv_engine_ops ops;
+    cr_assert_eq(srv_engine_ops_init(&ops, model, ctx), SRV_SCHED_OK);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    srv_sched_params sp;
+    srv_sched_params_default(&sp);
+    sp.batch_tokens = 512;
+    sp.parallel = NCH;
+    sp.n_ctx = 2048;
+    sp.spec_type = SRV_SCHED_SPEC_NGRAM;
+    sp.spec_ngram_min = 1;
+    sp.spec_ngram_max = 1;
+    sp.spec_n_max = 1;
+    sp.spec_adaptive = false;
+    srv_sched *s = NULL;
+    cr_assert_eq(srv_sched_create(&sp, &ops, &loop, &s), SRV_SCHED_OK);
+    int32_t *n_tok = calloc((size_t)N, sizeof *n_tok);
+    pairs *pr = calloc(NREQ, sizeof *pr);
+    cr_assert(n_tok && pr);
+    int n_done = 0;
+    for (int i = 0; i < NREQ; i++) {
+        pr[i] = (pairs){.t = t, .n_tok = n_tok, .base = i * NCH, .n_done = &n_done};
+        srv_sched_request rq;
+        memset(&rq, 0, sizeof rq);
+        rq.prompt = prompt;
+        rq.n_prompt = n_prompt;
+        rq.n = NCH;
+        rq.max_tokens = 2;
+        eng_sampling_params_default(&rq.sampling);
+        rq.sampling.temperature = TEMP;
+        rq.sampling.seed = 1000 + (uint64_t)i * NCH; /* choice c: seed + c, all different */
+        rq.ignore_eos = true;
+        rq.spec_n_max = -1;
+        rq.spec_n_min = -1;
+        rq.cb = on_event;
+        rq.user = &pr[i];
+        uint64_t id;
+        cr_assert_eq(srv_sched_submit(s, &rq, &id), SRV_SCHED_OK);
+    }
+    while (n_done < NREQ) uv_run(&loop, UV_RUN_ONCE);
+    srv_sched_stats st;
+    srv_sched_get_stats(s, &st);
+    *counters = st.counters;
+    srv_sched_free(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_assert_eq(uv_loop_close(&loop), 0);
+    srv_engine_ops_release(&ops);
+    eng_ctx_free(ctx);
+
+    for (int32_t i = 0; i < N; i++) cr_assert_eq(n_tok[i], 2, "sample %d has %d tokens", i, n_tok[i]);
+    free(n_tok);
+    free(pr);
+}
+
+/* The chi-square statistic of the pairs against p1 * p2: a bin per pair with expected >= 5, a bin per first token
+ * for its other pairs (when >= 5), everything else in one pooled bin (checked on its own when too small). */
+static double chi_square(const int32_t *t, int32_t N, int32_t V, const double *p1, const double *p2, int32_t *n_bins) {
+    int32_t *cnt = calloc((size_t)V * (size_t)V, sizeof *cnt);
+    cr_assert_not_null(cnt);
+    for (int32_t i = 0; i < N; i++) cnt[(size_t)t[2 * i] * (size_t)V + (size_t)t[2 * i + 1]]++;
+    double chi = 0, pool_e = 0, pool_o = 0;
+    int32_t bins = 0;
+    for (int32_t a = 0; a < V; a++) {
+        double row_e = 0, row_o = 0;
+        for (int32_t b = 0; b < V; b++) {
+            double e = N * p1[a] * p2[(size_t)a * (size_t)V + (size_t)b];
+            double o = cnt[(size_t)a * (size_t)V + (size_t)b];
+            if (e >= 5) {
+                chi += (o - e) * (o - e) / e;
+                bins++;
+            } else {
+                row_e += e;
+                row_o += o;
+            }
+        }
+        /* a first token whose row was not computed (N p(t1) < 1) contributes its whole mass to the pool */
+        if (N * p1[a] < 1) {
+            row_e = N * p1[a];
+            row_o = 0;
+            for (int32_t b = 0; b < V; b++) row_o += cnt[(size_t)a * (size_t)V + (size_t)b];
+        }
+        if (row_e >= 5) {
+            chi += (row_o - row_e) * (row_o - row_e) / row_e;
+            bins++;
+        } else {
+            pool_e += row_e;
+            pool_o += row_o;
+        }
+    }
+    if (pool_e >= 5) {
+        chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        bins++;
+    } else {
+        /* too small for chi-square: Poisson(5) reaches 20 with probability ~1e-6 */
+        cr_assert_leq(pool_o, 20, "%.0f samples fell where the model expects %.2f", pool_o, pool_e);
+    }
+    free(cnt);
+    *n_bins = bins;
+    return chi;
+}
+
 Test(spec_stats, sampling_keeps_the_model_distribution, .timeout = 600) {
     char dir[] = "/tmp/kvs_specstat_XXXXXX", path[256], cmd[512];
     cr_assert_not_null(mkdtemp(dir));
@@ -169,127 +285,30 @@ Test(spec_stats, sampling_keeps_the_model_distribution, .timeout = 600) {
     free(shuffled);
     free(in_a);
 
-    /* the samples, speculation on */
-    eng_ctx_params cp;
-    eng_ctx_params_default(&cp);
-    cp.n_threads = 1;
-    cp.n_ctx = 2048;
-    cp.max_seqs = NCH;
-    cp.max_batch_tokens = 512;
-    cp.kv_blocks = 512;
-    cp.device = ENG_DEVICE_CPU;
-    eng_ctx *ctx = NULL;
-    cr_assert_eq(eng_ctx_create(model, &cp, &ctx, err, sizeof err), ENG_OK, "%s", err);
-    srv_engine_ops ops;
-    cr_assert_eq(srv_engine_ops_init(&ops, model, ctx), SRV_SCHED_OK);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    srv_sched_params sp;
-    srv_sched_params_default(&sp);
-    sp.batch_tokens = 512;
-    sp.parallel = NCH;
-    sp.n_ctx = 2048;
-    sp.spec_type = SRV_SCHED_SPEC_NGRAM;
-    sp.spec_ngram_min = 1;
-    sp.spec_ngram_max = 1;
-    sp.spec_n_max = 1;
-    sp.spec_adaptive = false;
-    srv_sched *s = NULL;
-    cr_assert_eq(srv_sched_create(&sp, &ops, &loop, &s), SRV_SCHED_OK);
-    int32_t *t = calloc((size_t)N * 2, sizeof *t), *n_tok = calloc((size_t)N, sizeof *n_tok);
-    pairs *pr = calloc(NREQ, sizeof *pr);
-    cr_assert(t && n_tok && pr);
-    int n_done = 0;
-    for (int i = 0; i < NREQ; i++) {
-        pr[i] = (pairs){.t = t, .n_tok = n_tok, .base = i * NCH, .n_done = &n_done};
-        srv_sched_request rq;
-        memset(&rq, 0, sizeof rq);
-        rq.prompt = prompt;
-        rq.n_prompt = n_prompt;
-        rq.n = NCH;
-        rq.max_tokens = 2;
-        eng_sampling_params_default(&rq.sampling);
-        rq.sampling.temperature = TEMP;
-        rq.sampling.seed = 1000 + (uint64_t)i * NCH; /* choice c: seed + c, all different */
-        rq.ignore_eos = true;
-        rq.spec_n_max = -1;
-        rq.spec_n_min = -1;
-        rq.cb = on_event;
-        rq.user = &pr[i];
-        uint64_t id;
-        cr_assert_eq(srv_sched_submit(s, &rq, &id), SRV_SCHED_OK);
-    }
-    while (n_done < NREQ) uv_run(&loop, UV_RUN_ONCE);
-    srv_sched_stats st;
-    srv_sched_get_stats(s, &st);
-    srv_sched_free(s);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    cr_assert_eq(uv_loop_close(&loop), 0);
-    srv_engine_ops_release(&ops);
-    eng_ctx_free(ctx);
+    int32_t *t = calloc((size_t)N * 2, sizeof *t);
+    cr_assert_not_null(t);
+    srv_sched_counters st;
+    sample_pairs(model, prompt, n_prompt, t, &st);
 
     /* every second token was verified against a guess; some guesses were taken, some refused */
-    for (int32_t i = 0; i < N; i++) cr_assert_eq(n_tok[i], 2, "sample %d has %d tokens", i, n_tok[i]);
     cr_log_info("%d samples, vocabulary %d: %llu drafts, %llu accepted", N, V,
-                (unsigned long long)st.counters.spec_drafts, (unsigned long long)st.counters.spec_accepted_tokens);
+                (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_accepted_tokens);
     if (every_token)
-        cr_assert_eq(st.counters.spec_drafts, (uint64_t)N, "each second token must come from a verified guess");
+        cr_assert_eq(st.spec_drafts, (uint64_t)N, "each second token must come from a verified guess");
     else
-        cr_assert_gt(st.counters.spec_drafts, (uint64_t)N / 2, "too few second tokens came from a guess");
-    cr_assert_gt(st.counters.spec_accepted_tokens, 0);
-    cr_assert_lt(st.counters.spec_accepted_tokens, (uint64_t)N);
+        cr_assert_gt(st.spec_drafts, (uint64_t)N / 2, "too few second tokens came from a guess");
+    cr_assert_gt(st.spec_accepted_tokens, 0);
+    cr_assert_lt(st.spec_accepted_tokens, (uint64_t)N);
 
-    /* chi-square over the pairs: a bin per pair with expected >= 5, a bin per first token for its other pairs
-     * (when >= 5), everything else in one pooled bin */
-    int32_t *cnt = calloc((size_t)V * (size_t)V, sizeof *cnt);
-    cr_assert_not_null(cnt);
-    for (int32_t i = 0; i < N; i++) cnt[(size_t)t[2 * i] * (size_t)V + (size_t)t[2 * i + 1]]++;
-    double chi = 0, pool_e = 0, pool_o = 0;
-    int32_t bins = 0;
-    for (int32_t a = 0; a < V; a++) {
-        double row_e = 0, row_o = 0;
-        for (int32_t b = 0; b < V; b++) {
-            double e = N * p1[a] * p2[(size_t)a * (size_t)V + (size_t)b];
-            double o = cnt[(size_t)a * (size_t)V + (size_t)b];
-            if (e >= 5) {
-                chi += (o - e) * (o - e) / e;
-                bins++;
-            } else {
-                row_e += e;
-                row_o += o;
-            }
-        }
-        /* a first token whose row was not computed (N p(t1) < 1) contributes its whole mass to the pool */
-        if (N * p1[a] < 1) {
-            row_e = N * p1[a];
-            row_o = 0;
-            for (int32_t b = 0; b < V; b++) row_o += cnt[(size_t)a * (size_t)V + (size_t)b];
-        }
-        if (row_e >= 5) {
-            chi += (row_o - row_e) * (row_o - row_e) / row_e;
-            bins++;
-        } else {
-            pool_e += row_e;
-            pool_o += row_o;
-        }
-    }
-    if (pool_e >= 5) {
-        chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
-        bins++;
-    } else {
-        /* too small for chi-square: Poisson(5) reaches 20 with probability ~1e-6 */
-        cr_assert_leq(pool_o, 20, "%.0f samples fell where the model expects %.2f", pool_o, pool_e);
-    }
+    int32_t bins;
+    double chi = chi_square(t, N, V, p1, p2, &bins);
     cr_assert_gt(bins, 10, "too few bins (%d) for the test to mean anything", bins);
     double df = bins - 1, z = 3.719; /* the normal's upper 1e-4 quantile */
     double crit = df * pow(1 - 2 / (9 * df) + z * sqrt(2 / (9 * df)), 3);
     cr_log_info("chi-square %.1f over %d bins (critical %.1f at 1e-4)", chi, bins, crit);
     cr_assert_lt(chi, crit, "chi-square %.1f over %d bins is above the 1e-4 critical value %.1f: the sampled "
                             "pairs do not follow the model's distribution", chi, bins, crit);
-    free(cnt);
     free(t);
-    free(n_tok);
-    free(pr);
     free(p1);
     free(p2);
     free(prompt);
