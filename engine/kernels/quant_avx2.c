@@ -362,7 +362,7 @@ const eng_qlevel eng_qlevel_avx2 = {
         [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx2},
         [ENG_Q_Q6_K] = {.vec_dot = dot_q6_K, .packed_gemm = eng_kp_gemm_avx2},
         [ENG_Q_Q8_K] = {.quantize = quant_q8_K},
-        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab},
+        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab, .packed_gemm = eng_kp_gemm_avx2},
     },
 };
 

@@ -186,7 +186,7 @@ const eng_qlevel eng_qlevel_avx512 = {
         [ENG_Q_Q4_0] = {.tiles = t_q4_0_tab, .packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q5_0] = {.tiles = t_q5_0_tab, .packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q8_0] = {.tiles = t_q8_0_tab},
-        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab},
+        [ENG_Q_MXFP4] = {.tiles = t_mxfp4_tab, .packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q4_K] = {.packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q5_K] = {.packed_gemm = eng_kp_gemm_avx512},
         [ENG_Q_Q6_K] = {.packed_gemm = eng_kp_gemm_avx512},

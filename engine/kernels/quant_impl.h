@@ -118,8 +118,9 @@ typedef struct eng_qkernels {
     eng_quant_fn quantize;         /* activations: the same bytes as the scalar one */
     eng_dot_fn vec_dot;
     const eng_tile_fn (*tiles)[4]; /* [RM - 1][RN - 1] for RM <= tile_m, RN <= tile_n: eng_gemm uses tiles */
-    eng_packed_gemm_fn packed_gemm; /* the packed layout of Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (quant_kpacked*.c); NULL at
-                                     * the scalar level: eng_gemm_wpacked then runs quant_kpacked.c's reference */
+    eng_packed_gemm_fn packed_gemm; /* the packed layout of Q4_0, Q5_0, MXFP4, Q4_K, Q5_K, Q6_K (quant_kpacked*.c);
+                                     * NULL at the scalar level: eng_gemm_wpacked then runs quant_kpacked.c's
+                                     * reference */
 } eng_qkernels;
 
 /* One SIMD level's kernels (quant_avx2.c, quant_avx512.c; all NULL on other architectures). */

@@ -1,6 +1,6 @@
 /*
- * quant_kpacked.c: packed layouts of Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matrices, their scalar reference kernels, and
- * the entry points of quant_kpacked.h for every packed type (see there for the contract).
+ * quant_kpacked.c: packed layouts of Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K matrices, their scalar reference
+ * kernels, and the entry points of quant_kpacked.h for every packed type (see there for the contract).
  *
  * Layouts. Rows are taken 16 at a time (a group; rows past n_out are zero). A group is one record per
  * super-block (256 values), records one after the other; every record is a multiple of 64 bytes. In every
@@ -16,7 +16,9 @@
  * Q4_0 / Q5_0 (18 / 22 bytes per row and block, as in GGUF): per block of 32 values, 4 code lines as one
  * sub-block of Q4_K (Q5_0: and a fifth-bit line as Q5_K's), the codes of all blocks first, then the fp16 scales
  * [nb][16]; the block's integer sum starts at -offset * sum(x) (offset 8 / 16) and the packed Q8_0 kernels'
- * float operations follow.
+ * float operations follow. MXFP4 (17 bytes per row and block in GGUF, 18 here): Q4_0's code lines with its 4-bit
+ * codes, and the e8m0 exponent in the first byte of each 2-byte scale slot; the SIMD kernels look each code up as
+ * its doubled e2m1 value + 12 (0..24) and start the block's sum at -12 * sum(x).
  * Q6_K record (3392 bytes, the GGUF rows take 3360): for sub-block g (16 values), lines 3g and 3g + 1 hold in
  * byte 4i + e the low 4 bits of values 4q + e of row i, q = 0 and 1 (line 3g: low / high nibble) and q = 2
  * and 3 (line 3g + 1); line 3g + 2 holds in byte 4i + e the high 2 bits of values 4q + e at bits 2q..2q+1;
@@ -42,11 +44,11 @@
 _Static_assert(KP4_REC % 64 == 0 && KP5_REC % 64 == 0 && KP6_REC % 64 == 0, "records are whole lines");
 
 /* ---- Q4_0 / Q5_0 packing --------------------------------------------------------------------------------- */
-/* The 4- (Q4_0) or 5-bit (Q5_0) code of value e (0..31) of a block. */
+/* The 4- (Q4_0, MXFP4) or 5-bit (Q5_0) code of value e (0..31) of a block. */
 static int q0_code(uint32_t type, const uint8_t *blk, int e) {
-    if (type == ENG_Q_Q4_0) {
-        const eng_blk_q4_0 *b = (const eng_blk_q4_0 *)blk;
-        return e < 16 ? b->qs[e] & 0xF : b->qs[e - 16] >> 4;
+    if (type == ENG_Q_Q4_0 || type == ENG_Q_MXFP4) {
+        const uint8_t *qs = blk + (type == ENG_Q_Q4_0 ? 2 : 1);
+        return e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
     }
     const eng_blk_q5_0 *b = (const eng_blk_q5_0 *)blk;
     int lo = e < 16 ? b->qs[e] & 0xF : b->qs[e - 16] >> 4;
@@ -64,7 +66,9 @@ static void pack_q0_block(uint32_t type, const uint8_t *blk, int64_t b, int64_t 
             code[64 * t + 4 * i + e] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
             if (type == ENG_Q_Q5_0) code[256 + 4 * i + e] |= (uint8_t)(((lo >> 4) << t) | ((hi >> 4) << (4 + t)));
         }
-    memcpy(grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, blk, 2); /* d is the first field of both blocks */
+    uint8_t *slot = grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i;
+    if (type == ENG_Q_MXFP4) slot[0] = blk[0], slot[1] = 0; /* the e8m0 exponent */
+    else memcpy(slot, blk, 2);                                /* d is the first field of Q4_0 and Q5_0 blocks */
 }
 
 /* ---- Q4_K / Q6_K packing -------------------------------------------------------------------------------- */
@@ -127,6 +131,7 @@ size_t eng_wpack_bytes(uint32_t type, int64_t n_out, int64_t k) {
     case ENG_Q_Q8_0: return eng_packed_q8_0_bytes(n_out, k);
     case ENG_Q_Q4_0:
     case ENG_Q_Q5_0:
+    case ENG_Q_MXFP4:
         if (n_out < 1 || k < ENG_QK || k % ENG_QK != 0 || k > ENG_PACK_MAX_K) return 0;
         return (size_t)((n_out + KP_ROWS - 1) / KP_ROWS) * (size_t)kp0_group_bytes(type, k / ENG_QK);
     case ENG_Q_Q4_K:
@@ -144,7 +149,7 @@ int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst)
     if (type == ENG_Q_Q8_0) return eng_pack_q8_0(W, n_out, k, dst);
     const size_t rb = eng_qtype_row_bytes(type, k);
     memset(dst, 0, total);
-    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+    if (kp0_type(type)) {
         const int64_t nb = k / ENG_QK, bsz = eng_qtype_get(type)->block_bytes;
         for (int64_t j = 0; j < n_out; j++)
             for (int64_t b = 0; b < nb; b++)
@@ -178,8 +183,8 @@ int eng_wpack(uint32_t type, const void *W, int64_t n_out, int64_t k, void *dst)
  * was widened from fp16 to float exactly), so the bytes are those of the row that was packed. */
 static void unpack_q0_block(uint32_t type, const uint8_t *grp, int64_t b, int64_t nb, int i, uint8_t *blk) {
     const uint8_t *code = grp + b * kp0_code_bytes(type);
-    uint8_t *qs = blk + (type == ENG_Q_Q4_0 ? 2 : 6), *qh = blk + 2;
-    memcpy(blk, grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, 2);
+    uint8_t *qs = blk + (type == ENG_Q_Q4_0 ? 2 : type == ENG_Q_MXFP4 ? 1 : 6), *qh = blk + 2;
+    memcpy(blk, grp + nb * kp0_code_bytes(type) + 32 * b + 2 * i, type == ENG_Q_MXFP4 ? 1 : 2);
     if (type == ENG_Q_Q5_0) memset(qh, 0, 4);
     for (int t = 0; t < 4; t++)
         for (int e = 0; e < 4; e++) {
@@ -255,7 +260,7 @@ int eng_wpack_row(uint32_t type, const void *P, int64_t n_out, int64_t k, int64_
     const int64_t bsz = eng_qtype_get(type)->block_bytes;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *blk = (uint8_t *)row + b * bsz;
-        if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+        if (kp0_type(type)) {
             unpack_q0_block(type, grp, b, nb, i, blk);
         } else if (type == ENG_Q_Q4_K) {
             eng_blk_q4_K q;
@@ -338,8 +343,29 @@ static float dot_q6_K_packed(const uint8_t *grp, int i, int64_t nsb, const uint8
     return s;
 }
 
-/* Row i of a Q4_0 / Q5_0 group times Q8_0 activation row x, as dot_q4_0 / dot_q5_0 compute it. */
+/* Row i of an MXFP4 group times Q8_0 activation row x: per block the exact integer sum of kvalue * q, then
+ * (float)isum * (half e8m0 * d_x), as eng_dot_mxfp4. */
+static float dot_mxfp4_packed(const uint8_t *grp, int i, int64_t nb, const uint8_t *x) {
+    float s = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *code = grp + b * 256;
+        const eng_blk_q8_0 *xb = (const eng_blk_q8_0 *)x + b;
+        int isum = 0;
+        for (int t = 0; t < 4; t++)
+            for (int e = 0; e < 4; e++) {
+                uint8_t c = code[64 * t + 4 * i + e];
+                isum += eng_mxfp4_kvalues[c & 0xF] * xb->qs[4 * t + e];
+                isum += eng_mxfp4_kvalues[c >> 4] * xb->qs[16 + 4 * t + e];
+            }
+        s += (float)isum * (eng_e8m0_half(grp[nb * 256 + 32 * b + 2 * i]) * eng_fp16_to_f32(xb->d));
+    }
+    return s;
+}
+
+/* Row i of a Q4_0 / Q5_0 / MXFP4 group times Q8_0 activation row x, as dot_q4_0 / dot_q5_0 / eng_dot_mxfp4 compute
+ * it. */
 static float dot_q0_packed(uint32_t type, const uint8_t *grp, int i, int64_t nb, const uint8_t *x) {
+    if (type == ENG_Q_MXFP4) return dot_mxfp4_packed(grp, i, nb, x);
     const int off = type == ENG_Q_Q4_0 ? 8 : 16;
     float s = 0.f;
     for (int64_t b = 0; b < nb; b++) {
@@ -361,7 +387,7 @@ static float dot_q0_packed(uint32_t type, const uint8_t *grp, int i, int64_t nb,
 
 static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                                 int64_t ldy, int64_t jb, int64_t je) {
-    if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+    if (kp0_type(type)) {
         const int64_t nb = k / ENG_QK;
         const size_t gbytes = (size_t)kp0_group_bytes(type, nb), xb = (size_t)nb * sizeof(eng_blk_q8_0);
         for (int64_t j = jb; j < je; j++)
@@ -383,10 +409,10 @@ static void gemm_kpacked_scalar(uint32_t type, const uint8_t *P, int64_t k, cons
 }
 
 int eng_kp_shape(uint32_t type, int64_t k, int64_t *nb, size_t *gbytes, size_t *xb) {
-    static const uint32_t order[5] = {ENG_Q_Q4_0, ENG_Q_Q5_0, ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K};
-    for (int i = 0; i < 5; i++) {
+    static const uint32_t order[6] = {ENG_Q_Q4_0, ENG_Q_Q5_0, ENG_Q_Q4_K, ENG_Q_Q5_K, ENG_Q_Q6_K, ENG_Q_MXFP4};
+    for (int i = 0; i < 6; i++) {
         if (order[i] != type) continue;
-        const bool k32 = i < 2;
+        const bool k32 = kp0_type(type);
         *nb = k32 ? k / ENG_QK : k / ENG_QKK;
         *gbytes = k32 ? (size_t)kp0_group_bytes(type, *nb) : (size_t)(*nb * kp_rec_bytes(type));
         *xb = k32 ? (size_t)*nb * sizeof(eng_blk_q8_0) : (size_t)*nb * KX_BYTES;
@@ -399,12 +425,12 @@ void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int 
                  int32_t *xp) {
     for (int c = 0; c < rn; c++) {
         for (int64_t b = 0; b < nb; b++) {
-            if (type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0) {
+            if (kp0_type(type)) {
                 const eng_blk_q8_0 *x = (const eng_blk_q8_0 *)(xr + (size_t)c * xb) + b;
                 int sum = 0;
                 for (int e = 0; e < 32; e++) sum += x->qs[e];
                 xd[b * maxc + c] = eng_fp16_to_f32(x->d);
-                xp[b * maxc + c] = (type == ENG_Q_Q4_0 ? -8 : -16) * sum;
+                xp[b * maxc + c] = (type == ENG_Q_Q4_0 ? -8 : type == ENG_Q_MXFP4 ? -KP_MX_OFFSET : -16) * sum;
                 continue;
             }
             const uint8_t *x = xr + (size_t)c * xb + (size_t)b * KX_BYTES;

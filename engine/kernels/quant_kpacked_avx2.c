@@ -170,12 +170,16 @@ INL void q6k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
     for (int c = 0; c < RN; c++) _mm256_maskstore_ps(y + c * ldy + 8 * h, mask, acc[c]);
 }
 
-/* Q4_0 / Q5_0 (q5) blocks: as the AVX-512 kernel (eng_kp_prep, then the packed Q8_0 kernel's float operations);
- * int16 lanes take 16 products of codes <= 15 (Q4_0) or 8 of codes <= 31 (Q5_0) before vpmaddwd by ones. */
+/* Q4_0 / Q5_0 (q5) / MXFP4 (mx) blocks: as the AVX-512 kernel (eng_kp_prep, then the packed Q8_0 kernel's float
+ * operations); int16 lanes take 16 products of codes <= 15 (Q4_0) or 8 of codes <= 31 (Q5_0) or <= 24 (MXFP4's
+ * looked-up values) before vpmaddwd by ones. */
 
-INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb,
-                 const float *xd, const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+INL void q0_half(const bool q5, const bool mx, const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq,
+                 size_t xb, const float *xd, const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+    /* MXFP4: a code's doubled e2m1 value + 12, looked up per byte */
+    const __m256i mxtab =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     const int64_t cb = q5 ? 320 : 256;
     const uint8_t *scales = grp + nb * cb;
     __m256 acc[MAXC];
@@ -199,13 +203,17 @@ INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, in
                 lo = _mm256_or_si256(lo, _mm256_and_si256(shift16(H, 4 - t), m10));
                 hi = _mm256_or_si256(hi, _mm256_and_si256(shift16(H, -t), m10));
             }
+            if (mx) {
+                lo = _mm256_shuffle_epi8(mxtab, lo);
+                hi = _mm256_shuffle_epi8(mxtab, hi);
+            }
             UNROLL
             for (int c = 0; c < RN; c++) {
                 const uint8_t *xc = xq + (size_t)c * xb + (size_t)b * sizeof(eng_blk_q8_0) + 2 + 4 * t;
                 p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(lo, bq(xc)));
                 p[c] = _mm256_add_epi16(p[c], _mm256_maddubs_epi16(hi, bq(xc + 16)));
             }
-            if (q5 && t == 1) {
+            if ((q5 || mx) && t == 1) { /* codes up to 31 (Q5_0) or 24 (MXFP4): 4 steps fill the int16 lanes */
                 UNROLL
                 for (int c = 0; c < RN; c++) {
                     s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(p[c], ones));
@@ -213,7 +221,15 @@ INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, in
                 }
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+        __m256 dw;
+        if (mx) { /* 2^(e - 128) from the exponent's bits, as eng_e8m0_half */
+            __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+            __m256i nrm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+            dw = _mm256_castsi256_ps(_mm256_blendv_epi8(nrm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+        } else {
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+        }
         UNROLL
         for (int c = 0; c < RN; c++) {
             __m256i v = _mm256_add_epi32(s[c], _mm256_madd_epi16(p[c], ones));
@@ -225,11 +241,15 @@ INL void q0_half(const bool q5, const int RN, const uint8_t *grp, int64_t nb, in
 }
 INL void q40_half(const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb, const float *xd,
                   const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
-    q0_half(false, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
+    q0_half(false, false, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
+}
+INL void qmx_half(const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb, const float *xd,
+                  const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
+    q0_half(false, true, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
 }
 INL void q50_half(const int RN, const uint8_t *grp, int64_t nb, int h, const uint8_t *xq, size_t xb, const float *xd,
                   const int32_t *xp, float *y, int64_t ldy, __m256i mask) {
-    q0_half(true, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
+    q0_half(true, false, RN, grp, nb, h, xq, xb, xd, xp, y, ldy, mask);
 }
 
 typedef void (*half_fn)(const uint8_t *, int64_t, int, const uint8_t *, size_t, const float *, const int32_t *,
@@ -252,6 +272,7 @@ INL void q5k_half(const int RN, const uint8_t *grp, int64_t nsb, int h, const ui
 }
 HALF_SET(q40)
 HALF_SET(q50)
+HALF_SET(qmx)
 HALF_SET(q4k)
 HALF_SET(q5k)
 HALF_SET(q6k)
@@ -264,7 +285,7 @@ TGT static __m256i lane_mask(unsigned bits) {
 
 TGT bool eng_kp_gemm_avx2(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                           int64_t ldy, int64_t jb, int64_t je) {
-    static const half_fn *const tabs[5] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab};
+    static const half_fn *const tabs[6] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab, qmx_tab};
     int64_t nsb;
     size_t gbytes, xb;
     const int ti = eng_kp_shape(type, k, &nsb, &gbytes, &xb);

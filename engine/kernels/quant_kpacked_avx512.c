@@ -169,9 +169,12 @@ INL void q6k_group(const int RN, const uint8_t *grp, int64_t nsb, const uint8_t 
  * xp[b * MAXC + c] = -offset * sum(x): each row's block sum starts there, so it ends at sum((code - offset) * x);
  * then the float operations of the packed Q8_0 kernel (quant_packed.c), so that the results equal its. */
 
-INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq, size_t xb,
-                  const float *xd, const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
+INL void q0_group(const bool q5, const bool mx, const int RN, const uint8_t *grp, int64_t nb, const uint8_t *xq,
+                  size_t xb, const float *xd, const int32_t *xp, float *y, int64_t ldy, __mmask16 mask) {
     const bool two = RN <= 4;
+    /* MXFP4: a code's doubled e2m1 value + 12, looked up per byte */
+    const __m512i mxtab =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     const int64_t cb = q5 ? 320 : 256;
     const uint8_t *scales = grp + nb * cb;
@@ -196,6 +199,10 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
                 lo = _mm512_ternarylogic_epi32(lo, shift16(H, 4 - t), m10, 0xF8);
                 hi = _mm512_ternarylogic_epi32(hi, shift16(H, -t), m10, 0xF8);
             }
+            if (mx) {
+                lo = _mm512_shuffle_epi8(mxtab, lo);
+                hi = _mm512_shuffle_epi8(mxtab, hi);
+            }
             UNROLL
             for (int c = 0; c < RN; c++) {
                 const uint8_t *xc = xq + (size_t)c * xb + (size_t)b * sizeof(eng_blk_q8_0) + 2 + 4 * t;
@@ -204,7 +211,16 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
                 else a0[c] = _mm512_dpbusd_epi32(a0[c], hi, bq(xc + 16));
             }
         }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+        __m512 dw;
+        if (mx) { /* 2^(e - 128) from the exponent's bits, as eng_e8m0_half */
+            __m512i e = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+            __m512i nrm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, nrm, sub));
+        } else {
+            dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+        }
         UNROLL
         for (int c = 0; c < RN; c++) {
             __m512i s = two ? _mm512_add_epi32(a0[c], a1[c]) : a0[c];
@@ -216,8 +232,9 @@ INL void q0_group(const bool q5, const int RN, const uint8_t *grp, int64_t nb, c
 }
 
 /* The kernels of the sets below: Q4_0 / Q5_0 and Q4_K / Q5_K share one body each (q5: the fifth bit). */
-#define q40_group(...) q0_group(false, __VA_ARGS__)
-#define q50_group(...) q0_group(true, __VA_ARGS__)
+#define q40_group(...) q0_group(false, false, __VA_ARGS__)
+#define q50_group(...) q0_group(true, false, __VA_ARGS__)
+#define qmx_group(...) q0_group(false, true, __VA_ARGS__)
 #define q4k_group(...) q45k_group(false, __VA_ARGS__)
 #define q5k_group(...) q45k_group(true, __VA_ARGS__)
 typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const float *, const int32_t *, float *,
@@ -233,6 +250,7 @@ typedef void (*group_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, cons
     static const group_fn T##_tab[MAXC] = {T##_1, T##_2, T##_3, T##_4, T##_5, T##_6, T##_7, T##_8};
 GROUP_SET(q40)
 GROUP_SET(q50)
+GROUP_SET(qmx)
 GROUP_SET(q4k)
 GROUP_SET(q5k)
 GROUP_SET(q6k)
@@ -331,7 +349,7 @@ typedef void (*gemv_fn)(const uint8_t *, int64_t, const uint8_t *, const float *
 
 bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_t *xq, int64_t m, float *y,
                         int64_t ldy, int64_t jb, int64_t je) {
-    static const group_fn *const tabs[5] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab};
+    static const group_fn *const tabs[6] = {q40_tab, q50_tab, q4k_tab, q5k_tab, q6k_tab, qmx_tab};
     int64_t nsb;
     size_t gbytes, xb;
     const int ti = eng_kp_shape(type, k, &nsb, &gbytes, &xb);
@@ -341,7 +359,7 @@ bool eng_kp_gemm_avx512(uint32_t type, const uint8_t *P, int64_t k, const uint8_
     float xd[ENG_PACK_MAX_K / ENG_QK * MAXC];
     _Alignas(64) int32_t xp[KP_MAX_SB * MAXC * KP_XP];
     _Static_assert(KP_MAX_SB * KP_XP >= ENG_PACK_MAX_K / ENG_QK, "xp holds the Q4_0 / Q5_0 block sums");
-    static const gemv_fn gemvs[5] = {NULL, NULL, q4k_gemv, q5k_gemv, q6k_gemv_fn};
+    static const gemv_fn gemvs[6] = {NULL, NULL, q4k_gemv, q5k_gemv, q6k_gemv_fn, NULL};
     if (m == 1 && gemvs[ti]) { /* one row per block in xd / xp (see q6k_gemv) */
         eng_kp_prep(type, false, xq, xb, 1, nsb, 1, xd, xp);
         for (int64_t g = g_begin; g < g_end; g++)

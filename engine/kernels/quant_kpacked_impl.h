@@ -29,9 +29,14 @@
 #define KP6_SC 3072 /* scales [16 sub-blocks][16 rows] int8 */
 #define KP6_D 3328  /* d [16] float */
 
-/* Q4_0 / Q5_0: per 32-value block of a group, 4 code lines (Q5_0: and a line of fifth bits), codes of all the
- * blocks first, then the fp16 scales [nb][16], the group padded to 64 bytes. */
-static inline int64_t kp0_code_bytes(uint32_t type) { return type == ENG_Q_Q4_0 ? 256 : 320; }
+/* Q4_0 / Q5_0 / MXFP4: per 32-value block of a group, 4 code lines (Q5_0: and a line of fifth bits), codes of all
+ * the blocks first, then the scales [nb][16] in 2-byte slots (fp16 d; MXFP4: the e8m0 exponent, then 0), the group
+ * padded to 64 bytes. */
+static inline int64_t kp0_code_bytes(uint32_t type) { return type == ENG_Q_Q5_0 ? 320 : 256; }
+/* Whether type has the 32-value packed layout above. */
+static inline bool kp0_type(uint32_t type) {
+    return type == ENG_Q_Q4_0 || type == ENG_Q_Q5_0 || type == ENG_Q_MXFP4;
+}
 static inline int64_t kp0_group_bytes(uint32_t type, int64_t nb) { return (nb * (kp0_code_bytes(type) + 32) + 63) / 64 * 64; }
 
 #define KP_MAX_SB (ENG_PACK_MAX_K / ENG_QKK) /* super-blocks per row at most */
@@ -68,18 +73,21 @@ static inline void kp_prefetch_q0(const uint8_t *xq, const float *xd, const int3
     __builtin_prefetch(xp + b * stride, 0, 3);
 }
 
-/* The kernel table index of type (0..4: Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; -1 for other types) and, for rows of
- * k values: *nb blocks (Q4_0 / Q5_0) or super-blocks per row, *gbytes bytes per packed group and *xb bytes per
+/* The kernel table index of type (0..5: Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4; -1 for other types) and, for rows of
+ * k values: *nb blocks (Q4_0 / Q5_0 / MXFP4) or super-blocks per row, *gbytes bytes per packed group and *xb bytes per
  * activation row. */
 int eng_kp_shape(uint32_t type, int64_t k, int64_t *nb, size_t *gbytes, size_t *xb);
 
 /* Prepares rn activation rows (xr, row stride xb) of nb blocks (Q4_0 / Q5_0: 32 values, Q8_0 rows) or
  * super-blocks (K-quants, Q8_K rows) for the SIMD kernels, maxc rows per block:
- *   Q4_0 / Q5_0: xd[b * maxc + c] = d_x, xp[b * maxc + c] = -offset * sum(x) (offset 8 / 16);
+ *   Q4_0 / Q5_0 / MXFP4: xd[b * maxc + c] = d_x, xp[b * maxc + c] = -offset * sum(x) (offset 8 / 16 / 12: MXFP4's
+ *   kernels multiply the code's doubled e2m1 value + 12, looked up, and start from -12 * sum(x));
  *   K-quants: xd[b * maxc + c] = d_x and KP_XP int32 at xp[(b * maxc + c) * KP_XP]: Q4_K / Q5_K the 4 pairs
  *   (B_2p, B_2p+1) of 32-value sums as int16 (B_j = bsums 2j + 2j+1); Q6_K the 16 values -32 * bsum_g, or with
  *   pairs16 the int16 pairs (-16 bsum_g, -16 bsum_g) (|16 bsum| <= 16 * 16 * 127 fits). */
 #define KP_XP 16
+/* MXFP4: a code's doubled e2m1 value + 12 (0..24), the unsigned byte the kernels multiply. */
+#define KP_MX_OFFSET 12
 void eng_kp_prep(uint32_t type, bool pairs16, const uint8_t *xr, size_t xb, int rn, int64_t nb, int maxc, float *xd,
                  int32_t *xp);
 

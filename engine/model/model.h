@@ -31,7 +31,8 @@ typedef struct eng_matrix {
     int64_t n_out;      /* output rows (ne[1]) */
     size_t row_bytes;   /* bytes of one row */
     void *packed;       /* the rows repacked 16 at a time for the AVX2 and AVX-512 kernels (eng_wpack, for Q8_0,
-                         * Q4_0, Q5_0, Q4_K and Q6_K; owned by the model), or NULL: set by eng_model_pack_cpu */
+                         * Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K; owned by the model), or NULL: set by
+                         * eng_model_pack_cpu */
 } eng_matrix;
 
 typedef struct eng_layer {

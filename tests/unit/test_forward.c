@@ -495,6 +495,7 @@ Test(forward, quantized_weights) {
     interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_Q8_0, KVC_DTYPE_F32, 1.5e-2, 121, 2);
     interleaved_vs_reference(CFG_QWEN2, ENG_Q_Q8_0, KVC_DTYPE_F32, 1.5e-2, 122, 2);
     interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_Q4_0, KVC_DTYPE_F32, 1.5e-2, 123, 2);
+    interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_MXFP4, KVC_DTYPE_F32, 1.5e-2, 125, 2); /* packed MXFP4 */
     interleaved_vs_reference(CFG_QWEN2, ENG_Q_F16, KVC_DTYPE_F32, 1e-4, 124, 1);
 }
 Test(forward, q8_0_kv) { interleaved_vs_reference(CFG_LLAMA_HD32, ENG_Q_F32, KVC_DTYPE_Q8_0, 1.5e-1, 51, 2); }

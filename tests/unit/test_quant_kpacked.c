@@ -7,7 +7,7 @@
  *    batch (rows alone give the same floats as in a batch: batch invariance) and any split of the rows into
  *    ranges; only y in the row range is written. Extreme iterations use the largest codes, scales and mins
  *    and activations of +-127 in runs of one sign, so that any 16-bit saturation or int32 overflow shows.
- *  - Q4_0 / Q5_0 (widened into the Q8_0 layout): scalar exact; SIMD levels equal each other bit for bit and
+ *  - Q4_0 / Q5_0 / MXFP4 (widened into the Q8_0 layout): scalar exact; SIMD levels equal each other bit for bit and
  *    stay within 1e-5 * sum |w_i * x_i| of the scalar result (fused multiply-adds round differently).
  */
 #include <criterion/criterion.h>
@@ -61,6 +61,11 @@ static void random_wrow(rng *r, uint32_t type, int64_t k, uint8_t *row, bool ext
         case ENG_Q_Q4_0:
             if (extreme) memset(blk + 2, pat == 0 ? 0x00 : 0xFF, 16);
             memcpy(blk, &d, 2);
+            break;
+        case ENG_Q_MXFP4: /* e, qs[16]; extreme: codes 7 (+12) or 15 (-12), the largest magnitudes; exponents across
+                           * the subnormal scales (0, 1) and the normal ones, products far from overflow */
+            if (extreme) memset(blk + 1, pat == 0 ? 0x77 : 0xFF, 16);
+            blk[0] = (uint8_t)(pat == 2 ? rng_int(r, 2) : 100 + rng_int(r, 40));
             break;
         default: /* Q5_0: d, qh[4], qs[16] */
             if (extreme) memset(blk + 2, pat == 0 ? 0x00 : 0xFF, 20);
@@ -186,6 +191,8 @@ Test(quant_kpacked, sizes_and_errors) {
     /* Q4_0: 18 bytes per row and block, as in GGUF; Q5_0: 22; each group padded to 64 bytes */
     cr_assert_eq(eng_wpack_bytes(ENG_Q_Q4_0, 16, 64), 576);
     cr_assert_eq(eng_wpack_bytes(ENG_Q_Q5_0, 20, 128), 2 * 1408);
+    /* MXFP4: 18 bytes per row and block (GGUF 17: the exponent takes a 2-byte scale slot) */
+    cr_assert_eq(eng_wpack_bytes(ENG_Q_MXFP4, 16, 64), 576);
     uint8_t w[144] = {0};
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, NULL, 1, 256, w), ENG_ERR_INVALID);
     cr_assert_eq(eng_wpack(ENG_Q_Q4_K, w, 1, 256, NULL), ENG_ERR_INVALID);
@@ -209,6 +216,7 @@ Test(quant_kpacked, q5_K_vs_rows) { run_type(ENG_Q_Q5_K, 0x3C6EF372FE94F82BULL, 
 Test(quant_kpacked, q6_K_vs_rows) { run_type(ENG_Q_Q6_K, 0xD1B54A32D192ED03ULL, 44); }
 Test(quant_kpacked, q4_0_vs_rows) { run_type(ENG_Q_Q4_0, 0x8CB92BA72F3D8DD7ULL, 30); }
 Test(quant_kpacked, q5_0_vs_rows) { run_type(ENG_Q_Q5_0, 0xABCDEF0123456789ULL, 30); }
+Test(quant_kpacked, mxfp4_vs_rows) { run_type(ENG_Q_MXFP4, 0x5851F42D4C957F2DULL, 30); }
 
 /* eng_wpack_row: every row read back from the packed layout is the packed row's bytes, so it dequantizes to the
  * same floats (embedding lookups of a tied output matrix read the packed copy); rows of a last partial group
@@ -258,6 +266,7 @@ Test(quant_kpacked, rows_read_back) {
     row_back(ENG_Q_Q8_0, 11);
     row_back(ENG_Q_Q4_0, 12);
     row_back(ENG_Q_Q5_0, 13);
+    row_back(ENG_Q_MXFP4, 17);
     row_back(ENG_Q_Q4_K, 14);
     row_back(ENG_Q_Q5_K, 15);
     row_back(ENG_Q_Q6_K, 16);
