@@ -27,6 +27,7 @@ let browser = null;
 let userDir = null;
 let srv = null;
 let modelPath = null;
+let modelDir = null;
 
 before(async () => {
   const exe = findChromium();
@@ -52,8 +53,8 @@ before(async () => {
     }
   }
   if (skip) { console.log(`SKIPPED: ${skip}`); return; }
-  const dir = mkdtempSync(join(tmpdir(), 'kvserve-browser-'));
-  modelPath = join(dir, 'default.gguf');
+  modelDir = mkdtempSync(join(tmpdir(), 'kvserve-browser-'));
+  modelPath = join(modelDir, 'default.gguf');
   execFileSync(BINARY, ['mkmodel', '--preset', 'default', '-o', modelPath], { stdio: 'ignore' });
   // a context long enough that a greedy answer runs for seconds: the stop button has something to stop
   srv = await startServer(modelPath, ['--threads', '2', '--parallel', '4', '--ctx-size', '16384']);
@@ -62,7 +63,11 @@ before(async () => {
 after(async () => {
   if (browser) await browser.close();
   if (userDir) rmSync(userDir, { recursive: true, force: true });
-  if (srv) assert.equal(await srv.stop(), 0, 'kvserve exits 0 on SIGTERM');
+  try {
+    if (srv) assert.equal(await srv.stop(), 0, 'kvserve exits 0 on SIGTERM');
+  } finally {
+    if (modelDir) rmSync(modelDir, { recursive: true, force: true });
+  }
 });
 
 // A page that records CSP violations, console errors and every URL it requests.

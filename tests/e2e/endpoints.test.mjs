@@ -4,7 +4,7 @@ import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startServer, testModel, BINARY } from './server.mjs';
@@ -200,13 +200,17 @@ describe('responses', () => {
 describe('fill-in-the-middle', () => {
   let fim;
   let fc;
+  let fimDir;
   before(async () => {
-    const path = join(mkdtempSync(join(tmpdir(), 'kvserve-fim-')), 'fim.gguf');
+    fimDir = mkdtempSync(join(tmpdir(), 'kvserve-fim-'));
+    const path = join(fimDir, 'fim.gguf');
     execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '--fim', '-o', path], { stdio: 'ignore' });
     fim = await startServer(path, ['--parallel', '4', '--threads', '2']);
     fc = new OpenAI({ baseURL: `${fim.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
   });
-  after(async () => { if (fim) assert.equal(await fim.stop(), 0); });
+  after(async () => {
+    try { if (fim) assert.equal(await fim.stop(), 0); } finally { if (fimDir) rmSync(fimDir, { recursive: true, force: true }); }
+  });
 
   test('suffix builds [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid> (same text as those token ids)', async () => {
     const tok = async (content, special) => (await (await fetch(`${fim.base}/tokenize`, {
@@ -238,7 +242,8 @@ describe('fill-in-the-middle', () => {
 
 describe('infill', () => {
   test('/infill (llama.cpp fields) answers the same middle as suffix on /v1/completions', async () => {
-    const path = join(mkdtempSync(join(tmpdir(), 'kvserve-fim-')), 'fim.gguf');
+    const dir = mkdtempSync(join(tmpdir(), 'kvserve-fim-'));
+    const path = join(dir, 'fim.gguf');
     execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '--fim', '-o', path], { stdio: 'ignore' });
     const s = await startServer(path, ['--parallel', '4', '--threads', '2']);
     try {
@@ -251,7 +256,7 @@ describe('infill', () => {
       assert.equal(bad.status, 400);
       assert.equal((await bad.json()).error.param, 'input_extra');
     } finally {
-      assert.equal(await s.stop(), 0);
+      try { assert.equal(await s.stop(), 0); } finally { rmSync(dir, { recursive: true, force: true }); }
     }
   });
 });

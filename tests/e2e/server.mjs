@@ -1,6 +1,6 @@
 // Starts and stops real kvserve processes for the end-to-end tests, and finds the model they serve.
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -16,6 +16,8 @@ export function testModel() {
   console.log(`# ../shared not found (${SHARED}): using a model written by kvserve mkmodel`);
   const dir = mkdtempSync(join(tmpdir(), 'kvserve-e2e-'));
   const path = join(dir, 'tiny.gguf');
+  // the directory is this process's own: removed when the test file's process exits
+  process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
   execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '-o', path], { stdio: 'inherit' });
   return { path, shared: false };
 }

@@ -5,7 +5,7 @@ import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import vm from 'node:vm';
@@ -154,8 +154,12 @@ describe('CORS with a list of origins', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kvserve-cors-'));
     const cfg = join(dir, 'cfg.json');
     writeFileSync(cfg, JSON.stringify({ cors_origins: ['http://good.test:3000', 'https://second.test'] }));
-    const s = await startServer(model.path, ['--threads', '1', '--config', cfg]);
-    try { await checkListed(s.base); } finally { assert.equal(await s.stop(), 0); }
+    try {
+      const s = await startServer(model.path, ['--threads', '1', '--config', cfg]);
+      try { await checkListed(s.base); } finally { assert.equal(await s.stop(), 0); }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('"none" sends no CORS headers; a preflight is still 204 with Allow', async () => {

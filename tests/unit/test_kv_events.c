@@ -218,6 +218,11 @@ static void one_step(srv_kv_events *p, uint64_t h) {
     srv_kv_events_step_end(p);
 }
 
+/* The ipc endpoints these tests bind are socket files under /tmp that this test made: removed after each test. */
+static void unlink_ipc(const char *ep) {
+    if (!strncmp(ep, "ipc://", 6)) unlink(ep + 6);
+}
+
 Test(kv_events, publish_and_replay) {
     char pub_ep[128], rep_ep[128], err[256];
     snprintf(pub_ep, sizeof pub_ep, "ipc:///tmp/kvserve-test-kvev-%d.pub", (int)getpid());
@@ -293,6 +298,8 @@ Test(kv_events, publish_and_replay) {
     zmq_close(sub);
     zmq_ctx_term(zctx);
     srv_kv_events_free(p);
+    unlink_ipc(pub_ep);
+    unlink_ipc(rep_ep);
 }
 
 Test(kv_events, full_queue_drops_and_leaves_a_gap) {
@@ -308,6 +315,7 @@ Test(kv_events, full_queue_drops_and_leaves_a_gap) {
     srv_kv_events_get_stats(p, &st);
     cr_assert_eq(st.batches_queued + st.batches_dropped, STEPS, "every step is either queued or counted dropped");
     srv_kv_events_free(p);
+    unlink_ipc(ep);
     cr_assert_eq(srv_kv_events_create(&(srv_kv_events_config){0}, &p, err, sizeof err), KVS_ERR_INVALID);
     c = zmq_config("bogus://x");
     cr_assert_eq(srv_kv_events_create(&c, &p, err, sizeof err), KVS_ERR_BIND);
@@ -331,6 +339,7 @@ Test(kv_events, queue_bounded_by_bytes) {
     cr_assert_eq(st.batches_queued, 0);
     cr_assert_eq(st.queue_bytes, 0);
     srv_kv_events_free(p);
+    unlink_ipc(ep);
     cr_assert_eq(srv_kv_events_config_parse("{\"max_queue_bytes\": 1000, \"buffer_bytes\": 2000}", &c, err, sizeof err), 0,
                  "%s", err);
     cr_assert_eq(c.max_queue_bytes, 1000);

@@ -480,11 +480,21 @@ static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath
               "reference with scripts/ref-longrope.py", stem, hex, want ? want : "?");
 }
 
+/* The model file and directory a test of a mkmodel model made: removed by the test's .fini, which runs whether
+ * the test passed or failed (a skip does not run it: the device check comes before anything is made). */
+static char made_dir[64], made_path[256];
+static void made_cleanup(void) {
+    if (made_path[0]) unlink(made_path);
+    if (made_dir[0]) rmdir(made_dir);
+}
+
 static void check_longrope(int32_t n_ctx) {
-    char *json = NULL, dir[] = "/tmp/kvserve-longrope-XXXXXX", mpath[256];
+    (void)test_device(); /* skips here, before anything is made, when the device asked for is absent */
+    char *json = NULL, *dir = made_dir, *mpath = made_path;
     cJSON *root = longrope_ref(n_ctx, &json);
+    snprintf(made_dir, sizeof made_dir, "/tmp/kvserve-longrope-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
-    mk_model("mk-phi3-longrope", root, dir, mpath, sizeof mpath);
+    mk_model("mk-phi3-longrope", root, dir, mpath, sizeof made_path);
     eng_model *m = NULL;
     char err[512];
     cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
@@ -495,14 +505,12 @@ static void check_longrope(int32_t n_ctx) {
     char name[64];
     snprintf(name, sizeof name, "mk-phi3-longrope ctx %d", n_ctx);
     check_ref(name, mpath, root, n_ctx);
-    unlink(mpath);
-    rmdir(dir);
     cJSON_Delete(root);
     free(json);
 }
 
-Test(reference, phi3_longrope_short_factors) { check_longrope(512); }
-Test(reference, phi3_longrope_long_factors) { check_longrope(1024); }
+Test(reference, phi3_longrope_short_factors, .fini = made_cleanup) { check_longrope(512); }
+Test(reference, phi3_longrope_long_factors, .fini = made_cleanup) { check_longrope(1024); }
 
 /* The two references are not the same: the context size (hence the factor set) changes llama.cpp's results. */
 Test(reference, phi3_longrope_factor_sets_differ) {
@@ -534,11 +542,13 @@ Test(reference, phi3_longrope_factor_sets_differ) {
  * rope.scaling.type yarn, factor 4 over an original context of 256, rope.scaling.attn_factor 1.1, Q/K/V and
  * attn_output biases, made by `kvserve mkmodel` with the recorded arguments, against llama.cpp's library
  * (scripts/ref-longrope.py --yarn). */
-Test(reference, llama_yarn_biases) {
-    char *json = NULL, dir[] = "/tmp/kvserve-yarn-XXXXXX", mpath[256];
+Test(reference, llama_yarn_biases, .fini = made_cleanup) {
+    (void)test_device(); /* skips before anything is made when the device asked for is absent */
+    char *json = NULL, *dir = made_dir, *mpath = made_path;
     cJSON *root = mk_ref("mk-llama-yarn", 1024, &json);
+    snprintf(made_dir, sizeof made_dir, "/tmp/kvserve-yarn-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
-    mk_model("mk-llama-yarn", root, dir, mpath, sizeof mpath);
+    mk_model("mk-llama-yarn", root, dir, mpath, sizeof made_path);
     eng_model *m = NULL;
     char err[512];
     cr_assert_eq(eng_model_load(mpath, NULL, &m, err, sizeof err), 0, "%s", err);
@@ -548,8 +558,6 @@ Test(reference, llama_yarn_biases) {
     cr_assert_eq(hp->n_ctx_orig, 256);
     eng_model_free(m);
     check_ref("mk-llama-yarn ctx 1024", mpath, root, 1024);
-    unlink(mpath);
-    rmdir(dir);
     cJSON_Delete(root);
     free(json);
 }
