@@ -67,6 +67,11 @@ static const key_def KEYS[] = {
     I(max_connections, 1, 1000000, "most open connections (more get 503)"),
     I(write_buffer_kb, 1, 1048576, "unsent KiB per connection before a stalled stream is cut"),
     N(shutdown_grace_s, 0, 86400, "drain timeout: seconds in-flight requests get to finish after SIGTERM/SIGINT"),
+    I(template_ms, 0, 3600000, "wall-clock ms one chat-template render may take (past it 400; 0: no limit)"),
+    N(template_mb, 0, 1048576, "MiB one chat-template render may allocate in all (past it 400; 0: no limit)"),
+    I(text_jobs, 1, 64, "/tokenize and /detokenize jobs on the thread pool at once"),
+    I(text_queue, 0, 1000000, "text jobs waiting for a thread (more get 503 with Retry-After)"),
+    N(text_answer_mb, 0, 1048576, "largest /tokenize or /detokenize answer in MiB (past it 413; 0: no limit)"),
     S(log_format, "text|json|none", "request log format (stderr)"),
     S(pooling, "|mean|cls|last", "embedding pooling (empty: the model's <arch>.pooling_type; none/absent: mean)"),
     S(chat_template, NULL,
@@ -108,6 +113,11 @@ void srv_config_default(srv_config *c) {
     c->max_connections = 1024;
     c->write_buffer_kb = 4096;
     c->shutdown_grace_s = 10;
+    c->template_ms = 5000;
+    c->template_mb = 1024;
+    c->text_jobs = 1;
+    c->text_queue = 16;
+    c->text_answer_mb = 32;
     snprintf(c->log_format, sizeof c->log_format, "text");
     snprintf(c->reasoning_format, sizeof c->reasoning_format, "auto");
     snprintf(c->spec_type, sizeof c->spec_type, "none");

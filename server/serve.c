@@ -344,6 +344,11 @@ static void api_config_of(const srv_config *cfg, uv_loop_t *loop, srv_api_config
     ac->limits.max_n = cfg->max_n < cfg->parallel ? cfg->max_n : cfg->parallel;
     ac->limits.max_stop = cfg->max_stop;
     ac->limits.priority_scheduling = !strcmp(cfg->scheduling_policy, "priority");
+    ac->limits.template_ms = (uint32_t)cfg->template_ms;
+    ac->limits.template_bytes = (size_t)(cfg->template_mb * 1048576.0);
+    ac->limits.text_jobs = cfg->text_jobs;
+    ac->limits.text_queue = cfg->text_queue;
+    ac->limits.text_answer_bytes = (size_t)(cfg->text_answer_mb * 1048576.0);
     ac->api_key = cfg->api_key;
     ac->parse_special_in_content = cfg->parse_special_in_content;
     srv_reasoning_format_from_name(cfg->reasoning_format, &ac->reasoning_format); /* validated: stays AUTO else */

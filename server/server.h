@@ -81,6 +81,14 @@ typedef struct srv_config {
     int32_t write_buffer_kb;    /* unsent bytes per connection before a stream is cut, default 4096 */
     double shutdown_grace_s;    /* SIGTERM/SIGINT: the drain timeout, time in-flight requests get to finish while
                                    /health and new requests answer 503; default 10 */
+    int32_t template_ms;        /* wall-clock budget of one chat-template render in ms (past it 400); 0: none;
+                                   default 5000 */
+    double template_mb;         /* MiB one chat-template render may allocate in all (past it 400); 0: none;
+                                   default 1024 */
+    int32_t text_jobs;          /* /tokenize and /detokenize jobs on the thread pool at once, default 1 */
+    int32_t text_queue;         /* text jobs waiting for a thread; past it 503 with Retry-After, default 16 */
+    double text_answer_mb;      /* largest /tokenize or /detokenize answer in MiB (past it 413); 0: none;
+                                   default 32 */
     char log_format[8];         /* "text" (default), "json", "none" */
     char chat_template[1024];   /* "": the model's template; a file that exists: a Jinja template read from it;
                                    else a built-in family name (chatml, llama3, llama2, mistral, phi3, ...) */

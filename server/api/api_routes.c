@@ -85,7 +85,7 @@ typedef struct text_job {
 /* 413 naming the limit of text answers; -1. */
 static int answer_too_large(srv_api *api, const char *what, srv_api_error *e) {
     srv_api_set_error(e, 413, NULL, NULL, "answer_too_large", "the %s would pass the %zu-byte limit of /tokenize and "
-                      "/detokenize answers (text_answer_bytes): send less text per request", what,
+                      "/detokenize answers (text_answer_mb): send less text per request", what,
                       api->limits.text_answer_bytes);
     return -1;
 }

@@ -342,8 +342,13 @@ static int render_err(srv_api_error *err, int rc, const tpl_error *te) {
         srv_api_set_error(err, 499, NULL, NULL, NULL, "the client closed the request");
         return SRV_API_ERR_INVALID;
     }
-    srv_api_set_error(err, 400, NULL, "messages", NULL, "the chat template failed on these messages: %s",
-                      te->msg[0] ? te->msg : kvs_strerror(rc));
+    /* a budget reached: name the settings that set it (docs/CONFIG.md) */
+    const char *hint = rc != KVS_ERR_LIMIT                      ? ""
+                       : strstr(te->msg, "time limit")          ? " (the server's template_ms)"
+                       : strstr(te->msg, "allocation budget")   ? " (the server's template_mb)"
+                                                                : "";
+    srv_api_set_error(err, 400, NULL, "messages", NULL, "the chat template failed on these messages: %s%s",
+                      te->msg[0] ? te->msg : kvs_strerror(rc), hint);
     return SRV_API_ERR_INVALID;
 }
 

@@ -353,3 +353,29 @@ describe('priority', () => {
     }
   });
 });
+
+// Issue 30's limits as settings: each flag reaches the API layer (its answer names the key).
+describe('text and template limits', () => {
+  test('--text-answer-mb bounds /tokenize answers; --text-queue 0 refuses a waiting text job', async () => {
+    const s = await startServer(model.path, ['--threads', '1', '--text-answer-mb', '0.001', '--text-queue', '0']);
+    try {
+      const big = await fetch(`${s.base}/tokenize`, { method: 'POST',
+        body: JSON.stringify({ content: 'once upon a time '.repeat(200), with_pieces: true }) });
+      assert.equal(big.status, 413);
+      const j = await big.json();
+      assert.equal(j.error.code, 'answer_too_large');
+      assert.match(j.error.message, /text_answer_mb/);
+      const small = await fetch(`${s.base}/tokenize`, { method: 'POST', body: JSON.stringify({ content: 'once' }) });
+      assert.equal(small.status, 200);
+      // one text job runs and none may wait: of several at once, at least one is a 503 text_queue_full
+      const many = await Promise.all(Array.from({ length: 6 }, () => fetch(`${s.base}/detokenize`, { method: 'POST',
+        body: JSON.stringify({ tokens: Array.from({ length: 200000 }, (_, i) => 100 + (i % 50)) }) })
+        .then(async (r) => ({ status: r.status, body: await r.text() }))));
+      const busy = many.filter((r) => r.status === 503);
+      assert.ok(busy.length >= 1, `statuses ${many.map((r) => r.status)}`);
+      assert.match(busy[0].body, /text_queue_full/);
+    } finally {
+      assert.equal(await s.stop(), 0);
+    }
+  });
+});

@@ -1690,7 +1690,7 @@ Test(api, tokenize_answer_is_bounded) {
     tc_resp_free(&r);
     snprintf(body, sizeof body, "{\"content\":\"%s\",\"with_pieces\":true}", text); /* ~12 KB with pieces */
     cr_assert_eq(post(f, "/tokenize", body, NULL, &r), 413, "%s", r.body);
-    cr_assert(strstr(r.body, "text_answer_bytes") && strstr(r.body, "4096"), "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_mb") && strstr(r.body, "4096"), "%s", r.body);
     tc_resp_free(&r);
     cr_assert_eq(post(f, "/tokenize", "{\"content\":\"a\\\"\\\\\\n\",\"with_pieces\":true}", NULL, &r), 200, "%s", r.body);
     o = json_of(&r);
@@ -1706,7 +1706,7 @@ Test(api, tokenize_answer_is_bounded) {
     for (int i = 0; i < 5000; i++) kvs_buf_printf(&d, "%s104", i ? "," : "");
     kvs_buf_puts(&d, "]}");
     cr_assert_eq(post(f, "/detokenize", d.data, NULL, &r), 413, "%s", r.body);
-    cr_assert(strstr(r.body, "text_answer_bytes"), "%s", r.body);
+    cr_assert(strstr(r.body, "text_answer_mb"), "%s", r.body);
     tc_resp_free(&r);
     kvs_buf_free(&d);
     cr_assert_eq(post(f, "/detokenize", "{\"tokens\":[104,34,105]}", NULL, &r), 200);
