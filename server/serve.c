@@ -4,6 +4,9 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string.h>
 
 #include <uv.h>
@@ -26,6 +29,9 @@ typedef struct daemon_state {
     srv_metrics metrics;
     uv_signal_t sigint, sigterm, sighup;
     uv_timer_t poll;
+    uv_timer_t idle;               /* every IDLE_CHECK_MS: a heap trim when the server turned idle after work */
+    bool busy_seen;                /* a check since the last trim found requests, jobs out or bytes received */
+    uint64_t bytes_seen;           /* srv_http_bytes_read at the last check */
     uv_work_t load;
     bool loading, shutting_down, cancelled, closing, finalized;
     uint64_t deadline_ns;
@@ -270,6 +276,7 @@ static void finalize(daemon_state *d) {
     srv_kv_events_free(d->kvev); /* publishes what the last steps queued */
     d->kvev = NULL;
     uv_close((uv_handle_t *)&d->poll, NULL);
+    uv_close((uv_handle_t *)&d->idle, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
@@ -304,6 +311,25 @@ static void on_poll(uv_timer_t *t) {
                 srv_api_jobs_out(d->api) == 0;
     if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
     else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
+}
+
+/* The server turned idle (nothing generating, no request being handled, no job out) after work: the heap is
+ * trimmed once, so an idle server's RSS comes back (issue 30: the soak mixing the probes with streaming load). */
+#define IDLE_CHECK_MS 1000
+static void on_idle_check(uv_timer_t *t) {
+    daemon_state *d = t->data;
+    if (d->shutting_down || !d->api) return;
+    uint64_t bytes = srv_http_bytes_read(d->http);
+    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 &&
+                srv_api_jobs_out(d->api) == 0;
+    bool came = bytes != d->bytes_seen; /* requests came (and maybe went) since the last check */
+    d->bytes_seen = bytes;
+    if (!idle || came) {
+        d->busy_seen = true;
+    } else if (d->busy_seen) {
+        d->busy_seen = false;
+        srv_api_request_trim(d->api);
+    }
 }
 
 static void begin_shutdown(daemon_state *d, const char *why) {
@@ -372,8 +398,20 @@ static void http_limits_of(const srv_config *cfg, srv_http_limits *hl) {
     if (hl->idle_timeout_ms < 1) hl->idle_timeout_ms = 1;
 }
 
+/* One malloc arena for the whole process (unless MALLOC_ARENA_MAX says otherwise). glibc gives each thread that
+ * allocates its own arena; the worker threads' arenas kept what large requests had freed there: after the
+ * soak's probes (issue 30) an idle server held 25-30% more than at its start with the default arenas, +15% with
+ * two, and nothing more with one, malloc_trim then giving all of it back. The engine's hot paths do not allocate
+ * per step, so the one arena's lock is not a bottleneck (bench/RESULTS.md). */
+static void one_arena(void) {
+#ifdef __GLIBC__
+    if (!getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 1);
+#endif
+}
+
 int srv_main(const srv_config *cfg) {
     char err[512];
+    one_arena();
     if (!cfg || srv_config_validate(cfg, err, sizeof err) != 0) {
         fprintf(stderr, "kvserve: %s\n", cfg ? err : "no configuration");
         return 1;
@@ -436,6 +474,9 @@ int srv_main(const srv_config *cfg) {
     }
     uv_timer_init(&d->loop, &d->poll);
     d->poll.data = d;
+    uv_timer_init(&d->loop, &d->idle);
+    d->idle.data = d;
+    uv_timer_start(&d->idle, on_idle_check, IDLE_CHECK_MS, IDLE_CHECK_MS);
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sigterm);
     d->sigint.data = d->sigterm.data = d;

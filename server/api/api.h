@@ -315,6 +315,11 @@ int32_t srv_api_in_flight(const srv_api *api);
  * backend must not be cleared (srv_api_set_backend NULL) nor freed while this is above 0 (issue 30: a drain that
  * did so crashed a /tokenize still running). Loop thread. */
 int32_t srv_api_jobs_out(const srv_api *api);
+/* Asks for the heap to be given back to the system (malloc_trim on the thread pool) as soon as no job is out:
+ * the daemon calls it when the server turns idle after work, so that what large requests, deep write buffers and
+ * preemptions left in the allocator's arenas does not stay resident (issue 30). Cheap when nothing is held. Loop
+ * thread. */
+void srv_api_request_trim(srv_api *api);
 /* Cancels every generating request (shutdown after the grace period): streams end with an error event and
  * [DONE], others answer 503 with Retry-After. */
 void srv_api_cancel_all(srv_api *api);

@@ -254,6 +254,12 @@ static void maybe_trim(srv_api *api) {
     }
 }
 
+void srv_api_request_trim(srv_api *api) {
+    if (!api) return;
+    api->trim_wanted = true;
+    maybe_trim(api);
+}
+
 static void queue_job(srv_api *api, api_job *j);
 
 /* How many text jobs may hold a pool thread at once (at least one). */

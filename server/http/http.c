@@ -36,6 +36,7 @@ struct srv_http {
     srv_http_header_hook hook; void *hook_ud;
     conn *conns;               /* doubly linked list of open connections */
     int32_t n_conns, n_active;
+    uint64_t bytes_read;          /* bytes received on every connection since start (srv_http_bytes_read) */
     bool stopping;
     bool no_keep_alive;        /* srv_http_set_keep_alive(false): every answer closes its connection */
     size_t body_bytes;         /* request-body memory reserved across all connections */
@@ -525,6 +526,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread < 0) { conn_close(c); return; } /* an error, or EOF while lingering: the client is gone */
     if (nread == 0) return;
+    c->srv->bytes_read += (uint64_t)nread;
     if (c->state == C_LINGER || c->state == C_DRAINING) return; /* discard */
     if (c->in_len + (size_t)nread > c->in_cap) {
         size_t cap = c->in_cap ? c->in_cap : READ_CHUNK;
@@ -731,6 +733,7 @@ void srv_http_set_keep_alive(srv_http *h, bool allow) {
 
 int32_t srv_http_active_requests(const srv_http *h) { return h ? h->n_active : 0; }
 int32_t srv_http_open_connections(const srv_http *h) { return h ? h->n_conns : 0; }
+uint64_t srv_http_bytes_read(const srv_http *h) { return h ? h->bytes_read : 0; }
 
 void srv_http_close(srv_http *h) {
     if (!h) return;

@@ -116,6 +116,9 @@ void srv_http_set_keep_alive(srv_http *h, bool allow);
 /* Number of requests being handled now (dispatched, not yet finished). */
 int32_t srv_http_active_requests(const srv_http *h);
 int32_t srv_http_open_connections(const srv_http *h);
+/* Bytes received on all connections since the server started (monotonic): activity, even from clients that
+ * leave before a request is complete. Loop thread. */
+uint64_t srv_http_bytes_read(const srv_http *h);
 /* Closes every connection (abort callbacks run for requests in progress) and the listener. The loop then
  * runs down; call srv_http_free after uv_run returns. */
 void srv_http_close(srv_http *h);
