@@ -11,15 +11,19 @@
 // Environment: KVSERVE_BINARY (default ../../build/kvserve), KVSERVE_SHARED (stories260K; otherwise a tiny
 // random model from `kvserve mkmodel`), SOAK_MINUTES (default 5; fractions allowed), SOAK_CLIENTS (default 24),
 // SOAK_ABORT (fraction of requests aborted, default 0.25), SOAK_TSAN, SOAK_SEED, SOAK_JSON (a file to write the
-// figures to). Prints one summary and exits 1 when a check fails.
+// figures to), SOAK_PROBES (default 0: that many more clients run issue 30's hostile probes of probes.mjs beside the
+// load; then a warm-up of 20 s of the load and each probe once comes first, and the idle RSS at the end must come
+// back within 10% + 2 MiB of the idle RSS after that warm-up). Prints one summary and exits 1 when a check fails.
 import http from 'node:http';
 import { readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
 import { startServer, testModel, metric } from '../e2e/server.mjs';
+import { PROBES, probeWorker } from './probes.mjs';
 
 const MINUTES = Number(process.env.SOAK_MINUTES || 5);
 const CLIENTS = Number(process.env.SOAK_CLIENTS || 24);
 const ABORT = Number(process.env.SOAK_ABORT ?? 0.25);
 const TSAN = process.env.SOAK_TSAN === '1';
+const N_PROBES = Number(process.env.SOAK_PROBES || 0);
 let seed = Number(process.env.SOAK_SEED || 14);
 const rand = () => { // xorshift32: a reproducible choice sequence for a given seed
   seed ^= seed << 13; seed >>>= 0; seed ^= seed >>> 17; seed ^= seed << 5; seed >>>= 0;
@@ -151,6 +155,23 @@ async function main() {
     if (m0.preemptions !== 0) fail(`references were preempted (${m0.preemptions}): they must run alone`);
     figures.references = specs.length;
     figures.reference_seconds = (Date.now() - t0) / 1000;
+    stats.probes = {};
+    if (N_PROBES > 0) {
+      // a warm-up, so that the baseline holds what a first use allocates (the engine's step buffers at the
+      // largest batch, the workers' stacks): 20 s of the same streaming load, and each probe once
+      const warmDeadline = Date.now() + 20000;
+      await Promise.all(Array.from({ length: CLIENTS }, async () => {
+        while (Date.now() < warmDeadline) {
+          const s = pick(specs);
+          await request(srv.base, `/v1/${s.kind === 'chat' ? 'chat/completions' : 'completions'}`, s.body, { stream: true });
+        }
+      }));
+      for (const [name, probe] of Object.entries(PROBES)) {
+        await probe({ port: srv.port, pid, rand, fail });
+        stats.probes[name] = 1;
+      }
+      await sleep(3000); // the server trims its heap once idle
+    }
     await sleep(1000); // the references' last connections close
     const fdStart = openFds(pid), fdsStart = fdTargets(pid), rssStart = procStatus(pid);
 
@@ -193,7 +214,9 @@ async function main() {
         }
       }
     };
-    await Promise.all(Array.from({ length: CLIENTS }, worker));
+    const probers = Array.from({ length: N_PROBES }, () =>
+      probeWorker({ port: srv.port, pid, rand, fail, deadline, stats }));
+    await Promise.all([...Array.from({ length: CLIENTS }, worker), ...probers]);
     clearInterval(sampler);
     figures.load_seconds = (Date.now() - tLoad) / 1000;
 
@@ -206,7 +229,12 @@ async function main() {
       if ((m.running === 0 && m.waiting === 0 && m.used === 0 && openFds(pid) <= fdStart) || Date.now() - tIdle > 30000) break;
     }
     await sleep(1000);
-    const fdEnd = openFds(pid), fdsEnd = fdTargets(pid), rssEnd = procStatus(pid);
+    let rssEnd = procStatus(pid);
+    const rssIdleBound = rssStart * 1.1 + 2 * 1048576;
+    for (let i = 0; N_PROBES > 0 && i < 100 && rssEnd > rssIdleBound; i++) { await sleep(100); rssEnd = procStatus(pid); }
+    if (N_PROBES > 0 && !TSAN && rssEnd > rssIdleBound)
+      fail(`idle RSS ${MiB(rssEnd)} MiB at the end, ${MiB(rssStart)} MiB at the start (bound ${MiB(rssIdleBound)})`);
+    const fdEnd = openFds(pid), fdsEnd = fdTargets(pid);
     if (m.running !== 0 || m.waiting !== 0) fail(`not idle: running ${m.running}, waiting ${m.waiting}`);
     if (m.used !== 0 || m.free + m.cached !== m.total) fail(`KV blocks not back: used ${m.used}, free ${m.free}, cached ${m.cached}, total ${m.total}`);
     // a leak grows with the load: any socket left open, or more than one other new fd (a lazily opened one,
