@@ -527,8 +527,8 @@ static void op_remove(tctx *t, bool middle) {
     int32_t end = begin + 1 + KVCT_PICK(t, r->len - 1 - begin);
     bool ok = r->released <= begin / bs;
     if (ok) {
-        const int32_t *tab;
-        int32_t nb;
+        const int32_t *tab = NULL;
+        int32_t nb = 0;
         kvc_block_table(t->c, id, &tab, &nb, NULL);
         for (int32_t i = begin / bs; i < nb; i++) ok &= kvc_block_refcount(t->c, tab[i]) == 1;
     }

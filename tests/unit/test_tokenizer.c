@@ -298,7 +298,8 @@ static uint32_t byte_cp(uint8_t b) {
 /* BPE of one word (raw bytes): byte-map, then repeatedly merge the lowest-rank adjacent pair (leftmost). */
 static int32_t naive_bpe_word(const eng_vocab *v, const rmerges *m, bool ignore_merges, const char *w, size_t wl,
                               int32_t *out) {
-    char *t = malloc(wl * 2 + 1);
+    char *t = calloc(wl * 2 + 1, 1);
+    cr_assert_not_null(t);
     size_t tl = 0;
     for (size_t i = 0; i < wl; i++) tl += put_utf8(byte_cp((uint8_t)w[i]), t + tl);
     if (ignore_merges) {
@@ -306,6 +307,7 @@ static int32_t naive_bpe_word(const eng_vocab *v, const rmerges *m, bool ignore_
         if (id >= 0) { out[0] = id; free(t); return 1; }
     }
     rsym *s = malloc(sizeof *s * (tl + 1));
+    cr_assert_not_null(s);
     size_t n = 0;
     for (size_t i = 0; i < tl;) {
         uint8_t c = (uint8_t)t[i];
