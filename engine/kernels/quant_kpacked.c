@@ -252,8 +252,8 @@ static void unpack_q6_K_rec(const uint8_t *rec, int i, eng_blk_q6_K *b) {
 int eng_wpack_row(uint32_t type, const void *P, int64_t n_out, int64_t k, int64_t j, void *row) {
     if (type == ENG_Q_Q8_0) return eng_packed_q8_0_row(P, n_out, k, j, row);
     if (!P || !row || j < 0 || j >= n_out || eng_wpack_bytes(type, n_out, k) == 0) return ENG_ERR_INVALID;
-    int64_t nb;
-    size_t gbytes, xb;
+    int64_t nb = 0;
+    size_t gbytes = 0, xb = 0;
     eng_kp_shape(type, k, &nb, &gbytes, &xb);
     const uint8_t *grp = (const uint8_t *)P + (size_t)(j / KP_ROWS) * gbytes;
     const int i = (int)(j % KP_ROWS);

@@ -1709,11 +1709,13 @@ Test(template, render_budgets_time_bytes_cancel, .timeout = 120) {
     int rc = budget_render(HOG, vars, 300, 0, NULL, &secs, &err);
     cr_assert_eq(rc, KVS_ERR_LIMIT, "%d %s", rc, err.msg);
     cr_assert(strstr(err.msg, "time limit of 300 ms"), "%s", err.msg);
-    cr_assert_lt(secs, 3.0, "the 300 ms budget stopped the render after %.2f s", secs);
+    /* unbounded, this render takes minutes; the bounds are loose because a loaded 2-core machine stretches
+     * every wall-clock figure (a 64 MiB budget once took 4.8 s under load average 20) */
+    cr_assert_lt(secs, 20.0, "the 300 ms budget stopped the render after %.2f s", secs);
     rc = budget_render(HOG, vars, 0, (size_t)64 << 20, NULL, &secs, &err);
     cr_assert_eq(rc, KVS_ERR_LIMIT, "%d %s", rc, err.msg);
     cr_assert(strstr(err.msg, "allocation budget of 67108864 bytes"), "%s", err.msg);
-    cr_assert_lt(secs, 3.0, "%.2f s", secs);
+    cr_assert_lt(secs, 20.0, "%.2f s", secs);
     _Atomic bool cancel = true;
     rc = budget_render(HOG, vars, 0, 0, &cancel, &secs, &err);
     cr_assert_eq(rc, KVS_ERR_CLOSED, "%d %s", rc, err.msg);
