@@ -56,7 +56,9 @@ enum {
 };
 
 /* ---- models --------------------------------------------------------------------------------------------- */
-typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4 } eng_arch;
+typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4,
+               /* encoders (bidirectional attention, embeddings and rerank only: engine/model/encoder.h) */
+               ENG_ARCH_BERT = 32, ENG_ARCH_NOMIC_BERT = 33 } eng_arch;
 
 /* The feed-forward activation: act(gate) * up. */
 typedef enum {
@@ -304,6 +306,24 @@ float *eng_get_logits(eng_ctx *ctx, int32_t i);
  * next eng_decode. A row's vector does not depend on the batch it ran in. CPU contexts only: on a CUDA
  * context a batch with want_embd fails with ENG_ERR_UNSUPPORTED (nothing changed). */
 float *eng_get_embeddings(eng_ctx *ctx, int32_t i);
+
+/* ---- encoders (bert, nomic-bert) ------------------------------------------------------------------------------
+ * An encoder model's context runs on the CPU (ENG_DEVICE_CUDA fails with ENG_ERR_UNSUPPORTED; AUTO picks the CPU).
+ * Its eng_decode takes only whole sequences (each sequence's rows at positions 0 .. n-1, in order, in one batch:
+ * attention is bidirectional), wants no logits, and its eng_get_embeddings are the last layer's hidden states
+ * (BERT's last LayerNorm included; there is no output_norm). Nothing of a sequence is needed after its batch. */
+bool eng_model_is_encoder(const eng_model *m);
+/* The outputs of the model's classification head (cls / cls.output tensors: a reranker's score is output 0), or
+ * 0 when it has none (NULL model included). */
+int32_t eng_model_n_cls_out(const eng_model *m);
+/* The classification head's eng_model_n_cls_out values for batch entry i of the last eng_decode, which must have
+ * been a sequence's first row (position 0) with want_embd set; NULL otherwise or when the model has no head.
+ * Owned by the context, valid until the next eng_decode. */
+float *eng_get_rank(eng_ctx *ctx, int32_t i);
+/* The special tokens of a rerank pair prompt, [bos] query [eos] [sep] document [eos] as llama.cpp's server builds
+ * it: each the vocabulary's token when it adds that token (add_bos / add_eos / add_sep; EOS falls back to SEP), else
+ * -1. A BERT vocabulary gives [CLS] query [SEP] document. */
+void eng_rerank_tokens(const eng_model *m, int32_t *bos, int32_t *eos, int32_t *sep);
 
 /* Removes positions [begin, end) of seq (end INT32_MAX: to the end). From the middle, later positions move
  * down and their keys are re-rotated (context shift). ENG_ERR_UNSUPPORTED when the cache cannot (the

@@ -223,9 +223,13 @@ static void load_done(uv_work_t *w, int status) {
     srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS
                              : !strcmp(c->pooling, "last") ? SRV_SCHED_POOL_LAST
                              : !strcmp(c->pooling, "mean") ? SRV_SCHED_POOL_MEAN
-                             : hp->pooling_type == 2 ? SRV_SCHED_POOL_CLS
+                             : hp->pooling_type == 2 || hp->pooling_type == 4 ? SRV_SCHED_POOL_CLS
                              : hp->pooling_type == 3 ? SRV_SCHED_POOL_LAST : SRV_SCHED_POOL_MEAN;
     srv_api_set_pooling(d->api, pool, hp->n_embd);
+    int32_t rk_bos, rk_eos, rk_sep; /* rerank: a model's classification head (pooling type rank: a reranker) */
+    eng_rerank_tokens(d->model, &rk_bos, &rk_eos, &rk_sep);
+    srv_api_set_rerank(d->api, eng_ctx_device(d->ctx) == ENG_DEVICE_CPU ? eng_model_n_cls_out(d->model) : 0, rk_bos,
+                       rk_eos, rk_sep);
     int32_t fim[3];
     eng_token_fim(d->model, &fim[0], &fim[1], &fim[2]); /* -1 each when the model has none */
     srv_api_set_fim(d->api, fim[0], fim[1], fim[2]);

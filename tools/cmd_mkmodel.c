@@ -8,7 +8,8 @@
  * is byte-identical across runs and machines. Quantization uses the engine's own eng_quantize_row.
  *
  * The tokenizer block is copied from another GGUF (--vocab-from: every tokenizer.* key) or built in: a small
- * SentencePiece-style ("llama") vocabulary with byte fallback, ChatML special tokens and a ChatML template.
+ * SentencePiece-style ("llama") vocabulary with byte fallback, ChatML special tokens and a ChatML template. The
+ * encoders (bert, nomic-bert) are written by mkmodel_encoder.c with a built-in WordPiece vocabulary.
  */
 #include <errno.h>
 #include <math.h>
@@ -24,37 +25,7 @@
 #include "engine/kernels/quant.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
-
-/* ---- options ------------------------------------------------------------------------------------------------ */
-typedef struct mk_opts {
-    const char *out;
-    const char *preset;
-    const char *vocab_from;
-    char arch[16];          /* "llama", "qwen2" or "phi3" */
-    int64_t n_embd;
-    int64_t n_layer;
-    int64_t n_head;
-    int64_t n_head_kv;
-    int64_t n_ff;
-    int64_t n_ctx;
-    int64_t head_dim;       /* 0: n_embd / n_head */
-    double rope_base;
-    double rms_eps;         /* < 0: the arch default (1e-5 llama, 1e-6 qwen2) */
-    uint32_t wtype;         /* matrices: ENG_Q_F32, ENG_Q_F16 or ENG_Q_Q8_0 */
-    bool tied;
-    bool fim;               /* built-in vocabulary: add <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> and their
-                               tokenizer.ggml.fim_{pre,suf,mid}_token_id keys */
-    bool rope_factors;      /* phi3: rope_factors_long/short.weight (LongRoPE, as Phi-3 128k / Phi-3.5 have) */
-    int64_t orig_ctx;       /* > 0: <arch>.rope.scaling.original_context_length */
-    double rope_attn;       /* > 0: <arch>.rope.scaling.attn_factor; 0: LongRoPE's default (see parse_args) */
-    char rope_scaling[8];   /* "": no <arch>.rope.scaling.type key; else "none", "linear" or "yarn" */
-    double rope_scale;      /* > 0: <arch>.rope.scaling.factor */
-    bool out_bias;          /* llama: Q/K/V biases and attn_output.bias */
-    uint64_t seed;
-    double std;             /* matrices and biases */
-    double embd_std;        /* token_embd and output */
-    bool dry_run;           /* print the header instead of writing */
-} mk_opts;
+#include "tools/mkmodel.h"
 
 /* The starting shapes of --preset (one row each; the options change them afterwards). */
 typedef struct mk_preset {
@@ -98,7 +69,8 @@ static bool set_rope_scaling(void *field, const char *v) {
 }
 
 static bool set_arch(void *field, const char *v) {
-    if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "phi3")) return false;
+    if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "phi3") && strcmp(v, "bert") && strcmp(v, "nomic-bert"))
+        return false;
     snprintf(field, sizeof ((mk_opts *)0)->arch, "%s", v);
     return true;
 }
@@ -142,10 +114,19 @@ static const kvs_opt mk_opts_table[] = {
              "              8 kv heads, ff 14336, ctx 131072, rope base 500000, untied, f16\n"
              "              (pass --vocab-from a llama 3 vocabulary: about 16 GB, built in\n"
              "              memory; --dry-run shows the header)"},
-    {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch, .expect = "llama, qwen2 or phi3", .arg = "A",
-     .help = "llama|qwen2|phi3 (qwen2 adds Q/K/V biases and uses rms eps 1e-6 by\n"
-             "default; phi3 fuses Q/K/V into attn_qkv and gate|up into ffn_up, and\n"
-             "rotates halves)"},
+    {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch,
+     .expect = "llama, qwen2, phi3, bert or nomic-bert", .arg = "A",
+     .help = "llama|qwen2|phi3|bert|nomic-bert (qwen2 adds Q/K/V biases and uses rms\n"
+             "eps 1e-6 by default; phi3 fuses Q/K/V into attn_qkv and gate|up into\n"
+             "ffn_up, and rotates halves; bert and nomic-bert are encoders with a\n"
+             "built-in WordPiece vocabulary: bert with absolute positions, biases and\n"
+             "GELU, nomic-bert with rotary positions (--rope-base), a fused attn_qkv and\n"
+             "SwiGLU; both post-norm with LayerNorm, kv heads = heads)"},
+    {"--rerank", NULL, KVS_OPT_FLAG, O(rerank), .flag_value = true,
+     .help = "(bert, nomic-bert) add a classification head (cls, cls.output: one\n"
+             "score) and write pooling type rank: a reranker"},
+    {"--pooling", NULL, KVS_OPT_SET, O(pooling), .set = kvs_mk_set_pooling, .expect = "mean, cls or last",
+     .arg = "P", .help = "(bert, nomic-bert) <arch>.pooling_type: mean (default), cls or last"},
     {"--embd", NULL, KVS_OPT_I64, O(n_embd), 1, MK_BIG, .arg = "N", .help = "embedding length"},
     {"--layers", NULL, KVS_OPT_I64, O(n_layer), 1, 4096, .arg = "N", .help = "number of blocks"},
     {"--heads", NULL, KVS_OPT_I64, O(n_head), 1, 4096, .arg = "N", .help = "attention heads"},
@@ -208,7 +189,10 @@ static const kvs_cli mk_cli = {
 /* The checks and derived values after parsing: 0, or 2 after a message. */
 static int check_opts(mk_opts *o) {
     if (!o->out && !o->dry_run) return kvs_cli_fail(&mk_cli, "-o OUT is required (see --help)");
-    if (o->rms_eps < 0) o->rms_eps = !strcmp(o->arch, "qwen2") ? 1e-6 : 1e-5;
+    if (o->rms_eps < 0) o->rms_eps = !strcmp(o->arch, "qwen2") ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
+    if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
+    if ((o->rerank || o->pooling) && !kvs_mk_is_encoder(o))
+        return kvs_cli_fail(&mk_cli, "--rerank and --pooling need --arch bert or nomic-bert");
     if (o->head_dim == 0) {
         if (o->n_embd % o->n_head)
             return kvs_cli_fail(&mk_cli, "embd %lld is not divisible by heads %lld; give --head-dim",
@@ -287,7 +271,7 @@ static double mk_normal(mk_rng *r) {
 }
 
 /* ---- built-in vocabulary ------------------------------------------------------------------------------------ */
-static const char *const k_words[] = {
+static const char *const mk_words[] = {
     "the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with",
     "as", "I", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "not", "word",
     "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your",
@@ -319,6 +303,11 @@ static const char *const k_words[] = {
     "happy", "sad", "love", "loved", "played", "wanted", "upon", "day", "named", "Lily", "Tom", "ball",
     "park", "sky", "blue", "green", "tall",
 };
+const char *const *kvs_mk_words(size_t *n) {
+    *n = sizeof mk_words / sizeof mk_words[0];
+    return mk_words;
+}
+
 static const char k_chars[] =
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()/&%$#@*+=<>[]{}_~`^|\\";
 
@@ -384,12 +373,12 @@ static int vocab_builtin(mk_vocab *v) {
         score -= 1.0f;
         if (vocab_add(v, c, 1, 1, score)) return -1;
     }
-    for (size_t w = 0; w < sizeof k_words / sizeof k_words[0]; w++) {
+    for (size_t w = 0; w < sizeof mk_words / sizeof mk_words[0]; w++) {
         char piece[64];
-        size_t wl = strlen(k_words[w]);
+        size_t wl = strlen(mk_words[w]);
         if (wl + 4 > sizeof piece) return -1;
         memcpy(piece, SPM_SPACE, 3);
-        memcpy(piece + 3, k_words[w], wl);
+        memcpy(piece + 3, mk_words[w], wl);
         for (size_t l = 1; l <= wl; l++) {
             size_t before = v->n;
             if (vocab_add(v, piece, 3 + l, 1, score - 1.0f)) return -1;
@@ -465,10 +454,7 @@ static int add_vocab_from(eng_gguf_writer *w, const char *path, int64_t *n_vocab
 }
 
 /* ---- tensors --------------------------------------------------------------------------------------------------- */
-enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS };
 
-/* One tensor of a block: blk.N.<suffix>, [ne0, ne1] */
-typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1; } mk_tdef;
 
 /* Generates tensor `name` of [ne0, ne1] and adds it in type (norms and biases: f32). */
 static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
@@ -577,8 +563,9 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
                 "--vocab-from\n");
         rc = ENG_ERR_INVALID;
     }
-    if (!rc) rc = o->vocab_from ? add_vocab_from(tw, o->vocab_from, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
-    if (!rc) rc = add_metadata(w, o, *n_vocab);
+    if (!rc) rc = o->vocab_from ? add_vocab_from(tw, o->vocab_from, n_vocab)
+                  : kvs_mk_is_encoder(o) ? kvs_mk_encoder_vocab(tw, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
+    if (!rc) rc = kvs_mk_is_encoder(o) ? kvs_mk_encoder_metadata(w, o, *n_vocab) : add_metadata(w, o, *n_vocab);
     if (!rc) {
         /* Copy the tokenizer block through a reader over the scratch writer's bytes. */
         void *mem = NULL;
@@ -598,7 +585,7 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
 }
 
 /* One tensor into w, or with w NULL only counted (nothing generated): *total gets its bytes, *count one more. */
-static int tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
+int kvs_mk_tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
                       size_t *total, int *count) {
     (*count)++;
     if (w) return add_tensor(w, o, name, kind, ne0, ne1, total);
@@ -632,17 +619,18 @@ static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, si
     char name[96];
     *total = 0;
     *count = 0;
-    int rc = tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
+    if (kvs_mk_is_encoder(o)) return kvs_mk_encoder_tensors(w, o, n_vocab, total, count);
+    int rc = kvs_mk_tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
     for (int64_t l = 0; l < o->n_layer && !rc; l++) {
         for (size_t i = 0; i < nt && !rc; i++) {
             if (td[i].kind == MK_BIAS && !biases) continue;
             if (!strcmp(td[i].suffix, "attn_output.bias") && !o->out_bias) continue; /* qwen2 has none */
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
-            rc = tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
+            rc = kvs_mk_tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
         }
     }
-    if (!rc) rc = tensor_one(w, o, "output_norm.weight", MK_NORM, E, 1, total, count);
-    if (!rc && !o->tied) rc = tensor_one(w, o, "output.weight", MK_EMBED, E, n_vocab, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(w, o, "output_norm.weight", MK_NORM, E, 1, total, count);
+    if (!rc && !o->tied) rc = kvs_mk_tensor_one(w, o, "output.weight", MK_EMBED, E, n_vocab, total, count);
     if (!rc && o->rope_factors) {
         *count += 2;
         if (w) rc = add_rope_factors(w, o->head_dim / 2, total);

@@ -14,6 +14,7 @@
 #include "engine/kernels/quant.h"
 #include "engine/kernels/quant_kpacked.h"
 #include "engine/text/tokenizer.h"
+#include "engine/model/encoder.h"
 
 void eng_load_params_default(eng_load_params *p) {
     if (!p) return;
@@ -165,6 +166,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = ENG_ARCH_QWEN3;
     else if (!strcmp(hp->arch_name, "gemma3")) hp->arch = ENG_ARCH_GEMMA3;
     else if (!strcmp(hp->arch_name, "phi3")) hp->arch = ENG_ARCH_PHI3;
+    else if (eng_encoder_arch(hp->arch_name, &hp->arch)) {} /* bert, nomic-bert: engine/model/encoder.c */
     else if (vocab_only) return 0; /* a tokenizer-only load does not need the architecture */
     else return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
                      hp->arch_name);
@@ -276,6 +278,7 @@ static int load_tensors(loader *L) {
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has %lld rows but the "
                     "vocabulary has %d tokens", L->path, (long long)te->ne[1], hp->n_vocab);
     hp->n_vocab = (int32_t)te->ne[1];
+    if (hp->arch == ENG_ARCH_BERT || hp->arch == ENG_ARCH_NOMIC_BERT) return eng_encoder_load(m, L->path, L->err, L->err_len);
     const int64_t E = hp->n_embd, V = hp->n_vocab, HD = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * HD, KD = (int64_t)hp->n_head_kv * HD, F = hp->n_ff;
     if ((rc = load_matrix(L, "token_embd.weight", E, V, &m->tok_embd)) != 0) return rc;
@@ -452,7 +455,9 @@ int eng_model_pack_cpu(eng_model *m) {
         for (int32_t l = 0; l < m->hp.n_layer && rc == 0; l++) {
             eng_layer *ly = &m->layers[l];
             eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-            for (size_t i = 0; i < sizeof ms / sizeof ms[0] && rc == 0; i++) rc = pack_matrix(m, ms[i], true);
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0] && rc == 0; i++)
+                if (i != 4 || ly->w_gate.data != ly->w_up.data) /* an encoder's GELU FFN: w_gate is w_up */
+                    rc = pack_matrix(m, ms[i], true);
         }
         /* a tied output shares token_embd's rows: embedding lookups then read the packed copy (eng_model_embd_row),
          * so its mapped pages go as well */
@@ -488,6 +493,7 @@ void eng_model_free(eng_model *m) {
         free(m->layers);
     }
     free(m->output.packed);
+    eng_encoder_free(m->enc, m->hp.n_layer);
     pthread_mutex_destroy(&m->pack_lock);
     eng_vocab_free(m->vocab);
     eng_gguf_close(m->gguf);

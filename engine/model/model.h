@@ -21,6 +21,7 @@
 #include "engine/format/gguf.h"
 
 struct eng_vocab;
+struct eng_encoder;
 
 /* One weight matrix: n_out rows of k values in `type`, row j at data + j * row_bytes. */
 typedef struct eng_matrix {
@@ -78,6 +79,7 @@ struct eng_model {
     size_t weight_bytes;        /* bytes of every tensor the model uses */
     pthread_mutex_t pack_lock;  /* guards the one-time packing of eng_model_pack_cpu */
     bool packed;                /* eng_model_pack_cpu has run */
+    struct eng_encoder *enc;    /* an encoder's own weights (engine/model/encoder.h), NULL for a decoder (owned) */
 };
 
 /* Family-specific loading (model_families.c), called by eng_model_load. eng_model_family_hparams sets the family

@@ -11,6 +11,7 @@
 #include "engine/kernels/ops.h"
 #include "engine/model/model.h"
 #include "engine/runtime/forward_ctx.h"
+#include "engine/runtime/encoder_fwd.h"
 #include "engine/runtime/kv_pool.h"
 
 void eng_ctx_params_default(eng_ctx_params *p) {
@@ -36,6 +37,7 @@ static void *zalloc(size_t n, size_t size) {
 
 void eng_ctx_free(eng_ctx *c) {
     if (!c) return;
+    eng_encoder_ctx_free(c);
     eng_pool_free(c->pool);
     kvc_free(c->cache);
     eng_cuda_free(c->cuda); /* after the cache, which lives in its device memory */
@@ -206,6 +208,12 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
     c->attn_level = eng_ops_attn_level_for(c->simd);
     eng_smp_kernels_for(&c->smp, c->simd);
     int rc = 0;
+    if (model->enc && p.device == ENG_DEVICE_CUDA) {
+        free(c);
+        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: encoder models (%s) run on the CPU only",
+                        hp->arch_name);
+    }
+    if (model->enc) p.device = ENG_DEVICE_CPU; /* AUTO: the encoder forward pass is the CPU's */
     if (p.device != ENG_DEVICE_CPU) {
         rc = eng_cuda_create(model, &p, &c->cuda, &c->cache, err, err_len);
         if (rc != 0 || c->cuda) {

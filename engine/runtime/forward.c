@@ -41,6 +41,7 @@
 #include "engine/kernels/sampler_kernels.h"
 #include "engine/runtime/threadpool.h"
 #include "engine/runtime/forward_ctx.h"
+#include "engine/runtime/encoder_fwd.h"
 
 /* ---- the parallel forward ------------------------------------------------------------------------------ */
 static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
@@ -572,6 +573,7 @@ int eng_decode(eng_ctx *c, const eng_batch *b) {
     if (!c || !b) return ENG_ERR_INVALID;
     if (c->cuda && b->want_embd) return ENG_ERR_UNSUPPORTED;
     if (c->cuda) return eng_cuda_decode(c->cuda, c->cache, b);
+    if (c->model->enc) return eng_encoder_decode(c, b); /* bert, nomic-bert: encoder_fwd.c */
     c->last_n = 0;
     c->n_logits = 0;
     c->embd_valid = false;

@@ -119,6 +119,8 @@ struct eng_ctx {
                             wants them) */
     bool *embd_rows;     /* [max_batch] the want_embd flags of the last successful decode */
     bool embd_valid;     /* the last successful decode filled embd for its embd_rows */
+    float *enc_rank;     /* encoders: [max_batch][n_cls_out] the classification head's values (encoder_fwd.c) */
+    int32_t *enc_seq;    /* encoders: [3][max_batch] sequence runs (first row, rows) and rows with head values */
 
     /* the batch being run */
     const eng_batch *batch;

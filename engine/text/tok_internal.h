@@ -48,6 +48,10 @@ struct eng_vocab {
 
     int32_t bos, eos, eot, eom, unk;
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    int32_t sep;            /* WPM: [SEP] (-1 when none) */
+    bool add_sep;           /* WPM: add_special appends sep */
+    bool wpm_lower, wpm_strip; /* WPM: BertNormalizer lowercase / strip_accents */
+    uint32_t max_tok_len;   /* WPM: longest token text in bytes */
     bool spm_split;         /* SPM: no token has U+2581 after another character, so merging never crosses the
                                start of a run of U+2581 and each such piece can be merged on its own (exact) */
     uint8_t *eog;           /* [n_tokens] 0/1 */
@@ -169,5 +173,8 @@ int tok_split_chars(const eng_vocab *v, work *w, const char *text, size_t len);
 /* SPM over an already escaped text (tok_spm.c); byte-level BPE over raw text (tok_bpe.c). Append to *out. */
 int tok_spm_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out);
 int tok_bpe_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, ivec *out);
+/* WordPiece over raw text (tok_wpm.c): normalized, split into words, each word greedily longest-match first with
+ * a U+2581 prefix; a word with an unmatched rest becomes [UNK]. buf is scratch. Appends to *out. */
+int tok_wpm_tokenize(const eng_vocab *v, kvs_buf *buf, const char *text, size_t len, ivec *out);
 
 #endif

@@ -289,6 +289,21 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
         v->bos = 1 < v->n_tokens ? 1 : -1;
         v->eos = 2 < v->n_tokens ? 2 : -1;
         v->unk = 0;
+    } else if (v->type == ENG_VOCAB_WPM) { /* llama.cpp's defaults for "bert" vocabularies */
+        v->pre = ENG_PRE_DEFAULT;
+        add_bos_default = true;
+        v->add_sep = true;
+        v->bos = 101 < v->n_tokens ? 101 : -1;
+        v->unk = 100 < v->n_tokens ? 100 : -1;
+        v->sep = 102 < v->n_tokens ? 102 : -1;
+        v->wpm_lower = true;
+        if ((rc = get_bool_key(g, "tokenizer.ggml.normalizer.lowercase", &v->wpm_lower, err, err_len))) return rc;
+        v->wpm_strip = v->wpm_lower;
+        if ((rc = get_bool_key(g, "tokenizer.ggml.normalizer.strip_accents", &v->wpm_strip, err, err_len))) return rc;
+        if ((rc = get_int_key(g, "tokenizer.ggml.seperator_token_id", v->n_tokens, &v->sep, err, err_len))) return rc;
+        if ((rc = get_bool_key(g, "tokenizer.ggml.add_sep_token", &v->add_sep, err, err_len))) return rc;
+        for (int32_t i = 0; i < v->n_tokens; i++)
+            if (v->tok[i].len > v->max_tok_len) v->max_tok_len = v->tok[i].len;
     } else {
         eng_gguf_str pre = {"", 0};
         rc = eng_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
@@ -317,6 +332,7 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
         return rc;
     if (v->add_bos && v->bos < 0) v->add_bos = false;
     if (v->add_eos && v->eos < 0) v->add_eos = false;
+    if (v->add_sep && v->sep < 0) v->add_sep = false;
     return ENG_OK;
 }
 
@@ -467,8 +483,9 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
     eng_vocab_type type;
     if (str_is(model, "llama")) type = ENG_VOCAB_SPM;
     else if (str_is(model, "gpt2")) type = ENG_VOCAB_BPE;
+    else if (str_is(model, "bert")) type = ENG_VOCAB_WPM;
     else
-        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%.*s' (supported: llama, gpt2)",
+        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%.*s' (supported: llama, gpt2, bert)",
                         name, (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
     const eng_gguf_str *strs;
@@ -484,7 +501,7 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
     if (!v) return ENG_ERR_NOMEM;
     v->type = type;
     v->n_tokens = (int32_t)n;
-    v->bos = v->eos = v->eot = v->eom = v->unk = -1;
+    v->bos = v->eos = v->eot = v->eom = v->unk = v->sep = -1;
     rc = ENG_ERR_NOMEM;
     v->tok = calloc(n, sizeof *v->tok);
     v->eog = calloc(n, 1);
@@ -518,6 +535,8 @@ int32_t eng_vocab_eot(const eng_vocab *v) { return v ? v->eot : -1; }
 int32_t eng_vocab_unk(const eng_vocab *v) { return v ? v->unk : -1; }
 bool eng_vocab_add_bos(const eng_vocab *v) { return v && v->add_bos; }
 bool eng_vocab_add_eos(const eng_vocab *v) { return v && v->add_eos; }
+int32_t eng_vocab_sep(const eng_vocab *v) { return v ? v->sep : -1; }
+bool eng_vocab_add_sep(const eng_vocab *v) { return v && v->add_sep; }
 bool eng_vocab_add_space_prefix(const eng_vocab *v) { return v && v->type == ENG_VOCAB_SPM && v->add_space_prefix; }
 
 int eng_vocab_token_type(const eng_vocab *v, int32_t id) {

@@ -183,12 +183,15 @@ int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool ad
                 if (e) { rc = ENG_ERR_NOMEM; goto done; }
             }
             if ((rc = tok_spm_tokenize(v, &w, esc.data, esc.len, &ids))) goto done;
+        } else if (v->type == ENG_VOCAB_WPM) {
+            if ((rc = tok_wpm_tokenize(v, &esc, text + fr->off, fr->len, &ids))) goto done;
         } else {
             if ((rc = tok_bpe_tokenize(v, &w, text + fr->off, fr->len, &ids))) goto done;
         }
         prev_special = false;
     }
     if (add_special && v->add_eos && tok_ivec_push(&ids, v->eos)) { rc = ENG_ERR_NOMEM; goto done; }
+    if (add_special && v->add_sep && tok_ivec_push(&ids, v->sep)) { rc = ENG_ERR_NOMEM; goto done; }
 
     if (ids.n > INT32_MAX) { rc = ENG_ERR_TOO_LARGE; goto done; }
     *n_out = (int32_t)ids.n;

@@ -31,7 +31,8 @@
 extern "C" {
 #endif
 
-typedef enum { ENG_VOCAB_SPM = 1, ENG_VOCAB_BPE = 2 } eng_vocab_type;
+/* WPM: BERT's WordPiece as llama.cpp runs it (tokenizer.ggml.model "bert"; tok_wpm.c) */
+typedef enum { ENG_VOCAB_SPM = 1, ENG_VOCAB_BPE = 2, ENG_VOCAB_WPM = 3 } eng_vocab_type;
 
 /* GGUF token types (tokenizer.ggml.token_type). Tokens without a type array are NORMAL. */
 enum {
@@ -75,6 +76,10 @@ int32_t eng_vocab_eot(const eng_vocab *v);             /* -1 when none */
 int32_t eng_vocab_unk(const eng_vocab *v);             /* -1 when none */
 bool eng_vocab_add_bos(const eng_vocab *v);            /* whether add_special adds BOS */
 bool eng_vocab_add_eos(const eng_vocab *v);
+/* WPM: the separator token ([SEP], tokenizer.ggml.seperator_token_id, -1 when none) and whether tokenizing with
+ * add_special appends it (tokenizer.ggml.add_sep_token, default true for WPM, false otherwise). */
+int32_t eng_vocab_sep(const eng_vocab *v);
+bool eng_vocab_add_sep(const eng_vocab *v);
 bool eng_vocab_add_space_prefix(const eng_vocab *v);   /* SPM only; false for BPE */
 
 /* Token type (ENG_TOKTYPE_*; the load may promote end-of-turn tokens to CONTROL as llama.cpp does), or -1

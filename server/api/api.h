@@ -297,6 +297,9 @@ void srv_api_set_context_shift(srv_api *api, bool on, int32_t n_keep, int32_t bo
 void srv_api_set_fim(srv_api *api, int32_t pre, int32_t suf, int32_t mid);
 /* /v1/embeddings: how inputs are pooled and the vector size (the model's n_embd). Loop thread. */
 void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd);
+/* /v1/rerank: the model's classification head outputs (0: rerank answers 501) and the special tokens of the pair
+ * prompt [bos] query [eos] [sep] document [eos] (-1: not added). Loop thread. */
+void srv_api_set_rerank(srv_api *api, int32_t n_rank, int32_t bos, int32_t eos, int32_t sep);
 /* The srv_http handler (ud = the srv_api). */
 void srv_api_handle(void *ud, srv_http_req *req);
 /* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */

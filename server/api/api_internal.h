@@ -138,6 +138,8 @@ struct srv_api {
     srv_sched_pooling pooling; /* /v1/embeddings (srv_api_set_pooling) */
     api_resp_store *resp_store; /* /v1/responses kept for previous_response_id (thread-safe) */
     int32_t n_embd;
+    int32_t n_rank;       /* /v1/rerank: the classification head's outputs (0: the model cannot rerank) */
+    int32_t rank_tok[3];  /* /v1/rerank: BOS, EOS and SEP of the pair prompt, -1 each when not added */
     int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
     bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
     int32_t n_keep;       /* the default of the request field n_keep */

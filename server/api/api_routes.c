@@ -263,7 +263,7 @@ static void route_text(srv_api *api, srv_http_req *req, bool detok) {
 /* ---- dispatch --------------------------------------------------------------------------------------------- */
 static bool auth_ok(const srv_api *api, const srv_http_req *req) { return srv_http_bearer_ok(req, api->api_key); }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP, R_INFILL, R_MSG, R_MSG_COUNT } route_id;
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_COMPL, R_CHAT, R_TOK, R_DETOK, R_PROPS, R_PAGE, R_EMBED, R_RESP, R_INFILL, R_MSG, R_MSG_COUNT, R_RERANK } route_id;
 typedef struct route { const char *path; int method; route_id id; bool needs_model; } route;
 static const route ROUTES[] = {
     {"/health", HTTP_GET, R_HEALTH, false},
@@ -284,6 +284,9 @@ static const route ROUTES[] = {
     {"/messages/count_tokens", HTTP_POST, R_MSG_COUNT, true},
     {"/v1/embeddings", HTTP_POST, R_EMBED, true},
     {"/embeddings", HTTP_POST, R_EMBED, true},
+    {"/v1/rerank", HTTP_POST, R_RERANK, true},
+    {"/rerank", HTTP_POST, R_RERANK, true},
+    {"/v2/rerank", HTTP_POST, R_RERANK, true},
     {"/tokenize", HTTP_POST, R_TOK, true},
     {"/detokenize", HTTP_POST, R_DETOK, true},
     {"/props", HTTP_GET, R_PROPS, true},
@@ -389,6 +392,7 @@ void srv_api_handle(void *ud, srv_http_req *req) {
     case R_COMPL: api_route_generate(api, req, SRV_API_COMPLETION); break;
     case R_CHAT: api_route_generate(api, req, SRV_API_CHAT); break;
     case R_EMBED: api_route_embeddings(api, req); break;
+    case R_RERANK: api_route_rerank(api, req); break;
     case R_RESP: api_route_responses(api, req); break;
     case R_MSG: api_route_messages(api, req, false); break;
     case R_MSG_COUNT: api_route_messages(api, req, true); break;

@@ -26,5 +26,7 @@ void api_route_messages(srv_api *api, srv_http_req *req, bool count_tokens);
 
 /* api_embed.c */
 void api_route_embeddings(srv_api *api, srv_http_req *req);
+/* POST /v1/rerank, /rerank, /v2/rerank (api_rerank.c). */
+void api_route_rerank(srv_api *api, srv_http_req *req);
 
 #endif /* KVSERVE_API_ROUTES_INTERNAL_H */

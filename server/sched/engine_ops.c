@@ -12,6 +12,7 @@ static kvc_cache *re_cache(void *p) { return eng_ctx_cache(((real_engine *)p)->c
 static int re_decode(void *p, const eng_batch *b) { return eng_decode(((real_engine *)p)->ctx, b); }
 static float *re_logits(void *p, int32_t i) { return eng_get_logits(((real_engine *)p)->ctx, i); }
 static float *re_embd(void *p, int32_t i) { return eng_get_embeddings(((real_engine *)p)->ctx, i); }
+static float *re_rank(void *p, int32_t i) { return eng_get_rank(((real_engine *)p)->ctx, i); }
 static bool re_eog(void *p, int32_t t) { return eng_token_is_eog(((real_engine *)p)->model, t); }
 static int re_seq_remove(void *p, int32_t seq, int32_t begin, int32_t end) {
     return eng_seq_remove(((real_engine *)p)->ctx, seq, begin, end);
@@ -70,6 +71,9 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
     /* hidden states come from the CPU forward pass only (eng_get_embeddings) */
     out->get_embd = eng_ctx_device(ctx) == ENG_DEVICE_CPU ? re_embd : NULL;
     out->n_embd = eng_model_hparams(model)->n_embd;
+    out->whole_prompts = eng_model_is_encoder(model); /* bidirectional attention: a prompt runs whole */
+    out->n_rank = eng_model_n_cls_out(model);
+    out->get_rank = out->n_rank > 0 && out->get_embd ? re_rank : NULL;
     out->seq_remove = re_seq_remove; /* the context shift (CPU and CUDA contexts both re-rotate) */
     return SRV_SCHED_OK;
 }

@@ -279,7 +279,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
         if (rem <= 0) continue; /* cannot happen: a live choice always has its next input uncached */
         int32_t want = rem < *budget ? rem : *budget, need;
         int32_t n = fit_tokens(s, c->seq, want, blocks_avail(s, *reserved), &need);
-        if (n == 0) continue;
+        if (n == 0 || (s->ops.whole_prompts && n < rem)) continue; /* an encoder's prompt runs whole */
         add_group(s, r, c, n, n == rem && !r->rq.embed, true);
         *reserved += need;
         *budget -= n;
@@ -638,9 +638,14 @@ int srv_sched_submit(srv_sched *s, const srv_sched_request *req, uint64_t *id) {
     for (int32_t i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= s->ops.n_vocab) return SRV_SCHED_ERR_INVALID;
     if (s->p.n_ctx > 0 && req->n_prompt >= s->p.n_ctx) return SRV_SCHED_ERR_TOO_LONG;
-    if (req->embed && (req->n != 1 || (int)req->pooling < SRV_SCHED_POOL_MEAN || req->pooling > SRV_SCHED_POOL_LAST))
+    if (req->embed && (req->n != 1 || (int)req->pooling < SRV_SCHED_POOL_MEAN || req->pooling > SRV_SCHED_POOL_RANK))
         return SRV_SCHED_ERR_INVALID;
     if (req->embed && (!s->ops.get_embd || s->ops.n_embd < 1)) return KVS_ERR_UNSUPPORTED;
+    if (req->embed && req->pooling == SRV_SCHED_POOL_RANK &&
+        (!s->ops.get_rank || s->ops.n_rank < 1 || s->ops.n_rank > s->ops.n_embd))
+        return KVS_ERR_UNSUPPORTED;
+    if (s->ops.whole_prompts && !req->embed) return KVS_ERR_UNSUPPORTED; /* an encoder does not generate */
+    if (s->ops.whole_prompts && req->n_prompt > s->p.batch_tokens) return SRV_SCHED_ERR_TOO_LONG;
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return SRV_SCHED_ERR_NOMEM;
     r->rq = *req;

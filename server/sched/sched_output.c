@@ -182,7 +182,7 @@ bool sched_emit_outputs(srv_sched *s, sched_req *r) {
     e->ev.timings = r->timings;
     if (r->rq.embed && overall == SRV_SCHED_FINISH_STOP) {
         e->ev.embd = r->embd;
-        e->ev.n_embd = s->ops.n_embd;
+        e->ev.n_embd = r->rq.pooling == SRV_SCHED_POOL_RANK ? s->ops.n_rank : s->ops.n_embd;
     }
     out_push(s, e);
     s->counters.requests_finished[overall]++;
@@ -329,8 +329,27 @@ void sched_fail_request(srv_sched *s, sched_req *r, const char *msg) {
 }
 
 /* ---- embeddings ------------------------------------------------------------------------------------------- */
+/* Rank pooling: the head's values of the first row, as they are. */
+static void pool_rank(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t pos0) {
+    if (pos0 == 0) {
+        const float *v = s->ops.get_rank(s->ops.ctx, first);
+        if (!v) {
+            sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "the engine returned no classification values");
+            return;
+        }
+        memcpy(r->embd, v, (size_t)s->ops.n_rank * sizeof *r->embd);
+    }
+    if (c->n_cached < r->rq.n_prompt) return;
+    if (r->timings.t_first_token == 0) r->timings.t_first_token = uv_hrtime();
+    sched_finish_choice(s, r, c, SRV_SCHED_FINISH_STOP, NULL);
+}
+
 void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0) {
     const int32_t E = s->ops.n_embd;
+    if (r->rq.pooling == SRV_SCHED_POOL_RANK) {
+        pool_rank(s, r, c, first, pos0);
+        return;
+    }
     for (int32_t k = 0; k < n; k++) {
         int32_t pos = pos0 + k;
         bool take = r->rq.pooling == SRV_SCHED_POOL_MEAN || (r->rq.pooling == SRV_SCHED_POOL_CLS && pos == 0) ||

@@ -1,0 +1,372 @@
+/*
+ * encoder_fwd.c: the forward pass of bert and nomic-bert (see encoder_fwd.h for the batch contract). The math, as
+ * llama.cpp's bert graph computes it:
+ *   x = LayerNorm(token_embd[t] + token_types[0] + position_embd[pos])          (nomic-bert: no position row)
+ *   per layer: q, k, v = x Wq + bq, ...; nomic-bert rotates q and k (neox halves);
+ *              a = softmax(q k^T / sqrt(head_dim)) v over every row of the sequence (bidirectional);
+ *              h = LayerNorm(a Wo + bo + x)
+ *              f = GELU(h Wup + bup) Wdown + bdown  (nomic-bert: (silu(h Wgate) * h Wup) Wdown)
+ *              x = LayerNorm(f + h)
+ *   rank head: tanh(x0 Wcls + bcls) Wout + bout for the sequence's first row.
+ * The matrices run through the engine's gemm kernels (packed when the model is), split over the context's thread
+ * pool by output rows; attention by (sequence, head) pairs; element-wise work by rows. Nothing depends on how a
+ * batch is composed, so a row's numbers are the same whatever ran with it.
+ */
+#include "engine/runtime/encoder_fwd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/ops.h"
+#include "engine/kernels/quant.h"
+#include "engine/kernels/quant_kpacked.h"
+#include "engine/model/encoder.h"
+#include "engine/runtime/batch.h"
+#include "engine/runtime/forward_ctx.h"
+#include "engine/runtime/kv_pool.h"
+
+/* Per-batch state shared by the workers. */
+typedef struct enc_run {
+    eng_ctx *c;
+    const eng_batch *b;
+    int32_t m;
+    int32_t n_units;     /* (sequence, head) attention units */
+    int32_t *seq_start;  /* [m] first row of each sequence run, in order (n_seqs entries used) */
+    int32_t *seq_len;    /* [m] its rows */
+    int32_t n_seqs;
+    int rc;              /* set by thread 0 when the embedding rows cannot be read */
+} enc_run;
+
+static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
+    *b = n * ith / nth;
+    *e = n * (ith + 1) / nth;
+}
+
+static float gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* y = (x - mean) / sqrt(var + eps) * w + b over n values (y may equal x); sums in double. */
+static void layer_norm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps) {
+    double s = 0, ss = 0;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    double mean = s / (double)n;
+    for (int64_t i = 0; i < n; i++) {
+        double d = x[i] - mean;
+        ss += d * d;
+    }
+    float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps)), mf = (float)mean;
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mf) * inv * w[i] + b[i];
+}
+
+/* Rows [rb, re) of src (stride ld) quantized for w's dot type into the context's activation buffer. */
+static void quantize(const eng_ctx *c, const eng_matrix *w, const float *src, int64_t ld, int64_t rb, int64_t re) {
+    size_t rbytes = eng_qtype_row_bytes(w->dot_type, w->k);
+    for (int64_t r = rb; r < re; r++)
+        eng_quantize_row(w->dot_type, src + r * ld, (char *)c->xq[0] + (size_t)r * rbytes, w->k);
+}
+
+/* This thread's share (whole groups of 16 output rows) of y = xq W for m rows. */
+static void gemm_share(const eng_ctx *c, const eng_matrix *w, int64_t m, float *y, int64_t ldy, int ith, int nth) {
+    int64_t groups = (w->n_out + 15) / 16, gb, ge;
+    split(groups, ith, nth, &gb, &ge);
+    int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
+    if (jb >= je) return;
+    if (w->packed && c->simd >= ENG_SIMD_AVX2)
+        eng_gemm_wpacked(c->simd, w->type, w->packed, w->n_out, w->k, c->xq[0], m, y, ldy, jb, je);
+    else
+        eng_gemm(c->simd, w->type, w->data, w->k, c->xq[0], m, y, ldy, jb, je);
+}
+
+/* The input rows: token + type + position embeddings, LayerNorm. */
+static void embed_rows(enc_run *R, int ith, int nth) {
+    eng_ctx *c = R->c;
+    const eng_model *md = c->model;
+    const eng_encoder *enc = md->enc;
+    const int64_t E = c->hp->n_embd;
+    int64_t rb, re;
+    split(R->m, ith, nth, &rb, &re);
+    void *scratch = (char *)c->th_embd + (size_t)ith * c->embd_row_cap;
+    float *pos_row = c->th_xn + (size_t)ith * SMALL_M * (size_t)E;
+    for (int64_t r = rb; r < re; r++) {
+        float *x = c->x + r * E;
+        if (eng_model_embd_row(md, R->b->token[r], x, scratch) != 0) {
+            R->rc = ENG_ERR_INVALID;
+            continue;
+        }
+        if (enc->type_row)
+            for (int64_t j = 0; j < E; j++) x[j] += enc->type_row[j];
+        if (enc->pos_embd.data) {
+            const void *pr = (const char *)enc->pos_embd.data + (size_t)R->b->pos[r] * enc->pos_embd.row_bytes;
+            eng_dequantize_row(enc->pos_embd.type, pr, pos_row, E);
+            for (int64_t j = 0; j < E; j++) x[j] += pos_row[j];
+        }
+        layer_norm(x, x, enc->embd_ln_w, enc->embd_ln_b, E, enc->ln_eps);
+    }
+}
+
+/* q, k, v biases and (nomic-bert) the rotation of q and k, for this thread's rows. */
+static void qkv_post(enc_run *R, const eng_enc_layer *el, int ith, int nth) {
+    eng_ctx *c = R->c;
+    const eng_hparams *hp = c->hp;
+    const int64_t E = hp->n_embd, HD = hp->head_dim;
+    int64_t rb, re;
+    split(R->m, ith, nth, &rb, &re);
+    float *cs = c->th_o + (size_t)ith * (size_t)c->att_q * (size_t)HD; /* this thread's angles of one row */
+    for (int64_t r = rb; r < re; r++) {
+        float *q = c->q + r * E, *k = c->k + r * E, *v = c->v + r * E;
+        for (int64_t j = 0; j < E; j++) {
+            if (el->bq) q[j] += el->bq[j];
+            if (el->bk) k[j] += el->bk[j];
+            if (el->bv) v[j] += el->bv[j];
+        }
+        if (!c->model->enc->rope) continue;
+        for (int32_t i = 0; i < hp->n_rot / 2; i++) {
+            double th = (double)R->b->pos[r] * (double)c->inv_freq[i];
+            cs[2 * i] = (float)cos(th);
+            cs[2 * i + 1] = (float)sin(th);
+        }
+        for (int32_t h = 0; h < hp->n_head; h++) {
+            eng_rope(q + h * HD, hp->n_rot, cs, true);
+            eng_rope(k + h * HD, hp->n_rot, cs, true);
+        }
+    }
+}
+
+/* Bidirectional attention of this thread's (sequence, head) units into c->att. */
+static void attend(enc_run *R, int ith, int nth) {
+    eng_ctx *c = R->c;
+    const eng_hparams *hp = c->hp;
+    const int64_t E = hp->n_embd, HD = hp->head_dim;
+    const float scale = 1.0f / sqrtf((float)HD);
+    float *s = c->th_scores + (size_t)ith * (size_t)c->att_q * (size_t)c->n_ctx;
+    int64_t ub, ue;
+    split(R->n_units, ith, nth, &ub, &ue);
+    for (int64_t u = ub; u < ue; u++) {
+        int32_t si = (int32_t)(u / hp->n_head), h = (int32_t)(u % hp->n_head);
+        int32_t r0 = R->seq_start[si], n = R->seq_len[si];
+        for (int32_t i = 0; i < n; i++) {
+            const float *q = c->q + (int64_t)(r0 + i) * E + h * HD;
+            float mx = -INFINITY;
+            for (int32_t j = 0; j < n; j++) {
+                const float *k = c->k + (int64_t)(r0 + j) * E + h * HD;
+                float d = 0;
+                for (int64_t t = 0; t < HD; t++) d += q[t] * k[t];
+                s[j] = d * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            double sum = 0;
+            for (int32_t j = 0; j < n; j++) {
+                s[j] = expf(s[j] - mx);
+                sum += s[j];
+            }
+            float inv = (float)(1.0 / sum);
+            float *o = c->att + (int64_t)(r0 + i) * E + h * HD;
+            for (int64_t t = 0; t < HD; t++) o[t] = 0;
+            for (int32_t j = 0; j < n; j++) {
+                const float *v = c->v + (int64_t)(r0 + j) * E + h * HD;
+                float p = s[j] * inv;
+                for (int64_t t = 0; t < HD; t++) o[t] += p * v[t];
+            }
+        }
+    }
+}
+
+/* dst[r] = LayerNorm(a[r] + bias + res[r]) for this thread's rows. */
+static void add_norm(enc_run *R, float *dst, const float *a, const float *bias, const float *res, const float *w,
+                     const float *b, int ith, int nth) {
+    const int64_t E = R->c->hp->n_embd;
+    int64_t rb, re;
+    split(R->m, ith, nth, &rb, &re);
+    for (int64_t r = rb; r < re; r++) {
+        float *y = dst + r * E;
+        for (int64_t j = 0; j < E; j++) y[j] = a[r * E + j] + (bias ? bias[j] : 0.0f) + res[r * E + j];
+        layer_norm(y, y, w, b, E, R->c->model->enc->ln_eps);
+    }
+}
+
+/* The FFN's activation for this thread's rows (into c->up), then its quantization for w_down. */
+static void ffn_act(enc_run *R, const eng_layer *ly, const eng_enc_layer *el, int ith, int nth) {
+    eng_ctx *c = R->c;
+    const int64_t F = c->hp->n_ff;
+    int64_t rb, re;
+    split(R->m, ith, nth, &rb, &re);
+    for (int64_t r = rb; r < re; r++) {
+        float *u = c->up + r * F;
+        if (c->model->enc->swiglu) {
+            const float *g = c->gate + r * F;
+            for (int64_t j = 0; j < F; j++) u[j] = silu(g[j]) * (u[j] + (el->b_up ? el->b_up[j] : 0.0f));
+        } else {
+            for (int64_t j = 0; j < F; j++) u[j] = gelu(u[j] + (el->b_up ? el->b_up[j] : 0.0f));
+        }
+    }
+    quantize(c, &ly->w_down, c->up, F, rb, re);
+}
+
+static void layer(enc_run *R, int32_t l, int ith, int nth) {
+    eng_ctx *c = R->c;
+    eng_pool *P = c->pool;
+    const eng_layer *ly = &c->model->layers[l];
+    const eng_enc_layer *el = &c->model->enc->layers[l];
+    const int64_t E = c->hp->n_embd, F = c->hp->n_ff, m = R->m;
+    int64_t rb, re;
+    split(m, ith, nth, &rb, &re);
+    quantize(c, &ly->wq, c->x, E, rb, re);
+    eng_pool_barrier(P);
+    gemm_share(c, &ly->wq, m, c->q, E, ith, nth);
+    gemm_share(c, &ly->wk, m, c->k, E, ith, nth);
+    gemm_share(c, &ly->wv, m, c->v, E, ith, nth);
+    eng_pool_barrier(P);
+    qkv_post(R, el, ith, nth);
+    eng_pool_barrier(P);
+    attend(R, ith, nth);
+    eng_pool_barrier(P);
+    quantize(c, &ly->wo, c->att, E, rb, re);
+    eng_pool_barrier(P);
+    gemm_share(c, &ly->wo, m, c->tmp, E, ith, nth);
+    eng_pool_barrier(P);
+    add_norm(R, c->x2, c->tmp, el->bo, c->x, el->attn_ln_w, el->attn_ln_b, ith, nth);
+    quantize(c, &ly->w_up, c->x2, E, rb, re);
+    eng_pool_barrier(P);
+    gemm_share(c, &ly->w_up, m, c->up, F, ith, nth);
+    if (c->model->enc->swiglu) gemm_share(c, &ly->w_gate, m, c->gate, F, ith, nth);
+    eng_pool_barrier(P);
+    ffn_act(R, ly, el, ith, nth);
+    eng_pool_barrier(P);
+    gemm_share(c, &ly->w_down, m, c->tmp, E, ith, nth);
+    eng_pool_barrier(P);
+    add_norm(R, c->x, c->tmp, el->b_down, c->x2, el->out_ln_w, el->out_ln_b, ith, nth);
+    eng_pool_barrier(P);
+}
+
+static void worker(void *arg, int ith, int nth) {
+    enc_run *R = arg;
+    embed_rows(R, ith, nth);
+    eng_pool_barrier(R->c->pool);
+    for (int32_t l = 0; l < R->c->hp->n_layer; l++) layer(R, l, ith, nth);
+}
+
+/* y[n_out] = x W (+ b), W's rows dequantized one at a time (the head runs once per sequence). */
+static int head_matvec(const eng_matrix *w, const float *b, const float *x, float *y, float *row) {
+    for (int64_t j = 0; j < w->n_out; j++) {
+        int rc = eng_dequantize_row(w->type, (const char *)w->data + (size_t)j * w->row_bytes, row, w->k);
+        if (rc != 0) return rc;
+        double d = 0;
+        for (int64_t t = 0; t < w->k; t++) d += (double)row[t] * (double)x[t];
+        y[j] = (float)d + (b ? b[j] : 0.0f);
+    }
+    return 0;
+}
+
+/* The classification head over row r's hidden state into out[n_cls_out]. */
+static int rank_head(eng_ctx *c, int32_t r, float *out) {
+    const eng_encoder *enc = c->model->enc;
+    const int64_t E = c->hp->n_embd;
+    float *row = c->th_xn, *h = c->th_xn + E; /* thread 0's scratch (at least 2 x n_embd floats) */
+    const float *x = c->x + (int64_t)r * E;
+    int rc = 0;
+    if (enc->cls.data) {
+        if ((rc = head_matvec(&enc->cls, enc->cls_b, x, h, row)) != 0) return rc;
+        for (int64_t j = 0; j < E; j++) h[j] = tanhf(h[j]);
+        x = h;
+    }
+    if (enc->cls_out.data) return head_matvec(&enc->cls_out, enc->cls_out_b, x, out, row);
+    memcpy(out, x, (size_t)E * sizeof *out);
+    return 0;
+}
+
+/* Checks the batch contract and lists its sequences' runs. */
+static int plan(enc_run *R) {
+    const eng_batch *b = R->b;
+    const eng_hparams *hp = R->c->hp;
+    R->n_seqs = 0;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (b->pos[i] < 0 || b->pos[i] >= hp->n_ctx_train || b->token[i] < 0 || b->token[i] >= hp->n_vocab)
+            return ENG_ERR_INVALID;
+        bool cont = i > 0 && b->seq[i] == b->seq[i - 1];
+        if (cont ? b->pos[i] != b->pos[i - 1] + 1 : b->pos[i] != 0) return ENG_ERR_INVALID;
+        if (!cont) {
+            R->seq_start[R->n_seqs] = i;
+            R->seq_len[R->n_seqs++] = 0;
+        }
+        R->seq_len[R->n_seqs - 1]++;
+    }
+    for (int32_t s = 0; s < R->n_seqs; s++) /* a sequence appears once */
+        for (int32_t t = s + 1; t < R->n_seqs; t++)
+            if (b->seq[R->seq_start[s]] == b->seq[R->seq_start[t]]) return ENG_ERR_INVALID;
+    R->n_units = R->n_seqs * hp->n_head;
+    return 0;
+}
+
+/* The outputs the rows asked for: hidden states and the head's values. */
+static int outputs(eng_ctx *c, const eng_batch *b) {
+    const int64_t E = c->hp->n_embd;
+    const int32_t nc = c->model->enc->n_cls_out;
+    for (int32_t i = 0; i < b->n; i++) {
+        c->embd_rows[i] = b->want_embd && b->want_embd[i];
+        c->enc_seq[2 * c->max_batch + i] = 0; /* row i has head values */
+        if (!c->embd_rows[i]) continue;
+        memcpy(c->embd + (size_t)i * (size_t)E, c->x + (size_t)i * (size_t)E, (size_t)E * sizeof(float));
+        if (nc > 0 && b->pos[i] == 0) {
+            int rc = rank_head(c, i, c->enc_rank + (size_t)i * (size_t)nc);
+            if (rc != 0) return rc;
+            c->enc_seq[2 * c->max_batch + i] = 1;
+        }
+    }
+    return 0;
+}
+
+static int ensure_buffers(eng_ctx *c) {
+    if (c->embd && c->enc_rank && c->enc_seq) return 0;
+    const int32_t nc = c->model->enc->n_cls_out > 0 ? c->model->enc->n_cls_out : 1;
+    if (!c->embd) c->embd = malloc((size_t)c->max_batch * (size_t)c->hp->n_embd * sizeof(float));
+    if (!c->embd_rows) c->embd_rows = malloc((size_t)c->max_batch * sizeof(bool));
+    if (!c->enc_rank) c->enc_rank = malloc((size_t)c->max_batch * (size_t)nc * sizeof(float));
+    if (!c->enc_seq) c->enc_seq = malloc((size_t)c->max_batch * 3 * sizeof(int32_t));
+    return c->embd && c->embd_rows && c->enc_rank && c->enc_seq ? 0 : ENG_ERR_NOMEM;
+}
+
+int eng_encoder_decode(eng_ctx *c, const eng_batch *b) {
+    c->last_n = 0;
+    c->n_logits = 0;
+    c->embd_valid = false;
+    if (b->n < 1 || b->n > c->max_batch || !b->token || !b->pos || !b->seq) return ENG_ERR_INVALID;
+    for (int32_t i = 0; i < b->n; i++)
+        if (b->want_logits && b->want_logits[i]) return ENG_ERR_INVALID; /* an encoder has no logits */
+    int rc = ensure_buffers(c);
+    if (rc != 0) return rc;
+    enc_run R = {.c = c, .b = b, .m = b->n, .seq_start = c->enc_seq, .seq_len = c->enc_seq + c->max_batch};
+    if ((rc = plan(&R)) != 0) return rc;
+    /* the cache's bookkeeping as for a decoder (slots reserved and committed), though no K/V is kept */
+    for (int32_t i = 0; i < b->n; i++) c->entries[i] = (kvc_entry){.seq = b->seq[i], .pos = b->pos[i], .token = b->token[i]};
+    if ((rc = kvc_start_forward(c->cache, c->entries, b->n, c->slots)) != 0) return eng_kv_err(rc);
+    eng_pool_run(c->pool, worker, &R);
+    if (R.rc == 0) R.rc = outputs(c, b);
+    int frc = kvc_finish_forward(c->cache, R.rc == 0);
+    if (R.rc != 0) return R.rc;
+    if (frc != 0) return eng_kv_err(frc);
+    c->last_n = b->n;
+    c->embd_valid = true;
+    return 0;
+}
+
+float *eng_get_rank(eng_ctx *c, int32_t i) {
+    if (!c || c->cuda || !c->model->enc || c->model->enc->n_cls_out < 1 || !c->embd_valid || i < 0 ||
+        i >= c->last_n || !c->embd_rows[i] || !c->enc_seq[2 * c->max_batch + i])
+        return NULL;
+    return c->enc_rank + (size_t)i * (size_t)c->model->enc->n_cls_out;
+}
+
+int32_t eng_model_n_cls_out(const eng_model *m) { return m && m->enc ? m->enc->n_cls_out : 0; }
+bool eng_model_is_encoder(const eng_model *m) { return m && m->enc; }
+
+void eng_encoder_ctx_free(eng_ctx *c) {
+    if (!c) return;
+    free(c->enc_rank);
+    free(c->enc_seq);
+    c->enc_rank = NULL;
+    c->enc_seq = NULL;
+}

@@ -1,0 +1,341 @@
+/* api_rerank.c: POST /v1/rerank, /rerank and /v2/rerank (llama.cpp's --reranking server, vLLM and Cohere's v2 shape).
+ * Each (query, document) pair becomes one embedding request of the scheduler with rank pooling: the pair's tokens
+ * are [BOS] query [EOS] [SEP] document [EOS], each special token where the vocabulary adds it (a BERT vocabulary:
+ * [CLS] query [SEP] document, as llama.cpp builds it), and the score is output 0 of the model's classification head
+ * over the first token (the raw value, as llama.cpp reports it). Pairs are submitted RERANK_WINDOW at a time and
+ * batched with whatever else runs.
+ *
+ * Body: query (a string, required), documents (a non-empty array of strings or of {"text": string} objects),
+ * top_n (an integer >= 0; 0 or absent: every document), return_documents (a boolean, default false: each result
+ * then carries "document": {"text": ...}), model (a string, ignored). Answer: {"id", "object": "list", "model",
+ * "results": [{"index", "relevance_score", "document"?}] sorted by score (highest first, ties by index),
+ * "usage": {"prompt_tokens", "total_tokens"}}. A model without a classification head answers 501. */
+#include "server/api/api_gen_internal.h"
+#include "server/api/api_routes_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { RERANK_WINDOW = 16, RERANK_MAX_DOCS = 2048 };
+
+#define RBAD(param, ...) srv_api_set_error(e, 400, NULL, param, NULL, __VA_ARGS__)
+
+typedef struct rerank_call {
+    api_call c;           /* first: freed by api_call_free */
+    char **docs;          /* [n_subs] the documents' texts (owned), kept for return_documents */
+    int32_t top_n;        /* results to answer (<= n_subs) */
+    bool ret_docs;
+} rerank_call;
+
+static void rerank_ext_free(api_call *c) {
+    rerank_call *rc = (rerank_call *)c;
+    for (int32_t i = 0; rc->docs && i < c->n_subs; i++) free(rc->docs[i]);
+    free(rc->docs);
+}
+
+/* The text of documents[i] (a string or {"text": string}), or NULL after a 400. */
+static const char *doc_text(const cJSON *d, int32_t i, srv_api_error *e) {
+    if (cJSON_IsString(d)) return d->valuestring;
+    const cJSON *t = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "text") : NULL;
+    if (cJSON_IsString(t)) return t->valuestring;
+    RBAD("documents", "'documents' item %d must be a string or an object with a string 'text'", (int)i);
+    return NULL;
+}
+
+/* The pair's tokens: [bos] q [eos] [sep] d [eos] into a new array. */
+static int build_pair(const srv_api *api, const int32_t *q, int32_t nq, const int32_t *d, int32_t nd, int32_t **out,
+                      int32_t *n) {
+    const int32_t *sp = api->rank_tok; /* bos, eos, sep: -1 when the vocabulary does not add it */
+    int32_t *t = malloc(((size_t)nq + (size_t)nd + 4) * sizeof *t), k = 0;
+    if (!t) return -2;
+    if (sp[0] >= 0) t[k++] = sp[0];
+    memcpy(t + k, q, (size_t)nq * sizeof *t);
+    k += nq;
+    if (sp[1] >= 0) t[k++] = sp[1];
+    if (sp[2] >= 0) t[k++] = sp[2];
+    memcpy(t + k, d, (size_t)nd * sizeof *t);
+    k += nd;
+    if (sp[1] >= 0) t[k++] = sp[1];
+    *out = t;
+    *n = k;
+    return 0;
+}
+
+static int parse_options(rerank_call *rc, const cJSON *root, int32_t n_docs, srv_api_error *e) {
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(root, "top_n");
+    const cJSON *ret = cJSON_GetObjectItemCaseSensitive(root, "return_documents");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) { RBAD("model", "'model' must be a string"); return -1; }
+    rc->top_n = n_docs;
+    if (top && !cJSON_IsNull(top)) {
+        if (!cJSON_IsNumber(top) || top->valuedouble < 0 || top->valuedouble != (double)(int64_t)top->valuedouble) {
+            RBAD("top_n", "'top_n' must be a non-negative integer");
+            return -1;
+        }
+        if (top->valuedouble > 0 && top->valuedouble < n_docs) rc->top_n = (int32_t)top->valuedouble;
+    }
+    if (ret && !cJSON_IsNull(ret)) {
+        if (!cJSON_IsBool(ret)) { RBAD("return_documents", "'return_documents' must be a boolean"); return -1; }
+        rc->ret_docs = cJSON_IsTrue(ret);
+    }
+    return 0;
+}
+
+/* Tokenizes the query and every pair; fills prep_toks / prep_ntok and the documents' texts. */
+static int tokenize_pairs(rerank_call *rc, const char *query, const cJSON *docs, srv_api_error *e) {
+    api_call *c = &rc->c;
+    srv_api *api = c->api;
+    int32_t *qt = NULL, nq = 0, r = api_tokenize(api, query, strlen(query), false, false, &qt, &nq);
+    if (r != 0) {
+        srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", kvs_strerror(r));
+        return -1;
+    }
+    int rv = -1;
+    const cJSON *it = docs->child;
+    for (int32_t i = 0; i < c->n_subs; i++, it = it->next) {
+        c->subs[i].call = c;
+        c->subs[i].prompt_index = i;
+        const char *text = doc_text(it, i, e);
+        if (!text) goto out;
+        if (!(rc->docs[i] = strdup(text))) { rv = -2; goto out; }
+        int32_t *dt = NULL, nd = 0;
+        if ((r = api_tokenize(api, text, strlen(text), false, false, &dt, &nd)) != 0) {
+            srv_api_set_error(e, 500, "server_error", NULL, NULL, "tokenization failed: %s", kvs_strerror(r));
+            goto out;
+        }
+        r = build_pair(api, qt, nq, dt, nd, &c->prep_toks[i], &c->prep_ntok[i]);
+        free(dt);
+        if (r != 0) { rv = r; goto out; }
+        if (c->prep_ntok[i] < 1) { RBAD("documents", "the query and document %d have no tokens", (int)i); goto out; }
+        if (api->n_ctx > 0 && c->prep_ntok[i] >= api->n_ctx) {
+            srv_api_set_error(e, 400, NULL, "documents", "context_length_exceeded", "This model's maximum context "
+                              "length is %d tokens, but the query and document %d have %d tokens", (int)api->n_ctx,
+                              (int)i, (int)c->prep_ntok[i]);
+            goto out;
+        }
+        if (api_check_kv_fit(api, c->prep_ntok[i], 1, "documents", e) != 0) goto out;
+        c->usage.prompt_tokens += c->prep_ntok[i];
+    }
+    rv = 0;
+out:
+    free(qt);
+    return rv;
+}
+
+/* Pool thread: parse and tokenize. */
+static int rerank_parse(rerank_call *rc, srv_api_error *e) {
+    api_call *c = &rc->c;
+    srv_api *api = c->api;
+    if (api->n_rank < 1) {
+        srv_api_set_error(e, 501, "server_error", NULL, "not_implemented", "this model cannot rerank: it has no "
+                          "classification head (a reranker GGUF has cls / cls.output tensors and pooling type rank)");
+        return -1;
+    }
+    cJSON *root = api_parse_body_object(c->job.body, c->job.body_len, e);
+    if (!root) return -1;
+    int rv = -1;
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "query");
+    const cJSON *docs = cJSON_GetObjectItemCaseSensitive(root, "documents");
+    if (!q || cJSON_IsNull(q)) { RBAD("query", "'query' is required"); goto out; }
+    if (!cJSON_IsString(q)) { RBAD("query", "'query' must be a string"); goto out; }
+    if (!docs || cJSON_IsNull(docs)) { RBAD("documents", "'documents' is required"); goto out; }
+    if (!cJSON_IsArray(docs) || cJSON_GetArraySize(docs) < 1) {
+        RBAD("documents", "'documents' must be a non-empty array of strings or {\"text\": ...} objects");
+        goto out;
+    }
+    int32_t n = cJSON_GetArraySize(docs);
+    if (n > RERANK_MAX_DOCS) { RBAD("documents", "'documents' holds %d items; at most %d are allowed", (int)n, RERANK_MAX_DOCS); goto out; }
+    if (parse_options(rc, root, n, e) != 0) goto out;
+    if (api_parse_priority(root, &api->limits, &c->priority, e) < 0) goto out;
+    c->n_subs = n;
+    c->subs = calloc((size_t)n, sizeof *c->subs);
+    c->prep_toks = calloc((size_t)n, sizeof *c->prep_toks);
+    c->prep_ntok = calloc((size_t)n, sizeof *c->prep_ntok);
+    c->embd = calloc((size_t)n, sizeof *c->embd);
+    rc->docs = calloc((size_t)n, sizeof *rc->docs);
+    if (!c->subs || !c->prep_toks || !c->prep_ntok || !c->embd || !rc->docs) { rv = -2; goto out; }
+    rv = tokenize_pairs(rc, q->valuestring, docs, e);
+out:
+    if (rv == -2) srv_api_set_nomem(e);
+    cJSON_Delete(root);
+    return rv;
+}
+
+static void rerank_work(api_job *j) {
+    api_call *c = (api_call *)j;
+    c->prep_failed = rerank_parse((rerank_call *)c, &c->prep_error) != 0;
+}
+
+static void rerank_event(const srv_sched_event *ev, void *user);
+
+static int rerank_submit(api_call *c, int32_t i) {
+    srv_api *api = c->api;
+    srv_sched_request sr;
+    memset(&sr, 0, sizeof sr);
+    sr.prompt = c->prep_toks[i];
+    sr.n_prompt = c->prep_ntok[i];
+    sr.n = 1;
+    eng_sampling_params_default(&sr.sampling);
+    sr.embed = true;
+    sr.pooling = SRV_SCHED_POOL_RANK;
+    sr.priority = c->priority;
+    sr.cb = rerank_event;
+    sr.user = &c->subs[i];
+    int r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
+    if (r == 0) {
+        c->subs[i].submitted = true;
+        c->n_live++;
+    }
+    free(c->prep_toks[i]);
+    c->prep_toks[i] = NULL;
+    return r;
+}
+
+static void rerank_submit_error(api_call *c, int r) {
+    if (c->has_error) return;
+    c->has_error = true;
+    if (r == KVS_ERR_UNSUPPORTED)
+        srv_api_set_error(&c->error, 501, "server_error", NULL, "not_implemented", "reranking runs on the CPU "
+                          "forward pass of a model with a classification head only");
+    else if (r == SRV_SCHED_ERR_QUEUE_FULL)
+        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is overloaded: the request "
+                          "queue is full; retry later");
+    else if (r == SRV_SCHED_ERR_STOPPED)
+        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
+    else
+        srv_api_set_error(&c->error, r == SRV_SCHED_ERR_TOO_LONG ? 400 : 500, "server_error", "documents", NULL,
+                          "could not queue a document: %s", kvs_strerror(r));
+}
+
+static int32_t *ranked_order(const api_call *c) {
+    int32_t *ord = malloc((size_t)c->n_subs * sizeof *ord);
+    if (!ord) return NULL;
+    for (int32_t i = 0; i < c->n_subs; i++) ord[i] = i;
+    for (int32_t i = 1; i < c->n_subs; i++) { /* insertion sort: stable, so ties keep the input order */
+        int32_t x = ord[i], j = i;
+        while (j > 0 && c->embd[ord[j - 1]] < c->embd[x]) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = x;
+    }
+    return ord;
+}
+
+static cJSON *rerank_body(rerank_call *rc) {
+    api_call *c = &rc->c;
+    int32_t *ord = ranked_order(c);
+    cJSON *o = ord ? cJSON_CreateObject() : NULL, *res = o ? cJSON_CreateArray() : NULL;
+    if (!res) goto oom;
+    cJSON_AddStringToObject(o, "id", c->id);
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddStringToObject(o, "model", c->api->model_id);
+    cJSON_AddItemToObject(o, "results", res);
+    for (int32_t k = 0; k < rc->top_n; k++) {
+        int32_t i = ord[k];
+        cJSON *r = cJSON_CreateObject();
+        if (!r) goto oom;
+        cJSON_AddItemToArray(res, r);
+        cJSON_AddNumberToObject(r, "index", i);
+        cJSON_AddNumberToObject(r, "relevance_score", c->embd[i]);
+        if (rc->ret_docs) {
+            cJSON *d = cJSON_AddObjectToObject(r, "document");
+            if (!d || !cJSON_AddStringToObject(d, "text", rc->docs[i])) goto oom;
+        }
+    }
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    if (!u) goto oom;
+    cJSON_AddNumberToObject(u, "prompt_tokens", c->usage.prompt_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", c->usage.prompt_tokens);
+    free(ord);
+    return o;
+oom:
+    free(ord);
+    cJSON_Delete(o);
+    return NULL;
+}
+
+static void rerank_finish(api_call *c) {
+    srv_api *api = c->api;
+    srv_http_req *req = c->req;
+    if (!req) { api_call_free(c); return; }
+    srv_http_set_abort(req, NULL, NULL);
+    if (!c->has_error && c->shutdown) {
+        c->has_error = true;
+        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
+    }
+    if (c->has_error) {
+        if (api->metrics) api->metrics->requests_finished_error++;
+        api_reply_error(api, req, &c->error, NULL);
+    } else {
+        if (api->metrics) api->metrics->requests_finished_stop++;
+        cJSON *o = rerank_body((rerank_call *)c);
+        srv_sched_usage u = c->usage;
+        api_reply_json(api, req, 200, o, &u, -1);
+        cJSON_Delete(o);
+    }
+    api_call_free(c);
+}
+
+static void submit_window(api_call *c) {
+    while (!c->has_error && c->req && !c->shutdown && c->next_sub < c->n_subs && c->n_live < RERANK_WINDOW) {
+        int r = rerank_submit(c, c->next_sub++);
+        if (r != 0) rerank_submit_error(c, r);
+    }
+}
+
+static void rerank_event(const srv_sched_event *ev, void *user) {
+    api_sub *sub = user;
+    api_call *c = sub->call;
+    if (ev->type != SRV_SCHED_EV_DONE) return;
+    sub->done = true;
+    c->n_live--;
+    if (ev->finish == SRV_SCHED_FINISH_STOP && ev->embd && ev->n_embd >= 1) {
+        c->embd[sub->prompt_index] = ev->embd[0];
+    } else if (!c->has_error) {
+        c->has_error = true;
+        if (ev->finish == SRV_SCHED_FINISH_CANCELLED)
+            srv_api_set_error(&c->error, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
+                              c->shutdown ? "the server is shutting down" : "the request was cancelled");
+        else
+            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "reranking failed: %s",
+                              ev->error ? ev->error : "no score");
+    }
+    submit_window(c);
+    if (c->n_live == 0) rerank_finish(c);
+}
+
+static void rerank_done(api_job *j) {
+    api_call *c = (api_call *)j;
+    srv_api *api = c->api;
+    if (!c->req || api->closing) { api_call_free(c); return; }
+    if (c->prep_failed) {
+        c->has_error = true;
+        c->error = c->prep_error;
+        rerank_finish(c);
+        return;
+    }
+    submit_window(c);
+    if (c->n_live == 0) rerank_finish(c);
+}
+
+void api_route_rerank(srv_api *api, srv_http_req *req) {
+    rerank_call *rc = calloc(1, sizeof *rc);
+    if (!rc) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
+    api_call *c = &rc->c;
+    api_call_register(api, c, req, "/v1/rerank");
+    api_make_id(api, "rerank-", c->id, sizeof c->id);
+    c->ext_free = rerank_ext_free;
+    c->job.work = rerank_work;
+    c->job.done = rerank_done;
+    api_offload(api, &c->job);
+}
+
+void srv_api_set_rerank(srv_api *api, int32_t n_rank, int32_t bos, int32_t eos, int32_t sep) {
+    if (!api) return;
+    api->n_rank = n_rank;
+    api->rank_tok[0] = bos;
+    api->rank_tok[1] = eos;
+    api->rank_tok[2] = sep;
+}

@@ -1,0 +1,69 @@
+/*
+ * mkmodel.h: what `kvserve mkmodel`'s two files share (internal to tools/): the options, the tensor generator of
+ * cmd_mkmodel.c and the encoders of mkmodel_encoder.c (bert, nomic-bert, with a built-in WordPiece vocabulary).
+ * Functions return 0 or a kvs_err code after printing a message to stderr.
+ */
+#ifndef KVSERVE_TOOLS_MKMODEL_H
+#define KVSERVE_TOOLS_MKMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/format/gguf.h"
+
+/* ---- options ------------------------------------------------------------------------------------------------ */
+typedef struct mk_opts {
+    const char *out;
+    const char *preset;
+    const char *vocab_from;
+    char arch[16];          /* "llama", "qwen2", "phi3", "bert" or "nomic-bert" */
+    int64_t n_embd;
+    int64_t n_layer;
+    int64_t n_head;
+    int64_t n_head_kv;
+    int64_t n_ff;
+    int64_t n_ctx;
+    int64_t head_dim;       /* 0: n_embd / n_head */
+    double rope_base;
+    double rms_eps;         /* < 0: the arch default (1e-5 llama, 1e-6 qwen2) */
+    uint32_t wtype;         /* matrices: ENG_Q_F32, ENG_Q_F16 or ENG_Q_Q8_0 */
+    bool tied;
+    bool fim;               /* built-in vocabulary: add <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> and their
+                               tokenizer.ggml.fim_{pre,suf,mid}_token_id keys */
+    bool rope_factors;      /* phi3: rope_factors_long/short.weight (LongRoPE, as Phi-3 128k / Phi-3.5 have) */
+    int64_t orig_ctx;       /* > 0: <arch>.rope.scaling.original_context_length */
+    double rope_attn;       /* > 0: <arch>.rope.scaling.attn_factor; 0: LongRoPE's default (see parse_args) */
+    char rope_scaling[8];   /* "": no <arch>.rope.scaling.type key; else "none", "linear" or "yarn" */
+    double rope_scale;      /* > 0: <arch>.rope.scaling.factor */
+    bool out_bias;          /* llama: Q/K/V biases and attn_output.bias */
+    uint64_t seed;
+    double std;             /* matrices and biases */
+    double embd_std;        /* token_embd and output */
+    bool dry_run;           /* print the header instead of writing */
+    bool rerank;            /* encoders: a classification head and pooling type rank */
+    int pooling;            /* encoders: 0 default (mean), else llama.cpp's pooling_type (1 mean, 2 cls, 3 last) */
+} mk_opts;
+
+/* Tensor kinds: matrices and embeddings in the chosen type (std --std / --embd-std), norms (1 + 0.02 N) and
+ * biases (--std) in f32. */
+enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS };
+
+/* One tensor of a block: blk.N.<suffix>, [ne0, ne1] */
+typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1; } mk_tdef;
+
+/* One tensor into w, or with w NULL only counted (nothing generated): *total gets its bytes, *count one more. */
+int kvs_mk_tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
+                      size_t *total, int *count);
+/* The built-in word list (static storage). */
+const char *const *kvs_mk_words(size_t *n);
+
+/* mkmodel_encoder.c */
+bool kvs_mk_is_encoder(const mk_opts *o);
+bool kvs_mk_set_pooling(void *field, const char *v); /* --pooling mean|cls|last into an int */
+/* The built-in WordPiece vocabulary ("bert": [PAD] [UNK] [CLS] [SEP] [MASK], characters, lowercase words). */
+int kvs_mk_encoder_vocab(eng_gguf_writer *w, int64_t *n_vocab);
+int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab);
+int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count);
+
+#endif /* KVSERVE_TOOLS_MKMODEL_H */

@@ -1,0 +1,186 @@
+/*
+ * mkmodel_encoder.c: `kvserve mkmodel --arch bert|nomic-bert [--rerank]`: BERT-family encoders with the tensor
+ * names and keys llama.cpp reads (engine/model/encoder.h lists them) and a small built-in WordPiece vocabulary.
+ *
+ * The vocabulary, as llama.cpp's converter writes BERT vocabularies: word-initial pieces carry a U+2581 prefix,
+ * continuation pieces ("##x" in the original) none. ids 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control
+ * tokens), then every character of the built-in set both word-initial and as a continuation, a few common
+ * suffixes as continuations, and the built-in words (lowercased) word-initial.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/kernels/quant.h"
+#include "tools/mkmodel.h"
+
+#define WPM_SPACE "\xe2\x96\x81"
+
+bool kvs_mk_is_encoder(const mk_opts *o) { return !strcmp(o->arch, "bert") || !strcmp(o->arch, "nomic-bert"); }
+
+bool kvs_mk_set_pooling(void *field, const char *v) {
+    int *p = field;
+    if (!strcmp(v, "mean")) *p = 1;
+    else if (!strcmp(v, "cls")) *p = 2;
+    else if (!strcmp(v, "last")) *p = 3;
+    else return false;
+    return true;
+}
+
+typedef struct wpm_list {
+    char **tok;
+    int32_t *type;
+    size_t n, cap;
+} wpm_list;
+
+static int wl_add(wpm_list *l, const char *s, int32_t type) {
+    for (size_t i = 0; i < l->n; i++)
+        if (!strcmp(l->tok[i], s)) return 0;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 512;
+        char **t = realloc(l->tok, cap * sizeof *t);
+        if (!t) return -1;
+        l->tok = t;
+        int32_t *ty = realloc(l->type, cap * sizeof *ty);
+        if (!ty) return -1;
+        l->type = ty;
+        l->cap = cap;
+    }
+    if (!(l->tok[l->n] = strdup(s))) return -1;
+    l->type[l->n++] = type;
+    return 0;
+}
+
+static int wpm_build(wpm_list *l) {
+    static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    static const char chars[] = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'\"-:;()/&%$#@*+=<>[]{}_~`^|\\";
+    static const char *const suffixes[] = {"s", "es", "ed", "ing", "er", "ly", "est", "ion", "ful", "ness"};
+    for (int i = 0; i < 5; i++)
+        if (wl_add(l, specials[i], 3)) return -1;
+    char piece[80];
+    for (const char *c = chars; *c; c++) {
+        snprintf(piece, sizeof piece, WPM_SPACE "%c", *c);
+        if (wl_add(l, piece, 1)) return -1;
+        snprintf(piece, sizeof piece, "%c", *c);
+        if (wl_add(l, piece, 1)) return -1;
+    }
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++)
+        if (wl_add(l, suffixes[i], 1)) return -1;
+    size_t nw;
+    const char *const *words = kvs_mk_words(&nw);
+    for (size_t i = 0; i < nw; i++) {
+        size_t len = strlen(words[i]);
+        if (len + 4 > sizeof piece) continue;
+        memcpy(piece, WPM_SPACE, 3);
+        for (size_t k = 0; k <= len; k++) {
+            char ch = words[i][k];
+            piece[3 + k] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+        }
+        if (strchr(piece + 3, '\'')) continue; /* "don't" splits at the apostrophe */
+        if (wl_add(l, piece, 1)) return -1;
+    }
+    return 0;
+}
+
+int kvs_mk_encoder_vocab(eng_gguf_writer *w, int64_t *n_vocab) {
+    wpm_list l = {0};
+    int rc = wpm_build(&l) ? ENG_ERR_NOMEM : 0;
+    eng_gguf_str *strs = rc ? NULL : malloc(l.n * sizeof *strs);
+    float *scores = rc ? NULL : calloc(l.n, sizeof *scores);
+    if (!rc && (!strs || !scores)) rc = ENG_ERR_NOMEM;
+    for (size_t i = 0; !rc && i < l.n; i++) {
+        strs[i].ptr = l.tok[i];
+        strs[i].len = strlen(l.tok[i]);
+    }
+    if (!rc) rc = eng_gguf_add_str(w, "tokenizer.ggml.model", "bert", 4);
+    if (!rc) rc = eng_gguf_add_str_arr(w, "tokenizer.ggml.tokens", strs, l.n);
+    if (!rc) rc = eng_gguf_add_arr(w, "tokenizer.ggml.scores", ENG_GGUF_FLOAT32, scores, l.n);
+    if (!rc) rc = eng_gguf_add_arr(w, "tokenizer.ggml.token_type", ENG_GGUF_INT32, l.type, l.n);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.token_type_count", 2);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.padding_token_id", 0);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.unknown_token_id", 1);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.cls_token_id", 2);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.seperator_token_id", 3);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.mask_token_id", 4);
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot build the WordPiece vocabulary: %s\n", kvs_strerror(rc));
+    *n_vocab = (int64_t)l.n;
+    for (size_t i = 0; i < l.n; i++) free(l.tok[i]);
+    KVS_FREE_ALL(l.tok, l.type, strs, scores);
+    return rc;
+}
+
+int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
+    char key[96], name[96];
+    const char *a = o->arch;
+    int rc = eng_gguf_add_str(w, "general.architecture", a, strlen(a));
+    snprintf(name, sizeof name, "kvserve-mkmodel-%s%s", a, o->rerank ? "-reranker" : "");
+    if (!rc) rc = eng_gguf_add_str(w, "general.name", name, strlen(name));
+    uint32_t ftype = o->wtype == ENG_Q_F32 ? 0 : o->wtype == ENG_Q_F16 ? 1 : 7;
+    if (!rc) rc = eng_gguf_add_u32(w, "general.file_type", ftype);
+    if (!rc && o->wtype == ENG_Q_Q8_0) rc = eng_gguf_add_u32(w, "general.quantization_version", 2);
+#define U32(k, v) do { if (!rc) { snprintf(key, sizeof key, "%s." k, a); rc = eng_gguf_add_u32(w, key, (uint32_t)(v)); } } while (0)
+#define F32(k, v) do { if (!rc) { snprintf(key, sizeof key, "%s." k, a); rc = eng_gguf_add_f32(w, key, (float)(v)); } } while (0)
+    U32("vocab_size", n_vocab);
+    U32("context_length", o->n_ctx);
+    U32("embedding_length", o->n_embd);
+    U32("block_count", o->n_layer);
+    U32("feed_forward_length", o->n_ff);
+    U32("attention.head_count", o->n_head);
+    F32("attention.layer_norm_epsilon", o->rms_eps);
+    U32("pooling_type", o->rerank ? 4 : o->pooling ? o->pooling : 1);
+    if (!rc) {
+        snprintf(key, sizeof key, "%s.attention.causal", a);
+        rc = eng_gguf_add_bool(w, key, false);
+    }
+    if (!strcmp(a, "nomic-bert")) {
+        F32("rope.freq_base", o->rope_base);
+        U32("rope.dimension_count", o->head_dim);
+    }
+#undef U32
+#undef F32
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot build the metadata: %s\n", kvs_strerror(rc));
+    return rc;
+}
+
+int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
+    const int64_t E = o->n_embd, F = o->n_ff;
+    const bool nomic = !strcmp(o->arch, "nomic-bert");
+    const mk_tdef bert[] = {
+        {"attn_q.weight", MK_MATRIX, E, E},          {"attn_q.bias", MK_BIAS, E, 1},
+        {"attn_k.weight", MK_MATRIX, E, E},          {"attn_k.bias", MK_BIAS, E, 1},
+        {"attn_v.weight", MK_MATRIX, E, E},          {"attn_v.bias", MK_BIAS, E, 1},
+        {"attn_output.weight", MK_MATRIX, E, E},     {"attn_output.bias", MK_BIAS, E, 1},
+        {"attn_output_norm.weight", MK_NORM, E, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1},
+        {"ffn_up.weight", MK_MATRIX, E, F},          {"ffn_up.bias", MK_BIAS, F, 1},
+        {"ffn_down.weight", MK_MATRIX, F, E},        {"ffn_down.bias", MK_BIAS, E, 1},
+        {"layer_output_norm.weight", MK_NORM, E, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1},
+    };
+    const mk_tdef nomic_t[] = {
+        {"attn_qkv.weight", MK_MATRIX, E, 3 * E},    {"attn_output.weight", MK_MATRIX, E, E},
+        {"attn_output_norm.weight", MK_NORM, E, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1},
+        {"ffn_up.weight", MK_MATRIX, E, F},          {"ffn_gate.weight", MK_MATRIX, E, F},
+        {"ffn_down.weight", MK_MATRIX, F, E},
+        {"layer_output_norm.weight", MK_NORM, E, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1},
+    };
+    const mk_tdef *td = nomic ? nomic_t : bert;
+    const size_t nt = nomic ? sizeof nomic_t / sizeof nomic_t[0] : sizeof bert / sizeof bert[0];
+    char name[96];
+    int rc = kvs_mk_tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_types.weight", MK_EMBED, E, 2, total, count);
+    if (!rc && !nomic) rc = kvs_mk_tensor_one(w, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.weight", MK_NORM, E, 1, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.bias", MK_BIAS, E, 1, total, count);
+    for (int64_t l = 0; l < o->n_layer && !rc; l++)
+        for (size_t i = 0; i < nt && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
+            rc = kvs_mk_tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
+        }
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.weight", MK_MATRIX, E, E, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.bias", MK_BIAS, E, 1, total, count);
+    /* the output layer as f32 [E, 1] (one row: q8_0 would need nothing more, but keep the score exact) */
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.output.weight", MK_BIAS, E, 1, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.output.bias", MK_BIAS, 1, 1, total, count);
+    return rc;
+}
