@@ -74,6 +74,8 @@ static const key_def KEYS[] = {
     N(text_answer_mb, 0, 1048576, "largest /tokenize or /detokenize answer in MiB (past it 413; 0: no limit)"),
     S(log_format, "text|json|none", "request log format (stderr)"),
     S(pooling, "|mean|cls|last", "embedding pooling (empty: the model's <arch>.pooling_type; none/absent: mean)"),
+    B(reranking, "accepted for llama.cpp's --reranking: /v1/rerank is on whenever the model has a classification "
+      "head"),
     S(chat_template, NULL,
       "a Jinja chat template FILE, or a built-in family (chatml|llama3|llama2|mistral|phi3|zephyr|gemma); "
       "empty: the model's own"),

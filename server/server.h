@@ -71,6 +71,7 @@ typedef struct srv_config {
     char api_key[256];          /* "": no authentication */
     char pooling[8];            /* /v1/embeddings pooling: "" (the model's pooling_type; none or absent: mean),
                                    "mean", "cls", "last" */
+    bool reranking;             /* accepted for llama.cpp's --reranking; changes nothing (rerank follows the model) */
     char cors_origins[2048];    /* "": "*" on a loopback host, else none; "none"; "*"; or a comma list (http/http.h) */
     double timeout_s;           /* a started request must arrive within this (408), default 30 */
     double idle_timeout_s;      /* idle keep-alive connections closed after this, default 60 */

@@ -211,6 +211,10 @@ int api_submit_error(int r, srv_api_error *e, int32_t n_ctx, int32_t n_prompt) {
     case SRV_SCHED_ERR_STOPPED:
         srv_api_set_error(e, 503, "server_error", NULL, NULL, "the server is shutting down");
         return 503;
+    case KVS_ERR_UNSUPPORTED: /* the scheduler takes no generation for an encoder model */
+        srv_api_set_error(e, 501, "server_error", NULL, "not_implemented", "this model cannot generate text (an "
+                          "encoder: use /v1/embeddings, or /v1/rerank for a reranker)");
+        return 501;
     default:
         srv_api_set_error(e, 500, "server_error", NULL, NULL, "could not queue the request: %s", kvs_strerror(r));
         return 500;
