@@ -2,6 +2,7 @@
 #include "engine/model/encoder.h"
 #include "common/common.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,15 @@ int eng_encoder_load(eng_model *m, const char *path, char *err, size_t err_len) 
         return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight is missing or not [%d, n_vocab]",
                         path, hp->n_embd);
     hp->n_vocab = (int32_t)te->ne[1];
+    if (!enc->swiglu) {
+        if (!(enc->gelu_tab = malloc(65536 * sizeof(float))))
+            return kvs_errf(err, err_len, ENG_ERR_NOMEM, "%s: out of memory", path);
+        for (uint32_t h = 0; h < 65536; h++) {
+            float x = eng_fp16_to_f32((uint16_t)h);
+            float g = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+            enc->gelu_tab[h] = eng_fp16_to_f32(eng_f32_to_fp16(g));
+        }
+    }
     if ((rc = enc_matrix(&L, "token_embd.weight", hp->n_embd, hp->n_vocab, true, &m->tok_embd)) != 0) return rc;
     m->output = m->tok_embd; /* no output projection; kept consistent for the context's checks */
     hp->tied_embeddings = true;
@@ -268,7 +278,7 @@ void eng_encoder_free(eng_encoder *enc, int32_t n_layer) {
         KVS_FREE_ALL(el->bq, el->bk, el->bv, el->bo, el->attn_ln_w, el->attn_ln_b, el->b_up, el->b_down, el->out_ln_w,
                      el->out_ln_b);
     }
-    KVS_FREE_ALL(enc->layers, enc->type_row, enc->embd_ln_w, enc->embd_ln_b, enc->cls_b, enc->cls_out_b, enc);
+    KVS_FREE_ALL(enc->layers, enc->gelu_tab, enc->type_row, enc->embd_ln_w, enc->embd_ln_b, enc->cls_b, enc->cls_out_b, enc);
 }
 
 void eng_rerank_tokens(const eng_model *m, int32_t *bos, int32_t *eos, int32_t *sep) {

@@ -46,6 +46,9 @@ typedef struct eng_encoder {
     eng_matrix cls_out;         /* [n_embd -> n_cls_out], data NULL when absent */
     float *cls_out_b;           /* [n_cls_out] or NULL */
     int32_t n_cls_out;          /* outputs of the head; 0 when the model has none */
+    float *gelu_tab;            /* [65536] bert: GELU (tanh form) of each fp16 value, rounded to fp16, as ggml's CPU
+                                   backend tabulates it (its GELU is a lookup of the input rounded to fp16 for
+                                   |x| < 10); NULL for nomic-bert (owned) */
 } eng_encoder;
 
 /* Whether general.architecture names an encoder this engine runs ("bert", "nomic-bert"); sets *arch. */

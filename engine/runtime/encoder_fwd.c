@@ -5,7 +5,8 @@
  *   per layer: q, k, v = x Wq + bq, ...; nomic-bert rotates q and k (neox halves);
  *              a = softmax(q k^T / sqrt(head_dim)) v over every row of the sequence (bidirectional);
  *              h = LayerNorm(a Wo + bo + x)
- *              f = GELU(h Wup + bup) Wdown + bdown  (nomic-bert: (silu(h Wgate) * h Wup) Wdown)
+ *              f = GELU(h Wup + bup) Wdown + bdown  (nomic-bert: (silu(h Wgate) * h Wup) Wdown); GELU through the
+ *              fp16 table ggml's CPU backend uses (encoder.h)
  *              x = LayerNorm(f + h)
  *   rank head: tanh(x0 Wcls + bcls) Wout + bout for the sequence's first row.
  * The matrices run through the engine's gemm kernels (packed when the model is), split over the context's thread
@@ -43,8 +44,12 @@ static inline void split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
     *e = n * (ith + 1) / nth;
 }
 
-static float gelu(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+/* GELU (tanh approximation) as ggml's CPU backend evaluates it: from the model's table over the fp16 input for
+ * |x| < 10 (engine/model/encoder.h), 0 below and x above. */
+static float gelu(const float *tab, float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return tab[eng_f32_to_fp16(x)];
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -136,40 +141,44 @@ static void qkv_post(enc_run *R, const eng_enc_layer *el, int ith, int nth) {
     }
 }
 
-/* Bidirectional attention of this thread's (sequence, head) units into c->att. */
+/* Bidirectional attention of this thread's (sequence, head) units into c->att, with the engine's tile kernels:
+ * the head's K and V rows are gathered into this thread's scratch, then the queries go through in tiles of up to
+ * att_q rows (a query's numbers do not depend on its tile: see ops.h). */
 static void attend(enc_run *R, int ith, int nth) {
     eng_ctx *c = R->c;
     const eng_hparams *hp = c->hp;
-    const int64_t E = hp->n_embd, HD = hp->head_dim;
+    const int64_t E = hp->n_embd, HD = hp->head_dim, lds = c->n_ctx;
     const float scale = 1.0f / sqrtf((float)HD);
     float *s = c->th_scores + (size_t)ith * (size_t)c->att_q * (size_t)c->n_ctx;
+    float *kh = c->enc_kv + (size_t)ith * 2 * (size_t)c->n_ctx * (size_t)HD, *vh = kh + (size_t)c->n_ctx * HD;
+    float *tq = c->th_q + (size_t)ith * (size_t)c->att_q * (size_t)HD;
+    float *to = c->th_o + (size_t)ith * (size_t)c->att_q * (size_t)HD;
+    float *work = c->th_work + (size_t)ith * ENG_ATTN_WORK(HD);
     int64_t ub, ue;
     split(R->n_units, ith, nth, &ub, &ue);
     for (int64_t u = ub; u < ue; u++) {
         int32_t si = (int32_t)(u / hp->n_head), h = (int32_t)(u % hp->n_head);
         int32_t r0 = R->seq_start[si], n = R->seq_len[si];
-        for (int32_t i = 0; i < n; i++) {
-            const float *q = c->q + (int64_t)(r0 + i) * E + h * HD;
-            float mx = -INFINITY;
-            for (int32_t j = 0; j < n; j++) {
-                const float *k = c->k + (int64_t)(r0 + j) * E + h * HD;
-                float d = 0;
-                for (int64_t t = 0; t < HD; t++) d += q[t] * k[t];
-                s[j] = d * scale;
-                if (s[j] > mx) mx = s[j];
+        for (int32_t j = 0; j < n; j++) {
+            memcpy(kh + (size_t)j * HD, c->k + (int64_t)(r0 + j) * E + h * HD, (size_t)HD * sizeof(float));
+            memcpy(vh + (size_t)j * HD, c->v + (int64_t)(r0 + j) * E + h * HD, (size_t)HD * sizeof(float));
+        }
+        for (int32_t i0 = 0; i0 < n; i0 += c->att_q) {
+            int32_t m = n - i0 < c->att_q ? n - i0 : c->att_q;
+            for (int32_t i = 0; i < m; i++)
+                memcpy(tq + (size_t)i * HD, c->q + (int64_t)(r0 + i0 + i) * E + h * HD, (size_t)HD * sizeof(float));
+            eng_attn_tile_scores_f32(c->attn_level, tq, m, kh, n, (int32_t)HD, scale, s, (int32_t)lds, work);
+            for (int32_t i = 0; i < m; i++) {
+                float *si_ = s + (size_t)i * (size_t)lds, mx = -INFINITY;
+                for (int32_t j = 0; j < n; j++) mx = si_[j] > mx ? si_[j] : mx;
+                double sum = eng_attn_expsum(c->attn_level, si_, n, mx);
+                tq[i] = (float)(1.0 / sum); /* the tile's queries are consumed: their first slots hold 1 / sum */
             }
-            double sum = 0;
-            for (int32_t j = 0; j < n; j++) {
-                s[j] = expf(s[j] - mx);
-                sum += s[j];
-            }
-            float inv = (float)(1.0 / sum);
-            float *o = c->att + (int64_t)(r0 + i) * E + h * HD;
-            for (int64_t t = 0; t < HD; t++) o[t] = 0;
-            for (int32_t j = 0; j < n; j++) {
-                const float *v = c->v + (int64_t)(r0 + j) * E + h * HD;
-                float p = s[j] * inv;
-                for (int64_t t = 0; t < HD; t++) o[t] += p * v[t];
+            memset(to, 0, (size_t)m * (size_t)HD * sizeof(float));
+            eng_attn_tile_accum_f32(c->attn_level, to, m, s, (int32_t)lds, vh, n, (int32_t)HD, work);
+            for (int32_t i = 0; i < m; i++) {
+                float *o = c->att + (int64_t)(r0 + i0 + i) * E + h * HD, inv = tq[i];
+                for (int64_t t = 0; t < HD; t++) o[t] = to[(size_t)i * HD + t] * inv;
             }
         }
     }
@@ -200,7 +209,8 @@ static void ffn_act(enc_run *R, const eng_layer *ly, const eng_enc_layer *el, in
             const float *g = c->gate + r * F;
             for (int64_t j = 0; j < F; j++) u[j] = silu(g[j]) * (u[j] + (el->b_up ? el->b_up[j] : 0.0f));
         } else {
-            for (int64_t j = 0; j < F; j++) u[j] = gelu(u[j] + (el->b_up ? el->b_up[j] : 0.0f));
+            const float *tab = c->model->enc->gelu_tab;
+            for (int64_t j = 0; j < F; j++) u[j] = gelu(tab, u[j] + (el->b_up ? el->b_up[j] : 0.0f));
         }
     }
     quantize(c, &ly->w_down, c->up, F, rb, re);
@@ -320,13 +330,15 @@ static int outputs(eng_ctx *c, const eng_batch *b) {
 }
 
 static int ensure_buffers(eng_ctx *c) {
-    if (c->embd && c->enc_rank && c->enc_seq) return 0;
+    if (c->embd && c->enc_rank && c->enc_seq && c->enc_kv) return 0;
     const int32_t nc = c->model->enc->n_cls_out > 0 ? c->model->enc->n_cls_out : 1;
     if (!c->embd) c->embd = malloc((size_t)c->max_batch * (size_t)c->hp->n_embd * sizeof(float));
     if (!c->embd_rows) c->embd_rows = malloc((size_t)c->max_batch * sizeof(bool));
     if (!c->enc_rank) c->enc_rank = malloc((size_t)c->max_batch * (size_t)nc * sizeof(float));
     if (!c->enc_seq) c->enc_seq = malloc((size_t)c->max_batch * 3 * sizeof(int32_t));
-    return c->embd && c->embd_rows && c->enc_rank && c->enc_seq ? 0 : ENG_ERR_NOMEM;
+    if (!c->enc_kv)
+        c->enc_kv = malloc((size_t)c->n_threads * 2 * (size_t)c->n_ctx * (size_t)c->hp->head_dim * sizeof(float));
+    return c->embd && c->embd_rows && c->enc_rank && c->enc_seq && c->enc_kv ? 0 : ENG_ERR_NOMEM;
 }
 
 int eng_encoder_decode(eng_ctx *c, const eng_batch *b) {
@@ -365,8 +377,8 @@ bool eng_model_is_encoder(const eng_model *m) { return m && m->enc; }
 
 void eng_encoder_ctx_free(eng_ctx *c) {
     if (!c) return;
-    free(c->enc_rank);
-    free(c->enc_seq);
+    KVS_FREE_ALL(c->enc_rank, c->enc_seq, c->enc_kv);
     c->enc_rank = NULL;
     c->enc_seq = NULL;
+    c->enc_kv = NULL;
 }

@@ -121,6 +121,7 @@ struct eng_ctx {
     bool embd_valid;     /* the last successful decode filled embd for its embd_rows */
     float *enc_rank;     /* encoders: [max_batch][n_cls_out] the classification head's values (encoder_fwd.c) */
     int32_t *enc_seq;    /* encoders: [3][max_batch] sequence runs (first row, rows) and rows with head values */
+    float *enc_kv;       /* encoders: [n_threads][2][n_ctx][head_dim] one head's K and V rows of a sequence */
 
     /* the batch being run */
     const eng_batch *batch;

@@ -168,8 +168,11 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
                 matvec(wg, NULL, t, E, F, gt);
                 for (int64_t j = 0; j < F; j++) u[j] = gt[j] / (1.0 + exp(-gt[j])) * u[j];
             } else {
-                for (int64_t j = 0; j < F; j++)
-                    u[j] = 0.5 * u[j] * (1.0 + tanh(sqrt(2.0 / M_PI) * (u[j] + 0.044715 * u[j] * u[j] * u[j])));
+                for (int64_t j = 0; j < F; j++) { /* ggml's GELU: of the fp16 input, rounded to fp16, for |x| < 10 */
+                    double xr = eng_fp16_to_f32(eng_f32_to_fp16((float)u[j]));
+                    double g = 0.5 * xr * (1.0 + tanh(sqrt(2.0 / M_PI) * (xr + 0.044715 * xr * xr * xr)));
+                    u[j] = u[j] <= -10.0 ? 0.0 : u[j] >= 10.0 ? u[j] : eng_fp16_to_f32(eng_f32_to_fp16((float)g));
+                }
             }
             matvec(wd, bd, u, F, E, xi);
             for (int64_t j = 0; j < E; j++) xi[j] += t[j];
