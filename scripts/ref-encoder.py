@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Records llama.cpp's tokens, embeddings and rerank scores for kvserve's mkmodel encoders (tests/reference/).
 
-Three models are made by `kvserve mkmodel` (MODELS below: a bert embedding model with mean pooling, a nomic-bert
-one, and a bert reranker with a classification head and pooling type rank). For each, llama.cpp v0.5.0 gives:
+The models are made by `kvserve mkmodel` (MODELS below: bert embedding models with mean and cls pooling, a
+nomic-bert one, a bert reranker with a classification head and pooling type rank, and XLM-RoBERTa-style bert models
+with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker). For each, llama.cpp v0.5.0 gives:
   - the token ids of every prompt (llama-tokenize --ids: [CLS] ... [SEP], its WordPiece tokenizer);
   - the pooled, L2-normalized embeddings (llama-embedding, the model's pooling, --embd-normalize 2);
   - for the reranker, llama-server --reranking's POST /v1/rerank answer for QUERY over DOCUMENTS.
@@ -29,6 +30,8 @@ MODELS = {
     "nomic-bert": ["--arch", "nomic-bert", "--rope-base", "1000"] + COMMON,
     "bert-cls": ["--arch", "bert", "--pooling", "cls"] + COMMON,
     "bert-reranker": ["--arch", "bert", "--rerank"] + COMMON,
+    "xlmr-cls": ["--arch", "bert", "--vocab", "ugm", "--pooling", "cls"] + COMMON,
+    "xlmr-reranker": ["--arch", "bert", "--vocab", "ugm", "--rerank"] + COMMON,
 }
 PROMPTS = [
     "Hello, world!",
@@ -39,6 +42,8 @@ PROMPTS = [
     "numbers 1 2 3 and symbols $ % & * + = < > ^ | ~",
     "caf\u00e9 na\u00efve r\u00e9sum\u00e9 (accents are stripped)",
     "unknownwordzz qqq xyzzy",
+    "  spaces   and\ttabs  between   words ",
+    "\ufb01nd the \u2026 water\u3000people",
 ]
 QUERY = "the dog and the ball"
 DOCUMENTS = [

@@ -127,6 +127,10 @@ static const kvs_opt mk_opts_table[] = {
              "score) and write pooling type rank: a reranker"},
     {"--pooling", NULL, KVS_OPT_SET, O(pooling), .set = kvs_mk_set_pooling, .expect = "mean, cls or last",
      .arg = "P", .help = "(bert, nomic-bert) <arch>.pooling_type: mean (default), cls or last"},
+    {"--vocab", NULL, KVS_OPT_SET, O(ugm), .set = kvs_mk_set_vocab, .expect = "wpm or ugm", .arg = "V",
+     .help = "(bert, nomic-bert) the built-in vocabulary: wpm (BERT WordPiece, default)\n"
+             "or ugm (an XLM-RoBERTa-style SentencePiece unigram vocabulary with a\n"
+             "small precompiled charsmap, tokenizer model t5)"},
     {"--embd", NULL, KVS_OPT_I64, O(n_embd), 1, MK_BIG, .arg = "N", .help = "embedding length"},
     {"--layers", NULL, KVS_OPT_I64, O(n_layer), 1, 4096, .arg = "N", .help = "number of blocks"},
     {"--heads", NULL, KVS_OPT_I64, O(n_head), 1, 4096, .arg = "N", .help = "attention heads"},
@@ -191,8 +195,8 @@ static int check_opts(mk_opts *o) {
     if (!o->out && !o->dry_run) return kvs_cli_fail(&mk_cli, "-o OUT is required (see --help)");
     if (o->rms_eps < 0) o->rms_eps = !strcmp(o->arch, "qwen2") ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
     if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
-    if ((o->rerank || o->pooling) && !kvs_mk_is_encoder(o))
-        return kvs_cli_fail(&mk_cli, "--rerank and --pooling need --arch bert or nomic-bert");
+    if ((o->rerank || o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
+        return kvs_cli_fail(&mk_cli, "--rerank, --pooling and --vocab need --arch bert or nomic-bert");
     if (o->head_dim == 0) {
         if (o->n_embd % o->n_head)
             return kvs_cli_fail(&mk_cli, "embd %lld is not divisible by heads %lld; give --head-dim",
@@ -564,7 +568,7 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
         rc = ENG_ERR_INVALID;
     }
     if (!rc) rc = o->vocab_from ? add_vocab_from(tw, o->vocab_from, n_vocab)
-                  : kvs_mk_is_encoder(o) ? kvs_mk_encoder_vocab(tw, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
+                  : kvs_mk_is_encoder(o) ? kvs_mk_encoder_vocab(tw, o, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
     if (!rc) rc = kvs_mk_is_encoder(o) ? kvs_mk_encoder_metadata(w, o, *n_vocab) : add_metadata(w, o, *n_vocab);
     if (!rc) {
         /* Copy the tokenizer block through a reader over the scratch writer's bytes. */

@@ -43,6 +43,7 @@ typedef struct mk_opts {
     bool dry_run;           /* print the header instead of writing */
     bool rerank;            /* encoders: a classification head and pooling type rank */
     int pooling;            /* encoders: 0 default (mean), else llama.cpp's pooling_type (1 mean, 2 cls, 3 last) */
+    bool ugm;               /* encoders: a unigram ("t5", XLM-RoBERTa-style) vocabulary instead of WordPiece */
 } mk_opts;
 
 /* Tensor kinds: matrices and embeddings in the chosen type (std --std / --embd-std), norms (1 + 0.02 N) and
@@ -61,8 +62,10 @@ const char *const *kvs_mk_words(size_t *n);
 /* mkmodel_encoder.c */
 bool kvs_mk_is_encoder(const mk_opts *o);
 bool kvs_mk_set_pooling(void *field, const char *v); /* --pooling mean|cls|last into an int */
-/* The built-in WordPiece vocabulary ("bert": [PAD] [UNK] [CLS] [SEP] [MASK], characters, lowercase words). */
-int kvs_mk_encoder_vocab(eng_gguf_writer *w, int64_t *n_vocab);
+bool kvs_mk_set_vocab(void *field, const char *v);   /* --vocab wpm|ugm into a bool (ugm) */
+/* The built-in WordPiece vocabulary ("bert": [PAD] [UNK] [CLS] [SEP] [MASK], characters, lowercase words), or with
+ * o->ugm an XLM-RoBERTa-style unigram one ("t5", with a small precompiled charsmap). */
+int kvs_mk_encoder_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab);
 int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab);
 int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count);
 

@@ -6,6 +6,12 @@
  * continuation pieces ("##x" in the original) none. ids 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control
  * tokens), then every character of the built-in set both word-initial and as a continuation, a few common
  * suffixes as continuations, and the built-in words (lowercased) word-initial.
+ *
+ * --vocab ugm writes an XLM-RoBERTa-style SentencePiece unigram vocabulary instead ("t5", as llama.cpp names it):
+ * <s> <pad> </s> <unk>, U+2581, every character alone and after U+2581, the built-in words after U+2581 and split in
+ * two, each with a score (log-probability-like: words above their halves above characters), and a small
+ * precompiled charsmap (the ligature fi -> "fi", the ellipsis -> "...", the ideographic space -> " ") built as the
+ * XOR-compressed double array llama.cpp walks.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +30,14 @@ bool kvs_mk_set_pooling(void *field, const char *v) {
     if (!strcmp(v, "mean")) *p = 1;
     else if (!strcmp(v, "cls")) *p = 2;
     else if (!strcmp(v, "last")) *p = 3;
+    else return false;
+    return true;
+}
+
+bool kvs_mk_set_vocab(void *field, const char *v) {
+    bool *u = field;
+    if (!strcmp(v, "wpm")) *u = false;
+    else if (!strcmp(v, "ugm")) *u = true;
     else return false;
     return true;
 }
@@ -83,7 +97,145 @@ static int wpm_build(wpm_list *l) {
     return 0;
 }
 
-int kvs_mk_encoder_vocab(eng_gguf_writer *w, int64_t *n_vocab) {
+/* ---- the unigram vocabulary and its charsmap ------------------------------------------------------------------ */
+typedef struct cm_node { uint8_t c; int32_t parent, first_child, next; bool term; uint32_t repl, pos; } cm_node;
+
+/* The charsmap blob of MAPS: a trie of the keys placed into a double array (each node at a position P whose
+ * children's slots P ^ byte and, for a key's end, the value slot P are free), then the replacements. */
+static int charsmap_build(uint8_t **out, size_t *out_len) {
+    static const char *const maps[][2] = {{"\xef\xac\x81", "fi"}, {"\xe2\x80\xa6", "..."}, {"\xe3\x80\x80", " "}};
+    enum { N_ARR = 2048, MAXN = 32 };
+    cm_node nd[MAXN] = {{0, -1, -1, -1, false, 0, 0}};
+    int nn = 1;
+    char strs[64];
+    size_t sl = 0;
+    for (size_t m = 0; m < sizeof maps / sizeof maps[0]; m++) {
+        int cur = 0;
+        for (const uint8_t *p = (const uint8_t *)maps[m][0]; *p; p++) {
+            int ch = nd[cur].first_child;
+            while (ch >= 0 && nd[ch].c != *p) ch = nd[ch].next;
+            if (ch < 0) {
+                if (nn == MAXN) return ENG_ERR_INVALID;
+                ch = nn++;
+                nd[ch] = (cm_node){*p, cur, -1, nd[cur].first_child, false, 0, 0};
+                nd[cur].first_child = ch;
+            }
+            cur = ch;
+        }
+        nd[cur].term = true;
+        nd[cur].repl = (uint32_t)sl;
+        size_t rl = strlen(maps[m][1]) + 1;
+        memcpy(strs + sl, maps[m][1], rl);
+        sl += rl;
+    }
+    uint32_t *arr = calloc(N_ARR, sizeof *arr);
+    bool *used = calloc(N_ARR, 1), *taken = calloc(N_ARR, 1); /* slots in use; positions given to a node */
+    if (!arr || !used || !taken) { KVS_FREE_ALL(arr, used, taken); return ENG_ERR_NOMEM; }
+    used[0] = true;
+    for (int i = 0; i < nn; i++) { /* parents before children: nodes were made in that order */
+        uint32_t P = 1;
+        for (;; P++) {
+            bool ok = P < N_ARR && !taken[P] && !(nd[i].term && used[P]);
+            for (int ch = nd[i].first_child; ok && ch >= 0; ch = nd[ch].next)
+                ok = (P ^ nd[ch].c) < N_ARR && !used[P ^ nd[ch].c] && (P ^ nd[ch].c) != P;
+            if (ok || P >= N_ARR) break;
+        }
+        if (P >= N_ARR) { KVS_FREE_ALL(arr, used, taken); return ENG_ERR_INVALID; }
+        nd[i].pos = P;
+        taken[P] = true; /* two nodes at one position would continue each other's walks */
+        if (nd[i].term) { used[P] = true; arr[P] = (1u << 31) | nd[i].repl; }
+        for (int ch = nd[i].first_child; ch >= 0; ch = nd[ch].next) used[P ^ nd[ch].c] = true;
+    }
+    arr[0] = nd[0].pos << 10; /* the root's base: its position */
+    for (int i = 1; i < nn; i++) { /* a child's entry: base (to its own position), leaf bit, its byte */
+        uint32_t idx = nd[nd[i].parent].pos ^ nd[i].c;
+        arr[idx] = ((idx ^ nd[i].pos) << 10) | (nd[i].term ? 1u << 8 : 0) | nd[i].c;
+    }
+    uint32_t blob = N_ARR * 4;
+    *out_len = 4 + blob + sl;
+    if (!(*out = malloc(*out_len))) { KVS_FREE_ALL(arr, used, taken); return ENG_ERR_NOMEM; }
+    for (int b = 0; b < 4; b++) (*out)[b] = (uint8_t)(blob >> (8 * b));
+    for (uint32_t i = 0; i < N_ARR; i++)
+        for (int b = 0; b < 4; b++) (*out)[4 + 4 * i + (uint32_t)b] = (uint8_t)(arr[i] >> (8 * b));
+    memcpy(*out + 4 + blob, strs, sl);
+    KVS_FREE_ALL(arr, used, taken);
+    return 0;
+}
+
+static int ugm_build(wpm_list *l, float **scores) {
+    static const char *const specials[] = {"<s>", "<pad>", "</s>", "<unk>"};
+    static const int32_t stype[] = {3, 3, 3, 2};
+    static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()/&%$#@*+=";
+    size_t nw;
+    const char *const *words = kvs_mk_words(&nw);
+    size_t cap = 8 + 2 * (sizeof chars) + 3 * nw;
+    *scores = malloc(cap * sizeof **scores);
+    if (!*scores) return -1;
+    float *sc = *scores;
+#define ADD(text, type, score) do { size_t before = l->n; if (wl_add(l, text, type)) return -1; \
+        if (l->n > before) sc[l->n - 1] = (score); } while (0)
+    for (int i = 0; i < 4; i++) ADD(specials[i], stype[i], 0.0f);
+    ADD(WPM_SPACE, 1, -3.0f);
+    char piece[80];
+    for (const char *c = chars; *c; c++) {
+        snprintf(piece, sizeof piece, "%c", *c);
+        ADD(piece, 1, -8.0f - 0.01f * (float)(c - chars));
+        snprintf(piece, sizeof piece, WPM_SPACE "%c", *c);
+        ADD(piece, 1, -7.5f - 0.01f * (float)(c - chars));
+    }
+    for (size_t i = 0; i < nw; i++) {
+        size_t len = strlen(words[i]);
+        if (len + 4 > sizeof piece || strchr(words[i], '\'')) continue;
+        snprintf(piece, sizeof piece, WPM_SPACE "%s", words[i]);
+        ADD(piece, 1, -4.0f - 0.002f * (float)i);
+        if (len >= 4) { /* its halves, so that segmentations compete */
+            snprintf(piece, sizeof piece, WPM_SPACE "%.*s", (int)(len / 2), words[i]);
+            ADD(piece, 1, -5.0f - 0.002f * (float)i);
+            ADD(words[i] + len / 2, 1, -5.5f - 0.002f * (float)i);
+        }
+    }
+#undef ADD
+    return 0;
+}
+
+static int ugm_vocab(eng_gguf_writer *w, int64_t *n_vocab) {
+    wpm_list l = {0};
+    float *scores = NULL;
+    uint8_t *cm = NULL;
+    size_t cm_len = 0;
+    int rc = ugm_build(&l, &scores) ? ENG_ERR_NOMEM : 0;
+    if (!rc) rc = charsmap_build(&cm, &cm_len);
+    eng_gguf_str *strs = rc ? NULL : malloc(l.n * sizeof *strs);
+    if (!rc && !strs) rc = ENG_ERR_NOMEM;
+    for (size_t i = 0; !rc && i < l.n; i++) {
+        strs[i].ptr = l.tok[i];
+        strs[i].len = strlen(l.tok[i]);
+    }
+    if (!rc) rc = eng_gguf_add_str(w, "tokenizer.ggml.model", "t5", 2);
+    if (!rc) rc = eng_gguf_add_str(w, "tokenizer.ggml.pre", "default", 7);
+    if (!rc) rc = eng_gguf_add_str_arr(w, "tokenizer.ggml.tokens", strs, l.n);
+    if (!rc) rc = eng_gguf_add_arr(w, "tokenizer.ggml.scores", ENG_GGUF_FLOAT32, scores, l.n);
+    if (!rc) rc = eng_gguf_add_arr(w, "tokenizer.ggml.token_type", ENG_GGUF_INT32, l.type, l.n);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.token_type_count", 1);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 0);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.padding_token_id", 1);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.unknown_token_id", 3);
+    if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.seperator_token_id", 2);
+    if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", true);
+    if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_eos_token", true);
+    if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_space_prefix", true);
+    if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.remove_extra_whitespaces", true);
+    if (!rc) rc = eng_gguf_add_arr(w, "tokenizer.ggml.precompiled_charsmap", ENG_GGUF_UINT8, cm, cm_len);
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot build the unigram vocabulary: %s\n", kvs_strerror(rc));
+    *n_vocab = (int64_t)l.n;
+    for (size_t i = 0; i < l.n; i++) free(l.tok[i]);
+    KVS_FREE_ALL(l.tok, l.type, strs, scores, cm);
+    return rc;
+}
+
+int kvs_mk_encoder_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab) {
+    if (o->ugm) return ugm_vocab(w, n_vocab);
     wpm_list l = {0};
     int rc = wpm_build(&l) ? ENG_ERR_NOMEM : 0;
     eng_gguf_str *strs = rc ? NULL : malloc(l.n * sizeof *strs);

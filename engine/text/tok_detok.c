@@ -41,7 +41,7 @@ int eng_vocab_token_to_piece(const eng_vocab *v, int32_t id, bool render_special
         }
         break;
     case ENG_TOKTYPE_NORMAL:
-        if (v->type == ENG_VOCAB_SPM || v->type == ENG_VOCAB_WPM) { /* U+2581 is a space (WPM: a word's start) */
+        if (v->type != ENG_VOCAB_BPE) { /* U+2581 is a space (WPM: a word's start) */
             for (size_t i = 0; i < t->len;) {
                 if (i + 3 <= t->len && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
                     put(buf, cap, &n, " ", 1);

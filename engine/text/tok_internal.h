@@ -51,7 +51,16 @@ struct eng_vocab {
     int32_t sep;            /* WPM: [SEP] (-1 when none) */
     bool add_sep;           /* WPM: add_special appends sep */
     bool wpm_lower, wpm_strip; /* WPM: BertNormalizer lowercase / strip_accents */
-    uint32_t max_tok_len;   /* WPM: longest token text in bytes */
+    uint32_t max_tok_len;   /* WPM, UGM: longest token text in bytes */
+    /* UGM ("t5" unigram, tok_ugm.c) */
+    uint8_t *charsmap;      /* tokenizer.ggml.precompiled_charsmap (owned copy), or NULL */
+    size_t charsmap_len;
+    uint32_t xcda_n;        /* its double array's entries (uint32 each, after the 4-byte size) */
+    int32_t *user;          /* ids of the user-defined tokens (owned) */
+    int32_t n_user;
+    bool ugm_escape;        /* spaces become U+2581 */
+    bool ugm_merge_spaces;  /* tokenizer.ggml.remove_extra_whitespaces */
+    float ugm_unk_score;    /* the lowest normal token score - 10 */
     bool spm_split;         /* SPM: no token has U+2581 after another character, so merging never crosses the
                                start of a run of U+2581 and each such piece can be merged on its own (exact) */
     uint8_t *eog;           /* [n_tokens] 0/1 */
@@ -176,5 +185,7 @@ int tok_bpe_tokenize(const eng_vocab *v, work *w, const char *text, size_t len, 
 /* WordPiece over raw text (tok_wpm.c): normalized, split into words, each word greedily longest-match first with
  * a U+2581 prefix; a word with an unmatched rest becomes [UNK]. buf is scratch. Appends to *out. */
 int tok_wpm_tokenize(const eng_vocab *v, kvs_buf *buf, const char *text, size_t len, ivec *out);
+/* Unigram over raw text (tok_ugm.c): normalized (charsmap, spaces), then the best-scoring segmentation. */
+int tok_ugm_tokenize(const eng_vocab *v, kvs_buf *buf, const char *text, size_t len, ivec *out);
 
 #endif

@@ -152,7 +152,7 @@ static void sort_specials(eng_vocab *v, int32_t *a, int32_t n, int32_t *tmp) {
 void eng_vocab_free(eng_vocab *v) {
     if (!v) return;
     for (int i = 0; i < v->n_regex; i++) pcre2_code_free(v->re[i]);
-    KVS_FREE_ALL(v->tok, v->text, v->tmap, v->mkey, v->mrank, v->eog, v->specials, v);
+    KVS_FREE_ALL(v->tok, v->text, v->tmap, v->mkey, v->mrank, v->eog, v->specials, v->charsmap, v->user, v);
 }
 
 static int build_merges(eng_vocab *v, const eng_gguf_str *m, uint64_t n, const char *name, char *err,
@@ -304,6 +304,15 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
         if ((rc = get_bool_key(g, "tokenizer.ggml.add_sep_token", &v->add_sep, err, err_len))) return rc;
         for (int32_t i = 0; i < v->n_tokens; i++)
             if (v->tok[i].len > v->max_tok_len) v->max_tok_len = v->tok[i].len;
+    } else if (v->type == ENG_VOCAB_UGM) { /* llama.cpp's defaults for "t5" vocabularies */
+        v->pre = ENG_PRE_DEFAULT;
+        v->eos = 1 < v->n_tokens ? 1 : -1;
+        v->unk = 2 < v->n_tokens ? 2 : -1;
+        v->add_eos = true;
+        v->ugm_escape = true;
+        if ((rc = get_bool_key(g, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err, err_len))) return rc;
+        if ((rc = get_bool_key(g, "tokenizer.ggml.remove_extra_whitespaces", &v->ugm_merge_spaces, err, err_len)))
+            return rc;
     } else {
         eng_gguf_str pre = {"", 0};
         rc = eng_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
@@ -319,7 +328,7 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
         v->unk = -1;
     }
     v->add_bos = add_bos_default;
-    v->add_eos = false;
+    v->add_eos = v->type == ENG_VOCAB_UGM;
     if ((rc = get_int_key(g, "tokenizer.ggml.bos_token_id", v->n_tokens, &v->bos, err, err_len))) return rc;
     if ((rc = get_int_key(g, "tokenizer.ggml.eos_token_id", v->n_tokens, &v->eos, err, err_len))) return rc;
     if ((rc = get_int_key(g, "tokenizer.ggml.unknown_token_id", v->n_tokens, &v->unk, err, err_len))) return rc;
@@ -333,6 +342,40 @@ static int load_special_ids(const eng_gguf *g, eng_vocab *v, const char *name, c
     if (v->add_bos && v->bos < 0) v->add_bos = false;
     if (v->add_eos && v->eos < 0) v->add_eos = false;
     if (v->add_sep && v->sep < 0) v->add_sep = false;
+    return ENG_OK;
+}
+
+/* UGM: the longest token, the unknown token's score, the user-defined tokens and the precompiled charsmap. */
+static int load_ugm(const eng_gguf *g, eng_vocab *v, const char *name, char *err, size_t err_len) {
+    if (v->unk < 0) return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: a t5 vocabulary needs an unknown token", name);
+    float min_score = 3.4e38f;
+    for (int32_t i = 0; i < v->n_tokens; i++) {
+        const tok_entry *t = &v->tok[i];
+        if (t->len > v->max_tok_len) v->max_tok_len = t->len;
+        if (t->type == ENG_TOKTYPE_NORMAL && t->score < min_score) min_score = t->score;
+        if (t->type == ENG_TOKTYPE_USER_DEFINED) v->n_user++;
+    }
+    v->ugm_unk_score = (min_score < 3.4e38f ? min_score : 0.0f) - 10.0f;
+    if (v->n_user > 0 && !(v->user = malloc((size_t)v->n_user * sizeof *v->user))) return ENG_ERR_NOMEM;
+    for (int32_t i = 0, k = 0; i < v->n_tokens; i++)
+        if (v->tok[i].type == ENG_TOKTYPE_USER_DEFINED) v->user[k++] = i;
+    uint32_t et;
+    uint64_t n;
+    const void *data;
+    const eng_gguf_str *strs;
+    int rc = eng_gguf_get_arr(g, "tokenizer.ggml.precompiled_charsmap", &et, &n, &data, &strs);
+    if (rc == ENG_ERR_NOT_FOUND) return ENG_OK;
+    if (rc != ENG_OK || (et != ENG_GGUF_INT8 && et != ENG_GGUF_UINT8))
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: tokenizer.ggml.precompiled_charsmap is not a byte array", name);
+    uint32_t blob = 0;
+    if (n >= 4) memcpy(&blob, data, 4); /* little-endian in the file, as every supported host */
+    if (n < 4 || (uint64_t)blob + 4 >= n || blob % 4 != 0)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: tokenizer.ggml.precompiled_charsmap is malformed (%llu bytes, "
+                        "double array of %u)", name, (unsigned long long)n, blob);
+    if (!(v->charsmap = malloc((size_t)n))) return ENG_ERR_NOMEM;
+    memcpy(v->charsmap, data, (size_t)n);
+    v->charsmap_len = (size_t)n;
+    v->xcda_n = blob / 4;
     return ENG_OK;
 }
 
@@ -484,8 +527,9 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
     if (str_is(model, "llama")) type = ENG_VOCAB_SPM;
     else if (str_is(model, "gpt2")) type = ENG_VOCAB_BPE;
     else if (str_is(model, "bert")) type = ENG_VOCAB_WPM;
+    else if (str_is(model, "t5")) type = ENG_VOCAB_UGM;
     else
-        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%.*s' (supported: llama, gpt2, bert)",
+        return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%.*s' (supported: llama, gpt2, bert, t5)",
                         name, (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
     const eng_gguf_str *strs;
@@ -512,6 +556,7 @@ int eng_vocab_load(const eng_gguf *g, eng_vocab **out, char *err, size_t err_len
     if ((rc = load_special_ids(g, v, name, err, err_len))) goto fail;
     if (type == ENG_VOCAB_BPE && (rc = load_bpe(g, v, name, err, err_len))) goto fail;
     if (type == ENG_VOCAB_SPM) find_spm_split(v);
+    if (type == ENG_VOCAB_UGM && (rc = load_ugm(g, v, name, err, err_len))) goto fail;
     find_byte_tokens(v);
     find_eog(v);
     if ((rc = build_specials(v))) goto fail;

@@ -185,6 +185,8 @@ int eng_vocab_tokenize(const eng_vocab *v, const char *text, size_t len, bool ad
             if ((rc = tok_spm_tokenize(v, &w, esc.data, esc.len, &ids))) goto done;
         } else if (v->type == ENG_VOCAB_WPM) {
             if ((rc = tok_wpm_tokenize(v, &esc, text + fr->off, fr->len, &ids))) goto done;
+        } else if (v->type == ENG_VOCAB_UGM) {
+            if ((rc = tok_ugm_tokenize(v, &esc, text + fr->off, fr->len, &ids))) goto done;
         } else {
             if ((rc = tok_bpe_tokenize(v, &w, text + fr->off, fr->len, &ids))) goto done;
         }

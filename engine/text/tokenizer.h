@@ -32,7 +32,8 @@ extern "C" {
 #endif
 
 /* WPM: BERT's WordPiece as llama.cpp runs it (tokenizer.ggml.model "bert"; tok_wpm.c) */
-typedef enum { ENG_VOCAB_SPM = 1, ENG_VOCAB_BPE = 2, ENG_VOCAB_WPM = 3 } eng_vocab_type;
+/* UGM: SentencePiece unigram as llama.cpp runs "t5" vocabularies (T5, XLM-RoBERTa; tok_ugm.c) */
+typedef enum { ENG_VOCAB_SPM = 1, ENG_VOCAB_BPE = 2, ENG_VOCAB_WPM = 3, ENG_VOCAB_UGM = 4 } eng_vocab_type;
 
 /* GGUF token types (tokenizer.ggml.token_type). Tokens without a type array are NORMAL. */
 enum {

@@ -144,13 +144,17 @@ static void check_embeddings(const char *name) {
     cJSON_Delete(ref);
 }
 
+Test(encoder_ref, bert_reranker_scores_and_order) { check_reranker("bert-reranker"); }
+Test(encoder_ref, xlmr_reranker_scores_and_order) { check_reranker("xlmr-reranker"); }
+
 Test(encoder_ref, bert_tokens_and_embeddings) { check_embeddings("bert"); }
 Test(encoder_ref, nomic_bert_tokens_and_embeddings) { check_embeddings("nomic-bert"); }
 Test(encoder_ref, bert_cls_pooling) { check_embeddings("bert-cls"); }
+Test(encoder_ref, xlmr_unigram_tokens_and_cls_embeddings) { check_embeddings("xlmr-cls"); }
 
-Test(encoder_ref, reranker_scores_and_order) {
+static void check_reranker(const char *name) {
     cJSON *ref = load_ref();
-    const cJSON *mr = cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "models"), "bert-reranker");
+    const cJSON *mr = cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "models"), name);
     cr_assert_not_null(mr);
     model_run R;
     open_model(&R, cJSON_GetObjectItem(mr, "mkmodel_args"));
@@ -172,6 +176,13 @@ Test(encoder_ref, reranker_scores_and_order) {
         if (eos >= 0) t[n++] = eos;
         encode(&R, t, n, NULL, &score[nd]);
     }
+    const cJSON *toks = cJSON_GetObjectItem(mr, "tokens"), *prompts = cJSON_GetObjectItem(ref, "prompts");
+    int k = 0;
+    for (const cJSON *p = prompts->child, *t = toks->child; p; p = p->next, t = t->next, k++) { /* the tokenizer */
+        int32_t ids[512], n = tokenize(R.m, p->valuestring, true, ids, 512), i = 0;
+        cr_assert_eq(n, cJSON_GetArraySize(t), "%s prompt %d: %d tokens, llama.cpp %d", name, k, n, cJSON_GetArraySize(t));
+        for (const cJSON *x = t->child; x; x = x->next, i++) cr_assert_eq(ids[i], x->valueint, "%s prompt %d", name, k);
+    }
     const cJSON *res = cJSON_GetObjectItem(mr, "rerank");
     cr_assert_eq(cJSON_GetArraySize(res), nd);
     float prev = INFINITY;
@@ -186,3 +197,6 @@ Test(encoder_ref, reranker_scores_and_order) {
     close_model(&R);
     cJSON_Delete(ref);
 }
+
+Test(encoder_ref, bert_reranker_scores_and_order) { check_reranker("bert-reranker"); }
+Test(encoder_ref, xlmr_reranker_scores_and_order) { check_reranker("xlmr-reranker"); }
