@@ -144,8 +144,6 @@ static void check_embeddings(const char *name) {
     cJSON_Delete(ref);
 }
 
-Test(encoder_ref, bert_reranker_scores_and_order) { check_reranker("bert-reranker"); }
-Test(encoder_ref, xlmr_reranker_scores_and_order) { check_reranker("xlmr-reranker"); }
 
 Test(encoder_ref, bert_tokens_and_embeddings) { check_embeddings("bert"); }
 Test(encoder_ref, nomic_bert_tokens_and_embeddings) { check_embeddings("nomic-bert"); }
