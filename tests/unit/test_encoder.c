@@ -400,3 +400,47 @@ Test(encoder, wordpiece_tokenizer) {
     eng_model_free(m);
     drop_model(&t);
 }
+
+/* mkmodel's unigram vocabulary (--vocab ugm): <s> ... </s>, the charsmap's replacements (the fi ligature, the
+ * ellipsis, the ideographic space), spaces merged, the best-scoring segmentation, runs of unknowns as one <unk>. */
+Test(encoder, unigram_tokenizer) {
+    char dir[64] = "/tmp/kvs-ugm-XXXXXX", path[128], log[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/u.gguf", dir);
+    const char *args[] = {"mkmodel", "-o", path, "--arch", "bert", "--vocab", "ugm", "--embd", "64", "--layers", "1",
+                          "--heads", "4", "--ff", "64", "--ctx", "64", "--type", "f32", NULL};
+    cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0);
+    eng_load_params lp;
+    eng_load_params_default(&lp);
+    lp.vocab_only = true;
+    eng_model *m;
+    char err[256];
+    cr_assert_eq(eng_model_load(path, &lp, &m, err, sizeof err), 0, "%s", err);
+    struct { const char *text; const char *pieces; } cases[] = {
+        {"dogs \xef\xac\x81\xe2\x80\xa6 water", "<s>| dog|s| fi|.|.|.| water|</s>"},
+        {"a\xef\xac\x81" "b", "<s>| af|i|b|</s>"},
+        {"a\xe3\x80\x80" "b", "<s>| a| b|</s>"},
+        {"  many   spaces ", "<s>| many| sp|ace|s|</s>"},
+        {"x\xe2\x82\xac\xe2\x82\xacy", "<s>| x|<unk>|y|</s>"},
+        {"", "<s>|</s>"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t ids[64], n = 0;
+        cr_assert_eq(eng_tokenize(m, cases[i].text, strlen(cases[i].text), true, false, ids, 64, &n), 0);
+        char got[512] = "";
+        for (int32_t k = 0; k < n; k++) {
+            char piece[64];
+            size_t pl = 0;
+            cr_assert_eq(eng_token_to_piece(m, ids[k], true, piece, sizeof piece - 1, &pl), 0);
+            piece[pl] = 0;
+            if (k) strcat(got, "|");
+            strcat(got, piece);
+        }
+        cr_assert_str_eq(got, cases[i].pieces, "text %zu: %s", i, got);
+    }
+    eng_model_free(m);
+    snprintf(log, sizeof log, "%s/log", dir);
+    unlink(log);
+    unlink(path);
+    rmdir(dir);
+}
