@@ -54,15 +54,22 @@ static float gelu(const float *tab, float x) {
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* y = (x - mean) / sqrt(var + eps) * w + b over n values (y may equal x); sums in double. */
+/* y = (x - mean) / sqrt(var + eps) * w + b over n values (y may equal x); sums in double, in four interleaved
+ * partial sums (a fixed order: a row's result depends on the row only). */
 static void layer_norm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps) {
-    double s = 0, ss = 0;
-    for (int64_t i = 0; i < n; i++) s += x[i];
-    double mean = s / (double)n;
-    for (int64_t i = 0; i < n; i++) {
-        double d = x[i] - mean;
-        ss += d * d;
-    }
+    double s4[4] = {0, 0, 0, 0}, q4[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int k = 0; k < 4; k++) s4[k] += x[i + k];
+    for (; i < n; i++) s4[0] += x[i];
+    double mean = (s4[0] + s4[1] + s4[2] + s4[3]) / (double)n;
+    for (i = 0; i + 4 <= n; i += 4)
+        for (int k = 0; k < 4; k++) {
+            double d = x[i + k] - mean;
+            q4[k] += d * d;
+        }
+    for (; i < n; i++) q4[0] += (x[i] - mean) * (x[i] - mean);
+    double ss = q4[0] + q4[1] + q4[2] + q4[3];
     float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps)), mf = (float)mean;
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mf) * inv * w[i] + b[i];
 }
@@ -197,6 +204,25 @@ static void add_norm(enc_run *R, float *dst, const float *a, const float *bias, 
     }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* gelu() over u[0..n) + b (b may be NULL), 8 at a time: the same conversion (round to nearest even) and lookups. */
+__attribute__((target("avx2,fma,f16c"))) static void gelu_avx2(const float *tab, float *u, const float *b, int64_t n) {
+    const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_loadu_ps(u + j);
+        if (b) x = _mm256_add_ps(x, _mm256_loadu_ps(b + j));
+        __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256 g = _mm256_i32gather_ps(tab, idx, 4);
+        g = _mm256_blendv_ps(g, zero, _mm256_cmp_ps(x, lo, _CMP_LE_OQ));
+        g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
+        _mm256_storeu_ps(u + j, g);
+    }
+    for (; j < n; j++) u[j] = gelu(tab, u[j] + (b ? b[j] : 0.0f));
+}
+#endif
+
 /* The FFN's activation for this thread's rows (into c->up), then its quantization for w_down. */
 static void ffn_act(enc_run *R, const eng_layer *ly, const eng_enc_layer *el, int ith, int nth) {
     eng_ctx *c = R->c;
@@ -210,6 +236,12 @@ static void ffn_act(enc_run *R, const eng_layer *ly, const eng_enc_layer *el, in
             for (int64_t j = 0; j < F; j++) u[j] = silu(g[j]) * (u[j] + (el->b_up ? el->b_up[j] : 0.0f));
         } else {
             const float *tab = c->model->enc->gelu_tab;
+#if defined(__x86_64__) || defined(__i386__)
+            if (c->simd >= ENG_SIMD_AVX2) { /* AVX2 implies F16C and FMA here (quant.h's levels) */
+                gelu_avx2(tab, u, el->b_up, F);
+                continue;
+            }
+#endif
             for (int64_t j = 0; j < F; j++) u[j] = gelu(tab, u[j] + (el->b_up ? el->b_up[j] : 0.0f));
         }
     }

@@ -444,3 +444,34 @@ Test(encoder, unigram_tokenizer) {
     unlink(path);
     rmdir(dir);
 }
+
+/* The SIMD levels (AVX-512, AVX2: the tile attention kernels, the vector GELU, the packed gemm) agree with the
+ * scalar level within float summation order (KVSERVE_SIMD_MAX caps the level a context detects). */
+Test(encoder, simd_levels_agree_with_scalar) {
+    tmpmodel t;
+    make_model(&t, "bert", true, "q8_0");
+    static const char *const caps[] = {"scalar", "avx2", NULL};
+    rng rng = {21};
+    int32_t lens[3] = {37, 5, 60}, tok[102];
+    float *out[3], rank[3][3];
+    for (int i = 0; i < 102; i++) tok[i] = 5 + (int32_t)(rng_next(&rng) % 400);
+    for (int c = 0; c < 3; c++) {
+        if (caps[c]) setenv("KVSERVE_SIMD_MAX", caps[c], 1);
+        else unsetenv("KVSERVE_SIMD_MAX");
+        run R;
+        open_run(&R, &t, false);
+        out[c] = malloc((size_t)102 * 64 * sizeof(float));
+        cr_assert_not_null(out[c]);
+        cr_assert_eq(run_batch(&R, tok, lens, 3, out[c], rank[c]), 0);
+        close_run(&R);
+    }
+    unsetenv("KVSERVE_SIMD_MAX");
+    for (int c = 1; c < 3; c++) {
+        for (int i = 0; i < 102 * 64; i++)
+            cr_assert(fabsf(out[c][i] - out[0][i]) < 1e-3f, "level %s value %d: %g, scalar %g", caps[c] ? caps[c] : "best",
+                      i, out[c][i], out[0][i]);
+        for (int s = 0; s < 3; s++) cr_assert(fabsf(rank[c][s] - rank[0][s]) < 1e-3f);
+    }
+    for (int c = 0; c < 3; c++) free(out[c]);
+    drop_model(&t);
+}
