@@ -3,25 +3,23 @@
 
 The models are made by `kvserve mkmodel` (MODELS below: bert embedding models with mean and cls pooling, a
 nomic-bert one, a bert reranker with a classification head and pooling type rank, and XLM-RoBERTa-style bert models
-with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker). For each, llama.cpp v0.5.0 gives:
-  - the token ids of every prompt (llama-tokenize --ids: [CLS] ... [SEP], its WordPiece tokenizer);
-  - the pooled, L2-normalized embeddings (llama-embedding, the model's pooling, --embd-normalize 2);
-  - for the reranker, llama-server --reranking's POST /v1/rerank answer for QUERY over DOCUMENTS.
+with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker). For each, llama.cpp v0.5.0's library (scripts/ref-encoder-gen.c, compiled here against the tree) gives:
+  - the token ids of every prompt with the model's special tokens, as llama-embedding tokenizes them;
+  - the pooled, L2-normalized embeddings, as llama-embedding --embd-normalize 2 computes them;
+  - for the rerankers, the score of every (QUERY, document) pair in llama-server --reranking's rerank prompt, and
+    the results in its order (by score).
 Written to tests/reference/mk-encoders.json with each model's mkmodel arguments and SHA-256, which
 test_encoder_ref.c uses to make the same models again.
 
-usage: scripts/ref-encoder.py KVSERVE_BINARY LLAMA_BIN_DIR [OUT_DIR]   (LLAMA_BIN_DIR: llama.cpp's build/bin, with
-       llama-tokenize, llama-embedding and llama-server)
+usage: scripts/ref-encoder.py KVSERVE_BINARY LLAMA_CPP_DIR [OUT_DIR]   (LLAMA_CPP_DIR: a built llama.cpp tree,
+       with include/, ggml/include/ and build/bin/libllama.so)
 """
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 COMMON = ["--embd", "128", "--layers", "3", "--heads", "4", "--ff", "256", "--ctx", "512", "--type", "f32",
           "--seed", "31"]
@@ -56,77 +54,61 @@ DOCUMENTS = [
 ]
 
 
-def tokens(bin_dir, model, text):
-    out = subprocess.run([os.path.join(bin_dir, "llama-tokenize"), "-m", model, "-p", text, "--ids", "--log-disable"],
-                         capture_output=True, text=True, check=True).stdout
-    line = [l for l in out.splitlines() if l.startswith("[")][-1]
-    return json.loads(line)
+def gen_run(gen, model, lines):
+    """Runs ref-encoder-gen (llama.cpp's library) over request lines; returns its output lines."""
+    out = subprocess.run([gen, model], input="".join(l + "\n" for l in lines), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, check=True).stdout.splitlines()
+    if len(out) != len(lines):
+        sys.exit("ref-encoder-gen: %d answers for %d requests" % (len(out), len(lines)))
+    return out
 
 
-def embeddings(bin_dir, model):
-    sep = "<#sep#>"
-    out = subprocess.run([os.path.join(bin_dir, "llama-embedding"), "-m", model, "-p", sep.join(PROMPTS),
-                          "--embd-separator", sep, "--embd-output-format", "array", "--embd-normalize", "2",
-                          "-c", "512", "-b", "512", "-ub", "512", "-t", "2", "--log-disable"],
-                         capture_output=True, text=True, check=True).stdout
-    arr = json.loads(out[out.index("[["):out.rindex("]]") + 2])
-    if len(arr) != len(PROMPTS):
-        sys.exit("llama-embedding: %d embeddings for %d prompts" % (len(arr), len(PROMPTS)))
-    return arr
+def hexs(text):
+    return text.encode().hex()
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def rerank(bin_dir, model):
-    port = free_port()
-    srv = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--reranking", "--host", "127.0.0.1",
-                            "--port", str(port), "-c", "512", "-b", "512", "-ub", "512", "-t", "2", "-np", "1"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.1)
-        body = json.dumps({"query": QUERY, "documents": DOCUMENTS, "top_n": len(DOCUMENTS)}).encode()
-        req = urllib.request.Request("http://127.0.0.1:%d/v1/rerank" % port, data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())
-    finally:
-        srv.terminate()
-        srv.wait(timeout=30)
+def record_model(gen, path, rerank):
+    lines = ["T " + hexs(p) for p in PROMPTS]
+    if rerank:
+        lines += ["R %s %s" % (hexs(QUERY), hexs(d)) for d in DOCUMENTS]
+    else:
+        lines += ["E " + hexs(p) for p in PROMPTS]
+    out = gen_run(gen, path, lines)
+    m = {"tokens": [[int(x) for x in l.split()[1:]] for l in out[:len(PROMPTS)]]}
+    rest = out[len(PROMPTS):]
+    if rerank:
+        scores = [float(l.split()[1]) for l in rest]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep the input order
+        m["rerank"] = [{"index": i, "relevance_score": scores[i]} for i in order]
+    else:
+        m["embeddings"] = [[round(float(x), 7) for x in l.split()[1:]] for l in rest]
+    return m
 
 
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    kvserve, bin_dir = sys.argv[1], sys.argv[2]
+    kvserve, llama = sys.argv[1], sys.argv[2]
     out_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "..", "tests",
                                                                    "reference")
-    ref = {"generator": "llama.cpp v0.5.0: llama-tokenize --ids, llama-embedding (model pooling, --embd-normalize 2, "
-                        "-c/-b/-ub 512, 2 threads), llama-server --reranking POST /v1/rerank",
+    ref = {"generator": "llama.cpp v0.5.0 library (scripts/ref-encoder-gen.c): tokens with the model's special "
+                        "tokens (llama-embedding's tokenization), embeddings with the model's pooling L2-normalized "
+                        "(llama-embedding --embd-normalize 2), rerank scores of llama-server's rerank prompt (rank "
+                        "pooling, output 0), n_ctx = n_batch = n_ubatch 512, 2 threads",
            "prompts": PROMPTS, "query": QUERY, "documents": DOCUMENTS, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        gen = os.path.join(tmp, "ref-encoder-gen")
+        lib = os.path.join(llama, "build", "bin")
+        subprocess.run(["cc", "-O2", "-o", gen, os.path.join(os.path.dirname(__file__), "ref-encoder-gen.c"),
+                        "-I", os.path.join(llama, "include"), "-I", os.path.join(llama, "ggml", "include"),
+                        "-L", lib, "-lllama", "-lggml", "-lggml-base", "-Wl,-rpath," + lib, "-lm"], check=True)
         for name, args in MODELS.items():
             path = os.path.join(tmp, name + ".gguf")
             subprocess.run([kvserve, "mkmodel", "-o", path] + args, check=True, stdout=subprocess.DEVNULL)
             with open(path, "rb") as f:
                 sha = hashlib.sha256(f.read()).hexdigest()
-            m = {"mkmodel_args": args, "model_sha256": sha,
-                 "tokens": [tokens(bin_dir, path, p) for p in PROMPTS]}
-            if "--rerank" in args:
-                m["rerank"] = rerank(bin_dir, path)["results"]
-            else:
-                m["embeddings"] = embeddings(bin_dir, path)
+            m = {"mkmodel_args": args, "model_sha256": sha}
+            m.update(record_model(gen, path, "--rerank" in args))
             ref["models"][name] = m
             print(name, "recorded")
     os.makedirs(out_dir, exist_ok=True)

@@ -187,7 +187,7 @@ static int load_inputs(enc_loader *L) {
     int rc;
     const eng_gguf_tensor *tt = eng_gguf_find_tensor(m->gguf, "token_types.weight");
     if (tt) {
-        if (tt->n_dims != 2 || tt->ne[0] != E || tt->ne[1] < 1)
+        if (tt->n_dims < 1 || tt->n_dims > 2 || tt->ne[0] != E || tt->ne[1] < 1)
             return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_types.weight has dims [%lld, %lld], "
                             "expected [%lld, n_types]", L->path, (long long)tt->ne[0], (long long)tt->ne[1],
                             (long long)E);
