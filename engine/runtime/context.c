@@ -213,7 +213,10 @@ int eng_ctx_create(eng_model *model, const eng_ctx_params *params, eng_ctx **out
         return kvs_errf(err, err_len, ENG_ERR_UNSUPPORTED, "eng_ctx_create: encoder models (%s) run on the CPU only",
                         hp->arch_name);
     }
-    if (model->enc) p.device = ENG_DEVICE_CPU; /* AUTO: the encoder forward pass is the CPU's */
+    if (model->enc) {
+        p.device = ENG_DEVICE_CPU;  /* AUTO: the encoder forward pass is the CPU's */
+        p.prefix_caching = false;   /* its blocks hold no K/V: nothing of a sequence is kept after its request */
+    }
     if (p.device != ENG_DEVICE_CPU) {
         rc = eng_cuda_create(model, &p, &c->cuda, &c->cache, err, err_len);
         if (rc != 0 || c->cuda) {

@@ -99,6 +99,9 @@ static void run(eng_model *m, const req *reqs, int n, bool alone, int32_t kv_blo
     srv_sched_stats st;
     srv_sched_get_stats(s, &st);
     cr_assert_eq(st.kv_blocks_used, 0, "an encoder's requests keep no KV block");
+    kvc_stats ks;
+    kvc_get_stats(eng_ctx_cache(ctx), &ks);
+    cr_assert_eq(ks.blocks_cached, 0, "nor any cached one");
     cr_assert(st.counters.steps > 0);
     srv_sched_free(s);
     uv_run(&loop, UV_RUN_DEFAULT);
