@@ -326,7 +326,9 @@ static int plan(enc_run *R) {
     const eng_hparams *hp = R->c->hp;
     R->n_seqs = 0;
     for (int32_t i = 0; i < b->n; i++) {
-        if (b->pos[i] < 0 || b->pos[i] >= hp->n_ctx_train || b->token[i] < 0 || b->token[i] >= hp->n_vocab)
+        /* positions past the context would overrun the per-thread score and K/V rows (n_ctx each) */
+        if (b->pos[i] < 0 || b->pos[i] >= hp->n_ctx_train || b->pos[i] >= R->c->n_ctx || b->token[i] < 0 ||
+            b->token[i] >= hp->n_vocab)
             return ENG_ERR_INVALID;
         bool cont = i > 0 && b->seq[i] == b->seq[i - 1];
         if (cont ? b->pos[i] != b->pos[i - 1] + 1 : b->pos[i] != 0) return ENG_ERR_INVALID;

@@ -355,6 +355,16 @@ Test(encoder, batch_contract) {
     tok[1] = 1 << 30;
     cr_assert_eq(eng_decode(R.ctx, &b), ENG_ERR_INVALID, "a token outside the vocabulary");
     tok[1] = 6;
+    int32_t many_tok[65] = {0}, many_pos[65], many_seq[65];
+    bool many_wl[65] = {false}, many_we[65];
+    for (int i = 0; i < 65; i++) {
+        many_pos[i] = i;
+        many_seq[i] = s0;
+        many_we[i] = true;
+    }
+    eng_batch many = {.n = 65, .token = many_tok, .pos = many_pos, .seq = many_seq, .want_logits = many_wl,
+                      .want_embd = many_we};
+    cr_assert_eq(eng_decode(R.ctx, &many), ENG_ERR_INVALID, "a sequence longer than the context (64)");
     cr_assert_eq(kvc_seq_len(kv, s0), 0);
     cr_assert_eq(eng_decode(R.ctx, &b), 0);
     cr_assert_not_null(eng_get_embeddings(R.ctx, 2));
