@@ -828,7 +828,7 @@ Test(tokenizer, errors_and_buffers) {
 
     /* bad vocabularies */
     struct { const char *model; const char *pre; int want; } cases[] = {
-        {"bert", NULL, ENG_ERR_UNSUPPORTED}, {"gpt2", "no-such-pre", ENG_ERR_UNSUPPORTED}, {NULL, NULL, ENG_ERR_FORMAT},
+        {"rwkv", NULL, ENG_ERR_UNSUPPORTED}, {"gpt2", "no-such-pre", ENG_ERR_UNSUPPORTED}, {NULL, NULL, ENG_ERR_FORMAT},
     };
     for (int i = 0; i < 3; i++) {
         eng_gguf_writer *w;
