@@ -476,7 +476,7 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
         return ENG_ERR_NOMEM;
     }
     mk_rng r = mk_rng_for(o->seed, name);
-    double std = kind == MK_EMBED ? o->embd_std : kind == MK_NORM ? 0.02 : o->std;
+    double std = kind == MK_EMBED || kind == MK_EMBED_F32 ? o->embd_std : kind == MK_NORM ? 0.02 : o->std;
     double mean = kind == MK_NORM ? 1.0 : 0.0;
     for (int64_t i = 0; i < n; i++) {
         double z = mk_normal(&r);

@@ -47,8 +47,9 @@ typedef struct mk_opts {
 } mk_opts;
 
 /* Tensor kinds: matrices and embeddings in the chosen type (std --std / --embd-std), norms (1 + 0.02 N) and
- * biases (--std) in f32. */
-enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS };
+ * biases (--std) in f32, and small embedding tables kept in f32 whatever the type (--embd-std: an encoder's
+ * token_types, which ggml adds as they are and cannot add from a quantized type). */
+enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS, MK_EMBED_F32 };
 
 /* One tensor of a block: blk.N.<suffix>, [ne0, ne1] */
 typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1; } mk_tdef;

@@ -321,7 +321,7 @@ int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab
     char name[96];
     int rc = kvs_mk_tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
     /* as many token types as the vocabulary says: 2 for BERT, 1 for XLM-RoBERTa */
-    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_types.weight", MK_EMBED, E, o->ugm ? 1 : 2, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_types.weight", MK_EMBED_F32, E, o->ugm ? 1 : 2, total, count);
     if (!rc && !nomic) rc = kvs_mk_tensor_one(w, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, total, count);
     if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.weight", MK_NORM, E, 1, total, count);
     if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.bias", MK_BIAS, E, 1, total, count);
