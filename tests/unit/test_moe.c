@@ -46,12 +46,17 @@ static void make_model(tmpdir *t, const char *type) {
     }
 }
 
-static void remove_tmp(tmpdir *t) {
-    char log[96];
-    snprintf(log, sizeof log, "%s/log", t->dir);
-    unlink(log);
-    unlink(t->model);
-    rmdir(t->dir);
+/* The test's temporary directory, removed by its .fini whether it passed or failed. */
+static tmpdir made;
+static void made_cleanup(void) {
+    if (!made.dir[0]) return;
+    const char *names[] = {"log", "m.gguf", "m.gguf.q", "bad.gguf"};
+    char path[160];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", made.dir, names[i]);
+        unlink(path);
+    }
+    rmdir(made.dir);
 }
 
 static eng_ctx *open_ctx(eng_model *m, int32_t n_threads) {
@@ -72,8 +77,9 @@ static eng_ctx *open_ctx(eng_model *m, int32_t n_threads) {
 /* Every sequence's prompt decoded one token at a time, alone (logits of every position into alone), then all
  * sequences again in one context as random interleaved chunks, which must give the same logits bit for bit. */
 static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
-    tmpdir t;
-    make_model(&t, type);
+    tmpdir *tp = &made, t;
+    make_model(tp, type);
+    t = *tp;
     eng_model *m = NULL;
     char err[256];
     cr_assert_eq(eng_model_load(t.model, NULL, &m, err, sizeof err), 0, "%s", err);
@@ -128,14 +134,13 @@ static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
     eng_ctx_free(c);
     free(alone);
     eng_model_free(m);
-    remove_tmp(&t);
 }
 
 TestSuite(moe, .timeout = 120);
 
-Test(moe, batch_invariance_f32) { invariance("f32", 2, 11); }
-Test(moe, batch_invariance_q8_0) { invariance("q8_0", 3, 12); }
-Test(moe, batch_invariance_q4_k_m) { invariance("q4_k_m", 2, 13); }
+Test(moe, batch_invariance_f32, .fini = made_cleanup) { invariance("f32", 2, 11); }
+Test(moe, batch_invariance_q8_0, .fini = made_cleanup) { invariance("q8_0", 3, 12); }
+Test(moe, batch_invariance_q4_k_m, .fini = made_cleanup) { invariance("q4_k_m", 2, 13); }
 
 /* The model at src rewritten into dst with key `key` (an arch key, u32) set to value, or (value < 0) with tensor
  * `tensor`'s ne[2] halved: a malformed file for the loader. */
@@ -179,9 +184,10 @@ static void expect_load_error(const char *path, int want, const char *needle) {
     eng_model_free(m);
 }
 
-Test(moe, malformed_files_are_refused) {
-    tmpdir t;
-    make_model(&t, "f32");
+Test(moe, malformed_files_are_refused, .fini = made_cleanup) {
+    tmpdir *tp = &made, t;
+    make_model(tp, "f32");
+    t = *tp;
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.gguf", t.dir);
     rewrite(t.model, bad, "qwen3moe.expert_count", 0, NULL);
@@ -196,7 +202,6 @@ Test(moe, malformed_files_are_refused) {
     expect_load_error(bad, ENG_ERR_FORMAT, "blk.1.ffn_down_exps.weight");
     rewrite(t.model, bad, "qwen3moe.expert_feed_forward_length", 32, NULL);
     expect_load_error(bad, ENG_ERR_FORMAT, "blk.0.ffn_gate_exps.weight");
-    unlink(bad);
     /* the untouched file loads, with its expert counts */
     eng_model *m = NULL;
     char err[256];
@@ -207,5 +212,4 @@ Test(moe, malformed_files_are_refused) {
     cr_expect_eq(hp->n_expert_used, 3);
     cr_expect_eq(hp->n_ff_exp, 64);
     eng_model_free(m);
-    remove_tmp(&t);
 }
