@@ -57,8 +57,12 @@ enum {
 
 /* ---- models --------------------------------------------------------------------------------------------- */
 typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4,
+               ENG_ARCH_QWEN3MOE = 5,
                /* encoders (bidirectional attention, embeddings and rerank only: engine/model/encoder.h) */
                ENG_ARCH_BERT = 32, ENG_ARCH_NOMIC_BERT = 33 } eng_arch;
+
+/* The most experts an MoE layer may have (llama.cpp's limit is the same order). */
+#define ENG_MAX_EXPERTS 512
 
 /* The feed-forward activation: act(gate) * up. */
 typedef enum {
@@ -110,6 +114,13 @@ typedef struct eng_hparams {
     eng_ffn_act ffn_act;    /* silu, or GELU (tanh approximation) for gemma3, or gpt-oss's clamped SwiGLU */
     float swiglu_alpha, swiglu_limit; /* ENG_ACT_SWIGLU_OAI's constants (1.702 and 7, as llama.cpp uses them) */
     bool swa_all;           /* n_swa > 0 and every layer slides: the KV cache keeps only the window's blocks */
+    /* Mixture-of-Experts (qwen3moe; all 0 for a dense model): every layer's feed-forward is n_expert experts of
+     * which each token uses the n_expert_used its router ranks highest */
+    int32_t n_expert;       /* <arch>.expert_count */
+    int32_t n_expert_used;  /* <arch>.expert_used_count (1 .. n_expert) */
+    int32_t n_ff_exp;       /* <arch>.expert_feed_forward_length (default n_ff / n_expert_used) */
+    float expert_weights_scale; /* <arch>.expert_weights_scale: the routing weights are multiplied by it (0 or 1:
+                                   not scaled) */
 } eng_hparams;
 
 typedef struct eng_load_params {

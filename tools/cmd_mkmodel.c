@@ -1,17 +1,20 @@
 /*
- * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2/phi3 GGUF with deterministic random weights.
+ * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2/qwen3/qwen3moe/phi3 GGUF with deterministic random weights.
  *
  * The weights are a pure function of (--seed, tensor name, shape, --std): each tensor has its own PRNG stream
  * (splitmix64 seeded by the seed and an FNV-1a hash of the name), and normal values are made with integer
  * arithmetic and one correctly rounded multiplication (an Irwin-Hall sum of eight 16-bit uniforms, scaled to
  * unit variance) instead of libm's log/sin/cos, whose last bits may differ between C libraries. So the file
- * is byte-identical across runs and machines. Quantization uses the engine's own eng_quantize_row.
+ * is byte-identical across runs and machines. Quantization uses the engine's own eng_quantize_row. The file is
+ * streamed: the header first, then each tensor generated and written in turn, so a model larger than memory can be
+ * made (only one tensor is held at a time).
  *
  * The tokenizer block is copied from another GGUF (--vocab-from: every tokenizer.* key) or built in: a small
  * SentencePiece-style ("llama") vocabulary with byte fallback, ChatML special tokens and a ChatML template. The
- * encoders (bert, nomic-bert) are written by mkmodel_encoder.c with a built-in WordPiece vocabulary.
+ * encoders (bert, nomic-bert) are written by mkmodel_encoder.c with a built-in WordPiece or unigram vocabulary.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,12 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
 #include "engine/kernels/quant.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+
 #include "tools/mkmodel.h"
 
 /* The starting shapes of --preset (one row each; the options change them afterwards). */
@@ -34,17 +40,23 @@ typedef struct mk_preset {
     double rope_base;
     uint32_t wtype;
     bool tied;
+    const char *arch;       /* NULL: llama */
+    int64_t head_dim, n_expert, n_expert_used, n_ff_exp; /* 0: the defaults */
+    double rms_eps;         /* 0: the arch default */
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
     /* untied: with tied random embeddings a model mostly repeats its last input token, which reads as a bug to
      * someone trying `make run`; a separate random output layer gives varied (random) text */
-    {"default", 256, 4, 8, 4, 768, 2048, 10000.0, ENG_Q_Q8_0, false},
-    {"tiny", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false},
-    {"bench-135m", 576, 30, 9, 3, 1536, 4096, 10000.0, ENG_Q_Q8_0, true},    /* SmolLM2-135M */
-    {"llama-1b", 2048, 16, 32, 8, 8192, 8192, 500000.0, ENG_Q_Q8_0, true},
-    {"bench-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0, ENG_Q_F16, true},  /* Llama-3.2-1B */
-    {"bench-8b", 4096, 32, 32, 8, 14336, 131072, 500000.0, ENG_Q_F16, false}, /* Llama-3.1-8B */
+    {"default", 256, 4, 8, 4, 768, 2048, 10000.0, ENG_Q_Q8_0, false, NULL, 0, 0, 0, 0, 0},
+    {"tiny", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false, NULL, 0, 0, 0, 0, 0},
+    {"bench-135m", 576, 30, 9, 3, 1536, 4096, 10000.0, ENG_Q_Q8_0, true, NULL, 0, 0, 0, 0, 0},    /* SmolLM2-135M */
+    {"llama-1b", 2048, 16, 32, 8, 8192, 8192, 500000.0, ENG_Q_Q8_0, true, NULL, 0, 0, 0, 0, 0},
+    {"bench-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0, ENG_Q_F16, true, NULL, 0, 0, 0, 0, 0},  /* Llama-3.2-1B */
+    {"bench-8b", 4096, 32, 32, 8, 14336, 131072, 500000.0, ENG_Q_F16, false, NULL, 0, 0, 0, 0, 0}, /* Llama-3.1-8B */
+    /* Qwen3-30B-A3B's layer shape on 16 of its 48 layers */
+    {"bench-moe", 2048, 16, 32, 4, 6144, 40960, 1000000.0, ENG_Q_F16, false, "qwen3moe", 128, 128, 8, 768, 1e-6},
+    {"tiny-moe", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false, "qwen3moe", 0, 8, 2, 64, 0},
 };
 enum { MK_N_PRESETS = sizeof mk_presets / sizeof mk_presets[0] };
 
@@ -52,11 +64,14 @@ static int apply_preset(mk_opts *o, const char *name) {
     for (size_t i = 0; i < MK_N_PRESETS; i++) {
         const mk_preset *p = &mk_presets[i];
         if (strcmp(name, p->name)) continue;
-        snprintf(o->arch, sizeof o->arch, "llama");
+        snprintf(o->arch, sizeof o->arch, "%s", p->arch ? p->arch : "llama");
         o->preset = p->name;
         o->n_embd = p->n_embd; o->n_layer = p->n_layer; o->n_head = p->n_head; o->n_head_kv = p->n_head_kv;
         o->n_ff = p->n_ff; o->n_ctx = p->n_ctx; o->rope_base = p->rope_base; o->wtype = p->wtype; o->tied = p->tied;
-        o->head_dim = 0; o->rms_eps = -1; o->seed = 42; o->std = 0.05; o->embd_std = 0.5;
+        o->head_dim = p->head_dim; o->rms_eps = p->rms_eps > 0 ? p->rms_eps : -1; o->seed = 42; o->std = 0.05;
+        o->embd_std = 0.5; o->router_std = -1;
+        o->n_expert = p->n_expert ? p->n_expert : 8; o->n_expert_used = p->n_expert_used ? p->n_expert_used : 2;
+        o->n_ff_exp = p->n_ff_exp;
         return 0;
     }
     return -1;
@@ -69,7 +84,8 @@ static bool set_rope_scaling(void *field, const char *v) {
 }
 
 static bool set_arch(void *field, const char *v) {
-    if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "phi3") && strcmp(v, "bert") && strcmp(v, "nomic-bert"))
+    if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3") && strcmp(v, "qwen3moe") && strcmp(v, "phi3") &&
+        strcmp(v, "bert") && strcmp(v, "nomic-bert"))
         return false;
     snprintf(field, sizeof ((mk_opts *)0)->arch, "%s", v);
     return true;
@@ -112,16 +128,24 @@ static const kvs_opt mk_opts_table[] = {
              "              Q4_K_M/Q5_K_M/Q6_K/Q8_0 bench models from it)\n"
              "  bench-8b    the Llama-3.1-8B shape: llama, embd 4096, 32 blocks, 32 heads,\n"
              "              8 kv heads, ff 14336, ctx 131072, rope base 500000, untied, f16\n"
-             "              (pass --vocab-from a llama 3 vocabulary: about 16 GB, built in\n"
-             "              memory; --dry-run shows the header)"},
+             "              (pass --vocab-from a llama 3 vocabulary: about 16 GB, streamed\n"
+             "              to disk; --dry-run shows the header)\n"
+             "  bench-moe   Qwen3-30B-A3B's layer shape on 16 of its 48 layers: qwen3moe,\n"
+             "              embd 2048, 16 blocks, 32 heads of 128, 4 kv heads, 128 experts,\n"
+             "              8 used, expert ff 768, ctx 40960, rope base 1e6, untied, f16\n"
+             "              (pass --vocab-from a qwen2 vocabulary: about 19 GB, streamed)\n"
+             "  tiny-moe    qwen3moe, embd 64, 2 blocks, 4 heads, 2 kv heads, 8 experts,\n"
+             "              2 used, expert ff 64, f32 (fast tests)"},
     {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch,
-     .expect = "llama, qwen2, phi3, bert or nomic-bert", .arg = "A",
-     .help = "llama|qwen2|phi3|bert|nomic-bert (qwen2 adds Q/K/V biases and uses rms\n"
-             "eps 1e-6 by default; phi3 fuses Q/K/V into attn_qkv and gate|up into\n"
-             "ffn_up, and rotates halves; bert and nomic-bert are encoders with a\n"
-             "built-in WordPiece vocabulary: bert with absolute positions, biases and\n"
-             "GELU, nomic-bert with rotary positions (--rope-base), a fused attn_qkv and\n"
-             "SwiGLU; both post-norm with LayerNorm, kv heads = heads)"},
+     .expect = "llama, qwen2, qwen3, qwen3moe, phi3, bert or nomic-bert", .arg = "A",
+     .help = "llama|qwen2|qwen3|qwen3moe|phi3|bert|nomic-bert (qwen2 adds Q/K/V biases\n"
+             "and uses rms eps 1e-6 by default; qwen3 adds per-head Q/K norms; qwen3moe\n"
+             "too, with a router and stacked experts in place of the feed-forward; phi3\n"
+             "fuses Q/K/V into attn_qkv and gate|up into ffn_up, and rotates halves;\n"
+             "bert and nomic-bert are encoders with a built-in WordPiece vocabulary: bert\n"
+             "with absolute positions, biases and GELU, nomic-bert with rotary positions\n"
+             "(--rope-base), a fused attn_qkv and SwiGLU; both post-norm with LayerNorm,\n"
+             "kv heads = heads)"},
     {"--rerank", NULL, KVS_OPT_FLAG, O(rerank), .flag_value = true,
      .help = "(bert, nomic-bert) add a classification head (cls, cls.output: one\n"
              "score) and write pooling type rank: a reranker"},
@@ -131,6 +155,12 @@ static const kvs_opt mk_opts_table[] = {
      .help = "(bert, nomic-bert) the built-in vocabulary: wpm (BERT WordPiece, default)\n"
              "or ugm (an XLM-RoBERTa-style SentencePiece unigram vocabulary with a\n"
              "small precompiled charsmap, tokenizer model t5)"},
+    {"--experts", NULL, KVS_OPT_I64, O(n_expert), 1, 512, .arg = "N",
+     .help = "(qwen3moe) experts per layer (default 8)"},
+    {"--experts-used", NULL, KVS_OPT_I64, O(n_expert_used), 1, 512, .arg = "N",
+     .help = "(qwen3moe) experts per token (default 2; at most --experts)"},
+    {"--expert-ff", NULL, KVS_OPT_I64, O(n_ff_exp), 1, MK_BIG, .arg = "N",
+     .help = "(qwen3moe) an expert's feed-forward length (default ff / experts-used)"},
     {"--embd", NULL, KVS_OPT_I64, O(n_embd), 1, MK_BIG, .arg = "N", .help = "embedding length"},
     {"--layers", NULL, KVS_OPT_I64, O(n_layer), 1, 4096, .arg = "N", .help = "number of blocks"},
     {"--heads", NULL, KVS_OPT_I64, O(n_head), 1, 4096, .arg = "N", .help = "attention heads"},
@@ -175,6 +205,10 @@ static const kvs_opt mk_opts_table[] = {
      .help = "random seed (default 42)"},
     {"--std", NULL, KVS_OPT_DOUBLE, O(std), 0.0, 100.0, .arg = "F",
      .help = "standard deviation of matrices (default 0.05)"},
+    {"--router-std", NULL, KVS_OPT_DOUBLE, O(router_std), 0.0, 100.0, .arg = "F",
+     .help = "(qwen3moe) standard deviation of the routers (default: --std); larger\n"
+             "values separate the experts' scores, so that no token's choice of\n"
+             "experts hangs on a near-tie (reference models)"},
     {"--embd-std", NULL, KVS_OPT_DOUBLE, O(embd_std), 0.0, 100.0, .arg = "F",
      .help = "standard deviation of token_embd/output (default 0.5)"},
     {"--dry-run", NULL, KVS_OPT_FLAG, O(dry_run), .flag_value = true,
@@ -185,18 +219,24 @@ static const kvs_opt mk_opts_table[] = {
 #undef O
 static const kvs_cli mk_cli = {
     "mkmodel", "-o OUT.gguf [OPTIONS]",
-    "Writes a llama/qwen2/phi3 GGUF model with deterministic random weights (same options, same bytes on every\n"
-    "machine). Useful for tests, benchmarks and the embedded default model; its output is gibberish.\n",
+    "Writes a llama/qwen2/qwen3/qwen3moe/phi3 GGUF model with deterministic random weights (same options, same\n"
+    "bytes on every machine). Useful for tests, benchmarks and the embedded default model; its output is\n"
+    "gibberish.\n",
     NULL, mk_opts_table, sizeof mk_opts_table / sizeof mk_opts_table[0], 0,
 };
 
 /* The checks and derived values after parsing: 0, or 2 after a message. */
 static int check_opts(mk_opts *o) {
     if (!o->out && !o->dry_run) return kvs_cli_fail(&mk_cli, "-o OUT is required (see --help)");
-    if (o->rms_eps < 0) o->rms_eps = !strcmp(o->arch, "qwen2") ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
+    const bool moe = !strcmp(o->arch, "qwen3moe");
+    if (o->rms_eps < 0) o->rms_eps = !strncmp(o->arch, "qwen", 4) ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
     if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
     if ((o->rerank || o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
         return kvs_cli_fail(&mk_cli, "--rerank, --pooling and --vocab need --arch bert or nomic-bert");
+    if (moe && o->n_ff_exp == 0) o->n_ff_exp = o->n_ff / o->n_expert_used > 0 ? o->n_ff / o->n_expert_used : 1;
+    if (moe && o->n_expert_used > o->n_expert)
+        return kvs_cli_fail(&mk_cli, "--experts-used %lld must be at most --experts %lld", (long long)o->n_expert_used,
+                            (long long)o->n_expert);
     if (o->head_dim == 0) {
         if (o->n_embd % o->n_head)
             return kvs_cli_fail(&mk_cli, "embd %lld is not divisible by heads %lld; give --head-dim",
@@ -217,7 +257,8 @@ static int check_opts(mk_opts *o) {
     if (o->n_head * o->head_dim > MK_BIG) return kvs_cli_fail(&mk_cli, "heads * head-dim is too large");
     if (o->wtype == ENG_Q_Q8_0) {
         const struct { const char *what; int64_t v; } rows[] = {
-            {"embd", o->n_embd}, {"heads * head-dim", o->n_head * o->head_dim}, {"ff", o->n_ff}};
+            {"embd", o->n_embd}, {"heads * head-dim", o->n_head * o->head_dim}, {moe ? "expert ff" : "ff",
+            moe ? o->n_ff_exp : o->n_ff}};
         for (int i = 0; i < 3; i++)
             if (rows[i].v % 32)
                 return kvs_cli_fail(&mk_cli, "--type q8_0 needs %s (%lld) to be a multiple of 32", rows[i].what,
@@ -307,11 +348,11 @@ static const char *const mk_words[] = {
     "happy", "sad", "love", "loved", "played", "wanted", "upon", "day", "named", "Lily", "Tom", "ball",
     "park", "sky", "blue", "green", "tall",
 };
+
 const char *const *kvs_mk_words(size_t *n) {
     *n = sizeof mk_words / sizeof mk_words[0];
     return mk_words;
 }
-
 static const char k_chars[] =
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()/&%$#@*+=<>[]{}_~`^|\\";
 
@@ -459,15 +500,17 @@ static int add_vocab_from(eng_gguf_writer *w, const char *path, int64_t *n_vocab
 
 /* ---- tensors --------------------------------------------------------------------------------------------------- */
 
+static uint32_t tensor_type(const mk_opts *o, int kind) {
+    return (kind == MK_MATRIX || kind == MK_EMBED) ? o->wtype : ENG_Q_F32; /* norms, biases, routers: f32 */
+}
 
-/* Generates tensor `name` of [ne0, ne1] and adds it in type (norms and biases: f32). */
-static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
-                      size_t *total_bytes) {
-    uint32_t type = (kind == MK_MATRIX || kind == MK_EMBED) ? o->wtype : ENG_Q_F32;
-    int64_t n = ne0 * ne1;
+/* Generates tensor `name` of [ne0, ne1, ne2] and writes its bytes (padded) to f. */
+static int write_tensor(FILE *f, uint32_t align, const mk_opts *o, const char *name, int kind, int64_t ne0,
+                        int64_t rows) {
+    uint32_t type = tensor_type(o, kind);
+    int64_t n = ne0 * rows;
+    size_t row_bytes = eng_qtype_row_bytes(type, ne0), nbytes = row_bytes * (size_t)rows;
     float *vals = malloc((size_t)n * sizeof *vals);
-    size_t row_bytes = eng_qtype_row_bytes(type, ne0);
-    size_t nbytes = row_bytes * (size_t)ne1;
     uint8_t *data = row_bytes ? malloc(nbytes) : NULL;
     if (!vals || !data) {
         free(vals);
@@ -476,7 +519,8 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
         return ENG_ERR_NOMEM;
     }
     mk_rng r = mk_rng_for(o->seed, name);
-    double std = kind == MK_EMBED || kind == MK_EMBED_F32 ? o->embd_std : kind == MK_NORM ? 0.02 : o->std;
+    double std = kind == MK_EMBED || kind == MK_EMBED_F32 ? o->embd_std : kind == MK_NORM ? 0.02
+                 : kind == MK_ROUTER && o->router_std >= 0 ? o->router_std : o->std;
     double mean = kind == MK_NORM ? 1.0 : 0.0;
     for (int64_t i = 0; i < n; i++) {
         double z = mk_normal(&r);
@@ -484,23 +528,34 @@ static int add_tensor(eng_gguf_writer *w, const mk_opts *o, const char *name, in
         vals[i] = (float)(mean + x);
     }
     int rc = 0;
-    for (int64_t row = 0; row < ne1 && !rc; row++)
+    for (int64_t row = 0; row < rows && !rc; row++)
         rc = eng_quantize_row(type, vals + row * ne0, data + (size_t)row * row_bytes, ne0);
-    if (!rc) {
-        const int64_t ne[2] = {ne0, ne1};
-        rc = eng_gguf_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, data, nbytes);
-    }
+    static const uint8_t zeros[256];
+    size_t pad = (align - nbytes % align) % align;
+    if (!rc && (fwrite(data, 1, nbytes, f) != nbytes || fwrite(zeros, 1, pad, f) != pad)) rc = ENG_ERR_IO;
     if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, kvs_strerror(rc));
-    *total_bytes += nbytes;
     free(vals);
     free(data);
+    return rc;
+}
+
+int kvs_mk_tensor_one(const mk_sink *sk, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
+                      int64_t ne2, size_t *total, int *count) {
+    (*count)++;
+    uint32_t type = tensor_type(o, kind);
+    *total += eng_qtype_row_bytes(type, ne0) * (size_t)ne1 * (size_t)ne2;
+    if (sk->f) return write_tensor(sk->f, sk->align, o, name, kind, ne0, ne1 * ne2);
+    if (!sk->w) return 0;
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    int rc = eng_gguf_add_tensor_info(sk->w, name, type, ne2 > 1 ? 3 : ne1 > 1 ? 2 : 1, ne);
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot add tensor %s: %s\n", name, kvs_strerror(rc));
     return rc;
 }
 
 /* LongRoPE's per-frequency divisors (rope_factors_short/long.weight, [half] f32, all >= 1): growing from the fast
  * rotations (i = 0, factor 1) to the slow ones, much more for the long set, as in Phi-3.5's files. Only basic
  * arithmetic, so the values are the same on every machine. */
-static int add_rope_factors(eng_gguf_writer *w, int64_t half, size_t *total_bytes) {
+static int add_rope_factors(const mk_sink *sk, int64_t half, size_t *total_bytes) {
     float *f = malloc((size_t)half * sizeof *f);
     if (!f) return ENG_ERR_NOMEM;
     int rc = 0;
@@ -510,9 +565,13 @@ static int add_rope_factors(eng_gguf_writer *w, int64_t half, size_t *total_byte
             f[i] = (float)(set == 0 ? 1.0 + 0.25 * t : 1.0 + 15.0 * t * t);
         }
         const int64_t ne[1] = {half};
-        rc = eng_gguf_add_tensor(w, set == 0 ? "rope_factors_short.weight" : "rope_factors_long.weight", ENG_Q_F32,
-                                 1, ne, f, (size_t)half * sizeof *f);
-        *total_bytes += (size_t)half * sizeof *f;
+        size_t nb = (size_t)half * sizeof *f, pad = (sk->align - nb % sk->align) % sk->align;
+        static const uint8_t zeros[256];
+        if (sk->f) rc = fwrite(f, 1, nb, sk->f) != nb || fwrite(zeros, 1, pad, sk->f) != pad ? ENG_ERR_IO : 0;
+        else if (sk->w)
+            rc = eng_gguf_add_tensor_info(sk->w, set == 0 ? "rope_factors_short.weight" : "rope_factors_long.weight",
+                                          ENG_Q_F32, 1, ne);
+        *total_bytes += nb;
     }
     if (rc) fprintf(stderr, "kvserve mkmodel: cannot add the rope factors: %s\n", kvs_strerror(rc));
     free(f);
@@ -540,6 +599,11 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     F32("attention.layer_norm_rms_epsilon", o->rms_eps);
     F32("rope.freq_base", o->rope_base);
     U32("rope.dimension_count", o->head_dim);
+    if (!strcmp(a, "qwen3moe")) {
+        U32("expert_count", o->n_expert);
+        U32("expert_used_count", o->n_expert_used);
+        U32("expert_feed_forward_length", o->n_ff_exp);
+    }
     if (o->orig_ctx > 0) U32("rope.scaling.original_context_length", o->orig_ctx);
     if (o->rope_attn > 0) F32("rope.scaling.attn_factor", o->rope_attn);
     if (o->rope_scale > 0) F32("rope.scaling.factor", o->rope_scale);
@@ -588,58 +652,100 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
     return rc;
 }
 
-/* One tensor into w, or with w NULL only counted (nothing generated): *total gets its bytes, *count one more. */
-int kvs_mk_tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
-                      size_t *total, int *count) {
-    (*count)++;
-    if (w) return add_tensor(w, o, name, kind, ne0, ne1, total);
-    uint32_t type = (kind == MK_MATRIX || kind == MK_EMBED) ? o->wtype : ENG_Q_F32;
-    *total += eng_qtype_row_bytes(type, ne0) * (size_t)ne1;
-    return 0;
-}
-
-/* Every tensor of the model, in file order, into w; with w NULL only counted (nothing generated). *total gets
- * their bytes, *count their number. 0, or an error (printed). */
-static int add_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
+/* Every tensor of the model, in file order, into the sink. *total gets their bytes, *count their number. 0, or an
+ * error (printed). */
+static int add_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
     const int64_t E = o->n_embd, Q = o->n_head * o->head_dim, KV = o->n_head_kv * o->head_dim, F = o->n_ff;
+    const int64_t HD = o->head_dim, X = o->n_expert, FX = o->n_ff_exp;
     const mk_tdef t[] = {
-        {"attn_norm.weight", MK_NORM, E, 1},   {"attn_q.weight", MK_MATRIX, E, Q},
-        {"attn_k.weight", MK_MATRIX, E, KV},   {"attn_v.weight", MK_MATRIX, E, KV},
-        {"attn_q.bias", MK_BIAS, Q, 1},        {"attn_k.bias", MK_BIAS, KV, 1},
-        {"attn_v.bias", MK_BIAS, KV, 1},       {"attn_output.weight", MK_MATRIX, Q, E},
-        {"attn_output.bias", MK_BIAS, E, 1},
-        {"ffn_norm.weight", MK_NORM, E, 1},    {"ffn_gate.weight", MK_MATRIX, E, F},
-        {"ffn_up.weight", MK_MATRIX, E, F},    {"ffn_down.weight", MK_MATRIX, F, E},
+        {"attn_norm.weight", MK_NORM, E, 1, 1},   {"attn_q.weight", MK_MATRIX, E, Q, 1},
+        {"attn_k.weight", MK_MATRIX, E, KV, 1},   {"attn_v.weight", MK_MATRIX, E, KV, 1},
+        {"attn_q.bias", MK_BIAS, Q, 1, 1},        {"attn_k.bias", MK_BIAS, KV, 1, 1},
+        {"attn_v.bias", MK_BIAS, KV, 1, 1},       {"attn_q_norm.weight", MK_NORM, HD, 1, 1},
+        {"attn_k_norm.weight", MK_NORM, HD, 1, 1}, {"attn_output.weight", MK_MATRIX, Q, E, 1},
+        {"attn_output.bias", MK_BIAS, E, 1, 1},
+        {"ffn_norm.weight", MK_NORM, E, 1, 1},    {"ffn_gate.weight", MK_MATRIX, E, F, 1},
+        {"ffn_up.weight", MK_MATRIX, E, F, 1},    {"ffn_down.weight", MK_MATRIX, F, E, 1},
+        {"ffn_gate_inp.weight", MK_ROUTER, E, X, 1}, {"ffn_gate_exps.weight", MK_MATRIX, E, FX, X},
+        {"ffn_up_exps.weight", MK_MATRIX, E, FX, X}, {"ffn_down_exps.weight", MK_MATRIX, FX, E, X},
     };
     /* phi3: Q, K, V rows fused in attn_qkv, gate then up rows fused in ffn_up */
     const mk_tdef fused[] = {
-        {"attn_norm.weight", MK_NORM, E, 1},       {"attn_qkv.weight", MK_MATRIX, E, Q + 2 * KV},
-        {"attn_output.weight", MK_MATRIX, Q, E},   {"ffn_norm.weight", MK_NORM, E, 1},
-        {"ffn_up.weight", MK_MATRIX, E, 2 * F},    {"ffn_down.weight", MK_MATRIX, F, E},
+        {"attn_norm.weight", MK_NORM, E, 1, 1},       {"attn_qkv.weight", MK_MATRIX, E, Q + 2 * KV, 1},
+        {"attn_output.weight", MK_MATRIX, Q, E, 1},   {"ffn_norm.weight", MK_NORM, E, 1, 1},
+        {"ffn_up.weight", MK_MATRIX, E, 2 * F, 1},    {"ffn_down.weight", MK_MATRIX, F, E, 1},
     };
     const bool biases = !strcmp(o->arch, "qwen2") || o->out_bias, phi3 = !strcmp(o->arch, "phi3");
+    const bool moe = !strcmp(o->arch, "qwen3moe"), qk_norm = moe || !strcmp(o->arch, "qwen3");
     const mk_tdef *td = phi3 ? fused : t;
     const size_t nt = phi3 ? sizeof fused / sizeof fused[0] : sizeof t / sizeof t[0];
     char name[96];
     *total = 0;
     *count = 0;
-    if (kvs_mk_is_encoder(o)) return kvs_mk_encoder_tensors(w, o, n_vocab, total, count);
-    int rc = kvs_mk_tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
+    if (kvs_mk_is_encoder(o)) return kvs_mk_encoder_tensors(sk, o, n_vocab, total, count);
+    int rc = kvs_mk_tensor_one(sk, o, "token_embd.weight", MK_EMBED, E, n_vocab, 1, total, count);
     for (int64_t l = 0; l < o->n_layer && !rc; l++) {
         for (size_t i = 0; i < nt && !rc; i++) {
             if (td[i].kind == MK_BIAS && !biases) continue;
             if (!strcmp(td[i].suffix, "attn_output.bias") && !o->out_bias) continue; /* qwen2 has none */
+            const char *sx = td[i].suffix;
+            if (!qk_norm && (!strcmp(sx, "attn_q_norm.weight") || !strcmp(sx, "attn_k_norm.weight"))) continue;
+            bool expert = td[i].kind == MK_ROUTER || td[i].ne2 > 1;  /* router + experts, or the dense FFN */
+            bool dense_ffn = !strcmp(sx, "ffn_gate.weight") || !strcmp(sx, "ffn_up.weight") ||
+                             !strcmp(sx, "ffn_down.weight");
+            if (moe ? dense_ffn : expert) continue;
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
-            rc = kvs_mk_tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
+            rc = kvs_mk_tensor_one(sk, o, name, td[i].kind, td[i].ne0, td[i].ne1, td[i].ne2, total, count);
         }
     }
-    if (!rc) rc = kvs_mk_tensor_one(w, o, "output_norm.weight", MK_NORM, E, 1, total, count);
-    if (!rc && !o->tied) rc = kvs_mk_tensor_one(w, o, "output.weight", MK_EMBED, E, n_vocab, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(sk, o, "output_norm.weight", MK_NORM, E, 1, 1, total, count);
+    if (!rc && !o->tied) rc = kvs_mk_tensor_one(sk, o, "output.weight", MK_EMBED, E, n_vocab, 1, total, count);
     if (!rc && o->rope_factors) {
         *count += 2;
-        if (w) rc = add_rope_factors(w, o->head_dim / 2, total);
-        else *total += 2 * (size_t)(o->head_dim / 2) * sizeof(float);
+        rc = add_rope_factors(sk, o->head_dim / 2, total);
     }
+    return rc;
+}
+
+/* Streams the model to path: the header of w (which holds the tensor infos), then every tensor generated in turn,
+ * into a temporary file beside path renamed over it at the end (removed on failure). 0, or an error (printed). */
+static int write_model(const eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
+    void *hdr = NULL;
+    size_t hlen = 0, total = 0;
+    int count = 0;
+    int rc = eng_gguf_write_header(w, &hdr, &hlen);
+    if (rc) {
+        fprintf(stderr, "kvserve mkmodel: cannot build the header: %s\n", kvs_strerror(rc));
+        return rc;
+    }
+    size_t plen = strlen(o->out);
+    char *tmp = malloc(plen + 16);
+    int fd = -1;
+    if (tmp) {
+        memcpy(tmp, o->out, plen);
+        memcpy(tmp + plen, ".tmp.XXXXXX", 12);
+        fd = mkstemp(tmp);
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        fprintf(stderr, "kvserve mkmodel: %s: cannot create a temporary file beside it: %s\n", o->out, strerror(errno));
+        if (fd >= 0) close(fd), unlink(tmp);
+        free(tmp);
+        free(hdr);
+        return ENG_ERR_IO;
+    }
+    mk_sink sk = {NULL, f, eng_gguf_writer_alignment(w)};
+    rc = fwrite(hdr, 1, hlen, f) == hlen ? 0 : ENG_ERR_IO;
+    free(hdr);
+    if (!rc) rc = add_tensors(&sk, o, n_vocab, &total, &count);
+    if (!rc && (fflush(f) != 0 || fsync(fileno(f)) != 0 || fchmod(fileno(f), 0644) != 0)) rc = ENG_ERR_IO;
+    if (fclose(f) != 0 && !rc) rc = ENG_ERR_IO;
+    if (!rc && rename(tmp, o->out) != 0) rc = ENG_ERR_IO;
+    if (rc) {
+        fprintf(stderr, "kvserve mkmodel: %s: cannot write: %s\n", o->out, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
     return rc;
 }
 
@@ -692,19 +798,24 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     int rc = build_metadata(w, &o, &n_vocab);
     if (!rc && o.dry_run) {
         rc = print_header(w);
-        if (!rc) rc = add_tensors(NULL, &o, n_vocab, &total, &count);
+        const mk_sink count_only = {NULL, NULL, 1};
+        if (!rc) rc = add_tensors(&count_only, &o, n_vocab, &total, &count);
     } else if (!rc) {
-        rc = add_tensors(w, &o, n_vocab, &total, &count);
-        char err[512];
-        if (!rc && (rc = eng_gguf_write(w, o.out, err, sizeof err)) != 0) fprintf(stderr, "kvserve mkmodel: %s\n", err);
+        const mk_sink infos = {w, NULL, 1};
+        rc = add_tensors(&infos, &o, n_vocab, &total, &count);
+        if (!rc) rc = write_model(w, &o, n_vocab);
     }
     eng_gguf_writer_free(w);
     if (rc) return 1;
     static const char *const tnames[] = {[ENG_Q_F32] = "f32", [ENG_Q_F16] = "f16", [ENG_Q_Q8_0] = "q8_0"};
-    printf("%s %s: %s, embd %lld, %lld blocks, %lld/%lld heads (dim %lld), ff %lld, vocab %lld, %s%s, "
+    char experts[96] = "";
+    if (!strcmp(o.arch, "qwen3moe"))
+        snprintf(experts, sizeof experts, ", %lld experts (%lld used, ff %lld)", (long long)o.n_expert,
+                 (long long)o.n_expert_used, (long long)o.n_ff_exp);
+    printf("%s %s: %s, embd %lld, %lld blocks, %lld/%lld heads (dim %lld), ff %lld%s, vocab %lld, %s%s, "
            "%d tensors, %.1f MiB of weights\n", o.dry_run ? "would write" : "wrote", o.out ? o.out : "(dry run)",
            o.arch, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head, (long long)o.n_head_kv,
-           (long long)o.head_dim, (long long)o.n_ff, (long long)n_vocab, tnames[o.wtype], o.tied ? ", tied" : "",
-           count, (double)total / (1024.0 * 1024.0));
+           (long long)o.head_dim, (long long)o.n_ff, experts, (long long)n_vocab, tnames[o.wtype],
+           o.tied ? ", tied" : "", count, (double)total / (1024.0 * 1024.0));
     return 0;
 }

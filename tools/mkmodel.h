@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/format/gguf.h"
 
@@ -17,7 +18,7 @@ typedef struct mk_opts {
     const char *out;
     const char *preset;
     const char *vocab_from;
-    char arch[16];          /* "llama", "qwen2", "phi3", "bert" or "nomic-bert" */
+    char arch[16];          /* "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "bert" or "nomic-bert" */
     int64_t n_embd;
     int64_t n_layer;
     int64_t n_head;
@@ -25,6 +26,9 @@ typedef struct mk_opts {
     int64_t n_ff;
     int64_t n_ctx;
     int64_t head_dim;       /* 0: n_embd / n_head */
+    int64_t n_expert;       /* qwen3moe: experts per layer, used per token, their feed-forward length */
+    int64_t n_expert_used;
+    int64_t n_ff_exp;
     double rope_base;
     double rms_eps;         /* < 0: the arch default (1e-5 llama, 1e-6 qwen2) */
     uint32_t wtype;         /* matrices: ENG_Q_F32, ENG_Q_F16 or ENG_Q_Q8_0 */
@@ -39,6 +43,7 @@ typedef struct mk_opts {
     bool out_bias;          /* llama: Q/K/V biases and attn_output.bias */
     uint64_t seed;
     double std;             /* matrices and biases */
+    double router_std;      /* qwen3moe's routers (ffn_gate_inp); < 0: std */
     double embd_std;        /* token_embd and output */
     bool dry_run;           /* print the header instead of writing */
     bool rerank;            /* encoders: a classification head and pooling type rank */
@@ -49,14 +54,21 @@ typedef struct mk_opts {
 /* Tensor kinds: matrices and embeddings in the chosen type (std --std / --embd-std), norms (1 + 0.02 N) and
  * biases (--std) in f32, and small embedding tables kept in f32 whatever the type (--embd-std: an encoder's
  * token_types, which ggml adds as they are and cannot add from a quantized type). */
-enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS, MK_EMBED_F32 };
+enum { MK_MATRIX, MK_EMBED, MK_NORM, MK_BIAS, MK_EMBED_F32, MK_ROUTER }; /* MK_ROUTER: an MoE router, f32 */
 
-/* One tensor of a block: blk.N.<suffix>, [ne0, ne1] */
-typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1; } mk_tdef;
+/* One tensor of a block: blk.N.<suffix>, [ne0, ne1, ne2] (ne2 > 1: stacked experts) */
+typedef struct mk_tdef { const char *suffix; int kind; int64_t ne0, ne1, ne2; } mk_tdef;
 
-/* One tensor into w, or with w NULL only counted (nothing generated): *total gets its bytes, *count one more. */
-int kvs_mk_tensor_one(eng_gguf_writer *w, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
-                      size_t *total, int *count);
+/* Where the tensors go: counted only (w NULL, f NULL), their infos into w, or their bytes generated into f. */
+typedef struct mk_sink {
+    eng_gguf_writer *w;
+    FILE *f;
+    uint32_t align;     /* f: each tensor's bytes are padded to a multiple of it */
+} mk_sink;
+
+/* One tensor [ne0, ne1, ne2] into the sink: *total gets its bytes, *count one more. */
+int kvs_mk_tensor_one(const mk_sink *sk, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
+                      int64_t ne2, size_t *total, int *count);
 /* The built-in word list (static storage). */
 const char *const *kvs_mk_words(size_t *n);
 
@@ -68,6 +80,6 @@ bool kvs_mk_set_vocab(void *field, const char *v);   /* --vocab wpm|ugm into a b
  * o->ugm an XLM-RoBERTa-style unigram one ("t5", with a small precompiled charsmap). */
 int kvs_mk_encoder_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab);
 int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab);
-int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count);
+int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, size_t *total, int *count);
 
 #endif /* KVSERVE_TOOLS_MKMODEL_H */

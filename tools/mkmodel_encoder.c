@@ -296,44 +296,44 @@ int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_voca
     return rc;
 }
 
-int kvs_mk_encoder_tensors(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
+int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
     const int64_t E = o->n_embd, F = o->n_ff;
     const bool nomic = !strcmp(o->arch, "nomic-bert");
     const mk_tdef bert[] = {
-        {"attn_q.weight", MK_MATRIX, E, E},          {"attn_q.bias", MK_BIAS, E, 1},
-        {"attn_k.weight", MK_MATRIX, E, E},          {"attn_k.bias", MK_BIAS, E, 1},
-        {"attn_v.weight", MK_MATRIX, E, E},          {"attn_v.bias", MK_BIAS, E, 1},
-        {"attn_output.weight", MK_MATRIX, E, E},     {"attn_output.bias", MK_BIAS, E, 1},
-        {"attn_output_norm.weight", MK_NORM, E, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1},
-        {"ffn_up.weight", MK_MATRIX, E, F},          {"ffn_up.bias", MK_BIAS, F, 1},
-        {"ffn_down.weight", MK_MATRIX, F, E},        {"ffn_down.bias", MK_BIAS, E, 1},
-        {"layer_output_norm.weight", MK_NORM, E, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1},
+        {"attn_q.weight", MK_MATRIX, E, E, 1},          {"attn_q.bias", MK_BIAS, E, 1, 1},
+        {"attn_k.weight", MK_MATRIX, E, E, 1},          {"attn_k.bias", MK_BIAS, E, 1, 1},
+        {"attn_v.weight", MK_MATRIX, E, E, 1},          {"attn_v.bias", MK_BIAS, E, 1, 1},
+        {"attn_output.weight", MK_MATRIX, E, E, 1},     {"attn_output.bias", MK_BIAS, E, 1, 1},
+        {"attn_output_norm.weight", MK_NORM, E, 1, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1, 1},
+        {"ffn_up.weight", MK_MATRIX, E, F, 1},          {"ffn_up.bias", MK_BIAS, F, 1, 1},
+        {"ffn_down.weight", MK_MATRIX, F, E, 1},        {"ffn_down.bias", MK_BIAS, E, 1, 1},
+        {"layer_output_norm.weight", MK_NORM, E, 1, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1, 1},
     };
     const mk_tdef nomic_t[] = {
-        {"attn_qkv.weight", MK_MATRIX, E, 3 * E},    {"attn_output.weight", MK_MATRIX, E, E},
-        {"attn_output_norm.weight", MK_NORM, E, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1},
-        {"ffn_up.weight", MK_MATRIX, E, F},          {"ffn_gate.weight", MK_MATRIX, E, F},
-        {"ffn_down.weight", MK_MATRIX, F, E},
-        {"layer_output_norm.weight", MK_NORM, E, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1},
+        {"attn_qkv.weight", MK_MATRIX, E, 3 * E, 1},    {"attn_output.weight", MK_MATRIX, E, E, 1},
+        {"attn_output_norm.weight", MK_NORM, E, 1, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1, 1},
+        {"ffn_up.weight", MK_MATRIX, E, F, 1},          {"ffn_gate.weight", MK_MATRIX, E, F, 1},
+        {"ffn_down.weight", MK_MATRIX, F, E, 1},
+        {"layer_output_norm.weight", MK_NORM, E, 1, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1, 1},
     };
     const mk_tdef *td = nomic ? nomic_t : bert;
     const size_t nt = nomic ? sizeof nomic_t / sizeof nomic_t[0] : sizeof bert / sizeof bert[0];
     char name[96];
-    int rc = kvs_mk_tensor_one(w, o, "token_embd.weight", MK_EMBED, E, n_vocab, total, count);
+    int rc = kvs_mk_tensor_one(sk, o, "token_embd.weight", MK_EMBED, E, n_vocab, 1, total, count);
     /* as many token types as the vocabulary says: 2 for BERT, 1 for XLM-RoBERTa */
-    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_types.weight", MK_EMBED_F32, E, o->ugm ? 1 : 2, total, count);
-    if (!rc && !nomic) rc = kvs_mk_tensor_one(w, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, total, count);
-    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.weight", MK_NORM, E, 1, total, count);
-    if (!rc) rc = kvs_mk_tensor_one(w, o, "token_embd_norm.bias", MK_BIAS, E, 1, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_types.weight", MK_EMBED_F32, E, o->ugm ? 1 : 2, 1, total, count);
+    if (!rc && !nomic) rc = kvs_mk_tensor_one(sk, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, 1, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_embd_norm.weight", MK_NORM, E, 1, 1, total, count);
+    if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_embd_norm.bias", MK_BIAS, E, 1, 1, total, count);
     for (int64_t l = 0; l < o->n_layer && !rc; l++)
         for (size_t i = 0; i < nt && !rc; i++) {
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
-            rc = kvs_mk_tensor_one(w, o, name, td[i].kind, td[i].ne0, td[i].ne1, total, count);
+            rc = kvs_mk_tensor_one(sk, o, name, td[i].kind, td[i].ne0, td[i].ne1, 1, total, count);
         }
-    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.weight", MK_MATRIX, E, E, total, count);
-    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.bias", MK_BIAS, E, 1, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.weight", MK_MATRIX, E, E, 1, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.bias", MK_BIAS, E, 1, 1, total, count);
     /* the output layer as f32 [E, 1] (one row: q8_0 would need nothing more, but keep the score exact) */
-    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.output.weight", MK_BIAS, E, 1, total, count);
-    if (!rc && o->rerank) rc = kvs_mk_tensor_one(w, o, "cls.output.bias", MK_BIAS, 1, 1, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.output.weight", MK_BIAS, E, 1, 1, total, count);
+    if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.output.bias", MK_BIAS, 1, 1, 1, total, count);
     return rc;
 }

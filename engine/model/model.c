@@ -1,4 +1,5 @@
-/* model.c: loading a GGUF model (llama, qwen2, qwen3) into struct eng_model, with every tensor checked. */
+/* model.c: loading a GGUF model (llama, qwen2, qwen3, qwen3moe, gemma3, phi3) into struct eng_model, with every
+ * tensor checked. */
 #include "engine/model/model.h"
 #include "common/common.h"
 
@@ -166,6 +167,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = ENG_ARCH_QWEN3;
     else if (!strcmp(hp->arch_name, "gemma3")) hp->arch = ENG_ARCH_GEMMA3;
     else if (!strcmp(hp->arch_name, "phi3")) hp->arch = ENG_ARCH_PHI3;
+    else if (!strcmp(hp->arch_name, "qwen3moe")) hp->arch = ENG_ARCH_QWEN3MOE;
     else if (eng_encoder_arch(hp->arch_name, &hp->arch)) {} /* bert, nomic-bert: engine/model/encoder.c */
     else if (vocab_only) return 0; /* a tokenizer-only load does not need the architecture */
     else return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
@@ -265,6 +267,86 @@ static int load_layer_tensors(loader *L, int l, const layer_tensor *ts, size_t n
     return 0;
 }
 
+/* The stacked expert tensor blk.<l>.<suffix> ([k, n, n_expert], one [k -> n] matrix per expert) as n_expert
+ * matrix views into *out (a new array). */
+static int load_experts(loader *L, int l, const char *suffix, int64_t k, int64_t n, eng_matrix **out) {
+    const int64_t ne = L->m->hp.n_expert;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);
+    int rc = 0;
+    const eng_gguf_tensor *t = find_tensor(L, name, true, &rc);
+    if (!t) return rc;
+    const eng_qtype_info *qi = eng_qtype_get(t->type);
+    if (!qi || !qi->supported)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s has unsupported type %s (%u)",
+                        L->path, name, qi && qi->name ? qi->name : "unknown", t->type);
+    if (t->ne[0] != k || t->ne[1] != n || t->ne[2] != ne || t->ne[3] != 1)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s has dims [%lld, %lld, %lld, %lld], "
+                        "expected [%lld, %lld, %lld] (expert_count %lld)", L->path, name, (long long)t->ne[0],
+                        (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (long long)k, (long long)n,
+                        (long long)ne, (long long)ne);
+    size_t rb = eng_qtype_row_bytes(t->type, k);
+    if (rb == 0 || eng_qtype_row_bytes(qi->dot_type, k) == 0)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: row length %lld does not fit the %s "
+                        "block size or its activation format", L->path, name, (long long)k, qi->name);
+    if (t->nbytes < rb * (size_t)n * (size_t)ne)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor %s: %zu bytes, expected %zu", L->path, name,
+                        t->nbytes, rb * (size_t)n * (size_t)ne);
+    eng_matrix *ms = calloc((size_t)ne, sizeof *ms);
+    if (!ms) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
+    for (int64_t e = 0; e < ne; e++)
+        ms[e] = (eng_matrix){(const char *)t->data + (size_t)e * (size_t)n * rb, t->type, qi->dot_type, k, n, rb, NULL};
+    L->m->weight_bytes += t->nbytes;
+    *out = ms;
+    return 0;
+}
+
+/* A per-expert bias blk.<l>.<suffix> ([n, n_expert], optional) into *out (n_expert x n floats). */
+static int load_expert_bias(loader *L, int l, const char *suffix, int64_t n, float **out) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);
+    *out = NULL;
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(L->m->gguf, name);
+    if (!t) return 0;
+    int rc = check_tensor(L, t, name, 2, n, L->m->hp.n_expert);
+    if (rc != 0) return rc;
+    int64_t total = n * L->m->hp.n_expert;
+    float *v = malloc((size_t)total * sizeof *v);
+    if (!v) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
+    if ((rc = eng_dequantize_row(t->type, t->data, v, total)) != 0) {
+        free(v);
+        return kvs_errf(L->err, L->err_len, rc, "%s: tensor %s: cannot dequantize", L->path, name);
+    }
+    *out = v;
+    return 0;
+}
+
+/* Layer l's router and experts (an MoE model). */
+static int load_moe(loader *L, int l, eng_layer *ly) {
+    const eng_hparams *hp = &L->m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp, NE = hp->n_expert;
+    eng_moe *x = &ly->moe;
+    x->act = hp->ffn_act;
+    const layer_tensor router[] = {{"ffn_gate_inp.weight", &x->router, NULL, E, NE, true},
+                                   {"ffn_gate_inp.bias", NULL, &x->router_b, NE, 0, false}};
+    int rc = load_layer_tensors(L, l, router, 2);
+    eng_matrix *g = NULL, *u = NULL, *d = NULL; /* set together, so that a layer has all three or none */
+    if (rc == 0) rc = load_experts(L, l, "ffn_gate_exps.weight", E, F, &g);
+    if (rc == 0) rc = load_experts(L, l, "ffn_up_exps.weight", E, F, &u);
+    if (rc == 0) rc = load_experts(L, l, "ffn_down_exps.weight", F, E, &d);
+    if (rc != 0) {
+        KVS_FREE_ALL(g, u, d);
+        return rc;
+    }
+    x->gate = g;
+    x->up = u;
+    x->down = d;
+    if (rc == 0) rc = load_expert_bias(L, l, "ffn_gate_exps.bias", F, &x->gate_b);
+    if (rc == 0) rc = load_expert_bias(L, l, "ffn_up_exps.bias", F, &x->up_b);
+    if (rc == 0) rc = load_expert_bias(L, l, "ffn_down_exps.bias", E, &x->down_b);
+    return rc;
+}
+
 static int load_tensors(loader *L) {
     eng_model *m = L->m;
     eng_hparams *hp = &m->hp;
@@ -303,7 +385,8 @@ static int load_tensors(loader *L) {
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
     bool biases_required = hp->arch == ENG_ARCH_QWEN2;
-    bool qk_norm_required = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
+    bool qk_norm_required = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_QWEN3MOE || hp->arch == ENG_ARCH_GEMMA3;
+    const bool moe = hp->n_expert > 0;
     bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
     for (int l = 0; l < hp->n_layer; l++) {
         eng_layer *ly = &m->layers[l];
@@ -318,7 +401,8 @@ static int load_tensors(loader *L) {
             {"ffn_gate.weight", &ly->w_gate, NULL, E, F, true},
             {"ffn_up.weight", &ly->w_up, NULL, E, F, true},
         };
-        if (!fused && (rc = load_layer_tensors(L, l, unfused, sizeof unfused / sizeof unfused[0])) != 0) return rc;
+        size_t n_unfused = sizeof unfused / sizeof unfused[0] - (moe ? 2 : 0);
+        if (!fused && (rc = load_layer_tensors(L, l, unfused, n_unfused)) != 0) return rc;
         const layer_tensor rest[] = {
             {"attn_output.weight", &ly->wo, NULL, QD, E, true},
             {"attn_q.bias", NULL, &ly->bq, QD, 0, biases_required},
@@ -327,14 +411,15 @@ static int load_tensors(loader *L) {
             {"attn_q_norm.weight", NULL, &ly->q_norm, HD, 0, qk_norm_required},
             {"attn_k_norm.weight", NULL, &ly->k_norm, HD, 0, qk_norm_required},
             {"ffn_norm.weight", NULL, &ly->ffn_norm, E, 0, true},
-            {"ffn_down.weight", &ly->w_down, NULL, F, E, true},
             {"post_attention_norm.weight", NULL, &ly->post_attn_norm, E, 0, post_norms},
             {"post_ffw_norm.weight", NULL, &ly->post_ffn_norm, E, 0, post_norms},
+            {"ffn_down.weight", &ly->w_down, NULL, F, E, true},
         };
-        if ((rc = load_layer_tensors(L, l, rest, sizeof rest / sizeof rest[0])) != 0) return rc;
+        if ((rc = load_layer_tensors(L, l, rest, sizeof rest / sizeof rest[0] - (moe ? 1 : 0))) != 0) return rc;
         /* llama.cpp reads an optional attn_output.bias for llama only (gpt-oss requires it) */
         const layer_tensor out_bias[] = {{"attn_output.bias", NULL, &ly->bo, E, 0, false}};
         if (hp->arch == ENG_ARCH_LLAMA && (rc = load_layer_tensors(L, l, out_bias, 1)) != 0) return rc;
+        if (moe && (rc = load_moe(L, l, ly)) != 0) return rc;
     }
     return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);
 }
@@ -454,10 +539,11 @@ int eng_model_pack_cpu(eng_model *m) {
     if (!m->packed) {
         for (int32_t l = 0; l < m->hp.n_layer && rc == 0; l++) {
             eng_layer *ly = &m->layers[l];
-            eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-            for (size_t i = 0; i < sizeof ms / sizeof ms[0] && rc == 0; i++)
-                if (i != 4 || ly->w_gate.data != ly->w_up.data) /* an encoder's GELU FFN: w_gate is w_up */
-                    rc = pack_matrix(m, ms[i], true);
+            eng_matrix *w;
+            for (size_t i = 0; rc == 0 && (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++)
+                if (w->data && (w != &ly->w_gate || ly->w_gate.data != ly->w_up.data)) /* an encoder's GELU FFN:
+                                                                                           w_gate is w_up */
+                    rc = pack_matrix(m, w, true);
         }
         /* a tied output shares token_embd's rows: embedding lookups then read the packed copy (eng_model_embd_row),
          * so its mapped pages go as well */
@@ -485,10 +571,11 @@ void eng_model_free(eng_model *m) {
     if (m->layers) {
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             eng_layer *ly = &m->layers[l];
-            eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) free(ms[i]->packed);
+            eng_matrix *w;
+            for (size_t i = 0; (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++) free(w->packed);
             KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm,
-                         ly->post_attn_norm, ly->post_ffn_norm, ly->bo, ly->attn_sinks);
+                         ly->post_attn_norm, ly->post_ffn_norm, ly->bo, ly->attn_sinks, ly->moe.router_b, ly->moe.gate,
+                         ly->moe.up, ly->moe.down, ly->moe.gate_b, ly->moe.up_b, ly->moe.down_b);
         }
         free(m->layers);
     }
@@ -510,13 +597,23 @@ static size_t matrix_stream_bytes(const eng_matrix *w) {
 
 size_t eng_model_decode_bytes(const eng_model *m) {
     if (!m || m->vocab_only || !m->layers) return 0;
-    size_t n = matrix_stream_bytes(&m->output);
+    size_t n = matrix_stream_bytes(&m->output), experts = 0;
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
-        const eng_layer *ly = &m->layers[l];
-        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) n += matrix_stream_bytes(ms[i]);
+        const eng_matrix *w;
+        for (size_t i = 0; (w = eng_layer_matrix(&m->layers[l], m->hp.n_expert, i)) != NULL; i++)
+            if (w->data) *(i >= 8 ? &experts : &n) += matrix_stream_bytes(w);
     }
-    return n;
+    /* one token reads n_expert_used of the n_expert experts of each layer */
+    return n + (m->hp.n_expert > 0 ? experts / (size_t)m->hp.n_expert * (size_t)m->hp.n_expert_used : 0);
+}
+
+eng_matrix *eng_layer_matrix(eng_layer *ly, int32_t n_expert, size_t i) {
+    eng_matrix *dense[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down, &ly->moe.router};
+    if (i < 8) return dense[i];
+    i -= 8;
+    if (!ly->moe.gate || i >= 3 * (size_t)n_expert) return NULL;
+    eng_matrix *set = i % 3 == 0 ? ly->moe.gate : i % 3 == 1 ? ly->moe.up : ly->moe.down;
+    return &set[i / 3];
 }
 
 const char *eng_model_chat_template(const eng_model *m) { return m ? m->chat_template : NULL; }

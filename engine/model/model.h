@@ -36,6 +36,22 @@ typedef struct eng_matrix {
                          * eng_model_pack_cpu */
 } eng_matrix;
 
+/* A layer's Mixture-of-Experts feed-forward (qwen3moe; written for any such family): the router ranks the n_expert
+ * experts for each token, and the n_expert_used highest, weighted, each compute act(gate x [+ gate_b]) * (up x
+ * [+ up_b]) -> down [+ down_b]. The experts' matrices are views into the stacked 3-D tensors (ne2 = experts): expert
+ * e's rows start at e x n_out rows. The arrays are owned by the layer; the rows are in the mapping (or packed). */
+typedef struct eng_moe {
+    eng_matrix router;  /* [n_embd -> n_expert] ffn_gate_inp */
+    float *router_b;    /* [n_expert] f32 or NULL */
+    eng_matrix *gate;   /* [n_expert] of [n_embd -> n_ff_exp] (ffn_gate_exps), or NULL for a dense layer (owned) */
+    eng_matrix *up;     /* [n_expert] of [n_embd -> n_ff_exp] (ffn_up_exps) (owned) */
+    eng_matrix *down;   /* [n_expert] of [n_ff_exp -> n_embd] (ffn_down_exps) (owned) */
+    float *gate_b;      /* [n_expert][n_ff_exp] f32 or NULL (owned) */
+    float *up_b;        /* [n_expert][n_ff_exp] f32 or NULL (owned) */
+    float *down_b;      /* [n_expert][n_embd] f32 or NULL (owned) */
+    eng_ffn_act act;    /* the experts' activation of gate */
+} eng_moe;
+
 typedef struct eng_layer {
     float *attn_norm;   /* [n_embd] f32 (owned) */
     eng_matrix wq;      /* [n_embd -> n_head * head_dim] */
@@ -58,6 +74,7 @@ typedef struct eng_layer {
     bool swa;           /* a sliding-window layer: attends to the last hp.n_swa positions, rope base
                            hp.rope_freq_base_swa */
     bool fused;         /* wq/wk/wv are row ranges of one attn_qkv tensor, w_gate/w_up of one ffn_up (phi3) */
+    eng_moe moe;        /* the experts (moe.gate non-NULL) in place of w_gate/w_up/w_down (then unset) */
 } eng_layer;
 
 struct eng_model {
@@ -81,6 +98,11 @@ struct eng_model {
     bool packed;                /* eng_model_pack_cpu has run */
     struct eng_encoder *enc;    /* an encoder's own weights (engine/model/encoder.h), NULL for a decoder (owned) */
 };
+
+/* Matrix i of layer ly, for the loops over all of them (packing, freeing, scratch sizing, byte counts): 0..6 are
+ * wq, wk, wv, wo, w_gate, w_up, w_down (the last three unset, data NULL, in an MoE layer), then for an MoE layer
+ * the router and each expert's gate, up and down; NULL past the end. n_expert is the model's hp.n_expert. */
+eng_matrix *eng_layer_matrix(eng_layer *ly, int32_t n_expert, size_t i);
 
 /* Family-specific loading (model_families.c), called by eng_model_load. eng_model_family_hparams sets the family
  * fields of m->hp (n_swa, rope_freq_base_swa, attn_scale, embd_scale, logit_softcap, ffn_act, n_ctx_orig) after

@@ -52,6 +52,30 @@ static int rope_scaling_type(eng_model *m, const char *path, char *err, size_t e
     return 0;
 }
 
+/* The expert counts of an MoE family (qwen3moe): expert_count >= 1, 1 <= expert_used_count <= expert_count,
+ * expert_feed_forward_length (default feed_forward_length / expert_used_count) >= 1, expert_weights_scale. */
+static int moe_hparams(eng_model *m, const char *path, char *err, size_t err_len) {
+    eng_hparams *hp = &m->hp;
+    const char *a = hp->arch_name;
+    int rc;
+    if ((rc = arch_int(m, "expert_count", &hp->n_expert, path, err, err_len)) != 0) return rc;
+    if ((rc = arch_int(m, "expert_used_count", &hp->n_expert_used, path, err, err_len)) != 0) return rc;
+    if (hp->n_expert < 1 || hp->n_expert > ENG_MAX_EXPERTS)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: %s.expert_count is %d: must be in [1, %d]", path, a,
+                        hp->n_expert, ENG_MAX_EXPERTS);
+    if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: %s.expert_used_count is %d: must be in [1, "
+                        "expert_count %d]", path, a, hp->n_expert_used, hp->n_expert);
+    hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    if ((rc = arch_int(m, "expert_feed_forward_length", &hp->n_ff_exp, path, err, err_len)) != 0) return rc;
+    if (hp->n_ff_exp < 1)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: %s.expert_feed_forward_length must be positive", path, a);
+    if ((rc = arch_float(m, "expert_weights_scale", &hp->expert_weights_scale, path, err, err_len)) != 0) return rc;
+    if (!isfinite(hp->expert_weights_scale) || hp->expert_weights_scale < 0.0f)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: %s.expert_weights_scale must be finite and >= 0", path, a);
+    return 0;
+}
+
 int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t err_len) {
     eng_hparams *hp = &m->hp;
     int rc;
@@ -74,6 +98,7 @@ int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t e
     if ((rc = arch_float(m, "rope.scaling.attn_factor", &hp->rope_attn_factor, path, err, err_len)) != 0) return rc;
     if (!(hp->rope_attn_factor > 0.0f) || isinf(hp->rope_attn_factor))
         return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: rope.scaling.attn_factor must be positive", path);
+    if (hp->arch == ENG_ARCH_QWEN3MOE) return moe_hparams(m, path, err, err_len);
     if (hp->arch != ENG_ARCH_GEMMA3) return 0;
 
     /* Gemma 3 (facts as llama.cpp applies them): sliding layers when attention.sliding_window > 0, with their

@@ -47,6 +47,7 @@ void eng_ctx_free(eng_ctx *c) {
                  c->xq_att, c->xq_ffn, c->th_scores, c->th_q, c->th_o, c->th_work, c->th_kv, c->tile_rows,
                  c->tile_len, c->seq_tile, c->th_units, (void *)c->dyn, c->logits, c->embd, c->embd_rows);
     for (int i = 0; i < MAX_GROUP; i++) free(c->xq[i]);
+    eng_fwd_moe_free(c);
     free(c);
 }
 
@@ -112,10 +113,9 @@ static int alloc_scratch(eng_ctx *c, const eng_model *model, const eng_ctx_param
     size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
     size_t cap = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        const eng_layer *ly = &model->layers[l];
-        const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            if (check_matrix(ms[i], &cap) != 0) return ENG_ERR_UNSUPPORTED;
+        const eng_matrix *w;
+        for (size_t i = 0; (w = eng_layer_matrix(&model->layers[l], hp->n_expert, i)) != NULL; i++)
+            if (w->data && check_matrix(w, &cap) != 0) return ENG_ERR_UNSUPPORTED;
     }
     if (check_matrix(&model->output, &cap) != 0) return ENG_ERR_UNSUPPORTED;
     c->xq_row_cap = (cap + 63) / 64 * 64;
@@ -170,6 +170,7 @@ static int alloc_scratch(eng_ctx *c, const eng_model *model, const eng_ctx_param
     for (int32_t i = 0; i < p->max_seqs; i++) c->seq_tile[i] = -1;
     c->dyn = zalloc((size_t)hp->n_layer * N_DYN + 1, sizeof *c->dyn);
     if (!c->dyn) return ENG_ERR_NOMEM;
+    if (eng_fwd_moe_alloc(c) != 0) return ENG_ERR_NOMEM;
     c->logits_cap = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
     c->logits = zalloc((size_t)c->logits_cap * (size_t)hp->n_vocab, sizeof(float));
     if (!c->entries || !c->slots || !c->row_blocks || !c->rope_cs || !c->logit_idx || !c->logit_src || !c->x ||

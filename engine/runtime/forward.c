@@ -14,7 +14,8 @@
  *      each unit's output is quantized in place for wo,
  *   4. wo product (in chunks of output rows), 5. as 1 with the FFN norm,
  *   6. gate/up products in chunks of columns (whole blocks of w_down's activation format), silu(gate) * up
- *      (GELU for gemma3, clamped SwiGLU for gpt-oss) and its quantization on the same columns, 7. w_down product.
+ *      (GELU for gemma3, clamped SwiGLU for gpt-oss) and its quantization on the same columns, 7. w_down product
+ *      (an MoE layer runs forward_moe.c's router and grouped experts in place of 6 and 7).
  * Optional per-model parts: attn_output biases (added by the thread computing the wo chunk), attention sinks
  * (in the softmax's denominator, eng_attn_softmax_inv), YaRN's rotation frequencies and scale (context.c).
  * The matrix stages (2, 4, 6, 7 and the output projection) hand out their chunks from shared counters
@@ -82,7 +83,7 @@ static void quantize_rows(void *const *bufs, const eng_matrix *const *ms, int n_
 
 /* y[r * ldy + j] = dot(w row j, x row r) for r < m and j in [jb, je): the packed rows when the context's
  * kernel level reads them, else the GGUF rows. */
-static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+void eng_fwd_mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
                      int64_t jb, int64_t je) {
     if (w->packed && c->simd >= ENG_SIMD_AVX2)
         eng_gemm_wpacked(c->simd, w->type, w->packed, w->n_out, w->k, xq, m, y, ldy, jb, je);
@@ -98,7 +99,7 @@ static void mat_gemm(const eng_ctx *c, const eng_matrix *w, const void *xq, int6
  * hundreds of megabytes; in bench-1b's single-sequence decode the threads' time waiting at barriers fell from 5% to
  * under 2%). Larger batches take chunks of n / (4 nth) units (at least min_units), whose fewer calls amortize the
  * per-call preparation of m activation rows. Results do not depend on who computes what. */
-static bool next_chunk(_Atomic int64_t *ctr, int64_t n, int nth, int64_t min_units, bool guided, int64_t *b,
+bool eng_fwd_next_chunk(_Atomic int64_t *ctr, int64_t n, int nth, int64_t min_units, bool guided, int64_t *b,
                        int64_t *e) {
     int64_t pos = atomic_load_explicit(ctr, memory_order_relaxed);
     for (;;) {
@@ -117,12 +118,12 @@ static bool next_chunk(_Atomic int64_t *ctr, int64_t n, int nth, int64_t min_uni
 /* A matrix product shared by the threads in chunks of whole groups of 16 output rows (a packed group is then
  * computed by one thread; small batches take small chunks, large ones chunks long enough to amortize the
  * packed kernel's per-call preparation of the activations). */
-static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+void eng_fwd_gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
                       _Atomic int64_t *ctr, int nth) {
     int64_t groups = (w->n_out + 15) / 16, gb, ge;
-    while (next_chunk(ctr, groups, nth, m <= SMALL_M ? 4 : 16, m <= SMALL_M, &gb, &ge)) {
+    while (eng_fwd_next_chunk(ctr, groups, nth, m <= SMALL_M ? 4 : 16, m <= SMALL_M, &gb, &ge)) {
         int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
-        mat_gemm(c, w, xq, m, y, ldy, jb, je);
+        eng_fwd_mat_gemm(c, w, xq, m, y, ldy, jb, je);
     }
 }
 
@@ -131,13 +132,13 @@ static void gemm_part(eng_ctx *c, const eng_matrix *w, const void *xq, int64_t m
 static void gemm_part_bias(eng_ctx *c, const eng_matrix *w, const float *bias, const void *xq, int64_t m, float *y,
                            int64_t ldy, _Atomic int64_t *ctr, int nth) {
     if (!bias) {
-        gemm_part(c, w, xq, m, y, ldy, ctr, nth);
+        eng_fwd_gemm_part(c, w, xq, m, y, ldy, ctr, nth);
         return;
     }
     int64_t groups = (w->n_out + 15) / 16, gb, ge;
-    while (next_chunk(ctr, groups, nth, m <= SMALL_M ? 4 : 16, m <= SMALL_M, &gb, &ge)) {
+    while (eng_fwd_next_chunk(ctr, groups, nth, m <= SMALL_M ? 4 : 16, m <= SMALL_M, &gb, &ge)) {
         int64_t jb = gb * 16, je = ge * 16 < w->n_out ? ge * 16 : w->n_out;
-        mat_gemm(c, w, xq, m, y, ldy, jb, je);
+        eng_fwd_mat_gemm(c, w, xq, m, y, ldy, jb, je);
         for (int64_t r = 0; r < m; r++)
             for (int64_t j = jb; j < je; j++) y[r * ldy + j] += bias[j];
     }
@@ -165,7 +166,7 @@ static void load_row(const kvc_layout *lay, float *dst, const void *src, int32_t
 
 /* Quantizes n values of src to type at value offset j0 (a multiple of the type's block size) of row r of a
  * quantized buffer whose rows hold k values. */
-static void quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n) {
+void eng_fwd_quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n) {
     const eng_qtype_info *qi = eng_qtype_get(type);
     char *row = (char *)buf + (size_t)r * eng_qtype_row_bytes(type, k);
     eng_quantize_row(type, src, row + (size_t)(j0 / qi->block_elems) * (size_t)qi->block_bytes, n);
@@ -284,7 +285,8 @@ static void attend_unit(eng_ctx *c, int32_t l, int64_t u, int wo_type, int ith) 
             float f = inv[r * gs + g];
             for (int32_t d = 0; d < hd; d++) out[(size_t)g * hd + d] = oi[d] * f;
         }
-        if (wo_type >= 0) quantize_part((uint32_t)wo_type, qd, out, c->xq_att, rows[r], (int64_t)h0 * hd, (int64_t)gs * hd);
+        if (wo_type >= 0)
+            eng_fwd_quantize_part((uint32_t)wo_type, qd, out, c->xq_att, rows[r], (int64_t)h0 * hd, (int64_t)gs * hd);
     }
 }
 
@@ -335,11 +337,11 @@ static void qkv_part(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq
     float *ys[3] = {c->q, c->k, c->v};
     const int64_t first[3] = {0, H, H + HKV}, count[3] = {H, HKV, HKV};
     int64_t ub, ue;
-    while (next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_QKV], H + 2 * HKV, nth, 1, m <= SMALL_M, &ub, &ue)) {
+    while (eng_fwd_next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_QKV], H + 2 * HKV, nth, 1, m <= SMALL_M, &ub, &ue)) {
         for (int i = 0; i < 3; i++) {
             int64_t lo = (ub > first[i] ? ub : first[i]) - first[i];
             int64_t hi = (ue < first[i] + count[i] ? ue : first[i] + count[i]) - first[i];
-            if (hi > lo) mat_gemm(c, ms[i], xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, lo * hd, hi * hd);
+            if (hi > lo) eng_fwd_mat_gemm(c, ms[i], xq[group_slot(ms, i)], m, ys[i], ms[i]->n_out, lo * hd, hi * hd);
         }
         for (int64_t u = ub; u < ue; u++)
             for (int64_t r = 0; r < m; r++) qkv_post(c, ly, l, (int32_t)r, (int32_t)u);
@@ -363,6 +365,8 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
 }
+
+float eng_fwd_act(eng_ffn_act act, float x) { return act == ENG_ACT_GELU_TANH ? gelu_tanh(x) : silu(x); }
 
 /* tmp = RMSNorm(tmp) with w for this thread's rows, then a barrier: gemma3's norms of the attention and FFN
  * outputs before they join the residual stream. */
@@ -444,24 +448,32 @@ static void forward_worker(void *arg, int ith, int nth) {
             attend_unit(c, l, u, fuse_wo ? (int)ly->wo.dot_type : -1, ith);
         eng_pool_barrier(c->pool);
         if (!fuse_wo) {
-            for (int64_t r = rb; r < re; r++) quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
+            for (int64_t r = rb; r < re; r++)
+                eng_fwd_quantize_part(ly->wo.dot_type, QD, c->att + r * QD, c->xq_att, r, 0, QD);
             eng_pool_barrier(c->pool);
         }
         gemm_part_bias(c, &ly->wo, ly->bo, c->xq_att, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_WO], nth);
         eng_pool_barrier(c->pool);
         if (ly->post_attn_norm) post_norm(c, ly->post_attn_norm, rb, re);
 
+        if (ly->moe.gate) { /* Mixture of Experts: router, then the selected experts grouped (forward_moe.c) */
+            const eng_matrix *rgu[3] = {&ly->moe.router, &ly->moe.gate[0], &ly->moe.up[0]};
+            residual_norm(c, &xcur, &xnext, ly->ffn_norm, rgu, 3, xq_in, rb, re, ith);
+            eng_fwd_moe(c, l, xq_in, ith, nth);
+            if (ly->post_ffn_norm) post_norm(c, ly->post_ffn_norm, rb, re);
+            continue;
+        }
         residual_norm(c, &xcur, &xnext, ly->ffn_norm, gu, 2, xq_in, rb, re, ith);
 
         /* gate and up in chunks of columns (whole blocks of w_down's activation format), each followed by
          * silu(gate) * up and its quantization for w_down on the same columns */
         int64_t be = down_in->block_elems, jb, je;
-        while (next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_GU], F / be, nth, m <= SMALL_M ? 1 : (256 + be - 1) / be,
-                          m <= SMALL_M, &jb, &je)) {
+        while (eng_fwd_next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_GU], F / be, nth,
+                                  m <= SMALL_M ? 1 : (256 + be - 1) / be, m <= SMALL_M, &jb, &je)) {
             jb *= be;
             je *= be;
-            mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
-            mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
+            eng_fwd_mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
+            eng_fwd_mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
             for (int64_t r = 0; r < m; r++) {
                 float *g = c->gate + r * F;
                 const float *u = c->up + r * F;
@@ -471,11 +483,11 @@ static void forward_worker(void *arg, int ith, int nth) {
                     eng_swiglu_oai(g + jb, u + jb, je - jb, hp->swiglu_alpha, hp->swiglu_limit);
                 else
                     for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
-                quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
+                eng_fwd_quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
             }
         }
         eng_pool_barrier(c->pool);
-        gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
+        eng_fwd_gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
         eng_pool_barrier(c->pool);
         if (ly->post_ffn_norm) post_norm(c, ly->post_ffn_norm, rb, re);
     }
@@ -506,7 +518,7 @@ static void forward_worker(void *arg, int ith, int nth) {
     }
     quantize_rows(c->xq, outm, 1, c->xn, E, lb, le);
     eng_pool_barrier(c->pool);
-    gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out,
+    eng_fwd_gemm_part(c, &mdl->output, c->xq[0], c->n_logits, c->logits, mdl->output.n_out,
               &c->dyn[(size_t)hp->n_layer * N_DYN], nth);
     if (hp->logit_softcap > 0.0f) { /* final soft-capping: cap * tanh(logit / cap) */
         eng_pool_barrier(c->pool);

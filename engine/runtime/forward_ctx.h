@@ -19,8 +19,12 @@
 
 enum {
     MAX_GROUP = 3,
-    /* stages split dynamically, per layer: Q/K/V, wo, gate/up, w_down */
-    DYN_QKV = 0, DYN_WO = 1, DYN_GU = 2, DYN_DOWN = 3, N_DYN = 4,
+    /* stages split dynamically, per layer: Q/K/V, wo, gate/up, w_down; an MoE layer's router, experts' gate/up and
+     * experts' down */
+    DYN_QKV = 0, DYN_WO = 1, DYN_GU = 2, DYN_DOWN = 3, DYN_ROUTER = 4, DYN_XGU = 5, DYN_XDOWN = 6, N_DYN = 7,
+    /* An MoE stage's work units: MOE_COLS columns of an expert's gate/up (rounded up to whole blocks of its down's
+     * activation format), MOE_ROWS output rows of its down (a multiple of the packed groups of 16). */
+    MOE_COLS = 64, MOE_ROWS = 64,
     /* Attention tiles: at most ATT_MAX_Q queries (rows x heads of one KV head) per unit, at most ATT_MAX_R rows;
      * fewer queries when their scores over the whole context would pass ATT_SCORES_BYTES per thread. */
     ATT_MAX_Q = 48,
@@ -113,6 +117,23 @@ struct eng_ctx {
      * projection, zeroed by eng_decode before each forward */
     _Atomic int64_t *dyn;
 
+    /* Mixture-of-Experts scratch (NULL for a dense model): a step's (row, rank) pairs are its slots, grouped by
+     * expert (forward_moe.c) */
+    float *moe_probs;     /* [max_batch][n_expert] router outputs, then probabilities */
+    float *moe_w;         /* [max_batch][n_expert_used] each row's routing weights by rank */
+    int32_t *moe_sel;     /* [max_batch][n_expert_used] each row's experts by rank */
+    int32_t *moe_slot;    /* [max_batch][n_expert_used] the slot of each (row, rank) */
+    int32_t *moe_row;     /* [max_batch * n_expert_used] the batch row of each slot */
+    int32_t *moe_off;     /* [n_expert + 1] expert e owns slots [moe_off[e], moe_off[e + 1]) */
+    int32_t *moe_active;  /* [n_expert] the experts with slots in this layer's step, ascending */
+    int32_t moe_n_active;
+    int32_t moe_cols;     /* columns of a gate/up unit */
+    void *moe_xq[2];      /* [max_batch * n_expert_used][xq_row_cap] each slot's input quantized for gate, up */
+    float *moe_g;         /* [max_batch * n_expert_used][n_ff_exp] gate outputs, then act(gate) * up */
+    float *moe_u;         /* [max_batch * n_expert_used][n_ff_exp] up outputs */
+    void *moe_xd;         /* [max_batch * n_expert_used][xq_row_cap] act(gate) * up quantized for down */
+    float *moe_out;       /* [max_batch * n_expert_used][n_embd] down outputs */
+
     float *logits;       /* [logits_cap][n_vocab] */
     int32_t logits_cap;
     float *embd;         /* [max_batch][n_embd] normed final hidden states (allocated at the first batch that
@@ -131,5 +152,24 @@ struct eng_ctx {
 
     eng_cuda *cuda;      /* non-NULL: the context runs on the GPU (forward_cuda.c); the CPU fields are unused */
 };
+
+struct eng_matrix;
+/* Shared by forward.c and forward_moe.c (defined in forward.c; see there). */
+bool eng_fwd_next_chunk(_Atomic int64_t *ctr, int64_t n, int nth, int64_t min_units, bool guided, int64_t *b,
+                        int64_t *e);
+void eng_fwd_mat_gemm(const eng_ctx *c, const struct eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+                      int64_t jb, int64_t je);
+void eng_fwd_quantize_part(uint32_t type, int64_t k, const float *src, void *buf, int64_t r, int64_t j0, int64_t n);
+void eng_fwd_gemm_part(eng_ctx *c, const struct eng_matrix *w, const void *xq, int64_t m, float *y, int64_t ldy,
+                       _Atomic int64_t *ctr, int nth);
+float eng_fwd_act(eng_ffn_act act, float x);
+
+/* forward_moe.c: layer l's Mixture-of-Experts feed-forward on the normed rows (xq_in: quantized for the group
+ * {router, gate[0], up[0]}, slots as group_slot numbers them), its result in c->tmp for every row; called by every
+ * thread of the forward pass, ends with a barrier. */
+void eng_fwd_moe(eng_ctx *c, int32_t l, void *const *xq_in, int ith, int nth);
+/* The MoE scratch of a context (context.c calls it for an MoE model): 0 or ENG_ERR_NOMEM. */
+int eng_fwd_moe_alloc(eng_ctx *c);
+void eng_fwd_moe_free(eng_ctx *c);
 
 #endif /* KVSERVE_ENGINE_FORWARD_CTX_H */

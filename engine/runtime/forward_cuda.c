@@ -113,11 +113,11 @@ static int create_backend(eng_cuda *g, const eng_model *model, const eng_ctx_par
                           char *berr, size_t berr_len) {
     const eng_hparams *hp = &model->hp;
     /* the CUDA kernels do not have gemma3's sliding windows, post norms, GELU, scales or soft-capping, nor
-     * phi3's long/short rope factors and attention factor, nor YaRN, attn_output biases, attention sinks or the
-     * clamped SwiGLU (ffn_act): such a model runs on the CPU (AUTO) or is refused */
+     * phi3's long/short rope factors and attention factor, nor YaRN, attn_output biases, attention sinks, the
+     * clamped SwiGLU (ffn_act) or experts: such a model runs on the CPU (AUTO) or is refused */
     if (hp->n_swa > 0 || hp->ffn_act != ENG_ACT_SILU || hp->embd_scale != 1.0f || hp->logit_softcap > 0.0f ||
         hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) || model->rope_long || model->rope_short ||
-        hp->rope_attn_factor != 1.0f || hp->rope_yarn_ext != 0.0f || cpu_only_layers(model))
+        hp->rope_attn_factor != 1.0f || hp->rope_yarn_ext != 0.0f || hp->n_expert > 0 || cpu_only_layers(model))
         return kvs_errf(berr, berr_len, ENG_ERR_UNSUPPORTED, "the %s family is not supported by the CUDA backend",
                         hp->arch_name);
     cud_layer_desc *layers = calloc((size_t)hp->n_layer, sizeof *layers);

@@ -304,6 +304,7 @@ struct fake {
     /* the last request submitted, for checks */
     eng_sampling_params last_sp;
     int32_t last_prompt[512], last_n_prompt, last_max_tokens, last_n_stop, last_n_keep;
+    bool last_render_special;
     bool last_ignore_eos;
     int32_t last_priority;
     char last_stop0[32];
@@ -434,6 +435,12 @@ static int fake_submit(void *ctx, const srv_sched_request *r, uint64_t *id) {
     q->embed = r->embed;
     if (q->embed) q->max_tokens = 0;
     /* a model answering with a tool call (Hermes/Qwen format) */
+    f->last_render_special = r->render_special;
+    if (prompt_has(r, "HARMONYSCRIPT")) /* gpt-oss: analysis, then a tool call on the commentary channel */
+        q->script = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                    "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+    if (prompt_has(r, "HARMONYFINAL"))
+        q->script = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>42";
     if (prompt_has(r, "THINKSCRIPT")) /* a thinking model (the prompt opened <think>) that calls a tool */
         q->script = "\nweather needs a tool\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", "
                     "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
@@ -2191,6 +2198,59 @@ Test(api, responses_and_messages_reasoning) {
     snprintf(body, sizeof body, "%s,\"thinking\":{\"type\":\"sometimes\"}}", msg);
     cr_assert_eq(post(f, "/messages", body, NULL, &r), 400);
     cr_assert(strstr(r.body, "\"type\":\"error\""), "Anthropic's error shape without /v1: %s", r.body);
+    tc_resp_free(&r);
+    fake_stop(f);
+}
+
+/* gpt-oss's harmony channels: a template with <|channel|> makes chat requests print control tokens and split the
+ * analysis channel into reasoning_content, the final channel into content, and a commentary message to
+ * functions.NAME into a tool call; reasoning_effort reaches the template. */
+static const char HARMONY_TPL[] =
+    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% if m.reasoning_content %}<|start|>assistant"
+    "<|channel|>analysis<|message|>{{ m.reasoning_content }}<|end|>{% endif %}<|start|>assistant<|channel|>final"
+    "<|message|>{{ m.content }}<|end|>{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}";
+
+Test(api, chat_harmony_channels) {
+    fake_opts o = {.tpl = HARMONY_TPL};
+    fake *f = fake_start(&o);
+    tc_resp r;
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"HARMONYSCRIPT\"}],%s}", TOOLS_JSON);
+    cr_assert_eq(post(f, "/v1/chat/completions", body, NULL, &r), 200, "%s", r.body);
+    cr_assert(f->last_render_special, "control tokens are printed for a harmony template");
+    cJSON *j = json_of(&r);
+    cJSON *m = msg0(j);
+    cr_assert_str_eq(jstr(m, "reasoning_content"), "Need the weather.");
+    cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function");
+    cr_assert_str_eq(jstr(fn, "name"), "get_weather");
+    cr_assert_str_eq(jstr(fn, "arguments"), "{\"city\":\"Paris\"}");
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"HARMONYFINAL\"}],"
+                      "\"reasoning_effort\":\"low\",\"stream\":true}", NULL, &r), 200);
+    cr_assert(prompt_has(&(srv_sched_request){.prompt = f->last_prompt, .n_prompt = f->last_n_prompt}, "Reasoning: low"));
+    static char evs[512][4096];
+    int n = sse_split(r.body, evs, 512);
+    char reasoning[128] = "", content[128] = "";
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *e = cJSON_Parse(evs[i]);
+        cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0), "delta");
+        cJSON *rc = cJSON_GetObjectItem(d, "reasoning_content"), *ct = cJSON_GetObjectItem(d, "content");
+        if (cJSON_IsString(rc)) strcat(reasoning, rc->valuestring);
+        if (cJSON_IsString(ct)) strcat(content, ct->valuestring);
+        cJSON_Delete(e);
+    }
+    cr_assert_str_eq(reasoning, "Easy.");
+    cr_assert_str_eq(content, "42");
+    tc_resp_free(&r);
+    /* reasoning_format none: the channels as the model wrote them */
+    cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"HARMONYFINAL\"}],"
+                      "\"reasoning_format\":\"none\"}", NULL, &r), 200);
+    j = json_of(&r);
+    cr_assert(!strncmp(jstr(msg0(j), "content"), "<|channel|>analysis<|message|>Easy.", 35), "%s", r.body);
+    cJSON_Delete(j);
     tc_resp_free(&r);
     fake_stop(f);
 }

@@ -126,21 +126,9 @@ static uint32_t out_type(const eng_gguf *g, const char *name) {
 }
 
 /* ---- llama-quantize's hashes -------------------------------------------------------------------------------- */
-static void check_reference(const char *type) {
-    char in[1024], ref[1024];
-    snprintf(in, sizeof in, "%s/models/synthetic/syn-llama-f16.gguf", kvt_shared_dir());
-    snprintf(ref, sizeof ref, "%s/reference/quantize/syn-llama-f16.%s.json", kvt_shared_dir(), type);
-    if (access(in, R_OK) != 0 || access(ref, R_OK) != 0) {
-        cr_skip_test("shared material absent (%s or %s): the llama-quantize hash check is skipped", in, ref);
-        return;
-    }
-    char dir[64], out[256];
-    tmpdir(dir, sizeof dir);
-    snprintf(out, sizeof out, "%s/out.gguf", dir);
-    char *log = NULL;
-    cr_assert_eq(run_quantize(dir, in, out, type, "2", &log), 0, "%s", log);
-    free(log);
-    cJSON *want = kvt_read_json(ref);
+/* The file at out against want ({tensor name: [stored type, sha256 of its bytes]}, every tensor of the file);
+ * returns the number of tensors matched. */
+static int compare_hashes(const char *out, const cJSON *want, const char *type) {
     eng_gguf *g;
     char err[512];
     cr_assert_eq(eng_gguf_open(out, &g, err, sizeof err), 0, "%s", err);
@@ -162,8 +150,26 @@ static void check_reference(const char *type) {
         cr_assert_str_eq(hex, wh, "%s %s: bytes differ from llama-quantize's", type, e->string);
         matched++;
     }
-    cr_assert_eq(matched, 39);
     eng_gguf_close(g);
+    return matched;
+}
+
+static void check_reference(const char *type) {
+    char in[1024], ref[1024];
+    snprintf(in, sizeof in, "%s/models/synthetic/syn-llama-f16.gguf", kvt_shared_dir());
+    snprintf(ref, sizeof ref, "%s/reference/quantize/syn-llama-f16.%s.json", kvt_shared_dir(), type);
+    if (access(in, R_OK) != 0 || access(ref, R_OK) != 0) {
+        cr_skip_test("shared material absent (%s or %s): the llama-quantize hash check is skipped", in, ref);
+        return;
+    }
+    char dir[64], out[256];
+    tmpdir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    char *log = NULL;
+    cr_assert_eq(run_quantize(dir, in, out, type, "2", &log), 0, "%s", log);
+    free(log);
+    cJSON *want = kvt_read_json(ref);
+    cr_assert_eq(compare_hashes(out, want, type), 39);
     cJSON_Delete(want);
     rmtree(dir);
 }
@@ -173,6 +179,36 @@ Test(quantize, llama_quantize_hashes_q8_0) { check_reference("Q8_0"); }
 Test(quantize, llama_quantize_hashes_q4_k_m) { check_reference("Q4_K_M"); }
 Test(quantize, llama_quantize_hashes_q5_k_m) { check_reference("Q5_K_M"); }
 Test(quantize, llama_quantize_hashes_q6_k) { check_reference("Q6_K"); }
+
+/* A qwen3moe model made by mkmodel (3-D stacked expert tensors, 3 layers: ffn_down_exps of the last one raised to
+ * Q6_K by Q4_K_M's policy, the router kept in f32) against llama-quantize's Q4_K_M of the same file
+ * (tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json, recorded by scripts/ref-mkmodel.py). */
+Test(quantize, llama_quantize_hashes_qwen3moe_q4_k_m) {
+    char ref[1024], dir[64], in[256], out[256];
+    snprintf(ref, sizeof ref, "%s/tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json", KVSERVE_SOURCE_DIR);
+    cJSON *root = kvt_read_json(ref);
+    tmpdir(dir, sizeof dir);
+    snprintf(in, sizeof in, "%s/in.gguf", dir);
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    const char *args[40] = {"mkmodel", "-o", in};
+    int n = 3;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, cJSON_GetObjectItem(root, "mkmodel_args")) {
+        cr_assert(cJSON_IsString(a) && n < 39);
+        args[n++] = a->valuestring;
+    }
+    args[n] = NULL;
+    cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0, "kvserve mkmodel failed");
+    char *log = NULL;
+    cr_assert_eq(run_quantize(dir, in, out, "Q4_K_M", "2", &log), 0, "%s", log);
+    free(log);
+    const cJSON *want = cJSON_GetObjectItem(root, "tensors");
+    int matched = compare_hashes(out, want, "Q4_K_M");
+    cr_assert_eq(matched, cJSON_GetArraySize(want));
+    cr_assert_gt(matched, 20);
+    cJSON_Delete(root);
+    rmtree(dir);
+}
 
 /* ---- quantizers ---------------------------------------------------------------------------------------------- */
 /* Per format: the largest error of one value relative to its block's max |x| (the group one scale covers; the

@@ -3,8 +3,9 @@
  * ../shared/reference/README.md (accepted divergence only below a margin, mean/max logprob deltas, share of
  * steps compared, EOS at the reference's EOS step), run both one prompt at a time and as one multi-sequence
  * batch, which must agree (batch invariance). Also stories260K's 60-token greedy sequence from BOS, and a phi3
- * model with LongRoPE factors made by `kvserve mkmodel` against llama.cpp's completions committed in
- * tests/reference/ (both factor sets; no shared material needed).
+ * model with LongRoPE factors, a llama model with YaRN and qwen3moe models (f32, q8_0, Q4_K_M) made by `kvserve
+ * mkmodel` (and `kvserve quantize`) against llama.cpp's completions committed in tests/reference/
+ * (scripts/ref-mkmodel.py; no shared material needed).
  * Skips with a message when the shared directory is absent. The device is KVSERVE_TEST_DEVICE ("cpu", the
  * default, or "cuda": ctest's test_reference_cuda; skips when no CUDA device is present).
  */
@@ -225,10 +226,10 @@ static cmp_stats compare_ref(const char *name, const char *label, const ref_case
 }
 
 static bool model_is_quantized(const eng_model *m) {
-    const eng_layer *ly = &m->layers[0];
-    const eng_matrix *ms[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down, &m->output};
-    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-        if (ms[i]->type != 0 && ms[i]->type != 1 && ms[i]->type != 30) return true;
+    if (m->output.type != 0 && m->output.type != 1 && m->output.type != 30) return true;
+    const eng_matrix *w;
+    for (size_t i = 0; (w = eng_layer_matrix(&m->layers[0], m->hp.n_expert, i)) != NULL; i++)
+        if (w->data && w->type != 0 && w->type != 1 && w->type != 30) return true;
     return false;
 }
 
@@ -452,7 +453,8 @@ static cJSON *mk_ref(const char *stem, int32_t n_ctx, char *json_out[1]) {
 
 static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) { return mk_ref("mk-phi3-longrope", n_ctx, json_out); }
 
-/* Makes the reference's model in dir (model path in mpath) and checks its SHA-256. */
+/* Makes the reference's model in dir (model path in mpath: mkmodel, then `kvserve quantize` when the reference names
+ * a "quantize" file type) and checks its SHA-256. */
 static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath, size_t cap) {
     snprintf(mpath, cap, "%s/%s.gguf", dir, stem);
     const char *args[48];
@@ -467,6 +469,14 @@ static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath
     }
     args[n] = NULL;
     cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0, "kvserve mkmodel failed");
+    const char *qtype = cJSON_GetStringValue(cJSON_GetObjectItem(root, "quantize"));
+    if (qtype) {
+        char qpath[300];
+        snprintf(qpath, sizeof qpath, "%s.q", mpath);
+        const char *qargs[] = {"quantize", mpath, qpath, qtype, NULL};
+        cr_assert_eq(kvt_run_kvserve(dir, qargs, NULL), 0, "kvserve quantize failed");
+        cr_assert_eq(rename(qpath, mpath), 0);
+    }
     size_t len = 0;
     char *data = kvt_read_file(mpath, &len);
     cr_assert_not_null(data);
@@ -477,7 +487,7 @@ static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
     const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(root, "model_sha256"));
     cr_assert(want && !strcmp(hex, want), "mkmodel's %s model changed (sha256 %s, reference %s): regenerate the "
-              "reference with scripts/ref-longrope.py", stem, hex, want ? want : "?");
+              "reference with scripts/ref-mkmodel.py", stem, hex, want ? want : "?");
 }
 
 /* The model file and directory a test of a mkmodel model made: removed by the test's .fini, which runs whether
@@ -541,7 +551,7 @@ Test(reference, phi3_longrope_factor_sets_differ) {
 /* ---- llama with YaRN rope scaling and attention biases (tests/reference/mk-llama-yarn.ctx1024.json) --------------
  * rope.scaling.type yarn, factor 4 over an original context of 256, rope.scaling.attn_factor 1.1, Q/K/V and
  * attn_output biases, made by `kvserve mkmodel` with the recorded arguments, against llama.cpp's library
- * (scripts/ref-longrope.py --yarn). */
+ * (scripts/ref-mkmodel.py llama-yarn). */
 Test(reference, llama_yarn_biases, .fini = made_cleanup) {
     (void)test_device(); /* skips before anything is made when the device asked for is absent */
     char *json = NULL, *dir = made_dir, *mpath = made_path;
@@ -561,3 +571,25 @@ Test(reference, llama_yarn_biases, .fini = made_cleanup) {
     cJSON_Delete(root);
     free(json);
 }
+
+/* ---- qwen3moe (tests/reference/mk-qwen3moe-*.ctx512.json) ---------------------------------------------------------
+ * Mixture-of-Experts: a router, 16 experts of which 4 per token, Q/K norms; made by `kvserve mkmodel` in f32 (the
+ * float rule), q8_0 and Q4_K_M (f16 through `kvserve quantize`; the quantized rule), against llama.cpp's library
+ * (scripts/ref-mkmodel.py), alone and batched. */
+static void check_moe(const char *stem) {
+    (void)test_device(); /* skips before anything is made when the device asked for is absent */
+    char *json = NULL, *dir = made_dir, *mpath = made_path;
+    cJSON *root = mk_ref(stem, 512, &json);
+    snprintf(made_dir, sizeof made_dir, "/tmp/kvserve-moe-ref-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    mk_model(stem, root, dir, mpath, sizeof made_path);
+    char label[96];
+    snprintf(label, sizeof label, "%s ctx 512", stem);
+    check_ref(label, mpath, root, 512);
+    cJSON_Delete(root);
+    free(json);
+}
+
+Test(reference, qwen3moe_f32, .fini = made_cleanup) { check_moe("mk-qwen3moe-f32"); }
+Test(reference, qwen3moe_q8_0, .fini = made_cleanup) { check_moe("mk-qwen3moe-q8_0"); }
+Test(reference, qwen3moe_q4_k_m, .fini = made_cleanup) { check_moe("mk-qwen3moe-q4_k_m"); }

@@ -1,8 +1,8 @@
 /*
- * ref-longrope-gen.c: greedy completions with top-5 logprobs through llama.cpp's library, for
- * scripts/ref-longrope.py (not part of the kvserve build; the script compiles it against a llama.cpp tree).
+ * ref-mkmodel-gen.c: greedy completions with top-5 logprobs through llama.cpp's library, for
+ * scripts/ref-mkmodel.py (not part of the kvserve build; the script compiles it against a llama.cpp tree).
  *
- * usage: ref-longrope-gen MODEL N_CTX N_PREDICT < prompts
+ * usage: ref-mkmodel-gen MODEL N_CTX N_PREDICT < prompts
  * Input: one prompt per line, hex-encoded bytes. Output, per prompt: "P id id ..." (the prompt tokenized with the
  * special tokens the model's metadata adds), then one "S id logprob id logprob ..." line per generated token (the
  * chosen token and its natural-log softmax over the whole vocabulary, then the top 5), then "E eos" or "E limit".
