@@ -1,6 +1,8 @@
 /* kv_tier.c: the disk tier's index, its lookups and loads, and its life (see kv_tier.h; the files and the writer
  * thread are in kv_tier_file.c). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "cache/kvc_internal.h"
 #include "cache/kvt_internal.h"
 

@@ -1,5 +1,7 @@
 /* kv_tier_file.c: the disk tier's file format, its start-up scan and its writer thread (see kv_tier.h). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "cache/kvc_internal.h"
 #include "cache/kvt_internal.h"
 

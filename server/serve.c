@@ -17,6 +17,7 @@
 #include "server/http/http.h"
 #include "server/obs/obs.h"
 #include "server/sched/sched.h"
+#include "server/tiers_internal.h"
 #include "template/template.h"
 
 typedef struct daemon_state {
@@ -43,6 +44,8 @@ typedef struct daemon_state {
     srv_sched *sched;
     srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
+    kvt_tier *tier;                   /* the KV disk tier (kv_disk_dir), NULL when disabled */
+    srv_tiers_events tev;             /* the cache's events to the tier and the publisher */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
@@ -156,6 +159,8 @@ static void load_work(uv_work_t *w) {
     cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
     d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0) load_template(d);
+    if (d->load_rc == 0) /* reads the model's samples and scans the directory: off the loop */
+        d->load_rc = srv_tiers_open(c, d->model, d->ctx, &d->tier, d->load_err, sizeof d->load_err);
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
@@ -194,10 +199,19 @@ static void load_done(uv_work_t *w, int status) {
     sp.spec_type = !strcmp(c->spec_type, "ngram") ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
     sp.spec_n_max = c->draft_max;
     sp.spec_n_min = c->draft_min;
-    if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
-        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kv_events_on_cache_event, d->kvev);
+    /* the cache reports to the disk tier and the publisher; the scheduler closes their batches once per step */
+    d->tev = (srv_tiers_events){d->tier, d->kvev ? srv_kv_events_on_cache_event : NULL, d->kvev};
+    if (d->kvev || d->tier) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
+    if (d->kvev) {
         sp.on_step = srv_kv_events_step_end;
         sp.on_step_ctx = d->kvev;
+    }
+    sp.tier = d->tier;
+    if (d->tier) {
+        kvt_stats ts;
+        kvt_get_stats(d->tier, &ts);
+        fprintf(stderr, "kvserve: KV disk tier %s: %llu blocks in %llu files (%.3f of %.3f GB)\n", c->kv_disk_dir,
+                (unsigned long long)ts.blocks, (unsigned long long)ts.files, (double)ts.bytes / 1e9, c->kv_disk_gb);
     }
     int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
     if (r == 0) d->have_ops = true;
@@ -272,6 +286,8 @@ static void finalize(daemon_state *d) {
     srv_sched_free(d->sched); /* remaining requests end as cancelled; their callbacks run here */
     d->sched = NULL;
     if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
+    kvt_close(d->tier); /* writes what is queued */
+    d->tier = NULL;
     d->metrics.kvev = NULL;
     srv_kv_events_free(d->kvev); /* publishes what the last steps queued */
     d->kvev = NULL;
@@ -510,6 +526,7 @@ out:
     srv_cors_free(d->cors);
     srv_kv_events_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
+    kvt_close(d->tier); /* start-up failed after it was opened */
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);
     tpl_free(d->tpl);

@@ -19,7 +19,9 @@
  *
  * Prefix sharing
  *   - Automatic prefix caching: a new request attaches the cached full blocks of its prompt
- *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens.
+ *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens. With a disk tier
+ *     (params.tier) the prefix then continues with the full blocks the tier holds, loaded into the pool (at most
+ *     the blocks available to the step), and those count in usage.cached_tokens too.
  *   - n > 1: the prompt is prefilled once in choice 0's sequence, then copied (kvc_copy_prefix) into n - 1
  *     more sequences; every choice samples independently from the same last-prompt-token logits with its own
  *     sampler (choice i uses seed + i).
@@ -123,6 +125,7 @@
 #include "common/common.h"
 
 #include "cache/kv_cache.h"
+#include "cache/kv_tier.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
 
@@ -258,6 +261,11 @@ typedef struct srv_sched_params {
     int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, 1 <= min <= max <= 64, default 2 .. 4 */
     bool spec_adaptive;   /* default true: k from the acceptance rate and the step cost model; false: every
                              decoding choice with a match gets spec_n_max guesses (tests, benchmarks) */
+    kvt_tier *tier;           /* optional (NULL by default): the disk tier below the pool (cache/kv_tier.h), borrowed
+                                 for the scheduler's lifetime. A new sequence continues its cached prefix with the
+                                 blocks the tier holds (loaded on the scheduler thread, counted in
+                                 usage.cached_tokens), and the tier's run is closed at the end of every step.
+                                 The caller routes the cache's events to kvt_on_cache_event. */
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -446,6 +454,8 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
     int32_t spec_n_max;               /* params.spec_n_max when speculative decoding is on, else 0 */
+    bool has_tier;                    /* params.tier was set; then `tier` holds its counters */
+    kvt_stats tier;
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

@@ -3,7 +3,9 @@
  * heads, and its faults: files truncated or flipped byte by byte, a tier of another model or layout, kill -9
  * during writes, a full disk (the kv_disk_gb bound and an injected write failure). Whatever is loaded must be
  * exactly what was saved; anything else is not loaded, and nothing crashes. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <criterion/criterion.h>
 
 #include <dirent.h>
