@@ -40,6 +40,59 @@ void kvt_file_free(kvt_file *f) {
     free(f);
 }
 
+/* ---- tier events (mu held) --------------------------------------------------------------------------------------- */
+static void record(kvt_tier *t, kvc_event_kind kind, const kvt_file *f, int32_t b) {
+    if (!t->events_on) return;
+    if (t->ev.len / sizeof(kvt_ev) >= KVT_EVENTS_MAX) {
+        t->stats.events_dropped++;
+        return;
+    }
+    size_t bs = (size_t)t->lay.block_size;
+    kvt_ev e = {.kind = kind, .hash = f->hashes[b], .tok = t->ev_tok.len / sizeof(int32_t)};
+    if (kind == KVC_EVENT_STORED) {
+        e.has_parent = b > 0 || f->has_parent;
+        e.parent = b > 0 ? f->hashes[b - 1] : f->parent_hash;
+        if (kvs_buf_append(&t->ev_tok, f->tokens + (size_t)b * bs, bs * sizeof(int32_t)) != KVS_OK) {
+            t->stats.events_dropped++;
+            return;
+        }
+    }
+    if (kvs_buf_append(&t->ev, &e, sizeof e) != KVS_OK) t->stats.events_dropped++;
+}
+
+void kvt_events_enable(kvt_tier *t) {
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    if (!t->events_on) {
+        t->events_on = true;
+        for (int32_t i = 0; i < t->n_files; i++)
+            for (int32_t b = 0; t->files[i] && b < t->files[i]->n_blocks; b++) record(t, KVC_EVENT_STORED, t->files[i], b);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kvt_drain_events(kvt_tier *t, kvc_event_cb cb, void *ctx) {
+    if (!t || !cb) return;
+    pthread_mutex_lock(&t->mu);
+    if (!t->ev.len) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    kvs_buf ev = t->ev, tok = t->ev_tok;
+    memset(&t->ev, 0, sizeof t->ev);
+    memset(&t->ev_tok, 0, sizeof t->ev_tok);
+    pthread_mutex_unlock(&t->mu);
+    const kvt_ev *e = (const kvt_ev *)(const void *)ev.data;
+    for (size_t i = 0; i < ev.len / sizeof *e; i++) {
+        kvc_event k = {.kind = e[i].kind, .block = -1, .hash = e[i].hash, .has_parent = e[i].has_parent,
+                       .parent_hash = e[i].parent, .block_size = t->lay.block_size,
+                       .tokens = e[i].kind == KVC_EVENT_STORED ? (const int32_t *)(const void *)tok.data + e[i].tok : NULL};
+        cb(ctx, &k);
+    }
+    kvs_buf_free(&ev);
+    kvs_buf_free(&tok);
+}
+
 /* ---- the index (mu held) ------------------------------------------------------------------------------------- */
 static uint32_t bucket(const kvt_tier *t, uint64_t h) { return (uint32_t)(h ^ (h >> 29)) & t->bucket_mask; }
 
@@ -83,6 +136,7 @@ int kvt_index_add(kvt_tier *t, kvt_file *f) {
         uint32_t k = bucket(t, f->hashes[b]);
         t->ents[e] = (kvt_entry){.hash = f->hashes[b], .file = slot, .blk = b, .next = t->buckets[k]};
         t->buckets[k] = e;
+        record(t, KVC_EVENT_STORED, f, b);
     }
     t->total_bytes += f->bytes;
     t->stats.files++;
@@ -102,6 +156,7 @@ void kvt_index_drop(kvt_tier *t, int32_t slot, bool unlink_it) {
         *pp = t->ents[e].next;
         t->ents[e].next = t->free_ent;
         t->free_ent = e;
+        record(t, KVC_EVENT_REMOVED, f, b);
     }
     if (unlink_it) {
         char path[4096];
@@ -224,6 +279,8 @@ void kvt_close(kvt_tier *t) {
     free(t->buckets);
     free(t->rbuf);
     free(t->hbuf);
+    kvs_buf_free(&t->ev);
+    kvs_buf_free(&t->ev_tok);
     free(t->dir);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cv);

@@ -78,7 +78,10 @@ typedef struct kvt_stats {
     uint64_t write_errors;                 /* files that could not be written */
     uint64_t files_rejected;               /* files deleted as truncated, corrupt or foreign (scan or load) */
     uint64_t files_evicted;                /* files deleted to stay under max_bytes */
+    uint64_t events_dropped;               /* tier events not recorded: KVT_EVENTS_MAX were waiting */
 } kvt_stats;
+
+#define KVT_EVENTS_MAX 65536 /* most tier events waiting for kvt_drain_events */
 
 typedef struct kvt_tier kvt_tier;
 
@@ -114,6 +117,17 @@ void kvt_step_end(kvt_tier *t);
  * loaded before it; the sequence holds exactly have + *n_loaded tokens either way). */
 int kvt_load(kvt_tier *t, int32_t seq, const int32_t *tokens, int32_t n, int32_t have, int32_t max_blocks,
              int32_t *n_loaded);
+
+/* Tier events, for a mirror of what can be served from the disk (KV-cache events with medium "DISK"): once
+ * enabled, every block the index gains (a file written) is recorded as a KVC_EVENT_STORED (parents first, with its
+ * tokens) and every block it loses (a file deleted: evicted, corrupt) as a KVC_EVENT_REMOVED; enabling records a
+ * STORED for every block already indexed. Events past KVT_EVENTS_MAX waiting are dropped (stats.events_dropped).
+ * Any thread. NULL is a no-op. */
+void kvt_events_enable(kvt_tier *t);
+
+/* Calls cb(ctx, ev) for every recorded event, in order, and forgets them (ev->block is -1; ev->tokens valid during
+ * the call). The caller's thread (the cache thread in the server); cb must not call into the tier. */
+void kvt_drain_events(kvt_tier *t, kvc_event_cb cb, void *ctx);
 
 /* Waits until every queued run is written (or dropped). For tests and shutdown. NULL is a no-op. */
 void kvt_flush(kvt_tier *t);

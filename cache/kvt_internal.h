@@ -82,6 +82,8 @@ struct kvt_tier {
     kvt_run *q_head, *q_tail; /* the writer's queue */
     uint64_t q_bytes;
     bool writing, stop;
+    bool events_on;           /* tier events are recorded (kvt_events_enable) */
+    kvs_buf ev, ev_tok;       /* recorded events (kvt_ev) and their tokens (int32) */
     pthread_t thread;
     bool thread_started;
 
@@ -91,6 +93,14 @@ struct kvt_tier {
     uint64_t *hbuf;           /* [hcap] chain hashes of kvt_load */
     int32_t hcap;
 };
+
+/* A recorded tier event (kvt_events_enable). */
+typedef struct kvt_ev {
+    kvc_event_kind kind;
+    bool has_parent;
+    uint64_t hash, parent;
+    size_t tok;               /* STORED: its block_size tokens at ev_tok + tok */
+} kvt_ev;
 
 /* kv_tier.c: the index (call with mu held). */
 int kvt_index_add(kvt_tier *t, kvt_file *f);           /* adds f (owned from now on); KVS_ERR_NOMEM */

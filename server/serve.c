@@ -200,11 +200,12 @@ static void load_done(uv_work_t *w, int status) {
     sp.spec_n_max = c->draft_max;
     sp.spec_n_min = c->draft_min;
     /* the cache reports to the disk tier and the publisher; the scheduler closes their batches once per step */
-    d->tev = (srv_tiers_events){d->tier, d->kvev ? srv_kv_events_on_cache_event : NULL, d->kvev};
+    d->tev = (srv_tiers_events){d->tier, d->kvev};
     if (d->kvev || d->tier) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
     if (d->kvev) {
-        sp.on_step = srv_kv_events_step_end;
-        sp.on_step_ctx = d->kvev;
+        sp.on_step = srv_tiers_step_end;
+        sp.on_step_ctx = &d->tev;
+        if (d->tier) kvt_events_enable(d->tier); /* announces what the disk holds, then every change */
     }
     sp.tier = d->tier;
     if (d->tier) {

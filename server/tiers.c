@@ -99,5 +99,12 @@ int srv_tiers_open(const srv_config *cfg, const eng_model *model, eng_ctx *ctx, 
 void srv_tiers_on_cache_event(void *ctx, const kvc_event *ev) {
     srv_tiers_events *e = ctx;
     if (e->tier) kvt_on_cache_event(e->tier, ev);
-    if (e->next) e->next(e->next_ctx, ev);
+    if (e->kvev) srv_kv_events_on_cache_event(e->kvev, ev);
+}
+
+void srv_tiers_step_end(void *ctx) {
+    srv_tiers_events *e = ctx;
+    if (!e->kvev) return;
+    kvt_drain_events(e->tier, srv_kv_events_on_tier_event, e->kvev);
+    srv_kv_events_step_end(e->kvev);
 }

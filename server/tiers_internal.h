@@ -11,6 +11,7 @@
 
 #include "cache/kv_tier.h"
 #include "engine/engine.h"
+#include "server/obs/obs.h"
 #include "server/server.h"
 
 /* The 32 bytes that say which KV a model computes: SHA-256 of the model file's size and samples of its bytes (its
@@ -28,14 +29,17 @@ int srv_tiers_identity(const char *model_path, const eng_hparams *hp, int32_t n_
 int srv_tiers_open(const srv_config *cfg, const eng_model *model, eng_ctx *ctx, kvt_tier **out, char *err,
                    size_t err_len);
 
-/* The fan-out of the cache's events: to the tier, then to the next consumer (the KV-event publisher). */
+/* The fan-out of the cache's events: to the tier, then to the KV-event publisher. */
 typedef struct srv_tiers_events {
     kvt_tier *tier;        /* may be NULL */
-    kvc_event_cb next;     /* may be NULL */
-    void *next_ctx;
+    srv_kv_events *kvev;   /* may be NULL */
 } srv_tiers_events;
 
 /* kvc_event_cb over a srv_tiers_events (ctx). */
 void srv_tiers_on_cache_event(void *ctx, const kvc_event *ev);
+
+/* srv_sched_params.on_step over a srv_tiers_events (ctx): the tier's own events (blocks written to disk or deleted
+ * from it, medium "DISK") join the step's batch, which the publisher then closes (srv_kv_events_step_end). */
+void srv_tiers_step_end(void *ctx);
 
 #endif
