@@ -182,8 +182,7 @@ void kvt_index_trim(kvt_tier *t) {
     }
 }
 
-/* The entry holding the block with this hash, parent and tokens; -1 when none. */
-static int32_t find_block(const kvt_tier *t, uint64_t hash, bool has_parent, uint64_t parent, const int32_t *tok) {
+int32_t kvt_index_find(const kvt_tier *t, uint64_t hash, bool has_parent, uint64_t parent, const int32_t *tok) {
     int32_t bs = t->lay.block_size;
     for (int32_t e = t->buckets[bucket(t, hash)]; e >= 0; e = t->ents[e].next) {
         const kvt_entry *en = &t->ents[e];
@@ -298,7 +297,7 @@ void kvt_get_stats(kvt_tier *t, kvt_stats *out) {
 /* ---- saving (cache thread) --------------------------------------------------------------------------------- */
 static bool in_index(kvt_tier *t, const kvc_event *ev) {
     pthread_mutex_lock(&t->mu);
-    bool hit = find_block(t, ev->hash, ev->has_parent, ev->parent_hash, ev->tokens) >= 0;
+    bool hit = kvt_index_find(t, ev->hash, ev->has_parent, ev->parent_hash, ev->tokens) >= 0;
     pthread_mutex_unlock(&t->mu);
     return hit;
 }
@@ -389,7 +388,7 @@ void kvt_flush(kvt_tier *t) {
 static int32_t find_run(kvt_tier *t, const uint64_t *h, const int32_t *tokens, int32_t k0, int32_t kmax,
                         int32_t *slot, int32_t *blk, uint64_t *path_id, uint64_t *sums) {
     int32_t bs = t->lay.block_size;
-    int32_t e = find_block(t, h[k0], k0 > 0, k0 > 0 ? h[k0 - 1] : 0, tokens + (size_t)k0 * bs);
+    int32_t e = kvt_index_find(t, h[k0], k0 > 0, k0 > 0 ? h[k0 - 1] : 0, tokens + (size_t)k0 * bs);
     if (e < 0) return 0;
     kvt_file *f = t->files[t->ents[e].file];
     int32_t b = t->ents[e].blk, m = 0;

@@ -55,7 +55,8 @@
 extern "C" {
 #endif
 
-#define KVT_RUN_MAX 64 /* most blocks of one file */
+#define KVT_RUN_MAX 64            /* most blocks of one file the writer writes (a run) */
+#define KVT_FILE_MAX_BLOCKS 65536 /* most blocks of any file (a saved session: kvt_export) */
 
 typedef struct kvt_params {
     const char *dir;          /* the directory (created when missing, one level); required */
@@ -128,6 +129,23 @@ void kvt_events_enable(kvt_tier *t);
 /* Calls cb(ctx, ev) for every recorded event, in order, and forgets them (ev->block is -1; ev->tokens valid during
  * the call). The caller's thread (the cache thread in the server); cb must not call into the tier. */
 void kvt_drain_events(kvt_tier *t, kvc_event_cb cb, void *ctx);
+
+/* Saved sessions (the server's /slots API). kvt_export writes the longest chain of full blocks of tokens[0..n) that
+ * the tier holds, from the first block on (after kvt_flush: what the pool published is on disk), into one file at
+ * `path` in the tier's file format (written as <path>.part, synced, renamed; every block's data checked against its
+ * checksum on the way); *n_saved gets its tokens (a multiple of the block size), *bytes its size. At most
+ * KVT_FILE_MAX_BLOCKS blocks. Errors: KVS_ERR_INVALID (NULL, n < 0), KVS_ERR_NOT_FOUND (the tier holds not even the
+ * first block: no file is written), KVS_ERR_IO (path cannot be written, or a block's file went away or is corrupt
+ * meanwhile: no file is left), KVS_ERR_NOMEM. Any thread but the writer's; slow (reads and writes files). */
+int kvt_export(kvt_tier *t, const int32_t *tokens, int32_t n, const char *path, int32_t *n_saved, uint64_t *bytes);
+
+/* Checks the file at `path` whole (this tier's identity and layout, the header's, the table's and every block's
+ * checksum, the hash chain from the root) and adds a copy of it to the tier, so that a prompt starting with its tokens
+ * is served from disk. *tokens (malloc'd, the caller frees) and *n_tokens get its blocks' tokens, *bytes its size.
+ * Errors: KVS_ERR_INVALID (NULL), KVS_ERR_IO (cannot be read, or the copy cannot be written), KVS_ERR_FORMAT (not
+ * a file of this tier: another model or setting, truncated, corrupt, not a chain from the first block; warn says
+ * which), KVS_ERR_TOO_LARGE (larger than max_bytes), KVS_ERR_NOMEM. Any thread but the writer's; slow. */
+int kvt_import(kvt_tier *t, const char *path, int32_t **tokens, int32_t *n_tokens, uint64_t *bytes);
 
 /* Waits until every queued run is written (or dropped). For tests and shutdown. NULL is a no-op. */
 void kvt_flush(kvt_tier *t);

@@ -27,7 +27,7 @@ void kvt_run_free(kvt_run *r) {
     free(r);
 }
 
-static void fill_header(const kvt_tier *t, kvt_file_header *h, int32_t n_blocks) {
+void kvt_fill_header(const kvt_tier *t, kvt_file_header *h, int32_t n_blocks) {
     memset(h, 0, sizeof *h);
     memcpy(h->magic, KVT_MAGIC, 8);
     h->version = KVT_VERSION;
@@ -50,19 +50,18 @@ static const char *header_problem(const kvt_tier *t, const kvt_file_header *h, u
     if (h->endian != KVT_ENDIAN || h->version != KVT_VERSION) return "another version or byte order";
     if (XXH3_64bits(h, offsetof(kvt_file_header, header_checksum)) != h->header_checksum) return "corrupt header";
     kvt_file_header mine;
-    fill_header(t, &mine, h->n_blocks);
+    kvt_fill_header(t, &mine, h->n_blocks);
     if (memcmp(h->identity, mine.identity, sizeof mine.identity)) return "written for another model or setting";
     if (h->dtype != mine.dtype || h->block_size != mine.block_size || h->n_layer != mine.n_layer ||
         h->n_kv_head != mine.n_kv_head || h->head_dim != mine.head_dim || h->row_bytes != mine.row_bytes ||
         h->block_stride != mine.block_stride)
         return "another KV layout (dtype, block size or shapes)";
-    if (h->n_blocks < 1 || h->n_blocks > KVT_RUN_MAX || h->has_parent > 1) return "corrupt header";
+    if (h->n_blocks < 1 || h->n_blocks > KVT_FILE_MAX_BLOCKS || h->has_parent > 1) return "corrupt header";
     if (size != kvt_file_bytes(t, h->n_blocks)) return size < kvt_file_bytes(t, h->n_blocks) ? "truncated" : "too long";
     return NULL;
 }
 
-/* Reads file `name` (id) into a kvt_file; NULL with *why set when it is not usable. */
-static kvt_file *read_file(kvt_tier *t, const char *path, uint64_t id, const char **why) {
+kvt_file *kvt_file_load(kvt_tier *t, const char *path, uint64_t id, const char **why) {
     *why = "cannot be read";
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
@@ -137,7 +136,7 @@ static void scan_one(kvt_tier *t, const char *name) {
     if (!parse_name(name, ".kvt", &id)) return; /* not the tier's: left alone */
     if (id >= t->next_id) t->next_id = id + 1;
     const char *why;
-    kvt_file *f = read_file(t, path, id, &why);
+    kvt_file *f = kvt_file_load(t, path, id, &why);
     if (f && kvt_index_add(t, f) == KVS_OK) {
         if (id > t->tick) t->tick = id;
         return;
@@ -166,7 +165,7 @@ int kvt_scan(kvt_tier *t) {
 }
 
 /* ---- the writer thread --------------------------------------------------------------------------------------- */
-static int write_all(int fd, const void *p, size_t n) {
+int kvt_write_all(int fd, const void *p, size_t n) {
     const uint8_t *b = p;
     while (n > 0) {
         ssize_t w = write(fd, b, n);
@@ -204,7 +203,7 @@ static kvt_file *run_to_file(kvt_tier *t, const kvt_run *r, int32_t n, uint64_t 
         memcpy(e + 16, f->tokens + (size_t)b * bs, bs * sizeof *f->tokens);
     }
     kvt_file_header h;
-    fill_header(t, &h, n);
+    kvt_fill_header(t, &h, n);
     h.has_parent = r->has_parent;
     h.parent_hash = r->has_parent ? r->parent_hash : 0;
     h.table_checksum = XXH3_64bits(table, tb);
@@ -233,8 +232,8 @@ static void write_run(kvt_tier *t, const kvt_run *r) {
     if (!f || kvt_path(t, id, ".part", tmp, sizeof tmp) || kvt_path(t, id, ".kvt", path, sizeof path)) goto failed;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) goto failed;
-    int rc = write_all(fd, meta, sizeof(kvt_file_header) + (size_t)n * t->table_entry);
-    if (rc == KVS_OK) rc = write_all(fd, r->data, (size_t)n * t->block_bytes);
+    int rc = kvt_write_all(fd, meta, sizeof(kvt_file_header) + (size_t)n * t->table_entry);
+    if (rc == KVS_OK) rc = kvt_write_all(fd, r->data, (size_t)n * t->block_bytes);
     if (rc == KVS_OK && fdatasync(fd) != 0) rc = KVS_ERR_IO;
     int err = errno;
     if (close(fd) != 0 && rc == KVS_OK) rc = KVS_ERR_IO;

@@ -106,12 +106,19 @@ typedef struct kvt_ev {
 int kvt_index_add(kvt_tier *t, kvt_file *f);           /* adds f (owned from now on); KVS_ERR_NOMEM */
 void kvt_index_drop(kvt_tier *t, int32_t slot, bool unlink_it); /* removes files[slot] (and its file) */
 void kvt_index_trim(kvt_tier *t);                      /* drops LRU files while total_bytes > max_bytes */
+/* The entry holding the block with this hash, parent (when has_parent) and tokens; -1 when none. */
+int32_t kvt_index_find(const kvt_tier *t, uint64_t hash, bool has_parent, uint64_t parent, const int32_t *tok);
 void kvt_file_free(kvt_file *f);
 void kvt_warn(kvt_tier *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kvt_path(const kvt_tier *t, uint64_t id, const char *suffix, char *out, size_t cap);
 
 /* kv_tier_file.c */
 uint64_t kvt_file_bytes(const kvt_tier *t, int32_t n_blocks);
+void kvt_fill_header(const kvt_tier *t, kvt_file_header *h, int32_t n_blocks); /* magic, identity, layout */
+/* Reads the header and table of the file at path (checked: identity, layout, size, checksums, hash chain) into a
+ * kvt_file named id; NULL with *why set ("out of memory", "cannot be read", or what is wrong) when not usable. */
+kvt_file *kvt_file_load(kvt_tier *t, const char *path, uint64_t id, const char **why);
+int kvt_write_all(int fd, const void *p, size_t n); /* KVS_OK or KVS_ERR_IO (errno set) */
 int kvt_scan(kvt_tier *t);                            /* the start-up scan */
 int kvt_writer_start(kvt_tier *t);
 void kvt_writer_stop(kvt_tier *t);

@@ -2,7 +2,9 @@
  * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -76,6 +78,10 @@ static int be_tokenize(void *p, const char *text, size_t len, bool add_special, 
 }
 static int be_piece(void *p, int32_t tok, bool render_special, char *buf, size_t cap, size_t *n) {
     return eng_token_to_piece(((daemon_state *)p)->model, tok, render_special, buf, cap, n);
+}
+static int be_slot(void *p, srv_api_slot_op *op) {
+    daemon_state *d = p;
+    return srv_tiers_slot(d->sched, d->tier, d->cfg->slot_save_path, op);
 }
 static int be_chat(void *p, const eng_chat_msg *msgs, size_t n, char **out) {
     daemon_state *d = p;
@@ -161,6 +167,16 @@ static void load_work(uv_work_t *w) {
     if (d->load_rc == 0) load_template(d);
     if (d->load_rc == 0) /* reads the model's samples and scans the directory: off the loop */
         d->load_rc = srv_tiers_open(c, d->model, d->ctx, &d->tier, d->load_err, sizeof d->load_err);
+    if (d->load_rc == 0 && c->slot_save_path[0] && !c->kv_disk_dir[0]) {
+        d->load_rc = KVS_ERR_INVALID;
+        snprintf(d->load_err, sizeof d->load_err, "slot_save_path needs kv_disk_dir (the disk tier keeps the KV of "
+                 "saved sessions)");
+    }
+    if (d->load_rc == 0 && c->slot_save_path[0] && mkdir(c->slot_save_path, 0700) != 0 && errno != EEXIST) {
+        d->load_rc = KVS_ERR_IO;
+        snprintf(d->load_err, sizeof d->load_err, "slot_save_path: cannot create the directory '%.900s': %s",
+                 c->slot_save_path, strerror(errno));
+    }
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
@@ -257,7 +273,7 @@ static void load_done(uv_work_t *w, int status) {
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
-                          d->eos_text, d->tool_format, d->reasoning};
+                          d->eos_text, d->tool_format, d->reasoning, c->slot_save_path[0] ? be_slot : NULL};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s, "

@@ -104,6 +104,8 @@ typedef struct srv_config {
     char kv_disk_dir[1024];     /* the disk tier's directory (cache/kv_tier.h): prefix blocks saved there survive
                                    eviction and restarts; "" (default): no disk tier. CPU pools only */
     double kv_disk_gb;          /* the most GB (1e9 bytes) of files kept in kv_disk_dir, default 10 */
+    char slot_save_path[1024];  /* llama.cpp's --slot-save-path: the directory of saved sessions (POST /slots/{id});
+                                   "" (default): the slot API answers 501. Needs kv_disk_dir */
 } srv_config;
 
 /* The documented defaults. */

@@ -96,6 +96,54 @@ int srv_tiers_open(const srv_config *cfg, const eng_model *model, eng_ctx *ctx, 
     }
 }
 
+int srv_tiers_slot(srv_sched *sched, kvt_tier *tier, const char *slot_dir, srv_api_slot_op *op) {
+    op->err[0] = 0;
+    op->n_tokens = 0;
+    op->n_bytes = 0;
+    if (!sched || !tier || !slot_dir || !slot_dir[0])
+        return kvs_errf(op->err, sizeof op->err, KVS_ERR_UNSUPPORTED, "saved sessions need slot_save_path and "
+                        "kv_disk_dir (the sessions' KV is kept by the disk tier)");
+    int32_t *tok = NULL, n = 0;
+    if (op->action == SRV_API_SLOT_ERASE) {
+        int rc = srv_sched_slot_set(sched, op->id, NULL, 0, &op->n_tokens);
+        return rc == KVS_ERR_INVALID ? kvs_errf(op->err, sizeof op->err, rc, "no slot %d", (int)op->id) : rc;
+    }
+    char path[2048];
+    if (snprintf(path, sizeof path, "%s/%s", slot_dir, op->filename) >= (int)sizeof path)
+        return kvs_errf(op->err, sizeof op->err, KVS_ERR_INVALID, "the file name is too long");
+    if (op->action == SRV_API_SLOT_SAVE) {
+        int rc = srv_sched_slot_tokens(sched, op->id, &tok, &n);
+        if (rc == KVS_ERR_INVALID) return kvs_errf(op->err, sizeof op->err, rc, "no slot %d", (int)op->id);
+        if (rc != KVS_OK) return kvs_errf(op->err, sizeof op->err, rc, "out of memory");
+        if (n == 0) return kvs_errf(op->err, sizeof op->err, KVS_ERR_NOT_FOUND, "slot %d holds no conversation", (int)op->id);
+        rc = kvt_export(tier, tok, n, path, &op->n_tokens, &op->n_bytes);
+        free(tok);
+        if (rc == KVS_ERR_NOT_FOUND)
+            return kvs_errf(op->err, sizeof op->err, rc, "the KV of slot %d is no longer held (not one full block of "
+                            "it is in the disk tier)", (int)op->id);
+        if (rc != KVS_OK) return kvs_errf(op->err, sizeof op->err, rc, "cannot write %s: %s", op->filename, kvs_strerror(rc));
+        return KVS_OK;
+    }
+    if (access(path, R_OK) != 0) return kvs_errf(op->err, sizeof op->err, KVS_ERR_NOT_FOUND, "no saved session %s", op->filename);
+    int32_t old = 0;
+    int rc = srv_sched_slot_tokens(sched, op->id, &tok, &old); /* checks the slot id first */
+    free(tok);
+    tok = NULL;
+    if (rc == KVS_ERR_INVALID) return kvs_errf(op->err, sizeof op->err, rc, "no slot %d", (int)op->id);
+    rc = kvt_import(tier, path, &tok, &n, &op->n_bytes);
+    if (rc == KVS_ERR_FORMAT)
+        return kvs_errf(op->err, sizeof op->err, rc, "%s is not a saved session of this model and its settings, or "
+                        "is damaged", op->filename);
+    if (rc == KVS_ERR_TOO_LARGE)
+        return kvs_errf(op->err, sizeof op->err, KVS_ERR_INVALID, "%s is larger than kv_disk_gb", op->filename);
+    if (rc != KVS_OK) return kvs_errf(op->err, sizeof op->err, rc, "cannot restore %s: %s", op->filename, kvs_strerror(rc));
+    rc = srv_sched_slot_set(sched, op->id, tok, n, NULL);
+    free(tok);
+    if (rc != KVS_OK) return kvs_errf(op->err, sizeof op->err, rc, "out of memory");
+    op->n_tokens = n;
+    return KVS_OK;
+}
+
 void srv_tiers_on_cache_event(void *ctx, const kvc_event *ev) {
     srv_tiers_events *e = ctx;
     if (e->tier) kvt_on_cache_event(e->tier, ev);

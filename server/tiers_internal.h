@@ -11,7 +11,9 @@
 
 #include "cache/kv_tier.h"
 #include "engine/engine.h"
+#include "server/api/api.h"
 #include "server/obs/obs.h"
+#include "server/sched/sched.h"
 #include "server/server.h"
 
 /* The 32 bytes that say which KV a model computes: SHA-256 of the model file's size and samples of its bytes (its
@@ -28,6 +30,12 @@ int srv_tiers_identity(const char *model_path, const eng_hparams *hp, int32_t n_
  * KVS_ERR_NOMEM, KVS_ERR_THREAD. Off the loop thread (scans the directory). */
 int srv_tiers_open(const srv_config *cfg, const eng_model *model, eng_ctx *ctx, kvt_tier **out, char *err,
                    size_t err_len);
+
+/* A saved-session action (srv_api_backend.slot) over the scheduler's slot records and the disk tier: save exports
+ * the KV blocks of slot op->id's record to <slot_dir>/<op->filename> (kvt_export), restore imports such a file into
+ * the tier and makes its tokens the slot's record (kvt_import), erase drops the record. The errors of
+ * srv_api_backend.slot, with op->err set. A pool thread (reads and writes files). */
+int srv_tiers_slot(srv_sched *sched, kvt_tier *tier, const char *slot_dir, srv_api_slot_op *op);
 
 /* The fan-out of the cache's events: to the tier, then to the KV-event publisher. */
 typedef struct srv_tiers_events {

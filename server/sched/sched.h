@@ -460,6 +460,21 @@ typedef struct srv_sched_stats {
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
 
+/* ---- saved sessions (slots) ---------------------------------------------------------------------------------
+ * A slot is a sequence id, 0 .. params.parallel - 1 (llama.cpp's id_slot). Its record is the token ids the sequence
+ * held (committed: prompt and generated tokens) when its last choice ended with STOP or LENGTH; a cancelled, failed,
+ * preempted or embedding choice leaves the record as it was. The server saves the record's KV blocks to a file and
+ * restores them from one through the disk tier (cache/kv_tier.h: kvt_export, kvt_import).
+ *
+ * The record of `slot`, copied into *out (malloc'd, the caller frees; NULL when *n is 0: no record). Any thread.
+ * Errors: SRV_SCHED_ERR_INVALID (NULL, slot out of range), SRV_SCHED_ERR_NOMEM. */
+int srv_sched_slot_tokens(srv_sched *s, int32_t slot, int32_t **out, int32_t *n);
+
+/* Replaces the record of `slot` with tokens[0..n) (copied; n == 0 erases it) and writes the length of the record it
+ * replaced to *n_old (may be NULL). Any thread. Errors: SRV_SCHED_ERR_INVALID, SRV_SCHED_ERR_NOMEM (nothing
+ * changed). */
+int srv_sched_slot_set(srv_sched *s, int32_t slot, const int32_t *tokens, int32_t n, int32_t *n_old);
+
 #ifdef __cplusplus
 }
 #endif

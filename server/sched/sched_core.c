@@ -512,6 +512,7 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
     sched_spec_release(s);
+    sched_slots_free(s);
     KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
                  s->b_embd, s->groups, s->logit_buf, s->tok_buf, s);
 }
@@ -551,7 +552,12 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->groups = malloc(nb * sizeof *s->groups);
     s->logit_buf = malloc((size_t)ops->n_vocab * sizeof *s->logit_buf);
-    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf) goto nomem;
+    s->n_slots = params->parallel;
+    s->slot_tok = calloc((size_t)s->n_slots, sizeof *s->slot_tok);
+    s->slot_n = calloc((size_t)s->n_slots, sizeof *s->slot_n);
+    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf ||
+        !s->slot_tok || !s->slot_n)
+        goto nomem;
     for (int32_t t = 0; t < ops->n_vocab; t++) {
         if (!ops->token_is_eog(ops->ctx, t)) continue;
         int32_t *e = realloc(s->eog, (size_t)(s->n_eog + 1) * sizeof *e);

@@ -90,3 +90,58 @@ test('a prompt computed before a restart is served from disk after it, with the 
 test('a kv_disk_dir that cannot be a directory stops the start with a message naming the key', async () => {
   await assert.rejects(startServer(model.path, flags('/dev/null/x')), /kv_disk_dir/);
 });
+
+// llama.cpp's slot API: save a conversation's KV, restore it into a server whose tier is empty, erase; names that
+// leave the directory and unknown actions are refused.
+test('POST /slots/{id}?action=save|restore|erase', { timeout: 300000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kvserve-tiers-'));
+  const slots = join(dir, 'slots');
+  const post = async (srv, path, body) => {
+    const r = await fetch(`${srv.base}${path}`, { method: 'POST', body: body ? JSON.stringify(body) : undefined });
+    return { status: r.status, json: await r.json() };
+  };
+  let srv;
+  try {
+    srv = await startServer(model.path, flags(join(dir, 'kv1'), ['--parallel', '1', '--slot-save-path', slots]));
+    const first = await ask(srv);
+    const n = first.usage.prompt_tokens + first.usage.completion_tokens;
+    let r = await post(srv, '/slots/0?action=save', { filename: 'story.bin' });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.equal(r.json.id_slot, 0);
+    assert.equal(r.json.filename, 'story.bin');
+    // the committed context: everything but the last sampled token, in full blocks
+    assert.equal(r.json.n_saved, Math.floor((n - 1) / BLOCK) * BLOCK);
+    assert.ok(r.json.n_written > 0 && r.json.timings.save_ms >= 0);
+    for (const filename of ['../x', '/etc/passwd', '..', '', 'a/b', '.hidden']) {
+      r = await post(srv, '/slots/0?action=save', { filename });
+      assert.equal(r.status, 400, filename);
+      assert.equal(r.json.error.param, 'filename');
+    }
+    assert.equal((await post(srv, '/slots/0?action=fly', { filename: 'x' })).status, 400);
+    assert.equal((await post(srv, '/slots/7?action=save', { filename: 'x' })).status, 400);
+    assert.equal((await post(srv, '/slots/abc?action=save', { filename: 'x' })).status, 400);
+    assert.equal((await post(srv, '/slots/0?action=restore', { filename: 'missing.bin' })).status, 404);
+    r = await post(srv, '/slots/0?action=erase');
+    assert.deepEqual(r.json, { id_slot: 0, n_erased: n - 1 });
+    assert.equal((await post(srv, '/slots/0?action=save', { filename: 'y.bin' })).status, 404);
+    assert.equal(await srv.stop(), 0);
+
+    // a new server with an empty disk tier: the restored session serves the prompt
+    srv = await startServer(model.path, flags(join(dir, 'kv2'), ['--parallel', '1', '--slot-save-path', slots]));
+    r = await post(srv, '/slots/0?action=restore', { filename: 'story.bin' });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.equal(r.json.n_restored, Math.floor((n - 1) / BLOCK) * BLOCK);
+    const again = await ask(srv);
+    assert.equal(again.usage.prompt_tokens_details.cached_tokens, Math.floor((first.usage.prompt_tokens - 1) / BLOCK) * BLOCK);
+    assert.equal(again.text, first.text);
+    assert.equal(await srv.stop(), 0);
+
+    // without slot_save_path: 501
+    srv = await startServer(model.path, flags(join(dir, 'kv3')));
+    assert.equal((await post(srv, '/slots/0?action=save', { filename: 'z.bin' })).status, 501);
+    assert.equal(await srv.stop(), 0);
+  } finally {
+    if (srv && srv.child.exitCode === null) srv.child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -446,6 +446,75 @@ Test(kv_tier, events_mirror_what_the_disk_holds) {
     rm_dir();
 }
 
+Test(kv_tier, a_saved_session_restores_into_another_tier_and_a_bad_one_never_does) {
+    mk_dir();
+    uint64_t rng = 31;
+    int32_t tok[200];
+    for (int i = 0; i < 200; i++) tok[i] = kvct_range(&rng, 50);
+    kvt_tier *t;
+    int warn = 0;
+    kvc_cache *c = open_pair(1 << 30, 7, BS, &t, &warn);
+    prefill(c, t, tok, 150, &rng); /* several runs (files) */
+    char sess[300], other[300];
+    snprintf(sess, sizeof sess, "%s/session", dir);
+    snprintf(other, sizeof other, "%s/../kvs-tier-session-other", dir);
+    int32_t saved;
+    uint64_t bytes;
+    cr_assert_eq(kvt_export(t, tok, 200, sess, &saved, &bytes), KVS_OK);
+    cr_assert_eq(saved, 148, "the chain of full blocks held: 37 blocks");
+    int32_t none[8] = {99, 99, 99, 99, 99, 99, 99, 99};
+    cr_assert_eq(kvt_export(t, none, 8, other, &saved, &bytes), KVS_ERR_NOT_FOUND);
+    cr_assert_neq(access(other, F_OK), 0);
+    close_pair(c, t);
+    /* a tier in another directory: the session's blocks come back through kvt_import */
+    char keep[256];
+    snprintf(keep, sizeof keep, "%s", dir);
+    mk_dir();
+    c = open_pair(1 << 30, 7, BS, &t, &warn);
+    int32_t *rt = NULL, nt = 0;
+    cr_assert_eq(kvt_import(t, sess, &rt, &nt, &bytes), KVS_OK);
+    cr_assert_eq(nt, 148);
+    cr_assert(!memcmp(rt, tok, 148 * sizeof *rt));
+    free(rt);
+    cr_assert_eq(load_check(c, t, tok, 150), 148);
+    close_pair(c, t);
+    rm_dir();
+    /* flipped bytes (a sample of positions), a truncation, another identity: KVS_ERR_FORMAT, nothing indexed */
+    FILE *f = fopen(sess, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    uint8_t *orig = malloc((size_t)size), *bad = malloc((size_t)size);
+    fseek(f, 0, SEEK_SET);
+    cr_assert_eq(fread(orig, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    char badp[320];
+    snprintf(badp, sizeof badp, "%s.bad", sess);
+    for (int trial = 0; trial < 60; trial++) {
+        memcpy(bad, orig, (size_t)size);
+        long len = size;
+        if (trial == 0) len = size - 1;
+        else bad[kvct_range(&rng, (int32_t)size)] ^= (uint8_t)(1 + kvct_range(&rng, 255));
+        f = fopen(badp, "wb");
+        cr_assert_eq(fwrite(bad, 1, (size_t)len, f), (size_t)len);
+        fclose(f);
+        mk_dir();
+        c = open_pair(1 << 30, trial == 1 ? 8 : 7, BS, &t, &warn);
+        cr_assert_eq(kvt_import(t, badp, &rt, &nt, &bytes), KVS_ERR_FORMAT, "trial %d", trial);
+        cr_assert_null(rt);
+        cr_assert_eq(load_check(c, t, tok, 150), 0);
+        cr_assert_eq(count_files(".kvt") + count_files(".part"), 0);
+        close_pair(c, t);
+        rm_dir();
+    }
+    unlink(badp);
+    unlink(sess);
+    free(orig);
+    free(bad);
+    snprintf(dir, sizeof dir, "%s", keep);
+    rm_dir();
+}
+
 Test(kv_tier, bad_arguments) {
     mk_dir();
     kvc_cache *c = kvct_make(NB, BS, 4, 256);
