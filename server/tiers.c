@@ -48,12 +48,13 @@ int srv_tiers_identity(const char *model_path, const eng_hparams *hp, int32_t n_
     uint64_t size = (uint64_t)st.st_size;
     int n = snprintf(text, sizeof text,
                      "kvserve kv tier 1|size %llu|arch %s|layers %d|kv heads %d|head dim %d|rot %d|base %.9g|"
-                     "scale %.9g|neox %d|swa %d|base swa %.9g|ctx orig %d|attn factor %.9g|n_ctx %d|kv %s|block %d|"
-                     "device %s|simd %s",
+                     "scale %.9g|neox %d|swa %d|base swa %.9g|ctx orig %d|attn factor %.9g|yarn %.9g %.9g %.9g|"
+                     "n_ctx %d|kv %s|block %d|device %s|simd %s",
                      (unsigned long long)size, hp->arch_name, (int)hp->n_layer, (int)hp->n_head_kv, (int)hp->head_dim,
                      (int)hp->n_rot, (double)hp->rope_freq_base, (double)hp->rope_freq_scale, (int)hp->neox_rope,
                      (int)hp->n_swa, (double)hp->rope_freq_base_swa, (int)hp->n_ctx_orig,
-                     (double)hp->rope_attn_factor, (int)n_ctx, kv_dtype, (int)block_size, device, simd);
+                     (double)hp->rope_attn_factor, (double)hp->rope_yarn_ext, (double)hp->rope_yarn_beta_fast,
+                     (double)hp->rope_yarn_beta_slow, (int)n_ctx, kv_dtype, (int)block_size, device, simd);
     kvs_sha256_update(&h, text, n > 0 && (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
     int rc = hash_slice(&h, fd, 0, MIB, buf);
     for (int i = 1; i <= 16 && rc == KVS_OK; i++) rc = hash_slice(&h, fd, size / 17 * (uint64_t)i, 64 << 10, buf);
