@@ -209,6 +209,21 @@ def kv_cache():
         for k, n in enumerate((64, 600)):
             put("kv_cache", "cfg%d-%d" % (i, n), c + bytes(rnd.randrange(256) for _ in range(n)))
 
+# ---- kv_tier: damage to the first run's file, then to the session: each a u16 truncation length (0: none) and up
+# to 8 edits of (u16 offset, xor byte). The files: 0.kvt (6 blocks, 3384 bytes), the session (10 blocks, 5560 bytes).
+def kv_tier():
+    noop = struct.pack("<H", 0) + struct.pack("<HB", 0, 0) * 8
+    put("kv_tier", "intact", b"")
+    for cut in (1, 100, 119, 120, 151, 400, 3383):
+        put("kv_tier", "cut-run-%d" % cut, struct.pack("<H", cut))
+        put("kv_tier", "cut-session-%d" % cut, noop + struct.pack("<H", cut))
+    for off in (0, 9, 20, 52, 100, 112, 118, 125, 140, 300, 700, 1500, 3383):
+        put("kv_tier", "flip-run-%d" % off, struct.pack("<HHB", 0, off, 0x10))
+        put("kv_tier", "flip-session-%d" % off, noop + struct.pack("<HHB", 0, off, 0x80))
+    rnd = random.Random(29)
+    for i in range(6):
+        put("kv_tier", "random-%d" % i, bytes(rnd.randrange(256) for _ in range(60)))
+
 # ---- template: byte 0 = options (bit 0 mark content, bits 1-2 limits), bytes 1-2 = template length (LE), the
 # template, then the variables (a JSON object, else lines that become a conversation). The templates are written
 # here for the fuzzer (chat-like ones in the styles models use, and hostile ones), none copied from a model.
@@ -264,6 +279,6 @@ def template():
         put("template", "hostile-" + name + "-default", enc(0, src, conv))
 
 if __name__ == "__main__":
-    http(); api(); json_(); gguf(); tokenizer(); kv_cache(); template()
+    http(); api(); json_(); gguf(); tokenizer(); kv_cache(); template(); kv_tier()
     for h in sorted(os.listdir(ROOT)):
         print("%-10s %3d files" % (h, len(os.listdir(os.path.join(ROOT, h)))))

@@ -198,7 +198,7 @@ def name_ok(path, name):
     parts = path.split("/")
     stem = os.path.splitext(parts[-1])[0]
     if len(parts) == 2:  # the top of server/
-        return {"config": name.startswith("srv_config_"), "serve": name == "srv_main"}.get(stem, False)
+        return {"serve": name == "srv_main"}.get(stem, name.startswith("srv_%s_" % stem))
     prefixes = ["srv_%s_" % stem, "srv_%s" % stem]
     if stem.startswith(parts[1] + "_"):  # api/api_parse.c: a part of srv_api
         prefixes += ["srv_%s_" % parts[1], "%s_" % parts[1]]

@@ -89,6 +89,11 @@ static const key_def KEYS[] = {
     I(draft_max, 1, 32, "speculative decoding: most tokens guessed per sequence and step (requests: speculative.n_max)"),
     I(draft_min, 0, 32, "speculative decoding: fewest tokens a guess needs to be tried (requests: speculative.n_min)"),
     J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
+    S(kv_disk_dir, NULL, "directory of the KV disk tier: prefix blocks saved there are loaded instead of recomputed, "
+      "also after a restart (\"\": none; CPU pools only)"),
+    N(kv_disk_gb, 0.001, 1000000, "most GB (1e9 bytes) of KV files kept in kv_disk_dir (least recently used deleted)"),
+    S(slot_save_path, NULL, "directory of saved sessions: POST /slots/{id}?action=save|restore|erase (needs "
+      "kv_disk_dir; \"\": the slot API answers 501)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -124,6 +129,7 @@ void srv_config_default(srv_config *c) {
     snprintf(c->reasoning_format, sizeof c->reasoning_format, "auto");
     snprintf(c->spec_type, sizeof c->spec_type, "none");
     c->draft_max = 16;
+    c->kv_disk_gb = 10;
 }
 
 static const key_def *find_key(const char *name) {

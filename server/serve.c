@@ -2,7 +2,9 @@
  * scheduler thread, signals and the graceful drain (SIGTERM: /health 503 "draining", in-flight requests finish). */
 #include "server/server.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -17,6 +19,7 @@
 #include "server/http/http.h"
 #include "server/obs/obs.h"
 #include "server/sched/sched.h"
+#include "server/tiers_internal.h"
 #include "template/template.h"
 
 typedef struct daemon_state {
@@ -43,6 +46,8 @@ typedef struct daemon_state {
     srv_sched *sched;
     srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
+    kvt_tier *tier;                   /* the KV disk tier (kv_disk_dir), NULL when disabled */
+    srv_tiers_events tev;             /* the cache's events to the tier and the publisher */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
     char *bos_text, *eos_text;
@@ -73,6 +78,10 @@ static int be_tokenize(void *p, const char *text, size_t len, bool add_special, 
 }
 static int be_piece(void *p, int32_t tok, bool render_special, char *buf, size_t cap, size_t *n) {
     return eng_token_to_piece(((daemon_state *)p)->model, tok, render_special, buf, cap, n);
+}
+static int be_slot(void *p, srv_api_slot_op *op) {
+    daemon_state *d = p;
+    return srv_tiers_slot(d->sched, d->tier, d->cfg->slot_save_path, op);
 }
 static int be_chat(void *p, const eng_chat_msg *msgs, size_t n, char **out) {
     daemon_state *d = p;
@@ -156,6 +165,18 @@ static void load_work(uv_work_t *w) {
     cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
     d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0) load_template(d);
+    if (d->load_rc == 0) /* reads the model's samples and scans the directory: off the loop */
+        d->load_rc = srv_tiers_open(c, d->model, d->ctx, &d->tier, d->load_err, sizeof d->load_err);
+    if (d->load_rc == 0 && c->slot_save_path[0] && !c->kv_disk_dir[0]) {
+        d->load_rc = KVS_ERR_INVALID;
+        snprintf(d->load_err, sizeof d->load_err, "slot_save_path needs kv_disk_dir (the disk tier keeps the KV of "
+                 "saved sessions)");
+    }
+    if (d->load_rc == 0 && c->slot_save_path[0] && mkdir(c->slot_save_path, 0700) != 0 && errno != EEXIST) {
+        d->load_rc = KVS_ERR_IO;
+        snprintf(d->load_err, sizeof d->load_err, "slot_save_path: cannot create the directory '%.900s': %s",
+                 c->slot_save_path, strerror(errno));
+    }
     if (d->load_rc != 0) return;
     /* the vocabulary index for response_format, built once here (off the loop) and shared read-only */
     gmr_vocab *gv = NULL;
@@ -194,10 +215,20 @@ static void load_done(uv_work_t *w, int status) {
     sp.spec_type = !strcmp(c->spec_type, "ngram") ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
     sp.spec_n_max = c->draft_max;
     sp.spec_n_min = c->draft_min;
-    if (d->kvev) { /* the cache reports to the publisher; the scheduler flushes once per step */
-        kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_kv_events_on_cache_event, d->kvev);
-        sp.on_step = srv_kv_events_step_end;
-        sp.on_step_ctx = d->kvev;
+    /* the cache reports to the disk tier and the publisher; the scheduler closes their batches once per step */
+    d->tev = (srv_tiers_events){d->tier, d->kvev};
+    if (d->kvev || d->tier) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
+    if (d->kvev) {
+        sp.on_step = srv_tiers_step_end;
+        sp.on_step_ctx = &d->tev;
+        if (d->tier) kvt_events_enable(d->tier); /* announces what the disk holds, then every change */
+    }
+    sp.tier = d->tier;
+    if (d->tier) {
+        kvt_stats ts;
+        kvt_get_stats(d->tier, &ts);
+        fprintf(stderr, "kvserve: KV disk tier %s: %llu blocks in %llu files (%.3f of %.3f GB)\n", c->kv_disk_dir,
+                (unsigned long long)ts.blocks, (unsigned long long)ts.files, (double)ts.bytes / 1e9, c->kv_disk_gb);
     }
     int r = srv_engine_ops_init(&d->ops, d->model, d->ctx);
     if (r == 0) d->have_ops = true;
@@ -246,7 +277,7 @@ static void load_done(uv_work_t *w, int status) {
     if (srv_web_set_model(d->web, &wm) != 0) fprintf(stderr, "kvserve: out of memory (GET /props will fail)\n");
     snprintf(d->metrics.model_name, sizeof d->metrics.model_name, "%.*s", (int)sizeof d->metrics.model_name - 1, id);
     srv_api_backend be = {d, be_submit, be_cancel, be_stats, be_tokenize, be_piece, be_chat, d->tpl, d->bos_text,
-                          d->eos_text, d->tool_format, d->reasoning};
+                          d->eos_text, d->tool_format, d->reasoning, c->slot_save_path[0] ? be_slot : NULL};
     srv_api_set_backend(d->api, &be);
     srv_api_set_grammar_cache(d->api, d->gcache);
     fprintf(stderr, "kvserve: model '%s' ready (%s, %d layers, vocabulary %d, context %d, %d threads, tool calls %s, "
@@ -276,6 +307,8 @@ static void finalize(daemon_state *d) {
     srv_sched_free(d->sched); /* remaining requests end as cancelled; their callbacks run here */
     d->sched = NULL;
     if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
+    kvt_close(d->tier); /* writes what is queued */
+    d->tier = NULL;
     d->metrics.kvev = NULL;
     srv_kv_events_free(d->kvev); /* publishes what the last steps queued */
     d->kvev = NULL;
@@ -514,6 +547,7 @@ out:
     srv_cors_free(d->cors);
     srv_kv_events_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
+    kvt_close(d->tier); /* start-up failed after it was opened */
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);
     tpl_free(d->tpl);

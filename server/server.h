@@ -102,6 +102,11 @@ typedef struct srv_config {
     int32_t draft_min;          /* fewest tokens a guess must have to be tried, 0..draft_max, default 0 */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see
                                     server/obs/obs.h. In the file an object, on the command line its JSON text */
+    char kv_disk_dir[1024];     /* the disk tier's directory (cache/kv_tier.h): prefix blocks saved there survive
+                                   eviction and restarts; "" (default): no disk tier. CPU pools only */
+    double kv_disk_gb;          /* the most GB (1e9 bytes) of files kept in kv_disk_dir, default 10 */
+    char slot_save_path[1024];  /* llama.cpp's --slot-save-path: the directory of saved sessions (POST /slots/{id});
+                                   "" (default): the slot API answers 501. Needs kv_disk_dir */
 } srv_config;
 
 /* The documented defaults. */

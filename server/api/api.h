@@ -228,6 +228,17 @@ int srv_grammar_cache_create(gmr_vocab *vocab, int32_t max_entries, size_t mask_
 void srv_grammar_cache_free(srv_grammar_cache *c);
 
 /* ---- 3. routes -------------------------------------------------------------------------------------------- */
+/* A saved-session action of POST /slots/{id}?action=... */
+typedef enum { SRV_API_SLOT_SAVE = 0, SRV_API_SLOT_RESTORE = 1, SRV_API_SLOT_ERASE = 2 } srv_api_slot_action;
+typedef struct srv_api_slot_op {
+    srv_api_slot_action action;
+    int32_t id;              /* the slot (a sequence id) */
+    const char *filename;    /* save, restore: a validated file name (no directory, no path separator) */
+    int32_t n_tokens;        /* out: tokens saved, restored or erased */
+    uint64_t n_bytes;        /* out: bytes written or read */
+    char err[512];           /* out: the message of a failure */
+} srv_api_slot_op;
+
 /* What the API layer needs from the engine and the scheduler. The functions follow the semantics of the
  * engine/scheduler calls named in the comments; submit's callback events arrive on the loop thread. */
 typedef struct srv_api_backend {
@@ -251,7 +262,13 @@ typedef struct srv_api_backend {
     /* How the template's model thinks (srv_reasoning_detect over the Jinja template text; OFF for the built-in
      * families): the syntax a chat output is split with into reasoning and content (srv_api_config's format). */
     srv_reasoning_syntax reasoning;
+    /* Optional (NULL: POST /slots answers 501): a saved-session action (llama.cpp's slot API), run on libuv's thread
+     * pool. Returns 0 with op's results set, or KVS_ERR_UNSUPPORTED (501: no slot_save_path or no disk tier),
+     * KVS_ERR_INVALID (400: slot out of range), KVS_ERR_NOT_FOUND (404: nothing to save, no such file),
+     * KVS_ERR_FORMAT (400: not a session of this model), another code (500); op->err says why. */
+    int (*slot)(void *ctx, srv_api_slot_op *op);
 } srv_api_backend;
+
 
 typedef enum { SRV_API_LOG_TEXT = 0, SRV_API_LOG_JSON = 1, SRV_API_LOG_NONE = 2 } srv_api_log_format;
 

@@ -365,6 +365,20 @@ void srv_api_handle(void *ud, srv_http_req *req) {
         }
         return;
     }
+    if (!rt && !strncmp(req->path, "/slots/", 7) && req->path[7]) { /* llama.cpp's slot API (api_slots.c) */
+        if (req->method == HTTP_OPTIONS) route_preflight(api, req, "POST");
+        else if (req->method != HTTP_POST)
+            api_reply_err(api, req, 405, NULL, NULL, "method_not_allowed", "Allow: POST\r\n",
+                          "%s %s is not allowed; use POST", req->method_name, req->path);
+        else if (!auth_ok(api, req))
+            api_reply_err(api, req, 401, "invalid_request_error", NULL, "invalid_api_key", "WWW-Authenticate: Bearer\r\n",
+                          "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')");
+        else if (!api->has_backend)
+            api_reply_err(api, req, 503, "server_error", NULL, NULL, "Retry-After: 5\r\n", "the model is still loading");
+        else
+            api_route_slots(api, req, req->path + 7);
+        return;
+    }
     if (!rt) {
         api_reply_err(api, req, 404, NULL, NULL, "not_found", NULL, "no route for %s %s", req->method_name, req->path);
         return;

@@ -29,4 +29,9 @@ void api_route_embeddings(srv_api *api, srv_http_req *req);
 /* POST /v1/rerank, /rerank, /v2/rerank (api_rerank.c). */
 void api_route_rerank(srv_api *api, srv_http_req *req);
 
+/* api_slots.c: POST /slots/{id}?action=save|restore|erase (id_text: what follows "/slots/"). */
+void api_route_slots(srv_api *api, srv_http_req *req, const char *id_text);
+/* Whether a slot file name is safe to join to the slot directory (no path, see api_slots.c). */
+bool api_slot_filename_ok(const char *name);
+
 #endif /* KVSERVE_API_ROUTES_INTERNAL_H */

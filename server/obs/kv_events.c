@@ -159,6 +159,7 @@ typedef struct kvev_item {
     bool has_parent;
     uint64_t parent;
     int32_t block_size;
+    srv_kv_events_medium medium;
 } kvev_item;
 
 struct srv_kv_events_batch {
@@ -195,8 +196,14 @@ static const uint64_t *batch_hashes(const srv_kv_events_batch *b) {
     return (const uint64_t *)(const void *)b->hashes.data;
 }
 
+static const char *medium_name(srv_kv_events_medium m) { return m == SRV_KV_EVENTS_DISK ? "DISK" : "GPU"; }
+
 int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev) {
-    if (!b || !ev) return KVS_ERR_INVALID;
+    return srv_kv_events_batch_add_medium(b, ev, SRV_KV_EVENTS_POOL);
+}
+
+int srv_kv_events_batch_add_medium(srv_kv_events_batch *b, const kvc_event *ev, srv_kv_events_medium medium) {
+    if (!b || !ev || (medium != SRV_KV_EVENTS_POOL && medium != SRV_KV_EVENTS_DISK)) return KVS_ERR_INVALID;
     if (b->items.oom || b->hashes.oom || b->tokens.oom) return KVS_ERR_NOMEM;
     int32_t n = srv_kv_events_batch_len(b);
     int32_t n_hash = (int32_t)(b->hashes.len / sizeof(uint64_t));
@@ -204,7 +211,7 @@ int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev) {
     switch (ev->kind) {
     case KVC_EVENT_STORED: {
         if (ev->block_size < 1 || !ev->tokens) return KVS_ERR_INVALID;
-        bool extend = last && last->kind == KVC_EVENT_STORED && ev->has_parent &&
+        bool extend = last && last->kind == KVC_EVENT_STORED && last->medium == medium && ev->has_parent &&
                       last->block_size == ev->block_size && batch_hashes(b)[n_hash - 1] == ev->parent_hash &&
                       last->first_hash + last->n_hash == n_hash;
         if (kvs_buf_append(&b->hashes, &ev->hash, sizeof ev->hash) ||
@@ -217,20 +224,22 @@ int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev) {
         }
         kvev_item it = {KVC_EVENT_STORED, n_hash, 1,
                         (int32_t)(b->tokens.len / sizeof(int32_t)) - ev->block_size, ev->block_size,
-                        ev->has_parent, ev->has_parent ? ev->parent_hash : 0, ev->block_size};
+                        ev->has_parent, ev->has_parent ? ev->parent_hash : 0, ev->block_size, medium};
         return kvs_buf_append(&b->items, &it, sizeof it) ? KVS_ERR_NOMEM : KVS_OK;
     }
     case KVC_EVENT_REMOVED: {
         if (kvs_buf_append(&b->hashes, &ev->hash, sizeof ev->hash)) return KVS_ERR_NOMEM;
-        if (last && last->kind == KVC_EVENT_REMOVED && last->first_hash + last->n_hash == n_hash) {
+        if (last && last->kind == KVC_EVENT_REMOVED && last->medium == medium &&
+            last->first_hash + last->n_hash == n_hash) {
             last->n_hash++;
             return KVS_OK;
         }
-        kvev_item it = {KVC_EVENT_REMOVED, n_hash, 1, 0, 0, false, 0, 0};
+        kvev_item it = {KVC_EVENT_REMOVED, n_hash, 1, 0, 0, false, 0, 0, medium};
         return kvs_buf_append(&b->items, &it, sizeof it) ? KVS_ERR_NOMEM : KVS_OK;
     }
     case KVC_EVENT_CLEARED: {
-        kvev_item it = {KVC_EVENT_CLEARED, 0, 0, 0, 0, false, 0, 0};
+        if (medium != SRV_KV_EVENTS_POOL) return KVS_ERR_INVALID;
+        kvev_item it = {KVC_EVENT_CLEARED, 0, 0, 0, 0, false, 0, 0, medium};
         return kvs_buf_append(&b->items, &it, sizeof it) ? KVS_ERR_NOMEM : KVS_OK;
     }
     default: return KVS_ERR_INVALID;
@@ -270,14 +279,14 @@ int srv_kv_events_batch_encode(const srv_kv_events_batch *b, double ts, int32_t 
             r |= it->has_parent ? msgpack_pack_fix_uint64(&pk, it->parent) : msgpack_pack_nil(&pk);
             r |= msgpack_pack_array(&pk, (size_t)it->n_tok);
             for (int32_t t = 0; t < it->n_tok; t++) r |= msgpack_pack_int32(&pk, tokens[it->first_tok + t]);
-            /* block_size, lora_id nil, medium "GPU", lora_name nil: every field is written (no defaults), and
-             * array-form decoders (llm-d's) require exactly these 8 elements */
-            r |= msgpack_pack_int32(&pk, it->block_size) | msgpack_pack_nil(&pk) | pack_str(&pk, "GPU") |
-                 msgpack_pack_nil(&pk);
+            /* block_size, lora_id nil, medium ("GPU": the pool; "DISK": the disk tier), lora_name nil: every field
+             * is written (no defaults), and array-form decoders (llm-d's) require exactly these 8 elements */
+            r |= msgpack_pack_int32(&pk, it->block_size) | msgpack_pack_nil(&pk) |
+                 pack_str(&pk, medium_name(it->medium)) | msgpack_pack_nil(&pk);
             break;
         case KVC_EVENT_REMOVED:
             r |= msgpack_pack_array(&pk, 3) | pack_str(&pk, "BlockRemoved") |
-                 pack_hashes(&pk, hashes + it->first_hash, it->n_hash) | pack_str(&pk, "GPU");
+                 pack_hashes(&pk, hashes + it->first_hash, it->n_hash) | pack_str(&pk, medium_name(it->medium));
             break;
         default:
             r |= msgpack_pack_array(&pk, 1) | pack_str(&pk, "AllBlocksCleared");
@@ -557,6 +566,12 @@ void srv_kv_events_on_cache_event(void *ctx, const kvc_event *ev) {
     srv_kv_events *p = ctx;
     if (!p || p->batch_lost) return;
     if (srv_kv_events_batch_add(p->batch, ev) != KVS_OK) p->batch_lost = true;
+}
+
+void srv_kv_events_on_tier_event(void *ctx, const kvc_event *ev) {
+    srv_kv_events *p = ctx;
+    if (!p || p->batch_lost) return;
+    if (srv_kv_events_batch_add_medium(p->batch, ev, SRV_KV_EVENTS_DISK) != KVS_OK) p->batch_lost = true;
 }
 
 void srv_kv_events_step_end(void *ctx) {

@@ -244,6 +244,38 @@ static void st_series_render(kvs_buf *b, const srv_sched_stats *st) {
     }
 }
 
+/* The KV tiers: prefix tokens served per tier (the pool, the disk tier), and the disk tier's own counters when the
+ * daemon has one (kv_disk_dir). */
+static void render_tiers(kvs_buf *b, const srv_sched_stats *st) {
+    const kvt_stats *t = &st->tier;
+    meta(b, "kvserve:prefix_cache_tier_hits_total", "counter",
+         "Prompt tokens served from a KV tier instead of computed, by tier (pool: the prefix cache; disk: kv_disk_dir).");
+    kvs_buf_printf(b, "kvserve:prefix_cache_tier_hits_total{tier=\"pool\"} %llu\n",
+                   (unsigned long long)st->prefix_hit_tokens);
+    kvs_buf_printf(b, "kvserve:prefix_cache_tier_hits_total{tier=\"disk\"} %llu\n", (unsigned long long)t->hit_tokens);
+    if (!st->has_tier) return;
+    meta(b, "kvserve:kv_tier_bytes_total", "counter", "Bytes of KV moved between the pool and the disk tier.");
+    kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"disk\",direction=\"read\"} %llu\n",
+                   (unsigned long long)t->bytes_read);
+    kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"disk\",direction=\"write\"} %llu\n",
+                   (unsigned long long)t->bytes_written);
+    gauge(b, "kvserve:kv_disk_tier_blocks", "KV blocks held by the disk tier.", (double)t->blocks);
+    gauge(b, "kvserve:kv_disk_tier_files", "Files of the disk tier.", (double)t->files);
+    gauge(b, "kvserve:kv_disk_tier_bytes", "Bytes of the disk tier's files (bounded by kv_disk_gb).", (double)t->bytes);
+    counter(b, "kvserve:kv_disk_tier_lookups_total", "New sequences whose prefix was looked up on disk.", t->lookups);
+    counter(b, "kvserve:kv_disk_tier_hit_blocks_total", "KV blocks loaded from disk into the pool.", t->hit_blocks);
+    counter(b, "kvserve:kv_disk_tier_blocks_written_total", "KV blocks saved to disk.", t->blocks_written);
+    counter(b, "kvserve:kv_disk_tier_blocks_dropped_total",
+            "KV blocks not saved (the writer's queue was full, or a write failed).", t->blocks_dropped);
+    counter(b, "kvserve:kv_disk_tier_write_errors_total", "Disk tier files that could not be written.",
+            t->write_errors);
+    counter(b, "kvserve:kv_disk_tier_files_rejected_total",
+            "Disk tier files deleted as truncated, corrupt or written for another model or setting.",
+            t->files_rejected);
+    counter(b, "kvserve:kv_disk_tier_files_evicted_total", "Disk tier files deleted to stay under kv_disk_gb.",
+            t->files_evicted);
+}
+
 int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char **out, size_t *len) {
     srv_sched_stats zero;
     memset(&zero, 0, sizeof zero);
@@ -302,6 +334,7 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
         counter(&b, "kvserve:spec_decode_steps_off_total",
                 "Steps whose guesses the step cost model dropped (extra rows would cost more than they yield).",
                 st->counters.spec_steps_off);
+    render_tiers(&b, st);
     render_vllm(&b, m, st);
     size_t n = b.len;
     char *text = kvs_buf_take(&b); /* NULL when an append failed */

@@ -97,9 +97,12 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st, char **o
  *   because the queue was full leaves a gap), frame 2: msgpack EventBatch, msgspec's array_like form:
  *     [ts (float64 Unix seconds), [event, ...], data_parallel_rank (0)]
  *   events, tagged arrays with the tag first:
- *     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil (lora_id), "GPU" (medium),
+ *     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil (lora_id), medium,
  *      nil (lora_name)]
- *     ["BlockRemoved", [hash, ...], "GPU"]
+ *     ["BlockRemoved", [hash, ...], medium]
+ *   medium: "GPU" for the KV pool (vLLM's name for its main pool, whatever the device), "DISK" for the disk tier
+ *   (kv_disk_dir: blocks a replica can load instead of computing; as vLLM's offloading reports "CPU" for its own
+ *   lower tier)
  *     ["AllBlocksCleared"]
  *   Hashes are the cache's 64-bit chained block hashes (cache/kv_cache.h "prefix-cache events"), always as
  *   msgpack uint64. A BlockStored covers consecutive blocks of one chain (parent_hash: the block before the first,
@@ -157,6 +160,10 @@ const char *srv_kv_events_endpoint(const srv_kv_events *p);
 /* kvc_event_cb: collects one cache event into the current batch (ctx is the srv_kv_events). Collector thread. */
 void srv_kv_events_on_cache_event(void *ctx, const kvc_event *ev);
 
+/* kvc_event_cb for the disk tier's events (kvt_drain_events): collected like the cache's, with medium "DISK".
+ * Collector thread. */
+void srv_kv_events_on_tier_event(void *ctx, const kvc_event *ev);
+
 /* Ends an engine step: hands the collected events, if any, to the publisher thread as one batch (ctx is the
  * srv_kv_events; NULL is a no-op). Never blocks on the sockets. Collector thread. */
 void srv_kv_events_step_end(void *ctx);
@@ -180,8 +187,12 @@ typedef struct srv_kv_events_batch srv_kv_events_batch;
 /* An empty batch builder (events merged as srv_kv_events_on_cache_event does). */
 int srv_kv_events_batch_create(srv_kv_events_batch **out);
 void srv_kv_events_batch_free(srv_kv_events_batch *b);
-/* Adds one event; KVS_ERR_NOMEM (the batch is then unusable until cleared), KVS_ERR_INVALID (bad kind). */
+/* Where the blocks of an event are. */
+typedef enum { SRV_KV_EVENTS_POOL = 0 /* "GPU" */, SRV_KV_EVENTS_DISK = 1 /* "DISK" */ } srv_kv_events_medium;
+/* Adds one event of the pool; KVS_ERR_NOMEM (the batch is then unusable until cleared), KVS_ERR_INVALID (bad kind). */
 int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev);
+/* The same for a medium (events of different media never merge; CLEARED is the pool's only: else KVS_ERR_INVALID). */
+int srv_kv_events_batch_add_medium(srv_kv_events_batch *b, const kvc_event *ev, srv_kv_events_medium medium);
 /* Number of (merged) events. */
 int32_t srv_kv_events_batch_len(const srv_kv_events_batch *b);
 void srv_kv_events_batch_clear(srv_kv_events_batch *b);

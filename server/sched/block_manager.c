@@ -8,6 +8,7 @@ void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache) {
     bm->cache = cache;
     bm->block_size = lay.block_size;
     bm->n_blocks = lay.n_blocks;
+    bm->tier = NULL;
 }
 
 int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq) { return kvc_seq_alloc(bm->cache, seq); }
@@ -35,6 +36,14 @@ int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, cons
         return 0;
     }
     return cached;
+}
+
+int32_t srv_block_manager_load_tier(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                    int32_t have, int32_t max_blocks) {
+    int32_t got = 0;
+    if (!bm->tier || have % bm->block_size) return 0;
+    (void)kvt_load(bm->tier, seq, tokens, n, have, max_blocks, &got); /* on error: what it loaded before */
+    return got;
 }
 
 int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst) {

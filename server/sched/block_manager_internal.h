@@ -18,12 +18,14 @@
 #include <stdint.h>
 
 #include "cache/kv_cache.h"
+#include "cache/kv_tier.h"
 #include "common/common.h"
 
 typedef struct srv_block_manager {
     kvc_cache *cache; /* borrowed */
     int32_t block_size;
     int32_t n_blocks;
+    kvt_tier *tier;   /* borrowed, NULL: none (set after srv_block_manager_init) */
 } srv_block_manager;
 
 /* Binds the manager to a cache (reads its layout). */
@@ -43,6 +45,11 @@ int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq);
  * positions still attend to) is dropped (0 returned, the sequence left empty) so that it is recomputed. */
 int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
                                         int32_t donor, int32_t shared, bool *copied);
+/* Continues seq (holding exactly the first `have` tokens of tokens[0..n)) with the full blocks the disk tier holds,
+ * at most max_blocks of them (kvt_load); returns the tokens added (0 without a tier, when have is not a whole
+ * number of blocks, or on any error: the sequence then holds what was loaded before it). */
+int32_t srv_block_manager_load_tier(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                    int32_t have, int32_t max_blocks);
 /* A new sequence in *dst holding the first len tokens of src (n > 1 fan-out). KVS_ERR_NO_SLOT, or the cache's
  * error; nothing is left allocated on failure. */
 int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst);

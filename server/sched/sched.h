@@ -19,7 +19,9 @@
  *
  * Prefix sharing
  *   - Automatic prefix caching: a new request attaches the cached full blocks of its prompt
- *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens.
+ *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens. With a disk tier
+ *     (params.tier) the prefix then continues with the full blocks the tier holds, loaded into the pool (at most
+ *     the blocks available to the step), and those count in usage.cached_tokens too.
  *   - n > 1: the prompt is prefilled once in choice 0's sequence, then copied (kvc_copy_prefix) into n - 1
  *     more sequences; every choice samples independently from the same last-prompt-token logits with its own
  *     sampler (choice i uses seed + i).
@@ -123,6 +125,7 @@
 #include "common/common.h"
 
 #include "cache/kv_cache.h"
+#include "cache/kv_tier.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
 
@@ -266,6 +269,11 @@ typedef struct srv_sched_params {
     int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, 1 <= min <= max <= 64, default 2 .. 4 */
     bool spec_adaptive;   /* default true: k from the acceptance rate and the step cost model; false: every
                              decoding choice with a match gets spec_n_max guesses (tests, benchmarks) */
+    kvt_tier *tier;           /* optional (NULL by default): the disk tier below the pool (cache/kv_tier.h), borrowed
+                                 for the scheduler's lifetime. A new sequence continues its cached prefix with the
+                                 blocks the tier holds (loaded on the scheduler thread, counted in
+                                 usage.cached_tokens), and the tier's run is closed at the end of every step.
+                                 The caller routes the cache's events to kvt_on_cache_event. */
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -456,9 +464,26 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
     int32_t spec_n_max;               /* params.spec_n_max when speculative decoding is on, else 0 */
+    bool has_tier;                    /* params.tier was set; then `tier` holds its counters */
+    kvt_stats tier;
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
+
+/* ---- saved sessions (slots) ---------------------------------------------------------------------------------
+ * A slot is a sequence id, 0 .. params.parallel - 1 (llama.cpp's id_slot). Its record is the token ids the sequence
+ * held (committed: prompt and generated tokens) when its last choice ended with STOP or LENGTH; a cancelled, failed,
+ * preempted or embedding choice leaves the record as it was. The server saves the record's KV blocks to a file and
+ * restores them from one through the disk tier (cache/kv_tier.h: kvt_export, kvt_import).
+ *
+ * The record of `slot`, copied into *out (malloc'd, the caller frees; NULL when *n is 0: no record). Any thread.
+ * Errors: SRV_SCHED_ERR_INVALID (NULL, slot out of range), SRV_SCHED_ERR_NOMEM. */
+int srv_sched_slot_tokens(srv_sched *s, int32_t slot, int32_t **out, int32_t *n);
+
+/* Replaces the record of `slot` with tokens[0..n) (copied; n == 0 erases it) and writes the length of the record it
+ * replaced to *n_old (may be NULL). Any thread. Errors: SRV_SCHED_ERR_INVALID, SRV_SCHED_ERR_NOMEM (nothing
+ * changed). */
+int srv_sched_slot_set(srv_sched *s, int32_t slot, const int32_t *tokens, int32_t n, int32_t *n_old);
 
 #ifdef __cplusplus
 }

@@ -49,6 +49,7 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->spec_ngram_min = 2;
     p->spec_ngram_max = 4;
     p->spec_adaptive = true;
+    p->tier = NULL;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -206,9 +207,10 @@ static int32_t best_donor(srv_sched *s, const sched_req *r, const sched_choice *
 /* Gives choice c a sequence and attaches its cached prefix. Full blocks come from the prefix cache; when a
  * running sequence holds a longer common prefix (its partial last block included: requests arriving
  * together with the same prompt head), that prefix is copied from it instead (full blocks shared, the
- * partial block copied), so no token of it is computed twice. Returns 0, or -1 when no sequence id is free
+ * partial block copied), so no token of it is computed twice. The prefix then continues with what the disk tier
+ * holds, at most `avail` blocks. Returns 0, or -1 when no sequence id is free
  * (then nothing changed) or on an allocation failure (then the choice has failed). */
-static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
+static int start_seq(srv_sched *s, sched_req *r, sched_choice *c, int32_t avail) {
     int32_t seq;
     if (srv_block_manager_seq_open(&s->bm, &seq) != 0) return -1;
     c->clean = INT32_MAX;
@@ -228,6 +230,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c) {
     int32_t shared = best_donor(s, r, c, n, &donor);
     bool copied;
     int32_t cached = srv_block_manager_attach_prefix(&s->bm, seq, toks, n, donor, shared, &copied);
+    if (!copied) cached += srv_block_manager_load_tier(&s->bm, seq, toks, n, cached, avail);
     if (copied) {
         s->c_copy_query += (uint64_t)n;
         s->c_copy_hit += (uint64_t)shared;
@@ -266,7 +269,7 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
         if (c->seq < 0) {
             if (c->idx > 0 && c->n_gen == 0) continue; /* gets choice 0's prompt by copy */
             if (sched_prefix_wait(s, r, c)) continue;
-            if (start_seq(s, r, c) != 0) continue;
+            if (start_seq(s, r, c, blocks_avail(s, *reserved)) != 0) continue;
             if (blocks_avail(s, *reserved) < 0) {
                 /* attaching took cached blocks that this batch already counted on: not this step */
                 srv_block_manager_seq_close(&s->bm, c->seq);
@@ -453,6 +456,7 @@ static void step(srv_sched *s) {
         break;
     }
     for (int32_t i = s->running.n - 1; i >= 0; i--) sched_emit_outputs(s, s->running.v[i]);
+    kvt_step_end(s->p.tier);
     if (s->p.on_step) s->p.on_step(s->p.on_step_ctx);
     sched_post_events(s, dropped_new);
 }
@@ -508,6 +512,7 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
     sched_spec_release(s);
+    sched_slots_free(s);
     KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
                  s->b_embd, s->groups, s->logit_buf, s->tok_buf, s);
 }
@@ -535,6 +540,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     s->p = *params;
     s->ops = *ops;
     srv_block_manager_init(&s->bm, cache);
+    s->bm.tier = params->tier;
     s->block_size = s->bm.block_size;
     s->blocks_total = s->bm.n_blocks;
     s->next_id = 1;
@@ -546,7 +552,12 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->groups = malloc(nb * sizeof *s->groups);
     s->logit_buf = malloc((size_t)ops->n_vocab * sizeof *s->logit_buf);
-    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf) goto nomem;
+    s->n_slots = params->parallel;
+    s->slot_tok = calloc((size_t)s->n_slots, sizeof *s->slot_tok);
+    s->slot_n = calloc((size_t)s->n_slots, sizeof *s->slot_n);
+    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf ||
+        !s->slot_tok || !s->slot_n)
+        goto nomem;
     for (int32_t t = 0; t < ops->n_vocab; t++) {
         if (!ops->token_is_eog(ops->ctx, t)) continue;
         int32_t *e = realloc(s->eog, (size_t)(s->n_eog + 1) * sizeof *e);

@@ -161,6 +161,10 @@ struct srv_sched {
     int32_t spec_cap;
     int32_t *spec_want, *spec_take; /* [batch_tokens] each, one allocation (spec_want): per decode group, its
                                        proposed and its kept guesses of the step being built */
+    /* saved sessions (sched_slots.c), under mu: what each sequence id held when its last choice ended normally */
+    int32_t **slot_tok;      /* [n_slots] malloc'd, NULL: none */
+    int32_t *slot_n;         /* [n_slots] */
+    int32_t n_slots;         /* params.parallel */
 };
 /* A choice's known tokens: prompt + generated, or after a context shift its shifted context. */
 static inline int32_t known_len(const sched_req *r, const sched_choice *c) {
@@ -173,6 +177,11 @@ static inline int32_t token_at(const sched_req *r, const sched_choice *c, int32_
 }
 
 /* ---- shared between the files ---------------------------------------------------------------------------- */
+
+/* sched_slots.c: records the committed tokens of choice c's sequence as its slot's (before the sequence is closed;
+ * an allocation failure leaves the slot without a record). Scheduler thread. */
+void sched_slot_record(srv_sched *s, const sched_req *r, const sched_choice *c);
+void sched_slots_free(srv_sched *s);
 
 /* sched_core.c: request vectors and the prefix-sharing wait */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c);

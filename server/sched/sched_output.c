@@ -65,6 +65,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
     c->error = error;
     c->end_pending = true;
     if (c->seq >= 0) {
+        if (reason == SRV_SCHED_FINISH_STOP || reason == SRV_SCHED_FINISH_LENGTH) sched_slot_record(s, r, c);
         srv_block_manager_seq_close(&s->bm, c->seq);
         c->seq = -1;
         c->n_cached = 0;
@@ -228,6 +229,8 @@ void sched_refresh_stats_locked(srv_sched *s) {
     srv_sched_stats *st = &s->stats;
     kvc_stats ks;
     srv_block_manager_stats(&s->bm, &ks);
+    st->has_tier = s->p.tier != NULL;
+    kvt_get_stats(s->p.tier, &st->tier);
     st->requests_running = s->running.n;
     st->requests_waiting = s->waiting.n + s->incoming.n;
     st->seqs_running = ks.seqs_live;

@@ -592,7 +592,7 @@ static fake *fake_start(const fake_opts *o) {
     cr_assert_eq(uv_async_init(&f->L.loop, &f->drain, on_drain), 0);
     if (!o || !o->no_backend) {
         srv_api_backend be = {f, fake_submit, fake_cancel, fake_stats, fake_tokenize, fake_piece, fake_chat, f->tpl, "<s>", "</s>",
-                              SRV_TOOL_FORMAT_GENERIC, o && o->tpl ? srv_reasoning_detect(o->tpl) : SRV_REASONING_OFF};
+                              SRV_TOOL_FORMAT_GENERIC, o && o->tpl ? srv_reasoning_detect(o->tpl) : SRV_REASONING_OFF, NULL};
         srv_api_set_backend(f->api, &be);
     }
     srv_http_limits l;

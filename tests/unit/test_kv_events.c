@@ -348,3 +348,37 @@ Test(kv_events, queue_bounded_by_bytes) {
     srv_kv_events_config_default(&c);
     cr_assert_eq(c.max_queue_bytes, 64 << 20);
 }
+
+/* The disk tier's events (issue 29) carry medium "DISK" and never merge with the pool's ("GPU"). */
+Test(kv_events, disk_tier_events_carry_their_medium) {
+    srv_kv_events_batch *b = NULL;
+    cr_assert_eq(srv_kv_events_batch_create(&b), 0);
+    int32_t t1[4] = {1, 2, 3, 4}, t2[4] = {5, 6, 7, 8};
+    kvc_event s1 = stored(21, false, 0, t1, 4), s2 = stored(22, true, 21, t2, 4);
+    cr_assert_eq(srv_kv_events_batch_add(b, &s1), 0);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &s2, SRV_KV_EVENTS_DISK), 0); /* same chain, other medium */
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 21},
+                                                 SRV_KV_EVENTS_DISK), 0);
+    cr_assert_eq(srv_kv_events_batch_add(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 22}), 0);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &(kvc_event){.kind = KVC_EVENT_CLEARED}, SRV_KV_EVENTS_DISK),
+                 KVS_ERR_INVALID);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &s1, (srv_kv_events_medium)7), KVS_ERR_INVALID);
+    cr_assert_eq(srv_kv_events_batch_len(b), 4);
+    kvs_buf out = {0};
+    cr_assert_eq(srv_kv_events_batch_encode(b, 1.0, 0, &out), 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, out.data, out.len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object_array *ev = &u.data.via.array.ptr[1].via.array;
+    cr_assert_eq(ev->size, 4);
+    assert_str(&ev->ptr[0].via.array.ptr[6], "GPU");
+    assert_str(&ev->ptr[1].via.array.ptr[0], "BlockStored");
+    cr_assert_eq(as_u64(&ev->ptr[1].via.array.ptr[2]), 21, "the parent travels with the split chain");
+    assert_str(&ev->ptr[1].via.array.ptr[6], "DISK");
+    assert_str(&ev->ptr[2].via.array.ptr[2], "DISK");
+    assert_str(&ev->ptr[3].via.array.ptr[2], "GPU");
+    msgpack_unpacked_destroy(&u);
+    kvs_buf_free(&out);
+    srv_kv_events_batch_free(b);
+}
