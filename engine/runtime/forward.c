@@ -400,12 +400,45 @@ static void residual_norm(eng_ctx *c, float **xcur, float **xnext, const float *
     *xnext = t;
 }
 
+/* The dense feed-forward of layer l after its norm (x quantized in xq_in): gate and up in chunks of columns
+ * (whole blocks of w_down's activation format), each followed by act(gate) * up and its quantization for w_down
+ * on the same columns, then w_down into c->tmp. */
+static void dense_ffn(eng_ctx *c, const eng_layer *ly, int32_t l, void *const *xq_in, const eng_matrix *const *gu,
+                      int64_t m, int nth) {
+    const eng_hparams *hp = c->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    const eng_qtype_info *down_in = eng_qtype_get(ly->w_down.dot_type);
+
+    int64_t be = down_in->block_elems, jb, je;
+    while (eng_fwd_next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_GU], F / be, nth,
+                              m <= SMALL_M ? 1 : (256 + be - 1) / be, m <= SMALL_M, &jb, &je)) {
+        jb *= be;
+        je *= be;
+        eng_fwd_mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
+        eng_fwd_mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
+        for (int64_t r = 0; r < m; r++) {
+            float *g = c->gate + r * F;
+            const float *u = c->up + r * F;
+            if (hp->ffn_act == ENG_ACT_GELU_TANH)
+                for (int64_t i = jb; i < je; i++) g[i] = gelu_tanh(g[i]) * u[i];
+            else if (hp->ffn_act == ENG_ACT_SWIGLU_OAI)
+                eng_swiglu_oai(g + jb, u + jb, je - jb, hp->swiglu_alpha, hp->swiglu_limit);
+            else
+                for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
+            eng_fwd_quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
+        }
+    }
+    eng_pool_barrier(c->pool);
+    eng_fwd_gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
+    eng_pool_barrier(c->pool);
+}
+
 static void forward_worker(void *arg, int ith, int nth) {
     eng_ctx *c = arg;
     const eng_model *mdl = c->model;
     const eng_hparams *hp = c->hp;
     const eng_batch *b = c->batch;
-    const int64_t m = c->m, E = hp->n_embd, F = hp->n_ff;
+    const int64_t m = c->m, E = hp->n_embd;
     const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
     int64_t rb, re;
     split(m, ith, nth, &rb, &re);
@@ -431,7 +464,7 @@ static void forward_worker(void *arg, int ith, int nth) {
         const eng_layer *ly = &mdl->layers[l];
         const eng_matrix *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
         const eng_matrix *gu[2] = {&ly->w_gate, &ly->w_up};
-        const eng_qtype_info *wo_in = eng_qtype_get(ly->wo.dot_type), *down_in = eng_qtype_get(ly->w_down.dot_type);
+        const eng_qtype_info *wo_in = eng_qtype_get(ly->wo.dot_type);
 
         /* residual of the previous layer's FFN, attention norm, quantize */
         residual_norm(c, &xcur, &xnext, ly->attn_norm, qkv, 3, xq_in, rb, re, ith);
@@ -464,31 +497,7 @@ static void forward_worker(void *arg, int ith, int nth) {
             continue;
         }
         residual_norm(c, &xcur, &xnext, ly->ffn_norm, gu, 2, xq_in, rb, re, ith);
-
-        /* gate and up in chunks of columns (whole blocks of w_down's activation format), each followed by
-         * silu(gate) * up and its quantization for w_down on the same columns */
-        int64_t be = down_in->block_elems, jb, je;
-        while (eng_fwd_next_chunk(&c->dyn[(size_t)l * N_DYN + DYN_GU], F / be, nth,
-                                  m <= SMALL_M ? 1 : (256 + be - 1) / be, m <= SMALL_M, &jb, &je)) {
-            jb *= be;
-            je *= be;
-            eng_fwd_mat_gemm(c, &ly->w_gate, xq_in[group_slot(gu, 0)], m, c->gate, F, jb, je);
-            eng_fwd_mat_gemm(c, &ly->w_up, xq_in[group_slot(gu, 1)], m, c->up, F, jb, je);
-            for (int64_t r = 0; r < m; r++) {
-                float *g = c->gate + r * F;
-                const float *u = c->up + r * F;
-                if (hp->ffn_act == ENG_ACT_GELU_TANH)
-                    for (int64_t i = jb; i < je; i++) g[i] = gelu_tanh(g[i]) * u[i];
-                else if (hp->ffn_act == ENG_ACT_SWIGLU_OAI)
-                    eng_swiglu_oai(g + jb, u + jb, je - jb, hp->swiglu_alpha, hp->swiglu_limit);
-                else
-                    for (int64_t i = jb; i < je; i++) g[i] = silu(g[i]) * u[i];
-                eng_fwd_quantize_part(ly->w_down.dot_type, F, g + jb, c->xq_ffn, r, jb, je - jb);
-            }
-        }
-        eng_pool_barrier(c->pool);
-        eng_fwd_gemm_part(c, &ly->w_down, c->xq_ffn, m, c->tmp, E, &c->dyn[(size_t)l * N_DYN + DYN_DOWN], nth);
-        eng_pool_barrier(c->pool);
+        dense_ffn(c, ly, l, (void *const *)xq_in, gu, m, nth);
         if (ly->post_ffn_norm) post_norm(c, ly->post_ffn_norm, rb, re);
     }
 
