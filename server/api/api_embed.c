@@ -83,6 +83,7 @@ static int embed_parse(api_call *c, srv_api_error *e) {
     c->prep_toks = calloc((size_t)n, sizeof *c->prep_toks);
     c->prep_ntok = calloc((size_t)n, sizeof *c->prep_ntok);
     c->embd = calloc((size_t)n * (size_t)api->n_embd, sizeof *c->embd);
+    c->n_embd = api->n_embd;
     if (!c->subs || !c->prep_toks || !c->prep_ntok || !c->embd) { rc = -2; goto out; }
     const cJSON *it = one ? in : in->child;
     for (int32_t i = 0; i < n; i++, it = it->next) {
@@ -132,48 +133,6 @@ static void embed_work(api_job *j) {
 }
 
 
-static void embed_event(const srv_sched_event *ev, void *user);
-
-/* Submits input i. Returns 0 or a scheduler error (then nothing was queued). */
-static int embed_submit(api_call *c, int32_t i) {
-    srv_api *api = c->api;
-    srv_sched_request sr;
-    memset(&sr, 0, sizeof sr);
-    sr.prompt = c->prep_toks[i];
-    sr.n_prompt = c->prep_ntok[i];
-    sr.n = 1;
-    eng_sampling_params_default(&sr.sampling);
-    sr.embed = true;
-    sr.pooling = api->pooling;
-    sr.priority = c->priority;
-    sr.cb = embed_event;
-    sr.user = &c->subs[i];
-    int r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
-    if (r == 0) {
-        c->subs[i].submitted = true;
-        c->n_live++;
-    }
-    free(c->prep_toks[i]);
-    c->prep_toks[i] = NULL;
-    return r;
-}
-
-static void embed_set_submit_error(api_call *c, int r) {
-    if (c->has_error) return;
-    c->has_error = true;
-    if (r == KVS_ERR_UNSUPPORTED)
-        srv_api_set_error(&c->error, 501, "server_error", NULL, "not_implemented", "embeddings are computed by "
-                          "the CPU backend only; this server runs the model on the GPU");
-    else if (r == SRV_SCHED_ERR_QUEUE_FULL)
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is overloaded: the request "
-                          "queue is full; retry later");
-    else if (r == SRV_SCHED_ERR_STOPPED)
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
-    else
-        srv_api_set_error(&c->error, r == SRV_SCHED_ERR_TOO_LONG ? 400 : 500, "server_error", "input", NULL,
-                          "could not queue the input: %s", kvs_strerror(r));
-}
-
 /* The 200 body: {"object":"list","data":[{"object":"embedding","index":i,"embedding":...}],"model","usage"}. */
 static cJSON *embed_body(api_call *c) {
     srv_api *api = c->api;
@@ -220,78 +179,28 @@ oom:
     return NULL;
 }
 
-/* Every submitted input has ended: answer (when the client is still there) and free the call. */
-static void embed_finish(api_call *c) {
-    srv_api *api = c->api;
-    srv_http_req *req = c->req;
-    if (!req) { api_call_free(c); return; }
-    srv_http_set_abort(req, NULL, NULL);
-    if (!c->has_error && c->shutdown) {
-        c->has_error = true;
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
-    }
-    if (c->has_error) {
-        if (api->metrics) api->metrics->requests_finished_error++;
-        api_reply_error(api, req, &c->error, NULL);
-    } else {
-        if (api->metrics) api->metrics->requests_finished_stop++;
-        cJSON *o = embed_body(c);
-        srv_sched_usage u = c->usage;
-        api_reply_json(api, req, 200, o, &u, -1);
-        cJSON_Delete(o);
-    }
-    api_call_free(c);
+static srv_sched_pooling embed_pooling(const api_call *c) { return c->api->pooling; }
+
+/* Input i's vector, when the event carries one of the model's width. */
+static bool embed_store(api_call *c, int32_t i, const srv_sched_event *ev) {
+    if (!ev->embd || ev->n_embd != c->n_embd) return false;
+    memcpy(c->embd + (size_t)i * (size_t)c->n_embd, ev->embd, (size_t)c->n_embd * sizeof(float));
+    return true;
 }
 
-static void embed_event(const srv_sched_event *ev, void *user) {
-    api_sub *sub = user;
-    api_call *c = sub->call;
-    if (ev->type != SRV_SCHED_EV_DONE) return;
-    sub->done = true;
-    c->n_live--;
-    if (ev->finish == SRV_SCHED_FINISH_STOP && ev->embd && ev->n_embd == c->n_embd) {
-        memcpy(c->embd + (size_t)sub->prompt_index * (size_t)c->n_embd, ev->embd, (size_t)c->n_embd * sizeof(float));
-    } else if (!c->has_error) {
-        c->has_error = true;
-        if (ev->finish == SRV_SCHED_FINISH_CANCELLED)
-            srv_api_set_error(&c->error, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
-                              c->shutdown ? "the server is shutting down" : "the request was cancelled");
-        else
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "embedding failed: %s",
-                              ev->error ? ev->error : "no vector");
-    }
-    /* the next input of the window, unless the call has failed or the client left */
-    while (!c->has_error && c->req && !c->shutdown && c->next_sub < c->n_subs && c->n_live < EMBED_WINDOW) {
-        int r = embed_submit(c, c->next_sub++);
-        if (r != 0) embed_set_submit_error(c, r);
-    }
-    if (c->n_live == 0) embed_finish(c);
-}
-
-static void embed_done(api_job *j) {
-    api_call *c = (api_call *)j;
-    srv_api *api = c->api;
-    if (!c->req || api->closing) { api_call_free(c); return; }
-    if (c->prep_failed) {
-        c->has_error = true;
-        c->error = c->prep_error;
-        embed_finish(c);
-        return;
-    }
-    c->n_embd = api->n_embd;
-    while (!c->has_error && !c->shutdown && c->next_sub < c->n_subs && c->n_live < EMBED_WINDOW) {
-        int r = embed_submit(c, c->next_sub++);
-        if (r != 0) embed_set_submit_error(c, r);
-    }
-    if (c->n_live == 0) embed_finish(c);
-}
+static const api_pooled_ops EMBED_OPS = {
+    .window = EMBED_WINDOW, .pooling = embed_pooling, .store = embed_store, .body = embed_body,
+    .param = "input", .failed = "embedding failed",
+    .unsupported = "embeddings are computed by the CPU backend only; this server runs the model on the GPU",
+};
 
 void api_route_embeddings(srv_api *api, srv_http_req *req) {
     api_call *c = calloc(1, sizeof *c);
     if (!c) { api_reply_json(api, req, 500, NULL, NULL, -1); return; }
     api_call_register(api, c, req, "/v1/embeddings");
+    c->pooled = &EMBED_OPS;
     c->job.work = embed_work;
-    c->job.done = embed_done;
+    c->job.done = api_pooled_done;
     api_offload(api, &c->job);
 }
 

@@ -96,8 +96,10 @@ struct api_call {
     bool gone;            /* the client left: the 499 line is logged when the call is freed, with its usage */
     bool has_error; srv_api_error error;
     const char *method, *path;
-    /* /v1/embeddings (api_embed.c): one vector per input, submitted a window at a time */
-    float *embd;          /* [n_subs][n_embd] */
+    /* /v1/embeddings (api_embed.c) and /v1/rerank (api_rerank.c): one pooled request per input, submitted a
+     * window at a time by api_pooled.c */
+    const struct api_pooled_ops *pooled; /* the route's part (static storage) */
+    float *embd;          /* [n_subs][n_embd]: a vector (embeddings) or a score (rerank, n_embd 1) per input */
     int32_t n_embd, next_sub;
     bool embd_b64;
     void (*ext_free)(api_call *c); /* frees what a route's larger call struct owns (api_responses.c), or NULL */
@@ -214,5 +216,21 @@ void api_offload(srv_api *api, api_job *j);
 int api_offload_text(srv_api *api, api_job *j);
 /* A body or answer of at least this many bytes makes the next idle moment trim the heap. */
 #define SRV_API_TRIM_BYTES ((size_t)1 << 20)
+
+/* ---- pooled requests (api_pooled.c) ---------------------------------------------------------------------------
+ * A call whose inputs (c->prep_toks after the preparation) each run as one pooled scheduler request, at most
+ * `window` at a time, the next when one ends: /v1/embeddings (a vector per input) and /v1/rerank (a score per
+ * pair). The route sets c->pooled and c->job.done = api_pooled_done; the rest (submitting, collecting, answering,
+ * freeing) happens here. Loop thread. */
+typedef struct api_pooled_ops {
+    int32_t window;       /* inputs in the scheduler at once */
+    srv_sched_pooling (*pooling)(const api_call *c); /* the pooling of the requests */
+    bool (*store)(api_call *c, int32_t i, const srv_sched_event *ev); /* keeps input i's result; false: none */
+    cJSON *(*body)(api_call *c);                     /* the 200 body; NULL when out of memory */
+    const char *param;    /* the request field named in errors ("input", "documents") */
+    const char *failed;   /* "embedding failed", "reranking failed" */
+    const char *unsupported; /* the 501 message when the model cannot serve the route */
+} api_pooled_ops;
+void api_pooled_done(api_job *j);
 
 #endif /* KVSERVE_API_INTERNAL_H */

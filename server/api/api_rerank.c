@@ -167,47 +167,6 @@ static void rerank_work(api_job *j) {
     c->prep_failed = rerank_parse((rerank_call *)c, &c->prep_error) != 0;
 }
 
-static void rerank_event(const srv_sched_event *ev, void *user);
-
-static int rerank_submit(api_call *c, int32_t i) {
-    srv_api *api = c->api;
-    srv_sched_request sr;
-    memset(&sr, 0, sizeof sr);
-    sr.prompt = c->prep_toks[i];
-    sr.n_prompt = c->prep_ntok[i];
-    sr.n = 1;
-    eng_sampling_params_default(&sr.sampling);
-    sr.embed = true;
-    sr.pooling = SRV_SCHED_POOL_RANK;
-    sr.priority = c->priority;
-    sr.cb = rerank_event;
-    sr.user = &c->subs[i];
-    int r = api->be.submit(api->be.ctx, &sr, &c->subs[i].id);
-    if (r == 0) {
-        c->subs[i].submitted = true;
-        c->n_live++;
-    }
-    free(c->prep_toks[i]);
-    c->prep_toks[i] = NULL;
-    return r;
-}
-
-static void rerank_submit_error(api_call *c, int r) {
-    if (c->has_error) return;
-    c->has_error = true;
-    if (r == KVS_ERR_UNSUPPORTED)
-        srv_api_set_error(&c->error, 501, "server_error", NULL, "not_implemented", "reranking runs on the CPU "
-                          "forward pass of a model with a classification head only");
-    else if (r == SRV_SCHED_ERR_QUEUE_FULL)
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is overloaded: the request "
-                          "queue is full; retry later");
-    else if (r == SRV_SCHED_ERR_STOPPED)
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
-    else
-        srv_api_set_error(&c->error, r == SRV_SCHED_ERR_TOO_LONG ? 400 : 500, "server_error", "documents", NULL,
-                          "could not queue a document: %s", kvs_strerror(r));
-}
-
 static int32_t *ranked_order(const api_call *c) {
     int32_t *ord = malloc((size_t)c->n_subs * sizeof *ord);
     if (!ord) return NULL;
@@ -256,69 +215,25 @@ oom:
     return NULL;
 }
 
-static void rerank_finish(api_call *c) {
-    srv_api *api = c->api;
-    srv_http_req *req = c->req;
-    if (!req) { api_call_free(c); return; }
-    srv_http_set_abort(req, NULL, NULL);
-    if (!c->has_error && c->shutdown) {
-        c->has_error = true;
-        srv_api_set_error(&c->error, 503, "server_error", NULL, NULL, "the server is shutting down");
-    }
-    if (c->has_error) {
-        if (api->metrics) api->metrics->requests_finished_error++;
-        api_reply_error(api, req, &c->error, NULL);
-    } else {
-        if (api->metrics) api->metrics->requests_finished_stop++;
-        cJSON *o = rerank_body((rerank_call *)c);
-        srv_sched_usage u = c->usage;
-        api_reply_json(api, req, 200, o, &u, -1);
-        cJSON_Delete(o);
-    }
-    api_call_free(c);
+static srv_sched_pooling rerank_pooling(const api_call *c) {
+    (void)c;
+    return SRV_SCHED_POOL_RANK;
 }
 
-static void submit_window(api_call *c) {
-    while (!c->has_error && c->req && !c->shutdown && c->next_sub < c->n_subs && c->n_live < RERANK_WINDOW) {
-        int r = rerank_submit(c, c->next_sub++);
-        if (r != 0) rerank_submit_error(c, r);
-    }
+/* Pair i's score: output 0 of the classification head. */
+static bool rerank_store(api_call *c, int32_t i, const srv_sched_event *ev) {
+    if (!ev->embd || ev->n_embd < 1) return false;
+    c->embd[i] = ev->embd[0];
+    return true;
 }
 
-static void rerank_event(const srv_sched_event *ev, void *user) {
-    api_sub *sub = user;
-    api_call *c = sub->call;
-    if (ev->type != SRV_SCHED_EV_DONE) return;
-    sub->done = true;
-    c->n_live--;
-    if (ev->finish == SRV_SCHED_FINISH_STOP && ev->embd && ev->n_embd >= 1) {
-        c->embd[sub->prompt_index] = ev->embd[0];
-    } else if (!c->has_error) {
-        c->has_error = true;
-        if (ev->finish == SRV_SCHED_FINISH_CANCELLED)
-            srv_api_set_error(&c->error, c->shutdown ? 503 : 500, "server_error", NULL, NULL, "%s",
-                              c->shutdown ? "the server is shutting down" : "the request was cancelled");
-        else
-            srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "reranking failed: %s",
-                              ev->error ? ev->error : "no score");
-    }
-    submit_window(c);
-    if (c->n_live == 0) rerank_finish(c);
-}
+static cJSON *rerank_body_of(api_call *c) { return rerank_body((rerank_call *)c); }
 
-static void rerank_done(api_job *j) {
-    api_call *c = (api_call *)j;
-    srv_api *api = c->api;
-    if (!c->req || api->closing) { api_call_free(c); return; }
-    if (c->prep_failed) {
-        c->has_error = true;
-        c->error = c->prep_error;
-        rerank_finish(c);
-        return;
-    }
-    submit_window(c);
-    if (c->n_live == 0) rerank_finish(c);
-}
+static const api_pooled_ops RERANK_OPS = {
+    .window = RERANK_WINDOW, .pooling = rerank_pooling, .store = rerank_store, .body = rerank_body_of,
+    .param = "documents", .failed = "reranking failed",
+    .unsupported = "reranking runs on the CPU forward pass of a model with a classification head only",
+};
 
 void api_route_rerank(srv_api *api, srv_http_req *req) {
     rerank_call *rc = calloc(1, sizeof *rc);
@@ -327,8 +242,9 @@ void api_route_rerank(srv_api *api, srv_http_req *req) {
     api_call_register(api, c, req, "/v1/rerank");
     api_make_id(api, "rerank-", c->id, sizeof c->id);
     c->ext_free = rerank_ext_free;
+    c->pooled = &RERANK_OPS;
     c->job.work = rerank_work;
-    c->job.done = rerank_done;
+    c->job.done = api_pooled_done;
     api_offload(api, &c->job);
 }
 
