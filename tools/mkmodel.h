@@ -69,6 +69,10 @@ typedef struct mk_sink {
 /* One tensor [ne0, ne1, ne2] into the sink: *total gets its bytes, *count one more. */
 int kvs_mk_tensor_one(const mk_sink *sk, const mk_opts *o, const char *name, int kind, int64_t ne0, int64_t ne1,
                       int64_t ne2, size_t *total, int *count);
+/* The metadata every mkmodel model starts with, in this order: general.architecture, general.name (name),
+ * general.file_type (and quantization_version for q8_0), then <arch>.vocab_size, context_length,
+ * embedding_length, block_count, feed_forward_length and attention.head_count. */
+int kvs_mk_common_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab, const char *name);
 /* The built-in word list (static storage). */
 const char *const *kvs_mk_words(size_t *n);
 

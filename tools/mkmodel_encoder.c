@@ -266,20 +266,10 @@ int kvs_mk_encoder_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab)
 int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
     char key[96], name[96];
     const char *a = o->arch;
-    int rc = eng_gguf_add_str(w, "general.architecture", a, strlen(a));
     snprintf(name, sizeof name, "kvserve-mkmodel-%s%s", a, o->rerank ? "-reranker" : "");
-    if (!rc) rc = eng_gguf_add_str(w, "general.name", name, strlen(name));
-    uint32_t ftype = o->wtype == ENG_Q_F32 ? 0 : o->wtype == ENG_Q_F16 ? 1 : 7;
-    if (!rc) rc = eng_gguf_add_u32(w, "general.file_type", ftype);
-    if (!rc && o->wtype == ENG_Q_Q8_0) rc = eng_gguf_add_u32(w, "general.quantization_version", 2);
+    int rc = kvs_mk_common_metadata(w, o, n_vocab, name);
 #define U32(k, v) do { if (!rc) { snprintf(key, sizeof key, "%s." k, a); rc = eng_gguf_add_u32(w, key, (uint32_t)(v)); } } while (0)
 #define F32(k, v) do { if (!rc) { snprintf(key, sizeof key, "%s." k, a); rc = eng_gguf_add_f32(w, key, (float)(v)); } } while (0)
-    U32("vocab_size", n_vocab);
-    U32("context_length", o->n_ctx);
-    U32("embedding_length", o->n_embd);
-    U32("block_count", o->n_layer);
-    U32("feed_forward_length", o->n_ff);
-    U32("attention.head_count", o->n_head);
     F32("attention.layer_norm_epsilon", o->rms_eps);
     U32("pooling_type", o->rerank ? 4 : o->pooling ? o->pooling : 1);
     if (!rc) {
