@@ -333,6 +333,11 @@ static void cancel_running(daemon_state *d, const char *why) {
     d->deadline_ns = uv_hrtime() + CANCEL_WAIT_NS;
 }
 
+/* Nothing generating, no request being handled, no job out on the thread pool. */
+static bool daemon_idle(const daemon_state *d) {
+    return srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 && srv_api_jobs_out(d->api) == 0;
+}
+
 static void on_poll(uv_timer_t *t) {
     daemon_state *d = t->data;
     if (!d->shutting_down || d->loading) return;
@@ -344,8 +349,7 @@ static void on_poll(uv_timer_t *t) {
             finalize(d);
         return;
     }
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 &&
-                srv_api_jobs_out(d->api) == 0;
+    bool idle = daemon_idle(d);
     if (idle || (d->cancelled && now >= d->deadline_ns)) begin_closing(d);
     else if (!d->cancelled && now >= d->deadline_ns) cancel_running(d, "grace period over");
 }
@@ -357,8 +361,7 @@ static void on_idle_check(uv_timer_t *t) {
     daemon_state *d = t->data;
     if (d->shutting_down || !d->api) return;
     uint64_t bytes = srv_http_bytes_read(d->http);
-    bool idle = srv_http_active_requests(d->http) == 0 && srv_api_in_flight(d->api) == 0 &&
-                srv_api_jobs_out(d->api) == 0;
+    bool idle = daemon_idle(d);
     bool came = bytes != d->bytes_seen; /* requests came (and maybe went) since the last check */
     d->bytes_seen = bytes;
     if (!idle || came) {

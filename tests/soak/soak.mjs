@@ -39,6 +39,8 @@ const SERVER_FLAGS = ['--parallel', '16', '--batch-tokens', '128', '--kv-blocks'
 // ---- the requests: a fixed set of specs; each has its reference (run alone) ----------------------------------
 const WORDS = ('once upon a time there was little girl named lily she loved to play in the park with her dog ' +
   'one day they found big red ball under tree and were very happy sun was shining birds sang tom came too').split(' ');
+const routeOf = (s) => `/v1/${s.kind === 'chat' ? 'chat/completions' : 'completions'}`;
+
 function makeSpecs() {
   const specs = [];
   for (let i = 0; i < 24; i++) {
@@ -147,7 +149,7 @@ async function main() {
     const specs = makeSpecs();
     const t0 = Date.now();
     for (const s of specs) {
-      const r = await request(srv.base, `/v1/${s.kind === 'chat' ? 'chat/completions' : 'completions'}`, s.body);
+      const r = await request(srv.base, routeOf(s), s.body);
       if (r.status !== 200) throw new Error(`reference request failed: ${r.status} ${r.text}`);
       s.ref = parseResult(s.kind, false, r.text);
     }
@@ -163,7 +165,7 @@ async function main() {
       await Promise.all(Array.from({ length: CLIENTS }, async () => {
         while (Date.now() < warmDeadline) {
           const s = pick(specs);
-          await request(srv.base, `/v1/${s.kind === 'chat' ? 'chat/completions' : 'completions'}`, s.body, { stream: true });
+          await request(srv.base, routeOf(s), s.body, { stream: true });
         }
       }));
       for (const [name, probe] of Object.entries(PROBES)) {
@@ -197,7 +199,7 @@ async function main() {
         stats.requests++;
         if (stream) stats.streamed++;
         const body = n > 1 ? { ...s.body, n } : s.body;
-        const r = await request(srv.base, `/v1/${s.kind === 'chat' ? 'chat/completions' : 'completions'}`, body, opts);
+        const r = await request(srv.base, routeOf(s), body, opts);
         if (r.aborted) { stats.aborted++; continue; }
         if (r.status !== 200) { stats.errors++; fail(`status ${r.status}: ${String(r.text).slice(0, 300)}`); continue; }
         stats.completed++;
