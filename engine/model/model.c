@@ -532,6 +532,36 @@ static int pack_matrix(eng_model *m, eng_matrix *w, bool release) {
     return 0;
 }
 
+/* Packs the n experts of one stacked tensor (set) into one buffer (*buf), expert after expert, each at a multiple of
+ * 64 bytes; then drops the mapped pages of the stacked rows. */
+static int pack_stack(eng_model *m, eng_matrix *set, int32_t n, void **buf) {
+    if (*buf || n < 1 || !set[0].data) return 0;
+    const size_t each = eng_wpack_bytes(set[0].type, set[0].n_out, set[0].k), stride = (each + 63) / 64 * 64;
+    if (each == 0) return 0;
+    if (stride > SIZE_MAX / (size_t)n) return ENG_ERR_NOMEM;
+    char *p = eng_wpack_alloc(stride * (size_t)n); /* on huge pages */
+    if (!p) return ENG_ERR_NOMEM;
+    for (int32_t e = 0; e < n; e++) {
+        int rc = eng_wpack(set[e].type, set[e].data, set[e].n_out, set[e].k, p + (size_t)e * stride);
+        if (rc != 0) { /* cannot happen for a loaded model (the experts share type and shape); unpacked then */
+            for (int32_t i = 0; i < e; i++) set[i].packed = NULL;
+            free(p);
+            return rc == ENG_ERR_NOMEM ? rc : 0;
+        }
+        set[e].packed = p + (size_t)e * stride;
+    }
+    *buf = p;
+    long page = sysconf(_SC_PAGESIZE);
+    if (!m->file_buf && page > 0) {
+        const eng_matrix *last = &set[n - 1];
+        uintptr_t a = (uintptr_t)set[0].data, z = (uintptr_t)last->data + last->row_bytes * (size_t)last->n_out;
+        uintptr_t pa = (a + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+        uintptr_t pe = z / (uintptr_t)page * (uintptr_t)page;
+        if (pe > pa) (void)madvise((void *)pa, pe - pa, MADV_DONTNEED); /* advice only: failure is harmless */
+    }
+    return 0;
+}
+
 int eng_model_pack_cpu(eng_model *m) {
     if (!m || m->vocab_only) return ENG_ERR_INVALID;
     pthread_mutex_lock(&m->pack_lock);
@@ -539,11 +569,14 @@ int eng_model_pack_cpu(eng_model *m) {
     if (!m->packed) {
         for (int32_t l = 0; l < m->hp.n_layer && rc == 0; l++) {
             eng_layer *ly = &m->layers[l];
-            eng_matrix *w;
-            for (size_t i = 0; rc == 0 && (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++)
+            eng_matrix *w; /* matrices 0..7: attention, dense FFN, router; the experts are packed per stack below */
+            for (size_t i = 0; rc == 0 && i < 8 && (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++)
                 if (w->data && (w != &ly->w_gate || ly->w_gate.data != ly->w_up.data)) /* an encoder's GELU FFN:
                                                                                            w_gate is w_up */
                     rc = pack_matrix(m, w, true);
+            eng_matrix *sets[3] = {ly->moe.gate, ly->moe.up, ly->moe.down};
+            for (int s = 0; s < 3 && rc == 0 && ly->moe.gate; s++)
+                rc = pack_stack(m, sets[s], m->hp.n_expert, &ly->moe.packed_exps[s]);
         }
         /* a tied output shares token_embd's rows: embedding lookups then read the packed copy (eng_model_embd_row),
          * so its mapped pages go as well */
@@ -571,8 +604,9 @@ void eng_model_free(eng_model *m) {
     if (m->layers) {
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             eng_layer *ly = &m->layers[l];
-            eng_matrix *w;
-            for (size_t i = 0; (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++) free(w->packed);
+            eng_matrix *w; /* the experts' packed rows are in moe.packed_exps */
+            for (size_t i = 0; i < 8 && (w = eng_layer_matrix(ly, m->hp.n_expert, i)) != NULL; i++) free(w->packed);
+            for (int s = 0; s < 3; s++) free(ly->moe.packed_exps[s]);
             KVS_FREE_ALL(ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->q_norm, ly->k_norm,
                          ly->post_attn_norm, ly->post_ffn_norm, ly->bo, ly->attn_sinks, ly->moe.router_b, ly->moe.gate,
                          ly->moe.up, ly->moe.down, ly->moe.gate_b, ly->moe.up_b, ly->moe.down_b);

@@ -50,6 +50,9 @@ typedef struct eng_moe {
     float *up_b;        /* [n_expert][n_ff_exp] f32 or NULL (owned) */
     float *down_b;      /* [n_expert][n_embd] f32 or NULL (owned) */
     eng_ffn_act act;    /* the experts' activation of gate */
+    void *packed_exps[3]; /* gate, up, down: one buffer per stacked tensor holding every expert's packed rows, expert
+                           * after expert (eng_model_pack_cpu; owned), so that a step reading most experts streams
+                           * huge pages; the experts' `packed` point into it (not owned). NULL: not packed. */
 } eng_moe;
 
 typedef struct eng_layer {
