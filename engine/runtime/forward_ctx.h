@@ -42,6 +42,19 @@ enum {
     SMALL_M = 8,
 };
 
+/* One thread's routing of an MoE layer's step (forward_moe.c). */
+typedef struct eng_moe_route {
+    float *w;         /* [max_batch][n_expert_used] each row's routing weights by rank */
+    int32_t *sel;     /* [max_batch][n_expert_used] each row's experts by rank */
+    int32_t *slot;    /* [max_batch][n_expert_used] the slot of each (row, rank) */
+    int32_t *row;     /* [max_batch * n_expert_used] the batch row of each slot */
+    int32_t *off;     /* [n_expert + 1] expert e owns slots [off[e], off[e + 1]) */
+    int32_t *active;  /* [n_expert] the experts with slots in this layer's step, ascending */
+    int32_t n_active;
+    int32_t x_expert; /* the expert whose input rows are in x, or -1 */
+    void *x[2];       /* [max_batch][xq_row_cap] expert x_expert's input rows (its slots in order) for gate, up */
+} eng_moe_route;
+
 struct eng_ctx {
     eng_model *model;
     const eng_hparams *hp;
@@ -118,17 +131,11 @@ struct eng_ctx {
     _Atomic int64_t *dyn;
 
     /* Mixture-of-Experts scratch (NULL for a dense model): a step's (row, rank) pairs are its slots, grouped by
-     * expert (forward_moe.c) */
-    float *moe_probs;     /* [max_batch][n_expert] router outputs, then probabilities */
-    float *moe_w;         /* [max_batch][n_expert_used] each row's routing weights by rank */
-    int32_t *moe_sel;     /* [max_batch][n_expert_used] each row's experts by rank */
-    int32_t *moe_slot;    /* [max_batch][n_expert_used] the slot of each (row, rank) */
-    int32_t *moe_row;     /* [max_batch * n_expert_used] the batch row of each slot */
-    int32_t *moe_off;     /* [n_expert + 1] expert e owns slots [moe_off[e], moe_off[e + 1]) */
-    int32_t *moe_active;  /* [n_expert] the experts with slots in this layer's step, ascending */
-    int32_t moe_n_active;
+     * expert (forward_moe.c). Every thread routes all rows into its own eng_moe_route (the same numbers in each), so
+     * that no thread waits for another between the router's product and the experts. */
+    float *moe_probs;     /* [max_batch][n_expert] router outputs */
+    struct eng_moe_route *moe_rt; /* [n_threads] each thread's routing of the step and its gathered expert inputs */
     int32_t moe_cols;     /* columns of a gate/up unit */
-    void *moe_xq[2];      /* [max_batch * n_expert_used][xq_row_cap] each slot's input quantized for gate, up */
     float *moe_g;         /* [max_batch * n_expert_used][n_ff_exp] gate outputs, then act(gate) * up */
     float *moe_u;         /* [max_batch * n_expert_used][n_ff_exp] up outputs */
     void *moe_xd;         /* [max_batch * n_expert_used][xq_row_cap] act(gate) * up quantized for down */

@@ -100,7 +100,7 @@ static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
             eng_batch b = {1, &toks[s][i], &i, &seq, &w, NULL};
             cr_assert_eq(eng_decode(c, &b), 0);
             /* one row: only its own n_expert_used experts were computed in the last layer */
-            cr_assert_eq(c->moe_n_active, eng_model_hparams(m)->n_expert_used);
+            cr_assert_eq(c->moe_rt[0].n_active, eng_model_hparams(m)->n_expert_used);
             memcpy(alone + ((size_t)s * N_PROMPT + i) * V, eng_get_logits(c, 0), sizeof(float) * (size_t)V);
         }
         cr_assert_eq(kvc_seq_free(eng_ctx_cache(c), seq), 0);
