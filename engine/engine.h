@@ -57,7 +57,7 @@ enum {
 
 /* ---- models --------------------------------------------------------------------------------------------- */
 typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4,
-               ENG_ARCH_QWEN3MOE = 5,
+               ENG_ARCH_QWEN3MOE = 5, ENG_ARCH_GPT_OSS = 6,
                /* encoders (bidirectional attention, embeddings and rerank only: engine/model/encoder.h) */
                ENG_ARCH_BERT = 32, ENG_ARCH_NOMIC_BERT = 33 } eng_arch;
 
@@ -70,6 +70,11 @@ typedef enum {
     ENG_ACT_GELU_TANH = 1,
     ENG_ACT_SWIGLU_OAI = 2, /* gpt-oss: x sigmoid(alpha x) (clamp(u, -limit, limit) + 1), x = min(g, limit) */
 } eng_ffn_act;
+
+/* How an MoE router's logits (+ its bias) become the selected experts and their weights (llama.cpp's gating):
+ * SOFTMAX (qwen3moe): softmax over all experts, the n_expert_used highest, their probabilities divided by their
+ * sum; SOFTMAX_WEIGHT (gpt-oss): the n_expert_used highest logits, their weights the softmax over those only. */
+typedef enum { ENG_MOE_SOFTMAX = 0, ENG_MOE_SOFTMAX_WEIGHT = 1 } eng_moe_gating;
 
 typedef struct eng_hparams {
     eng_arch arch;
@@ -120,7 +125,8 @@ typedef struct eng_hparams {
     int32_t n_expert_used;  /* <arch>.expert_used_count (1 .. n_expert) */
     int32_t n_ff_exp;       /* <arch>.expert_feed_forward_length (default n_ff / n_expert_used) */
     float expert_weights_scale; /* <arch>.expert_weights_scale: the routing weights are multiplied by it (0 or 1:
-                                   not scaled) */
+                                   not scaled; gpt-oss: not read, 0, as llama.cpp) */
+    eng_moe_gating moe_gating; /* how the router's logits become the experts' weights */
 } eng_hparams;
 
 typedef struct eng_load_params {

@@ -15,6 +15,11 @@ quantize), which test_reference.c uses to make the same model again (its SHA-256
   qwen3moe-f32, qwen3moe-q8_0, qwen3moe-q4_k_m: Mixture-of-Experts (router, 16 experts of which 4 per token,
                  Q/K norms), in f32 (the float rule), q8_0 made by mkmodel and Q4_K_M made by `kvserve quantize`
                  from the f16 model (the quantized rule).
+  gpt-oss-f32, gpt-oss-mxfp4: gpt-oss (biased router over 16 experts, 4 per token, top-k-then-softmax gating,
+                 the clamped SwiGLU, Q/K/V/O biases, attention sinks, blocks 0 and 2 sliding over 16 positions, YaRN
+                 factor 4 over 256), in f32 (the float rule) and as `kvserve quantize ... MXFP4_MOE` makes it from
+                 the f16 model (experts MXFP4, the other matrices Q8_0; the quantized rule). The built-in
+                 vocabulary (SentencePiece-style with harmony's tokens): no o200k vocabulary is in ../shared.
   qwen3moe-f16.Q4_K_M: not completions but llama-quantize's output for that f16 model, as
                  tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json ({"mkmodel_args", "tensors": {name: [stored
                  type, sha256 of the stored bytes]}}), which test_quantize.c compares `kvserve quantize` with.
@@ -35,6 +40,9 @@ MOE = ["--arch", "qwen3moe", "--embd", "128", "--layers", "3", "--heads", "4", "
 # --router-std 0.3: the routers' scores far enough apart that no token's choice of experts is a near-tie, which
 # rounding differences between two engines (or two quantized activation formats) could flip
 MOE_F16 = MOE + ["--type", "f16", "--embd", "256", "--heads", "8", "--expert-ff", "256"]
+OSS = ["--arch", "gpt-oss", "--embd", "128", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+       "--ff", "256", "--experts", "16", "--experts-used", "4", "--expert-ff", "64", "--ctx", "4096", "--swa", "16",
+       "--orig-ctx", "256", "--rope-scaling", "yarn", "--rope-scale", "4", "--seed", "11", "--router-std", "0.6"]
 REFS = {
     # sqrt(1 + ln(4096 / 512) / ln(512)) = sqrt(4 / 3): LongRoPE's attention factor for this context ratio
     "phi3-longrope": {"args": ["--arch", "phi3", "--embd", "256", "--layers", "4", "--heads", "8", "--kv-heads", "4",
@@ -51,6 +59,8 @@ REFS = {
     "qwen3moe-f32": {"args": MOE + ["--type", "f32"], "ctx": [512]},
     "qwen3moe-q8_0": {"args": MOE + ["--type", "q8_0"], "ctx": [512]},
     "qwen3moe-q4_k_m": {"args": MOE_F16, "quantize": "Q4_K_M", "ctx": [512]},
+    "gpt-oss-f32": {"args": OSS + ["--type", "f32"], "ctx": [512]},
+    "gpt-oss-mxfp4": {"args": OSS + ["--type", "f16"], "quantize": "MXFP4_MOE", "ctx": [512]},
     # llama-quantize's Q4_K_M of the same f16 model, tensor by tensor (tests/reference/quantize/)
     "qwen3moe-f16.Q4_K_M": {"args": MOE_F16, "llama_quantize": "Q4_K_M"},
 }

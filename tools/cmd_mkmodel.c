@@ -1,5 +1,6 @@
 /*
- * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2/qwen3/qwen3moe/phi3 GGUF with deterministic random weights.
+ * cmd_mkmodel.c: `kvserve mkmodel` writes a llama/qwen2/qwen3/qwen3moe/gpt-oss/phi3 GGUF with deterministic random
+ * weights (gpt-oss's own parts: mkmodel_oss.c).
  *
  * The weights are a pure function of (--seed, tensor name, shape, --std): each tensor has its own PRNG stream
  * (splitmix64 seeded by the seed and an FNV-1a hash of the name), and normal values are made with integer
@@ -57,6 +58,7 @@ static const mk_preset mk_presets[] = {
     /* Qwen3-30B-A3B's layer shape on 16 of its 48 layers */
     {"bench-moe", 2048, 16, 32, 4, 6144, 40960, 1000000.0, ENG_Q_F16, false, "qwen3moe", 128, 128, 8, 768, 1e-6},
     {"tiny-moe", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false, "qwen3moe", 0, 8, 2, 64, 0},
+    {"tiny-oss", 64, 2, 4, 2, 128, 512, 10000.0, ENG_Q_F32, false, "gpt-oss", 0, 8, 2, 64, 0},
 };
 enum { MK_N_PRESETS = sizeof mk_presets / sizeof mk_presets[0] };
 
@@ -85,7 +87,7 @@ static bool set_rope_scaling(void *field, const char *v) {
 
 static bool set_arch(void *field, const char *v) {
     if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3") && strcmp(v, "qwen3moe") && strcmp(v, "phi3") &&
-        strcmp(v, "bert") && strcmp(v, "nomic-bert"))
+        strcmp(v, "gpt-oss") && strcmp(v, "bert") && strcmp(v, "nomic-bert"))
         return false;
     snprintf(field, sizeof ((mk_opts *)0)->arch, "%s", v);
     return true;
@@ -135,12 +137,16 @@ static const kvs_opt mk_opts_table[] = {
              "              8 used, expert ff 768, ctx 40960, rope base 1e6, untied, f16\n"
              "              (pass --vocab-from a qwen2 vocabulary: about 19 GB, streamed)\n"
              "  tiny-moe    qwen3moe, embd 64, 2 blocks, 4 heads, 2 kv heads, 8 experts,\n"
-             "              2 used, expert ff 64, f32 (fast tests)"},
+             "              2 used, expert ff 64, f32 (fast tests)\n"
+             "  tiny-oss    gpt-oss, the same shape (one sliding and one global block)"},
     {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch,
-     .expect = "llama, qwen2, qwen3, qwen3moe, phi3, bert or nomic-bert", .arg = "A",
-     .help = "llama|qwen2|qwen3|qwen3moe|phi3|bert|nomic-bert (qwen2 adds Q/K/V biases\n"
-             "and uses rms eps 1e-6 by default; qwen3 adds per-head Q/K norms; qwen3moe\n"
-             "too, with a router and stacked experts in place of the feed-forward; phi3\n"
+     .expect = "llama, qwen2, qwen3, qwen3moe, gpt-oss, phi3, bert or nomic-bert", .arg = "A",
+     .help = "llama|qwen2|qwen3|qwen3moe|gpt-oss|phi3|bert|nomic-bert (qwen2 adds Q/K/V\n"
+             "biases and uses rms eps 1e-6 by default; qwen3 adds per-head Q/K norms;\n"
+             "qwen3moe too, with a router and stacked experts in place of the\n"
+             "feed-forward; gpt-oss has Q/K/V/O biases, attention sinks, biased router\n"
+             "and experts, every other block sliding (--swa), always untied, and its\n"
+             "built-in vocabulary has harmony's tokens and chat template; phi3\n"
              "fuses Q/K/V into attn_qkv and gate|up into ffn_up, and rotates halves;\n"
              "bert and nomic-bert are encoders with a built-in WordPiece vocabulary: bert\n"
              "with absolute positions, biases and GELU, nomic-bert with rotary positions\n"
@@ -156,11 +162,15 @@ static const kvs_opt mk_opts_table[] = {
              "or ugm (an XLM-RoBERTa-style SentencePiece unigram vocabulary with a\n"
              "small precompiled charsmap, tokenizer model t5)"},
     {"--experts", NULL, KVS_OPT_I64, O(n_expert), 1, 512, .arg = "N",
-     .help = "(qwen3moe) experts per layer (default 8)"},
+     .help = "(qwen3moe, gpt-oss) experts per layer (default 8)"},
     {"--experts-used", NULL, KVS_OPT_I64, O(n_expert_used), 1, 512, .arg = "N",
-     .help = "(qwen3moe) experts per token (default 2; at most --experts)"},
+     .help = "(qwen3moe, gpt-oss) experts per token (default 2; at most --experts)"},
     {"--expert-ff", NULL, KVS_OPT_I64, O(n_ff_exp), 1, MK_BIG, .arg = "N",
-     .help = "(qwen3moe) an expert's feed-forward length (default ff / experts-used)"},
+     .help = "(qwen3moe, gpt-oss) an expert's feed-forward length (default ff /\n"
+             "experts-used)"},
+    {"--swa", NULL, KVS_OPT_I64, O(n_swa), 1, INT32_MAX, .arg = "N",
+     .help = "(gpt-oss) attention.sliding_window: the sliding blocks (0, 2, 4...)\n"
+             "see the last N positions (default 128, as gpt-oss)"},
     {"--embd", NULL, KVS_OPT_I64, O(n_embd), 1, MK_BIG, .arg = "N", .help = "embedding length"},
     {"--layers", NULL, KVS_OPT_I64, O(n_layer), 1, 4096, .arg = "N", .help = "number of blocks"},
     {"--heads", NULL, KVS_OPT_I64, O(n_head), 1, 4096, .arg = "N", .help = "attention heads"},
@@ -219,7 +229,7 @@ static const kvs_opt mk_opts_table[] = {
 #undef O
 static const kvs_cli mk_cli = {
     "mkmodel", "-o OUT.gguf [OPTIONS]",
-    "Writes a llama/qwen2/qwen3/qwen3moe/phi3 GGUF model with deterministic random weights (same options, same\n"
+    "Writes a llama/qwen2/qwen3/qwen3moe/gpt-oss/phi3 GGUF model with deterministic random weights (same options, same\n"
     "bytes on every machine). Useful for tests, benchmarks and the embedded default model; its output is\n"
     "gibberish.\n",
     NULL, mk_opts_table, sizeof mk_opts_table / sizeof mk_opts_table[0], 0,
@@ -228,7 +238,10 @@ static const kvs_cli mk_cli = {
 /* The checks and derived values after parsing: 0, or 2 after a message. */
 static int check_opts(mk_opts *o) {
     if (!o->out && !o->dry_run) return kvs_cli_fail(&mk_cli, "-o OUT is required (see --help)");
-    const bool moe = !strcmp(o->arch, "qwen3moe");
+    const bool moe = !strcmp(o->arch, "qwen3moe") || kvs_mk_is_oss(o);
+    if (o->n_swa && !kvs_mk_is_oss(o)) return kvs_cli_fail(&mk_cli, "--swa needs --arch gpt-oss");
+    if (kvs_mk_is_oss(o) && o->n_swa == 0) o->n_swa = 128;
+    if (kvs_mk_is_oss(o) && o->tied) return kvs_cli_fail(&mk_cli, "gpt-oss has a separate output.weight: no --tied");
     if (o->rms_eps < 0) o->rms_eps = !strncmp(o->arch, "qwen", 4) ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
     if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
     if ((o->rerank || o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
@@ -399,14 +412,13 @@ static int vocab_add(mk_vocab *v, const char *s, size_t len, int32_t type, float
 
 #define SPM_SPACE "\xe2\x96\x81"  /* U+2581, the SentencePiece space marker */
 
-/* ids: 0 <unk>, 1 <s>, 2 </s>, 3 <|im_start|>, 4 <|im_end|>, 5..260 byte tokens, then characters and words.
- * Every word comes with all of its "\u2581"-prefixed prefixes, and there are no other multi-character pieces,
- * so SPM merging grows each word left to right and known words become one token. */
-static int vocab_builtin(mk_vocab *v) {
-    static const char *const specials[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
-    static const int32_t special_type[] = {2, 3, 3, 3, 3};
-    for (int i = 0; i < 5; i++)
-        if (vocab_add(v, specials[i], strlen(specials[i]), special_type[i], 0.0f)) return -1;
+/* ids: the n specials (0 <unk>, 1 BOS, 2 EOS, then control tokens: <|im_start|>, <|im_end|> for ChatML), then 256
+ * byte tokens, then characters and words. Every word comes with all of its "\u2581"-prefixed prefixes, and there
+ * are no other multi-character pieces, so SPM merging grows each word left to right and known words become one
+ * token. */
+static int vocab_builtin(mk_vocab *v, const char *const *specials, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (vocab_add(v, specials[i], strlen(specials[i]), i == 0 ? 2 : 3, 0.0f)) return -1;
     for (int b = 0; b < 256; b++) {
         char s[8];
         snprintf(s, sizeof s, "<0x%02X>", b);
@@ -437,10 +449,15 @@ static const char k_chatml_template[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-static int add_builtin_vocab(eng_gguf_writer *w, bool fim, int64_t *n_vocab) {
+static int add_builtin_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab) {
     static const char *const fim_tok[3] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
+    static const char *const chatml[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
+    const bool fim = o->fim, oss = kvs_mk_is_oss(o);
+    size_t n_sp = 5;
+    const char *const *sp = oss ? kvs_mk_oss_specials(&n_sp) : chatml;
+    const char *tmpl = oss ? kvs_mk_oss_template() : k_chatml_template;
     mk_vocab v = {0};
-    int rc = vocab_builtin(&v) ? ENG_ERR_NOMEM : 0;
+    int rc = vocab_builtin(&v, sp, n_sp) ? ENG_ERR_NOMEM : 0;
     size_t fim0 = v.n;
     for (int i = 0; fim && !rc && i < 3; i++)
         if (vocab_add(&v, fim_tok[i], strlen(fim_tok[i]), 3, 0.0f)) rc = ENG_ERR_NOMEM;
@@ -458,13 +475,13 @@ static int add_builtin_vocab(eng_gguf_writer *w, bool fim, int64_t *n_vocab) {
         if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
         if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
         if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
-        if (!rc) rc = eng_gguf_add_u32(w, "tokenizer.ggml.eot_token_id", 4);
+        if (!rc && !oss) rc = eng_gguf_add_u32(w, "tokenizer.ggml.eot_token_id", 4); /* harmony: <|end|> goes on */
         if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", true);
         if (!rc) rc = eng_gguf_add_bool(w, "tokenizer.ggml.add_eos_token", false);
         if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_pre_token_id", (uint32_t)fim0);
         if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_suf_token_id", (uint32_t)fim0 + 1);
         if (!rc && fim) rc = eng_gguf_add_u32(w, "tokenizer.ggml.fim_mid_token_id", (uint32_t)fim0 + 2);
-        if (!rc) rc = eng_gguf_add_str(w, "tokenizer.chat_template", k_chatml_template, strlen(k_chatml_template));
+        if (!rc) rc = eng_gguf_add_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
         *n_vocab = (int64_t)v.n;
     }
     free(strs);
@@ -613,6 +630,7 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
         U32("expert_used_count", o->n_expert_used);
         U32("expert_feed_forward_length", o->n_ff_exp);
     }
+    if (!rc && kvs_mk_is_oss(o)) rc = kvs_mk_oss_metadata(w, o);
     if (o->orig_ctx > 0) U32("rope.scaling.original_context_length", o->orig_ctx);
     if (o->rope_attn > 0) F32("rope.scaling.attn_factor", o->rope_attn);
     if (o->rope_scale > 0) F32("rope.scaling.factor", o->rope_scale);
@@ -641,7 +659,7 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
         rc = ENG_ERR_INVALID;
     }
     if (!rc) rc = o->vocab_from ? add_vocab_from(tw, o->vocab_from, n_vocab)
-                  : kvs_mk_is_encoder(o) ? kvs_mk_encoder_vocab(tw, o, n_vocab) : add_builtin_vocab(tw, o->fim, n_vocab);
+                  : kvs_mk_is_encoder(o) ? kvs_mk_encoder_vocab(tw, o, n_vocab) : add_builtin_vocab(tw, o, n_vocab);
     if (!rc) rc = kvs_mk_is_encoder(o) ? kvs_mk_encoder_metadata(w, o, *n_vocab) : add_metadata(w, o, *n_vocab);
     if (!rc) {
         /* Copy the tokenizer block through a reader over the scratch writer's bytes. */
@@ -693,7 +711,8 @@ static int add_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, siz
     *count = 0;
     if (kvs_mk_is_encoder(o)) return kvs_mk_encoder_tensors(sk, o, n_vocab, total, count);
     int rc = kvs_mk_tensor_one(sk, o, "token_embd.weight", MK_EMBED, E, n_vocab, 1, total, count);
-    for (int64_t l = 0; l < o->n_layer && !rc; l++) {
+    for (int64_t l = 0; kvs_mk_is_oss(o) && l < o->n_layer && !rc; l++) rc = kvs_mk_oss_layer(sk, o, l, total, count);
+    for (int64_t l = 0; !kvs_mk_is_oss(o) && l < o->n_layer && !rc; l++) {
         for (size_t i = 0; i < nt && !rc; i++) {
             if (td[i].kind == MK_BIAS && !biases) continue;
             if (!strcmp(td[i].suffix, "attn_output.bias") && !o->out_bias) continue; /* qwen2 has none */
@@ -818,7 +837,7 @@ int kvs_cmd_mkmodel(int argc, char **argv) {
     if (rc) return 1;
     static const char *const tnames[] = {[ENG_Q_F32] = "f32", [ENG_Q_F16] = "f16", [ENG_Q_Q8_0] = "q8_0"};
     char experts[96] = "";
-    if (!strcmp(o.arch, "qwen3moe"))
+    if (!strcmp(o.arch, "qwen3moe") || kvs_mk_is_oss(&o))
         snprintf(experts, sizeof experts, ", %lld experts (%lld used, ff %lld)", (long long)o.n_expert,
                  (long long)o.n_expert_used, (long long)o.n_ff_exp);
     printf("%s %s: %s, embd %lld, %lld blocks, %lld/%lld heads (dim %lld), ff %lld%s, vocab %lld, %s%s, "

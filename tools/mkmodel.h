@@ -18,7 +18,7 @@ typedef struct mk_opts {
     const char *out;
     const char *preset;
     const char *vocab_from;
-    char arch[16];          /* "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "bert" or "nomic-bert" */
+    char arch[16];          /* "llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "phi3", "bert" or "nomic-bert" */
     int64_t n_embd;
     int64_t n_layer;
     int64_t n_head;
@@ -26,9 +26,10 @@ typedef struct mk_opts {
     int64_t n_ff;
     int64_t n_ctx;
     int64_t head_dim;       /* 0: n_embd / n_head */
-    int64_t n_expert;       /* qwen3moe: experts per layer, used per token, their feed-forward length */
+    int64_t n_expert;       /* qwen3moe, gpt-oss: experts per layer, used per token, their feed-forward length */
     int64_t n_expert_used;
     int64_t n_ff_exp;
+    int64_t n_swa;          /* gpt-oss: attention.sliding_window (0: 128) */
     double rope_base;
     double rms_eps;         /* < 0: the arch default (1e-5 llama, 1e-6 qwen2) */
     uint32_t wtype;         /* matrices: ENG_Q_F32, ENG_Q_F16 or ENG_Q_Q8_0 */
@@ -85,5 +86,16 @@ bool kvs_mk_set_vocab(void *field, const char *v);   /* --vocab wpm|ugm into a b
 int kvs_mk_encoder_vocab(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab);
 int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab);
 int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, size_t *total, int *count);
+
+/* mkmodel_oss.c (gpt-oss) */
+bool kvs_mk_is_oss(const mk_opts *o);
+/* The first special tokens of its built-in vocabulary (static storage): <unk>, BOS, EOS, then harmony's. */
+const char *const *kvs_mk_oss_specials(size_t *n);
+/* Its harmony chat template (static storage). */
+const char *kvs_mk_oss_template(void);
+/* gpt-oss.expert_count, expert_used_count, expert_feed_forward_length, attention.sliding_window into w. */
+int kvs_mk_oss_metadata(eng_gguf_writer *w, const mk_opts *o);
+/* Block l's tensors, in file order, into the sink (as kvs_mk_tensor_one). */
+int kvs_mk_oss_layer(const mk_sink *sk, const mk_opts *o, int64_t l, size_t *total, int *count);
 
 #endif /* KVSERVE_TOOLS_MKMODEL_H */

@@ -1,5 +1,5 @@
-/* model.c: loading a GGUF model (llama, qwen2, qwen3, qwen3moe, gemma3, phi3) into struct eng_model, with every
- * tensor checked. */
+/* model.c: loading a GGUF model (llama, qwen2, qwen3, qwen3moe, gpt-oss, gemma3, phi3) into struct eng_model, with
+ * every tensor checked. */
 #include "engine/model/model.h"
 #include "common/common.h"
 
@@ -168,6 +168,7 @@ static int load_hparams(loader *L, bool vocab_only) {
     else if (!strcmp(hp->arch_name, "gemma3")) hp->arch = ENG_ARCH_GEMMA3;
     else if (!strcmp(hp->arch_name, "phi3")) hp->arch = ENG_ARCH_PHI3;
     else if (!strcmp(hp->arch_name, "qwen3moe")) hp->arch = ENG_ARCH_QWEN3MOE;
+    else if (!strcmp(hp->arch_name, "gpt-oss")) hp->arch = ENG_ARCH_GPT_OSS;
     else if (eng_encoder_arch(hp->arch_name, &hp->arch)) {} /* bert, nomic-bert: engine/model/encoder.c */
     else if (vocab_only) return 0; /* a tokenizer-only load does not need the architecture */
     else return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: unsupported architecture %s", L->path,
@@ -344,7 +345,19 @@ static int load_moe(loader *L, int l, eng_layer *ly) {
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_gate_exps.bias", F, &x->gate_b);
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_up_exps.bias", F, &x->up_b);
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_down_exps.bias", E, &x->down_b);
+    if (rc == 0 && hp->arch == ENG_ARCH_GPT_OSS && (!x->router_b || !x->gate_b || !x->up_b || !x->down_b))
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: gpt-oss layer %d needs ffn_gate_inp.bias and "
+                        "ffn_{gate,up,down}_exps.bias", L->path, l);
     return rc;
+}
+
+/* gpt-oss's own tensors of layer l: attn_sinks [n_head] and attn_output.bias, required as llama.cpp requires them
+ * (its pre-FFN norm, post_attention_norm, is loaded as ffn_norm). */
+static int load_gpt_oss_layer(loader *L, int l, eng_layer *ly) {
+    const eng_hparams *hp = &L->m->hp;
+    const layer_tensor ts[] = {{"attn_sinks.weight", NULL, &ly->attn_sinks, hp->n_head, 0, true},
+                               {"attn_output.bias", NULL, &ly->bo, hp->n_embd, 0, true}};
+    return load_layer_tensors(L, l, ts, 2);
 }
 
 static int load_tensors(loader *L) {
@@ -364,6 +377,8 @@ static int load_tensors(loader *L) {
     const int64_t E = hp->n_embd, V = hp->n_vocab, HD = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * HD, KD = (int64_t)hp->n_head_kv * HD, F = hp->n_ff;
     if ((rc = load_matrix(L, "token_embd.weight", E, V, &m->tok_embd)) != 0) return rc;
+    if (hp->arch == ENG_ARCH_GPT_OSS && !eng_gguf_find_tensor(m->gguf, "output.weight"))
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing tensor output.weight", L->path);
     if (eng_gguf_find_tensor(m->gguf, "output.weight")) {
         if ((rc = load_matrix(L, "output.weight", E, V, &m->output)) != 0) return rc;
         hp->tied_embeddings = false;
@@ -388,6 +403,7 @@ static int load_tensors(loader *L) {
     bool qk_norm_required = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_QWEN3MOE || hp->arch == ENG_ARCH_GEMMA3;
     const bool moe = hp->n_expert > 0;
     bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
+    const bool oss = hp->arch == ENG_ARCH_GPT_OSS;
     for (int l = 0; l < hp->n_layer; l++) {
         eng_layer *ly = &m->layers[l];
         const layer_tensor norm[] = {{"attn_norm.weight", NULL, &ly->attn_norm, E, 0, true}};
@@ -410,15 +426,20 @@ static int load_tensors(loader *L) {
             {"attn_v.bias", NULL, &ly->bv, KD, 0, biases_required},
             {"attn_q_norm.weight", NULL, &ly->q_norm, HD, 0, qk_norm_required},
             {"attn_k_norm.weight", NULL, &ly->k_norm, HD, 0, qk_norm_required},
-            {"ffn_norm.weight", NULL, &ly->ffn_norm, E, 0, true},
+            /* gpt-oss's pre-FFN norm is named post_attention_norm (not gemma3's norm of the attention output) */
+            {oss ? "post_attention_norm.weight" : "ffn_norm.weight", NULL, &ly->ffn_norm, E, 0, true},
             {"post_attention_norm.weight", NULL, &ly->post_attn_norm, E, 0, post_norms},
             {"post_ffw_norm.weight", NULL, &ly->post_ffn_norm, E, 0, post_norms},
             {"ffn_down.weight", &ly->w_down, NULL, F, E, true},
         };
-        if ((rc = load_layer_tensors(L, l, rest, sizeof rest / sizeof rest[0] - (moe ? 1 : 0))) != 0) return rc;
+        for (size_t i = 0; i < sizeof rest / sizeof rest[0] - (moe ? 1 : 0) && rc == 0; i++)
+            if (post_norms || (rest[i].vec != &ly->post_attn_norm && rest[i].vec != &ly->post_ffn_norm))
+                rc = load_layer_tensors(L, l, &rest[i], 1); /* the post-norms: gemma3 only */
+        if (rc != 0) return rc;
         /* llama.cpp reads an optional attn_output.bias for llama only (gpt-oss requires it) */
         const layer_tensor out_bias[] = {{"attn_output.bias", NULL, &ly->bo, E, 0, false}};
         if (hp->arch == ENG_ARCH_LLAMA && (rc = load_layer_tensors(L, l, out_bias, 1)) != 0) return rc;
+        if (oss && (rc = load_gpt_oss_layer(L, l, ly)) != 0) return rc;
         if (moe && (rc = load_moe(L, l, ly)) != 0) return rc;
     }
     return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);

@@ -68,7 +68,7 @@ typedef struct eng_layer {
     float *attn_sinks;  /* [n_head] f32 or NULL: per-head logits that join the softmax's denominator (gpt-oss) */
     float *q_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of Q; owned) */
     float *k_norm;      /* [head_dim] f32 or NULL (qwen3 per-head RMSNorm of K) */
-    float *ffn_norm;    /* [n_embd] f32 (owned) */
+    float *ffn_norm;    /* [n_embd] f32 (owned; gpt-oss: its post_attention_norm.weight) */
     eng_matrix w_gate;  /* [n_embd -> n_ff] */
     eng_matrix w_up;    /* [n_embd -> n_ff] */
     eng_matrix w_down;  /* [n_ff -> n_embd] */
@@ -108,11 +108,12 @@ struct eng_model {
 eng_matrix *eng_layer_matrix(eng_layer *ly, int32_t n_expert, size_t i);
 
 /* Family-specific loading (model_families.c), called by eng_model_load. eng_model_family_hparams sets the family
- * fields of m->hp (n_swa, rope_freq_base_swa, attn_scale, embd_scale, logit_softcap, ffn_act, n_ctx_orig) after
+ * fields of m->hp (n_swa, rope_freq_base_swa, attn_scale, embd_scale, logit_softcap, ffn_act, n_ctx_orig, the
+ * experts' counts and gating) after
  * the common ones; returns 0 or ENG_ERR_FORMAT with a message in err. */
 int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t err_len);
 /* Which layers slide: per <arch>.attention.sliding_window_pattern (an int n: layer l slides unless l % n == n - 1;
- * or an array of bools), default 6 for gemma3; every layer is global when hp.n_swa is 0. */
+ * or an array of bools), default 6 for gemma3 and 2 for gpt-oss; every layer is global when hp.n_swa is 0. */
 int eng_model_family_swa_layers(eng_model *m, const char *path, char *err, size_t err_len);
 
 /* Repacks every matrix whose type and shape allow it (eng_wpack_bytes) for the AVX2 and AVX-512 kernels, once

@@ -1,7 +1,7 @@
 /*
  * model_families.c: the hyper-parameters that differ between model families (gemma3's sliding-window layers,
  * attention scale, embedding scale and logit soft-capping; phi3's context length for its rope factors and
- * LongRoPE's attention factor). The
+ * LongRoPE's attention factor; the experts of qwen3moe and gpt-oss, gpt-oss's alternating sliding layers). The
  * tensors of each family are loaded by model.c; the forward pass reads the fields set here.
  */
 #include <math.h>
@@ -76,6 +76,32 @@ static int moe_hparams(eng_model *m, const char *path, char *err, size_t err_len
     return 0;
 }
 
+/* gpt-oss (facts as llama.cpp v0.5.0 reads them): attention.sliding_window (required, > 0) for the sliding layers
+ * (every other one, eng_model_family_swa_layers), their rope base rope.freq_base_swa (default rope.freq_base), the
+ * expert counts and expert_feed_forward_length (required), expert_weights_scale not read (the weights are not
+ * scaled), top-k-then-softmax gating, the clamped SwiGLU (alpha 1.702, limit 7), q.k scaled by 1/sqrt(n_rot). */
+static int gpt_oss_hparams(eng_model *m, const char *path, char *err, size_t err_len) {
+    eng_hparams *hp = &m->hp;
+    int rc;
+    hp->n_ff_exp = 0;
+    if ((rc = arch_int(m, "attention.sliding_window", &hp->n_swa, path, err, err_len)) != 0) return rc;
+    if ((rc = arch_float(m, "rope.freq_base_swa", &hp->rope_freq_base_swa, path, err, err_len)) != 0) return rc;
+    if ((rc = arch_int(m, "expert_feed_forward_length", &hp->n_ff_exp, path, err, err_len)) != 0) return rc;
+    if (hp->n_swa < 1 || hp->n_ff_exp < 1)
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: gpt-oss needs %s.attention.sliding_window and "
+                        "%s.expert_feed_forward_length (both positive)", path, hp->arch_name, hp->arch_name);
+    if (!(hp->rope_freq_base_swa > 0.0f) || isinf(hp->rope_freq_base_swa))
+        return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: rope.freq_base_swa must be positive", path);
+    const int32_t n_ff_exp = hp->n_ff_exp;
+    if ((rc = moe_hparams(m, path, err, err_len)) != 0) return rc;
+    hp->n_ff_exp = n_ff_exp;
+    hp->expert_weights_scale = 0.0f;
+    hp->moe_gating = ENG_MOE_SOFTMAX_WEIGHT;
+    hp->ffn_act = ENG_ACT_SWIGLU_OAI;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->n_rot);
+    return 0;
+}
+
 int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t err_len) {
     eng_hparams *hp = &m->hp;
     int rc;
@@ -98,7 +124,9 @@ int eng_model_family_hparams(eng_model *m, const char *path, char *err, size_t e
     if ((rc = arch_float(m, "rope.scaling.attn_factor", &hp->rope_attn_factor, path, err, err_len)) != 0) return rc;
     if (!(hp->rope_attn_factor > 0.0f) || isinf(hp->rope_attn_factor))
         return kvs_errf(err, err_len, ENG_ERR_FORMAT, "%s: rope.scaling.attn_factor must be positive", path);
+    hp->moe_gating = ENG_MOE_SOFTMAX;
     if (hp->arch == ENG_ARCH_QWEN3MOE) return moe_hparams(m, path, err, err_len);
+    if (hp->arch == ENG_ARCH_GPT_OSS) return gpt_oss_hparams(m, path, err, err_len);
     if (hp->arch != ENG_ARCH_GEMMA3) return 0;
 
     /* Gemma 3 (facts as llama.cpp applies them): sliding layers when attention.sliding_window > 0, with their
@@ -136,7 +164,7 @@ static int swa_layers(eng_model *m, const char *path, char *err, size_t err_len)
         for (int32_t l = 0; l < hp->n_layer; l++) m->layers[l].swa = ((const uint8_t *)data)[l] != 0;
         return 0;
     }
-    int32_t pattern = 6;
+    int32_t pattern = m->hp.arch == ENG_ARCH_GPT_OSS ? 2 : 6; /* gpt-oss: even layers slide, odd ones are global */
     int rc = arch_int(m, "attention.sliding_window_pattern", &pattern, path, err, err_len);
     if (rc != 0) return rc;
     for (int32_t l = 0; l < hp->n_layer; l++) m->layers[l].swa = pattern == 0 || l % pattern < pattern - 1;

@@ -6,8 +6,9 @@
  *      numbers in every thread's copy, so no thread waits for another here): softmax over the experts, the
  *      n_expert_used highest probabilities in descending order (ties to the lower expert id), their weights divided
  *      by their sum (clamped below at 2^-14, the smallest normal fp16) and multiplied by expert_weights_scale when
- *      that is neither 0 nor 1: the facts of llama.cpp's build_moe_ffn for qwen3moe. Then the step's slots (one per
- *      row and rank) are grouped by expert, the rows of an expert in batch order;
+ *      that is neither 0 nor 1: the facts of llama.cpp's build_moe_ffn for qwen3moe; or (gpt-oss, hp.moe_gating
+ *      ENG_MOE_SOFTMAX_WEIGHT) the n_expert_used highest logits, weighted by a softmax over them alone. Then the
+ *      step's slots (one per row and rank) are grouped by expert, the rows of an expert in batch order;
  *      then, with no barrier, per active expert in units of MOE_COLS columns: its gate and up products over all its
  *      slots at once (so each selected expert's weights are read once per step, whatever the number of rows routed
  *      to it, by the packed kernels' tiles of up to 8 rows per weight load; the experts no row chose are not read),
@@ -45,13 +46,45 @@ static int input_slot(const eng_moe *x, uint32_t t) {
     return x->gate[0].dot_type == x->router.dot_type || t == x->gate[0].dot_type ? 1 : 2;
 }
 
+/* The k highest of p[0..ne) in descending order (ties to the lower expert id) into sel and w. */
+static void top_k(const float *p, int32_t ne, int32_t k, int32_t *sel, float *w) {
+    uint8_t taken[ENG_MAX_EXPERTS];
+    memset(taken, 0, (size_t)ne);
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < ne; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        taken[best] = 1;
+        sel[j] = best;
+        w[j] = p[best];
+    }
+}
+
+/* gpt-oss's gating (ENG_MOE_SOFTMAX_WEIGHT): the k highest logits, their weights the softmax over those k alone
+ * (max first, a double sum, one float reciprocal, as the full softmax below). */
+static void route_row_topk_softmax(const eng_hparams *hp, const float *p, int32_t *sel, float *w) {
+    const int32_t k = hp->n_expert_used;
+    top_k(p, hp->n_expert, k, sel, w);
+    const float mx = w[0];
+    double sum = 0.0;
+    for (int32_t j = 0; j < k; j++) {
+        w[j] = expf(w[j] - mx);
+        sum += w[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t j = 0; j < k; j++) w[j] *= inv;
+}
+
 /* A row's routing (logits: its n_expert router outputs, read only): sel and w get the experts and their weights by
  * rank. */
 static void route_row(const eng_hparams *hp, const float *bias, const float *logits, int32_t *sel, float *w) {
     const int32_t ne = hp->n_expert, k = hp->n_expert_used;
-    uint8_t taken[ENG_MAX_EXPERTS];
     float p[ENG_MAX_EXPERTS];
     for (int32_t e = 0; e < ne; e++) p[e] = bias ? logits[e] + bias[e] : logits[e];
+    if (hp->moe_gating == ENG_MOE_SOFTMAX_WEIGHT) {
+        route_row_topk_softmax(hp, p, sel, w);
+        return;
+    }
     float mx = p[0];
     for (int32_t e = 1; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
     double sum = 0.0;
@@ -61,17 +94,9 @@ static void route_row(const eng_hparams *hp, const float *bias, const float *log
     }
     const float inv = (float)(1.0 / sum);
     for (int32_t e = 0; e < ne; e++) p[e] *= inv;
-    memset(taken, 0, (size_t)ne);
+    top_k(p, ne, k, sel, w);
     float ws = 0.0f;
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < ne; e++)
-            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
-        taken[best] = 1;
-        sel[j] = best;
-        w[j] = p[best];
-        ws += w[j];
-    }
+    for (int32_t j = 0; j < k; j++) ws += w[j];
     if (ws < 6.103515625e-5f) ws = 6.103515625e-5f;
     const float scale = hp->expert_weights_scale;
     for (int32_t j = 0; j < k; j++) {

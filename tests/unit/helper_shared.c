@@ -48,10 +48,13 @@ cJSON *kvt_read_json(const char *path) {
 int kvt_run_kvserve(const char *dir, const char *const *args, char **log) {
     char path[1024];
     snprintf(path, sizeof path, "%s/log", dir);
-    const char *argv[40];
+    const char *argv[72];
     int n = 0;
     argv[n++] = KVSERVE_BINARY;
-    for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+    for (int i = 0; args[i]; i++) {
+        cr_assert_lt(n, 71, "kvt_run_kvserve: too many arguments");
+        argv[n++] = args[i];
+    }
     argv[n] = NULL;
     pid_t pid = fork();
     cr_assert_neq(pid, -1);

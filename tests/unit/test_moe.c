@@ -25,26 +25,29 @@ enum { N_PROMPT = 12, N_SEQ = 4, MAX_ROWS = 64 };
 
 typedef struct tmpdir { char dir[64], model[128]; } tmpdir;
 
-/* A tiny-moe model in type (f32 | q8_0; "q4_k_m": the f16 model through kvserve quantize) made in a new temporary
+/* A tiny-moe (or with oss, a tiny-oss: gpt-oss, its block 0 sliding over 8 positions) model in type (f32 | q8_0;
+ * "q4_k_m" and "mxfp4": the f16 model through kvserve quantize Q4_K_M or MXFP4_MOE) made in a new temporary
  * directory. */
-static void make_model(tmpdir *t, const char *type) {
+static void make_model_arch(tmpdir *t, const char *type, bool oss) {
     snprintf(t->dir, sizeof t->dir, "/tmp/kvserve-moe-XXXXXX");
     cr_assert_not_null(mkdtemp(t->dir));
     snprintf(t->model, sizeof t->model, "%s/m.gguf", t->dir);
-    bool q4k = !strcmp(type, "q4_k_m");
+    bool q4k = !strcmp(type, "q4_k_m"), mx = !strcmp(type, "mxfp4");
     /* Q4_K rows need multiples of 256 */
-    const char *args[] = {"mkmodel", "-o", t->model, "--preset", "tiny-moe", "--type", q4k ? "f16" : type,
-                          "--embd", q4k ? "256" : "64", "--expert-ff", q4k ? "256" : "64", "--heads", "4",
-                          "--experts", "8", "--experts-used", "3", NULL};
+    const char *args[] = {"mkmodel", "-o", t->model, "--preset", oss ? "tiny-oss" : "tiny-moe", "--type",
+                          q4k || mx ? "f16" : type, "--embd", q4k ? "256" : "64", "--expert-ff", q4k ? "256" : "64",
+                          "--heads", "4", "--experts", "8", "--experts-used", "3", oss ? "--swa" : NULL, "8", NULL};
     cr_assert_eq(kvt_run_kvserve(t->dir, args, NULL), 0, "kvserve mkmodel failed");
-    if (q4k) {
+    if (q4k || mx) {
         char q[160];
         snprintf(q, sizeof q, "%s.q", t->model);
-        const char *qa[] = {"quantize", t->model, q, "Q4_K_M", NULL};
+        const char *qa[] = {"quantize", t->model, q, mx ? "MXFP4_MOE" : "Q4_K_M", NULL};
         cr_assert_eq(kvt_run_kvserve(t->dir, qa, NULL), 0, "kvserve quantize failed");
         cr_assert_eq(rename(q, t->model), 0);
     }
 }
+
+static void make_model(tmpdir *t, const char *type) { make_model_arch(t, type, false); }
 
 /* The test's temporary directory, removed by its .fini whether it passed or failed. */
 static tmpdir made;
@@ -76,9 +79,9 @@ static eng_ctx *open_ctx(eng_model *m, int32_t n_threads) {
 
 /* Every sequence's prompt decoded one token at a time, alone (logits of every position into alone), then all
  * sequences again in one context as random interleaved chunks, which must give the same logits bit for bit. */
-static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
+static void invariance_arch(const char *type, int32_t n_threads, uint64_t seed, bool oss) {
     tmpdir *tp = &made, t;
-    make_model(tp, type);
+    make_model_arch(tp, type, oss);
     t = *tp;
     eng_model *m = NULL;
     char err[256];
@@ -136,11 +139,16 @@ static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
     eng_model_free(m);
 }
 
+static void invariance(const char *type, int32_t n_threads, uint64_t seed) { invariance_arch(type, n_threads, seed, false); }
+
 TestSuite(moe, .timeout = 120);
 
 Test(moe, batch_invariance_f32, .fini = made_cleanup) { invariance("f32", 2, 11); }
 Test(moe, batch_invariance_q8_0, .fini = made_cleanup) { invariance("q8_0", 3, 12); }
 Test(moe, batch_invariance_q4_k_m, .fini = made_cleanup) { invariance("q4_k_m", 2, 13); }
+/* gpt-oss: top-k-then-softmax gating, biased router and experts, the clamped SwiGLU, sinks, a sliding block */
+Test(moe, batch_invariance_gpt_oss_f32, .fini = made_cleanup) { invariance_arch("f32", 2, 14, true); }
+Test(moe, batch_invariance_gpt_oss_mxfp4, .fini = made_cleanup) { invariance_arch("mxfp4", 3, 15, true); }
 
 /* The model at src rewritten into dst with key `key` (an arch key, u32) set to value, or (value < 0) with tensor
  * `tensor`'s ne[2] halved: a malformed file for the loader. */

@@ -457,14 +457,14 @@ static cJSON *longrope_ref(int32_t n_ctx, char *json_out[1]) { return mk_ref("mk
  * a "quantize" file type) and checks its SHA-256. */
 static void mk_model(const char *stem, cJSON *root, const char *dir, char *mpath, size_t cap) {
     snprintf(mpath, cap, "%s/%s.gguf", dir, stem);
-    const char *args[48];
+    const char *args[64];
     int n = 0;
     args[n++] = "mkmodel";
     args[n++] = "-o";
     args[n++] = mpath;
     cJSON *a;
     cJSON_ArrayForEach(a, cJSON_GetObjectItem(root, "mkmodel_args")) {
-        cr_assert(cJSON_IsString(a) && n < 47);
+        cr_assert(cJSON_IsString(a) && n < 63);
         args[n++] = a->valuestring;
     }
     args[n] = NULL;
@@ -593,3 +593,9 @@ static void check_moe(const char *stem) {
 Test(reference, qwen3moe_f32, .fini = made_cleanup) { check_moe("mk-qwen3moe-f32"); }
 Test(reference, qwen3moe_q8_0, .fini = made_cleanup) { check_moe("mk-qwen3moe-q8_0"); }
 Test(reference, qwen3moe_q4_k_m, .fini = made_cleanup) { check_moe("mk-qwen3moe-q4_k_m"); }
+/* gpt-oss (tests/reference/mk-gpt-oss-*.ctx512.json): a biased router over 16 experts (4 per token, top-k then
+ * softmax), the clamped SwiGLU, Q/K/V/O biases, attention sinks, blocks 0 and 2 sliding over 16 positions (the
+ * longer prompts and their completions leave the window), YaRN; f32 (the float rule) and MXFP4 experts with Q8_0
+ * matrices (`kvserve quantize ... MXFP4_MOE` of the f16 model; the quantized rule), alone and batched. */
+Test(reference, gpt_oss_f32, .fini = made_cleanup) { check_moe("mk-gpt-oss-f32"); }
+Test(reference, gpt_oss_mxfp4, .fini = made_cleanup) { check_moe("mk-gpt-oss-mxfp4"); }
