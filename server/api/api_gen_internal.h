@@ -70,7 +70,13 @@ cJSON *api_new_logprobs(api_call *c);
 /* Appends the logprobs of samples to lp (the choice's accumulator or a chunk's logprobs object). */
 void api_add_logprobs(api_call *c, api_choice *ch, cJSON *lp, const eng_sample *smp, int32_t n);
 /* The usage object of a final body or of the stream's last chunk. */
-cJSON *api_usage_json(const srv_sched_usage *u);
+cJSON *api_usage_json(const srv_sched_usage *u, int32_t reasoning_tokens);
+/* The tokens of one scheduler event (n) counted into c->reasoning_tokens when they went to reasoning: the parser
+ * was inside reasoning before or after their text (was_inside, srv_reasoning_inside) or the reasoning grew, and
+ * no content came with them. So a thinking block's markers and an analysis message's end count, a final
+ * message's header does not; an event whose tokens mix both (rare: text held back by the detokenizer or a stop
+ * string) counts as content. */
+void api_count_reasoning(api_call *c, const srv_reasoning *p, bool was_inside, bool r_grew, bool c_grew, int32_t n);
 
 /* ---- api_tools.c: tool calls in chat responses (loop thread) ---------------------------------------------- */
 /* Whether c's output is parsed for tool calls (chat, tools given, tool_choice not none). */

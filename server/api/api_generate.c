@@ -47,7 +47,7 @@ static void finish_call(api_call *c) {
         } else if (c->gen.include_usage) {
             cJSON *o = api_chunk_base(c);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage));
+            cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1));
             api_sse_send(c, o, NULL);
         }
         api_sse_send(c, NULL, "[DONE]");
@@ -98,7 +98,7 @@ static void finish_call(api_call *c) {
         cJSON_AddStringToObject(j, "finish_reason", fn);
         if (ch->truncated) cJSON_AddTrueToObject(j, "truncated"); /* cut by the KV pool (as llama.cpp's field) */
     }
-    cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage));
+    cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1));
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);
     cJSON_Delete(o);
     api_call_free(c);
@@ -141,8 +141,10 @@ static void split_event(api_call *c, int32_t idx, const srv_sched_event *ev, boo
     api_choice *ch = &c->choices[idx];
     kvs_buf content = {0};
     size_t r0 = ch->reasoning.len;
+    const bool was_inside = srv_reasoning_inside(&ch->rsn);
     int rc = srv_reasoning_feed(&ch->rsn, ev->text, ev->text_len, &ch->reasoning, &content);
     if (rc == 0 && end) rc = srv_reasoning_finish(&ch->rsn, &ch->reasoning, &content);
+    api_count_reasoning(c, &ch->rsn, was_inside, ch->reasoning.len > r0, content.len > 0, ev->n_samples);
     if ((rc != 0 || ch->reasoning.oom || content.oom) && !c->has_error) {
         c->has_error = true;
         srv_api_set_nomem(&c->error);

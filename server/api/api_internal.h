@@ -91,6 +91,7 @@ struct api_call {
     api_sub *subs; int32_t n_subs, n_live;
     api_choice *choices; int32_t n_choices;
     srv_sched_usage usage;
+    int32_t reasoning_tokens; /* generated tokens that went to reasoning (api_count_reasoning), all choices */
     uint64_t t_first_token;
     bool stream, shutdown;
     bool gone;            /* the client left: the 499 line is logged when the call is freed, with its usage */

@@ -5,8 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The usage object of a final body or of the stream's last chunk. */
-cJSON *api_usage_json(const srv_sched_usage *u) {
+void api_count_reasoning(api_call *c, const srv_reasoning *p, bool was_inside, bool r_grew, bool c_grew, int32_t n) {
+    if (n > 0 && !c_grew && (was_inside || r_grew || srv_reasoning_inside(p))) c->reasoning_tokens += n;
+}
+
+/* The usage object of a final body or of the stream's last chunk; reasoning_tokens >= 0 adds OpenAI's
+ * completion_tokens_details.reasoning_tokens (chat). */
+cJSON *api_usage_json(const srv_sched_usage *u, int32_t reasoning_tokens) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
@@ -14,6 +19,8 @@ cJSON *api_usage_json(const srv_sched_usage *u) {
     cJSON_AddNumberToObject(o, "total_tokens", (double)u->prompt_tokens + u->completion_tokens);
     cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
     if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
+    cJSON *ct = reasoning_tokens >= 0 ? cJSON_AddObjectToObject(o, "completion_tokens_details") : NULL;
+    if (ct) cJSON_AddNumberToObject(ct, "reasoning_tokens", reasoning_tokens);
     return o;
 }
 

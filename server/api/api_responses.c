@@ -173,7 +173,8 @@ static cJSON *response_obj(resp_call *r, const char *status, const cJSON *output
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens",
                                 c->usage.cached_tokens);
         cJSON_AddNumberToObject(u, "output_tokens", outn);
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", 0);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens",
+                                c->reasoning_tokens);
         cJSON_AddNumberToObject(u, "total_tokens", in + outn);
     } else {
         cJSON_AddNullToObject(o, "usage");

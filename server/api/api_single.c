@@ -58,11 +58,12 @@ int api_single_event(api_call *c, api_sub *sub, const srv_sched_event *ev) {
     bool split = c->rsn_syntax != SRV_REASONING_OFF;
     bool end = ev->type == SRV_SCHED_EV_CHOICE_END && ev->finish != SRV_SCHED_FINISH_ERROR &&
                ev->finish != SRV_SCHED_FINISH_CANCELLED;
+    const bool was_inside = split && srv_reasoning_inside(&ch->rsn);
+    size_t t0 = ch->text.len, r0 = ch->reasoning.len;
     if (ev->text_len > 0 || (split && end)) {
         /* kept as valid UTF-8, so that every cut of it (streamed deltas, text before a call) is valid too; the
          * reasoning parser cuts only at ASCII markers and whitespace */
         char *d = api_utf8_sanitize(ev->text, ev->text_len);
-        size_t t0 = ch->text.len, r0 = ch->reasoning.len;
         int rc = !d ? KVS_ERR_NOMEM : !split ? kvs_buf_puts(&ch->text, d)
                                              : srv_reasoning_feed(&ch->rsn, d, strlen(d), &ch->reasoning, &ch->text);
         if (rc == 0 && split && end) rc = srv_reasoning_finish(&ch->rsn, &ch->reasoning, &ch->text);
@@ -73,6 +74,7 @@ int api_single_event(api_call *c, api_sub *sub, const srv_sched_event *ev) {
         free(d);
         if (c->stream && !c->has_error && (ch->text.len > t0 || ch->reasoning.len > r0)) r = API_SINGLE_TEXT;
     }
+    if (split) api_count_reasoning(c, &ch->rsn, was_inside, ch->reasoning.len > r0, ch->text.len > t0, ev->n_samples);
     if (ev->type == SRV_SCHED_EV_CHOICE_END && ev->finish == SRV_SCHED_FINISH_ERROR && !c->has_error) {
         c->has_error = true;
         srv_api_set_error(&c->error, 500, "server_error", NULL, NULL, "%s", ev->error ? ev->error : "generation failed");

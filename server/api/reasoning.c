@@ -277,6 +277,12 @@ int srv_reasoning_feed(srv_reasoning *p, const char *text, size_t len, kvs_buf *
     return run(p, false, reasoning, content);
 }
 
+bool srv_reasoning_inside(const srv_reasoning *p) {
+    if (!p) return false;
+    if (p->syntax == SRV_REASONING_THINK) return p->state == T_OPEN || p->state == T_IN;
+    return p->syntax == SRV_REASONING_HARMONY && p->state == H_BODY && p->sink == SINK_REASON;
+}
+
 int srv_reasoning_finish(srv_reasoning *p, kvs_buf *reasoning, kvs_buf *content) {
     if (!p || !reasoning || !content) return KVS_ERR_INVALID;
     return run(p, true, reasoning, content);

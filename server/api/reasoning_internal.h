@@ -55,6 +55,9 @@ void srv_reasoning_free(srv_reasoning *p);
 int srv_reasoning_feed(srv_reasoning *p, const char *text, size_t len, kvs_buf *reasoning, kvs_buf *content);
 /* The output has ended: what was held goes where it belongs (a block still open: reasoning). Errors as feed. */
 int srv_reasoning_finish(srv_reasoning *p, kvs_buf *reasoning, kvs_buf *content);
+/* Whether the parser is inside reasoning: a THINK block still open, or the body of a HARMONY message on the
+ * analysis channel. What counts a generated token as a reasoning token (api_count_reasoning). */
+bool srv_reasoning_inside(const srv_reasoning *p);
 /* Whether the text of a rendered prompt ends inside a <think> block: the last "<think>" after which no
  * "</think>" follows, and only whitespace follows it. */
 bool srv_reasoning_prompt_open(const char *prompt, size_t len);

@@ -2078,11 +2078,16 @@ Test(api, chat_reasoning_content_and_tool_calls_after_it) {
     cr_assert_str_eq(jstr(m, "content"), "Checking.");
     cr_assert_str_eq(jstr(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function"),
                           "name"), "get_weather");
+    /* reasoning_tokens: the block's bytes (the fake engine's tokens) up to and with "</think>", not what follows */
+    cJSON *ctd = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens_details");
+    cr_assert_eq(cJSON_GetObjectItem(ctd, "reasoning_tokens")->valueint, 22 + 8, "%s", r.body);
     cJSON_Delete(j);
     tc_resp_free(&r);
-    /* reasoning_format none (the request's): the thinking stays in content */
+    /* reasoning_format none (the request's): the thinking stays in content, and no token counts as reasoning */
     cr_assert_eq(post(f, "/v1/chat/completions", THINK_BODY("\"reasoning_format\":\"none\""), NULL, &r), 200);
     j = json_of(&r);
+    ctd = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens_details");
+    cr_assert_eq(cJSON_GetObjectItem(ctd, "reasoning_tokens")->valueint, 0, "%s", r.body);
     cr_assert_null(cJSON_GetObjectItem(msg0(j), "reasoning_content"));
     cr_assert(!strncmp(jstr(msg0(j), "content"), "\nweather needs a tool\n</think>", 30), "%s", r.body);
     cJSON_Delete(j);
@@ -2226,6 +2231,23 @@ Test(api, chat_harmony_channels) {
     cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function");
     cr_assert_str_eq(jstr(fn, "name"), "get_weather");
     cr_assert_str_eq(jstr(fn, "arguments"), "{\"city\":\"Paris\"}");
+    /* usage.completion_tokens_details.reasoning_tokens: the analysis body and its end (the fake engine's tokens are
+     * bytes: "<|message|>"'s last byte, "Need the weather." and "<|end|>"), not the headers nor the call */
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    cJSON *rt = cJSON_GetObjectItem(cJSON_GetObjectItem(u, "completion_tokens_details"), "reasoning_tokens");
+    cr_assert(cJSON_IsNumber(rt), "%s", r.body);
+    cr_assert_eq(rt->valueint, 1 + 17 + 7, "%s", r.body);
+    cr_assert_gt(cJSON_GetObjectItem(u, "completion_tokens")->valueint, rt->valueint);
+    cJSON_Delete(j);
+    tc_resp_free(&r);
+    /* the same through /v1/responses: output_tokens_details.reasoning_tokens */
+    snprintf(body, sizeof body, "{\"input\":\"HARMONYSCRIPT\",\"tools\":[{\"type\":\"function\",\"name\":"
+             "\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]}");
+    cr_assert_eq(post(f, "/v1/responses", body, NULL, &r), 200, "%s", r.body);
+    j = json_of(&r);
+    rt = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "output_tokens_details"),
+                             "reasoning_tokens");
+    cr_assert(cJSON_IsNumber(rt) && rt->valueint == 1 + 17 + 7, "%s", r.body);
     cJSON_Delete(j);
     tc_resp_free(&r);
     cr_assert_eq(post(f, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"HARMONYFINAL\"}],"

@@ -193,6 +193,32 @@ Test(reasoning, harmony_random_splits_match_one_piece) {
     }
 }
 
+/* srv_reasoning_inside (what counts reasoning tokens) fed one byte at a time: true exactly from the end of the
+ * analysis header to the end of its "<|end|>" (HARMONY), from the start to the end of "</think>" (THINK, open). */
+static void inside_walk(srv_reasoning_syntax syn, bool open, const char *text, size_t a, size_t e) {
+    srv_reasoning p;
+    srv_reasoning_init(&p, syn, open);
+    kvs_buf r = {0}, c = {0};
+    for (size_t i = 0; text[i]; i++) {
+        cr_assert_eq(srv_reasoning_inside(&p), i >= a && i < e, "[%s] after %zu bytes", text, i);
+        cr_assert_eq(srv_reasoning_feed(&p, text + i, 1, &r, &c), 0);
+    }
+    cr_assert_not(srv_reasoning_inside(&p));
+    srv_reasoning_free(&p);
+    kvs_buf_free(&r);
+    kvs_buf_free(&c);
+}
+
+Test(reasoning, inside_follows_reasoning) {
+    const size_t hdr = strlen("<|channel|>analysis<|message|>");
+    inside_walk(SRV_REASONING_HARMONY, false, H1, hdr, hdr + strlen("User asks weather. Use tool.<|end|>"));
+    inside_walk(SRV_REASONING_THINK, true, "\nplan\n</think>\n\nanswer", 0, strlen("\nplan\n</think>"));
+    inside_walk(SRV_REASONING_THINK, false, "<think>plan</think>answer", strlen("<think>"),
+                strlen("<think>plan</think>"));
+    inside_walk(SRV_REASONING_OFF, false, "<think>plan</think>answer", 0, 0);
+    cr_assert_not(srv_reasoning_inside(NULL));
+}
+
 Test(reasoning, detection_and_names) {
     cr_assert_eq(srv_reasoning_detect(NULL), SRV_REASONING_OFF);
     cr_assert_eq(srv_reasoning_detect("{{ '<|im_start|>assistant\\n' }}"), SRV_REASONING_OFF);
