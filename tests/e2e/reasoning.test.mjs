@@ -45,6 +45,7 @@ describe('reasoning output (a template that opens <think>)', { skip: !present },
     assert.equal(m.content, '');
     assert.equal(r.choices[0].finish_reason, 'length');
     assert.equal(r.usage.completion_tokens, N);
+    assert.equal(r.usage.completion_tokens_details.reasoning_tokens, N, 'every token went to the open block');
   });
 
   test('chat streaming: delta.reasoning_content pieces give the same thinking, no content', async () => {
@@ -67,6 +68,7 @@ describe('reasoning output (a template that opens <think>)', { skip: !present },
       const m = r.choices[0].message;
       assert.equal(m.reasoning_content, undefined, JSON.stringify(extra));
       assert.ok(m.content.length > 0);
+      assert.equal(r.usage.completion_tokens_details.reasoning_tokens, 0);
       assert.ok(r.usage.prompt_tokens > on.usage.prompt_tokens, 'the template closed the block in the prompt');
     }
     await assert.rejects(openai.chat.completions.create({ model: 'x', messages: USER, max_tokens: 2, chat_template_kwargs: { enable_thinking: 'no' } }),
@@ -81,6 +83,7 @@ describe('reasoning output (a template that opens <think>)', { skip: !present },
     assert.equal(r.output[0].content[0].type, 'reasoning_text');
     assert.equal(r.output[0].content[0].text, thinking.trim());
     assert.ok(!r.output.some((it) => it.type === 'message'), 'no empty message item');
+    assert.equal(r.usage.output_tokens_details.reasoning_tokens, N);
     const s = await openai.responses.create({ model: 'x', input: USER[0].content, max_output_tokens: N, temperature: 0, stream: true });
     let deltas = '', done = null, final = null;
     for await (const ev of s) {
