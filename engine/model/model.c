@@ -345,9 +345,12 @@ static int load_moe(loader *L, int l, eng_layer *ly) {
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_gate_exps.bias", F, &x->gate_b);
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_up_exps.bias", F, &x->up_b);
     if (rc == 0) rc = load_expert_bias(L, l, "ffn_down_exps.bias", E, &x->down_b);
-    if (rc == 0 && hp->arch == ENG_ARCH_GPT_OSS && (!x->router_b || !x->gate_b || !x->up_b || !x->down_b))
-        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: gpt-oss layer %d needs ffn_gate_inp.bias and "
-                        "ffn_{gate,up,down}_exps.bias", L->path, l);
+    /* gpt-oss: the router's and the experts' biases are required (llama.cpp's loader requires them) */
+    const char *missing = !x->router_b ? "ffn_gate_inp.bias" : !x->gate_b ? "ffn_gate_exps.bias"
+                          : !x->up_b ? "ffn_up_exps.bias" : !x->down_b ? "ffn_down_exps.bias" : NULL;
+    if (rc == 0 && hp->arch == ENG_ARCH_GPT_OSS && missing)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: missing tensor blk.%d.%s (gpt-oss)", L->path, l,
+                        missing);
     return rc;
 }
 

@@ -7,6 +7,7 @@
  * (tiny-moe preset) in a temporary directory; no shared material is needed.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <criterion/logging.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -150,9 +151,10 @@ Test(moe, batch_invariance_q4_k_m, .fini = made_cleanup) { invariance("q4_k_m", 
 Test(moe, batch_invariance_gpt_oss_f32, .fini = made_cleanup) { invariance_arch("f32", 2, 14, true); }
 Test(moe, batch_invariance_gpt_oss_mxfp4, .fini = made_cleanup) { invariance_arch("mxfp4", 3, 15, true); }
 
-/* The model at src rewritten into dst with key `key` (an arch key, u32) set to value, or (value < 0) with tensor
- * `tensor`'s ne[2] halved: a malformed file for the loader. */
-static void rewrite(const char *src, const char *dst, const char *key, int64_t value, const char *tensor) {
+/* The model at src rewritten into dst with key `key` (an arch key, u32) set to value (drop: left out), or with
+ * tensor `tensor`'s ne[2] halved (drop: left out): a malformed file for the loader. */
+static void rewrite_ex(const char *src, const char *dst, const char *key, int64_t value, const char *tensor,
+                       bool drop) {
     eng_gguf *g = NULL;
     char err[256];
     cr_assert_eq(eng_gguf_open(src, &g, err, sizeof err), 0, "%s", err);
@@ -164,13 +166,14 @@ static void rewrite(const char *src, const char *dst, const char *key, int64_t v
         if (kv->key.len == 17 && !memcmp(kv->key.ptr, "general.alignment", 17)) continue;
         cr_assert_eq(eng_gguf_add_kv_from(w, kv), 0);
     }
-    if (key) cr_assert_eq(eng_gguf_add_u32(w, key, (uint32_t)value), 0);
+    if (key && !drop) cr_assert_eq(eng_gguf_add_u32(w, key, (uint32_t)value), 0);
     for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
         const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
         int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
         size_t nb = t->nbytes;
+        if (tensor && !strcmp(name, tensor) && drop) continue;
         if (tensor && !strcmp(name, tensor)) {
             ne[2] /= 2;
             nb /= 2;
@@ -180,6 +183,10 @@ static void rewrite(const char *src, const char *dst, const char *key, int64_t v
     cr_assert_eq(eng_gguf_write(w, dst, err, sizeof err), 0, "%s", err);
     eng_gguf_writer_free(w);
     eng_gguf_close(g);
+}
+
+static void rewrite(const char *src, const char *dst, const char *key, int64_t value, const char *tensor) {
+    rewrite_ex(src, dst, key, value, tensor, false);
 }
 
 static void expect_load_error(const char *path, int want, const char *needle) {
@@ -219,5 +226,44 @@ Test(moe, malformed_files_are_refused, .fini = made_cleanup) {
     cr_expect_eq(hp->n_expert, 8);
     cr_expect_eq(hp->n_expert_used, 3);
     cr_expect_eq(hp->n_ff_exp, 64);
+    eng_model_free(m);
+}
+
+/* gpt-oss: what llama.cpp requires is required (the window, the expert ff length, sinks, the attention output's and
+ * the router's biases, a separate output), with a message naming it; the untouched file loads with gpt-oss's
+ * hyper-parameters (alternating sliding blocks, top-k-then-softmax gating, the clamped SwiGLU, 1/sqrt(n_rot)). */
+Test(moe, gpt_oss_malformed_files_are_refused, .fini = made_cleanup) {
+    tmpdir *tp = &made, t;
+    make_model_arch(tp, "f32", true);
+    t = *tp;
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", t.dir);
+    rewrite(t.model, bad, "gpt-oss.attention.sliding_window", 0, NULL);
+    expect_load_error(bad, ENG_ERR_FORMAT, "sliding_window");
+    rewrite_ex(t.model, bad, "gpt-oss.expert_feed_forward_length", 0, NULL, true);
+    expect_load_error(bad, ENG_ERR_FORMAT, "expert_feed_forward_length");
+    static const char *const need[] = {"blk.0.attn_sinks.weight", "blk.1.attn_output.bias", "blk.1.ffn_gate_inp.bias",
+                                       "blk.0.ffn_down_exps.bias", "blk.1.post_attention_norm.weight", "output.weight"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        rewrite_ex(t.model, bad, NULL, 0, need[i], true);
+        expect_load_error(bad, ENG_ERR_FORMAT, need[i]);
+    }
+    eng_model *m = NULL;
+    char err[256];
+    cr_assert_eq(eng_model_load(t.model, NULL, &m, err, sizeof err), 0, "%s", err);
+    const eng_hparams *hp = eng_model_hparams(m);
+    cr_expect_eq(hp->arch, ENG_ARCH_GPT_OSS);
+    cr_expect_eq(hp->n_swa, 8);
+    cr_expect(m->layers[0].swa && !m->layers[1].swa, "block 0 slides, block 1 is global");
+    cr_expect_eq(hp->moe_gating, ENG_MOE_SOFTMAX_WEIGHT);
+    cr_expect_eq(hp->ffn_act, ENG_ACT_SWIGLU_OAI);
+    cr_expect_float_eq(hp->attn_scale, 1.0f / sqrtf((float)hp->n_rot), 1e-7f);
+    cr_expect_eq(hp->expert_weights_scale, 0.0f);
+    for (int l = 0; l < 2; l++) {
+        const eng_layer *ly = &m->layers[l];
+        cr_expect(ly->attn_sinks && ly->bo && ly->bq && ly->ffn_norm && ly->moe.router_b && ly->moe.gate_b,
+                  "layer %d: sinks, biases, pre-FFN norm", l);
+        cr_expect_null(ly->post_attn_norm, "post_attention_norm is the pre-FFN norm, not a norm of the attention");
+    }
     eng_model_free(m);
 }
