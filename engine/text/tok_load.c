@@ -65,11 +65,20 @@ static const char *const RE_QWEN2 =
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+/* gpt-4o (o200k): words split by case, an uppercase run then lowercase letters, each with an optional contraction;
+ * "uppercase" is any letter but a-z and "lowercase" any letter but A-Z, as llama.cpp writes the classes (the form
+ * its tokenizer runs, not tokenizer.json's \p{Lu}/\p{Ll}); numbers by three; '/' after punctuation runs. */
+static const char *const RE_GPT4O =
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]"
+    "|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]"
+    "|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 static int pre_from_name(eng_gguf_str s, eng_pre_type *pre, bool *ignore_merges, bool *add_bos_default) {
     static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", NULL};
     static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
                                        "mpt", "olmo", "jais", "gigachat", NULL};
     static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", NULL};
+    static const char *const gpt4o[] = {"gpt-4o", "llama4", NULL};
     static const char *const smollm[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
                                          "minerva-7b", NULL};
     *ignore_merges = false;
@@ -83,6 +92,8 @@ static int pre_from_name(eng_gguf_str s, eng_pre_type *pre, bool *ignore_merges,
         if (str_is(s, qwen2[i])) { *pre = ENG_PRE_QWEN2; return ENG_OK; }
     for (int i = 0; smollm[i]; i++)
         if (str_is(s, smollm[i])) { *pre = ENG_PRE_SMOLLM; return ENG_OK; }
+    for (int i = 0; gpt4o[i]; i++)
+        if (str_is(s, gpt4o[i])) { *pre = ENG_PRE_GPT4O; return ENG_OK; }
     return ENG_ERR_UNSUPPORTED;
 }
 
@@ -93,6 +104,7 @@ static int compile_regexes(eng_vocab *v, char *err, size_t err_len, const char *
     case ENG_PRE_GPT2: pats[n++] = RE_GPT2; break;
     case ENG_PRE_LLAMA3: pats[n++] = RE_LLAMA3; break;
     case ENG_PRE_QWEN2: pats[n++] = RE_QWEN2; break;
+    case ENG_PRE_GPT4O: pats[n++] = RE_GPT4O; break;
     case ENG_PRE_SMOLLM: pats[n++] = "\\p{N}"; pats[n++] = RE_GPT2; break;
     case ENG_PRE_DEFAULT:
     default:

@@ -53,6 +53,7 @@ typedef enum {
     ENG_PRE_LLAMA3 = 2,    /* "llama3", "llama-v3", "llama-bpe", "falcon3" */
     ENG_PRE_QWEN2 = 3,     /* "qwen2", "deepseek-r1-qwen", "stablelm2", "megrez" */
     ENG_PRE_SMOLLM = 4,    /* "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone" */
+    ENG_PRE_GPT4O = 5,     /* "gpt-4o" (gpt-oss's o200k), "llama4" */
 } eng_pre_type;
 
 typedef struct eng_vocab eng_vocab;
