@@ -20,6 +20,7 @@ quantize), which test_reference.c uses to make the same model again (its SHA-256
                  factor 4 over 256), in f32 (the float rule) and as `kvserve quantize ... MXFP4_MOE` makes it from
                  the f16 model (experts MXFP4, the other matrices Q8_0; the quantized rule). The built-in
                  vocabulary (SentencePiece-style with harmony's tokens): no o200k vocabulary is in ../shared.
+  gpt-oss-f16.MXFP4_MOE: llama-quantize's MXFP4_MOE of the gpt-oss f16 model, recorded as the next entry is.
   qwen3moe-f16.Q4_K_M: not completions but llama-quantize's output for that f16 model, as
                  tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json ({"mkmodel_args", "tensors": {name: [stored
                  type, sha256 of the stored bytes]}}), which test_quantize.c compares `kvserve quantize` with.
@@ -61,6 +62,8 @@ REFS = {
     "qwen3moe-q4_k_m": {"args": MOE_F16, "quantize": "Q4_K_M", "ctx": [512]},
     "gpt-oss-f32": {"args": OSS + ["--type", "f32"], "ctx": [512]},
     "gpt-oss-mxfp4": {"args": OSS + ["--type", "f16"], "quantize": "MXFP4_MOE", "ctx": [512]},
+    # llama-quantize's MXFP4_MOE of the gpt-oss f16 model (experts MXFP4, its own rules for the rest)
+    "gpt-oss-f16.MXFP4_MOE": {"args": OSS + ["--type", "f16"], "llama_quantize": "MXFP4_MOE"},
     # llama-quantize's Q4_K_M of the same f16 model, tensor by tensor (tests/reference/quantize/)
     "qwen3moe-f16.Q4_K_M": {"args": MOE_F16, "llama_quantize": "Q4_K_M"},
 }
@@ -114,7 +117,7 @@ def record(gen, model, name, ref, sha, n_ctx):
 # ggml types: name, values per block, bytes per block (facts of the GGUF format)
 GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
               7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-              14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
+              14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2), 39: ("MXFP4", 32, 17)}
 
 
 def tensor_hashes(path):

@@ -180,35 +180,42 @@ Test(quantize, llama_quantize_hashes_q4_k_m) { check_reference("Q4_K_M"); }
 Test(quantize, llama_quantize_hashes_q5_k_m) { check_reference("Q5_K_M"); }
 Test(quantize, llama_quantize_hashes_q6_k) { check_reference("Q6_K"); }
 
-/* A qwen3moe model made by mkmodel (3-D stacked expert tensors, 3 layers: ffn_down_exps of the last one raised to
- * Q6_K by Q4_K_M's policy, the router kept in f32) against llama-quantize's Q4_K_M of the same file
- * (tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json, recorded by scripts/ref-mkmodel.py). */
-Test(quantize, llama_quantize_hashes_qwen3moe_q4_k_m) {
+/* A model made by mkmodel with the reference's mkmodel_args, quantized to type by `kvserve quantize`, against
+ * llama-quantize's output for the same file (tests/reference/quantize/<stem>.json, recorded by
+ * scripts/ref-mkmodel.py): every tensor's stored type and bytes. */
+static void check_mk_reference(const char *stem, const char *type, int min_tensors) {
     char ref[1024], dir[64], in[256], out[256];
-    snprintf(ref, sizeof ref, "%s/tests/reference/quantize/mk-qwen3moe-f16.Q4_K_M.json", KVSERVE_SOURCE_DIR);
+    snprintf(ref, sizeof ref, "%s/tests/reference/quantize/%s.json", KVSERVE_SOURCE_DIR, stem);
     cJSON *root = kvt_read_json(ref);
     tmpdir(dir, sizeof dir);
     snprintf(in, sizeof in, "%s/in.gguf", dir);
     snprintf(out, sizeof out, "%s/out.gguf", dir);
-    const char *args[40] = {"mkmodel", "-o", in};
+    const char *args[64] = {"mkmodel", "-o", in};
     int n = 3;
     const cJSON *a;
     cJSON_ArrayForEach(a, cJSON_GetObjectItem(root, "mkmodel_args")) {
-        cr_assert(cJSON_IsString(a) && n < 39);
+        cr_assert(cJSON_IsString(a) && n < 63);
         args[n++] = a->valuestring;
     }
     args[n] = NULL;
     cr_assert_eq(kvt_run_kvserve(dir, args, NULL), 0, "kvserve mkmodel failed");
     char *log = NULL;
-    cr_assert_eq(run_quantize(dir, in, out, "Q4_K_M", "2", &log), 0, "%s", log);
+    cr_assert_eq(run_quantize(dir, in, out, type, "2", &log), 0, "%s", log);
     free(log);
     const cJSON *want = cJSON_GetObjectItem(root, "tensors");
-    int matched = compare_hashes(out, want, "Q4_K_M");
+    int matched = compare_hashes(out, want, type);
     cr_assert_eq(matched, cJSON_GetArraySize(want));
-    cr_assert_gt(matched, 20);
+    cr_assert_gt(matched, min_tensors);
     cJSON_Delete(root);
     rmtree(dir);
 }
+
+/* A qwen3moe model made by mkmodel (3-D stacked expert tensors, 3 layers: ffn_down_exps of the last one raised to
+ * Q6_K by Q4_K_M's policy, the router kept in f32) against llama-quantize's Q4_K_M of the same file. */
+Test(quantize, llama_quantize_hashes_qwen3moe_q4_k_m) { check_mk_reference("mk-qwen3moe-f16.Q4_K_M", "Q4_K_M", 20); }
+/* A gpt-oss model (4 layers: experts MXFP4, the other matrices Q8_0; the router, its and the experts' biases, the
+ * sinks and the norms kept in f32) against llama-quantize's MXFP4_MOE of the same file. */
+Test(quantize, llama_quantize_hashes_gpt_oss_mxfp4_moe) { check_mk_reference("mk-gpt-oss-f16.MXFP4_MOE", "MXFP4_MOE", 70); }
 
 /* ---- quantizers ---------------------------------------------------------------------------------------------- */
 /* Per format: the largest error of one value relative to its block's max |x| (the group one scale covers; the
