@@ -93,7 +93,13 @@ const char *kvs_mk_oss_template(void) { return k_oss_template; }
 int kvs_mk_oss_metadata(eng_gguf_writer *w, const mk_opts *o) {
     char key[96];
     int rc = 0;
-#define U32(k, v) do { if (!rc) { snprintf(key, sizeof key, "gpt-oss." k); rc = eng_gguf_add_u32(w, key, (uint32_t)(v)); } } while (0)
+#define U32(k, v)                                                                                                 \
+    do {                                                                                                           \
+        if (!rc) {                                                                                                 \
+            snprintf(key, sizeof key, "gpt-oss." k);                                                               \
+            rc = eng_gguf_add_u32(w, key, (uint32_t)(v));                                                          \
+        }                                                                                                          \
+    } while (0)
     U32("expert_count", o->n_expert);
     U32("expert_used_count", o->n_expert_used);
     U32("expert_feed_forward_length", o->n_ff_exp);

@@ -47,7 +47,8 @@ static void finish_call(api_call *c) {
         } else if (c->gen.include_usage) {
             cJSON *o = api_chunk_base(c);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1));
+            int32_t rt = c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1; /* chat's field only */
+            cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, rt));
             api_sse_send(c, o, NULL);
         }
         api_sse_send(c, NULL, "[DONE]");
@@ -98,7 +99,8 @@ static void finish_call(api_call *c) {
         cJSON_AddStringToObject(j, "finish_reason", fn);
         if (ch->truncated) cJSON_AddTrueToObject(j, "truncated"); /* cut by the KV pool (as llama.cpp's field) */
     }
-    cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1));
+    int32_t rt = c->gen.kind == SRV_API_CHAT ? c->reasoning_tokens : -1; /* chat's field only */
+    cJSON_AddItemToObject(o, "usage", api_usage_json(&c->usage, rt));
     api_reply_json(api, req, 200, o, &c->usage, ttft_ms);
     cJSON_Delete(o);
     api_call_free(c);

@@ -140,7 +140,9 @@ static void invariance_arch(const char *type, int32_t n_threads, uint64_t seed, 
     eng_model_free(m);
 }
 
-static void invariance(const char *type, int32_t n_threads, uint64_t seed) { invariance_arch(type, n_threads, seed, false); }
+static void invariance(const char *type, int32_t n_threads, uint64_t seed) {
+    invariance_arch(type, n_threads, seed, false);
+}
 
 TestSuite(moe, .timeout = 120);
 

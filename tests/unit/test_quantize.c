@@ -215,7 +215,9 @@ static void check_mk_reference(const char *stem, const char *type, int min_tenso
 Test(quantize, llama_quantize_hashes_qwen3moe_q4_k_m) { check_mk_reference("mk-qwen3moe-f16.Q4_K_M", "Q4_K_M", 20); }
 /* A gpt-oss model (4 layers: experts MXFP4, the other matrices Q8_0; the router, its and the experts' biases, the
  * sinks and the norms kept in f32) against llama-quantize's MXFP4_MOE of the same file. */
-Test(quantize, llama_quantize_hashes_gpt_oss_mxfp4_moe) { check_mk_reference("mk-gpt-oss-f16.MXFP4_MOE", "MXFP4_MOE", 70); }
+Test(quantize, llama_quantize_hashes_gpt_oss_mxfp4_moe) {
+    check_mk_reference("mk-gpt-oss-f16.MXFP4_MOE", "MXFP4_MOE", 70);
+}
 
 /* ---- quantizers ---------------------------------------------------------------------------------------------- */
 /* Per format: the largest error of one value relative to its block's max |x| (the group one scale covers; the

@@ -78,7 +78,8 @@ Test(tok_gpt4o, llama_cpp_ids, .fini = cleanup) {
         cr_expect_eq(n, cJSON_GetArraySize(want), "[%s]: %d tokens, llama.cpp %d", text, n, cJSON_GetArraySize(want));
         for (int32_t i = 0; i < n && i < cJSON_GetArraySize(want); i++)
             if (toks[i] != cJSON_GetArrayItem(want, i)->valueint) {
-                cr_expect_fail("[%s]: token %d is %d, llama.cpp %d", text, i, toks[i], cJSON_GetArrayItem(want, i)->valueint);
+                cr_expect_fail("[%s]: token %d is %d, llama.cpp %d", text, i, toks[i],
+                               cJSON_GetArrayItem(want, i)->valueint);
                 break;
             }
         n_cases++;
