@@ -111,8 +111,10 @@ static void index_insert(kvc_cache *c, int32_t b) {
 }
 
 
-/* Removes b's hash (it must be hashed); bumps its generation so children referring to it go stale. */
-static void index_remove(kvc_cache *c, int32_t b) {
+/* Removes b's hash (it must be hashed); bumps its generation so children referring to it go stale. evicted: the
+ * block is being taken for reuse with its contents still intact (the event then carries its identity, so that a
+ * lower tier may copy it). */
+static void index_remove(kvc_cache *c, int32_t b, bool evicted) {
     kvc_block *bl = &c->blocks[b];
     if (bl->hprev >= 0) c->blocks[bl->hprev].hnext = bl->hnext;
     else c->buckets[bucket_of(c, bl->hash)] = bl->hnext;
@@ -123,6 +125,12 @@ static void index_remove(kvc_cache *c, int32_t b) {
     c->n_hashed--;
     if (c->event_cb) {
         kvc_event ev = {.kind = KVC_EVENT_REMOVED, .block = b, .hash = bl->hash, .block_size = c->lay.block_size};
+        if (evicted) {
+            ev.evicted = true;
+            ev.has_parent = bl->parent >= 0;
+            ev.parent_hash = bl->parent >= 0 ? bl->parent_hash : 0;
+            ev.tokens = c->btok + (size_t)b * c->lay.block_size;
+        }
         c->event_cb(c->event_ctx, &ev);
     }
 }
@@ -170,7 +178,7 @@ static int32_t block_take(kvc_cache *c) {
     } else if (c->lru_head >= 0) {
         b = c->lru_head;
         lru_unlink(c, b);
-        index_remove(c, b);
+        index_remove(c, b, true);
         c->n_cached--;
         c->evictions++;
     } else {
@@ -285,7 +293,7 @@ int kvc_pool_create(const kvc_params *params, kvc_cache **out) {
                           row, head_stride, block_stride, layer_bytes, base};
     for (uint32_t i = 0; i < nbuckets; i++) c->buckets[i] = -1;
     for (int32_t b = 0; b < p.n_blocks; b++) {
-        c->blocks[b] = (kvc_block){0, 0, false, 0, -1, 0, -1, -1, -1, -1};
+        c->blocks[b] = (kvc_block){0, 0, false, 0, -1, 0, 0, -1, -1, -1, -1};
         c->free_stack[b] = p.n_blocks - 1 - b; /* pops give 0, 1, 2, ... */
     }
     c->n_free = p.n_blocks;
@@ -404,6 +412,7 @@ static void seq_publish(kvc_cache *c, kvc_seq *s) {
                 bl->hash = h;
                 bl->parent = parent;
                 bl->parent_gen = pgen;
+                bl->parent_hash = parent >= 0 ? phash : 0;
                 memcpy(c->btok + (size_t)b * bs, toks, (size_t)bs * sizeof(int32_t));
                 index_insert(c, b);
                 if (c->event_cb) {
@@ -719,7 +728,7 @@ int kvc_pool_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end, kvc_s
     int32_t delta = end - begin, n_move = len - end;
     /* Contents from `first` on change (or the blocks go away): drop their hashes. */
     for (int32_t i = first; i < s->n_table; i++)
-        if (c->blocks[s->table[i]].hashed) index_remove(c, s->table[i]);
+        if (c->blocks[s->table[i]].hashed) index_remove(c, s->table[i], false);
     if (s->n_pub > first) s->n_pub = first;
     if (s->dirty_from > begin) s->dirty_from = begin;
     const kvc_layout *l = &c->lay;
@@ -791,7 +800,7 @@ int kvc_pool_reset_prefix_cache(kvc_cache *c) {
     while (c->lru_head >= 0) {
         int32_t b = c->lru_head;
         lru_unlink(c, b);
-        index_remove(c, b);
+        index_remove(c, b, false);
         c->n_cached--;
         c->free_stack[c->n_free++] = b;
     }

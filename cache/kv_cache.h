@@ -332,12 +332,15 @@ typedef struct kvc_event {
     uint64_t parent_hash;   /* STORED: the parent's hash when has_parent */
     const int32_t *tokens;  /* STORED: the block's block_size token ids (valid during the call only) */
     int32_t block_size;
+    bool evicted;           /* REMOVED: the pool is taking the block for reuse (LRU eviction) and its storage still
+                               holds its keys and values during the call (a lower tier may copy them: see
+                               cache/kv_host.h); has_parent, parent_hash and tokens are then set as for STORED */
 } kvc_event;
 
 /* Called on the cache owner's thread, synchronously, from inside the call that changed the index
  * (kvc_finish_forward publishes: STORED, in chain order, parents first; kvc_start_forward, kvc_copy_prefix evict:
- * REMOVED; kvc_remove: REMOVED; kvc_reset_prefix_cache: CLEARED). A deduplicated block (an identical one was
- * already hashed) produces no event. The callback must not call into the cache. ctx is passed through. */
+ * REMOVED with evicted set, before anything is written into the block; kvc_remove: REMOVED; kvc_reset_prefix_cache:
+ * CLEARED). A deduplicated block (an identical one was already hashed) produces no event. The callback must not call into the cache. ctx is passed through. */
 typedef void (*kvc_event_cb)(void *ctx, const kvc_event *ev);
 
 /* Sets (or, with cb == NULL, clears) the event callback. Call it from the owner's thread (or before that thread

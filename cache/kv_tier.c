@@ -302,8 +302,9 @@ static bool in_index(kvt_tier *t, const kvc_event *ev) {
     return hit;
 }
 
-/* Appends block ev->block to the current run (a new one when the chain breaks or the run is full). */
-static void run_append(kvt_tier *t, const kvc_event *ev) {
+/* Appends block ev->block of the pool (or, when data is not NULL, the block_bytes at data, in the files' order) to
+ * the current run (a new one when the chain breaks or the run is full). */
+static void run_append(kvt_tier *t, const kvc_event *ev, const uint8_t *data) {
     kvt_run *r = t->cur;
     if (r && (r->n == KVT_RUN_MAX || !ev->has_parent || ev->parent_hash != r->hashes[r->n - 1])) {
         kvt_step_end(t);
@@ -330,7 +331,8 @@ static void run_append(kvt_tier *t, const kvc_event *ev) {
     r->hashes[r->n] = ev->hash;
     memcpy(r->tokens + (size_t)r->n * bs, ev->tokens, bs * sizeof *ev->tokens);
     uint8_t *dst = r->data + (size_t)r->n * t->block_bytes;
-    for (int32_t l = 0; l < 2 * t->lay.n_layer; l++) {
+    if (data) memcpy(dst, data, t->block_bytes);
+    for (int32_t l = 0; !data && l < 2 * t->lay.n_layer; l++) {
         const uint8_t *src = (const uint8_t *)t->lay.base + (size_t)l * t->lay.layer_bytes +
                              (size_t)ev->block * t->lay.block_stride;
         memcpy(dst + (size_t)l * t->lay.block_stride, src, t->lay.block_stride);
@@ -348,7 +350,17 @@ void kvt_on_cache_event(void *ctx, const kvc_event *ev) {
     if (!t || !ev || ev->kind != KVC_EVENT_STORED || ev->block_size != t->lay.block_size) return;
     if (t->cur && t->cur->n > 0 && t->cur->hashes[t->cur->n - 1] == ev->hash) return;
     if (in_index(t, ev)) return;
-    run_append(t, ev);
+    run_append(t, ev, NULL);
+}
+
+void kvt_save(kvt_tier *t, uint64_t hash, bool has_parent, uint64_t parent_hash, const int32_t *tokens,
+              const void *data, size_t bytes) {
+    if (!t || !tokens || !data || bytes != t->block_bytes) return;
+    kvc_event ev = {.kind = KVC_EVENT_STORED, .block = -1, .hash = hash, .has_parent = has_parent,
+                    .parent_hash = has_parent ? parent_hash : 0, .tokens = tokens, .block_size = t->lay.block_size};
+    if (t->cur && t->cur->n > 0 && t->cur->hashes[t->cur->n - 1] == hash) return;
+    if (in_index(t, &ev)) return;
+    run_append(t, &ev, data);
 }
 
 void kvt_step_end(kvt_tier *t) {

@@ -103,6 +103,13 @@ void kvt_close(kvt_tier *t);
  * thread, inside the cache call that published them. */
 void kvt_on_cache_event(void *ctx, const kvc_event *ev);
 
+/* Saves one block given by its bytes (`bytes` == 2 * n_layer * block_stride of the pool, each layer's K then V block,
+ * as the files hold them) unless the index or the current run holds it: the host tier's blocks leaving RAM
+ * (cache/kv_host.h, kvh_params.spill). Appended to the current run like a published block. Cache thread. NULL, or
+ * a size that is not one block's, is a no-op. */
+void kvt_save(kvt_tier *t, uint64_t hash, bool has_parent, uint64_t parent_hash, const int32_t *tokens,
+              const void *data, size_t bytes);
+
 /* Closes the current run and queues it for the writer (a full queue drops it, counted). Cache thread, between
  * forwards (the scheduler calls it at the end of every step). NULL is a no-op. */
 void kvt_step_end(kvt_tier *t);

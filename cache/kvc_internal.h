@@ -22,6 +22,7 @@ typedef struct kvc_block {
     uint64_t hash;       /* chained hash, valid when hashed */
     int32_t parent;      /* parent block of the identity (-1: first block of a chain), valid when hashed */
     uint32_t parent_gen; /* the parent's generation when this block was published */
+    uint64_t parent_hash; /* the parent's chained hash when published (0 for the first block of a chain) */
     int32_t hprev, hnext; /* hash bucket chain */
     int32_t lprev, lnext; /* LRU list (cached blocks only) */
 } kvc_block;

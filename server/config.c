@@ -92,6 +92,8 @@ static const key_def KEYS[] = {
     S(kv_disk_dir, NULL, "directory of the KV disk tier: prefix blocks saved there are loaded instead of recomputed, "
       "also after a restart (\"\": none; CPU pools only)"),
     N(kv_disk_gb, 0.001, 1000000, "most GB (1e9 bytes) of KV files kept in kv_disk_dir (least recently used deleted)"),
+    N(kv_host_gb, 0, 1000000, "GB (1e9 bytes) of RAM for the KV host tier: prefix blocks the pool evicts are copied "
+      "there and copied back instead of recomputed (0: none; CPU pools only; llama.cpp's --cache-ram)"),
     S(slot_save_path, NULL, "directory of saved sessions: POST /slots/{id}?action=save|restore|erase (needs "
       "kv_disk_dir; \"\": the slot API answers 501)"),
 };

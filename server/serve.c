@@ -47,6 +47,7 @@ typedef struct daemon_state {
     srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
     kvt_tier *tier;                   /* the KV disk tier (kv_disk_dir), NULL when disabled */
+    kvh_tier *host;                   /* the KV host tier (kv_host_gb), NULL when disabled */
     srv_tiers_events tev;             /* the cache's events to the tier and the publisher */
     eng_chat_family family;
     tpl_template *tpl;        /* the Jinja chat template (model's or --chat-template FILE); NULL: family */
@@ -167,6 +168,7 @@ static void load_work(uv_work_t *w) {
     if (d->load_rc == 0) load_template(d);
     if (d->load_rc == 0) /* reads the model's samples and scans the directory: off the loop */
         d->load_rc = srv_tiers_open(c, d->model, d->ctx, &d->tier, d->load_err, sizeof d->load_err);
+    if (d->load_rc == 0) d->load_rc = srv_tiers_open_host(c, d->ctx, d->tier, &d->host, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0 && c->slot_save_path[0] && !c->kv_disk_dir[0]) {
         d->load_rc = KVS_ERR_INVALID;
         snprintf(d->load_err, sizeof d->load_err, "slot_save_path needs kv_disk_dir (the disk tier keeps the KV of "
@@ -216,14 +218,22 @@ static void load_done(uv_work_t *w, int status) {
     sp.spec_n_max = c->draft_max;
     sp.spec_n_min = c->draft_min;
     /* the cache reports to the disk tier and the publisher; the scheduler closes their batches once per step */
-    d->tev = (srv_tiers_events){d->tier, d->kvev};
-    if (d->kvev || d->tier) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
+    d->tev = (srv_tiers_events){.tier = d->tier, .host = d->host, .kvev = d->kvev};
+    if (d->kvev || d->tier || d->host) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
     if (d->kvev) {
         sp.on_step = srv_tiers_step_end;
         sp.on_step_ctx = &d->tev;
         if (d->tier) kvt_events_enable(d->tier); /* announces what the disk holds, then every change */
+        kvh_events_enable(d->host);
     }
     sp.tier = d->tier;
+    sp.host = d->host;
+    if (d->host) {
+        kvh_stats hs;
+        kvh_get_stats(d->host, &hs);
+        fprintf(stderr, "kvserve: KV host tier: %llu blocks (%.3f GB)\n", (unsigned long long)hs.capacity_blocks,
+                c->kv_host_gb);
+    }
     if (d->tier) {
         kvt_stats ts;
         kvt_get_stats(d->tier, &ts);
@@ -307,6 +317,8 @@ static void finalize(daemon_state *d) {
     srv_sched_free(d->sched); /* remaining requests end as cancelled; their callbacks run here */
     d->sched = NULL;
     if (d->ctx) kvc_set_event_cb(eng_ctx_cache(d->ctx), NULL, NULL);
+    kvh_close(d->host);
+    d->host = NULL;
     kvt_close(d->tier); /* writes what is queued */
     d->tier = NULL;
     d->metrics.kvev = NULL;
@@ -550,7 +562,8 @@ out:
     srv_cors_free(d->cors);
     srv_kv_events_free(d->kvev); /* start-up failed after it was created */
     if (d->have_ops) srv_engine_ops_release(&d->ops);
-    kvt_close(d->tier); /* start-up failed after it was opened */
+    kvh_close(d->host); /* start-up failed after it was opened */
+    kvt_close(d->tier);
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);
     tpl_free(d->tpl);

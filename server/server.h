@@ -105,6 +105,8 @@ typedef struct srv_config {
     char kv_disk_dir[1024];     /* the disk tier's directory (cache/kv_tier.h): prefix blocks saved there survive
                                    eviction and restarts; "" (default): no disk tier. CPU pools only */
     double kv_disk_gb;          /* the most GB (1e9 bytes) of files kept in kv_disk_dir, default 10 */
+    double kv_host_gb;          /* the host-memory tier (cache/kv_host.h): GB (1e9 bytes) of RAM holding prefix blocks
+                                   the pool evicted; 0 (default): none. CPU pools only (llama.cpp's --cache-ram) */
     char slot_save_path[1024];  /* llama.cpp's --slot-save-path: the directory of saved sessions (POST /slots/{id});
                                    "" (default): the slot API answers 501. Needs kv_disk_dir */
 } srv_config;

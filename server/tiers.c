@@ -97,6 +97,38 @@ int srv_tiers_open(const srv_config *cfg, const eng_model *model, eng_ctx *ctx, 
     }
 }
 
+static void spill_to_disk(void *ctx, const kvh_block *b) {
+    kvt_save(ctx, b->hash, b->has_parent, b->parent_hash, b->tokens, b->data, b->bytes);
+}
+
+int srv_tiers_open_host(const srv_config *cfg, eng_ctx *ctx, kvt_tier *disk, kvh_tier **out, char *err,
+                        size_t err_len) {
+    *out = NULL;
+    if (cfg->kv_host_gb <= 0) return KVS_OK;
+    if (eng_ctx_device(ctx) != ENG_DEVICE_CPU)
+        return kvs_errf(err, err_len, KVS_ERR_UNSUPPORTED, "kv_host_gb: the host tier takes a CPU KV pool only (this "
+                        "context runs on the GPU, whose pinned-memory copies are not built; use --device cpu or set "
+                        "kv_host_gb 0)");
+    kvh_params p;
+    memset(&p, 0, sizeof p);
+    p.max_bytes = (uint64_t)(cfg->kv_host_gb * 1e9);
+    if (disk) {
+        p.spill = spill_to_disk;
+        p.spill_ctx = disk;
+    }
+    int rc = kvh_open(&p, eng_ctx_cache(ctx), out);
+    switch (rc) {
+    case KVS_OK: return KVS_OK;
+    case KVS_ERR_UNSUPPORTED:
+        return kvs_errf(err, err_len, rc, "kv_host_gb: the host tier does not take this model's KV cache (a "
+                        "sliding-window cache)");
+    case KVS_ERR_INVALID: return kvs_errf(err, err_len, rc, "kv_host_gb: %g GB is below one KV block", cfg->kv_host_gb);
+    default:
+        return kvs_errf(err, err_len, rc, "kv_host_gb: cannot allocate %g GB for the host tier: %s", cfg->kv_host_gb,
+                        kvs_strerror(rc));
+    }
+}
+
 int srv_tiers_slot(srv_sched *sched, kvt_tier *tier, const char *slot_dir, srv_api_slot_op *op) {
     op->err[0] = 0;
     op->n_tokens = 0;
@@ -147,6 +179,7 @@ int srv_tiers_slot(srv_sched *sched, kvt_tier *tier, const char *slot_dir, srv_a
 
 void srv_tiers_on_cache_event(void *ctx, const kvc_event *ev) {
     srv_tiers_events *e = ctx;
+    if (e->host) kvh_on_cache_event(e->host, ev);
     if (e->tier) kvt_on_cache_event(e->tier, ev);
     if (e->kvev) srv_kv_events_on_cache_event(e->kvev, ev);
 }
@@ -154,6 +187,7 @@ void srv_tiers_on_cache_event(void *ctx, const kvc_event *ev) {
 void srv_tiers_step_end(void *ctx) {
     srv_tiers_events *e = ctx;
     if (!e->kvev) return;
+    kvh_drain_events(e->host, srv_kv_events_on_host_event, e->kvev);
     kvt_drain_events(e->tier, srv_kv_events_on_tier_event, e->kvev);
     srv_kv_events_step_end(e->kvev);
 }

@@ -196,14 +196,18 @@ static const uint64_t *batch_hashes(const srv_kv_events_batch *b) {
     return (const uint64_t *)(const void *)b->hashes.data;
 }
 
-static const char *medium_name(srv_kv_events_medium m) { return m == SRV_KV_EVENTS_DISK ? "DISK" : "GPU"; }
+static const char *medium_name(srv_kv_events_medium m) {
+    return m == SRV_KV_EVENTS_DISK ? "DISK" : m == SRV_KV_EVENTS_HOST ? "CPU" : "GPU";
+}
 
 int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev) {
     return srv_kv_events_batch_add_medium(b, ev, SRV_KV_EVENTS_POOL);
 }
 
 int srv_kv_events_batch_add_medium(srv_kv_events_batch *b, const kvc_event *ev, srv_kv_events_medium medium) {
-    if (!b || !ev || (medium != SRV_KV_EVENTS_POOL && medium != SRV_KV_EVENTS_DISK)) return KVS_ERR_INVALID;
+    if (!b || !ev || (medium != SRV_KV_EVENTS_POOL && medium != SRV_KV_EVENTS_DISK &&
+                          medium != SRV_KV_EVENTS_HOST))
+        return KVS_ERR_INVALID;
     if (b->items.oom || b->hashes.oom || b->tokens.oom) return KVS_ERR_NOMEM;
     int32_t n = srv_kv_events_batch_len(b);
     int32_t n_hash = (int32_t)(b->hashes.len / sizeof(uint64_t));
@@ -572,6 +576,12 @@ void srv_kv_events_on_tier_event(void *ctx, const kvc_event *ev) {
     srv_kv_events *p = ctx;
     if (!p || p->batch_lost) return;
     if (srv_kv_events_batch_add_medium(p->batch, ev, SRV_KV_EVENTS_DISK) != KVS_OK) p->batch_lost = true;
+}
+
+void srv_kv_events_on_host_event(void *ctx, const kvc_event *ev) {
+    srv_kv_events *p = ctx;
+    if (!p || p->batch_lost) return;
+    if (srv_kv_events_batch_add_medium(p->batch, ev, SRV_KV_EVENTS_HOST) != KVS_OK) p->batch_lost = true;
 }
 
 void srv_kv_events_step_end(void *ctx) {

@@ -244,21 +244,52 @@ static void st_series_render(kvs_buf *b, const srv_sched_stats *st) {
     }
 }
 
-/* The KV tiers: prefix tokens served per tier (the pool, the disk tier), and the disk tier's own counters when the
- * daemon has one (kv_disk_dir). */
+/* The host tier's own counters (kv_host_gb). */
+static void render_host(kvs_buf *b, const kvh_stats *h) {
+    gauge(b, "kvserve:kv_host_tier_blocks", "KV blocks held by the host-memory tier.", (double)h->blocks);
+    gauge(b, "kvserve:kv_host_tier_capacity_blocks", "KV blocks the host-memory tier can hold (kv_host_gb).",
+          (double)h->capacity_blocks);
+    counter(b, "kvserve:kv_host_tier_lookups_total", "New sequences whose prefix was looked up in the host tier.",
+            h->lookups);
+    counter(b, "kvserve:kv_host_tier_hit_blocks_total", "KV blocks copied from the host tier back into the pool.",
+            h->hit_blocks);
+    counter(b, "kvserve:kv_host_tier_stored_total", "KV blocks the pool evicted that the host tier copied.", h->stored);
+    counter(b, "kvserve:kv_host_tier_evicted_total", "KV blocks dropped from the host tier to make room (handed to "
+            "the disk tier when there is one).", h->evicted);
+    counter(b, "kvserve:kv_host_tier_copy_errors_total", "Failed copies between the pool and the host tier.",
+            h->copy_errors);
+}
+
+/* The KV tiers: prefix tokens served per tier (the pool, the host tier, the disk tier), bytes moved, and each lower
+ * tier's own counters when the daemon has it (kv_host_gb, kv_disk_dir). */
 static void render_tiers(kvs_buf *b, const srv_sched_stats *st) {
     const kvt_stats *t = &st->tier;
     meta(b, "kvserve:prefix_cache_tier_hits_total", "counter",
-         "Prompt tokens served from a KV tier instead of computed, by tier (pool: the prefix cache; disk: kv_disk_dir).");
+         "Prompt tokens served from a KV tier instead of computed, by tier (pool: the prefix cache; host: kv_host_gb; "
+         "disk: kv_disk_dir).");
     kvs_buf_printf(b, "kvserve:prefix_cache_tier_hits_total{tier=\"pool\"} %llu\n",
                    (unsigned long long)st->prefix_hit_tokens);
+    kvs_buf_printf(b, "kvserve:prefix_cache_tier_hits_total{tier=\"host\"} %llu\n",
+                   (unsigned long long)st->host.hit_tokens);
     kvs_buf_printf(b, "kvserve:prefix_cache_tier_hits_total{tier=\"disk\"} %llu\n", (unsigned long long)t->hit_tokens);
-    if (!st->has_tier) return;
-    meta(b, "kvserve:kv_tier_bytes_total", "counter", "Bytes of KV moved between the pool and the disk tier.");
+    if (!st->has_tier && !st->has_host) return;
+    meta(b, "kvserve:kv_tier_bytes_total", "counter", "Bytes of KV moved between the pool and a lower tier "
+         "(host: read = copied back into the pool, write = copied out of it).");
+    if (st->has_host) {
+        kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"host\",direction=\"read\"} %llu\n",
+                       (unsigned long long)st->host.bytes_out);
+        kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"host\",direction=\"write\"} %llu\n",
+                       (unsigned long long)st->host.bytes_in);
+    }
+    if (!st->has_tier) {
+        render_host(b, &st->host);
+        return;
+    }
     kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"disk\",direction=\"read\"} %llu\n",
                    (unsigned long long)t->bytes_read);
     kvs_buf_printf(b, "kvserve:kv_tier_bytes_total{tier=\"disk\",direction=\"write\"} %llu\n",
                    (unsigned long long)t->bytes_written);
+    if (st->has_host) render_host(b, &st->host);
     gauge(b, "kvserve:kv_disk_tier_blocks", "KV blocks held by the disk tier.", (double)t->blocks);
     gauge(b, "kvserve:kv_disk_tier_files", "Files of the disk tier.", (double)t->files);
     gauge(b, "kvserve:kv_disk_tier_bytes", "Bytes of the disk tier's files (bounded by kv_disk_gb).", (double)t->bytes);

@@ -100,9 +100,9 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st, char **o
  *     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil (lora_id), medium,
  *      nil (lora_name)]
  *     ["BlockRemoved", [hash, ...], medium]
- *   medium: "GPU" for the KV pool (vLLM's name for its main pool, whatever the device), "DISK" for the disk tier
- *   (kv_disk_dir: blocks a replica can load instead of computing; as vLLM's offloading reports "CPU" for its own
- *   lower tier)
+ *   medium: "GPU" for the KV pool (vLLM's name for its main pool, whatever the device), "CPU" for the host-memory
+ *   tier (kv_host_gb: vLLM's name for its CPU offloading), "DISK" for the disk tier (kv_disk_dir): blocks a replica
+ *   can load instead of computing
  *     ["AllBlocksCleared"]
  *   Hashes are the cache's 64-bit chained block hashes (cache/kv_cache.h "prefix-cache events"), always as
  *   msgpack uint64. A BlockStored covers consecutive blocks of one chain (parent_hash: the block before the first,
@@ -164,6 +164,10 @@ void srv_kv_events_on_cache_event(void *ctx, const kvc_event *ev);
  * Collector thread. */
 void srv_kv_events_on_tier_event(void *ctx, const kvc_event *ev);
 
+/* kvc_event_cb for the host tier's events (kvh_drain_events): collected like the cache's, with medium "CPU".
+ * Collector thread. */
+void srv_kv_events_on_host_event(void *ctx, const kvc_event *ev);
+
 /* Ends an engine step: hands the collected events, if any, to the publisher thread as one batch (ctx is the
  * srv_kv_events; NULL is a no-op). Never blocks on the sockets. Collector thread. */
 void srv_kv_events_step_end(void *ctx);
@@ -188,7 +192,11 @@ typedef struct srv_kv_events_batch srv_kv_events_batch;
 int srv_kv_events_batch_create(srv_kv_events_batch **out);
 void srv_kv_events_batch_free(srv_kv_events_batch *b);
 /* Where the blocks of an event are. */
-typedef enum { SRV_KV_EVENTS_POOL = 0 /* "GPU" */, SRV_KV_EVENTS_DISK = 1 /* "DISK" */ } srv_kv_events_medium;
+typedef enum {
+    SRV_KV_EVENTS_POOL = 0, /* "GPU" */
+    SRV_KV_EVENTS_DISK = 1, /* "DISK" */
+    SRV_KV_EVENTS_HOST = 2, /* "CPU": the host-memory tier (vLLM's name for its CPU offloading medium) */
+} srv_kv_events_medium;
 /* Adds one event of the pool; KVS_ERR_NOMEM (the batch is then unusable until cleared), KVS_ERR_INVALID (bad kind). */
 int srv_kv_events_batch_add(srv_kv_events_batch *b, const kvc_event *ev);
 /* The same for a medium (events of different media never merge; CLEARED is the pool's only: else KVS_ERR_INVALID). */

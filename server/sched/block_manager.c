@@ -9,6 +9,7 @@ void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache) {
     bm->block_size = lay.block_size;
     bm->n_blocks = lay.n_blocks;
     bm->tier = NULL;
+    bm->host = NULL;
 }
 
 int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq) { return kvc_seq_alloc(bm->cache, seq); }
@@ -40,10 +41,17 @@ int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, cons
 
 int32_t srv_block_manager_load_tier(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
                                     int32_t have, int32_t max_blocks) {
-    int32_t got = 0;
-    if (!bm->tier || have % bm->block_size) return 0;
-    (void)kvt_load(bm->tier, seq, tokens, n, have, max_blocks, &got); /* on error: what it loaded before */
-    return got;
+    int32_t total = 0;
+    if ((!bm->tier && !bm->host) || have % bm->block_size) return 0;
+    for (;;) { /* on an error each call reports what it loaded before it */
+        int32_t from_host = 0, from_disk = 0, left = max_blocks - total / bm->block_size;
+        if (bm->host && left > 0) (void)kvh_load(bm->host, seq, tokens, n, have + total, left, &from_host);
+        total += from_host;
+        left -= from_host / bm->block_size;
+        if (bm->tier && left > 0) (void)kvt_load(bm->tier, seq, tokens, n, have + total, left, &from_disk);
+        total += from_disk;
+        if (from_disk == 0 || !bm->host) return total;
+    }
 }
 
 int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst) {

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "cache/kv_cache.h"
+#include "cache/kv_host.h"
 #include "cache/kv_tier.h"
 #include "common/common.h"
 
@@ -26,6 +27,7 @@ typedef struct srv_block_manager {
     int32_t block_size;
     int32_t n_blocks;
     kvt_tier *tier;   /* borrowed, NULL: none (set after srv_block_manager_init) */
+    kvh_tier *host;   /* borrowed, NULL: none (likewise) */
 } srv_block_manager;
 
 /* Binds the manager to a cache (reads its layout). */
@@ -45,8 +47,9 @@ int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq);
  * positions still attend to) is dropped (0 returned, the sequence left empty) so that it is recomputed. */
 int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
                                         int32_t donor, int32_t shared, bool *copied);
-/* Continues seq (holding exactly the first `have` tokens of tokens[0..n)) with the full blocks the disk tier holds,
- * at most max_blocks of them (kvt_load); returns the tokens added (0 without a tier, when have is not a whole
+/* Continues seq (holding exactly the first `have` tokens of tokens[0..n)) with the full blocks the lower tiers hold,
+ * at most max_blocks of them: from the host tier while it has the next block (kvh_load), then from the disk
+ * (kvt_load), and so on while either adds some; returns the tokens added (0 without tiers, when have is not a whole
  * number of blocks, or on any error: the sequence then holds what was loaded before it). */
 int32_t srv_block_manager_load_tier(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
                                     int32_t have, int32_t max_blocks);

@@ -125,6 +125,7 @@
 #include "common/common.h"
 
 #include "cache/kv_cache.h"
+#include "cache/kv_host.h"
 #include "cache/kv_tier.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
@@ -274,6 +275,10 @@ typedef struct srv_sched_params {
                                  blocks the tier holds (loaded on the scheduler thread, counted in
                                  usage.cached_tokens), and the tier's run is closed at the end of every step.
                                  The caller routes the cache's events to kvt_on_cache_event. */
+    kvh_tier *host;           /* optional (NULL by default): the host-memory tier (cache/kv_host.h), borrowed likewise:
+                                 a new sequence's prefix continues pool -> host -> disk (blocks copied back into the
+                                 pool on the scheduler thread, counted in usage.cached_tokens). The caller routes the
+                                 cache's events to kvh_on_cache_event. */
 } srv_sched_params;
 
 void srv_sched_params_default(srv_sched_params *p);
@@ -466,6 +471,8 @@ typedef struct srv_sched_stats {
     int32_t spec_n_max;               /* params.spec_n_max when speculative decoding is on, else 0 */
     bool has_tier;                    /* params.tier was set; then `tier` holds its counters */
     kvt_stats tier;
+    bool has_host;                    /* params.host was set; then `host` holds its counters */
+    kvh_stats host;
 } srv_sched_stats;
 
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);

@@ -50,6 +50,7 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->spec_ngram_max = 4;
     p->spec_adaptive = true;
     p->tier = NULL;
+    p->host = NULL;
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -541,6 +542,7 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     s->ops = *ops;
     srv_block_manager_init(&s->bm, cache);
     s->bm.tier = params->tier;
+    s->bm.host = params->host;
     s->block_size = s->bm.block_size;
     s->blocks_total = s->bm.n_blocks;
     s->next_id = 1;

@@ -231,6 +231,8 @@ void sched_refresh_stats_locked(srv_sched *s) {
     srv_block_manager_stats(&s->bm, &ks);
     st->has_tier = s->p.tier != NULL;
     kvt_get_stats(s->p.tier, &st->tier);
+    st->has_host = s->p.host != NULL;
+    kvh_get_stats(s->p.host, &st->host);
     st->requests_running = s->running.n;
     st->requests_waiting = s->waiting.n + s->incoming.n;
     st->seqs_running = ks.seqs_live;

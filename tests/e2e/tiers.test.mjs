@@ -145,3 +145,56 @@ test('POST /slots/{id}?action=save|restore|erase', { timeout: 300000 }, async ()
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// The host-memory tier (kv_host_gb, no disk tier): a prompt pushed out of a tiny pool by another one comes back from
+// RAM (cached_tokens, tier="host" hits) with the same greedy tokens and the same logprobs, bit for bit, as when it
+// was computed.
+test('a prompt evicted from a tiny pool comes back from the host tier with the tokens and logprobs of recompute',
+  { timeout: 300000 }, async () => {
+    const other = Array.from({ length: 40 }, (_, i) => `Line ${i}: a red bird sang in the tall old tree at dawn.`)
+      .join(' ');
+    const hostFlags = ['--parallel', '1', '--threads', '2', '--ctx-size', '2048', '--kv-blocks', '96'];
+    const client = (srv) => new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+    const run = async (srv, p) => {
+      const r = await client(srv).completions.create({ model: 'm', prompt: p, max_tokens: 16, temperature: 0,
+        logprobs: 3 });
+      return { text: r.choices[0].text, lp: r.choices[0].logprobs, usage: r.usage };
+    };
+    let srv;
+    try {
+      srv = await startServer(model.path, [...hostFlags, '--kv-host-gb', '0.05']);
+      assert.match(srv.log(), /KV host tier: [1-9]\d* blocks/);
+      const first = await run(srv, prompt);
+      const n = first.usage.prompt_tokens;
+      assert.ok(n > 40 * BLOCK && n < 90 * BLOCK, `prompt of ${n} tokens`);
+      await run(srv, other); // needs most of the 96 blocks: the first prompt's leave the pool for the host tier
+      const m1 = await metrics(srv);
+      assert.ok(metric(m1, 'kvserve:kv_host_tier_stored_total') > 0, 'nothing was copied to the host tier');
+      const again = await run(srv, prompt);
+      assert.equal(again.usage.prompt_tokens_details.cached_tokens, Math.floor((n - 1) / BLOCK) * BLOCK);
+      assert.equal(again.text, first.text);
+      assert.deepEqual(again.lp, first.lp);
+      const m2 = await metrics(srv);
+      const hostHits = Number(/kvserve:prefix_cache_tier_hits_total\{tier="host"\} (\d+)/.exec(m2)[1]);
+      assert.ok(hostHits > 0 && hostHits % BLOCK === 0, `host hits ${hostHits}`);
+      assert.ok(/kvserve:kv_tier_bytes_total\{tier="host",direction="read"\} [1-9]/.test(m2));
+      assert.equal(metric(m2, 'kvserve:kv_host_tier_hit_blocks_total'), hostHits / BLOCK);
+      assert.equal(await srv.stop(), 0);
+
+      // the same three requests without the host tier: the prompt is recomputed, to the same tokens and logprobs
+      srv = await startServer(model.path, hostFlags);
+      await run(srv, prompt);
+      await run(srv, other);
+      const recomputed = await run(srv, prompt);
+      assert.ok(recomputed.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens_details.cached_tokens);
+      assert.equal(recomputed.text, again.text);
+      assert.deepEqual(recomputed.lp, again.lp);
+      assert.equal(await srv.stop(), 0);
+    } finally {
+      if (srv && srv.child.exitCode === null) srv.child.kill('SIGKILL');
+    }
+  });
+
+test('kv_host_gb below one block stops the start with a message naming the key', async () => {
+  await assert.rejects(startServer(model.path, ['--kv-host-gb', '0.000000001']), /kv_host_gb/);
+});
