@@ -253,6 +253,7 @@ int kvt_open(const kvt_params *params, kvc_cache *cache, kvt_tier **out) {
         pthread_mutex_unlock(&t->mu);
         rc = kvt_writer_start(t);
     }
+    if (rc == KVS_OK) rc = kvt_loader_start(t);
     if (rc != KVS_OK) {
         kvt_close(t);
         return rc;
@@ -263,6 +264,7 @@ int kvt_open(const kvt_params *params, kvc_cache *cache, kvt_tier **out) {
 
 void kvt_close(kvt_tier *t) {
     if (!t) return;
+    kvt_loader_stop(t);
     if (t->thread_started) {
         kvt_step_end(t);
         kvt_writer_stop(t);
@@ -397,8 +399,8 @@ void kvt_flush(kvt_tier *t) {
 /* ---- loading (cache thread) ------------------------------------------------------------------------------- */
 /* Finds the longest run of blocks k0.. (hashes h[k0..kmax)) held by one file, consecutively; writes its slot, first
  * block and the data checksums; returns the count (0: not found). mu held. */
-static int32_t find_run(kvt_tier *t, const uint64_t *h, const int32_t *tokens, int32_t k0, int32_t kmax,
-                        int32_t *slot, int32_t *blk, uint64_t *path_id, uint64_t *sums) {
+int32_t kvt_find_run(kvt_tier *t, const uint64_t *h, const int32_t *tokens, int32_t k0, int32_t kmax,
+                     int32_t *slot, int32_t *blk, uint64_t *path_id, uint64_t *sums) {
     int32_t bs = t->lay.block_size;
     int32_t e = kvt_index_find(t, h[k0], k0 > 0, k0 > 0 ? h[k0 - 1] : 0, tokens + (size_t)k0 * bs);
     if (e < 0) return 0;
@@ -416,9 +418,8 @@ static int32_t find_run(kvt_tier *t, const uint64_t *h, const int32_t *tokens, i
     return m;
 }
 
-/* Reads m blocks from block b of file id into rbuf and checks their checksums; returns the count of good ones
- * (a bad one makes its file go). -1 when the file cannot be read at all (gone: deleted meanwhile). */
-static int32_t read_run(kvt_tier *t, int32_t slot, uint64_t id, int32_t b, int32_t m, const uint64_t *sums) {
+int32_t kvt_read_run(kvt_tier *t, int32_t slot, uint64_t id, int32_t b, int32_t m, const uint64_t *sums,
+                     uint8_t *buf) {
     char path[4096];
     if (kvt_path(t, id, ".kvt", path, sizeof path) != KVS_OK) return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -430,11 +431,12 @@ static int32_t read_run(kvt_tier *t, int32_t slot, uint64_t id, int32_t b, int32
     bool same = f && f->id == id;
     if (same) off = sizeof(kvt_file_header) + (uint64_t)f->n_blocks * t->table_entry + (uint64_t)b * t->block_bytes;
     pthread_mutex_unlock(&t->mu);
-    ssize_t got = same ? pread(fd, t->rbuf, len, (off_t)off) : -1;
+    if (same && t->p.read_hook) t->p.read_hook(t->p.read_hook_ctx);
+    ssize_t got = same ? pread(fd, buf, len, (off_t)off) : -1;
     close(fd);
     int32_t good = 0;
     if (got == (ssize_t)len)
-        while (good < m && XXH3_64bits(t->rbuf + (size_t)good * t->block_bytes, t->block_bytes) == sums[good]) good++;
+        while (good < m && XXH3_64bits(buf + (size_t)good * t->block_bytes, t->block_bytes) == sums[good]) good++;
     if (got < 0 && !same) return -1;
     if (good < m) {
         pthread_mutex_lock(&t->mu);
@@ -449,8 +451,7 @@ static int32_t read_run(kvt_tier *t, int32_t slot, uint64_t id, int32_t b, int32
     return good;
 }
 
-/* Puts block data[0..block_bytes) into seq at position pos through the forward protocol. */
-static int place_block(kvt_tier *t, int32_t seq, int32_t pos, const int32_t *tok, const uint8_t *data) {
+int kvt_place_block(kvt_tier *t, int32_t seq, int32_t pos, const int32_t *tok, const uint8_t *data) {
     int32_t bs = t->lay.block_size;
     kvc_entry ent[1024];
     int32_t slots[1024];
@@ -470,7 +471,7 @@ static int place_block(kvt_tier *t, int32_t seq, int32_t pos, const int32_t *tok
     return kvc_finish_forward(t->cache, true);
 }
 
-static int chain_hashes(kvt_tier *t, const int32_t *tokens, int32_t nb) {
+int kvt_chain_hashes(kvt_tier *t, const int32_t *tokens, int32_t nb) {
     if (nb > t->hcap) {
         uint64_t *h = realloc(t->hbuf, (size_t)nb * sizeof *h);
         if (!h) return KVS_ERR_NOMEM;
@@ -493,7 +494,7 @@ int kvt_load(kvt_tier *t, int32_t seq, const int32_t *tokens, int32_t n, int32_t
     if (k >= nb || max_blocks <= 0) return KVS_OK;
     if (nb - k > max_blocks) nb = k + max_blocks;
     if (!t->rbuf && !(t->rbuf = malloc((size_t)KVT_RUN_MAX * t->block_bytes))) return KVS_ERR_NOMEM;
-    int rc = chain_hashes(t, tokens, nb);
+    int rc = kvt_chain_hashes(t, tokens, nb);
     if (rc != KVS_OK) return rc;
     pthread_mutex_lock(&t->mu);
     t->stats.lookups++;
@@ -502,14 +503,14 @@ int kvt_load(kvt_tier *t, int32_t seq, const int32_t *tokens, int32_t n, int32_t
         int32_t slot, b, kmax = nb - k > KVT_RUN_MAX ? k + KVT_RUN_MAX : nb;
         uint64_t id, sums[KVT_RUN_MAX];
         pthread_mutex_lock(&t->mu);
-        int32_t m = find_run(t, t->hbuf, tokens, k, kmax, &slot, &b, &id, sums);
+        int32_t m = kvt_find_run(t, t->hbuf, tokens, k, kmax, &slot, &b, &id, sums);
         pthread_mutex_unlock(&t->mu);
         if (m <= 0) break;
-        int32_t good = read_run(t, slot, id, b, m, sums);
+        int32_t good = kvt_read_run(t, slot, id, b, m, sums, t->rbuf);
         if (good <= 0) break;
         int32_t placed = 0;
         for (; placed < good; placed++) {
-            rc = place_block(t, seq, (k + placed) * bs, tokens + (size_t)(k + placed) * bs,
+            rc = kvt_place_block(t, seq, (k + placed) * bs, tokens + (size_t)(k + placed) * bs,
                              t->rbuf + (size_t)placed * t->block_bytes);
             if (rc != KVS_OK) break;
         }

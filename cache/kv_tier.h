@@ -33,7 +33,8 @@
  * bytes). A file whose identity or layout differ is foreign: skipped with a warning and deleted.
  *
  * Threads: kvt_on_cache_event, kvt_step_end and kvt_load are called on the cache's thread (the scheduler's);
- * the writer thread writes files; kvt_get_stats may be called from any thread. An internal mutex guards the
+ * the writer thread writes files, the loader thread reads them for kvt_fetch_start (kv_tier_fetch.c); kvt_get_stats
+ * may be called from any thread. An internal mutex guards the
  * index (the loader reads it, the writer adds to it and deletes files from it).
  *
  * Limits: a host pool only (the tier reads and writes the storage through kvc_get_layout's base pointer: a
@@ -67,6 +68,9 @@ typedef struct kvt_params {
     void (*warn)(void *ctx, const char *msg); /* warnings (skipped files, write errors); NULL: stderr. Called on
                                  the thread that found the problem */
     void *warn_ctx;
+    void (*read_hook)(void *ctx); /* tests: called before each read of a run of blocks (a slow disk); NULL: none.
+                                 Called on the thread that reads (the loader's for kvt_fetch_start) */
+    void *read_hook_ctx;
 } kvt_params;
 
 typedef struct kvt_stats {
@@ -96,7 +100,8 @@ typedef struct kvt_tier kvt_tier;
  * message says which, through warn), KVS_ERR_NOMEM, KVS_ERR_THREAD. */
 int kvt_open(const kvt_params *params, kvc_cache *cache, kvt_tier **out);
 
-/* Writes what is queued (waits for the writer), stops the thread and frees the tier. NULL is a no-op. */
+/* Writes what is queued (waits for the writer), stops the threads and frees the tier. Every fetch (kvt_fetch_start)
+ * must have been placed or cancelled before. NULL is a no-op. */
 void kvt_close(kvt_tier *t);
 
 /* kvc_event_cb: ctx is the tier. STORED blocks the index does not hold are copied into the current run. Cache
@@ -125,6 +130,27 @@ void kvt_step_end(kvt_tier *t);
  * loaded before it; the sequence holds exactly have + *n_loaded tokens either way). */
 int kvt_load(kvt_tier *t, int32_t seq, const int32_t *tokens, int32_t n, int32_t have, int32_t max_blocks,
              int32_t *n_loaded);
+
+/* Asynchronous loads (the scheduler's): the reads and checksum checks of kvt_load on the tier's loader thread, the
+ * placing into the pool on the cache thread, so that other sequences keep stepping meanwhile.
+ * kvt_fetch_start looks up (cache thread, a hash-index lookup only) the full blocks of tokens[0..n) from block
+ * have / block_size on, at most max_blocks, and when the tier holds at least the first of them queues a fetch of
+ * them for the loader thread: *out gets it. Errors: KVS_ERR_NOT_FOUND (the tier holds not even the first block: no
+ * fetch), KVS_ERR_INVALID (NULL, have not a multiple of the block size, n < have, max_blocks < 1), KVS_ERR_NOMEM.
+ * kvt_fetch_done: whether the loader has finished with f (any thread).
+ * kvt_fetch_place: once done, places the blocks the loader read and checked (at most max_blocks) into seq, which must
+ * hold exactly the
+ * `have` tokens given to kvt_fetch_start (checked: KVS_ERR_INVALID, nothing placed), through the forward protocol as
+ * kvt_load does; *n_loaded gets the tokens added (the pool may take fewer than were read: KVC_ERR_FULL stops it
+ * quietly). Frees f, whatever it returns. Cache thread. Errors: KVS_ERR_STATE (not done yet: f is kept), the cache's.
+ * kvt_fetch_cancel: forgets f (done or not: the loader drops it). Cache thread. NULL is a no-op.
+ * kvt_fetch_wait: waits until a fetch finishes or timeout_ns pass (any thread). */
+typedef struct kvt_fetch kvt_fetch;
+int kvt_fetch_start(kvt_tier *t, const int32_t *tokens, int32_t n, int32_t have, int32_t max_blocks, kvt_fetch **out);
+bool kvt_fetch_done(kvt_tier *t, const kvt_fetch *f);
+int kvt_fetch_place(kvt_tier *t, kvt_fetch *f, int32_t seq, int32_t max_blocks, int32_t *n_loaded);
+void kvt_fetch_cancel(kvt_tier *t, kvt_fetch *f);
+void kvt_fetch_wait(kvt_tier *t, uint64_t timeout_ns);
 
 /* Tier events, for a mirror of what can be served from the disk (KV-cache events with medium "DISK"): once
  * enabled, every block the index gains (a file written) is recorded as a KVC_EVENT_STORED (parents first, with its

@@ -86,6 +86,12 @@ struct kvt_tier {
     kvs_buf ev, ev_tok;       /* recorded events (kvt_ev) and their tokens (int32) */
     pthread_t thread;
     bool thread_started;
+    /* the loader thread (kv_tier_fetch.c): its queue and state, guarded by mu */
+    pthread_cond_t lcv;       /* the loader's queue changed, or it must stop */
+    pthread_cond_t dcv;       /* a fetch finished */
+    struct kvt_fetch *lq_head, *lq_tail;
+    bool lstop, loader_started;
+    pthread_t loader;
 
     /* cache thread only */
     kvt_run *cur;             /* the run being filled */
@@ -111,6 +117,23 @@ int32_t kvt_index_find(const kvt_tier *t, uint64_t hash, bool has_parent, uint64
 void kvt_file_free(kvt_file *f);
 void kvt_warn(kvt_tier *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kvt_path(const kvt_tier *t, uint64_t id, const char *suffix, char *out, size_t cap);
+
+/* kv_tier.c: lookups and loads, shared with kv_tier_fetch.c. */
+/* The longest run of blocks k0.. (hashes h[k0..kmax)) held by one file, consecutively: its slot, first block, file id
+ * and the data checksums; returns the count (0: not found). mu held. */
+int32_t kvt_find_run(kvt_tier *t, const uint64_t *h, const int32_t *tokens, int32_t k0, int32_t kmax, int32_t *slot,
+                     int32_t *blk, uint64_t *path_id, uint64_t *sums);
+/* Reads m blocks from block b of file id into buf and checks their checksums; returns the count of good ones (a bad
+ * one makes its file go). -1 when the file cannot be read at all (gone: deleted meanwhile). Any thread, mu not held. */
+int32_t kvt_read_run(kvt_tier *t, int32_t slot, uint64_t id, int32_t b, int32_t m, const uint64_t *sums, uint8_t *buf);
+/* Puts block data[0..block_bytes) into seq at position pos through the forward protocol. Cache thread. */
+int kvt_place_block(kvt_tier *t, int32_t seq, int32_t pos, const int32_t *tok, const uint8_t *data);
+/* t->hbuf[0..nb) = the chain hashes of tokens' first nb blocks. Cache thread. */
+int kvt_chain_hashes(kvt_tier *t, const int32_t *tokens, int32_t nb);
+
+/* kv_tier_fetch.c: the loader thread of kvt_fetch_start. */
+int kvt_loader_start(kvt_tier *t);
+void kvt_loader_stop(kvt_tier *t);
 
 /* kv_tier_file.c */
 uint64_t kvt_file_bytes(const kvt_tier *t, int32_t n_blocks);

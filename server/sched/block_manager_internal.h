@@ -22,12 +22,19 @@
 #include "cache/kv_tier.h"
 #include "common/common.h"
 
+#define SRV_BLOCK_MANAGER_FETCH_MAX 32 /* most sequences loading from the disk tier at once */
+
 typedef struct srv_block_manager {
     kvc_cache *cache; /* borrowed */
     int32_t block_size;
     int32_t n_blocks;
     kvt_tier *tier;   /* borrowed, NULL: none (set after srv_block_manager_init) */
     kvh_tier *host;   /* borrowed, NULL: none (likewise) */
+    struct {
+        int32_t seq;      /* the sequence waiting for ... */
+        kvt_fetch *f;     /* ... this fetch of the disk tier */
+    } fetch[SRV_BLOCK_MANAGER_FETCH_MAX];
+    int32_t n_fetch;
 } srv_block_manager;
 
 /* Binds the manager to a cache (reads its layout). */
@@ -35,7 +42,7 @@ void srv_block_manager_init(srv_block_manager *bm, kvc_cache *cache);
 
 /* A new empty sequence in *seq; KVS_ERR_NO_SLOT when none is free. */
 int srv_block_manager_seq_open(srv_block_manager *bm, int32_t *seq);
-/* Releases a sequence: its blocks go back to the pool or the prefix cache. */
+/* Releases a sequence: its blocks go back to the pool or the prefix cache; a fetch it waits for is cancelled. */
 void srv_block_manager_seq_close(srv_block_manager *bm, int32_t seq);
 /* Committed tokens of a sequence (0 for one not open). */
 int32_t srv_block_manager_seq_len(const srv_block_manager *bm, int32_t seq);
@@ -53,6 +60,20 @@ int32_t srv_block_manager_attach_prefix(srv_block_manager *bm, int32_t seq, cons
  * number of blocks, or on any error: the sequence then holds what was loaded before it). */
 int32_t srv_block_manager_load_tier(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
                                     int32_t have, int32_t max_blocks);
+/* Asynchronous loads from the disk tier (kvt_fetch_*): fetch_start continues seq (holding exactly `have` tokens of
+ * tokens[0..n), have a whole number of blocks) with the host tier's blocks at once (kvh_load), then, when the disk
+ * holds the next block, starts a fetch of at most max_blocks - (what the host gave) blocks for seq; returns the tokens
+ * added at once and sets *pending when a fetch runs (false without a disk tier, when the disk lacks the next block, or
+ * when SRV_BLOCK_MANAGER_FETCH_MAX fetches run already: the disk's blocks are then read at once, as load_tier does).
+ * fetch_poll: 0 when seq waits for no fetch (*added 0); 1 while its fetch runs; else places what the fetch read (and
+ * then the host tier's next blocks), at most max_blocks in all, writes the tokens added to *added and returns 2. fetch_wait: waits up to
+ * timeout_ns for a fetch to finish; false when none runs. */
+int32_t srv_block_manager_fetch_start(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n,
+                                      int32_t have, int32_t max_blocks, bool *pending);
+int srv_block_manager_fetch_poll(srv_block_manager *bm, int32_t seq, const int32_t *tokens, int32_t n, int32_t max_blocks,
+                                 int32_t *added);
+bool srv_block_manager_fetch_wait(srv_block_manager *bm, uint64_t timeout_ns);
+
 /* A new sequence in *dst holding the first len tokens of src (n > 1 fan-out). KVS_ERR_NO_SLOT, or the cache's
  * error; nothing is left allocated on failure. */
 int srv_block_manager_fork(srv_block_manager *bm, int32_t src, int32_t len, int32_t *dst);

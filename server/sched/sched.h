@@ -19,9 +19,11 @@
  *
  * Prefix sharing
  *   - Automatic prefix caching: a new request attaches the cached full blocks of its prompt
- *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens. With a disk tier
- *     (params.tier) the prefix then continues with the full blocks the tier holds, loaded into the pool (at most
- *     the blocks available to the step), and those count in usage.cached_tokens too.
+ *     (kvc_attach_prefix with n = prompt length - 1) and reports them as usage.cached_tokens. With a host tier
+ *     (params.host) the prefix then continues with the full blocks it holds, copied into the pool at once; with a
+ *     disk tier (params.tier), with the blocks the disk holds, read and checked by the tier's loader thread while
+ *     the sequence waits (loading: no rows in the batch) and the other sequences keep stepping, then placed into
+ *     the pool (at most the blocks available to the step; sched_load.c). Tier blocks count in usage.cached_tokens.
  *   - n > 1: the prompt is prefilled once in choice 0's sequence, then copied (kvc_copy_prefix) into n - 1
  *     more sequences; every choice samples independently from the same last-prompt-token logits with its own
  *     sampler (choice i uses seed + i).
@@ -272,8 +274,9 @@ typedef struct srv_sched_params {
                              decoding choice with a match gets spec_n_max guesses (tests, benchmarks) */
     kvt_tier *tier;           /* optional (NULL by default): the disk tier below the pool (cache/kv_tier.h), borrowed
                                  for the scheduler's lifetime. A new sequence continues its cached prefix with the
-                                 blocks the tier holds (loaded on the scheduler thread, counted in
-                                 usage.cached_tokens), and the tier's run is closed at the end of every step.
+                                 blocks the tier holds (read by the tier's loader thread while the sequence waits,
+                                 placed on the scheduler thread, counted in usage.cached_tokens), and the tier's run
+                                 is closed at the end of every step.
                                  The caller routes the cache's events to kvt_on_cache_event. */
     kvh_tier *host;           /* optional (NULL by default): the host-memory tier (cache/kv_host.h), borrowed likewise:
                                  a new sequence's prefix continues pool -> host -> disk (blocks copied back into the

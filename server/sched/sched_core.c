@@ -231,7 +231,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c, int32_t avail)
     int32_t shared = best_donor(s, r, c, n, &donor);
     bool copied;
     int32_t cached = srv_block_manager_attach_prefix(&s->bm, seq, toks, n, donor, shared, &copied);
-    if (!copied) cached += srv_block_manager_load_tier(&s->bm, seq, toks, n, cached, avail);
+    if (!copied) cached += sched_load_begin(s, seq, toks, n, cached, avail); /* may leave a disk fetch running */
     if (copied) {
         s->c_copy_query += (uint64_t)n;
         s->c_copy_hit += (uint64_t)shared;
@@ -279,6 +279,8 @@ static void prefill_request(srv_sched *s, sched_req *r, int32_t *budget, int32_t
                 continue;
             }
         }
+        if (s->bm.n_fetch > 0 && sched_load_pending(s, r, c, known_tokens(s, r, c), blocks_avail(s, *reserved)))
+            continue; /* its prefix is still being read from disk */
         int32_t rem = known_len(r, c) - c->n_cached;
         if (rem <= 0) continue; /* cannot happen: a live choice always has its next input uncached */
         int32_t want = rem < *budget ? rem : *budget, need;
@@ -418,6 +420,7 @@ static void step(srv_sched *s) {
                 }
                 break;
             }
+            if (sched_load_idle(s)) break; /* the running wait for their prefixes from disk */
             sched_relieve_pool(s);
             continue;
         }

@@ -232,6 +232,16 @@ void sched_spec_observe(srv_sched *s, int32_t rows, uint64_t ns);
 /* Frees the proposer's scratch (srv_sched_free). */
 void sched_spec_release(srv_sched *s);
 
+/* sched_load.c: a new sequence's prefix from the tiers below the pool (host at once, disk asynchronously) */
+/* start_seq's step after the pool: the tokens added at once to seq (holding `cached` of toks[0..n)), at most avail
+ * blocks; a disk fetch may be left running for seq (the block manager's). */
+int32_t sched_load_begin(srv_sched *s, int32_t seq, const int32_t *toks, int32_t n, int32_t cached, int32_t avail);
+/* Whether choice c still waits for its disk fetch; once it has ended, its blocks (at most avail) are placed and
+ * counted (n_cached, usage.cached_tokens) and false is returned. */
+bool sched_load_pending(srv_sched *s, sched_req *r, sched_choice *c, const int32_t *toks, int32_t avail);
+/* A step with nothing to run: waits up to 2 ms for a fetch to end; whether any is in flight. */
+bool sched_load_idle(srv_sched *s);
+
 /* sched_grammar.c: constrained decoding (srv_sched_request.grammar) */
 /* Clones the template for every choice (submit, loop thread). SRV_SCHED_ERR_INVALID (vocabulary size) or _NOMEM. */
 int sched_grammar_init(srv_sched *s, sched_req *r, const gmr_matcher *tmpl);

@@ -382,3 +382,35 @@ Test(kv_events, disk_tier_events_carry_their_medium) {
     kvs_buf_free(&out);
     srv_kv_events_batch_free(b);
 }
+
+/* The host tier's events carry vLLM's medium "CPU", apart from the pool's and the disk's. */
+Test(kv_events, host_tier_events_carry_medium_cpu) {
+    srv_kv_events_batch *b = NULL;
+    cr_assert_eq(srv_kv_events_batch_create(&b), 0);
+    int32_t t1[4] = {1, 2, 3, 4}, t2[4] = {5, 6, 7, 8};
+    kvc_event s1 = stored(31, false, 0, t1, 4), s2 = stored(32, true, 31, t2, 4);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &s1, SRV_KV_EVENTS_HOST), 0);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &s2, SRV_KV_EVENTS_HOST), 0); /* one chain: one event */
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &s2, SRV_KV_EVENTS_DISK), 0);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &(kvc_event){.kind = KVC_EVENT_REMOVED, .hash = 31},
+                                                 SRV_KV_EVENTS_HOST), 0);
+    cr_assert_eq(srv_kv_events_batch_add_medium(b, &(kvc_event){.kind = KVC_EVENT_CLEARED}, SRV_KV_EVENTS_HOST),
+                 KVS_ERR_INVALID);
+    cr_assert_eq(srv_kv_events_batch_len(b), 3);
+    kvs_buf out = {0};
+    cr_assert_eq(srv_kv_events_batch_encode(b, 1.0, 0, &out), 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, out.data, out.len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object_array *ev = &u.data.via.array.ptr[1].via.array;
+    cr_assert_eq(ev->size, 3);
+    assert_str(&ev->ptr[0].via.array.ptr[6], "CPU");
+    cr_assert_eq(ev->ptr[0].via.array.ptr[1].via.array.size, 2, "both blocks in one BlockStored");
+    assert_str(&ev->ptr[1].via.array.ptr[6], "DISK");
+    assert_str(&ev->ptr[2].via.array.ptr[0], "BlockRemoved");
+    assert_str(&ev->ptr[2].via.array.ptr[2], "CPU");
+    msgpack_unpacked_destroy(&u);
+    kvs_buf_free(&out);
+    srv_kv_events_batch_free(b);
+}

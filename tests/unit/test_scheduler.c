@@ -8,12 +8,18 @@
  *
  * Prompts use token ids 1..15 and the mock only ever generates 0 (EOG) or 16..31, so a batch entry whose
  * token is >= 16 is a generated token being decoded (or recomputed after a preemption). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "server/sched/sched.h"
@@ -1895,4 +1901,109 @@ Test(scheduler, priority_preempts_least_urgent_first) {
     trace_log_free(log);
     free(h);
     free(res);
+}
+
+/* ---- asynchronous loads from the disk tier (issue 29) ------------------------------------------------------------
+ * A prompt whose prefix is on disk waits for its blocks while the other sequences keep stepping: the disk's reads
+ * are slowed down by a hook, and the decode calls that happen while they run are counted. */
+typedef struct slow_disk {
+    int delay_ms;
+    atomic_int reads;
+    _Atomic uint64_t t_first, t_last; /* the first read's start, the last read's end (uv_hrtime) */
+} slow_disk;
+
+static void slow_read(void *ctx) {
+    slow_disk *d = ctx;
+    uint64_t zero = 0, t0 = uv_hrtime();
+    atomic_compare_exchange_strong(&d->t_first, &zero, t0);
+    atomic_fetch_add(&d->reads, 1);
+    struct timespec ts = {0, (long)d->delay_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    atomic_store(&d->t_last, uv_hrtime());
+}
+
+static void quiet_warn(void *ctx, const char *msg) {
+    (void)ctx;
+    (void)msg;
+}
+
+/* A harness whose scheduler has a disk tier in dir (its reads slowed down by d when d is not NULL). */
+static kvt_tier *hz_init_tier(harness *h, const char *dir, slow_disk *d) {
+    memset(h, 0, sizeof *h);
+    cr_assert_eq(uv_loop_init(&h->loop), 0);
+    srv_sched_params p = params(64, 4);
+    mock_init(&h->m, 8, 256, p.parallel, p.batch_tokens);
+    kvt_params tp = {.dir = dir, .max_bytes = 1 << 30, .warn = quiet_warn, .read_hook = d ? slow_read : NULL,
+                     .read_hook_ctx = d};
+    kvt_tier *t;
+    cr_assert_eq(kvt_open(&tp, h->m.cache, &t), KVS_OK);
+    kvc_set_event_cb(h->m.cache, kvt_on_cache_event, t);
+    p.tier = t;
+    srv_engine_ops ops = mock_ops(&h->m);
+    cr_assert_eq(srv_sched_create(&p, &ops, &h->loop, &h->s), SRV_SCHED_OK);
+    return t;
+}
+
+static void hz_free_tier(harness *h, kvt_tier *t) {
+    srv_sched_free(h->s);
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    cr_assert_eq(uv_loop_close(&h->loop), 0);
+    kvc_set_event_cb(h->m.cache, NULL, NULL);
+    kvt_close(t);
+    cr_assert(!h->m.corrupt, "mock read back a wrong position");
+    cr_assert_eq(h->m.other_errors, 0);
+    cr_assert(!h->m.check_msg[0], "kvc_check: %s", h->m.check_msg);
+    mock_free(&h->m);
+}
+
+Test(scheduler, a_prefix_loading_from_disk_does_not_stall_other_sequences, .timeout = 60) {
+    char dir[] = "/tmp/kvs-sched-load-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    uint64_t rng = 77;
+    req_spec a = {.n = 1, .max_tokens = 4}, b = {.n = 1, .max_tokens = 1000, .ignore_eos = true};
+    rand_prompt(&rng, &a, 400);
+    rand_prompt(&rng, &b, 20);
+    result *ra1 = calloc(1, sizeof *ra1), *ra2 = calloc(1, sizeof *ra2), *rb = calloc(1, sizeof *rb),
+           *rb_alone = calloc(1, sizeof *rb_alone);
+    /* a first process computes a's prompt; the tier writes its blocks through */
+    harness *h = malloc(sizeof *h);
+    kvt_tier *t = hz_init_tier(h, dir, NULL);
+    cr_assert_eq(submit(h, &a, ra1), SRV_SCHED_OK);
+    hz_run(h, 1);
+    kvt_flush(t);
+    hz_free_tier(h, t);
+    /* a second one (an empty pool): a's prefix comes from a slow disk while b decodes */
+    slow_disk d = {.delay_ms = 40};
+    t = hz_init_tier(h, dir, &d);
+    h->m.record_times = true;
+    cr_assert_eq(submit(h, &b, rb), SRV_SCHED_OK);
+    cr_assert_eq(submit(h, &a, ra2), SRV_SCHED_OK);
+    hz_run(h, 2);
+    uint64_t t0 = atomic_load(&d.t_first), t1 = atomic_load(&d.t_last);
+    int during = 0;
+    for (int32_t i = 0; i < h->m.n_times; i++) during += h->m.times[i] > t0 && h->m.times[i] < t1;
+    int reads = atomic_load(&d.reads);
+    hz_free_tier(h, t);
+    cr_assert_gt(reads, 1, "the prefix was read in %d runs", reads);
+    cr_assert_gt(t1, t0);
+    cr_assert_geq(during, 5, "only %d decode steps ran during the %.0f ms of disk reads", during, (t1 - t0) / 1e6);
+    /* the loaded prefix is the computed one: the same tokens, and every full block of it came from disk */
+    assert_same(ra1, ra2, "a from disk vs computed");
+    cr_assert_eq(ra2->usage.cached_tokens, (400 - 1) / 8 * 8);
+    run_alone(&b, rb_alone);
+    assert_same(rb, rb_alone, "b beside the load vs alone");
+    free(h);
+    free(ra1);
+    free(ra2);
+    free(rb);
+    free(rb_alone);
+    char path[512];
+    DIR *dd = opendir(dir);
+    for (struct dirent *e; dd && (e = readdir(dd));) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (dd) closedir(dd);
+    rmdir(dir);
 }
