@@ -66,6 +66,7 @@ typedef struct mock {
     bool released;          /* ... unless the test has released it already */
     bool lockstep;          /* decode k+1 waits for the loop thread to dispatch step k's events */
     int granted;
+    int decode_sleep_us;    /* > 0: every decode call takes at least this long */
 } mock;
 
 static uint64_t mix64(uint64_t z) {
@@ -94,6 +95,10 @@ static int m_decode(void *p, const eng_batch *b) {
     uv_mutex_unlock(&m->gmu);
     atomic_fetch_add(&m->decode_calls, 1);
     if (m->record_times && m->n_times < 100000) m->times[m->n_times++] = uv_hrtime();
+    if (m->decode_sleep_us > 0) {
+        struct timespec ts = {0, (long)m->decode_sleep_us * 1000L};
+        nanosleep(&ts, NULL);
+    }
     if (b->n < 1 || b->n > m->max_batch) return ENG_ERR_INVALID;
     int32_t distinct = 0;
     for (int32_t i = 0; i < b->n; i++) {
@@ -1908,17 +1913,22 @@ Test(scheduler, priority_preempts_least_urgent_first) {
  * are slowed down by a hook, and the decode calls that happen while they run are counted. */
 typedef struct slow_disk {
     int delay_ms;
+    atomic_int *decode_calls;  /* the mock's */
     atomic_int reads;
     _Atomic uint64_t t_first, t_last; /* the first read's start, the last read's end (uv_hrtime) */
 } slow_disk;
 
+/* Every read takes delay_ms, and more until the engine has decoded 3 more steps (at most 2 s: a scheduler that waits
+ * for the read never gets there). */
 static void slow_read(void *ctx) {
     slow_disk *d = ctx;
     uint64_t zero = 0, t0 = uv_hrtime();
     atomic_compare_exchange_strong(&d->t_first, &zero, t0);
     atomic_fetch_add(&d->reads, 1);
-    struct timespec ts = {0, (long)d->delay_ms * 1000000L};
+    int calls = atomic_load(d->decode_calls);
+    struct timespec ts = {0, (long)d->delay_ms * 1000000L}, ms = {0, 1000000L};
     nanosleep(&ts, NULL);
+    while (atomic_load(d->decode_calls) < calls + 3 && uv_hrtime() - t0 < 2000000000ull) nanosleep(&ms, NULL);
     atomic_store(&d->t_last, uv_hrtime());
 }
 
@@ -1973,9 +1983,11 @@ Test(scheduler, a_prefix_loading_from_disk_does_not_stall_other_sequences, .time
     kvt_flush(t);
     hz_free_tier(h, t);
     /* a second one (an empty pool): a's prefix comes from a slow disk while b decodes */
-    slow_disk d = {.delay_ms = 40};
+    slow_disk d = {.delay_ms = 20};
     t = hz_init_tier(h, dir, &d);
+    d.decode_calls = &h->m.decode_calls;
     h->m.record_times = true;
+    h->m.decode_sleep_us = 500; /* b's 1000 steps outlast the load by far */
     cr_assert_eq(submit(h, &b, rb), SRV_SCHED_OK);
     cr_assert_eq(submit(h, &a, ra2), SRV_SCHED_OK);
     hz_run(h, 2);
