@@ -2,7 +2,8 @@
  * test_moe.c: Mixture-of-Experts models (qwen3moe) beyond the reference completions (test_reference.c): a token's
  * logits are the same bit for bit whichever other rows share its experts in a step (random prompts decoded alone,
  * then as random interleaved batches with other sequences, in random chunks), whatever the thread count; a one-row
- * decode computes only the experts its token selected; malformed files (expert counts, used > count, stacked
+ * decode computes only the experts its token selected; the experts of a stacked tensor are packed into one buffer
+ * with every row intact; malformed files (expert counts, used > count, stacked
  * tensor shapes) are refused with a message naming the key or tensor. The models are made by `kvserve mkmodel`
  * (tiny-moe preset) in a temporary directory; no shared material is needed.
  */
@@ -17,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
+#include "engine/kernels/quant_kpacked.h"
 #include "engine/model/model.h"
 #include "engine/runtime/forward_ctx.h"
 #include "tests/unit/helper_rng.h"
@@ -152,6 +154,43 @@ Test(moe, batch_invariance_q4_k_m, .fini = made_cleanup) { invariance("q4_k_m", 
 /* gpt-oss: top-k-then-softmax gating, biased router and experts, the clamped SwiGLU, sinks, a sliding block */
 Test(moe, batch_invariance_gpt_oss_f32, .fini = made_cleanup) { invariance_arch("f32", 2, 14, true); }
 Test(moe, batch_invariance_gpt_oss_mxfp4, .fini = made_cleanup) { invariance_arch("mxfp4", 3, 15, true); }
+
+/* eng_model_pack_cpu packs an MoE layer's stacked gate / up / down into one buffer each: expert e's packed rows at e
+ * times the packed size rounded up to 64 bytes, and every row of every expert reads back (eng_wpack_row) as exactly
+ * the file's bytes. Q4_K_M: Q4_K gate/up, Q6_K down in the last layer. */
+Test(moe, experts_packed_per_stack, .fini = made_cleanup) {
+    make_model(&made, "q4_k_m");
+    eng_model *m = NULL;
+    char err[256];
+    cr_assert_eq(eng_model_load(made.model, NULL, &m, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(eng_model_pack_cpu(m), 0);
+    const int32_t ne = m->hp.n_expert;
+    int types_seen = 0;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const eng_moe *x = &m->layers[l].moe;
+        const eng_matrix *sets[3] = {x->gate, x->up, x->down};
+        for (int s = 0; s < 3; s++) {
+            const eng_matrix *w = sets[s];
+            const size_t each = eng_wpack_bytes(w[0].type, w[0].n_out, w[0].k), stride = (each + 63) / 64 * 64;
+            cr_assert_gt(each, 0, "layer %d stack %d: type %u has a packed layout", l, s, w[0].type);
+            cr_assert_not_null(x->packed_exps[s]);
+            types_seen |= w[0].type == ENG_Q_Q6_K ? 2 : 1;
+            char *row = malloc(w[0].row_bytes);
+            cr_assert_not_null(row);
+            for (int32_t e = 0; e < ne; e++) {
+                cr_assert_eq((const char *)w[e].packed, (const char *)x->packed_exps[s] + (size_t)e * stride);
+                for (int64_t j = 0; j < w[e].n_out; j++) {
+                    cr_assert_eq(eng_wpack_row(w[e].type, w[e].packed, w[e].n_out, w[e].k, j, row), 0);
+                    cr_assert(memcmp(row, (const char *)w[e].data + (size_t)j * w[e].row_bytes, w[e].row_bytes) == 0,
+                              "layer %d stack %d expert %d row %lld differs from the file", l, s, e, (long long)j);
+                }
+            }
+            free(row);
+        }
+    }
+    cr_expect_eq(types_seen, 3, "both Q4_K and Q6_K expert stacks were checked");
+    eng_model_free(m);
+}
 
 /* The model at src rewritten into dst with key `key` (an arch key, u32) set to value (drop: left out), or with
  * tensor `tensor`'s ne[2] halved (drop: left out): a malformed file for the loader. */
