@@ -334,9 +334,20 @@ bool eng_model_is_encoder(const eng_model *m);
  * 0 when it has none (NULL model included). */
 int32_t eng_model_n_cls_out(const eng_model *m);
 /* The classification head's eng_model_n_cls_out values for batch entry i of the last eng_decode, which must have
- * been a sequence's first row (position 0) with want_embd set; NULL otherwise or when the model has no head.
- * Owned by the context, valid until the next eng_decode. */
+ * been the row the head reads (eng_model_rank_last: an encoder's first row, position 0; a decoder reranker's last
+ * row of the sequence) with want_embd set; NULL otherwise, when the model has no head, or (a decoder) when memory
+ * runs out. A decoder reranker's values are a softmax (a Qwen3 reranker: p(yes), p(no)). Owned by the context,
+ * valid until the next eng_decode or the next call for the same i. */
 float *eng_get_rank(eng_ctx *ctx, int32_t i);
+/* ---- decoder rerankers (Qwen3-Reranker: engine/model/rank_head.h) ----------------------------------------------
+ * A qwen3 model with a cls.output tensor reranks: eng_model_n_cls_out is its outputs (2: yes, no), its head reads the
+ * hidden state of a sequence's LAST row (causal attention: the row that has seen the whole pair), the score is
+ * output 0. CPU contexts only (hidden states are). */
+/* Whether the head reads a sequence's last row (a decoder reranker) rather than its first (an encoder). */
+bool eng_model_rank_last(const eng_model *m);
+/* The model's rerank prompt (GGUF key tokenizer.chat_template.rerank: text with the placeholders {query} and
+ * {document}), or NULL. Owned by the model. */
+const char *eng_model_rerank_prompt(const eng_model *m);
 /* The special tokens of a rerank pair prompt, [bos] query [eos] [sep] document [eos] as llama.cpp's server builds
  * it: each the vocabulary's token when it adds that token (add_bos / add_eos / add_sep; EOS falls back to SEP), else
  * -1. A BERT vocabulary gives [CLS] query [SEP] document. */

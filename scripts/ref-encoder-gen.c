@@ -6,9 +6,12 @@
  * Input lines: "T HEX" (tokenize the hex-encoded text with the special tokens the model adds, special-token text
  * parsed, as llama-embedding does), "E HEX" (that text's embedding: the model's pooling, L2-normalized, as
  * llama-embedding --embd-normalize 2 gives it), "R HEXQUERY HEXDOC" (the rerank score of the pair, built as
- * llama-server's format_prompt_rerank builds it for a model without a rerank template: [BOS] query [EOS] [SEP] doc
- * [EOS], each where the vocabulary adds it, EOS falling back to SEP; the score is output 0 of the rank pooling).
- * Output: "T id id ...", "E v v ...", "R score". One sequence at a time, n_ctx = n_batch = n_ubatch = 512, 2 threads.
+ * llama-server's format_prompt_rerank builds it: the model's rerank prompt (tokenizer.chat_template.rerank) with
+ * {query} and {document} replaced, tokenized with special tokens parsed and none added; or, for a model without
+ * one, [BOS] query [EOS] [SEP] doc [EOS], each where the vocabulary adds it, EOS falling back to SEP; the score is
+ * output 0 of the rank pooling), "P HEXQUERY HEXDOC" (the tokens of that pair prompt).
+ * Output: "T id id ...", "E v v ...", "R score", "P id id ...". One sequence at a time, n_ctx = n_batch = n_ubatch
+ * = 512, 2 threads.
  */
 #include <math.h>
 #include <stdio.h>
@@ -54,6 +57,51 @@ static const float *run(struct llama_context *ctx, const llama_token *t, int n) 
     return e;
 }
 
+/* The pair without a rerank prompt: [BOS] q [EOS] [SEP] d [EOS], each where the vocabulary adds it. */
+static int pair(const struct llama_vocab *v, const char *a, size_t lq, const char *d, size_t ld, llama_token *t) {
+    llama_token eos = llama_vocab_eos(v);
+    if (eos == LLAMA_TOKEN_NULL) eos = llama_vocab_sep(v);
+    int n = 0;
+    if (llama_vocab_get_add_bos(v)) t[n++] = llama_vocab_bos(v);
+    n += tok(v, a, lq, false, t + n, 4000 - n);
+    if (llama_vocab_get_add_eos(v)) t[n++] = eos;
+    if (llama_vocab_get_add_sep(v)) t[n++] = llama_vocab_sep(v);
+    n += tok(v, d, ld, false, t + n, 4000 - n);
+    if (llama_vocab_get_add_eos(v)) t[n++] = eos;
+    return n;
+}
+
+/* Replaces every occurrence of key in s (in place, s has room for cap bytes). */
+static void replace_all(char *s, size_t cap, const char *key, const char *val) {
+    static char tmp[1 << 17];
+    size_t kl = strlen(key), vl = strlen(val), o = 0;
+    for (const char *p = s; *p;) {
+        if (!strncmp(p, key, kl)) {
+            if (o + vl >= sizeof tmp) exit(7);
+            memcpy(tmp + o, val, vl);
+            o += vl;
+            p += kl;
+        } else {
+            if (o + 1 >= sizeof tmp) exit(7);
+            tmp[o++] = *p++;
+        }
+    }
+    tmp[o] = 0;
+    if (o + 1 > cap) exit(7);
+    memcpy(s, tmp, o + 1);
+}
+
+/* The server's rerank prompt: {query} replaced, then {document}; tokenized with specials parsed, none added. */
+static int from_template(const struct llama_vocab *v, const char *tmpl, const char *q, const char *d, llama_token *t,
+                         int cap) {
+    static char s[1 << 17];
+    if (strlen(tmpl) + 1 > sizeof s) exit(7);
+    strcpy(s, tmpl);
+    replace_all(s, sizeof s, "{query}", q);
+    replace_all(s, sizeof s, "{document}", d);
+    return tok(v, s, strlen(s), false, t, cap);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s MODEL < requests\n", argv[0]);
@@ -71,6 +119,7 @@ int main(int argc, char **argv) {
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return 1;
     const int n_embd = llama_model_n_embd_out(model);
+    const char *rerank_prompt = llama_model_chat_template(model, "rerank");
     static char line[1 << 16], a[1 << 15], d[1 << 15];
     static llama_token t[4096];
     while (fgets(line, sizeof line, stdin)) {
@@ -88,21 +137,19 @@ int main(int argc, char **argv) {
                 printf("E");
                 for (int i = 0; i < n_embd; i++) printf(" %.9g", e[i] * inv);
             }
-        } else if (line[0] == 'R') {
+        } else if (line[0] == 'R' || line[0] == 'P') {
             size_t lq = unhex(line + 2, a);
             const char *sp = strchr(line + 2, ' ');
             if (!sp) return 6;
             size_t ld = unhex(sp + 1, d);
-            llama_token eos = llama_vocab_eos(v);
-            if (eos == LLAMA_TOKEN_NULL) eos = llama_vocab_sep(v);
-            int n = 0;
-            if (llama_vocab_get_add_bos(v)) t[n++] = llama_vocab_bos(v);
-            n += tok(v, a, lq, false, t + n, 4000 - n);
-            if (llama_vocab_get_add_eos(v)) t[n++] = eos;
-            if (llama_vocab_get_add_sep(v)) t[n++] = llama_vocab_sep(v);
-            n += tok(v, d, ld, false, t + n, 4000 - n);
-            if (llama_vocab_get_add_eos(v)) t[n++] = eos;
-            printf("R %.9g", run(ctx, t, n)[0]);
+            int n = rerank_prompt ? from_template(v, rerank_prompt, a, d, t, 4000) : -1;
+            if (n < 0) n = pair(v, a, lq, d, ld, t);
+            if (line[0] == 'P') {
+                printf("P");
+                for (int i = 0; i < n; i++) printf(" %d", t[i]);
+            } else {
+                printf("R %.9g", run(ctx, t, n)[0]);
+            }
         }
         printf("\n");
         fflush(stdout);

@@ -3,11 +3,14 @@
 
 The models are made by `kvserve mkmodel` (MODELS below: bert embedding models with mean and cls pooling, a
 nomic-bert one, a bert reranker with a classification head and pooling type rank, and XLM-RoBERTa-style bert models
-with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker). For each, llama.cpp v0.5.0's library (scripts/ref-encoder-gen.c, compiled here against the tree) gives:
+with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker; and a Qwen3-Reranker-
+style decoder, qwen3 --rerank with the Qwen2 vocabulary of the shared test material). For each, llama.cpp v0.5.0's
+library (scripts/ref-encoder-gen.c, compiled here against the tree) gives:
   - the token ids of every prompt with the model's special tokens, as llama-embedding tokenizes them;
   - the pooled, L2-normalized embeddings, as llama-embedding --embd-normalize 2 computes them;
-  - for the rerankers, the score of every (QUERY, document) pair in llama-server --reranking's rerank prompt, and
-    the results in its order (by score).
+  - for the rerankers, the score of every (QUERY, document) pair in llama-server --reranking's rerank prompt (the
+    model's tokenizer.chat_template.rerank when it has one), the results in its order (by score), and the tokens
+    of each pair's prompt.
 Written to tests/reference/mk-encoders.json with each model's mkmodel arguments and SHA-256, which
 test_encoder_ref.c uses to make the same models again.
 
@@ -30,7 +33,15 @@ MODELS = {
     "bert-reranker": ["--arch", "bert", "--rerank"] + COMMON,
     "xlmr-cls": ["--arch", "bert", "--vocab", "ugm", "--pooling", "cls"] + COMMON,
     "xlmr-reranker": ["--arch", "bert", "--vocab", "ugm", "--rerank"] + COMMON,
+    # a Qwen3-Reranker-style decoder: cls.output from the tied output's "yes" / "no" rows, the rerank prompt
+    # (@SHARED: the shared test material, ../shared beside the source tree; the test resolves it the same way)
+    "qwen3-reranker": ["--arch", "qwen3", "--rerank", "--tied", "--vocab-from",
+                       "@SHARED/models/vocab-only/ggml-vocab-qwen2.gguf", "--embd", "64", "--layers", "2",
+                       "--heads", "4", "--kv-heads", "2", "--ff", "128", "--ctx", "512", "--type", "f32",
+                       "--seed", "31", "--std", "0.15"],
 }
+SHARED = os.environ.get("KVSERVE_SHARED") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                                          "shared")
 PROMPTS = [
     "Hello, world!",
     "The little dog ran to the park. He saw a big red ball and played with it.",
@@ -71,13 +82,15 @@ def record_model(gen, path, rerank):
     lines = ["T " + hexs(p) for p in PROMPTS]
     if rerank:
         lines += ["R %s %s" % (hexs(QUERY), hexs(d)) for d in DOCUMENTS]
+        lines += ["P %s %s" % (hexs(QUERY), hexs(d)) for d in DOCUMENTS]
     else:
         lines += ["E " + hexs(p) for p in PROMPTS]
     out = gen_run(gen, path, lines)
     m = {"tokens": [[int(x) for x in l.split()[1:]] for l in out[:len(PROMPTS)]]}
     rest = out[len(PROMPTS):]
     if rerank:
-        scores = [float(l.split()[1]) for l in rest]
+        scores = [float(l.split()[1]) for l in rest[:len(DOCUMENTS)]]
+        m["pair_tokens"] = [[int(x) for x in l.split()[1:]] for l in rest[len(DOCUMENTS):]]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep the input order
         m["rerank"] = [{"index": i, "relevance_score": scores[i]} for i in order]
     else:
@@ -104,7 +117,8 @@ def main():
                         "-L", lib, "-lllama", "-lggml", "-lggml-base", "-Wl,-rpath," + lib, "-lm"], check=True)
         for name, args in MODELS.items():
             path = os.path.join(tmp, name + ".gguf")
-            subprocess.run([kvserve, "mkmodel", "-o", path] + args, check=True, stdout=subprocess.DEVNULL)
+            real = [a.replace("@SHARED", SHARED, 1) if a.startswith("@SHARED") else a for a in args]
+            subprocess.run([kvserve, "mkmodel", "-o", path] + real, check=True, stdout=subprocess.DEVNULL)
             with open(path, "rb") as f:
                 sha = hashlib.sha256(f.read()).hexdigest()
             m = {"mkmodel_args": args, "model_sha256": sha}

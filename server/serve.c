@@ -271,6 +271,10 @@ static void load_done(uv_work_t *w, int status) {
     eng_rerank_tokens(d->model, &rk_bos, &rk_eos, &rk_sep);
     srv_api_set_rerank(d->api, eng_ctx_device(d->ctx) == ENG_DEVICE_CPU ? eng_model_n_cls_out(d->model) : 0, rk_bos,
                        rk_eos, rk_sep);
+    if (srv_api_set_rerank_prompt(d->api, eng_model_rerank_prompt(d->model)) != 0) {
+        srv_api_set_rerank(d->api, 0, rk_bos, rk_eos, rk_sep); /* no wrong prompt: rerank answers 501 */
+        fprintf(stderr, "kvserve: out of memory (the rerank prompt could not be set: /v1/rerank is off)\n");
+    }
     int32_t fim[3];
     eng_token_fim(d->model, &fim[0], &fim[1], &fim[2]); /* -1 each when the model has none */
     srv_api_set_fim(d->api, fim[0], fim[1], fim[2]);

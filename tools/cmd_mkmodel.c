@@ -154,7 +154,10 @@ static const kvs_opt mk_opts_table[] = {
              "kv heads = heads)"},
     {"--rerank", NULL, KVS_OPT_FLAG, O(rerank), .flag_value = true,
      .help = "(bert, nomic-bert) add a classification head (cls, cls.output: one\n"
-             "score) and write pooling type rank: a reranker"},
+             "score) and write pooling type rank: a reranker; (qwen3) a\n"
+             "Qwen3-Reranker: cls.output from the output rows of \"yes\" and \"no\",\n"
+             "pooling type rank and the rerank prompt (needs a vocabulary with\n"
+             "those tokens: --vocab-from a qwen2 vocabulary)"},
     {"--pooling", NULL, KVS_OPT_SET, O(pooling), .set = kvs_mk_set_pooling, .expect = "mean, cls or last",
      .arg = "P", .help = "(bert, nomic-bert) <arch>.pooling_type: mean (default), cls or last"},
     {"--vocab", NULL, KVS_OPT_SET, O(ugm), .set = kvs_mk_set_vocab, .expect = "wpm or ugm", .arg = "V",
@@ -244,8 +247,10 @@ static int check_opts(mk_opts *o) {
     if (kvs_mk_is_oss(o) && o->tied) return kvs_cli_fail(&mk_cli, "gpt-oss has a separate output.weight: no --tied");
     if (o->rms_eps < 0) o->rms_eps = !strncmp(o->arch, "qwen", 4) ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
     if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
-    if ((o->rerank || o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
-        return kvs_cli_fail(&mk_cli, "--rerank, --pooling and --vocab need --arch bert or nomic-bert");
+    if ((o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
+        return kvs_cli_fail(&mk_cli, "--pooling and --vocab need --arch bert or nomic-bert");
+    if (o->rerank && !kvs_mk_is_encoder(o) && !kvs_mk_is_decoder_reranker(o))
+        return kvs_cli_fail(&mk_cli, "--rerank needs --arch bert, nomic-bert or qwen3");
     if (moe && o->n_ff_exp == 0) o->n_ff_exp = o->n_ff / o->n_expert_used > 0 ? o->n_ff / o->n_expert_used : 1;
     if (moe && o->n_expert_used > o->n_expert)
         return kvs_cli_fail(&mk_cli, "--experts-used %lld must be at most --experts %lld", (long long)o->n_expert_used,
@@ -569,6 +574,40 @@ int kvs_mk_tensor_one(const mk_sink *sk, const mk_opts *o, const char *name, int
     return rc;
 }
 
+int kvs_mk_tensor_rows(const mk_sink *sk, const mk_opts *o, const char *name, const char *src, int kind, int64_t ne0,
+                       const int32_t *rows, int n_rows, size_t *total, int *count) {
+    uint32_t type = tensor_type(o, kind);
+    size_t row_bytes = eng_qtype_row_bytes(type, ne0), nbytes = row_bytes * (size_t)n_rows;
+    (*count)++;
+    *total += nbytes;
+    if (!sk->f) {
+        const int64_t ne[2] = {ne0, n_rows};
+        int rc = sk->w ? eng_gguf_add_tensor_info(sk->w, name, type, 2, ne) : 0;
+        if (rc) fprintf(stderr, "kvserve mkmodel: cannot add tensor %s: %s\n", name, kvs_strerror(rc));
+        return rc;
+    }
+    int32_t last = 0;
+    for (int i = 0; i < n_rows; i++) last = rows[i] > last ? rows[i] : last;
+    float *vals = malloc((size_t)ne0 * sizeof *vals);
+    uint8_t *data = malloc(nbytes);
+    int rc = vals && data ? 0 : ENG_ERR_NOMEM;
+    /* the source's values in its order (write_tensor's), rows 0 .. last; the wanted rows quantized as it does */
+    mk_rng r = mk_rng_for(o->seed, src);
+    double std = kind == MK_EMBED || kind == MK_EMBED_F32 ? o->embd_std : o->std;
+    for (int32_t row = 0; row <= last && !rc; row++) {
+        for (int64_t i = 0; i < ne0; i++) vals[i] = (float)(0.0 + mk_normal(&r) * std);
+        for (int i = 0; i < n_rows && !rc; i++)
+            if (rows[i] == row) rc = eng_quantize_row(type, vals, data + (size_t)i * row_bytes, ne0);
+    }
+    static const uint8_t zeros[256];
+    size_t pad = (sk->align - nbytes % sk->align) % sk->align;
+    if (!rc && (fwrite(data, 1, nbytes, sk->f) != nbytes || fwrite(zeros, 1, pad, sk->f) != pad)) rc = ENG_ERR_IO;
+    if (rc) fprintf(stderr, "kvserve mkmodel: cannot make tensor %s: %s\n", name, kvs_strerror(rc));
+    free(vals);
+    free(data);
+    return rc;
+}
+
 /* LongRoPE's per-frequency divisors (rope_factors_short/long.weight, [half] f32, all >= 1): growing from the fast
  * rotations (i = 0, factor 1) to the slow ones, much more for the long set, as in Phi-3.5's files. Only basic
  * arithmetic, so the values are the same on every machine. */
@@ -648,7 +687,7 @@ static int add_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_vocab) {
 }
 
 /* The metadata and the tokenizer block into w; *n_vocab gets the vocabulary size. 0, or an error (printed). */
-static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab) {
+static int build_metadata(eng_gguf_writer *w, mk_opts *o, int64_t *n_vocab) {
     int rc = 0;
     /* Metadata first needs n_vocab: build the tokenizer block into a scratch writer, then copy it after. */
     eng_gguf_writer *tw;
@@ -670,6 +709,8 @@ static int build_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t *n_vocab
         rc = eng_gguf_write_memory(tw, &mem, &size);
         if (!rc) rc = eng_gguf_open_memory(mem, size, "tokenizer block", &g, err, sizeof err);
         for (int64_t i = 0; !rc && i < eng_gguf_n_kv(g); i++) rc = eng_gguf_add_kv_from(w, eng_gguf_kv_at(g, i));
+        if (!rc && kvs_mk_is_decoder_reranker(o) && !(rc = kvs_mk_rerank_tokens(g, o)))
+            rc = kvs_mk_rerank_metadata(w, o);
         eng_gguf_close(g);
         free(mem);
     }
@@ -727,7 +768,12 @@ static int add_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, siz
         }
     }
     if (!rc) rc = kvs_mk_tensor_one(sk, o, "output_norm.weight", MK_NORM, E, 1, 1, total, count);
-    if (!rc && !o->tied) rc = kvs_mk_tensor_one(sk, o, "output.weight", MK_EMBED, E, n_vocab, 1, total, count);
+    const bool rerank = kvs_mk_is_decoder_reranker(o); /* the conversion drops an untied output.weight */
+    if (!rc && !o->tied && !rerank)
+        rc = kvs_mk_tensor_one(sk, o, "output.weight", MK_EMBED, E, n_vocab, 1, total, count);
+    if (!rc && rerank)
+        rc = kvs_mk_tensor_rows(sk, o, "cls.output.weight", o->tied ? "token_embd.weight" : "output.weight", MK_EMBED,
+                                E, o->rank_tok, 2, total, count);
     if (!rc && o->rope_factors) {
         *count += 2;
         rc = add_rope_factors(sk, o->head_dim / 2, total);

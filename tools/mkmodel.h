@@ -1,6 +1,8 @@
 /*
- * mkmodel.h: what `kvserve mkmodel`'s two files share (internal to tools/): the options, the tensor generator of
- * cmd_mkmodel.c and the encoders of mkmodel_encoder.c (bert, nomic-bert, with a built-in WordPiece vocabulary).
+ * mkmodel.h: what `kvserve mkmodel`'s files share (internal to tools/): the options, the tensor generator of
+ * cmd_mkmodel.c, the encoders of mkmodel_encoder.c (bert, nomic-bert, with a built-in WordPiece vocabulary), gpt-oss's
+ * parts (mkmodel_oss.c) and the
+ * decoder reranker's parts of mkmodel_rerank.c (qwen3 --rerank).
  * Functions return 0 or a kvs_err code after printing a message to stderr.
  */
 #ifndef KVSERVE_TOOLS_MKMODEL_H
@@ -47,7 +49,8 @@ typedef struct mk_opts {
     double router_std;      /* qwen3moe's routers (ffn_gate_inp); < 0: std */
     double embd_std;        /* token_embd and output */
     bool dry_run;           /* print the header instead of writing */
-    bool rerank;            /* encoders: a classification head and pooling type rank */
+    bool rerank;            /* encoders: a classification head and pooling type rank; qwen3: a Qwen3-Reranker */
+    int32_t rank_tok[2];    /* qwen3 --rerank: the ids of "yes" and "no" (set from the vocabulary) */
     int pooling;            /* encoders: 0 default (mean), else llama.cpp's pooling_type (1 mean, 2 cls, 3 last) */
     bool ugm;               /* encoders: a unigram ("t5", XLM-RoBERTa-style) vocabulary instead of WordPiece */
 } mk_opts;
@@ -97,5 +100,17 @@ const char *kvs_mk_oss_template(void);
 int kvs_mk_oss_metadata(eng_gguf_writer *w, const mk_opts *o);
 /* Block l's tensors, in file order, into the sink (as kvs_mk_tensor_one). */
 int kvs_mk_oss_layer(const mk_sink *sk, const mk_opts *o, int64_t l, size_t *total, int *count);
+
+/* cmd_mkmodel.c: one tensor [ne0, n_rows] made of rows rows[0..n_rows) of the tensor `src` [ne0, *] the generator
+ * makes (kind), bytes equal to those rows of it. */
+int kvs_mk_tensor_rows(const mk_sink *sk, const mk_opts *o, const char *name, const char *src, int kind, int64_t ne0,
+                       const int32_t *rows, int n_rows, size_t *total, int *count);
+
+/* mkmodel_rerank.c: qwen3 --rerank (a Qwen3-Reranker-style decoder) */
+bool kvs_mk_is_decoder_reranker(const mk_opts *o);
+/* o->rank_tok from the tokenizer block tok ("yes", "no"); ENG_ERR_INVALID when the vocabulary lacks them. */
+int kvs_mk_rerank_tokens(const eng_gguf *tok, mk_opts *o);
+/* pooling_type 4, classifier.output_labels, tokenizer.chat_template.rerank and tokenizer.chat_templates. */
+int kvs_mk_rerank_metadata(eng_gguf_writer *w, const mk_opts *o);
 
 #endif /* KVSERVE_TOOLS_MKMODEL_H */

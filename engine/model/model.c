@@ -16,6 +16,7 @@
 #include "engine/kernels/quant_kpacked.h"
 #include "engine/text/tokenizer.h"
 #include "engine/model/encoder.h"
+#include "engine/model/rank_head.h"
 
 void eng_load_params_default(eng_load_params *p) {
     if (!p) return;
@@ -445,7 +446,8 @@ static int load_tensors(loader *L) {
         if (oss && (rc = load_gpt_oss_layer(L, l, ly)) != 0) return rc;
         if (moe && (rc = load_moe(L, l, ly)) != 0) return rc;
     }
-    return eng_model_family_swa_layers(m, L->path, L->err, L->err_len);
+    if ((rc = eng_model_family_swa_layers(m, L->path, L->err, L->err_len)) != 0) return rc;
+    return eng_rank_head_load(m, L->path, L->err, L->err_len); /* a Qwen3-Reranker's cls.output, if any */
 }
 
 static int read_whole_file(const char *path, void **out, size_t *size, char *err, size_t err_len) {
@@ -639,6 +641,7 @@ void eng_model_free(eng_model *m) {
     }
     free(m->output.packed);
     eng_encoder_free(m->enc, m->hp.n_layer);
+    eng_rank_head_free(m->rank);
     pthread_mutex_destroy(&m->pack_lock);
     eng_vocab_free(m->vocab);
     eng_gguf_close(m->gguf);

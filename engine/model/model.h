@@ -100,6 +100,8 @@ struct eng_model {
     pthread_mutex_t pack_lock;  /* guards the one-time packing of eng_model_pack_cpu */
     bool packed;                /* eng_model_pack_cpu has run */
     struct eng_encoder *enc;    /* an encoder's own weights (engine/model/encoder.h), NULL for a decoder (owned) */
+    struct eng_rank_head *rank; /* a decoder reranker's classification head (engine/model/rank_head.h), or NULL
+                                   (owned) */
 };
 
 /* Matrix i of layer ly, for the loops over all of them (packing, freeing, scratch sizing, byte counts): 0..6 are

@@ -23,6 +23,7 @@
 #include "engine/kernels/quant.h"
 #include "engine/kernels/quant_kpacked.h"
 #include "engine/model/encoder.h"
+#include "engine/model/rank_head.h"
 #include "engine/runtime/batch.h"
 #include "engine/runtime/forward_ctx.h"
 #include "engine/runtime/kv_pool.h"
@@ -399,15 +400,32 @@ int eng_encoder_decode(eng_ctx *c, const eng_batch *b) {
     return 0;
 }
 
+/* A decoder reranker (rank_head.h): the head over row i's hidden state (the caller's last row of a sequence),
+ * computed on demand into row i of enc_rank. */
+static float *decoder_rank(eng_ctx *c, int32_t i) {
+    const eng_rank_head *h = c->model->rank;
+    const float *x = eng_get_embeddings(c, i);
+    if (!x) return NULL;
+    if (!c->enc_rank && !(c->enc_rank = malloc((size_t)c->max_batch * (size_t)h->n_out * sizeof(float))))
+        return NULL;
+    float *out = c->enc_rank + (size_t)i * (size_t)h->n_out;
+    return eng_rank_head_apply(h, x, out) == 0 ? out : NULL;
+}
+
 float *eng_get_rank(eng_ctx *c, int32_t i) {
+    if (c && !c->cuda && c->model->rank) return decoder_rank(c, i);
     if (!c || c->cuda || !c->model->enc || c->model->enc->n_cls_out < 1 || !c->embd_valid || i < 0 ||
         i >= c->last_n || !c->embd_rows[i] || !c->enc_seq[2 * c->max_batch + i])
         return NULL;
     return c->enc_rank + (size_t)i * (size_t)c->model->enc->n_cls_out;
 }
 
-int32_t eng_model_n_cls_out(const eng_model *m) { return m && m->enc ? m->enc->n_cls_out : 0; }
+int32_t eng_model_n_cls_out(const eng_model *m) {
+    return !m ? 0 : m->enc ? m->enc->n_cls_out : m->rank ? m->rank->n_out : 0;
+}
 bool eng_model_is_encoder(const eng_model *m) { return m && m->enc; }
+bool eng_model_rank_last(const eng_model *m) { return m && !m->enc && m->rank; }
+const char *eng_model_rerank_prompt(const eng_model *m) { return m && m->rank ? m->rank->prompt : NULL; }
 
 void eng_encoder_ctx_free(eng_ctx *c) {
     if (!c) return;

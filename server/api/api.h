@@ -317,6 +317,10 @@ void srv_api_set_pooling(srv_api *api, srv_sched_pooling pooling, int32_t n_embd
 /* /v1/rerank: the model's classification head outputs (0: rerank answers 501) and the special tokens of the pair
  * prompt [bos] query [eos] [sep] document [eos] (-1: not added). Loop thread. */
 void srv_api_set_rerank(srv_api *api, int32_t n_rank, int32_t bos, int32_t eos, int32_t sep);
+/* /v1/rerank: the model's rerank prompt (eng_model_rerank_prompt: text with the placeholders {query} and {document},
+ * a decoder reranker's), copied; NULL (the default): the pair of special tokens above. 0 or KVS_ERR_NOMEM (the
+ * prompt is then unchanged). Loop thread, before requests arrive. */
+int srv_api_set_rerank_prompt(srv_api *api, const char *prompt);
 /* The srv_http handler (ud = the srv_api). */
 void srv_api_handle(void *ud, srv_http_req *req);
 /* A srv_http_log_cb (ud = the srv_api): counts and logs the answers the HTTP layer sends itself. */

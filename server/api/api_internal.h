@@ -143,6 +143,7 @@ struct srv_api {
     int32_t n_embd;
     int32_t n_rank;       /* /v1/rerank: the classification head's outputs (0: the model cannot rerank) */
     int32_t rank_tok[3];  /* /v1/rerank: BOS, EOS and SEP of the pair prompt, -1 each when not added */
+    char *rank_prompt;    /* /v1/rerank: the model's rerank prompt ({query}, {document}) or NULL (owned) */
     int32_t fim[3];       /* fill-in-the-middle tokens: prefix, suffix, middle (-1: none) */
     bool context_shift;   /* srv_api_set_context_shift: max_tokens may pass n_ctx */
     int32_t n_keep;       /* the default of the request field n_keep */

@@ -458,6 +458,7 @@ void srv_api_free(srv_api *api) {
     api_resp_store_free(api->resp_store);
     free(api->model_id);
     free(api->api_key);
+    free(api->rank_prompt);
     free(api);
 }
 

@@ -74,6 +74,7 @@ int srv_engine_ops_init(srv_engine_ops *out, const eng_model *model, eng_ctx *ct
     out->whole_prompts = eng_model_is_encoder(model); /* bidirectional attention: a prompt runs whole */
     out->n_rank = eng_model_n_cls_out(model);
     out->get_rank = out->n_rank > 0 && out->get_embd ? re_rank : NULL;
+    out->rank_last = eng_model_rank_last(model); /* a decoder reranker: causal, the last row has seen the pair */
     out->seq_remove = re_seq_remove; /* the context shift (CPU and CUDA contexts both re-rotate) */
     return SRV_SCHED_OK;
 }

@@ -187,10 +187,11 @@ typedef struct srv_engine_ops {
     float *(*get_embd)(void *ctx, int32_t i);
     int32_t n_embd;          /* the hidden size (needed with get_embd) */
     /* Optional (may be NULL: SRV_SCHED_POOL_RANK requests are then refused with KVS_ERR_UNSUPPORTED): the n_rank
-     * values of an encoder's classification head for batch entry i of the last decode, an embedding request's
-     * first row (eng_get_rank semantics). */
+     * values of the model's classification head for batch entry i of the last decode, an embedding request's
+     * first row, or its last row with rank_last (eng_get_rank semantics). */
     float *(*get_rank)(void *ctx, int32_t i);
     int32_t n_rank;          /* the head's outputs (1 <= n_rank <= n_embd with get_rank) */
+    bool rank_last;          /* the head reads the prompt's last row (a decoder reranker), else its first */
     /* An encoder (bidirectional attention): a prompt runs whole in one batch (never chunked), only embedding
      * requests are taken, and a prompt longer than batch_tokens is refused with SRV_SCHED_ERR_TOO_LONG. */
     bool whole_prompts;
@@ -300,8 +301,9 @@ typedef enum {
     SRV_SCHED_POOL_MEAN = 0, /* the mean over every prompt token */
     SRV_SCHED_POOL_CLS = 1,  /* the first token's */
     SRV_SCHED_POOL_LAST = 2, /* the last token's */
-    SRV_SCHED_POOL_RANK = 3, /* the classification head's values for the first token (srv_engine_ops.get_rank): the
-                                DONE event's embd holds n_rank raw values (not normalized) */
+    SRV_SCHED_POOL_RANK = 3, /* the classification head's values for the first token, or the last with
+                                srv_engine_ops.rank_last (srv_engine_ops.get_rank): the DONE event's embd holds the
+                                n_rank values as the head gives them (not normalized) */
 } srv_sched_pooling;
 
 /* The finish_reason the API reports: "stop", "length", "abort" (cancelled), "error" ("" for NONE). */

@@ -334,10 +334,12 @@ void sched_fail_request(srv_sched *s, sched_req *r, const char *msg) {
 }
 
 /* ---- embeddings ------------------------------------------------------------------------------------------- */
-/* Rank pooling: the head's values of the first row, as they are. */
-static void pool_rank(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t pos0) {
-    if (pos0 == 0) {
-        const float *v = s->ops.get_rank(s->ops.ctx, first);
+/* Rank pooling: the head's values of the first row (the last with ops.rank_last), as they are. The rows of this
+ * group are first .. first + n - 1 at positions pos0 .. pos0 + n - 1. */
+static void pool_rank(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0) {
+    int32_t want = s->ops.rank_last ? r->rq.n_prompt - 1 : 0;
+    if (want >= pos0 && want < pos0 + n) {
+        const float *v = s->ops.get_rank(s->ops.ctx, first + (want - pos0));
         if (!v) {
             sched_finish_choice(s, r, c, SRV_SCHED_FINISH_ERROR, "the engine returned no classification values");
             return;
@@ -352,7 +354,7 @@ static void pool_rank(srv_sched *s, sched_req *r, sched_choice *c, int32_t first
 void sched_pool_rows(srv_sched *s, sched_req *r, sched_choice *c, int32_t first, int32_t n, int32_t pos0) {
     const int32_t E = s->ops.n_embd;
     if (r->rq.pooling == SRV_SCHED_POOL_RANK) {
-        pool_rank(s, r, c, first, pos0);
+        pool_rank(s, r, c, first, n, pos0);
         return;
     }
     for (int32_t k = 0; k < n; k++) {

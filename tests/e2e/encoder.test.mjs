@@ -1,15 +1,17 @@
 // Encoder models end to end (issue 27 items 2 and 3): a bert embedding model written by `kvserve mkmodel --arch bert`
 // through the official openai package's client.embeddings.create, and a bert reranker (--rerank: a classification
 // head, pooling type rank) through fetch on /v1/rerank, /rerank and /v2/rerank as LangChain's and Cohere-style
-// clients call them; the errors of bad requests and of routes a model cannot serve.
+// clients call them; the errors of bad requests and of routes a model cannot serve. A Qwen3-Reranker-style decoder
+// (mkmodel --arch qwen3 --rerank with ../shared's Qwen2 vocabulary; skipped without it) answers llama.cpp's scores
+// and order (tests/reference/mk-encoders.json) through the server's rerank prompt.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import OpenAI from 'openai';
-import { startServer, BINARY } from './server.mjs';
+import { startServer, metric, BINARY } from './server.mjs';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvserve-e2e-encoder-'));
 const common = ['--embd', '64', '--layers', '2', '--heads', '4', '--ff', '96', '--ctx', '256', '--type', 'q8_0'];
@@ -121,4 +123,39 @@ test('rerank: bad requests are 400s naming the field', async () => {
   }
   const notJson = await fetch(`${rrSrv.base}/v1/rerank`, { method: 'POST', body: '{"query": ' });
   assert.equal(notJson.status, 400);
+});
+
+const SHARED = process.env.KVSERVE_SHARED || resolve('../../../shared');
+
+test('a Qwen3-Reranker-style decoder: llama.cpp\'s scores and order, special-token text kept as text', async (t) => {
+  const ref = JSON.parse(readFileSync(resolve('../reference/mk-encoders.json'), 'utf8'));
+  const m = ref.models['qwen3-reranker'];
+  const args = m.mkmodel_args.map((a) => (a.startsWith('@SHARED/') ? join(SHARED, a.slice(8)) : a));
+  const vocab = args.find((a) => a.startsWith(SHARED));
+  if (!existsSync(vocab)) {
+    t.skip(`${vocab} is absent (the shared test material)`);
+    return;
+  }
+  execFileSync(BINARY, ['mkmodel', '-o', join(dir, 'q3r.gguf'), ...args], { stdio: 'ignore' });
+  const srv = await startServer(join(dir, 'q3r.gguf'), ['--threads', '2', '--parallel', '4', '--reranking']);
+  try {
+    const r = await post(srv.base, '/v1/rerank', { query: ref.query, documents: ref.documents });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.deepEqual(r.body.results.map((x) => x.index), m.rerank.map((x) => x.index), 'llama.cpp\'s order');
+    for (const [k, x] of r.body.results.entries())
+      assert.ok(Math.abs(x.relevance_score - m.rerank[k].relevance_score) < 1e-3,
+        `document ${x.index}: ${x.relevance_score}, llama.cpp ${m.rerank[k].relevance_score}`);
+    const nTok = m.pair_tokens.reduce((s, p) => s + p.length, 0);
+    assert.equal(r.body.usage.prompt_tokens, nTok, 'the pairs\' prompts have llama.cpp\'s token counts');
+    // "<|im_end|>" inside a document is text, not the end of the user turn: more tokens than the special token
+    const plain = await post(srv.base, '/rerank', { query: 'q', documents: ['a b'] });
+    const special = await post(srv.base, '/rerank', { query: 'q', documents: ['a<|im_end|>b'] });
+    assert.equal(special.status, 200);
+    assert.ok(special.body.usage.prompt_tokens > plain.body.usage.prompt_tokens + 2,
+      `${special.body.usage.prompt_tokens} vs ${plain.body.usage.prompt_tokens}`);
+    const metrics = await (await fetch(`${srv.base}/metrics`)).text();
+    assert.equal(metric(metrics, 'kvserve:kv_blocks_used'), 0, 'no KV block stays in use');
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
 });
