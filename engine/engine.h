@@ -59,7 +59,7 @@ enum {
 typedef enum { ENG_ARCH_LLAMA = 0, ENG_ARCH_QWEN2 = 1, ENG_ARCH_QWEN3 = 2, ENG_ARCH_GEMMA3 = 3, ENG_ARCH_PHI3 = 4,
                ENG_ARCH_QWEN3MOE = 5, ENG_ARCH_GPT_OSS = 6,
                /* encoders (bidirectional attention, embeddings and rerank only: engine/model/encoder.h) */
-               ENG_ARCH_BERT = 32, ENG_ARCH_NOMIC_BERT = 33 } eng_arch;
+               ENG_ARCH_BERT = 32, ENG_ARCH_NOMIC_BERT = 33, ENG_ARCH_JINA_BERT_V2 = 34 } eng_arch;
 
 /* The most experts an MoE layer may have (llama.cpp's limit is the same order). */
 #define ENG_MAX_EXPERTS 512

@@ -3,7 +3,8 @@
 
 The models are made by `kvserve mkmodel` (MODELS below: bert embedding models with mean and cls pooling, a
 nomic-bert one, a bert reranker with a classification head and pooling type rank, and XLM-RoBERTa-style bert models
-with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker; and a Qwen3-Reranker-
+with mkmodel's unigram ("t5") vocabulary and charsmap, one with cls pooling and one reranker; jina-bert-v2 (ALiBi,
+GEGLU) embedding and reranker models; and a Qwen3-Reranker-
 style decoder, qwen3 --rerank with the Qwen2 vocabulary of the shared test material). For each, llama.cpp v0.5.0's
 library (scripts/ref-encoder-gen.c, compiled here against the tree) gives:
   - the token ids of every prompt with the model's special tokens, as llama-embedding tokenizes them;
@@ -33,6 +34,8 @@ MODELS = {
     "bert-reranker": ["--arch", "bert", "--rerank"] + COMMON,
     "xlmr-cls": ["--arch", "bert", "--vocab", "ugm", "--pooling", "cls"] + COMMON,
     "xlmr-reranker": ["--arch", "bert", "--vocab", "ugm", "--rerank"] + COMMON,
+    "jina-bert-v2": ["--arch", "jina-bert-v2"] + COMMON,
+    "jina-bert-v2-reranker": ["--arch", "jina-bert-v2", "--rerank"] + COMMON,
     # a Qwen3-Reranker-style decoder: cls.output from the tied output's "yes" / "no" rows, the rerank prompt
     # (@SHARED: the shared test material, ../shared beside the source tree; the test resolves it the same way)
     "qwen3-reranker": ["--arch", "qwen3", "--rerank", "--tied", "--vocab-from",

@@ -87,7 +87,7 @@ static bool set_rope_scaling(void *field, const char *v) {
 
 static bool set_arch(void *field, const char *v) {
     if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3") && strcmp(v, "qwen3moe") && strcmp(v, "phi3") &&
-        strcmp(v, "gpt-oss") && strcmp(v, "bert") && strcmp(v, "nomic-bert"))
+        strcmp(v, "gpt-oss") && strcmp(v, "bert") && strcmp(v, "nomic-bert") && strcmp(v, "jina-bert-v2"))
         return false;
     snprintf(field, sizeof ((mk_opts *)0)->arch, "%s", v);
     return true;
@@ -140,9 +140,10 @@ static const kvs_opt mk_opts_table[] = {
              "              2 used, expert ff 64, f32 (fast tests)\n"
              "  tiny-oss    gpt-oss, the same shape (one sliding and one global block)"},
     {"--arch", NULL, KVS_OPT_SET, O(arch), .set = set_arch,
-     .expect = "llama, qwen2, qwen3, qwen3moe, gpt-oss, phi3, bert or nomic-bert", .arg = "A",
-     .help = "llama|qwen2|qwen3|qwen3moe|gpt-oss|phi3|bert|nomic-bert (qwen2 adds Q/K/V\n"
-             "biases and uses rms eps 1e-6 by default; qwen3 adds per-head Q/K norms;\n"
+     .expect = "llama, qwen2, qwen3, qwen3moe, gpt-oss, phi3, bert, nomic-bert or jina-bert-v2", .arg = "A",
+     .help = "llama|qwen2|qwen3|qwen3moe|gpt-oss|phi3|bert|nomic-bert|jina-bert-v2\n"
+             "(qwen2 adds Q/K/V biases and uses rms eps 1e-6 by default; qwen3 adds\n"
+             "per-head Q/K norms;\n"
              "qwen3moe too, with a router and stacked experts in place of the\n"
              "feed-forward; gpt-oss has Q/K/V/O biases, attention sinks, biased router\n"
              "and experts, every other block sliding (--swa), always untied, and its\n"
@@ -150,18 +151,19 @@ static const kvs_opt mk_opts_table[] = {
              "fuses Q/K/V into attn_qkv and gate|up into ffn_up, and rotates halves;\n"
              "bert and nomic-bert are encoders with a built-in WordPiece vocabulary: bert\n"
              "with absolute positions, biases and GELU, nomic-bert with rotary positions\n"
-             "(--rope-base), a fused attn_qkv and SwiGLU; both post-norm with LayerNorm,\n"
-             "kv heads = heads)"},
+             "(--rope-base), a fused attn_qkv and SwiGLU; jina-bert-v2 with ALiBi and a\n"
+             "GEGLU feed-forward; all post-norm with LayerNorm, kv heads = heads)"},
     {"--rerank", NULL, KVS_OPT_FLAG, O(rerank), .flag_value = true,
-     .help = "(bert, nomic-bert) add a classification head (cls, cls.output: one\n"
-             "score) and write pooling type rank: a reranker; (qwen3) a\n"
+     .help = "(encoders) add a classification head (cls, cls.output: one score;\n"
+             "jina-bert-v2: cls [embd, 1] alone, as jina-reranker-v1) and write\n"
+             "pooling type rank: a reranker; (qwen3) a\n"
              "Qwen3-Reranker: cls.output from the output rows of \"yes\" and \"no\",\n"
              "pooling type rank and the rerank prompt (needs a vocabulary with\n"
              "those tokens: --vocab-from a qwen2 vocabulary)"},
     {"--pooling", NULL, KVS_OPT_SET, O(pooling), .set = kvs_mk_set_pooling, .expect = "mean, cls or last",
-     .arg = "P", .help = "(bert, nomic-bert) <arch>.pooling_type: mean (default), cls or last"},
+     .arg = "P", .help = "(encoders) <arch>.pooling_type: mean (default), cls or last"},
     {"--vocab", NULL, KVS_OPT_SET, O(ugm), .set = kvs_mk_set_vocab, .expect = "wpm or ugm", .arg = "V",
-     .help = "(bert, nomic-bert) the built-in vocabulary: wpm (BERT WordPiece, default)\n"
+     .help = "(encoders) the built-in vocabulary: wpm (BERT WordPiece, default)\n"
              "or ugm (an XLM-RoBERTa-style SentencePiece unigram vocabulary with a\n"
              "small precompiled charsmap, tokenizer model t5)"},
     {"--experts", NULL, KVS_OPT_I64, O(n_expert), 1, 512, .arg = "N",
@@ -248,9 +250,9 @@ static int check_opts(mk_opts *o) {
     if (o->rms_eps < 0) o->rms_eps = !strncmp(o->arch, "qwen", 4) ? 1e-6 : kvs_mk_is_encoder(o) ? 1e-12 : 1e-5;
     if (kvs_mk_is_encoder(o)) o->n_head_kv = o->n_head; /* encoders: one K/V head per query head */
     if ((o->pooling || o->ugm) && !kvs_mk_is_encoder(o))
-        return kvs_cli_fail(&mk_cli, "--pooling and --vocab need --arch bert or nomic-bert");
+        return kvs_cli_fail(&mk_cli, "--pooling and --vocab need --arch bert, nomic-bert or jina-bert-v2");
     if (o->rerank && !kvs_mk_is_encoder(o) && !kvs_mk_is_decoder_reranker(o))
-        return kvs_cli_fail(&mk_cli, "--rerank needs --arch bert, nomic-bert or qwen3");
+        return kvs_cli_fail(&mk_cli, "--rerank needs --arch bert, nomic-bert, jina-bert-v2 or qwen3");
     if (moe && o->n_ff_exp == 0) o->n_ff_exp = o->n_ff / o->n_expert_used > 0 ? o->n_ff / o->n_expert_used : 1;
     if (moe && o->n_expert_used > o->n_expert)
         return kvs_cli_fail(&mk_cli, "--experts-used %lld must be at most --experts %lld", (long long)o->n_expert_used,

@@ -1,6 +1,9 @@
 /*
- * mkmodel_encoder.c: `kvserve mkmodel --arch bert|nomic-bert [--rerank]`: BERT-family encoders with the tensor
- * names and keys llama.cpp reads (engine/model/encoder.h lists them) and a small built-in WordPiece vocabulary.
+ * mkmodel_encoder.c: `kvserve mkmodel --arch bert|nomic-bert|jina-bert-v2 [--rerank]`: BERT-family encoders with
+ * the tensor names and keys llama.cpp reads (engine/model/encoder.h lists them) and a small built-in WordPiece
+ * vocabulary. jina-bert-v2 is written as jina-embeddings-v2 converts: bert's tensors without position_embd, the
+ * GEGLU feed-forward as one ffn_up [embd, 2 ff] without bias (gate rows first); its reranker head is
+ * jina-reranker-v1's, cls [embd, 1] + cls.bias and no cls.output.
  *
  * The vocabulary, as llama.cpp's converter writes BERT vocabularies: word-initial pieces carry a U+2581 prefix,
  * continuation pieces ("##x" in the original) none. ids 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control
@@ -23,7 +26,9 @@
 
 #define WPM_SPACE "\xe2\x96\x81"
 
-bool kvs_mk_is_encoder(const mk_opts *o) { return !strcmp(o->arch, "bert") || !strcmp(o->arch, "nomic-bert"); }
+bool kvs_mk_is_encoder(const mk_opts *o) {
+    return !strcmp(o->arch, "bert") || !strcmp(o->arch, "nomic-bert") || !strcmp(o->arch, "jina-bert-v2");
+}
 
 bool kvs_mk_set_pooling(void *field, const char *v) {
     int *p = field;
@@ -288,7 +293,7 @@ int kvs_mk_encoder_metadata(eng_gguf_writer *w, const mk_opts *o, int64_t n_voca
 
 int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab, size_t *total, int *count) {
     const int64_t E = o->n_embd, F = o->n_ff;
-    const bool nomic = !strcmp(o->arch, "nomic-bert");
+    const bool nomic = !strcmp(o->arch, "nomic-bert"), jina = !strcmp(o->arch, "jina-bert-v2");
     const mk_tdef bert[] = {
         {"attn_q.weight", MK_MATRIX, E, E, 1},          {"attn_q.bias", MK_BIAS, E, 1, 1},
         {"attn_k.weight", MK_MATRIX, E, E, 1},          {"attn_k.bias", MK_BIAS, E, 1, 1},
@@ -306,13 +311,25 @@ int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab,
         {"ffn_down.weight", MK_MATRIX, F, E, 1},
         {"layer_output_norm.weight", MK_NORM, E, 1, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1, 1},
     };
-    const mk_tdef *td = nomic ? nomic_t : bert;
-    const size_t nt = nomic ? sizeof nomic_t / sizeof nomic_t[0] : sizeof bert / sizeof bert[0];
+    const mk_tdef jina_t[] = {
+        {"attn_q.weight", MK_MATRIX, E, E, 1},          {"attn_q.bias", MK_BIAS, E, 1, 1},
+        {"attn_k.weight", MK_MATRIX, E, E, 1},          {"attn_k.bias", MK_BIAS, E, 1, 1},
+        {"attn_v.weight", MK_MATRIX, E, E, 1},          {"attn_v.bias", MK_BIAS, E, 1, 1},
+        {"attn_output.weight", MK_MATRIX, E, E, 1},     {"attn_output.bias", MK_BIAS, E, 1, 1},
+        {"attn_output_norm.weight", MK_NORM, E, 1, 1},  {"attn_output_norm.bias", MK_BIAS, E, 1, 1},
+        {"ffn_up.weight", MK_MATRIX, E, 2 * F, 1},
+        {"ffn_down.weight", MK_MATRIX, F, E, 1},        {"ffn_down.bias", MK_BIAS, E, 1, 1},
+        {"layer_output_norm.weight", MK_NORM, E, 1, 1}, {"layer_output_norm.bias", MK_BIAS, E, 1, 1},
+    };
+    const mk_tdef *td = nomic ? nomic_t : jina ? jina_t : bert;
+    const size_t nt = nomic ? sizeof nomic_t / sizeof nomic_t[0] : jina ? sizeof jina_t / sizeof jina_t[0]
+                                                                       : sizeof bert / sizeof bert[0];
     char name[96];
     int rc = kvs_mk_tensor_one(sk, o, "token_embd.weight", MK_EMBED, E, n_vocab, 1, total, count);
     /* as many token types as the vocabulary says: 2 for BERT, 1 for XLM-RoBERTa */
     if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_types.weight", MK_EMBED_F32, E, o->ugm ? 1 : 2, 1, total, count);
-    if (!rc && !nomic) rc = kvs_mk_tensor_one(sk, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, 1, total, count);
+    if (!rc && !nomic && !jina)
+        rc = kvs_mk_tensor_one(sk, o, "position_embd.weight", MK_EMBED, E, o->n_ctx, 1, total, count);
     if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_embd_norm.weight", MK_NORM, E, 1, 1, total, count);
     if (!rc) rc = kvs_mk_tensor_one(sk, o, "token_embd_norm.bias", MK_BIAS, E, 1, 1, total, count);
     for (int64_t l = 0; l < o->n_layer && !rc; l++)
@@ -320,6 +337,11 @@ int kvs_mk_encoder_tensors(const mk_sink *sk, const mk_opts *o, int64_t n_vocab,
             snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, td[i].suffix);
             rc = kvs_mk_tensor_one(sk, o, name, td[i].kind, td[i].ne0, td[i].ne1, 1, total, count);
         }
+    if (jina && o->rerank) { /* jina-reranker-v1's head: one linear output, tanh */
+        if (!rc) rc = kvs_mk_tensor_one(sk, o, "cls.weight", MK_BIAS, E, 1, 1, total, count);
+        if (!rc) rc = kvs_mk_tensor_one(sk, o, "cls.bias", MK_BIAS, 1, 1, 1, total, count);
+        return rc;
+    }
     if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.weight", MK_MATRIX, E, E, 1, total, count);
     if (!rc && o->rerank) rc = kvs_mk_tensor_one(sk, o, "cls.bias", MK_BIAS, E, 1, 1, total, count);
     /* the output layer as f32 [E, 1] (one row: q8_0 would need nothing more, but keep the score exact) */

@@ -13,6 +13,7 @@
 bool eng_encoder_arch(const char *arch_name, eng_arch *arch) {
     if (!strcmp(arch_name, "bert")) *arch = ENG_ARCH_BERT;
     else if (!strcmp(arch_name, "nomic-bert")) *arch = ENG_ARCH_NOMIC_BERT;
+    else if (!strcmp(arch_name, "jina-bert-v2")) *arch = ENG_ARCH_JINA_BERT_V2;
     else return false;
     return true;
 }
@@ -147,6 +148,56 @@ static int load_attn(enc_loader *L, int l, eng_layer *ly, eng_enc_layer *el, int
     return 0;
 }
 
+/* jina-bert-v2's feed-forward: ffn_up [n_embd, 2 n_ff] (gate rows first, then up; its bias split likewise) or
+ * ffn_up [n_embd, n_ff] with ffn_gate [n_embd, n_ff] (GEGLU), or ffn_up alone (GELU); the choice of layer 0 for all.
+ * The optional tensors llama.cpp would apply and this engine does not are refused. */
+static int load_jina_ffn(enc_loader *L, int l, eng_layer *ly, eng_enc_layer *el) {
+    eng_model *m = L->m;
+    const int64_t E = m->hp.n_embd, F = m->hp.n_ff;
+    char name[96];
+    static const char *const refused[] = {"attn_q_norm.weight", "attn_k_norm.weight", "attn_norm_2.weight"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, refused[i]);
+        if (eng_gguf_find_tensor(m->gguf, name))
+            return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: tensor %s: jina-bert-v2's Q/K LayerNorms "
+                            "and second attention norm are not supported", L->path, name);
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(m->gguf, name);
+    bool fused = t && t->n_dims == 2 && t->ne[1] == 2 * F;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", l);
+    bool gate = eng_gguf_find_tensor(m->gguf, name) != NULL;
+    bool geglu = fused || gate;
+    if (l == 0) m->enc->geglu = geglu;
+    else if (geglu != m->enc->geglu)
+        return kvs_errf(L->err, L->err_len, ENG_ERR_UNSUPPORTED, "%s: layer %d's feed-forward is %s, layer 0's is "
+                        "not (mixed GELU and GEGLU layers are not supported)", L->path, l, geglu ? "gated" : "plain");
+    int rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+    if (!fused) {
+        if ((rc = enc_matrix(L, name, E, F, true, &ly->w_up)) != 0) return rc;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", l);
+        if (gate && (rc = enc_matrix(L, name, E, F, true, &ly->w_gate)) != 0) return rc;
+        snprintf(name, sizeof name, "blk.%d.ffn_up.bias", l);
+        return enc_vector(L, name, F, false, &el->b_up);
+    }
+    eng_matrix both;
+    if ((rc = enc_matrix(L, name, E, 2 * F, true, &both)) != 0) return rc;
+    ly->w_gate = rows_of(&both, 0, F);
+    ly->w_up = rows_of(&both, F, F);
+    float *b = NULL;
+    snprintf(name, sizeof name, "blk.%d.ffn_up.bias", l);
+    if ((rc = enc_vector(L, name, 2 * F, false, &b)) != 0 || !b) return rc;
+    el->b_gate = malloc((size_t)F * sizeof(float));
+    el->b_up = malloc((size_t)F * sizeof(float));
+    if (el->b_gate && el->b_up) {
+        memcpy(el->b_gate, b, (size_t)F * sizeof(float));
+        memcpy(el->b_up, b + F, (size_t)F * sizeof(float));
+    }
+    free(b);
+    return el->b_gate && el->b_up ? 0 : kvs_errf(L->err, L->err_len, ENG_ERR_NOMEM, "%s: out of memory", L->path);
+}
+
 static int load_layer(enc_loader *L, int l) {
     eng_model *m = L->m;
     const eng_hparams *hp = &m->hp;
@@ -163,10 +214,14 @@ static int load_layer(enc_loader *L, int l) {
     if ((rc = VEC("attn_output.bias", E, false, &el->bo)) != 0) return rc;
     if ((rc = VEC("attn_output_norm.weight", E, true, &el->attn_ln_w)) != 0) return rc;
     if ((rc = VEC("attn_output_norm.bias", E, true, &el->attn_ln_b)) != 0) return rc;
-    if ((rc = MAT("ffn_up.weight", E, F, true, &ly->w_up)) != 0) return rc;
-    if ((rc = VEC("ffn_up.bias", F, false, &el->b_up)) != 0) return rc;
-    if (m->enc->swiglu) {
-        if ((rc = MAT("ffn_gate.weight", E, F, true, &ly->w_gate)) != 0) return rc;
+    if (m->enc->alibi) {
+        if ((rc = load_jina_ffn(L, l, ly, el)) != 0) return rc;
+    } else {
+        if ((rc = MAT("ffn_up.weight", E, F, true, &ly->w_up)) != 0) return rc;
+        if ((rc = VEC("ffn_up.bias", F, false, &el->b_up)) != 0) return rc;
+    }
+    if (m->enc->swiglu || m->enc->alibi) {
+        if (m->enc->swiglu && (rc = MAT("ffn_gate.weight", E, F, true, &ly->w_gate)) != 0) return rc;
     } else {
         ly->w_gate = ly->w_up; /* unused by GELU; the same rows (not packed twice: see eng_model_pack_cpu) */
     }
@@ -198,7 +253,8 @@ static int load_inputs(enc_loader *L) {
         if ((rc = eng_dequantize_row(types.type, types.data, enc->type_row, E)) != 0)
             return kvs_errf(L->err, L->err_len, rc, "%s: token_types.weight: cannot dequantize", L->path);
     }
-    if (!enc->rope && (rc = enc_matrix(L, "position_embd.weight", E, m->hp.n_ctx_train, true, &enc->pos_embd)) != 0)
+    if (!enc->rope && !enc->alibi &&
+        (rc = enc_matrix(L, "position_embd.weight", E, m->hp.n_ctx_train, true, &enc->pos_embd)) != 0)
         return rc;
     if ((rc = enc_vector(L, "token_embd_norm.weight", E, true, &enc->embd_ln_w)) != 0) return rc;
     return enc_vector(L, "token_embd_norm.bias", E, true, &enc->embd_ln_b);
@@ -209,9 +265,12 @@ static int load_head(enc_loader *L) {
     eng_encoder *enc = m->enc;
     const int64_t E = m->hp.n_embd;
     int rc;
-    if ((rc = enc_matrix(L, "cls.weight", E, E, false, &enc->cls)) != 0) return rc;
-    if ((rc = enc_vector(L, "cls.bias", E, false, &enc->cls_b)) != 0) return rc;
     const eng_gguf_tensor *co = eng_gguf_find_tensor(m->gguf, "cls.output.weight");
+    const eng_gguf_tensor *ct = eng_gguf_find_tensor(m->gguf, "cls.weight");
+    /* without cls.output, cls alone is the head: [n_embd, n_cls] (jina-reranker-v1: one output) */
+    int64_t n_cls = !co && ct && ct->n_dims <= 2 && ct->ne[1] >= 1 && ct->ne[1] <= E ? ct->ne[1] : E;
+    if ((rc = enc_matrix(L, "cls.weight", E, n_cls, false, &enc->cls)) != 0) return rc;
+    if ((rc = enc_vector(L, "cls.bias", n_cls, false, &enc->cls_b)) != 0) return rc;
     int64_t n_out = co && co->n_dims == 2 ? co->ne[1] : 1;
     if (n_out < 1 || n_out > E)
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: cls.output.weight has %lld outputs (1 to %lld "
@@ -219,7 +278,7 @@ static int load_head(enc_loader *L) {
     if ((rc = enc_matrix(L, "cls.output.weight", E, n_out, false, &enc->cls_out)) != 0) return rc;
     if ((rc = enc_vector(L, "cls.output.bias", n_out, false, &enc->cls_out_b)) != 0) return rc;
     if (enc->cls_out.data) enc->n_cls_out = (int32_t)n_out;
-    else if (enc->cls.data) enc->n_cls_out = (int32_t)E; /* a head without its output layer: its E values */
+    else if (enc->cls.data) enc->n_cls_out = (int32_t)n_cls; /* a head without its output layer: its values */
     if (enc->cls_b && !enc->cls.data)
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: cls.bias without cls.weight", L->path);
     if (enc->cls_out_b && !enc->cls_out.data)
@@ -241,6 +300,8 @@ int eng_encoder_load(eng_model *m, const char *path, char *err, size_t err_len) 
     eng_encoder *enc = m->enc;
     enc->rope = hp->arch == ENG_ARCH_NOMIC_BERT;
     enc->swiglu = hp->arch == ENG_ARCH_NOMIC_BERT;
+    enc->alibi = hp->arch == ENG_ARCH_JINA_BERT_V2;
+    enc->alibi_max_bias = enc->alibi ? 8.0f : 0.0f;
     char key[96];
     snprintf(key, sizeof key, "%s.attention.layer_norm_epsilon", hp->arch_name);
     int rc = eng_gguf_get_f32(m->gguf, key, &enc->ln_eps);
@@ -275,8 +336,8 @@ void eng_encoder_free(eng_encoder *enc, int32_t n_layer) {
     if (!enc) return;
     for (int32_t l = 0; enc->layers && l < n_layer; l++) {
         eng_enc_layer *el = &enc->layers[l];
-        KVS_FREE_ALL(el->bq, el->bk, el->bv, el->bo, el->attn_ln_w, el->attn_ln_b, el->b_up, el->b_down, el->out_ln_w,
-                     el->out_ln_b);
+        KVS_FREE_ALL(el->bq, el->bk, el->bv, el->bo, el->attn_ln_w, el->attn_ln_b, el->b_up, el->b_gate, el->b_down,
+                     el->out_ln_w, el->out_ln_b);
     }
     KVS_FREE_ALL(enc->layers, enc->gelu_tab, enc->type_row, enc->embd_ln_w, enc->embd_ln_b, enc->cls_b, enc->cls_out_b, enc);
 }

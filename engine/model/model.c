@@ -377,7 +377,7 @@ static int load_tensors(loader *L) {
         return kvs_errf(L->err, L->err_len, ENG_ERR_FORMAT, "%s: tensor token_embd.weight has %lld rows but the "
                     "vocabulary has %d tokens", L->path, (long long)te->ne[1], hp->n_vocab);
     hp->n_vocab = (int32_t)te->ne[1];
-    if (hp->arch == ENG_ARCH_BERT || hp->arch == ENG_ARCH_NOMIC_BERT) return eng_encoder_load(m, L->path, L->err, L->err_len);
+    if (hp->arch >= ENG_ARCH_BERT) return eng_encoder_load(m, L->path, L->err, L->err_len); /* the encoders: 32 on */
     const int64_t E = hp->n_embd, V = hp->n_vocab, HD = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * HD, KD = (int64_t)hp->n_head_kv * HD, F = hp->n_ff;
     if ((rc = load_matrix(L, "token_embd.weight", E, V, &m->tok_embd)) != 0) return rc;

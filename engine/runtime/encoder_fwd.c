@@ -8,7 +8,9 @@
  *              f = GELU(h Wup + bup) Wdown + bdown  (nomic-bert: (silu(h Wgate) * h Wup) Wdown); GELU through the
  *              fp16 table ggml's CPU backend uses (encoder.h)
  *              x = LayerNorm(f + h)
- *   rank head: tanh(x0 Wcls + bcls) Wout + bout for the sequence's first row.
+ *   jina-bert-v2: no position row; ALiBi, -slope_h |i - j| added to the scaled scores; the FFN is
+ *              GELU(h Wgate + bgate) * (h Wup + bup) (GEGLU) when the model is gated
+ *   rank head: tanh(x0 Wcls + bcls) Wout + bout for the sequence's first row (either layer optional).
  * The matrices run through the engine's gemm kernels (packed when the model is), split over the context's thread
  * pool by output rows; attention by (sequence, head) pairs; element-wise work by rows. Nothing depends on how a
  * batch is composed, so a row's numbers are the same whatever ran with it.
@@ -54,6 +56,13 @@ static float gelu(const float *tab, float x) {
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ALiBi slope of head h (ggml's soft_max with max_bias > 0). */
+static float alibi_slope(float max_bias, int32_t n_head, int32_t h) {
+    uint32_t n2 = 1u << (uint32_t)floor(log2((double)n_head));
+    float m0 = powf(2.0f, -max_bias / (float)n2), m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n2);
+    return (uint32_t)h < n2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - (int32_t)n2) + 1));
+}
 
 /* y = (x - mean) / sqrt(var + eps) * w + b over n values (y may equal x); sums in double, in four interleaved
  * partial sums (a fixed order: a row's result depends on the row only). */
@@ -167,6 +176,8 @@ static void attend(enc_run *R, int ith, int nth) {
     for (int64_t u = ub; u < ue; u++) {
         int32_t si = (int32_t)(u / hp->n_head), h = (int32_t)(u % hp->n_head);
         int32_t r0 = R->seq_start[si], n = R->seq_len[si];
+        const eng_encoder *enc = c->model->enc;
+        const float slope = enc->alibi ? alibi_slope(enc->alibi_max_bias, hp->n_head, h) : 0.0f;
         for (int32_t j = 0; j < n; j++) {
             memcpy(kh + (size_t)j * HD, c->k + (int64_t)(r0 + j) * E + h * HD, (size_t)HD * sizeof(float));
             memcpy(vh + (size_t)j * HD, c->v + (int64_t)(r0 + j) * E + h * HD, (size_t)HD * sizeof(float));
@@ -176,6 +187,10 @@ static void attend(enc_run *R, int ith, int nth) {
             for (int32_t i = 0; i < m; i++)
                 memcpy(tq + (size_t)i * HD, c->q + (int64_t)(r0 + i0 + i) * E + h * HD, (size_t)HD * sizeof(float));
             eng_attn_tile_scores_f32(c->attn_level, tq, m, kh, n, (int32_t)HD, scale, s, (int32_t)lds, work);
+            for (int32_t i = 0; i < m && slope != 0.0f; i++) { /* ALiBi: -slope |i - j| */
+                float *si_ = s + (size_t)i * (size_t)lds;
+                for (int32_t j = 0; j < n; j++) si_[j] += slope * (float)(-abs(i0 + i - j));
+            }
             for (int32_t i = 0; i < m; i++) {
                 float *si_ = s + (size_t)i * (size_t)lds, mx = -INFINITY;
                 for (int32_t j = 0; j < n; j++) mx = si_[j] > mx ? si_[j] : mx;
@@ -235,6 +250,12 @@ static void ffn_act(enc_run *R, const eng_layer *ly, const eng_enc_layer *el, in
         if (c->model->enc->swiglu) {
             const float *g = c->gate + r * F;
             for (int64_t j = 0; j < F; j++) u[j] = silu(g[j]) * (u[j] + (el->b_up ? el->b_up[j] : 0.0f));
+        } else if (c->model->enc->geglu) { /* ggml's geglu: gelu() of the gate (its table), times the up value */
+            const float *g = c->gate + r * F, *tab = c->model->enc->gelu_tab;
+            for (int64_t j = 0; j < F; j++) {
+                float gj = g[j] + (el->b_gate ? el->b_gate[j] : 0.0f), uj = u[j] + (el->b_up ? el->b_up[j] : 0.0f);
+                u[j] = gelu(tab, gj) * uj;
+            }
         } else {
             const float *tab = c->model->enc->gelu_tab;
 #if defined(__x86_64__) || defined(__i386__)
@@ -275,7 +296,7 @@ static void layer(enc_run *R, int32_t l, int ith, int nth) {
     quantize(c, &ly->w_up, c->x2, E, rb, re);
     eng_pool_barrier(P);
     gemm_share(c, &ly->w_up, m, c->up, F, ith, nth);
-    if (c->model->enc->swiglu) gemm_share(c, &ly->w_gate, m, c->gate, F, ith, nth);
+    if (c->model->enc->swiglu || c->model->enc->geglu) gemm_share(c, &ly->w_gate, m, c->gate, F, ith, nth);
     eng_pool_barrier(P);
     ffn_act(R, ly, el, ith, nth);
     eng_pool_barrier(P);
@@ -313,11 +334,11 @@ static int rank_head(eng_ctx *c, int32_t r, float *out) {
     int rc = 0;
     if (enc->cls.data) {
         if ((rc = head_matvec(&enc->cls, enc->cls_b, x, h, row)) != 0) return rc;
-        for (int64_t j = 0; j < E; j++) h[j] = tanhf(h[j]);
+        for (int64_t j = 0; j < enc->cls.n_out; j++) h[j] = tanhf(h[j]);
         x = h;
     }
     if (enc->cls_out.data) return head_matvec(&enc->cls_out, enc->cls_out_b, x, out, row);
-    memcpy(out, x, (size_t)E * sizeof *out);
+    memcpy(out, x, (size_t)enc->n_cls_out * sizeof *out);
     return 0;
 }
 

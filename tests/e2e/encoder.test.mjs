@@ -3,7 +3,8 @@
 // head, pooling type rank) through fetch on /v1/rerank, /rerank and /v2/rerank as LangChain's and Cohere-style
 // clients call them; the errors of bad requests and of routes a model cannot serve. A Qwen3-Reranker-style decoder
 // (mkmodel --arch qwen3 --rerank with ../shared's Qwen2 vocabulary; skipped without it) answers llama.cpp's scores
-// and order (tests/reference/mk-encoders.json) through the server's rerank prompt.
+// and order (tests/reference/mk-encoders.json) through the server's rerank prompt; jina-bert-v2 (ALiBi, GEGLU)
+// embeddings and reranker scores match the same reference.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -157,5 +158,32 @@ test('a Qwen3-Reranker-style decoder: llama.cpp\'s scores and order, special-tok
     assert.equal(metric(metrics, 'kvserve:kv_blocks_used'), 0, 'no KV block stays in use');
   } finally {
     assert.equal(await srv.stop(), 0);
+  }
+});
+
+test('jina-bert-v2 (ALiBi, GEGLU): llama.cpp\'s embeddings and reranker scores', async () => {
+  const ref = JSON.parse(readFileSync(resolve('../reference/mk-encoders.json'), 'utf8'));
+  const emb = ref.models['jina-bert-v2'], rr = ref.models['jina-bert-v2-reranker'];
+  execFileSync(BINARY, ['mkmodel', '-o', join(dir, 'jina.gguf'), ...emb.mkmodel_args], { stdio: 'ignore' });
+  execFileSync(BINARY, ['mkmodel', '-o', join(dir, 'jinarr.gguf'), ...rr.mkmodel_args], { stdio: 'ignore' });
+  const es = await startServer(join(dir, 'jina.gguf'), ['--threads', '2']);
+  const rs = await startServer(join(dir, 'jinarr.gguf'), ['--threads', '2']);
+  try {
+    const c = new OpenAI({ baseURL: `${es.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+    const got = await c.embeddings.create({ model: 'jina', input: ref.prompts });
+    for (const [i, d] of got.data.entries()) {
+      const want = emb.embeddings[i];
+      const dot = d.embedding.reduce((s, x, j) => s + x * want[j], 0);
+      const nw = Math.sqrt(want.reduce((s, x) => s + x * x, 0));
+      assert.ok(dot / nw >= 0.9999, `prompt ${i}: cosine ${dot / nw}`);
+    }
+    const r = await post(rs.base, '/v1/rerank', { query: ref.query, documents: ref.documents });
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.results.map((x) => x.index), rr.rerank.map((x) => x.index), 'llama.cpp\'s order');
+    for (const [k, x] of r.body.results.entries())
+      assert.ok(Math.abs(x.relevance_score - rr.rerank[k].relevance_score) < 1e-3, `document ${x.index}`);
+  } finally {
+    assert.equal(await es.stop(), 0);
+    assert.equal(await rs.stop(), 0);
   }
 });

@@ -1,5 +1,6 @@
-/* test_encoder.c: the encoder models (bert, nomic-bert; engine/model/encoder.c, engine/runtime/encoder_fwd.c) and
- * the WordPiece tokenizer (engine/text/tok_wpm.c). Models are written by `kvserve mkmodel --arch bert|nomic-bert`
+/* test_encoder.c: the encoder models (bert, nomic-bert, jina-bert-v2; engine/model/encoder.c,
+ * engine/runtime/encoder_fwd.c) and the WordPiece tokenizer (engine/text/tok_wpm.c). Models are written by
+ * `kvserve mkmodel --arch bert|nomic-bert|jina-bert-v2`
  * into a temporary directory. The forward pass is checked against a plain reference in double written here from
  * the GGUF's tensors (randomized sequences and batches), for batch invariance bit for bit, and for the batch
  * contract; the tokenizer against hand-checked cases of the built-in vocabulary. */
@@ -45,6 +46,7 @@ typedef struct ref {
     eng_gguf *g;
     int64_t E, F, H, L;
     bool nomic;
+    bool alibi; /* jina-bert-v2: ALiBi (max bias 8), GEGLU */
     float eps;
 } ref;
 
@@ -91,6 +93,21 @@ static void lnorm(double *x, const double *w, const double *b, int64_t n, double
     for (int64_t i = 0; i < n; i++) x[i] = (x[i] - m) / sqrt(v + eps) * w[i] + b[i];
 }
 
+/* ggml's GELU: of the fp16 input, rounded to fp16, for |x| < 10 */
+static double gelu_ref(double x) {
+    double xr = eng_fp16_to_f32(eng_f32_to_fp16((float)x));
+    double g = 0.5 * xr * (1.0 + tanh(sqrt(2.0 / M_PI) * (xr + 0.044715 * xr * xr * xr)));
+    return x <= -10.0 ? 0.0 : x >= 10.0 ? x : eng_fp16_to_f32(eng_f32_to_fp16((float)g));
+}
+
+/* ALiBi's slope of head h for max bias 8 (ALiBi's geometric sequence, split at the largest power of two <= H). */
+static double alibi_slope_ref(int64_t H, int64_t h) {
+    int64_t n2 = 1;
+    while (n2 * 2 <= H) n2 *= 2;
+    return h < n2 ? pow(2.0, -8.0 / (double)n2 * (double)(h + 1))
+                  : pow(2.0, -4.0 / (double)n2 * (double)(2 * (h - n2) + 1));
+}
+
 static void rope_neox(double *x, int64_t hd, int32_t pos, double base) {
     for (int64_t i = 0; i < hd / 2; i++) {
         double th = pos * pow(base, -2.0 * (double)i / (double)hd);
@@ -106,7 +123,7 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
     double *x = calloc((size_t)(n * E), sizeof *x), *q = calloc((size_t)(n * E), sizeof *q);
     double *k = calloc((size_t)(n * E), sizeof *k), *v = calloc((size_t)(n * E), sizeof *v);
     double *a = calloc((size_t)(n * E), sizeof *a), *t = calloc((size_t)(E > F ? E : F) * 2, sizeof *t);
-    double *s = calloc((size_t)n, sizeof *s), *u = calloc((size_t)F, sizeof *u), *gt = calloc((size_t)F, sizeof *gt);
+    double *s = calloc((size_t)n, sizeof *s), *u = calloc((size_t)F * 2, sizeof *u), *gt = calloc((size_t)F, sizeof *gt);
     cr_assert(x && q && k && v && a && t && s && u && gt);
     double *te = tens(r, "token_embd.weight", NULL, NULL), *tt = tens(r, "token_types.weight", NULL, NULL);
     double *pe = tens(r, "position_embd.weight", NULL, NULL);
@@ -130,6 +147,10 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
         double *wo = ltens(r, l, "attn_output.weight"), *bo = ltens(r, l, "attn_output.bias");
         double *aw = ltens(r, l, "attn_output_norm.weight"), *ab = ltens(r, l, "attn_output_norm.bias");
         double *wu = ltens(r, l, "ffn_up.weight"), *bu = ltens(r, l, "ffn_up.bias");
+        char upn[64];
+        int64_t up_rows = 0;
+        snprintf(upn, sizeof upn, "blk.%d.ffn_up.weight", l);
+        free(tens(r, upn, NULL, &up_rows));
         double *wg = ltens(r, l, "ffn_gate.weight");
         double *wd = ltens(r, l, "ffn_down.weight"), *bd = ltens(r, l, "ffn_down.bias");
         double *ow = ltens(r, l, "layer_output_norm.weight"), *ob = ltens(r, l, "layer_output_norm.bias");
@@ -148,7 +169,7 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
                 for (int32_t j = 0; j < n; j++) {
                     double d = 0;
                     for (int64_t e = 0; e < HD; e++) d += q[i * E + h * HD + e] * k[j * E + h * HD + e];
-                    s[j] = d / sqrt((double)HD);
+                    s[j] = d / sqrt((double)HD) - (r->alibi ? alibi_slope_ref(H, h) * abs(i - j) : 0.0);
                     if (s[j] > mx) mx = s[j];
                 }
                 for (int32_t j = 0; j < n; j++) sum += (s[j] = exp(s[j] - mx));
@@ -163,16 +184,14 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
             matvec(wo, bo, a + i * E, E, E, t);
             for (int64_t j = 0; j < E; j++) t[j] += xi[j];
             lnorm(t, aw, ab, E, r->eps); /* h */
-            matvec(wu, bu, t, E, F, u);
-            if (wg) {
+            matvec(wu, bu, t, E, up_rows, u);
+            if (up_rows == 2 * F) { /* jina-bert-v2's GEGLU: the gate half first */
+                for (int64_t j = 0; j < F; j++) u[j] = gelu_ref(u[j]) * u[F + j];
+            } else if (wg) {
                 matvec(wg, NULL, t, E, F, gt);
                 for (int64_t j = 0; j < F; j++) u[j] = gt[j] / (1.0 + exp(-gt[j])) * u[j];
             } else {
-                for (int64_t j = 0; j < F; j++) { /* ggml's GELU: of the fp16 input, rounded to fp16, for |x| < 10 */
-                    double xr = eng_fp16_to_f32(eng_f32_to_fp16((float)u[j]));
-                    double g = 0.5 * xr * (1.0 + tanh(sqrt(2.0 / M_PI) * (xr + 0.044715 * xr * xr * xr)));
-                    u[j] = u[j] <= -10.0 ? 0.0 : u[j] >= 10.0 ? u[j] : eng_fp16_to_f32(eng_f32_to_fp16((float)g));
-                }
+                for (int64_t j = 0; j < F; j++) u[j] = gelu_ref(u[j]);
             }
             matvec(wd, bd, u, F, E, xi);
             for (int64_t j = 0; j < E; j++) xi[j] += t[j];
@@ -190,6 +209,9 @@ static void ref_forward(const ref *r, const int32_t *tok, int32_t n, double *out
         matvec(cw, cb, x, E, E, t);
         for (int64_t j = 0; j < E; j++) t[j] = tanh(t[j]);
         matvec(cow, cob, t, E, 1, head);
+    } else if (head && cw) { /* jina-reranker-v1: cls [E, 1] alone, tanh */
+        matvec(cw, cb, x, E, 1, head);
+        head[0] = tanh(head[0]);
     }
     double *fr[] = {x, q, k, v, a, t, s, u, gt, te, tt, pe, lw, lb, cw, cb, cow, cob};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) free(fr[i]);
@@ -201,7 +223,7 @@ typedef struct run {
     ref r;
 } run;
 
-static void open_run(run *R, const tmpmodel *t, bool nomic) {
+static void open_run(run *R, const tmpmodel *t, const char *arch) {
     char err[256];
     cr_assert_eq(eng_model_load(t->path, NULL, &R->m, err, sizeof err), 0, "%s", err);
     eng_ctx_params p;
@@ -218,7 +240,8 @@ static void open_run(run *R, const tmpmodel *t, bool nomic) {
     R->r.F = hp->n_ff;
     R->r.H = hp->n_head;
     R->r.L = hp->n_layer;
-    R->r.nomic = nomic;
+    R->r.nomic = !strcmp(arch, "nomic-bert");
+    R->r.alibi = !strcmp(arch, "jina-bert-v2");
     R->r.eps = 1e-12f;
 }
 
@@ -268,7 +291,7 @@ static void check_against_reference(const char *arch, bool rerank) {
     tmpmodel t;
     make_model(&t, arch, rerank, "f32");
     run R;
-    open_run(&R, &t, !strcmp(arch, "nomic-bert"));
+    open_run(&R, &t, arch);
     cr_assert(eng_model_is_encoder(R.m));
     cr_assert_eq(eng_model_n_cls_out(R.m), rerank ? 1 : 0);
     rng rng = {11};
@@ -302,15 +325,17 @@ static void check_against_reference(const char *arch, bool rerank) {
 Test(encoder, bert_matches_reference) { check_against_reference("bert", false); }
 Test(encoder, nomic_bert_matches_reference) { check_against_reference("nomic-bert", false); }
 Test(encoder, bert_reranker_head_matches_reference) { check_against_reference("bert", true); }
+Test(encoder, jina_bert_v2_alibi_geglu_matches_reference) { check_against_reference("jina-bert-v2", false); }
+Test(encoder, jina_bert_v2_reranker_head_matches_reference) { check_against_reference("jina-bert-v2", true); }
 
 /* A sequence's hidden states are the same bits alone and in any batch (q8_0 weights: the packed kernels). */
 Test(encoder, batch_invariant) {
-    const char *arches[] = {"bert", "nomic-bert"};
-    for (int a = 0; a < 2; a++) {
+    const char *arches[] = {"bert", "nomic-bert", "jina-bert-v2"};
+    for (int a = 0; a < 3; a++) {
         tmpmodel t;
         make_model(&t, arches[a], true, "q8_0");
         run R;
-        open_run(&R, &t, a == 1);
+        open_run(&R, &t, arches[a]);
         rng rng = {5 + (uint64_t)a};
         const int32_t V = eng_model_hparams(R.m)->n_vocab;
         const int64_t E = R.r.E;
@@ -340,7 +365,7 @@ Test(encoder, batch_contract) {
     tmpmodel t;
     make_model(&t, "bert", false, "f32");
     run R;
-    open_run(&R, &t, false);
+    open_run(&R, &t, "bert");
     kvc_cache *kv = eng_ctx_cache(R.ctx);
     int32_t s0;
     cr_assert_eq(kvc_seq_alloc(kv, &s0), 0);
@@ -469,7 +494,7 @@ Test(encoder, simd_levels_agree_with_scalar) {
         if (caps[c]) setenv("KVSERVE_SIMD_MAX", caps[c], 1);
         else unsetenv("KVSERVE_SIMD_MAX");
         run R;
-        open_run(&R, &t, false);
+        open_run(&R, &t, "bert");
         out[c] = malloc((size_t)102 * 64 * sizeof(float));
         cr_assert_not_null(out[c]);
         cr_assert_eq(run_batch(&R, tok, lens, 3, out[c], rank[c]), 0);

@@ -180,6 +180,7 @@ Test(encoder_ref, bert_tokens_and_embeddings) { check_embeddings("bert"); }
 Test(encoder_ref, nomic_bert_tokens_and_embeddings) { check_embeddings("nomic-bert"); }
 Test(encoder_ref, bert_cls_pooling) { check_embeddings("bert-cls"); }
 Test(encoder_ref, xlmr_unigram_tokens_and_cls_embeddings) { check_embeddings("xlmr-cls"); }
+Test(encoder_ref, jina_bert_v2_alibi_geglu_embeddings) { check_embeddings("jina-bert-v2"); }
 
 /* A decoder reranker's prompt for (query, doc): the model's rerank prompt with {query}, then {document} replaced
  * (llama.cpp's server's order), tokenized with special tokens parsed and none added. */
@@ -263,6 +264,7 @@ static void check_reranker(const char *name) {
 
 Test(encoder_ref, bert_reranker_scores_and_order) { check_reranker("bert-reranker"); }
 Test(encoder_ref, xlmr_reranker_scores_and_order) { check_reranker("xlmr-reranker"); }
+Test(encoder_ref, jina_bert_v2_reranker_scores_and_order) { check_reranker("jina-bert-v2-reranker"); }
 Test(encoder_ref, qwen3_reranker_prompt_scores_and_order) { check_reranker("qwen3-reranker"); }
 
 /* The decoder reranker's score is vLLM's: p(yes) = softmax over the yes / no logits of the model's own output at the
