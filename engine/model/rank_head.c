@@ -82,20 +82,18 @@ int eng_rank_head_load(eng_model *m, const char *path, char *err, size_t err_len
 
 int eng_rank_head_apply(const eng_rank_head *h, const float *x, float *out) {
     const int64_t E = h->out.k;
-    float *row = malloc((size_t)E * sizeof *row);
-    if (!row) return ENG_ERR_NOMEM;
-    for (int32_t j = 0; j < h->n_out; j++) {
-        int rc = eng_dequantize_row(h->out.type, (const char *)h->out.data + (size_t)j * h->out.row_bytes, row, E);
-        if (rc != 0) {
-            free(row);
-            return rc;
-        }
-        double d = 0;
-        for (int64_t t = 0; t < E; t++) d += (double)row[t] * (double)x[t];
-        out[j] = (float)d + (h->out_b ? h->out_b[j] : 0.0f);
+    size_t xb = eng_qtype_row_bytes(h->out.dot_type, E);
+    void *xq = malloc(xb ? xb : 1);
+    if (!xq) return ENG_ERR_NOMEM;
+    /* x quantized to the weights' activation type, as a matrix product does (and llama.cpp's mul_mat); the scalar
+     * kernel: the same floats on every CPU */
+    int rc = eng_quantize_row(h->out.dot_type, x, xq, E);
+    for (int32_t j = 0; rc == 0 && j < h->n_out; j++) {
+        const void *row = (const char *)h->out.data + (size_t)j * h->out.row_bytes;
+        out[j] = eng_vec_dot(ENG_SIMD_SCALAR, h->out.type, E, row, xq) + (h->out_b ? h->out_b[j] : 0.0f);
     }
-    free(row);
-    if (!h->softmax) return 0;
+    free(xq);
+    if (rc != 0 || !h->softmax) return rc;
     float mx = out[0];
     for (int32_t j = 1; j < h->n_out; j++) mx = out[j] > mx ? out[j] : mx;
     double sum = 0;

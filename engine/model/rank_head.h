@@ -36,9 +36,10 @@ typedef struct eng_rank_head {
  * (left NULL when there is none). On failure m->rank is NULL. */
 int eng_rank_head_load(eng_model *m, const char *path, char *err, size_t err_len);
 
-/* The head over one hidden state x[n_embd] into out[n_out]: dot products in double over the dequantized rows, the
- * bias, then the softmax when h->softmax. The same x gives the same bits whatever the batch. 0, ENG_ERR_NOMEM or
- * the error of eng_dequantize_row. Any thread. */
+/* The head over one hidden state x[n_embd] into out[n_out]: x quantized to the weights' activation type and dotted
+ * with each row by the scalar kernel (eng_vec_dot: the logits a matrix product gives), the bias, then the softmax
+ * when h->softmax. The same x gives the same bits whatever the batch or CPU. 0, ENG_ERR_NOMEM or the error of
+ * eng_quantize_row. Any thread. */
 int eng_rank_head_apply(const eng_rank_head *h, const float *x, float *out);
 
 /* Frees h and what it owns; NULL is a no-op. */

@@ -157,12 +157,19 @@ static bool choice_in_batch(const srv_sched *s, const sched_choice *c) {
     return false;
 }
 
+/* Whether request r needs every row of its prompt computed: an embedding request pools them all (its prompt
+ * attaches no cached prefix); a decoder reranker's rank request reads only its last row, so it attaches and shares
+ * prefixes like a generation (the pairs of one query share the rerank prompt's head). */
+static bool needs_all_rows(const srv_sched *s, const sched_req *r) {
+    return r->rq.embed && !(r->rq.pooling == SRV_SCHED_POOL_RANK && s->ops.rank_last);
+}
+
 /* Whether choice c (no sequence yet) should wait because a running, still prefilling sequence is computing
  * at least one full block of its prefix that is not committed yet: it then attaches those blocks later
  * instead of computing them a second time. */
 bool sched_prefix_wait(srv_sched *s, const sched_req *r, const sched_choice *c) {
     int32_t n = known_len(r, c) - 1; /* attachable tokens */
-    if (n < s->block_size || r->rq.embed) return false;
+    if (n < s->block_size || needs_all_rows(s, r)) return false;
     for (int32_t i = 0; i < s->running.n; i++) {
         const sched_req *p = s->running.v[i];
         for (int32_t j = 0; j < p->rq.n; j++) {
@@ -215,7 +222,7 @@ static int start_seq(srv_sched *s, sched_req *r, sched_choice *c, int32_t avail)
     int32_t seq;
     if (srv_block_manager_seq_open(&s->bm, &seq) != 0) return -1;
     c->clean = INT32_MAX;
-    if (r->rq.embed) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
+    if (needs_all_rows(s, r)) { /* every row's hidden state is needed: nothing attached, the pooling starts over */
         memset(r->embd_acc, 0, (size_t)s->ops.n_embd * sizeof *r->embd_acc);
         c->seq = seq;
         c->n_cached = 0;

@@ -132,7 +132,7 @@ test('a Qwen3-Reranker-style decoder: llama.cpp\'s scores and order, special-tok
   const ref = JSON.parse(readFileSync(resolve('../reference/mk-encoders.json'), 'utf8'));
   const m = ref.models['qwen3-reranker'];
   const args = m.mkmodel_args.map((a) => (a.startsWith('@SHARED/') ? join(SHARED, a.slice(8)) : a));
-  const vocab = args.find((a) => a.startsWith(SHARED));
+  const vocab = args[m.mkmodel_args.findIndex((a) => a.startsWith('@SHARED/'))];
   if (!existsSync(vocab)) {
     t.skip(`${vocab} is absent (the shared test material)`);
     return;

@@ -3,7 +3,9 @@
  * prompts, mixed with mean- and last-pooled embedding requests, submitted together into a small token budget
  * (prompts chunked over several steps) and a small KV pool (admission waits for blocks) give bit for bit the values a plain
  * reference gives: the whole prompt decoded in one batch and the head read at its last row (eng_get_rank); the
- * two outputs are p(yes) and p(no); no KV block stays used afterwards. */
+ * two outputs are p(yes) and p(no); no KV block stays used afterwards. Most rank prompts share a head of 40 tokens
+ * (as the pairs of one query share the rerank prompt's head), which the scheduler computes once: rank requests of
+ * a decoder attach cached and shared prefixes (their results stay the reference's, bit for bit). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -108,7 +110,9 @@ static void run_together(eng_model *m, const req *reqs, int n, int32_t kv_blocks
     srv_sched *s = NULL;
     cr_assert_eq(srv_sched_create(&p, &ops, &loop, &s), SRV_SCHED_OK);
     int n_done = 0;
+    uint64_t n_total = 0;
     for (int i = 0; i < n; i++) {
+        n_total += (uint64_t)reqs[i].n;
         memset(&res[i], 0, sizeof res[i]);
         res[i].n_done = &n_done;
         srv_sched_request rq;
@@ -129,6 +133,8 @@ static void run_together(eng_model *m, const req *reqs, int n, int32_t kv_blocks
     srv_sched_get_stats(s, &st);
     cr_assert_eq(st.kv_blocks_used, 0, "the rank requests keep no KV block in use");
     cr_assert(st.counters.steps > (uint64_t)n, "the prompts were chunked over several steps");
+    cr_assert_lt(st.counters.prompt_tokens_computed, n_total, "the shared head was computed once (%llu of %llu)",
+                 (unsigned long long)st.counters.prompt_tokens_computed, (unsigned long long)n_total);
     srv_sched_free(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_assert_eq(uv_loop_close(&loop), 0);
@@ -159,10 +165,13 @@ Test(sched_rerank, decoder_reranker_together_equals_one_batch) {
     const int32_t V = eng_model_hparams(m)->n_vocab;
     static const srv_sched_pooling pools[] = {SRV_SCHED_POOL_RANK, SRV_SCHED_POOL_RANK, SRV_SCHED_POOL_MEAN,
                                               SRV_SCHED_POOL_RANK, SRV_SCHED_POOL_LAST};
+    int32_t head[40];
+    for (int k = 0; k < 40; k++) head[k] = rng_int(&r, V);
     for (int i = 0; i < NREQ; i++) {
-        reqs[i].n = 2 + rng_int(&r, MAXP - 2);
         reqs[i].pool = pools[i % 5];
-        for (int32_t k = 0; k < reqs[i].n; k++) reqs[i].tok[k] = rng_int(&r, V);
+        bool shared = reqs[i].pool == SRV_SCHED_POOL_RANK && i % 4 != 3;
+        reqs[i].n = (shared ? 41 : 2) + rng_int(&r, MAXP - (shared ? 41 : 2));
+        for (int32_t k = 0; k < reqs[i].n; k++) reqs[i].tok[k] = shared && k < 40 ? head[k] : rng_int(&r, V);
     }
     out together[NREQ], ref;
     run_together(m, reqs, NREQ, 12, together); /* 12 blocks of 16: prompts wait for blocks */
