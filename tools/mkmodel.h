@@ -1,8 +1,7 @@
 /*
  * mkmodel.h: what `kvserve mkmodel`'s files share (internal to tools/): the options, the tensor generator of
- * cmd_mkmodel.c, the encoders of mkmodel_encoder.c (bert, nomic-bert, with a built-in WordPiece vocabulary), gpt-oss's
- * parts (mkmodel_oss.c) and the
- * decoder reranker's parts of mkmodel_rerank.c (qwen3 --rerank).
+ * cmd_mkmodel.c, the encoders of mkmodel_encoder.c (bert, nomic-bert, jina-bert-v2, with a built-in WordPiece
+ * vocabulary), gpt-oss's parts (mkmodel_oss.c) and the decoder reranker's parts of mkmodel_rerank.c (qwen3 --rerank).
  * Functions return 0 or a kvs_err code after printing a message to stderr.
  */
 #ifndef KVSERVE_TOOLS_MKMODEL_H
