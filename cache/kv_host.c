@@ -269,12 +269,18 @@ int kvh_load(kvh_tier *h, int32_t seq, const int32_t *tokens, int32_t n, int32_t
     uint64_t parent = KVC_HASH_ROOT;
     for (int32_t i = 0; i < nb; i++) parent = h->hbuf[i] = chain_hash(h->cache, parent, tokens + (size_t)i * bs);
     STAT(h, h->stats.lookups++);
+    /* first mark every block of the run most recently used, in order: the pool's evictions while they are placed
+     * push blocks into the tier, which must not make room by dropping the run's next blocks */
+    for (int32_t j = k; j < nb; j++) {
+        int32_t s = find(h, h->hbuf[j], j > 0, j > 0 ? h->hbuf[j - 1] : 0, tokens + (size_t)j * bs);
+        if (s < 0) break;
+        touch(h, s);
+    }
     int rc = KVS_OK;
     for (; k < nb; k++) {
         const int32_t *tk = tokens + (size_t)k * bs;
         int32_t s = find(h, h->hbuf[k], k > 0, k > 0 ? h->hbuf[k - 1] : 0, tk);
         if (s < 0) break;
-        touch(h, s);
         rc = place(h, seq, k * bs, tk, s);
         if (rc != KVS_OK) break;
         *n_loaded += bs;

@@ -8,7 +8,9 @@ few shared stems go to different replicas; then, for every new probe prompt, the
 indexes how many prompt tokens each replica holds (walking the prompt's full blocks by token ids, parent by
 parent, as a router would) and routes to the best one. The probe is then sent to every replica and each one's own
 usage.prompt_tokens_details.cached_tokens must equal the prediction for it. The pool is small, so evictions
-(BlockRemoved) happen along the way. Also checked: the documented hash rule (XXH3-64 of the block's int32 tokens
+(BlockRemoved) happen along the way. Replica 2 has a small host-memory tier (--kv-host-gb): the blocks its pool evicts
+are copied there and announced with medium "CPU"; its index keeps one multiset per medium, and a block is predicted
+servable when either medium holds it (pool first, then the host tier, as kvserve looks them up). Also checked: the documented hash rule (XXH3-64 of the block's int32 tokens
 seeded by the parent hash, root seed 0x6b76736572766531), consecutive sequence numbers, the replay socket
 (the index rebuilt from replayed batches equals the live one), and the kvserve:kv_events_* and vllm:* metrics.
 
@@ -87,6 +89,8 @@ class Replica:
         args = [BINARY, "serve", "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "--block-size",
                 str(BLOCK), "--kv-blocks", "40", "--parallel", "2", "--threads", "1", "--log-format", "none",
                 "--kv-events-config", json.dumps(cfg)]
+        if idx == 2:
+            args += ["--kv-host-gb", "0.0001"]  # a few dozen blocks of the tiny model: it evicts too
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
         self.base = f"http://127.0.0.1:{self.port}"
 
@@ -131,7 +135,8 @@ class Index:
     """One replica's prefix-cache blocks, rebuilt from its events alone."""
 
     def __init__(self):
-        self.count = collections.Counter()   # hash -> how many blocks hold it
+        self.count = collections.Counter()   # hash -> how many pool blocks hold it ("GPU")
+        self.host = collections.Counter()    # hash -> how many host-tier blocks hold it ("CPU")
         self.by_key = {}                      # (parent hash or None, token tuple) -> hash
         self.events = collections.Counter()
         self.last_seq = None
@@ -147,8 +152,11 @@ class Index:
             tag = ev[0]
             self.events[tag] += 1
             if tag == "BlockStored":
-                if len(ev) != 8 or ev[5] is not None or ev[6] != "GPU" or ev[7] is not None or ev[4] != BLOCK:
+                if len(ev) != 8 or ev[5] is not None or ev[6] not in ("GPU", "CPU") or ev[7] is not None \
+                        or ev[4] != BLOCK:
                     fail(f"BlockStored layout: {ev!r:.200}")
+                self.events["CPU"] += ev[6] == "CPU"
+                count = self.count if ev[6] == "GPU" else self.host
                 hashes, parent, toks = ev[1], ev[2], ev[3]
                 if len(toks) != len(hashes) * BLOCK:
                     fail("BlockStored token_ids must hold block_size tokens per hash")
@@ -160,16 +168,17 @@ class Index:
                                                         seed=seed)
                         if want != h:
                             fail(f"block hash {h:#x} does not follow the documented rule (want {want:#x})")
-                    self.count[h] += 1
+                    count[h] += 1
                     self.by_key[(parent, t)] = h
                     parent = h
             elif tag == "BlockRemoved":
-                if len(ev) != 3 or ev[2] != "GPU":
+                if len(ev) != 3 or ev[2] not in ("GPU", "CPU"):
                     fail(f"BlockRemoved layout: {ev!r:.200}")
+                count = self.count if ev[2] == "GPU" else self.host
                 for h in ev[1]:
-                    if self.count[h] <= 0:
+                    if count[h] <= 0:
                         fail(f"BlockRemoved for a block never stored: {h:#x}")
-                    self.count[h] -= 1
+                    count[h] -= 1
             elif tag == "AllBlocksCleared":
                 self.count.clear()
                 self.by_key.clear()
@@ -182,13 +191,13 @@ class Index:
         parent, n = None, 0
         for i in range(usable):
             h = self.by_key.get((parent, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
-            if h is None or self.count[h] <= 0:
+            if h is None or (self.count[h] <= 0 and self.host[h] <= 0):
                 break
             parent, n = h, n + 1
         return n * BLOCK
 
     def snapshot(self):
-        return {h: c for h, c in self.count.items() if c > 0}
+        return ({h: c for h, c in self.count.items() if c > 0}, {h: c for h, c in self.host.items() if c > 0})
 
 
 def drain(subs, indexes, replicas, timeout=30.0):
@@ -320,6 +329,11 @@ def main():
             fail("a probe's predicted best replica did not hold the longest cached prefix")
         if removed == 0:
             fail("the small pool should have evicted blocks (BlockRemoved)")
+        if indexes[2].events["CPU"] == 0 or sum(indexes[i].events["CPU"] for i in (0, 1)):
+            fail("only replica 2 (host tier) should announce blocks with medium CPU, and it should")
+        host_hits = float(re.search(r'kvserve:prefix_cache_tier_hits_total\{tier="host"\} (\S+)',
+                                    http(replicas[2].base, "/metrics")).group(1))
+        print(f"# replica 2: {indexes[2].events['CPU']} BlockStored CPU, {host_hits:.0f} prompt tokens from its host tier")
         if routed_tokens <= rr_tokens:
             fail("prefix-aware routing should beat round robin")
         for i, idx in enumerate(indexes):

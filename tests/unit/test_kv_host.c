@@ -56,16 +56,17 @@ static void mtouch(model *m, int32_t i) {
     m->v[m->n - 1] = b;
 }
 
-/* The tier looks for block lk of the prompt being loaded (and marks it most recently used when held). */
-static void mlook(model *m) {
-    m->lexpect = false;
-    if (m->lk >= m->lnb) return;
-    int32_t i = mfind(m, m->lh[m->lk], m->lk > 0, m->lk > 0 ? m->lh[m->lk - 1] : 0, m->ltok + m->lk * BS);
-    if (i >= 0) {
-        mtouch(m, i);
-        m->lexpect = true;
-    }
+static int32_t mfind_k(const model *m, int32_t k) {
+    return mfind(m, m->lh[k], k > 0, k > 0 ? m->lh[k - 1] : 0, m->ltok + k * BS);
 }
+
+/* The tier starts a load: every held block of the run from lk on becomes most recently used, in order. */
+static void mstart(model *m) {
+    for (int32_t k = m->lk, i; k < m->lnb && (i = mfind_k(m, k)) >= 0; k++) mtouch(m, i);
+}
+
+/* The tier looks for block lk of the prompt being loaded. */
+static void mlook(model *m) { m->lexpect = m->lk < m->lnb && mfind_k(m, m->lk) >= 0; }
 
 static void on_event(void *ctx, const kvc_event *ev) {
     model *m = ctx;
@@ -73,8 +74,10 @@ static void on_event(void *ctx, const kvc_event *ev) {
         int32_t i = mfind(m, ev->hash, ev->has_parent, ev->parent_hash, ev->tokens);
         if (i >= 0) mtouch(m, i);
         else {
-            if (m->n == m->cap) {
-                memmove(m->v, m->v + 1, (size_t)(m->n - 1) * sizeof m->v[0]);
+            if (m->n == m->cap) { /* the least recently used block leaves, never the one being placed */
+                int32_t v = 0;
+                if (m->loading && m->lexpect && v == mfind_k(m, m->lk)) v = 1;
+                memmove(m->v + v, m->v + v + 1, (size_t)(m->n - v - 1) * sizeof m->v[0]);
                 m->n--;
             }
             mblock *b = &m->v[m->n++];
@@ -131,8 +134,12 @@ static int32_t lookup(kvc_cache *c, model *m, const int32_t *tokens, int32_t n) 
     m->loading = true;
     kvh_stats before;
     kvh_get_stats(m->h, &before);
-    if (before.blocks > 0) mlook(m);
-    else m->lexpect = false;
+    if (before.blocks > 0 && m->lk < m->lnb) {
+        mstart(m);
+        mlook(m);
+    } else {
+        m->lexpect = false;
+    }
     cr_assert_eq(kvh_load(m->h, seq, tokens, n, have, NB, &got), KVS_OK);
     m->loading = false;
     cr_assert_eq(got, m->lhits * BS);
