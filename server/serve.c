@@ -259,11 +259,13 @@ static void load_done(uv_work_t *w, int status) {
     kvc_get_layout(eng_ctx_cache(d->ctx), &kl);
     srv_api_set_kv_pool(d->api, kl.n_blocks, kl.block_size);
     srv_api_set_context_shift(d->api, c->context_shift, c->n_keep, eng_token_bos(d->model));
-    /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last);
+    /* pooling: --pooling, else the model's <arch>.pooling_type (llama.cpp's numbers: 1 mean, 2 cls, 3 last, 4 rank:
+     * cls, last for a decoder reranker);
      * a generative model without one (or "none") gets mean */
     srv_sched_pooling pool = !strcmp(c->pooling, "cls") ? SRV_SCHED_POOL_CLS
                              : !strcmp(c->pooling, "last") ? SRV_SCHED_POOL_LAST
                              : !strcmp(c->pooling, "mean") ? SRV_SCHED_POOL_MEAN
+                             : hp->pooling_type == 4 && eng_model_rank_last(d->model) ? SRV_SCHED_POOL_LAST
                              : hp->pooling_type == 2 || hp->pooling_type == 4 ? SRV_SCHED_POOL_CLS
                              : hp->pooling_type == 3 ? SRV_SCHED_POOL_LAST : SRV_SCHED_POOL_MEAN;
     srv_api_set_pooling(d->api, pool, hp->n_embd);

@@ -154,6 +154,10 @@ test('a Qwen3-Reranker-style decoder: llama.cpp\'s scores and order, special-tok
     assert.equal(special.status, 200);
     assert.ok(special.body.usage.prompt_tokens > plain.body.usage.prompt_tokens + 2,
       `${special.body.usage.prompt_tokens} vs ${plain.body.usage.prompt_tokens}`);
+    // its /v1/embeddings pool the last token (the row the head reads; the first of a causal model sees nothing else)
+    const e = await post(srv.base, '/v1/embeddings', { input: ['the dog ran', 'the sea is blue'] });
+    assert.equal(e.status, 200);
+    assert.notDeepEqual(e.body.data[0].embedding, e.body.data[1].embedding, 'same first token, different vectors');
     const metrics = await (await fetch(`${srv.base}/metrics`)).text();
     assert.equal(metric(metrics, 'kvserve:kv_blocks_used'), 0, 'no KV block stays in use');
   } finally {
