@@ -178,6 +178,12 @@ int eng_tokenize(const eng_model *model, const char *text, size_t len, bool add_
 int eng_token_to_piece(const eng_model *model, int32_t token, bool render_special, char *buf, size_t cap,
                        size_t *n_out);
 
+/* Whether two models share one vocabulary (a draft model and its target): the same number of tokens and every
+ * token the same text (eng_token_to_piece with render_special, so special tokens' texts count). 0 when they do;
+ * ENG_ERR_INVALID when not, with *first_diff the first id whose text differs (the smaller size when the counts
+ * differ); ENG_ERR_NOMEM. */
+int eng_vocab_compare(const eng_model *a, const eng_model *b, int32_t *first_diff);
+
 /* Streaming detokenizer: holds back a piece's trailing incomplete UTF-8 sequence until the next token
  * completes it, so streamed text is always valid UTF-8. Zero-initialise (or eng_detok_reset) per stream. */
 typedef struct eng_detok {

@@ -84,8 +84,12 @@ static const key_def KEYS[] = {
       "leaves it in content; requests may set reasoning_format"),
     B(parse_special_in_content, "chat message contents may produce control tokens (<|im_start|>...): the old, "
       "unsafe behaviour"),
-    S(spec_type, "none|ngram", "speculative decoding: none, or ngram (prompt lookup: guesses verified in one step, "
-      "the output unchanged)"),
+    S(spec_type, "|none|ngram|draft", "speculative decoding: none, ngram (prompt lookup) or draft (a draft model, "
+      "model_draft): guesses verified in one step, the output unchanged; empty: draft when model_draft is set, "
+      "else none"),
+    S(model_draft, NULL, "GGUF path of the draft model for spec_type draft (-md; the same vocabulary as the model)"),
+    N(draft_p_min, 0, 1, "speculative decoding with a draft model: a draft stops at a guess whose draft "
+      "probability is below this"),
     I(draft_max, 1, 32, "speculative decoding: most tokens guessed per sequence and step (requests: speculative.n_max)"),
     I(draft_min, 0, 32, "speculative decoding: fewest tokens a guess needs to be tried (requests: speculative.n_min)"),
     J(kv_events_config, "KV-cache events as vLLM's --kv-events-config (JSON object; see docs/CONFIG.md)"),
@@ -129,7 +133,6 @@ void srv_config_default(srv_config *c) {
     c->text_answer_mb = 32;
     snprintf(c->log_format, sizeof c->log_format, "text");
     snprintf(c->reasoning_format, sizeof c->reasoning_format, "auto");
-    snprintf(c->spec_type, sizeof c->spec_type, "none");
     c->draft_max = 16;
     c->kv_disk_gb = 10;
 }
@@ -378,6 +381,10 @@ int srv_config_validate(const srv_config *c, char *err, size_t el) {
         snprintf(err, el, "config key 'draft_min': %d is above draft_max (%d)", (int)c->draft_min, (int)c->draft_max);
         return SRV_ERR_INVALID;
     }
+    if (!strcmp(c->spec_type, "draft") && !c->model_draft[0]) {
+        snprintf(err, el, "config key 'spec_type': draft needs a draft model (model_draft, --model-draft FILE)");
+        return SRV_ERR_INVALID;
+    }
     if (c->ctx_size > 0 && c->ctx_size < 2) {
         snprintf(err, el, "config key 'ctx_size': must be 0 or at least 2");
         return SRV_ERR_INVALID;
@@ -390,7 +397,8 @@ void srv_config_usage(FILE *f) {
     srv_config_default(&d);
     fprintf(f, "usage: kvserve serve [--config FILE] [--KEY VALUE ...]\n\n"
                "Every configuration key is also a flag (--ctx-size or --ctx_size). Flags override the config\n"
-               "file; KVSERVE_API_KEY sets api_key unless --api-key is given. -m is --model.\n\n");
+               "file; KVSERVE_API_KEY sets api_key unless --api-key is given. -m is --model, -md\n"
+               "--model-draft.\n\n");
     for (size_t i = 0; i < N_KEYS; i++) {
         const key_def *k = &KEYS[i];
         char flag[64], def[64];
@@ -439,6 +447,8 @@ int srv_config_from_args(srv_config *c, int argc, char **argv, char *err, size_t
         const char *val = NULL;
         if (!strcmp(a, "-m")) {
             snprintf(key, sizeof key, "model");
+        } else if (!strcmp(a, "-md")) {
+            snprintf(key, sizeof key, "model_draft");
         } else if (!strncmp(a, "--", 2) && a[2]) {
             const char *eq = strchr(a, '=');
             size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);

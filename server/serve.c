@@ -19,6 +19,7 @@
 #include "server/http/http.h"
 #include "server/obs/obs.h"
 #include "server/sched/sched.h"
+#include "server/draft_internal.h"
 #include "server/tiers_internal.h"
 #include "template/template.h"
 
@@ -43,6 +44,7 @@ typedef struct daemon_state {
     eng_ctx *ctx;
     srv_engine_ops ops;
     bool have_ops;
+    srv_draft draft;               /* the draft model (spec_type draft), zeroed when none */
     srv_sched *sched;
     srv_grammar_cache *gcache;     /* response_format grammars over the model's vocabulary */
     srv_kv_events *kvev;              /* KV-cache event publisher, NULL when disabled */
@@ -166,6 +168,10 @@ static void load_work(uv_work_t *w) {
     cp.gpu_memory_fraction = (float)c->gpu_memory_fraction;
     d->load_rc = eng_ctx_create(d->model, &cp, &d->ctx, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0) load_template(d);
+    if (d->load_rc == 0 && srv_draft_spec_type(c) == SRV_SCHED_SPEC_DRAFT) {
+        int32_t n_ctx = c->ctx_size > 0 ? c->ctx_size : eng_model_hparams(d->model)->n_ctx_train;
+        d->load_rc = srv_draft_open(c, d->model, n_ctx, &d->draft, d->load_err, sizeof d->load_err);
+    }
     if (d->load_rc == 0) /* reads the model's samples and scans the directory: off the loop */
         d->load_rc = srv_tiers_open(c, d->model, d->ctx, &d->tier, d->load_err, sizeof d->load_err);
     if (d->load_rc == 0) d->load_rc = srv_tiers_open_host(c, d->ctx, d->tier, &d->host, d->load_err, sizeof d->load_err);
@@ -214,9 +220,11 @@ static void load_done(uv_work_t *w, int status) {
     sp.policy = !strcmp(c->scheduling_policy, "priority") ? SRV_SCHED_PRIORITY : SRV_SCHED_FCFS;
     sp.n_ctx = n_ctx;
     sp.context_shift = c->context_shift;
-    sp.spec_type = !strcmp(c->spec_type, "ngram") ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
+    sp.spec_type = srv_draft_spec_type(c);
     sp.spec_n_max = c->draft_max;
     sp.spec_n_min = c->draft_min;
+    sp.draft = d->draft.have_ops ? &d->draft.ops : NULL;
+    sp.spec_p_min = (float)c->draft_p_min;
     /* the cache reports to the disk tier and the publisher; the scheduler closes their batches once per step */
     d->tev = (srv_tiers_events){.tier = d->tier, .host = d->host, .kvev = d->kvev};
     if (d->kvev || d->tier || d->host) kvc_set_event_cb(eng_ctx_cache(d->ctx), srv_tiers_on_cache_event, &d->tev);
@@ -300,6 +308,9 @@ static void load_done(uv_work_t *w, int status) {
             "reasoning %s)\n", id, hp->arch_name, (int)hp->n_layer, (int)hp->n_vocab, (int)n_ctx,
             (int)eng_ctx_n_threads(d->ctx), srv_tool_format_name(d->tool_format),
             srv_reasoning_syntax_name(d->reasoning));
+    if (d->draft.have_ops)
+        fprintf(stderr, "kvserve: draft model '%s' (%s, %d layers) drafts for it, its own KV pool\n", c->model_draft,
+                eng_model_hparams(d->draft.model)->arch_name, (int)eng_model_hparams(d->draft.model)->n_layer);
 }
 
 /* ---- shutdown: graceful drain ------------------------------------------------------------------------------ *
@@ -570,6 +581,7 @@ out:
     if (d->have_ops) srv_engine_ops_release(&d->ops);
     kvh_close(d->host); /* start-up failed after it was opened */
     kvt_close(d->tier);
+    srv_draft_close(&d->draft); /* after the scheduler (finalize), which used it */
     eng_ctx_free(d->ctx);
     eng_model_free(d->model);
     tpl_free(d->tpl);

@@ -96,8 +96,12 @@ typedef struct srv_config {
     bool parse_special_in_content; /* chat contents may hold control tokens (<|im_start|>...); default false */
     char reasoning_format[16];  /* "auto" (default: thinking split into reasoning_content where the template
                                    thinks), "deepseek" (also a leading <think> block of any template), "none" */
-    char spec_type[8];          /* speculative decoding (sched/sched.h, "Speculative decoding"): "none" (default)
-                                   or "ngram" (prompt lookup), as llama.cpp's --spec-type */
+    char spec_type[8];          /* speculative decoding (sched/sched.h, "Speculative decoding"): "none", "ngram"
+                                   (prompt lookup) or "draft" (model_draft), as llama.cpp's --spec-type; "" (default):
+                                   "draft" when model_draft is set, else "none" */
+    char model_draft[4096];     /* GGUF path of the draft model (--model-draft, -md); "": none. Its vocabulary must
+                                   be the model's (same size, same token texts). Loaded only with spec_type draft */
+    double draft_p_min;         /* a draft stops at a guess whose draft probability is below this, 0..1, default 0 */
     int32_t draft_max;          /* most tokens guessed per sequence and step, 1..32, default 16 (--draft-max) */
     int32_t draft_min;          /* fewest tokens a guess must have to be tried, 0..draft_max, default 0 */
     char kv_events_config[2048]; /* vLLM's KVEventsConfig as compact JSON object text ("": disabled); see

@@ -9,7 +9,8 @@
  * sequence stops at an end-of-generation token (which is kept as its last token) or after N tokens (default
  * 32). Sampling defaults to greedy (--temp 0). Prompts are tokenized with special tokens added and parsed.
  * --spec-type ngram turns on speculative decoding (sched.h; the output does not change), whose counters are
- * printed on stderr.
+ * printed on stderr; --model-draft FILE (-md) a draft model's (--spec-type draft, the default with -md), whose
+ * vocabulary must be the model's.
  *
  * Output: without --json each completion's text on stdout (a blank line between prompts), speeds on stderr.
  * With --json one line per prompt, in input order:
@@ -31,18 +32,19 @@
 #include "tools/commands.h"
 
 typedef struct gen_opts {
-    const char *model_path, *prompt, *file;
+    const char *model_path, *prompt, *file, *draft_path;
     long n_predict, top_k, top_logprobs, threads, seed, draft_max, draft_min;
     int device;
-    int spec_type;       /* srv_sched_spec_type */
+    int spec_type;       /* srv_sched_spec_type; -1 until given: draft with -md, else none */
     bool no_adaptive;
-    float temp, top_p;
+    float temp, top_p, p_min;
     bool json;
 } gen_opts;
 
 static bool set_spec_type(void *field, const char *v) {
     if (!strcmp(v, "none")) *(int *)field = SRV_SCHED_SPEC_NONE;
     else if (!strcmp(v, "ngram")) *(int *)field = SRV_SCHED_SPEC_NGRAM;
+    else if (!strcmp(v, "draft")) *(int *)field = SRV_SCHED_SPEC_DRAFT;
     else return false;
     return true;
 }
@@ -62,8 +64,13 @@ static const kvs_opt gen_opts_table[] = {
     {"--top-logprobs", NULL, KVS_OPT_LONG, O(top_logprobs), 0, KVS_MAX_TOP_LOGPROBS, .arg = "K",
      .help = "report the K best log-probabilities per step (0..20)"},
     {"--json", NULL, KVS_OPT_FLAG, O(json), .flag_value = true, .help = "one JSON object per prompt"},
-    {"--spec-type", NULL, KVS_OPT_SET, O(spec_type), .set = set_spec_type, .expect = "none or ngram", .arg = "TYPE",
-     .help = "speculative decoding: none (default) or ngram (prompt lookup; the output is unchanged)"},
+    {"--spec-type", NULL, KVS_OPT_SET, O(spec_type), .set = set_spec_type, .expect = "none, ngram or draft",
+     .arg = "TYPE", .help = "speculative decoding: none (default; draft with -md), ngram (prompt lookup) or draft\n"
+                            "(a draft model); the output is unchanged"},
+    {"--model-draft", "-md", KVS_OPT_STR, O(draft_path), .arg = "FILE",
+     .help = "the draft model (the model's vocabulary; its own KV pool)"},
+    {"--draft-p-min", NULL, KVS_OPT_FLOAT, O(p_min), .arg = "P",
+     .help = "a draft stops at a guess whose draft probability is below P (default 0)"},
     {"--draft-max", NULL, KVS_OPT_LONG, O(draft_max), 1, SRV_SCHED_SPEC_MAX, .arg = "N",
      .help = "speculative decoding: most tokens guessed per sequence and step (default 16)"},
     {"--draft-min", NULL, KVS_OPT_LONG, O(draft_min), 0, SRV_SCHED_SPEC_MAX, .arg = "N",
@@ -178,9 +185,19 @@ static void print_json(const gen_seq *g, int top_k) {
 
 /* Parses the command line into *o: -1 to go on, else the exit status (help printed: 0, bad usage: 2). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    *o = (gen_opts){.n_predict = 32, .seed = 42, .device = ENG_DEVICE_AUTO, .top_p = 1.0f, .draft_max = 16};
+    *o = (gen_opts){.n_predict = 32, .seed = 42, .device = ENG_DEVICE_AUTO, .top_p = 1.0f, .draft_max = 16,
+                    .spec_type = -1};
     int prc = kvs_cli_parse(&gen_cli, o, argc, argv, NULL, NULL);
     if (prc) return prc == 1 ? 0 : 2;
+    if (o->spec_type < 0) o->spec_type = o->draft_path ? SRV_SCHED_SPEC_DRAFT : SRV_SCHED_SPEC_NONE;
+    if (o->spec_type == SRV_SCHED_SPEC_DRAFT && !o->draft_path) {
+        kvs_cli_fail(&gen_cli, "--spec-type draft needs --model-draft FILE");
+        return 2;
+    }
+    if (!(o->p_min >= 0 && o->p_min <= 1)) {
+        kvs_cli_fail(&gen_cli, "--draft-p-min must be between 0 and 1");
+        return 2;
+    }
     if (o->draft_min > o->draft_max) {
         kvs_cli_fail(&gen_cli, "--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
         return 2;
@@ -243,8 +260,8 @@ static void on_event(const srv_sched_event *ev, void *user) {
 }
 
 /* Runs every prompt through the scheduler on a private loop until all are done. 0, or an error (printed). */
-static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_params *cp, const gen_opts *o,
-                         gen_seq *gs, int n_prompts) {
+static int run_scheduled(const eng_model *model, eng_ctx *ctx, const srv_engine_ops *draft, const eng_ctx_params *cp,
+                         const gen_opts *o, gen_seq *gs, int n_prompts) {
     gen_run run = {.n_predict = (int32_t)o->n_predict};
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) return KVS_ERR_THREAD;
@@ -265,6 +282,8 @@ static int run_scheduled(const eng_model *model, eng_ctx *ctx, const eng_ctx_par
     sp.spec_n_max = (int32_t)o->draft_max;
     sp.spec_n_min = (int32_t)o->draft_min;
     sp.spec_adaptive = !o->no_adaptive;
+    sp.draft = draft;
+    sp.spec_p_min = o->p_min;
     rc = srv_sched_create(&sp, &ops, &loop, &sched);
     if (rc != 0) fprintf(stderr, "kvserve generate: scheduler: %s\n", kvs_strerror(rc));
     int submitted = 0;
@@ -344,6 +363,33 @@ static void print_results(const gen_seq *gs, int n_prompts, const gen_opts *o, u
             n_decoded / (t2 > 0 ? t2 : 1e-9), threads);
 }
 
+/* Loads the draft model, checks that its vocabulary is the model's and gives it a context shaped like the model's
+ * (its own KV pool) and its engine ops. 0, or -1 after printing why. */
+static int open_draft(const gen_opts *o, const eng_model *model, const eng_ctx_params *cp, eng_model **dm,
+                      eng_ctx **dc, srv_engine_ops *ops) {
+    char err[512];
+    if (eng_model_load(o->draft_path, NULL, dm, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve generate: draft model: %s\n", err);
+        return -1;
+    }
+    int32_t t = -1;
+    int rc = eng_vocab_compare(model, *dm, &t);
+    if (rc != 0) {
+        fprintf(stderr, "kvserve generate: draft model '%s': %s (first difference at token %d)\n", o->draft_path,
+                rc == ENG_ERR_INVALID ? "its vocabulary is not the model's" : kvs_strerror(rc), (int)t);
+        return -1;
+    }
+    if (eng_ctx_create(*dm, cp, dc, err, sizeof err) != 0) {
+        fprintf(stderr, "kvserve generate: draft model '%s': %s\n", o->draft_path, err);
+        return -1;
+    }
+    if (srv_engine_ops_init(ops, *dm, *dc) != 0) {
+        fprintf(stderr, "kvserve generate: out of memory\n");
+        return -1;
+    }
+    return 0;
+}
+
 int kvs_cmd_generate(int argc, char **argv) {
     gen_opts o;
     int status = parse_args(argc, argv, &o);
@@ -364,8 +410,9 @@ int kvs_cmd_generate(int argc, char **argv) {
     }
 
     char err[512];
-    eng_model *model = NULL;
-    eng_ctx *ctx = NULL;
+    eng_model *model = NULL, *dmodel = NULL;
+    eng_ctx *ctx = NULL, *dctx = NULL;
+    srv_engine_ops dops = {0};
     gen_seq *gs = calloc((size_t)n_prompts, sizeof *gs);
     if (!gs) goto done;
     for (int i = 0; i < n_prompts; i++) gs[i].prompt = prompts[i];
@@ -395,8 +442,9 @@ int kvs_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvserve generate: %s\n", err);
         goto done;
     }
+    if (o.spec_type == SRV_SCHED_SPEC_DRAFT && open_draft(&o, model, &cp, &dmodel, &dctx, &dops) != 0) goto done;
     uint64_t t0 = uv_hrtime();
-    if (run_scheduled(model, ctx, &cp, &o, gs, n_prompts) != 0) goto done;
+    if (run_scheduled(model, ctx, dctx ? &dops : NULL, &cp, &o, gs, n_prompts) != 0) goto done;
     print_results(gs, n_prompts, &o, t0, total_prompt, eng_ctx_n_threads(ctx));
     status = 0;
 done:
@@ -409,6 +457,9 @@ done:
     free(gs);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
+    srv_engine_ops_release(&dops);
+    eng_ctx_free(dctx);
+    eng_model_free(dmodel);
     eng_ctx_free(ctx);
     eng_model_free(model);
     return status;

@@ -97,6 +97,18 @@
  *   Guesses never preempt: they take only the token budget (at most half of what the decode tokens leave) and
  *   the blocks left after every decode token is placed. No guesses when n_ctx is 0, past n_ctx - 2, for
  *   embedding requests, nor for a choice's first token after its prompt.
+ *   With SRV_SCHED_SPEC_DRAFT the guesses come from a draft model (params.draft, sched_draft.c): ONE draft
+ *   context serves every sequence. Each speculating choice has its own sequence in the draft's KV cache (its own
+ *   block tables in the draft context's pool: the target's pool cannot hold them, its blocks are shaped by the
+ *   target's layers and heads), opened when the choice first drafts and closed when the choice ends, is
+ *   preempted or shifts its context. A step first brings every drafting choice's draft sequence up to its known
+ *   tokens (one batched prefill, in chunks of batch_tokens rows), then runs up to k greedy draft steps, one row
+ *   per still-drafting choice each, batched; the draft's argmax is the guess. A draft is a point mass on its
+ *   greedy guess, so verification is the rule above, and the output is plain decoding's, seed for seed. After
+ *   verification the draft sequence keeps only the guesses that were accepted (kvc_remove of the rest). How many
+ *   guesses: the cost model above, with the measured time of one batched draft step added to every guess that
+ *   deepens the step's draft; a choice whose guesses keep failing stops being drafted for. A draft that cannot
+ *   run (its pool full, no free sequence, an engine error) only costs the guesses: the step runs without them.
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -220,6 +232,7 @@ typedef enum {
 typedef enum {
     SRV_SCHED_SPEC_NONE = 0,  /* plain decoding */
     SRV_SCHED_SPEC_NGRAM = 1, /* prompt lookup (n-gram) */
+    SRV_SCHED_SPEC_DRAFT = 2, /* a draft model (srv_sched_params.draft) */
 } srv_sched_spec_type;
 
 #define SRV_SCHED_SPEC_MAX 32 /* most guessed tokens per choice and step */
@@ -265,7 +278,7 @@ typedef struct srv_sched_params {
                                    thread has ended) for the requests it ends. Must not call the scheduler. */
     void *on_trace_ctx;
     /* speculative decoding (see "Speculative decoding" above) */
-    srv_sched_spec_type spec_type; /* SRV_SCHED_SPEC_NONE (default) or SRV_SCHED_SPEC_NGRAM */
+    srv_sched_spec_type spec_type; /* SRV_SCHED_SPEC_NONE (default), SRV_SCHED_SPEC_NGRAM or SRV_SCHED_SPEC_DRAFT */
     int32_t spec_n_max;   /* most tokens guessed per choice and step, 1 .. SRV_SCHED_SPEC_MAX, default 16
                              (llama.cpp's --draft-max) */
     int32_t spec_n_min;   /* fewest: a guess shorter than this is not tried, 0 .. spec_n_max, default 0
@@ -273,6 +286,14 @@ typedef struct srv_sched_params {
     int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, 1 <= min <= max <= 64, default 2 .. 4 */
     bool spec_adaptive;   /* default true: k from the acceptance rate and the step cost model; false: every
                              decoding choice with a match gets spec_n_max guesses (tests, benchmarks) */
+    const srv_engine_ops *draft; /* SRV_SCHED_SPEC_DRAFT (required then, else ignored; NULL by default): the draft
+                             model's engine, copied; its context must not be used by anyone else until
+                             srv_sched_free, and its vocabulary must be the model's (n_vocab equal, else
+                             SRV_SCHED_ERR_INVALID; the caller checks the token texts). Its context needs max_seqs
+                             >= parallel and max_batch_tokens >= batch_tokens. Only cache, decode and get_logits
+                             are used (see "Speculative decoding") */
+    float spec_p_min;     /* SRV_SCHED_SPEC_DRAFT: a draft stops guessing at the first token whose draft
+                             probability is below this, 0 .. 1, default 0 (llama.cpp's --draft-p-min) */
     kvt_tier *tier;           /* optional (NULL by default): the disk tier below the pool (cache/kv_tier.h), borrowed
                                  for the scheduler's lifetime. A new sequence continues its cached prefix with the
                                  blocks the tier holds (read by the tier's loader thread while the sequence waits,

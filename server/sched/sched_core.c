@@ -49,6 +49,8 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->spec_ngram_min = 2;
     p->spec_ngram_max = 4;
     p->spec_adaptive = true;
+    p->draft = NULL;
+    p->spec_p_min = 0;
     p->tier = NULL;
     p->host = NULL;
 }
@@ -523,6 +525,7 @@ static void on_async_close(uv_handle_t *h) { free(h); }
 /* Frees the scheduler's own buffers and the struct. */
 static void free_bufs(srv_sched *s) {
     sched_spec_release(s);
+    sched_draft_release(s);
     sched_slots_free(s);
     KVS_FREE_ALL(s->incoming.v, s->waiting.v, s->running.v, s->eog, s->b_token, s->b_pos, s->b_seq, s->b_logits,
                  s->b_embd, s->groups, s->logit_buf, s->tok_buf, s);
@@ -535,7 +538,10 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (params->batch_tokens < 1 || params->parallel < 1 || params->max_queue < 1 || params->n_ctx < 0 ||
         params->max_queued_tokens < 0 || (params->policy != SRV_SCHED_FCFS && params->policy != SRV_SCHED_PRIORITY))
         return SRV_SCHED_ERR_INVALID;
-    if ((params->spec_type != SRV_SCHED_SPEC_NONE && params->spec_type != SRV_SCHED_SPEC_NGRAM) ||
+    if ((params->spec_type != SRV_SCHED_SPEC_NONE && params->spec_type != SRV_SCHED_SPEC_NGRAM &&
+         params->spec_type != SRV_SCHED_SPEC_DRAFT) ||
+        (params->spec_type == SRV_SCHED_SPEC_DRAFT && !params->draft) || !(params->spec_p_min >= 0) ||
+        params->spec_p_min > 1 ||
         params->spec_n_max < 1 || params->spec_n_max > SRV_SCHED_SPEC_MAX || params->spec_n_min < 0 ||
         params->spec_n_min > params->spec_n_max || params->spec_ngram_min < 1 ||
         params->spec_ngram_max < params->spec_ngram_min || params->spec_ngram_max > 64)
@@ -570,6 +576,15 @@ int srv_sched_create(const srv_sched_params *params, const srv_engine_ops *ops, 
     if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embd || !s->groups || !s->logit_buf ||
         !s->slot_tok || !s->slot_n)
         goto nomem;
+    s->p.draft = NULL; /* the draft's engine is copied into s->dops */
+    if (params->spec_type == SRV_SCHED_SPEC_DRAFT) {
+        s->p.draft = params->draft;
+        int rc = sched_draft_init(s);
+        if (rc != SRV_SCHED_OK) {
+            free_bufs(s);
+            return rc;
+        }
+    }
     for (int32_t t = 0; t < ops->n_vocab; t++) {
         if (!ops->token_is_eog(ops->ctx, t)) continue;
         int32_t *e = realloc(s->eog, (size_t)(s->n_eog + 1) * sizeof *e);

@@ -48,6 +48,12 @@ typedef struct sched_choice {
     int32_t draft[SRV_SCHED_SPEC_MAX]; /* the guesses of the current step [n_draft of its batch group] */
     float spec_acc;         /* recent acceptance: decayed count of accepted guesses (per-position success) */
     float spec_tries;       /* ... and of guesses tried up to the first rejection (sched_spec.c adds a prior) */
+    /* the draft model (sched_draft.c): the choice's sequence in the draft's cache, -1 when none (every choice
+     * starts with 0 and no draft_open: draft_open says whether dseq is meaningful) */
+    bool draft_open;
+    int32_t dseq;
+    int32_t d_len;          /* positions of dseq filled: known tokens up to d_base, then guesses c->draft[0..) */
+    int32_t d_base;         /* the known length when the last guesses were made (guess j sits at d_base + j) */
 } sched_choice;
 
 typedef struct sched_req {
@@ -161,6 +167,15 @@ struct srv_sched {
     int32_t spec_cap;
     int32_t *spec_want, *spec_take; /* [batch_tokens] each, one allocation (spec_want): per decode group, its
                                        proposed and its kept guesses of the step being built */
+    /* the draft model (sched_draft.c; spec_type SRV_SCHED_SPEC_DRAFT) */
+    srv_engine_ops dops;                /* the draft's engine (params.draft copied) */
+    srv_block_manager dbm;              /* the draft's KV cache, its own pool (see sched.h) */
+    int32_t *d_token, *d_pos, *d_seq;   /* [batch_tokens] each: the draft batch being built */
+    bool *d_logits;                     /* [batch_tokens] */
+    int32_t *d_group;                   /* [batch_tokens]: the decode group a row belongs to */
+    int32_t *d_got;                     /* [batch_tokens]: per decode group, the guesses made in this step */
+    bool *d_stop;                       /* [batch_tokens]: per decode group, no more guesses in this step */
+    double d_step_ns;                   /* measured time of one batched draft step (decayed mean), 0: unknown */
     /* saved sessions (sched_slots.c), under mu: what each sequence id held when its last choice ended normally */
     int32_t **slot_tok;      /* [n_slots] malloc'd, NULL: none */
     int32_t *slot_n;         /* [n_slots] */
@@ -241,6 +256,16 @@ int32_t sched_load_begin(srv_sched *s, int32_t seq, const int32_t *toks, int32_t
 bool sched_load_pending(srv_sched *s, sched_req *r, sched_choice *c, const int32_t *toks, int32_t avail);
 /* A step with nothing to run: waits up to 2 ms for a fetch to end; whether any is in flight. */
 bool sched_load_idle(srv_sched *s);
+
+/* sched_draft.c: the draft model's guesses (spec_type SRV_SCHED_SPEC_DRAFT) */
+/* Binds the draft's engine and allocates its batch (srv_sched_create); SRV_SCHED_ERR_INVALID or _NOMEM. */
+int sched_draft_init(srv_sched *s);
+void sched_draft_release(srv_sched *s);
+/* Writes into the choices' c->draft up to want[g] greedy guesses for each of the nd decode groups (the first nd
+ * groups of the batch being built) and lowers want[g] to the guesses made (0 where the draft could not run). */
+void sched_draft_propose(srv_sched *s, int32_t nd, int32_t *want);
+/* Closes the choice's draft sequence, if any (its known tokens changed, or its target sequence closed). */
+void sched_draft_drop(srv_sched *s, sched_choice *c);
 
 /* sched_grammar.c: constrained decoding (srv_sched_request.grammar) */
 /* Clones the template for every choice (submit, loop thread). SRV_SCHED_ERR_INVALID (vocabulary size) or _NOMEM. */

@@ -70,6 +70,7 @@ void sched_finish_choice(srv_sched *s, sched_req *r, sched_choice *c, srv_sched_
         c->seq = -1;
         c->n_cached = 0;
     }
+    sched_draft_drop(s, c);
     r->n_unfinished--;
     if (r->n_unfinished == 0) r->timings.t_end = uv_hrtime();
     if (r->running) s->seqs_reserved--;

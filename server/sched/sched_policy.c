@@ -19,6 +19,7 @@ void sched_preempt(srv_sched *s, sched_req *r) {
             c->seq = -1;
             c->n_cached = 0;
         }
+        sched_draft_drop(s, c); /* a waiting request holds no draft sequence either */
     }
     if (r->protect) s->counters.preemptions_repeated++;
     s->counters.preemptions++;

@@ -55,6 +55,7 @@ bool sched_context_shift(srv_sched *s, sched_req *r, sched_choice *c) {
         c->n_cached = 0;
         c->clean = INT32_MAX;
     }
+    sched_draft_drop(s, c); /* the draft's sequence holds the old context */
     free(c->shctx);
     c->shctx = nt;
     c->n_shctx = n_new;

@@ -52,6 +52,7 @@ static int32_t propose(srv_sched *s, const batch_group *g) {
     int32_t room = s->p.n_ctx - len - 2;
     if (room < n_max) n_max = room;
     if (n_max < n_min) return 0;
+    if (s->p.spec_type == SRV_SCHED_SPEC_DRAFT) return n_max; /* the draft runs once k is chosen */
     const int32_t *toks = spec_tokens(s, g->r, g->c, len);
     if (!toks) return 0;
     int32_t n = srv_ngram_propose(toks, len, s->p.spec_ngram_min, s->p.spec_ngram_max, n_max, g->c->draft);
@@ -91,12 +92,13 @@ static double acc_rate(const sched_choice *c) { return (c->spec_acc + 1.4) / (c-
 
 /* Adaptive k: guesses are taken in order of their expected yield (guess j of a choice with rate q is accepted
  * with chance q^j) while each one raises the step's expected tokens per nanosecond: yield v is worth one more
- * row when v / slope > tokens / time. nd decode groups; want[g] holds the proposals and is lowered. */
-static void choose_adaptive(srv_sched *s, int32_t nd, int32_t *want) {
+ * row when v / slope > tokens / time. A guess that deepens the step's draft (the first guess j + 1 of any choice)
+ * also costs depth_ns, one batched draft step. nd decode groups; want[g] holds the proposals and is lowered. */
+static void choose_adaptive(srv_sched *s, int32_t nd, int32_t *want, double depth_ns) {
     double slope, t;
     cost_at(&s->cost, nd, &slope, &t);
     double tokens = nd;
-    int32_t kept = 0, offered = 0;
+    int32_t kept = 0, offered = 0, depth = 0;
     int32_t *take = s->spec_take;
     for (int32_t g = 0; g < nd; g++) {
         take[g] = 0;
@@ -114,10 +116,13 @@ static void choose_adaptive(srv_sched *s, int32_t nd, int32_t *want) {
                 bv = v;
             }
         }
-        if (best < 0 || bv * t <= slope * tokens) break; /* the best remaining guess does not pay */
+        if (best < 0) break;
+        double cost = slope + (take[best] == depth ? depth_ns : 0);
+        if (bv * t <= cost * tokens) break; /* the best remaining guess does not pay */
+        if (take[best] == depth) depth++;
         take[best]++;
         tokens += bv;
-        t += slope;
+        t += cost;
         kept++;
     }
     for (int32_t g = 0; g < nd; g++) want[g] = take[g];
@@ -138,7 +143,20 @@ void sched_spec_extend(srv_sched *s, int32_t *budget, int32_t *reserved) {
     }
     int32_t *want = s->spec_want;
     for (int32_t g = 0; g < nd; g++) want[g] = propose(s, &s->groups[g]);
-    if (s->p.spec_adaptive) choose_adaptive(s, nd, want);
+    bool draft = s->p.spec_type == SRV_SCHED_SPEC_DRAFT;
+    if (s->p.spec_adaptive) choose_adaptive(s, nd, want, draft ? s->d_step_ns : 0);
+    if (draft) {
+        int32_t *asked = s->spec_take; /* choose_adaptive is done with it; the draft reuses it after this loop */
+        for (int32_t g = 0; g < nd; g++) asked[g] = want[g];
+        sched_draft_propose(s, nd, want);
+        for (int32_t g = 0; g < nd; g++) {
+            sched_choice *c = s->groups[g].c;
+            if (want[g] == 0 && asked[g] > 0) { /* the draft declined (p_min): a failed guess for the estimate */
+                c->spec_acc *= ACC_DECAY;
+                c->spec_tries = c->spec_tries * ACC_DECAY + 1.0f;
+            }
+        }
+    }
     int32_t total = 0;
     for (int32_t g = 0; g < nd; g++) {
         batch_group *gr = &s->groups[g];

@@ -2,15 +2,22 @@
 // and one without answer the same requests (completions with logprobs, streamed chat, several at once,
 // temperature 0 and a seeded temperature 0.8) identically; llama.cpp's speculative.n_max / n_min request fields
 // pass through the SDK's extra body fields and bad values are a 400 naming the field; /metrics counts the
-// drafts under vLLM's and kvserve's names.
+// drafts under vLLM's and kvserve's names. A third server drafts with a draft model (the model drafting for
+// itself, -md) and must answer alike too; a draft model with another vocabulary stops the server at start-up
+// with a message naming the file.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, testModel, metric } from './server.mjs';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startServer, testModel, metric, BINARY } from './server.mjs';
 
 const model = testModel();
 let plain;
 let spec;
+let draft;
 
 // Prompts that repeat themselves, so the lookup has something to find.
 const PROMPTS = [
@@ -24,11 +31,13 @@ before(async () => {
   const args = ['--parallel', '8', '--threads', '2', '--ctx-size', '512'];
   plain = await startServer(model.path, args);
   spec = await startServer(model.path, [...args, '--spec-type', 'ngram', '--draft-max', '8']);
+  draft = await startServer(model.path, [...args, '-md', model.path, '--draft-max', '4']);
 });
 
 after(async () => {
   if (plain) assert.equal(await plain.stop(), 0);
   if (spec) assert.equal(await spec.stop(), 0);
+  if (draft) assert.equal(await draft.stop(), 0);
 });
 
 const client = (srv) => new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
@@ -38,12 +47,16 @@ test('completions: the same text and logprobs with speculation on, at temperatur
     const ask = (srv) => Promise.all(PROMPTS.map((prompt) => client(srv).completions.create({
       model: 'x', prompt, max_tokens: 48, logprobs: 2, ...extra,
     })));
-    const [a, b] = await Promise.all([ask(plain), ask(spec)]);
-    for (let i = 0; i < PROMPTS.length; i++) {
-      assert.equal(b[i].choices[0].text, a[i].choices[0].text, `prompt ${i} ${JSON.stringify(extra)}`);
-      assert.deepEqual(b[i].choices[0].logprobs, a[i].choices[0].logprobs);
-      assert.equal(b[i].choices[0].finish_reason, a[i].choices[0].finish_reason);
-      assert.equal(b[i].usage.completion_tokens, a[i].usage.completion_tokens); // (cached_tokens: timing of copies)
+    const [a, b, d] = await Promise.all([ask(plain), ask(spec), ask(draft)]);
+    for (const [name, got] of [['ngram', b], ['draft', d]]) {
+      for (let i = 0; i < PROMPTS.length; i++) {
+        const what = `${name} prompt ${i} ${JSON.stringify(extra)}`;
+        assert.equal(got[i].choices[0].text, a[i].choices[0].text, what);
+        assert.deepEqual(got[i].choices[0].logprobs, a[i].choices[0].logprobs, what);
+        assert.equal(got[i].choices[0].finish_reason, a[i].choices[0].finish_reason, what);
+        // (cached_tokens: timing of copies)
+        assert.equal(got[i].usage.completion_tokens, a[i].usage.completion_tokens, what);
+      }
     }
   }
 });
@@ -63,7 +76,9 @@ test('streamed chat with a stop string: the same chunks joined', async () => {
     }
     return { text, finish };
   };
-  assert.deepEqual(await run(spec), await run(plain));
+  const want = await run(plain);
+  assert.deepEqual(await run(spec), want);
+  assert.deepEqual(await run(draft), want);
 });
 
 test('bad speculative fields are a 400 naming the field', async () => {
@@ -86,4 +101,26 @@ test('/metrics counts drafts under vLLM\'s and kvserve\'s names, only where spec
   assert.doesNotMatch(text, /position="8"/);
   const off = await (await fetch(`${plain.base}/metrics`)).text();
   assert.doesNotMatch(off, /spec_decode/);
+});
+
+test('the draft model\'s drafts are counted under the same names', async () => {
+  const text = await (await fetch(`${draft.base}/metrics`)).text();
+  const drafts = metric(text, 'vllm:spec_decode_num_drafts_total');
+  assert.ok(drafts > 0, 'the draft model drafted');
+  assert.ok(metric(text, 'vllm:spec_decode_num_accepted_tokens_total') > 0, 'a model drafting for itself is right');
+  assert.match(text, /vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="3"\}/);
+  assert.doesNotMatch(text, /position="4"/);
+});
+
+test('a draft model with another vocabulary stops the server at start-up, naming the file', async (t) => {
+  if (!model.shared) { t.skip('the test model is mkmodel\'s own vocabulary'); return; }
+  const dir = mkdtempSync(join(tmpdir(), 'kvserve-e2e-draft-'));
+  try {
+    const other = join(dir, 'other.gguf');
+    execFileSync(BINARY, ['mkmodel', '--preset', 'tiny', '-o', other], { stdio: 'ignore' });
+    await assert.rejects(startServer(model.path, ['--model-draft', other]),
+      (e) => e.message.includes('other.gguf') && /vocabulary/.test(e.message));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -324,7 +324,9 @@ Test(config, scheduling_policy) {
 Test(config, speculative_decoding) {
     srv_config c;
     srv_config_default(&c);
-    cr_assert_str_eq(c.spec_type, "none");
+    cr_assert_str_eq(c.spec_type, ""); /* none, or draft when model_draft is set */
+    cr_assert_str_eq(c.model_draft, "");
+    cr_assert(c.draft_p_min == 0);
     cr_assert_eq(c.draft_max, 16);
     cr_assert_eq(c.draft_min, 0);
     char err[512];
@@ -335,7 +337,22 @@ Test(config, speculative_decoding) {
     cr_assert_eq(c.draft_min, 2);
     const char *a2[] = {"serve", "--spec-type", "eagle"};
     cr_assert_eq(run_args(&c, err, sizeof err, 3, a2), SRV_ERR_INVALID);
-    cr_assert(strstr(err, "spec_type") && strstr(err, "none|ngram"), "%s", err);
+    cr_assert(strstr(err, "spec_type") && strstr(err, "none|ngram|draft"), "%s", err);
+    const char *a5[] = {"serve", "--spec-type", "draft"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a5), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "spec_type") && strstr(err, "model_draft"), "%s", err);
+    const char *a6[] = {"serve", "-md", "/d.gguf", "--draft-p-min", "0.5"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 5, a6), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.model_draft, "/d.gguf");
+    cr_assert_str_eq(c.spec_type, "");
+    cr_assert(c.draft_p_min == 0.5);
+    const char *a7[] = {"serve", "--model-draft", "/e.gguf", "--spec-type", "draft"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 5, a7), SRV_OK, "%s", err);
+    cr_assert_str_eq(c.model_draft, "/e.gguf");
+    cr_assert_str_eq(c.spec_type, "draft");
+    const char *a8[] = {"serve", "--draft-p-min", "1.5"};
+    cr_assert_eq(run_args(&c, err, sizeof err, 3, a8), SRV_ERR_INVALID);
+    cr_assert(strstr(err, "draft_p_min"), "%s", err);
     const char *a3[] = {"serve", "--draft-max", "33"};
     cr_assert_eq(run_args(&c, err, sizeof err, 3, a3), SRV_ERR_INVALID);
     cr_assert(strstr(err, "draft_max"), "%s", err);

@@ -1,11 +1,15 @@
-/* test_spec_engine.c: speculative decoding (n-gram guesses verified in the scheduler) over the REAL engine. The
+/* test_spec_engine.c: speculative decoding (n-gram or draft-model guesses verified in the scheduler) over the REAL
+ * engine. The
  * contract: with speculation on, every request's tokens, logprobs (with the top alternatives), text and finish
  * reasons are bit for bit those of plain decoding, whatever k, batch budget, KV pool (preemption, recompute),
  * thread count and adaptive choice; stop strings and max_tokens cut the accepted tokens where plain decoding
  * cuts. Models: a random-weight model written by `kvserve mkmodel` (its flat distributions turn any numeric
  * drift into different tokens), stories260K and the synthetic Q4_K_M llama from ../shared (skipped when absent).
  * Prompts repeat stretches of themselves so that the n-gram lookup finds guesses, and greedy output of these
- * models loops, so guesses are both accepted and rejected; the counters prove that they were. */
+ * models loops, so guesses are both accepted and rejected; the counters prove that they were. With a draft model
+ * (stories260K drafting for itself, or for a random model with its vocabulary) the same contract holds, whatever
+ * the draft's own KV pool (some rounds give it too few blocks for every sequence: the draft then fails and the
+ * step runs without guesses) and p_min; at the end the draft's pool holds no block. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -86,6 +90,9 @@ typedef struct shape {
     bool spec;
     int32_t n_max;
     bool adaptive;
+    eng_model *draft;       /* NULL: n-gram guesses; else this model drafts (SRV_SCHED_SPEC_DRAFT) */
+    int32_t draft_blocks;   /* the draft context's KV pool in blocks (small ones make it run full) */
+    float p_min;
 } shape;
 
 /* Runs the specs concurrently; returns the scheduler's counters. */
@@ -102,8 +109,14 @@ static srv_sched_counters run_shaped(eng_model *model, const spec *sp, int n, sh
     eng_ctx *ctx = NULL;
     char err[256] = "";
     cr_assert_eq(eng_ctx_create(model, &cp, &ctx, err, sizeof err), ENG_OK, "%s", err);
-    srv_engine_ops ops;
+    srv_engine_ops ops, dops;
     cr_assert_eq(srv_engine_ops_init(&ops, model, ctx), SRV_SCHED_OK);
+    eng_ctx *dctx = NULL;
+    if (sh.draft) {
+        cp.kv_blocks = sh.draft_blocks;
+        cr_assert_eq(eng_ctx_create(sh.draft, &cp, &dctx, err, sizeof err), ENG_OK, "%s", err);
+        cr_assert_eq(srv_engine_ops_init(&dops, sh.draft, dctx), SRV_SCHED_OK);
+    }
     uv_loop_t loop;
     uv_loop_init(&loop);
     srv_sched_params p;
@@ -111,7 +124,9 @@ static srv_sched_counters run_shaped(eng_model *model, const spec *sp, int n, sh
     p.batch_tokens = sh.batch_tokens;
     p.parallel = 8;
     p.n_ctx = 256;
-    p.spec_type = sh.spec ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
+    p.spec_type = !sh.spec ? SRV_SCHED_SPEC_NONE : sh.draft ? SRV_SCHED_SPEC_DRAFT : SRV_SCHED_SPEC_NGRAM;
+    p.draft = sh.draft ? &dops : NULL;
+    p.spec_p_min = sh.p_min;
     p.spec_n_max = sh.n_max;
     p.spec_adaptive = sh.adaptive;
     srv_sched *s = NULL;
@@ -153,6 +168,15 @@ static srv_sched_counters run_shaped(eng_model *model, const spec *sp, int n, sh
     cr_assert_eq(kvc_check(eng_ctx_cache(ctx), msg, sizeof msg), KVC_OK, "%s", msg);
     srv_engine_ops_release(&ops);
     eng_ctx_free(ctx);
+    if (dctx) {
+        /* every draft sequence was closed with its choice: the draft's pool is whole again */
+        kvc_stats ks;
+        kvc_get_stats(eng_ctx_cache(dctx), &ks);
+        cr_assert_eq(ks.blocks_used, 0, "the draft's pool still holds %d blocks", (int)ks.blocks_used);
+        cr_assert_eq(kvc_check(eng_ctx_cache(dctx), msg, sizeof msg), KVC_OK, "%s", msg);
+        srv_engine_ops_release(&dops);
+        eng_ctx_free(dctx);
+    }
     return st.counters;
 }
 
@@ -210,15 +234,17 @@ static void make_specs(spec *sp, int nr, int32_t n_vocab, const char *stop) {
 }
 
 /* Plain decoding once, then rounds of speculation at random k, budgets, pools, threads and adaptive choice:
- * each must equal plain decoding. */
-static void check_model(eng_model *model, const char *name, const char *stop, int rounds) {
+ * each must equal plain decoding. draft: NULL for n-gram guesses, else the draft model (with random draft pools,
+ * some too small for every sequence, and random p_min); accepts: whether some guess must have been accepted. */
+static void check_model_with(eng_model *model, const char *name, const char *stop, int rounds, eng_model *draft,
+                             bool accepts) {
     int32_t n_vocab = eng_model_hparams(model)->n_vocab;
     enum { NR = 8 };
     spec sp[NR];
     make_specs(sp, NR, n_vocab, stop);
     res *plain = calloc(NR, sizeof *plain), *got = calloc(NR, sizeof *got);
     cr_assert(plain && got);
-    run_shaped(model, sp, NR, (shape){256, 64, 1, false, 1, false}, plain);
+    run_shaped(model, sp, NR, (shape){256, 64, 1, false, 1, false, NULL, 0, 0}, plain);
     srv_sched_counters sum;
     memset(&sum, 0, sizeof sum);
     int stopped = 0;
@@ -231,10 +257,14 @@ static void check_model(eng_model *model, const char *name, const char *stop, in
         sh.spec = true;
         sh.n_max = ks[rnd(sizeof ks / sizeof ks[0])];
         sh.adaptive = rnd(2);
+        sh.draft = draft;
+        sh.draft_blocks = round % 3 == 0 ? 20 + (int32_t)rnd(20) : 0; /* 0: enough for every sequence */
+        sh.p_min = rnd(3) == 0 ? 0.3f : 0.0f;
         srv_sched_counters c = run_shaped(model, sp, NR, sh, got);
         char what[160];
-        snprintf(what, sizeof what, "%s round %d (blocks %d, budget %d, threads %d, k %d, adaptive %d)", name, round,
-                 sh.kv_blocks, sh.batch_tokens, sh.n_threads, sh.n_max, sh.adaptive);
+        snprintf(what, sizeof what, "%s round %d (blocks %d, budget %d, threads %d, k %d, adaptive %d, draft blocks %d, "
+                 "p_min %.1f)", name, round, sh.kv_blocks, sh.batch_tokens, sh.n_threads, sh.n_max, sh.adaptive,
+                 sh.draft_blocks, (double)sh.p_min);
         for (int i = 0; i < NR; i++) assert_same(&got[i], &plain[i], sp[i].n, what, i);
         for (int i = 0; i < NR; i++)
             for (int c = 0; c < sp[i].n; c++) stopped += sp[i].stop && got[i].finish[c] == SRV_SCHED_FINISH_STOP;
@@ -251,12 +281,16 @@ static void check_model(eng_model *model, const char *name, const char *stop, in
                 (unsigned long long)sum.spec_drafts, (unsigned long long)sum.spec_draft_tokens,
                 (unsigned long long)sum.spec_accepted_tokens, (unsigned long long)sum.preemptions);
     cr_assert_gt(sum.spec_drafts, 0, "%s: nothing was guessed", name);
-    cr_assert_gt(sum.spec_accepted_tokens, 0, "%s: no guess was ever accepted", name);
+    if (accepts) cr_assert_gt(sum.spec_accepted_tokens, 0, "%s: no guess was ever accepted", name);
     cr_assert_gt(sum.spec_draft_tokens, sum.spec_accepted_tokens, "%s: no guess was ever rejected", name);
     cr_assert_gt(sum.preemptions, 0, "%s: no round preempted", name);
     if (stop) cr_assert_gt(stopped, 0, "%s: no choice ended on its stop string", name);
     free(plain);
     free(got);
+}
+
+static void check_model(eng_model *model, const char *name, const char *stop, int rounds) {
+    check_model_with(model, name, stop, rounds, NULL, true);
 }
 
 static eng_model *load(const char *path) {
@@ -306,5 +340,95 @@ Test(spec_engine, equals_plain_decoding_on_synthetic_q4_k_m, .timeout = 600) {
         cr_skip_test("models/synthetic/syn-llama-q4_k_m.gguf not found in ../shared (KVSERVE_SHARED)");
     eng_model *model = load(path);
     check_model(model, "syn-llama-q4_k_m", NULL, 4);
+    eng_model_free(model);
+}
+
+/* ---- a draft model (SRV_SCHED_SPEC_DRAFT) ---------------------------------------------------------------------- */
+
+/* stories260K drafting for itself: nearly every guess holds at temperature 0, some fail at 0.9 */
+Test(spec_engine, draft_model_equals_plain_decoding_self_draft, .timeout = 600) {
+    char path[1024];
+    if (!shared_model(path, sizeof path, "stories260K.gguf"))
+        cr_skip_test("models/stories260K.gguf not found in ../shared (KVSERVE_SHARED)");
+    eng_model *model = load(path), *draft = load(path);
+    check_model_with(model, "stories260K drafting for itself", ",", 6, draft, true);
+    eng_model_free(draft);
+    eng_model_free(model);
+}
+
+/* a random-weight model with stories260K's vocabulary (mkmodel --vocab-from) as the target, stories260K drafting:
+ * the guesses mostly fail, and the output must still be plain decoding's */
+Test(spec_engine, draft_model_equals_plain_decoding_other_model, .timeout = 600) {
+    char path[1024], dir[] = "/tmp/kvs_specdraft_XXXXXX", mk[256], cmd[2048];
+    if (!shared_model(path, sizeof path, "stories260K.gguf"))
+        cr_skip_test("models/stories260K.gguf not found in ../shared (KVSERVE_SHARED)");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(mk, sizeof mk, "%s/m.gguf", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' --preset tiny --vocab-from '%s' >/dev/null 2>&1", KVSERVE_BINARY,
+             mk, path);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    eng_model *model = load(mk), *draft = load(path);
+    remove(mk);
+    rmdir(dir);
+    int32_t t = -2;
+    cr_assert_eq(eng_vocab_compare(model, draft, &t), ENG_OK, "mkmodel --vocab-from: token %d differs", (int)t);
+    check_model_with(model, "mkmodel drafted by stories260K", NULL, 4, draft, false);
+    eng_model_free(draft);
+    eng_model_free(model);
+}
+
+/* another vocabulary is refused: eng_vocab_compare names the first token that differs, and the scheduler refuses a
+ * draft whose vocabulary size differs */
+Test(spec_engine, draft_model_needs_the_same_vocabulary, .timeout = 120) {
+    char path[1024], dir[] = "/tmp/kvs_specvoc_XXXXXX", mk[256], cmd[2048];
+    if (!shared_model(path, sizeof path, "stories260K.gguf"))
+        cr_skip_test("models/stories260K.gguf not found in ../shared (KVSERVE_SHARED)");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(mk, sizeof mk, "%s/m.gguf", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' --preset tiny >/dev/null 2>&1", KVSERVE_BINARY, mk);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    eng_model *other = load(mk), *model = load(path);
+    remove(mk);
+    rmdir(dir);
+    int32_t t = -2;
+    cr_assert_eq(eng_vocab_compare(model, model, &t), ENG_OK);
+    cr_assert_eq(eng_vocab_compare(model, other, &t), ENG_ERR_INVALID);
+    cr_assert_geq(t, 0, "the first differing token is named");
+    cr_assert_eq(eng_vocab_compare(other, model, &t), ENG_ERR_INVALID);
+
+    eng_ctx_params cp;
+    eng_ctx_params_default(&cp);
+    cp.n_ctx = 64;
+    cp.max_seqs = 2;
+    cp.device = ENG_DEVICE_CPU;
+    eng_ctx *ctx = NULL, *octx = NULL;
+    char err[256] = "";
+    cr_assert_eq(eng_ctx_create(model, &cp, &ctx, err, sizeof err), ENG_OK, "%s", err);
+    cr_assert_eq(eng_ctx_create(other, &cp, &octx, err, sizeof err), ENG_OK, "%s", err);
+    srv_engine_ops ops, oops;
+    cr_assert_eq(srv_engine_ops_init(&ops, model, ctx), SRV_SCHED_OK);
+    cr_assert_eq(srv_engine_ops_init(&oops, other, octx), SRV_SCHED_OK);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    srv_sched_params p;
+    srv_sched_params_default(&p);
+    p.parallel = 2;
+    p.n_ctx = 64;
+    p.spec_type = SRV_SCHED_SPEC_DRAFT;
+    srv_sched *s = NULL;
+    cr_assert_eq(srv_sched_create(&p, &ops, &loop, &s), SRV_SCHED_ERR_INVALID, "draft type without a draft");
+    p.draft = &oops;
+    if (oops.n_vocab != ops.n_vocab)
+        cr_assert_eq(srv_sched_create(&p, &ops, &loop, &s), SRV_SCHED_ERR_INVALID, "another vocabulary size");
+    p.draft = &ops;
+    p.spec_p_min = 1.5f;
+    cr_assert_eq(srv_sched_create(&p, &ops, &loop, &s), SRV_SCHED_ERR_INVALID, "p_min above 1");
+    cr_assert_null(s);
+    cr_assert_eq(uv_loop_close(&loop), 0);
+    srv_engine_ops_release(&ops);
+    srv_engine_ops_release(&oops);
+    eng_ctx_free(ctx);
+    eng_ctx_free(octx);
+    eng_model_free(other);
     eng_model_free(model);
 }
