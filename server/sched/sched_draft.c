@@ -103,8 +103,10 @@ static int draft_run(srv_sched *s, int32_t n, int32_t *got, bool *stop) {
         sched_choice *c = s->groups[g].c;
         c->d_len = s->d_pos[i] + 1;
         if (!s->d_logits[i]) continue;
-        const float *lg = s->dops.get_logits(s->dops.ctx, i);
+        float *lg = s->dops.get_logits(s->dops.ctx, i);
         if (!lg) return ENG_ERR_INVALID;
+        if (s->groups[g].r->rq.ignore_eos) /* the model will not sample them: neither guess them */
+            for (int32_t e = 0; e < s->n_eog; e++) lg[s->eog[e]] = -INFINITY;
         float p;
         int32_t t = argmax_prob(lg, s->dops.n_vocab, s->p.spec_p_min > 0, &p);
         if (p < s->p.spec_p_min) {

@@ -5,7 +5,11 @@
  *   - one stream: an extra row is cheap against the step (a = b), guesses pay, most tokens come from them;
  *   - 24 streams: a row costs about as much as a whole token of the batch (24 b >> a), guesses at the starting
  *     acceptance estimate do not pay and the steps run without them (spec_steps_off counts them).
- * Both runs must also give exactly the tokens of plain decoding, and the cache must check out at the end. */
+ * Both runs must also give exactly the tokens of plain decoding, and the cache must check out at the end.
+ * With a mock draft model (its own cache, its own step law a_d + b_d * rows):
+ *   - a draft that knows the cycle, 10x cheaper than the model: most tokens come from its guesses;
+ *   - a draft that is always wrong, a quarter of the model's step: after a few failed drafts it is seldom run, so
+ *     the time it and its rejected rows add stays a small share of plain decoding's (the adaptive k). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -26,6 +30,8 @@ typedef struct amock {
     kvc_entry *entries; /* [MAXB] */
     long a_us, b_us;    /* step time: a + b * rows microseconds */
     bool corrupt;
+    bool wrong;         /* a draft that always guesses wrong (the token after the right one) */
+    int32_t calls;      /* decode calls */
 } amock;
 
 /* The cycle: tokens 20..31 follow each other; a prompt token t < 20 leads into it at 20 + t % 12. */
@@ -57,8 +63,9 @@ static int a_decode(void *p, const eng_batch *b) {
             if (*(float *)kvc_row_ptr(&m->lay, 0, 1, tab[q / bs] * bs + q % bs, 0) != (float)q) m->corrupt = true;
         float *lg = m->logits + (size_t)i * NV;
         for (int32_t v = 0; v < NV; v++) lg[v] = -4.0f + 0.01f * (float)v;
-        lg[next_of(b->token[i])] = 4.0f;
+        lg[m->wrong ? next_of(next_of(b->token[i])) : next_of(b->token[i])] = 4.0f;
     }
+    m->calls++;
     kvc_finish_forward(m->cache, true);
     long us = m->a_us + m->b_us * b->n;
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -122,10 +129,8 @@ static void on_event(const srv_sched_event *ev, void *user) {
         if (o->n[ev->choice] < 128) o->toks[ev->choice][o->n[ev->choice]++] = ev->samples[i].token;
 }
 
-/* `streams` greedy choices (one request with n = streams) of max_tokens each; returns the counters. */
-static srv_sched_counters run(int streams, int32_t max_tokens, bool spec, long a_us, long b_us, run_out *o) {
-    amock m;
-    memset(&m, 0, sizeof m);
+static void mock_init(amock *m, long a_us, long b_us) {
+    memset(m, 0, sizeof *m);
     kvc_params kp;
     kvc_params_default(&kp);
     kp.n_layer = 1;
@@ -136,14 +141,43 @@ static srv_sched_counters run(int streams, int32_t max_tokens, bool spec, long a
     kp.max_seqs = 32;
     kp.max_batch_tokens = MAXB;
     kp.dtype = KVC_DTYPE_F32;
-    cr_assert_eq(kvc_create(&kp, &m.cache), KVC_OK);
-    kvc_get_layout(m.cache, &m.lay);
-    m.logits = calloc((size_t)MAXB * NV, sizeof *m.logits);
-    m.slots = calloc(MAXB, sizeof *m.slots);
-    m.entries = calloc(MAXB, sizeof *m.entries);
-    cr_assert(m.logits && m.slots && m.entries);
-    m.a_us = a_us;
-    m.b_us = b_us;
+    cr_assert_eq(kvc_create(&kp, &m->cache), KVC_OK);
+    kvc_get_layout(m->cache, &m->lay);
+    m->logits = calloc((size_t)MAXB * NV, sizeof *m->logits);
+    m->slots = calloc(MAXB, sizeof *m->slots);
+    m->entries = calloc(MAXB, sizeof *m->entries);
+    cr_assert(m->logits && m->slots && m->entries);
+    m->a_us = a_us;
+    m->b_us = b_us;
+}
+
+/* The mock's cache checks out and holds nothing; then it is freed. */
+static void mock_done(amock *m) {
+    cr_assert(!m->corrupt, "a position read back wrong");
+    char msg[256];
+    cr_assert_eq(kvc_check(m->cache, msg, sizeof msg), KVC_OK, "%s", msg);
+    kvc_stats ks;
+    kvc_get_stats(m->cache, &ks);
+    cr_assert_eq(ks.blocks_used, 0);
+    kvc_free(m->cache);
+    free(m->logits);
+    free(m->slots);
+    free(m->entries);
+}
+
+/* A draft's step law and kind (run_draft). */
+typedef struct draft_law {
+    long a_us, b_us;
+    bool wrong;
+    int32_t calls; /* out: the draft's decode calls */
+} draft_law;
+
+/* `streams` greedy choices (one request with n = streams) of max_tokens each; returns the counters. With dl, a
+ * mock draft model (its own cache) proposes the guesses. */
+static srv_sched_counters run_draft(int streams, int32_t max_tokens, bool spec, long a_us, long b_us, run_out *o,
+                                    draft_law *dl) {
+    amock m, dm;
+    mock_init(&m, a_us, b_us);
     srv_engine_ops ops = {.ctx = &m, .n_vocab = NV, .cache = a_cache, .decode = a_decode, .get_logits = a_logits,
                           .token_is_eog = a_eog, .detok_push = a_push, .detok_flush = a_flush,
                           .sampler_create = a_sampler_create, .sampler_free = a_sampler_free,
@@ -155,7 +189,15 @@ static srv_sched_counters run(int streams, int32_t max_tokens, bool spec, long a
     p.batch_tokens = MAXB;
     p.parallel = 32;
     p.n_ctx = 1024;
-    p.spec_type = spec ? SRV_SCHED_SPEC_NGRAM : SRV_SCHED_SPEC_NONE;
+    p.spec_type = !spec ? SRV_SCHED_SPEC_NONE : dl ? SRV_SCHED_SPEC_DRAFT : SRV_SCHED_SPEC_NGRAM;
+    srv_engine_ops dops;
+    if (dl) {
+        mock_init(&dm, dl->a_us, dl->b_us);
+        dm.wrong = dl->wrong;
+        dops = ops;
+        dops.ctx = &dm;
+        p.draft = &dops;
+    }
     srv_sched *s = NULL;
     cr_assert_eq(srv_sched_create(&p, &ops, &loop, &s), SRV_SCHED_OK);
     int32_t prompt[8] = {3, 9, 4, 7, 1, 5, 2, 6};
@@ -181,15 +223,17 @@ static srv_sched_counters run(int streams, int32_t max_tokens, bool spec, long a
     srv_sched_free(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_assert_eq(uv_loop_close(&loop), 0);
-    cr_assert(!m.corrupt, "a position read back wrong");
-    char msg[256];
-    cr_assert_eq(kvc_check(m.cache, msg, sizeof msg), KVC_OK, "%s", msg);
     cr_assert_eq(st.kv_blocks_used, 0);
-    kvc_free(m.cache);
-    free(m.logits);
-    free(m.slots);
-    free(m.entries);
+    mock_done(&m);
+    if (dl) {
+        dl->calls = dm.calls;
+        mock_done(&dm);
+    }
     return st.counters;
+}
+
+static srv_sched_counters run(int streams, int32_t max_tokens, bool spec, long a_us, long b_us, run_out *o) {
+    return run_draft(streams, max_tokens, spec, a_us, b_us, o, NULL);
 }
 
 static void same_tokens(const run_out *a, const run_out *b, int streams, int32_t max_tokens) {
@@ -224,4 +268,33 @@ Test(spec_adaptive, many_streams_switch_guesses_off, .timeout = 120) {
                 (unsigned long long)c.spec_steps_off);
     cr_assert_gt(c.spec_steps_off, 20, "the cost model should have dropped the guesses of most steps");
     cr_assert_lt(c.spec_draft_tokens, 24 * 40 / 10, "guessed rows should be rare when a row costs a token's worth");
+}
+
+Test(spec_adaptive, draft_model_guesses_pay, .timeout = 120) {
+    static run_out plain, spec;
+    run(1, 120, false, 2000, 2000, &plain);
+    draft_law dl = {200, 200, false, 0};
+    srv_sched_counters c = run_draft(1, 120, true, 2000, 2000, &spec, &dl);
+    same_tokens(&spec, &plain, 1, 120);
+    cr_log_info("right draft: %llu steps, %d draft calls, %llu drafts, %llu guessed, %llu accepted",
+                (unsigned long long)c.steps, (int)dl.calls, (unsigned long long)c.spec_drafts,
+                (unsigned long long)c.spec_draft_tokens, (unsigned long long)c.spec_accepted_tokens);
+    cr_assert_gt(c.spec_accepted_tokens, 60, "most of the 120 tokens should come from the draft's guesses");
+    cr_assert_lt(c.steps, 50, "%llu steps for 120 tokens", (unsigned long long)c.steps);
+}
+
+Test(spec_adaptive, a_wrong_draft_model_costs_little, .timeout = 120) {
+    static run_out plain, spec;
+    run(1, 120, false, 2000, 2000, &plain);
+    draft_law dl = {1000, 0, true, 0};
+    srv_sched_counters c = run_draft(1, 120, true, 2000, 2000, &spec, &dl);
+    same_tokens(&spec, &plain, 1, 120);
+    /* the law's time of what speculation added: the draft's calls and the rejected rows */
+    double extra = (double)dl.calls * 1000 + (double)c.spec_draft_tokens * 2000;
+    double base = 120.0 * (2000 + 2000);
+    cr_log_info("wrong draft: %llu steps, %d draft calls, %llu guessed, %llu accepted: %.1f%% of plain decoding's time "
+                "added", (unsigned long long)c.steps, (int)dl.calls, (unsigned long long)c.spec_draft_tokens,
+                (unsigned long long)c.spec_accepted_tokens, 100 * extra / base);
+    cr_assert_eq(c.spec_accepted_tokens, 0);
+    cr_assert_lt(extra, 0.15 * base, "a draft that never helps must cost under 15%% of plain decoding's time");
 }
