@@ -365,6 +365,19 @@ int srv_metrics_render(const srv_metrics *m, const srv_sched_stats *st_in, char 
         counter(&b, "kvserve:spec_decode_steps_off_total",
                 "Steps whose guesses the step cost model dropped (extra rows would cost more than they yield).",
                 st->counters.spec_steps_off);
+    if (st->spec_draft) {
+        counter(&b, "kvserve:spec_decode_draft_calls_total", "Draft model forward passes (spec_type draft).",
+                st->counters.spec_draft_calls);
+        counter(&b, "kvserve:spec_decode_draft_rows_total", "Rows the draft model computed (catch-up and guesses).",
+                st->counters.spec_draft_rows);
+        counter(&b, "kvserve:spec_decode_draft_catchup_rows_total",
+                "Rows the draft model computed to catch up on known tokens it had not seen.",
+                st->counters.spec_draft_catchup_rows);
+        char v[64];
+        fmt_num(v, sizeof v, (double)st->counters.spec_draft_ns / 1e9);
+        meta(&b, "kvserve:spec_decode_draft_seconds_total", "counter", "Seconds spent in the draft model.");
+        sample(&b, "kvserve:spec_decode_draft_seconds_total", "", v);
+    }
     render_tiers(&b, st);
     render_vllm(&b, m, st);
     size_t n = b.len;

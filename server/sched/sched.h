@@ -107,8 +107,12 @@
  *   greedy guess, so verification is the rule above, and the output is plain decoding's, seed for seed. After
  *   verification the draft sequence keeps only the guesses that were accepted (kvc_remove of the rest). How many
  *   guesses: the cost model above, with the measured time of one batched draft step added to every guess that
- *   deepens the step's draft; a choice whose guesses keep failing stops being drafted for. A draft that cannot
- *   run (its pool full, no free sequence, an engine error) only costs the guesses: the step runs without them.
+ *   deepens the step's draft; a choice whose guesses keep failing stops being drafted for, and a new choice starts
+ *   from what the draft achieved across all choices lately (not a fixed prior: its first draft costs a catch-up of
+ *   its whole context on the draft), at most 2 choices starting to draft per step. A choice drafts only
+ *   when its catch-up and guesses fit what the draft's pool has left (its sequence is kept while the choice runs);
+ *   a draft that cannot run (no room, no free sequence, an engine error) only costs the guesses: the step runs
+ *   without them (an engine error also closes the draft sequences of that step's choices).
  *
  * Events and lifetimes
  *   For every accepted request the callback receives, on the loop thread, in this order:
@@ -477,6 +481,10 @@ typedef struct srv_sched_counters {
     uint64_t spec_accepted_tokens;    /* guessed tokens that were the sampled ones */
     uint64_t spec_accepted_per_pos[SRV_SCHED_SPEC_MAX]; /* [j]: drafts whose guess j (0-based) was accepted */
     uint64_t spec_steps_off;          /* steps where the cost model dropped every guess (spec_adaptive) */
+    uint64_t spec_draft_calls;        /* SRV_SCHED_SPEC_DRAFT: the draft model's decode calls */
+    uint64_t spec_draft_rows;         /* ... their rows (catch-up rows and guess rows) */
+    uint64_t spec_draft_catchup_rows; /* ... of which catch-up: known tokens the draft had not seen */
+    uint64_t spec_draft_ns;           /* ... and the time they took (ns) */
 } srv_sched_counters;
 
 /* Raw numbers for logs and /metrics; any thread (a consistent snapshot taken under a mutex, refreshed at
@@ -495,6 +503,7 @@ typedef struct srv_sched_stats {
     uint64_t requests_rejected_tokens;/* submit refused with QUEUE_FULL because of max_queued_tokens */
     int64_t queued_tokens;            /* prompt tokens of waiting, never admitted requests */
     int32_t spec_n_max;               /* params.spec_n_max when speculative decoding is on, else 0 */
+    bool spec_draft;                  /* the guesses come from a draft model (SRV_SCHED_SPEC_DRAFT) */
     bool has_tier;                    /* params.tier was set; then `tier` holds its counters */
     kvt_stats tier;
     bool has_host;                    /* params.host was set; then `host` holds its counters */

@@ -96,8 +96,12 @@ static int32_t argmax_prob(const float *lg, int32_t n, bool want_p, float *p) {
  * made so far, stop[g]: no more for g. Returns the engine's code. */
 static int draft_run(srv_sched *s, int32_t n, int32_t *got, bool *stop) {
     eng_batch b = {.n = n, .token = s->d_token, .pos = s->d_pos, .seq = s->d_seq, .want_logits = s->d_logits};
+    uint64_t t0 = uv_hrtime();
     int rc = s->dops.decode(s->dops.ctx, &b);
+    s->counters.spec_draft_ns += uv_hrtime() - t0;
+    s->counters.spec_draft_calls++;
     if (rc != ENG_OK) return rc;
+    s->counters.spec_draft_rows += (uint64_t)n;
     for (int32_t i = 0; i < n; i++) {
         int32_t g = s->d_group[i];
         sched_choice *c = s->groups[g].c;
@@ -151,11 +155,20 @@ static void observe_step(srv_sched *s, uint64_t ns) {
 void sched_draft_propose(srv_sched *s, int32_t nd, int32_t *want) {
     int32_t *got = s->d_got, maxk = 0;
     bool *stop = s->d_stop;
+    /* the draft's pool: a choice drafts only when its catch-up and guesses fit what is left (a full pool would
+     * fail the whole batch, and every drafting choice would have to start over) */
+    int32_t avail = srv_block_manager_available(&s->dbm);
     for (int32_t g = 0; g < nd; g++) {
         batch_group *gr = &s->groups[g];
+        int32_t len = known_len(gr->r, gr->c);
         got[g] = 0;
         stop[g] = false;
-        if (want[g] > 0 && !draft_ready(s, gr->r, gr->c, known_len(gr->r, gr->c))) want[g] = 0;
+        if (want[g] > 0 && !draft_ready(s, gr->r, gr->c, len)) want[g] = 0;
+        if (want[g] > 0) {
+            int32_t need = srv_block_manager_needed(&s->dbm, gr->c->dseq, len - gr->c->d_len + want[g]);
+            if (need < 0 || need > avail) want[g] = 0;
+            else avail -= need;
+        }
         if (want[g] > maxk) maxk = want[g];
     }
     if (maxk == 0) return;
@@ -168,6 +181,7 @@ void sched_draft_propose(srv_sched *s, int32_t nd, int32_t *want) {
     uint64_t t0 = uv_hrtime();
     int rc = catch_up(s, nd, want, got, stop);
     if (rc == ENG_OK && rows == drafting) observe_step(s, uv_hrtime() - t0); /* a row each: a draft step */
+    if (rc == ENG_OK) s->counters.spec_draft_catchup_rows += (uint64_t)rows;
     for (int32_t j = 1; rc == ENG_OK && j < maxk; j++) {
         int32_t n = 0;
         for (int32_t g = 0; g < nd; g++) {

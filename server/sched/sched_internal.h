@@ -176,6 +176,7 @@ struct srv_sched {
     int32_t *d_got;                     /* [batch_tokens]: per decode group, the guesses made in this step */
     bool *d_stop;                       /* [batch_tokens]: per decode group, no more guesses in this step */
     double d_step_ns;                   /* measured time of one batched draft step (decayed mean), 0: unknown */
+    double g_acc, g_tries;              /* the draft's acceptance over every choice (decayed counts, sched_spec.c) */
     /* saved sessions (sched_slots.c), under mu: what each sequence id held when its last choice ended normally */
     int32_t **slot_tok;      /* [n_slots] malloc'd, NULL: none */
     int32_t *slot_n;         /* [n_slots] */

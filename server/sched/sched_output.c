@@ -248,6 +248,7 @@ void sched_refresh_stats_locked(srv_sched *s) {
     st->counters = s->counters;
     st->queued_tokens = s->n_queued_tokens;
     st->spec_n_max = s->p.spec_type != SRV_SCHED_SPEC_NONE ? s->p.spec_n_max : 0;
+    st->spec_draft = s->p.spec_type == SRV_SCHED_SPEC_DRAFT;
 }
 
 /* ---- sampling ----------------------------------------------------------------------------------------------- */

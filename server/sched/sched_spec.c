@@ -17,6 +17,10 @@
 #define COST_DECAY 0.98     /* weight of a step's observation in the cost model after each later step */
 #define ACC_DECAY 0.8f      /* weight of a choice's acceptance history after each draft */
 #define ACC_IDLE_DECAY 0.97f /* ... after each step without guesses: an unlucky estimate drifts back to the prior */
+#define G_DECAY 0.9          /* a draft model's scheduler-wide acceptance: weight of the history after each draft */
+#define G_IDLE_DECAY 0.995   /* ... after each step: the estimate drifts back to 0.7, so drafting is tried again */
+#define DRAFT_OPENS 2        /* a draft model: most choices that start drafting (a catch-up of their whole context)
+                                in one step */
 
 /* The request's bounds on its guesses per step: *n_max 0 when it gets none. */
 static void req_bounds(const srv_sched *s, const sched_req *r, int32_t *n_max, int32_t *n_min) {
@@ -88,7 +92,13 @@ void sched_spec_observe(srv_sched *s, int32_t rows, uint64_t ns) {
 
 /* The choice's estimated chance that a guess is accepted given that the ones before it were: a prior of 0.7 (worth
  * 2 guesses) that its recent drafts move, so a new choice is tried wherever a guess of that quality pays. */
-static double acc_rate(const sched_choice *c) { return (c->spec_acc + 1.4) / (c->spec_tries + 2.0); }
+/* With a draft model the prior is what the draft has recently achieved across all choices (starting at 0.7): a
+ * new choice's first draft costs a catch-up of its whole context on the draft, which a draft that keeps failing
+ * should not be paid for choice after choice. */
+static double acc_rate(const srv_sched *s, const sched_choice *c) {
+    double prior = s->p.spec_type == SRV_SCHED_SPEC_DRAFT ? (s->g_acc + 1.4) / (s->g_tries + 2.0) : 0.7;
+    return (c->spec_acc + 2 * prior) / (c->spec_tries + 2.0);
+}
 
 /* Adaptive k: guesses are taken in order of their expected yield (guess j of a choice with rate q is accepted
  * with chance q^j) while each one raises the step's expected tokens per nanosecond: yield v is worth one more
@@ -109,7 +119,7 @@ static void choose_adaptive(srv_sched *s, int32_t nd, int32_t *want, double dept
         double bv = 0;
         for (int32_t g = 0; g < nd; g++) {
             if (take[g] >= want[g]) continue;
-            double q = acc_rate(s->groups[g].c), v = q;
+            double q = acc_rate(s, s->groups[g].c), v = q;
             for (int32_t j = 0; j < take[g]; j++) v *= q;
             if (best < 0 || v > bv) {
                 best = g;
@@ -144,6 +154,12 @@ void sched_spec_extend(srv_sched *s, int32_t *budget, int32_t *reserved) {
     int32_t *want = s->spec_want;
     for (int32_t g = 0; g < nd; g++) want[g] = propose(s, &s->groups[g]);
     bool draft = s->p.spec_type == SRV_SCHED_SPEC_DRAFT;
+    if (draft) {
+        s->g_acc *= G_IDLE_DECAY;
+        s->g_tries *= G_IDLE_DECAY;
+        for (int32_t g = 0, opens = 0; g < nd; g++) /* a few new draft sequences per step: see DRAFT_OPENS */
+            if (want[g] > 0 && !s->groups[g].c->draft_open && ++opens > DRAFT_OPENS) want[g] = 0;
+    }
     if (s->p.spec_adaptive) choose_adaptive(s, nd, want, draft ? s->d_step_ns : 0);
     if (draft) {
         int32_t *asked = s->spec_take; /* choose_adaptive is done with it; the draft reuses it after this loop */
@@ -154,6 +170,8 @@ void sched_spec_extend(srv_sched *s, int32_t *budget, int32_t *reserved) {
             if (want[g] == 0 && asked[g] > 0) { /* the draft declined (p_min): a failed guess for the estimate */
                 c->spec_acc *= ACC_DECAY;
                 c->spec_tries = c->spec_tries * ACC_DECAY + 1.0f;
+                s->g_acc *= G_DECAY;
+                s->g_tries = s->g_tries * G_DECAY + 1;
             }
         }
     }
@@ -218,6 +236,8 @@ static void count_draft(srv_sched *s, sched_choice *c, int32_t k, int32_t m) {
     for (int32_t j = 0; j < m; j++) s->counters.spec_accepted_per_pos[j]++;
     c->spec_acc = c->spec_acc * ACC_DECAY + (float)m;
     c->spec_tries = c->spec_tries * ACC_DECAY + (float)(m < k ? m + 1 : m);
+    s->g_acc = s->g_acc * G_DECAY + m;
+    s->g_tries = s->g_tries * G_DECAY + (m < k ? m + 1 : m);
 }
 
 void sched_spec_verify(srv_sched *s, const batch_group *g) {

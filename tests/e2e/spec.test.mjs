@@ -110,6 +110,14 @@ test('the draft model\'s drafts are counted under the same names', async () => {
   assert.ok(metric(text, 'vllm:spec_decode_num_accepted_tokens_total') > 0, 'a model drafting for itself is right');
   assert.match(text, /vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="3"\}/);
   assert.doesNotMatch(text, /position="4"/);
+  // the draft model's own work
+  const calls = metric(text, 'kvserve:spec_decode_draft_calls_total');
+  const rows = metric(text, 'kvserve:spec_decode_draft_rows_total');
+  assert.ok(calls > 0 && rows >= calls, `${calls} draft calls, ${rows} rows`);
+  assert.ok(metric(text, 'kvserve:spec_decode_draft_catchup_rows_total') <= rows);
+  assert.ok(metric(text, 'kvserve:spec_decode_draft_seconds_total') > 0);
+  const ngramText = await (await fetch(`${spec.base}/metrics`)).text();
+  assert.doesNotMatch(ngramText, /spec_decode_draft_calls/);
 });
 
 test('a draft model with another vocabulary stops the server at start-up, naming the file', async (t) => {
