@@ -322,6 +322,10 @@ static int run_scheduled(const eng_model *model, eng_ctx *ctx, const srv_engine_
                 (unsigned long long)k->spec_accepted_tokens,
                 k->spec_draft_tokens ? 100.0 * (double)k->spec_accepted_tokens / (double)k->spec_draft_tokens : 0.0,
                 (unsigned long long)k->steps, (unsigned long long)k->spec_steps_off);
+        if (sp.spec_type == SRV_SCHED_SPEC_DRAFT)
+            fprintf(stderr, "kvserve generate: draft model: %llu calls, %llu rows (%llu catching up), %.3f s\n",
+                    (unsigned long long)k->spec_draft_calls, (unsigned long long)k->spec_draft_rows,
+                    (unsigned long long)k->spec_draft_catchup_rows, (double)k->spec_draft_ns / 1e9);
     }
     srv_sched_free(sched);      /* finishes what was left (after a failed submit) */
     uv_run(&loop, UV_RUN_DEFAULT); /* lets the scheduler's async handle close */
