@@ -51,6 +51,9 @@ static const int32_t *spec_tokens(srv_sched *s, const sched_req *r, const sched_
 static int32_t propose(srv_sched *s, const batch_group *g) {
     int32_t n_max, n_min;
     req_bounds(s, g->r, &n_max, &n_min);
+    /* a choice's first token (its prompt fully cached but for the last token) is sampled by handle_logits, which
+     * also forks the prompt into the request's other choices (n > 1): never from a verification */
+    if (g->c->n_gen == 0) return 0;
     int32_t len = known_len(g->r, g->c);
     /* no context shift or n_ctx end may happen in the middle of a verification: see sched.h */
     int32_t room = s->p.n_ctx - len - 2;

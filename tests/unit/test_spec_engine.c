@@ -183,11 +183,10 @@ static srv_sched_counters run_shaped(eng_model *model, const spec *sp, int n, sh
 /* Every choice of `got` equals `want` in tokens, logprobs (bit for bit), text and finish reason. */
 static void assert_same(const res *got, const res *want, int32_t n, const char *what, int i) {
     cr_assert_eq(got->order_errors, 0);
-    cr_assert_eq(got->usage.completion_tokens, want->usage.completion_tokens, "%s req %d", what, i);
     for (int c = 0; c < n; c++) {
         int32_t nt = want->n_toks[c];
-        cr_assert_eq(got->n_toks[c], nt, "%s req %d choice %d: %d tokens, plain decoding %d", what, i, c,
-                     got->n_toks[c], nt);
+        cr_assert_eq(got->n_toks[c], nt, "%s req %d choice %d: %d tokens, plain decoding %d (finish %d, plain %d)",
+                     what, i, c, got->n_toks[c], nt, (int)got->finish[c], (int)want->finish[c]);
         for (int32_t k = 0; k < nt; k++) {
             cr_assert_eq(got->toks[c][k], want->toks[c][k], "%s req %d choice %d token %d differs", what, i, c, k);
             cr_assert(memcmp(&got->lp[c][k], &want->lp[c][k], sizeof(float)) == 0 &&
@@ -199,6 +198,8 @@ static void assert_same(const res *got, const res *want, int32_t n, const char *
         cr_assert(memcmp(got->text[c], want->text[c], want->text_len[c]) == 0, "%s req %d: text differs", what, i);
         cr_assert_eq(got->finish[c], want->finish[c], "%s req %d choice %d: finish reason", what, i, c);
     }
+    cr_assert_eq(got->usage.completion_tokens, want->usage.completion_tokens, "%s req %d: completion tokens %d, "
+                 "plain decoding %d", what, i, got->usage.completion_tokens, want->usage.completion_tokens);
 }
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
