@@ -298,6 +298,12 @@ typedef struct srv_sched_params {
                              are used (see "Speculative decoding") */
     float spec_p_min;     /* SRV_SCHED_SPEC_DRAFT: a draft stops guessing at the first token whose draft
                              probability is below this, 0 .. 1, default 0 (llama.cpp's --draft-p-min) */
+    uint64_t (*step_clock)(void *ctx); /* optional (NULL by default: uv_hrtime): the nanosecond clock read around
+                             each engine call to time the steps the speculation cost model learns from; called on the
+                             scheduler thread, must never go backwards. Tests give a virtual clock that the mock
+                             engine advances by its step law, so the model's choices do not depend on the machine's
+                             load. Request timings (TTFT, durations) always use uv_hrtime. */
+    void *step_clock_ctx;
     kvt_tier *tier;           /* optional (NULL by default): the disk tier below the pool (cache/kv_tier.h), borrowed
                                  for the scheduler's lifetime. A new sequence continues its cached prefix with the
                                  blocks the tier holds (read by the tier's loader thread while the sequence waits,

@@ -51,8 +51,14 @@ void srv_sched_params_default(srv_sched_params *p) {
     p->spec_adaptive = true;
     p->draft = NULL;
     p->spec_p_min = 0;
+    p->step_clock = NULL;
+    p->step_clock_ctx = NULL;
     p->tier = NULL;
     p->host = NULL;
+}
+
+uint64_t sched_step_clock(const srv_sched *s) {
+    return s->p.step_clock ? s->p.step_clock(s->p.step_clock_ctx) : uv_hrtime();
 }
 
 int sched_vec_insert(req_vec *q, int32_t at, sched_req *r) {
@@ -435,9 +441,9 @@ static void step(srv_sched *s) {
         }
         eng_batch b = {.n = s->n_entries, .token = s->b_token, .pos = s->b_pos, .seq = s->b_seq,
                        .want_logits = s->b_logits, .want_embd = s->batch_embd ? s->b_embd : NULL};
-        uint64_t t0 = uv_hrtime();
+        uint64_t t0 = sched_step_clock(s);
         int rc = s->ops.decode(s->ops.ctx, &b);
-        if (rc == ENG_OK) sched_spec_observe(s, s->n_entries, uv_hrtime() - t0);
+        if (rc == ENG_OK) sched_spec_observe(s, s->n_entries, sched_step_clock(s) - t0);
         if (rc == ENG_ERR_KV_FULL) {
             sched_relieve_pool(s);
             continue;

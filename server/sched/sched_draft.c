@@ -96,9 +96,9 @@ static int32_t argmax_prob(const float *lg, int32_t n, bool want_p, float *p) {
  * made so far, stop[g]: no more for g. Returns the engine's code. */
 static int draft_run(srv_sched *s, int32_t n, int32_t *got, bool *stop) {
     eng_batch b = {.n = n, .token = s->d_token, .pos = s->d_pos, .seq = s->d_seq, .want_logits = s->d_logits};
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = sched_step_clock(s);
     int rc = s->dops.decode(s->dops.ctx, &b);
-    s->counters.spec_draft_ns += uv_hrtime() - t0;
+    s->counters.spec_draft_ns += sched_step_clock(s) - t0;
     s->counters.spec_draft_calls++;
     if (rc != ENG_OK) return rc;
     s->counters.spec_draft_rows += (uint64_t)n;
@@ -178,9 +178,9 @@ void sched_draft_propose(srv_sched *s, int32_t nd, int32_t *want) {
             rows += known_len(s->groups[g].r, s->groups[g].c) - s->groups[g].c->d_len;
             drafting++;
         }
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = sched_step_clock(s);
     int rc = catch_up(s, nd, want, got, stop);
-    if (rc == ENG_OK && rows == drafting) observe_step(s, uv_hrtime() - t0); /* a row each: a draft step */
+    if (rc == ENG_OK && rows == drafting) observe_step(s, sched_step_clock(s) - t0); /* a row each: a draft step */
     if (rc == ENG_OK) s->counters.spec_draft_catchup_rows += (uint64_t)rows;
     for (int32_t j = 1; rc == ENG_OK && j < maxk; j++) {
         int32_t n = 0;
@@ -195,9 +195,9 @@ void sched_draft_propose(srv_sched *s, int32_t nd, int32_t *want) {
             n++;
         }
         if (n == 0) break;
-        t0 = uv_hrtime();
+        t0 = sched_step_clock(s);
         rc = draft_run(s, n, got, stop);
-        if (rc == ENG_OK) observe_step(s, uv_hrtime() - t0);
+        if (rc == ENG_OK) observe_step(s, sched_step_clock(s) - t0);
     }
     if (rc != ENG_OK) {
         /* the draft's pool is full or the engine failed: no guesses this step, and the sequences start over */

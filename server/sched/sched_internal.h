@@ -243,7 +243,9 @@ void sched_spec_extend(srv_sched *s, int32_t *budget, int32_t *reserved);
 /* After decode: samples group g's rows in order while the guesses hold, removes the rows of wrong guesses from
  * the sequence and counts the draft. */
 void sched_spec_verify(srv_sched *s, const batch_group *g);
-/* A decode call of `rows` entries took `ns` nanoseconds: updates the cost model. */
+/* The clock of the step cost model, in nanoseconds: params.step_clock or uv_hrtime. */
+uint64_t sched_step_clock(const srv_sched *s);
+/* A decode call of `rows` entries took `ns` nanoseconds (sched_step_clock): updates the cost model. */
 void sched_spec_observe(srv_sched *s, int32_t rows, uint64_t ns);
 /* Frees the proposer's scratch (srv_sched_free). */
 void sched_spec_release(srv_sched *s);

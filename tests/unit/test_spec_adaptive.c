@@ -1,6 +1,6 @@
 /* test_spec_adaptive.c: the adaptive side of speculative decoding (server/sched/sched_spec.c) over a mock engine
- * with a REAL kvc_cache whose step time is a + b * rows (it sleeps), so the scheduler's cost model sees a known
- * law. The mock "model" is a cycle of period 12 (greedy output repeats, so prompt lookup guesses right once a
+ * with a REAL kvc_cache whose step time is a + b * rows on a virtual clock (the scheduler's step_clock, advanced by
+ * each decode call), so the scheduler's cost model sees a known law whatever the machine's load. The mock "model" is a cycle of period 12 (greedy output repeats, so prompt lookup guesses right once a
  * period has passed). With the same per-row cost:
  *   - one stream: an extra row is cheap against the step (a = b), guesses pay, most tokens come from them;
  *   - 24 streams: a row costs about as much as a whole token of the batch (24 b >> a), guesses at the starting
@@ -14,7 +14,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <uv.h>
 
 #include "server/sched/sched.h"
@@ -28,7 +27,8 @@ typedef struct amock {
     float *logits;      /* [MAXB][NV] */
     int32_t *slots;     /* [MAXB] */
     kvc_entry *entries; /* [MAXB] */
-    long a_us, b_us;    /* step time: a + b * rows microseconds */
+    long a_us, b_us;    /* step time: a + b * rows microseconds, added to *clock_ns */
+    uint64_t *clock_ns; /* the scheduler's step clock (shared by the model and its draft) */
     bool corrupt;
     bool wrong;         /* a draft that always guesses wrong (the token after the right one) */
     int32_t calls;      /* decode calls */
@@ -67,9 +67,7 @@ static int a_decode(void *p, const eng_batch *b) {
     }
     m->calls++;
     kvc_finish_forward(m->cache, true);
-    long us = m->a_us + m->b_us * b->n;
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    *m->clock_ns += (uint64_t)(m->a_us + m->b_us * b->n) * 1000u; /* the step's time by the law, not the machine's */
     return ENG_OK;
 }
 
@@ -129,8 +127,9 @@ static void on_event(const srv_sched_event *ev, void *user) {
         if (o->n[ev->choice] < 128) o->toks[ev->choice][o->n[ev->choice]++] = ev->samples[i].token;
 }
 
-static void mock_init(amock *m, long a_us, long b_us) {
+static void mock_init(amock *m, long a_us, long b_us, uint64_t *clock_ns) {
     memset(m, 0, sizeof *m);
+    m->clock_ns = clock_ns;
     kvc_params kp;
     kvc_params_default(&kp);
     kp.n_layer = 1;
@@ -165,6 +164,8 @@ static void mock_done(amock *m) {
     free(m->entries);
 }
 
+static uint64_t read_clock(void *ctx) { return *(const uint64_t *)ctx; }
+
 /* A draft's step law and kind (run_draft). */
 typedef struct draft_law {
     long a_us, b_us;
@@ -177,7 +178,8 @@ typedef struct draft_law {
 static srv_sched_counters run_draft(int streams, int32_t max_tokens, bool spec, long a_us, long b_us, run_out *o,
                                     draft_law *dl) {
     amock m, dm;
-    mock_init(&m, a_us, b_us);
+    uint64_t clock_ns = 0; /* the virtual step clock of the model and its draft */
+    mock_init(&m, a_us, b_us, &clock_ns);
     srv_engine_ops ops = {.ctx = &m, .n_vocab = NV, .cache = a_cache, .decode = a_decode, .get_logits = a_logits,
                           .token_is_eog = a_eog, .detok_push = a_push, .detok_flush = a_flush,
                           .sampler_create = a_sampler_create, .sampler_free = a_sampler_free,
@@ -189,10 +191,12 @@ static srv_sched_counters run_draft(int streams, int32_t max_tokens, bool spec, 
     p.batch_tokens = MAXB;
     p.parallel = 32;
     p.n_ctx = 1024;
+    p.step_clock = read_clock;
+    p.step_clock_ctx = &clock_ns;
     p.spec_type = !spec ? SRV_SCHED_SPEC_NONE : dl ? SRV_SCHED_SPEC_DRAFT : SRV_SCHED_SPEC_NGRAM;
     srv_engine_ops dops;
     if (dl) {
-        mock_init(&dm, dl->a_us, dl->b_us);
+        mock_init(&dm, dl->a_us, dl->b_us, &clock_ns);
         dm.wrong = dl->wrong;
         dops = ops;
         dops.ctx = &dm;
