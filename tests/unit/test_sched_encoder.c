@@ -12,6 +12,7 @@
 #include "cache/kv_cache.h"
 #include "helper_rng.h"
 #include "helper_shared.h"
+#include "helper_sched.h"
 #include "server/sched/sched.h"
 
 enum { NREQ = 14, MAXP = 60, E = 64 };
@@ -66,18 +67,7 @@ static void run(eng_model *m, const req *reqs, int n, bool alone, int32_t kv_blo
     for (int i = 0; i < n; i++) {
         memset(&res[i], 0, sizeof res[i]);
         res[i].n_done = &n_done;
-        srv_sched_request rq;
-        memset(&rq, 0, sizeof rq);
-        rq.prompt = reqs[i].tok;
-        rq.n_prompt = reqs[i].n;
-        rq.n = 1;
-        eng_sampling_params_default(&rq.sampling);
-        rq.embed = true;
-        rq.pooling = reqs[i].pool;
-        rq.cb = on_event;
-        rq.user = &res[i];
-        uint64_t id;
-        cr_assert_eq(srv_sched_submit(s, &rq, &id), SRV_SCHED_OK);
+        cr_assert_eq(schedt_submit_pooled(s, reqs[i].tok, reqs[i].n, reqs[i].pool, on_event, &res[i]), SRV_SCHED_OK);
         while (alone && n_done < i + 1) uv_run(&loop, UV_RUN_ONCE);
     }
     while (n_done < n) uv_run(&loop, UV_RUN_ONCE);

@@ -17,6 +17,7 @@
 #include "cache/kv_cache.h"
 #include "helper_rng.h"
 #include "helper_shared.h"
+#include "helper_sched.h"
 #include "server/sched/sched.h"
 
 enum { NREQ = 12, MAXP = 120, E = 64 };
@@ -115,18 +116,7 @@ static void run_together(eng_model *m, const req *reqs, int n, int32_t kv_blocks
         n_total += (uint64_t)reqs[i].n;
         memset(&res[i], 0, sizeof res[i]);
         res[i].n_done = &n_done;
-        srv_sched_request rq;
-        memset(&rq, 0, sizeof rq);
-        rq.prompt = reqs[i].tok;
-        rq.n_prompt = reqs[i].n;
-        rq.n = 1;
-        eng_sampling_params_default(&rq.sampling);
-        rq.embed = true;
-        rq.pooling = reqs[i].pool;
-        rq.cb = on_event;
-        rq.user = &res[i];
-        uint64_t id;
-        cr_assert_eq(srv_sched_submit(s, &rq, &id), SRV_SCHED_OK);
+        cr_assert_eq(schedt_submit_pooled(s, reqs[i].tok, reqs[i].n, reqs[i].pool, on_event, &res[i]), SRV_SCHED_OK);
     }
     while (n_done < n) uv_run(&loop, UV_RUN_ONCE);
     srv_sched_stats st;
