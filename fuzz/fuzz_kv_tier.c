@@ -8,27 +8,16 @@
  */
 #include "fuzz_util.h"
 
-#include <dirent.h>
 
 #include "cache/kv_tier.h"
 #include "helper_kvc.h"
+#include "helper_tmpdir.h"
 
 enum { BS = 4, NB = 64, NTOK = 40 };
 
 static char dir[64];
 
-static void rm_tree(void) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[600];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static void rm_tree(void) { tmpt_rm_flat(dir); }
 
 static void quiet(void *ctx, const char *msg) { (void)ctx; (void)msg; }
 

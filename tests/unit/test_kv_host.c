@@ -9,8 +9,6 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
-
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +18,7 @@
 #include "cache/kv_tier.h"
 #include "cache/kvc_internal.h"
 #include "helper_kvc.h"
+#include "helper_tmpdir.h"
 
 enum { BS = 4, NB = 32, MAXP = 80, NSTEM = 3 };
 
@@ -296,18 +295,7 @@ static void spill_to_disk(void *ctx, const kvh_block *b) {
 
 static char dir[256];
 
-static void rm_dir(void) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char path[512];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static void rm_dir(void) { tmpt_rm_flat(dir); }
 
 static void quiet(void *ctx, const char *msg) {
     (void)ctx;

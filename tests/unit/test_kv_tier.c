@@ -22,6 +22,7 @@
 #include "cache/kv_tier.h"
 #include "cache/kvt_internal.h"
 #include "helper_kvc.h"
+#include "helper_tmpdir.h"
 
 /* ---- injected write failure (the linker sends the tier's write() here: see CMakeLists.txt) ------------------- */
 ssize_t __real_write(int fd, const void *buf, size_t n);
@@ -49,18 +50,7 @@ static void mk_dir(void) {
     cr_assert_not_null(mkdtemp(dir));
 }
 
-static void rm_dir(void) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[512];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static void rm_dir(void) { tmpt_rm_flat(dir); }
 
 static int count_files(const char *suffix) {
     DIR *d = opendir(dir);

@@ -16,23 +16,13 @@
 #include "engine/engine.h"
 #include "helper_rng.h"
 #include "helper_shared.h"
+#include "helper_tmpdir.h"
 
 enum { MAXP = 300, STEPS = 4 };
 
 static char dir[256];
 
-static void rm_dir(void) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[512];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static void rm_dir(void) { tmpt_rm_flat(dir); }
 
 static eng_model *load_model(void) {
     char path[1024];
