@@ -19,6 +19,8 @@ skip() {
 }
 [ "${KVSERVE_SKIP_DOCKER:-0}" = 1 ] && skip "KVSERVE_SKIP_DOCKER=1"
 [ "$(id -u)" -eq 0 ] || skip "needs root (debootstrap, podman with chroot isolation); run make test-docker as root"
+steplog=$(mktemp /tmp/kvserve-docker-step.XXXXXX) # the output of the set-up steps below, removed once they are done
+trap 'rm -f "$steplog"' EXIT
 
 need=()
 for c in podman buildah debootstrap runc curl; do command -v "$c" >/dev/null 2>&1 || need+=("$c"); done
@@ -37,15 +39,16 @@ mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2
 if ! "${PODMAN[@]}" image exists localhost/debian:bookworm; then
   rootfs=$(mktemp -d /tmp/kvserve-rootfs.XXXXXX)
   echo "test-docker: debootstrap minbase bookworm from $mirror" >&2
-  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/tmp/kvserve-debootstrap.log 2>&1 \
-    || { tail -20 /tmp/kvserve-debootstrap.log >&2; rm -rf "$rootfs"; skip "debootstrap failed (log above)"; }
+  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$steplog" 2>&1 \
+    || { tail -20 "$steplog" >&2; rm -rf "$rootfs"; skip "debootstrap failed (log above)"; }
   tar -C "$rootfs" -c . | "${PODMAN[@]}" import - localhost/debian:bookworm >/dev/null \
     || { rm -rf "$rootfs"; skip "podman cannot import an image here"; }
   rm -rf "$rootfs"
 fi
 # Can this machine start a container at all?
-"${PODMAN[@]}" run --rm --network host "${LIMITS[@]}" localhost/debian:bookworm true >/tmp/kvserve-podman-probe.log 2>&1 \
-  || { tail -5 /tmp/kvserve-podman-probe.log >&2; skip "podman cannot start a container on this machine"; }
+"${PODMAN[@]}" run --rm --network host "${LIMITS[@]}" localhost/debian:bookworm true >"$steplog" 2>&1 \
+  || { tail -5 "$steplog" >&2; skip "podman cannot start a container on this machine"; }
+rm -f "$steplog"
 "${PODMAN[@]}" tag localhost/debian:bookworm localhost/debian:bookworm-slim
 
 echo "test-docker: building the image" >&2

@@ -286,8 +286,10 @@ Test(config, kv_events_config) {
     srv_config_default(&c);
     cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
     cr_assert(strstr(err, "hwm"), "%s", err);
+    unlink(p);
     p = write_tmp("{\"kv_events_config\": \"on\"}");
     cr_assert_eq(srv_config_load_file(&c, p, err, sizeof err), SRV_ERR_INVALID);
+    unlink(p);
     cr_assert(strstr(err, "kv_events_config"), "%s", err);
     cr_assert_eq(srv_config_set(&c, "kv-events-config", "{\"bogus\": 1}", err, sizeof err), SRV_ERR_INVALID);
     cr_assert(strstr(err, "bogus"), "%s", err);
