@@ -38,18 +38,7 @@ typedef struct req { int32_t tok[MAXP]; int32_t n; srv_sched_pooling pool; } req
 /* Runs reqs[0..n) submitted together (or one by one when alone) into a scheduler of batch_tokens 64 and a pool of
  * kv_blocks blocks; checks the pool is empty afterwards. */
 static void run(eng_model *m, const req *reqs, int n, bool alone, int32_t kv_blocks, out *res) {
-    eng_ctx_params cp;
-    eng_ctx_params_default(&cp);
-    cp.n_threads = 2;
-    cp.n_ctx = 128;
-    cp.max_seqs = 8;
-    cp.max_batch_tokens = 64;
-    cp.kv_block_size = 16;
-    cp.kv_blocks = kv_blocks;
-    cp.device = ENG_DEVICE_CPU;
-    eng_ctx *ctx = NULL;
-    char err[256] = "";
-    cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
+    eng_ctx *ctx = schedt_cpu_ctx(m, 2, 128, 8, 64, kv_blocks);
     srv_engine_ops ops;
     cr_assert_eq(srv_engine_ops_init(&ops, m, ctx), SRV_SCHED_OK);
     cr_assert(ops.whole_prompts);

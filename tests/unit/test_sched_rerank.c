@@ -40,21 +40,7 @@ static void on_event(const srv_sched_event *ev, void *user) {
     (*o->n_done)++;
 }
 
-static eng_ctx *make_ctx(eng_model *m, int32_t kv_blocks) {
-    eng_ctx_params cp;
-    eng_ctx_params_default(&cp);
-    cp.n_threads = 2;
-    cp.n_ctx = 256;
-    cp.max_seqs = 8;
-    cp.max_batch_tokens = 128;
-    cp.kv_block_size = 16;
-    cp.kv_blocks = kv_blocks;
-    cp.device = ENG_DEVICE_CPU;
-    eng_ctx *ctx = NULL;
-    char err[256] = "";
-    cr_assert_eq(eng_ctx_create(m, &cp, &ctx, err, sizeof err), 0, "%s", err);
-    return ctx;
-}
+static eng_ctx *make_ctx(eng_model *m, int32_t kv_blocks) { return schedt_cpu_ctx(m, 2, 256, 8, 128, kv_blocks); }
 
 /* The reference: the whole prompt in one batch, every row's hidden state wanted; the head at the last row, or the
  * pooled, L2-normalized hidden states (mean: their sum, as the scheduler sums). */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "helper_sched.h"
 #include "server/sched/sched.h"
 
 #define MAXT 160
@@ -97,24 +98,12 @@ typedef struct shape {
 
 /* Runs the specs concurrently; returns the scheduler's counters. */
 static srv_sched_counters run_shaped(eng_model *model, const spec *sp, int n, shape sh, res *out) {
-    eng_ctx_params cp;
-    eng_ctx_params_default(&cp);
-    cp.n_threads = sh.n_threads;
-    cp.n_ctx = 256;
-    cp.max_seqs = 8;
-    cp.max_batch_tokens = sh.batch_tokens;
-    cp.kv_block_size = 16;
-    cp.kv_blocks = sh.kv_blocks;
-    cp.device = ENG_DEVICE_CPU;
-    eng_ctx *ctx = NULL;
-    char err[256] = "";
-    cr_assert_eq(eng_ctx_create(model, &cp, &ctx, err, sizeof err), ENG_OK, "%s", err);
+    eng_ctx *ctx = schedt_cpu_ctx(model, sh.n_threads, 256, 8, sh.batch_tokens, sh.kv_blocks);
     srv_engine_ops ops, dops;
     cr_assert_eq(srv_engine_ops_init(&ops, model, ctx), SRV_SCHED_OK);
     eng_ctx *dctx = NULL;
     if (sh.draft) {
-        cp.kv_blocks = sh.draft_blocks;
-        cr_assert_eq(eng_ctx_create(sh.draft, &cp, &dctx, err, sizeof err), ENG_OK, "%s", err);
+        dctx = schedt_cpu_ctx(sh.draft, sh.n_threads, 256, 8, sh.batch_tokens, sh.draft_blocks);
         cr_assert_eq(srv_engine_ops_init(&dops, sh.draft, dctx), SRV_SCHED_OK);
     }
     uv_loop_t loop;
