@@ -399,6 +399,22 @@ Test(encoder, batch_contract) {
     drop_model(&t);
 }
 
+/* The pieces of text's tokens (with the special tokens), joined by '|', into got (512 bytes). */
+static void pieces_of(const eng_model *m, const char *text, char got[512]) {
+    int32_t ids[64], n = 0;
+    cr_assert_eq(eng_tokenize(m, text, strlen(text), true, false, ids, 64, &n), 0);
+    got[0] = 0;
+    for (int32_t k = 0; k < n; k++) {
+        char piece[64];
+        size_t pl = 0;
+        cr_assert_eq(eng_token_to_piece(m, ids[k], true, piece, sizeof piece - 1, &pl), 0);
+        piece[pl] = 0;
+        cr_assert_lt(strlen(got) + pl + 2, 512);
+        if (k) strcat(got, "|");
+        strcat(got, piece);
+    }
+}
+
 /* The built-in WordPiece vocabulary: [CLS] pieces [SEP], lowercased, punctuation split, longest match first,
  * unknown words as [UNK]. */
 Test(encoder, wordpiece_tokenizer) {
@@ -419,17 +435,8 @@ Test(encoder, wordpiece_tokenizer) {
         {"", "[CLS]|[SEP]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int32_t ids[64], n = 0;
-        cr_assert_eq(eng_tokenize(m, cases[i].text, strlen(cases[i].text), true, false, ids, 64, &n), 0);
-        char got[512] = "";
-        for (int32_t k = 0; k < n; k++) {
-            char piece[64];
-            size_t pl = 0;
-            cr_assert_eq(eng_token_to_piece(m, ids[k], true, piece, sizeof piece - 1, &pl), 0);
-            piece[pl] = 0;
-            if (k) strcat(got, "|");
-            strcat(got, piece);
-        }
+        char got[512];
+        pieces_of(m, cases[i].text, got);
         cr_assert_str_eq(got, cases[i].pieces, "text %zu: %s", i, got);
     }
     eng_model_free(m);
@@ -460,17 +467,8 @@ Test(encoder, unigram_tokenizer) {
         {"", "<s>|</s>"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int32_t ids[64], n = 0;
-        cr_assert_eq(eng_tokenize(m, cases[i].text, strlen(cases[i].text), true, false, ids, 64, &n), 0);
-        char got[512] = "";
-        for (int32_t k = 0; k < n; k++) {
-            char piece[64];
-            size_t pl = 0;
-            cr_assert_eq(eng_token_to_piece(m, ids[k], true, piece, sizeof piece - 1, &pl), 0);
-            piece[pl] = 0;
-            if (k) strcat(got, "|");
-            strcat(got, piece);
-        }
+        char got[512];
+        pieces_of(m, cases[i].text, got);
         cr_assert_str_eq(got, cases[i].pieces, "text %zu: %s", i, got);
     }
     eng_model_free(m);
